@@ -1,0 +1,34 @@
+# One command each: `make demo` (set up a fresh machine, run the built-in workload) and
+# `make test` (set up, then run the whole suite). Python 3.9+ and a C compiler-free machine suffice.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+
+.PHONY: setup demo test browser bench clean
+
+setup: $(VENV)/.installed
+
+# The CPU build of torch is pinned for development and CI (constraints-cpu.txt), so setup
+# never pulls a multi-GB CUDA build. On a GPU machine, install into your own environment.
+$(VENV)/.installed: pyproject.toml constraints-cpu.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c constraints-cpu.txt torch==2.13.0
+	$(BIN)/pip install -q -c constraints-cpu.txt -e '.[test]'
+	touch $@
+
+demo: setup
+	$(BIN)/ddp-profile demo
+
+# The browser test drives Debian's chromium (never a downloaded browser).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -q && apt-get install -y -q chromium; }
+
+test: setup browser
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python benchmarks/overhead.py --quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info

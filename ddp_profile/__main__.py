@@ -1,0 +1,4 @@
+from ddp_profile.cli import main
+
+if __name__ == "__main__":
+    main()

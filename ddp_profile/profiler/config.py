@@ -1,0 +1,124 @@
+"""Configuration values shared by the harness and the rank processes.
+
+``LoaderSettings`` is the tuple the sweep varies. ``ProbePlan`` is what one probe asks of every
+rank; the harness serialises it into the ``DDP_PROFILE_PLAN`` environment variable and the
+start-up hook reads it back, so rank processes need no command-line changes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Optional
+
+ENV_ACTIVE = "DDP_PROFILE"  # "1" in every process of a probe; the hook does nothing without it
+ENV_PLAN = "DDP_PROFILE_PLAN"  # JSON ProbePlan
+ENV_PROBE_TAG = "DDP_PROFILE_PROBE_TAG"  # unique per probe launch: finds strays to kill
+
+SETTING_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "batch_size")
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """DataLoader settings a probe applies (``None`` = keep the script's own value)."""
+
+    num_workers: Optional[int] = None
+    pin_memory: Optional[bool] = None
+    prefetch_factor: Optional[int] = None
+    batch_size: Optional[int] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> "LoaderSettings":
+        data = data or {}
+        return cls(**{k: data.get(k) for k in SETTING_KEYS})
+
+    def merged_over(self, base: "LoaderSettings") -> "LoaderSettings":
+        """These settings with every ``None`` filled from ``base``."""
+        return replace(base, **{k: v for k, v in self.to_dict().items() if v is not None})
+
+    def label(self) -> str:
+        parts = []
+        for key, short in (("num_workers", "w"), ("pin_memory", "pin"),
+                           ("prefetch_factor", "pf"), ("batch_size", "bs")):
+            value = getattr(self, key)
+            if value is None:
+                continue
+            parts.append(f"{short}={str(value).lower() if isinstance(value, bool) else value}")
+        return " ".join(parts) or "script defaults"
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    """What every rank of one probe does: which settings, how many steps, which mode.
+
+    ``mode`` is ``"normal"`` (load data as configured) or ``"ceiling"`` (after the warm-up,
+    replay a few cached batches so the loop never waits for data: compute-only throughput).
+    """
+
+    probe_id: str
+    out_dir: str
+    overrides: LoaderSettings = field(default_factory=LoaderSettings)
+    warmup: int = 5
+    steps: int = 30
+    mode: str = "normal"
+    inject_local_rank: Optional[str] = None  # "--local_rank" / "--local-rank" for legacy scripts
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["overrides"] = self.overrides.to_dict()
+        return json.dumps(data)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ProbePlan":
+        data = json.loads(text)
+        data["overrides"] = LoaderSettings.from_dict(data.get("overrides"))
+        return cls(**data)
+
+    @classmethod
+    def from_env(cls, environ: Optional[dict[str, str]] = None) -> Optional["ProbePlan"]:
+        environ = os.environ if environ is None else environ
+        if environ.get(ENV_ACTIVE) != "1" or not environ.get(ENV_PLAN):
+            return None
+        return cls.from_json(environ[ENV_PLAN])
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def parse_int_list(option: str, text: Optional[str], minimum: int) -> Optional[list[int]]:
+    """Parse ``"0,2,4"`` into ``[0, 2, 4]``; raise ``ValueError`` with a one-line reason."""
+    if text is None:
+        return None
+    values = []
+    for item in text.split(","):
+        item = item.strip()
+        try:
+            value = int(item)
+        except ValueError:
+            raise ValueError(f"{option}: {item!r} is not an integer") from None
+        if value < minimum:
+            raise ValueError(f"{option}: {value} is below the minimum of {minimum}")
+        values.append(value)
+    if not values:
+        raise ValueError(f"{option}: no values given")
+    return sorted(set(values))
+
+
+def parse_bool_list(option: str, text: Optional[str]) -> Optional[list[bool]]:
+    if text is None:
+        return None
+    try:
+        values = [parse_bool(item) for item in text.split(",")]
+    except ValueError as exc:
+        raise ValueError(f"{option}: {exc}") from None
+    return sorted(set(values))

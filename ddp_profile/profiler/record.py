@@ -1,0 +1,113 @@
+"""Per-rank records as JSON lines; never pickle.
+
+Each rank of a probe writes ``<probe_dir>/rank-<rank>.jsonl``. Every line is one JSON object
+with a ``kind``:
+
+``context``      the rank's environment and the training loader's own and applied settings
+``loader_iter``  one per ``iter(loader)``: ``first_batch_s`` is the worker start-up cost
+``step``         one per training step: ``data_wait_s``, ``compute_s``, ``other_s``,
+                 ``forward_s``, ``samples``, ``t_ns`` (wall clock at the step's start),
+                 ``measured`` (false during warm-up)
+``sample``       one telemetry sample (host or GPU), written by the samplers
+``event``        a fact for the rules (DDP options, ``set_epoch`` calls, ``DataParallel`` ...)
+``error``        the exception that ended the rank: type, message, last line, ``oom``
+``end``          written when the rank stops: ``reason`` and the training loader's id
+
+The rank is often unknown when the first records are made (a DataLoader is commonly built
+before ``init_process_group``), so records are buffered until the first flush, which names
+the file after the rank known by then.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+from typing import Any, Callable, Optional
+
+SCHEMA_VERSION = 1
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN: write it as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def dumps(record: dict[str, Any]) -> str:
+    return json.dumps(_clean(record), separators=(",", ":"), default=str)
+
+
+class RankRecorder:
+    """Buffers records and appends them to the rank's JSON-lines file; thread-safe."""
+
+    def __init__(self, out_dir: str, rank_of: Callable[[], Optional[int]]):
+        self._out_dir = out_dir
+        self._rank_of = rank_of
+        self._lock = threading.Lock()
+        self._pending: list[str] = []
+        self._file = None
+        self.path: Optional[str] = None
+
+    def write(self, record: dict[str, Any]) -> None:
+        line = dumps(record)
+        with self._lock:
+            self._pending.append(line)
+
+    def flush(self) -> None:
+        with self._lock:
+            if not self._pending:
+                return
+            if self._file is None:
+                self._open()
+            self._file.write("\n".join(self._pending) + "\n")
+            self._file.flush()
+            self._pending.clear()
+
+    def close(self) -> None:
+        self.flush()
+        with self._lock:
+            if self._file is not None:
+                try:
+                    os.fsync(self._file.fileno())
+                except OSError:
+                    pass
+                self._file.close()
+                self._file = None
+
+    def _open(self) -> None:
+        rank = self._rank_of()
+        name = f"rank-{rank}.jsonl" if rank is not None else f"pid-{os.getpid()}.jsonl"
+        os.makedirs(self._out_dir, exist_ok=True)
+        self.path = os.path.join(self._out_dir, name)
+        self._file = open(self.path, "a", encoding="utf-8")
+
+
+def read_jsonl(path: str) -> tuple[list[dict[str, Any]], int]:
+    """Read a JSON-lines file; return the records and the number of unreadable lines.
+
+    A rank killed mid-write leaves a torn last line: it is skipped and counted, never fatal.
+    """
+    records: list[dict[str, Any]] = []
+    bad = 0
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError:
+                bad += 1
+                continue
+            if isinstance(value, dict):
+                records.append(value)
+            else:
+                bad += 1
+    return records, bad

@@ -1,0 +1,246 @@
+"""Load a run directory into pandas tables with one call: ``load_run(path)``.
+
+A run directory is the single source of truth; ``report`` and ``gate`` only read it::
+
+    RUN_DIR/run.json                        what was asked (script, arguments, search space)
+    RUN_DIR/ledger.jsonl                    one line per finished probe, appended and fsynced
+    RUN_DIR/summary.json                    the keys fixed in the design notes, rewritten atomically
+    RUN_DIR/probes/<probe_id>/rank-N.jsonl  per-rank records (see ``profiler.record``)
+    RUN_DIR/probes/<probe_id>/launcher.log  the launcher's and the ranks' output
+
+Tables (all times in seconds; ``t_s`` is relative to the probe's first record):
+
+``probes``        id, kind (baseline|sweep|ceiling), status, num_workers, pin_memory,
+                  prefetch_factor, batch_size, throughput, data_wait_fraction, score, wall_s,
+                  error, root_cause_rank
+``steps``         probe_id, rank, node, loader_id, step, measured, t_s, data_wait_s, compute_s,
+                  other_s, forward_s, step_s, samples  (training loader only)
+``samples``       probe_id, rank, source, t_s, then one float column per metric (NaN if absent)
+``loader_iters``  probe_id, rank, loader_id, iter_index, first_batch_s
+``events``        probe_id, rank, name, data (dict)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import pandas as pd
+
+from ddp_profile.errors import BadRunDir
+from ddp_profile.profiler.record import read_jsonl
+
+STEP_COLUMNS = ["probe_id", "rank", "node", "loader_id", "step", "measured", "t_s",
+                "data_wait_s", "compute_s", "other_s", "forward_s", "step_s", "samples"]
+PROBE_COLUMNS = ["id", "kind", "status", "num_workers", "pin_memory", "prefetch_factor",
+                 "batch_size", "throughput", "data_wait_fraction", "score", "wall_s", "error",
+                 "root_cause_rank"]
+
+
+@dataclass
+class RankData:
+    """Everything one rank wrote for one probe, split by record kind."""
+
+    rank: int
+    context: dict[str, Any] = field(default_factory=dict)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    loader_iters: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    error: Optional[dict[str, Any]] = None
+    end: Optional[dict[str, Any]] = None
+    torn_lines: int = 0
+
+    @property
+    def training_loader_id(self) -> Optional[int]:
+        if self.end and self.end.get("training_loader_id") is not None:
+            return int(self.end["training_loader_id"])
+        counts: dict[int, int] = {}
+        for step in self.steps:
+            counts[step["loader_id"]] = counts.get(step["loader_id"], 0) + 1
+        return max(counts, key=counts.get) if counts else None
+
+    def training_steps(self) -> list[dict[str, Any]]:
+        loader_id = self.training_loader_id
+        return [s for s in self.steps if s.get("loader_id") == loader_id]
+
+
+def read_probe_dir(probe_dir: str) -> list[RankData]:
+    """Read every rank file of one probe; a torn last line is skipped, never fatal."""
+    ranks: list[RankData] = []
+    if not os.path.isdir(probe_dir):
+        return ranks
+    for name in sorted(os.listdir(probe_dir)):
+        if not name.endswith(".jsonl"):
+            continue
+        records, torn = read_jsonl(os.path.join(probe_dir, name))
+        data = RankData(rank=-1, torn_lines=torn)
+        for record in records:
+            kind = record.get("kind")
+            if kind == "context":
+                data.context = record
+            elif kind == "step":
+                data.steps.append(record)
+            elif kind == "sample":
+                data.samples.append(record)
+            elif kind == "loader_iter":
+                data.loader_iters.append(record)
+            elif kind == "event":
+                data.events.append(record)
+            elif kind == "error" and data.error is None:
+                data.error = record
+            elif kind == "end":
+                data.end = record
+        rank = next((r.get("rank") for r in records if r.get("rank") is not None), None)
+        data.rank = int(rank) if rank is not None else -1
+        ranks.append(data)
+    ranks.sort(key=lambda r: r.rank)
+    return ranks
+
+
+def _nan(value: Any) -> float:
+    return float("nan") if value is None else float(value)
+
+
+def rank_step_stats(steps: list[dict[str, Any]]) -> dict[str, float]:
+    """Measured-step statistics of one rank: samples/s, data-wait share, median step time."""
+    measured = [s for s in steps if s.get("measured")]
+    if not measured:
+        return {"steps": 0, "samples": 0, "elapsed_s": math.nan, "data_wait_s": math.nan,
+                "data_wait_fraction": math.nan, "step_time_median_s": math.nan,
+                "throughput": math.nan}
+    step_s = [s["data_wait_s"] + s["compute_s"] + s["other_s"] for s in measured]
+    elapsed = sum(step_s)
+    wait = sum(s["data_wait_s"] for s in measured)
+    samples = sum(s.get("samples") or 0 for s in measured)
+    ordered = sorted(step_s)
+    mid = len(ordered) // 2
+    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return {"steps": len(measured), "samples": samples, "elapsed_s": elapsed,
+            "data_wait_s": wait, "data_wait_fraction": wait / elapsed if elapsed > 0 else math.nan,
+            "step_time_median_s": median,
+            "throughput": samples / elapsed if elapsed > 0 else math.nan}
+
+
+@dataclass
+class Run:
+    """A loaded run directory: the summary plus the tables described in the module docstring."""
+
+    path: str
+    meta: dict[str, Any]
+    summary: dict[str, Any]
+    probes: pd.DataFrame
+    steps: pd.DataFrame
+    samples: pd.DataFrame
+    loader_iters: pd.DataFrame
+    events: pd.DataFrame
+    contexts: dict[tuple[str, int], dict[str, Any]]
+    warnings: list[str] = field(default_factory=list)
+
+    def probe(self, probe_id: str) -> dict[str, Any]:
+        for probe in self.summary.get("probes", []):
+            if probe.get("id") == probe_id:
+                return probe
+        raise KeyError(probe_id)
+
+
+def read_json(path: str, what: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            value = json.load(handle)
+    except FileNotFoundError:
+        raise BadRunDir(f"{what} not found: {path}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRunDir(f"{what} is unreadable ({path}): {exc}") from None
+    if not isinstance(value, dict):
+        raise BadRunDir(f"{what} is not a JSON object: {path}")
+    return value
+
+
+def read_ledger(run_dir: str) -> tuple[list[dict[str, Any]], int]:
+    """The finished probes in ledger order; a torn last line (killed mid-append) is skipped."""
+    path = os.path.join(run_dir, "ledger.jsonl")
+    if not os.path.exists(path):
+        return [], 0
+    return read_jsonl(path)
+
+
+def _probe_row(probe: dict[str, Any]) -> dict[str, Any]:
+    config = probe.get("config") or {}
+    return {"id": probe.get("id"), "kind": probe.get("kind", "sweep"),
+            "status": probe.get("status"),
+            **{k: config.get(k) for k in ("num_workers", "pin_memory", "prefetch_factor",
+                                          "batch_size")},
+            "throughput": _nan(probe.get("throughput")),
+            "data_wait_fraction": _nan(probe.get("data_wait_fraction")),
+            "score": _nan(probe.get("score")), "wall_s": _nan(probe.get("wall_s")),
+            "error": probe.get("error"), "root_cause_rank": probe.get("root_cause_rank")}
+
+
+def _rank_rows(probe_id: str, data: RankData, out: dict[str, list]) -> None:
+    node = data.context.get("node_rank", 0)
+    t0 = min([s["t_ns"] for s in data.steps if s.get("t_ns")] or [0])
+    for step in data.training_steps():
+        out["steps"].append({
+            "probe_id": probe_id, "rank": data.rank, "node": node,
+            "loader_id": step.get("loader_id"), "step": step.get("step"),
+            "measured": bool(step.get("measured")), "t_s": (step.get("t_ns", t0) - t0) / 1e9,
+            "data_wait_s": step["data_wait_s"], "compute_s": step["compute_s"],
+            "other_s": step["other_s"], "forward_s": _nan(step.get("forward_s")),
+            "step_s": step["data_wait_s"] + step["compute_s"] + step["other_s"],
+            "samples": step.get("samples") or 0})
+    for sample in data.samples:
+        row = {k: v for k, v in sample.items() if k not in ("kind", "t_ns", "rank")}
+        row.update(probe_id=probe_id, rank=data.rank, t_s=(sample.get("t_ns", t0) - t0) / 1e9)
+        out["samples"].append(row)
+    for item in data.loader_iters:
+        out["loader_iters"].append({"probe_id": probe_id, "rank": data.rank,
+                                    "loader_id": item.get("loader_id"),
+                                    "iter_index": item.get("iter_index"),
+                                    "first_batch_s": _nan(item.get("first_batch_s"))})
+    for event in data.events:
+        out["events"].append({"probe_id": probe_id, "rank": data.rank,
+                              "name": event.get("name"), "data": event.get("data") or {}})
+
+
+def load_run(run_dir: str) -> Run:
+    """Load a run directory; raise ``BadRunDir`` with a one-line reason if it is unusable."""
+    if not os.path.isdir(run_dir):
+        raise BadRunDir(f"run directory not found: {run_dir}")
+    meta_path = os.path.join(run_dir, "run.json")
+    meta = read_json(meta_path, "run metadata") if os.path.exists(meta_path) else {}
+    summary_path = os.path.join(run_dir, "summary.json")
+    ledger, torn = read_ledger(run_dir)
+    if os.path.exists(summary_path):
+        summary = read_json(summary_path, "summary")
+    elif ledger or meta:
+        summary = {"probes": ledger}
+    else:
+        raise BadRunDir(f"not a ddp-profile run directory (no summary.json, ledger or run.json): "
+                        f"{run_dir}")
+    probes_list = summary.get("probes")
+    if not isinstance(probes_list, list):
+        raise BadRunDir(f"summary.json has no probe list: {summary_path}")
+    warnings = [f"ledger.jsonl: skipped {torn} unreadable line(s)"] if torn else []
+    tables: dict[str, list] = {"steps": [], "samples": [], "loader_iters": [], "events": []}
+    contexts: dict[tuple[str, int], dict[str, Any]] = {}
+    for probe in probes_list:
+        probe_id = str(probe.get("id"))
+        for data in read_probe_dir(os.path.join(run_dir, "probes", probe_id)):
+            contexts[(probe_id, data.rank)] = data.context
+            _rank_rows(probe_id, data, tables)
+            if data.torn_lines:
+                warnings.append(f"probe {probe_id} rank {data.rank}: skipped "
+                                f"{data.torn_lines} unreadable line(s)")
+    return Run(path=run_dir, meta=meta, summary=summary,
+               probes=pd.DataFrame([_probe_row(p) for p in probes_list], columns=PROBE_COLUMNS),
+               steps=pd.DataFrame(tables["steps"], columns=STEP_COLUMNS),
+               samples=pd.DataFrame(tables["samples"]),
+               loader_iters=pd.DataFrame(tables["loader_iters"],
+                                         columns=["probe_id", "rank", "loader_id", "iter_index",
+                                                  "first_batch_s"]),
+               events=pd.DataFrame(tables["events"], columns=["probe_id", "rank", "name", "data"]),
+               contexts=contexts, warnings=warnings)
