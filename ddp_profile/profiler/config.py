@@ -15,6 +15,7 @@ from typing import Any, Optional
 ENV_ACTIVE = "DDP_PROFILE"  # "1" in every process of a probe; the hook does nothing without it
 ENV_PLAN = "DDP_PROFILE_PLAN"  # JSON ProbePlan
 ENV_PROBE_TAG = "DDP_PROFILE_PROBE_TAG"  # unique per probe launch: finds strays to kill
+ENV_HARNESS_PID = "DDP_PROFILE_HARNESS_PID"  # probe processes exit if this process dies
 
 SETTING_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "batch_size")
 

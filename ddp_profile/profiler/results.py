@@ -50,6 +50,7 @@ class RankData:
     samples: list[dict[str, Any]] = field(default_factory=list)
     loader_iters: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
+    loaders: dict[int, dict[str, Any]] = field(default_factory=dict)
     error: Optional[dict[str, Any]] = None
     end: Optional[dict[str, Any]] = None
     torn_lines: int = 0
@@ -94,11 +95,25 @@ def read_probe_dir(probe_dir: str) -> list[RankData]:
                 data.error = record
             elif kind == "end":
                 data.end = record
+            elif kind == "loader":
+                data.loaders[int(record.get("loader_id", -1))] = record
         rank = next((r.get("rank") for r in records if r.get("rank") is not None), None)
         data.rank = int(rank) if rank is not None else -1
+        _attach_training_loader(data)
         ranks.append(data)
     ranks.sort(key=lambda r: r.rank)
     return ranks
+
+
+def _attach_training_loader(data: RankData) -> None:
+    """Copy the training loader's settings into the context: ``loader``, ``applied``..."""
+    loader = data.loaders.get(data.training_loader_id) if data.loaders else None
+    if loader is None and data.loaders:
+        loader = data.loaders[min(data.loaders)]
+    if loader is not None:
+        data.context["loader"] = loader.get("own") or {}
+        data.context["applied"] = loader.get("applied") or {}
+        data.context["skipped_overrides"] = loader.get("skipped_overrides") or []
 
 
 def _nan(value: Any) -> float:

@@ -1,0 +1,417 @@
+"""Rank-side instrumentation: patch the DataLoader, time each step, stop cleanly.
+
+Installed by ``profiler.hook`` in a probe's rank processes only (never on a plain import).
+
+* ``DataLoader.__init__`` records the script's own settings and applies the probe's overrides
+  (``batch_sampler=BatchSampler(...)`` is rebuilt with the new batch size around the same
+  sampler; a value PyTorch forbids is skipped and the skip recorded).
+* ``_BaseDataLoaderIter.__next__`` marks the step boundaries (see ``profiler.stepclock``).
+* A global optimizer step post hook and ``Tensor.backward`` mark compute boundaries.
+
+**The training loader** is the first DataLoader whose iteration reaches ``warmup + steps``
+batches in this rank: the loader iterated most by then. Validation loaders iterated in between
+count as the training step's "other" host time. When it gets there, every rank (all ranks reach
+the same batch index, since DistributedSampler gives each rank the same number of batches)
+writes its records, waits at a barrier, shuts its DataLoader workers down and exits 0.
+"""
+
+from __future__ import annotations
+
+import atexit
+import inspect
+import os
+import sys
+import threading
+import time
+import weakref
+from typing import Any, Callable, Optional
+
+from ddp_profile.profiler.config import LoaderSettings, ProbePlan
+from ddp_profile.profiler.record import SCHEMA_VERSION, RankRecorder
+from ddp_profile.profiler.stepclock import StepClock
+
+CEILING_CACHE_BATCHES = 4
+FLUSH_INTERVAL_S = 0.5
+STOP_BARRIER_TIMEOUT_S = 60.0
+
+
+def batch_size_of(batch: Any, default: int) -> int:
+    """Number of samples in a batch: the leading dimension of its first tensor."""
+    stack = [batch]
+    while stack:
+        item = stack.pop(0)
+        shape = getattr(item, "shape", None)
+        if shape is not None and len(shape) > 0:
+            return int(shape[0])
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return default
+
+
+def _current_rank() -> Optional[int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    rank = os.environ.get("RANK")
+    return int(rank) if rank is not None and rank.isdigit() else None
+
+
+class Instrumentation:
+    """Process-wide instrumentation state of one rank."""
+
+    def __init__(self, plan: ProbePlan):
+        self.plan = plan
+        self.recorder = RankRecorder(plan.out_dir, _current_rank)
+        self.clocks: dict[int, StepClock] = {}
+        self.current: Optional[StepClock] = None
+        self.loader_count = 0
+        self.training_loader_id: Optional[int] = None
+        self.iterators: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self.ddp_modules: list[weakref.ref] = []
+        self.context_written = False
+        self.samplers: Any = None
+        self.stopping = False
+        self._last_flush = time.monotonic()
+        self._ceiling_cache: dict[int, list[Any]] = {}
+
+    # ---- records -------------------------------------------------------------------------
+    def event(self, name: str, **data: Any) -> None:
+        self.recorder.write({"kind": "event", "name": name, "rank": _current_rank(),
+                             "t_ns": time.time_ns(), "data": data})
+
+    def write_context(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        initialized = dist.is_available() and dist.is_initialized()
+        self.recorder.write({
+            "kind": "context", "schema_version": SCHEMA_VERSION, "rank": _current_rank(),
+            "local_rank": int(os.environ.get("LOCAL_RANK", "0") or 0),
+            "node_rank": int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")) or 0),
+            "world_size": dist.get_world_size() if initialized else
+            int(os.environ.get("WORLD_SIZE", "1") or 1),
+            "backend": str(dist.get_backend()) if initialized else None,
+            "device": "cuda" if torch.cuda.is_available() else "cpu",
+            "hostname": _hostname(), "pid": os.getpid(), "torch_version": torch.__version__,
+            "cuda_version": torch.version.cuda, "cpu_count": os.cpu_count(),
+            "cpus_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count(),
+            "argv": list(sys.argv), "t_ns": time.time_ns(), "probe_id": self.plan.probe_id,
+            "mode": self.plan.mode})
+        self.context_written = True
+
+    def maybe_flush(self) -> None:
+        if time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S:
+            self.recorder.flush()
+            self._last_flush = time.monotonic()
+
+    # ---- DataLoader ----------------------------------------------------------------------
+    def on_loader_init(self, loader: Any, bound: inspect.BoundArguments) -> None:
+        """Record the script's settings and rewrite ``bound`` with the probe's overrides."""
+        loader_id = self.loader_count
+        self.loader_count += 1
+        own = _own_settings(bound.arguments)
+        applied, skipped = apply_overrides(bound.arguments, self.plan.overrides)
+        object.__setattr__(loader, "_ddp_profile_id", loader_id)
+        object.__setattr__(loader, "_ddp_profile_iters", 0)
+        self.recorder.write({"kind": "loader", "loader_id": loader_id, "rank": _current_rank(),
+                             "own": own, "applied": applied, "skipped_overrides": skipped})
+
+    def on_iter(self, loader: Any, iterator: Any) -> None:
+        loader_id = getattr(loader, "_ddp_profile_id", None)
+        if loader_id is None:
+            return
+        index = getattr(loader, "_ddp_profile_iters", 0)
+        object.__setattr__(loader, "_ddp_profile_iters", index + 1)
+        iterator._ddp_profile_state = {"loader_id": loader_id, "iter_index": index,
+                                       "t_iter": time.perf_counter_ns(), "first": True,
+                                       "default_bs": getattr(loader, "batch_size", None) or 1}
+        self.iterators.add(iterator)
+
+    def on_next(self, iterator: Any, original_next: Callable[[Any], Any]) -> Any:
+        state = iterator._ddp_profile_state
+        loader_id = state["loader_id"]
+        clock = self.clocks.get(loader_id)
+        if clock is None:
+            clock = self.clocks[loader_id] = StepClock(loader_id, self.plan.warmup)
+        record = clock.next_called()
+        if record is not None:
+            record["rank"] = _current_rank()
+            self.recorder.write(record)
+            if clock.steps_closed >= self.plan.warmup + self.plan.steps:
+                self.training_loader_id = loader_id
+                self.stop("steps_done")
+            self.maybe_flush()
+        try:
+            batch = self._fetch(iterator, original_next, loader_id, clock.steps_closed)
+        except StopIteration:
+            clock.exhausted()
+            raise
+        clock.batch_returned(batch_size_of(batch, state["default_bs"]))
+        self.current = clock
+        if state["first"]:
+            state["first"] = False
+            self._on_first_batch(state)
+        return batch
+
+    def _fetch(self, iterator: Any, original_next: Callable[[Any], Any], loader_id: int,
+               step: int) -> Any:
+        if self.plan.mode != "ceiling":
+            return original_next(iterator)
+        cache = self._ceiling_cache.setdefault(loader_id, [])
+        if len(cache) < CEILING_CACHE_BATCHES or step < self.plan.warmup:
+            batch = original_next(iterator)
+            if len(cache) < CEILING_CACHE_BATCHES:
+                cache.append(batch)
+            return batch
+        return cache[step % len(cache)]
+
+    def _on_first_batch(self, state: dict[str, Any]) -> None:
+        first_batch_s = (time.perf_counter_ns() - state["t_iter"]) / 1e9
+        if not self.context_written:
+            self.write_context()
+            self._start_samplers()
+        self.recorder.write({"kind": "loader_iter", "rank": _current_rank(),
+                             "loader_id": state["loader_id"], "iter_index": state["iter_index"],
+                             "t_ns": time.time_ns(), "first_batch_s": first_batch_s})
+
+    def _start_samplers(self) -> None:
+        try:
+            from ddp_profile.profiler.sampler import start_samplers
+        except ImportError:  # telemetry is optional for the step records
+            return
+        device_index = None
+        try:
+            import torch
+
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                device_index = torch.cuda.current_device()
+        except Exception:  # noqa: BLE001 - telemetry must never break training
+            device_index = None
+        try:
+            self.samplers = start_samplers(self.recorder.write, pid=os.getpid(),
+                                           cuda_device_index=device_index)
+        except Exception as exc:  # noqa: BLE001
+            self.event("sampler_failed", error=f"{type(exc).__name__}: {exc}")
+
+    # ---- compute boundaries --------------------------------------------------------------
+    def on_optimizer_step(self) -> None:
+        if self.current is not None:
+            self.current.optimizer_stepped()
+
+    def on_backward(self) -> None:
+        if self.current is not None:
+            self.current.backward_called()
+
+    # ---- the end ---------------------------------------------------------------------------
+    def finish(self, reason: str) -> None:
+        """Write the final records (idempotent)."""
+        if self.stopping:
+            return
+        self.stopping = True
+        if self.samplers is not None:
+            try:
+                self.samplers.stop()
+            except Exception:  # noqa: BLE001
+                pass
+        self._final_events()
+        training = self.training_loader_id
+        if training is None and self.clocks:
+            training = max(self.clocks, key=lambda k: self.clocks[k].steps_closed)
+        self.recorder.write({"kind": "end", "rank": _current_rank(), "reason": reason,
+                             "training_loader_id": training, "t_ns": time.time_ns(),
+                             "steps_recorded": self.clocks[training].steps_closed
+                             if training is not None else 0})
+        self.recorder.close()
+
+    def _final_events(self) -> None:
+        for ref in self.ddp_modules:
+            module = ref()
+            if module is None:
+                continue
+            params = [p for p in module.parameters() if p.requires_grad]
+            self.event("ddp_unused_parameters", params_total=len(params),
+                       params_without_grad=sum(1 for p in params if p.grad is None))
+        try:
+            import torch
+
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                device = torch.cuda.current_device()
+                self.event("cuda_memory", max_allocated=torch.cuda.max_memory_allocated(device),
+                           max_reserved=torch.cuda.max_memory_reserved(device),
+                           total=torch.cuda.get_device_properties(device).total_memory)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def stop(self, reason: str) -> None:
+        """Every rank is at the same batch: record, synchronise, release workers, exit 0."""
+        self.finish(reason)
+        _barrier(STOP_BARRIER_TIMEOUT_S)
+        for iterator in list(self.iterators):
+            shutdown = getattr(iterator, "_shutdown_workers", None)
+            if shutdown is not None:
+                try:
+                    shutdown()
+                except Exception:  # noqa: BLE001
+                    pass
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(0)
+
+    def on_exception(self, exc_type: type, exc: BaseException, tb: Any) -> None:
+        import traceback
+
+        lines = traceback.format_exception_only(exc_type, exc)
+        message = str(exc)
+        oom = exc_type.__name__ in ("OutOfMemoryError", "MemoryError") or \
+            "out of memory" in message.lower()
+        self.recorder.write({"kind": "error", "rank": _current_rank(), "t_ns": time.time_ns(),
+                             "exc_type": exc_type.__name__, "message": message[:2000],
+                             "last_line": (lines[-1].strip() if lines else exc_type.__name__)[:500],
+                             "oom": oom})
+        self.finish("error")
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def _barrier(timeout_s: float) -> None:
+    """Best-effort barrier over the script's default process group, bounded in time."""
+    try:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+            return
+    except Exception:  # noqa: BLE001
+        return
+    done = threading.Event()
+
+    def wait() -> None:
+        try:
+            dist.barrier()
+        except Exception:  # noqa: BLE001
+            pass
+        done.set()
+
+    threading.Thread(target=wait, name="ddp-profile-stop-barrier", daemon=True).start()
+    done.wait(timeout_s)
+
+
+def _own_settings(arguments: dict[str, Any]) -> dict[str, Any]:
+    batch_sampler = arguments.get("batch_sampler")
+    sampler = arguments.get("sampler")
+    if batch_sampler is not None:
+        sampler = getattr(batch_sampler, "sampler", sampler)
+    batch_size = arguments.get("batch_size")
+    if batch_sampler is not None:
+        batch_size = getattr(batch_sampler, "batch_size", None)
+    dataset = arguments.get("dataset")
+    try:
+        dataset_len = len(dataset)  # type: ignore[arg-type]
+    except Exception:  # noqa: BLE001
+        dataset_len = None
+    num_workers = arguments.get("num_workers") or 0
+    prefetch = arguments.get("prefetch_factor")
+    return {
+        "num_workers": num_workers, "pin_memory": bool(arguments.get("pin_memory")),
+        "prefetch_factor": (prefetch if prefetch is not None else 2) if num_workers > 0 else None,
+        "batch_size": batch_size, "persistent_workers": bool(arguments.get("persistent_workers")),
+        "drop_last": bool(getattr(batch_sampler, "drop_last", arguments.get("drop_last"))),
+        "sampler": type(sampler).__name__ if sampler is not None else
+        ("RandomSampler" if arguments.get("shuffle") else "SequentialSampler"),
+        "sampler_shuffle": bool(getattr(sampler, "shuffle", arguments.get("shuffle"))),
+        "distributed_sampler": _is_distributed_sampler(sampler),
+        "batch_sampler": type(batch_sampler).__name__ if batch_sampler is not None else None,
+        "dataset": type(dataset).__name__, "dataset_len": dataset_len,
+    }
+
+
+def _is_distributed_sampler(sampler: Any) -> bool:
+    from torch.utils.data.distributed import DistributedSampler
+
+    if isinstance(sampler, DistributedSampler):
+        return True
+    # duck typing for samplers that shard by rank without subclassing
+    return hasattr(sampler, "num_replicas") and hasattr(sampler, "rank")
+
+
+def apply_overrides(arguments: dict[str, Any], overrides: LoaderSettings
+                    ) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """Apply the probe's settings to DataLoader arguments in place.
+
+    Returns the settings that will run and the overrides that were not applied, with why.
+    """
+    skipped: list[dict[str, str]] = []
+    if overrides.num_workers is not None:
+        arguments["num_workers"] = overrides.num_workers
+        if overrides.num_workers == 0:
+            if arguments.get("persistent_workers"):
+                arguments["persistent_workers"] = False
+            arguments["prefetch_factor"] = None
+    if overrides.pin_memory is not None:
+        arguments["pin_memory"] = overrides.pin_memory
+    if overrides.prefetch_factor is not None:
+        if (arguments.get("num_workers") or 0) > 0:
+            arguments["prefetch_factor"] = overrides.prefetch_factor
+        else:
+            skipped.append({"setting": "prefetch_factor",
+                            "reason": "PyTorch allows prefetch_factor only with num_workers > 0"})
+    if overrides.batch_size is not None:
+        reason = _apply_batch_size(arguments, overrides.batch_size)
+        if reason:
+            skipped.append({"setting": "batch_size", "reason": reason})
+    own = _own_settings(arguments)
+    applied = {k: own[k] for k in ("num_workers", "pin_memory", "prefetch_factor", "batch_size")}
+    return applied, skipped
+
+
+def _apply_batch_size(arguments: dict[str, Any], batch_size: int) -> Optional[str]:
+    from torch.utils.data import BatchSampler
+
+    batch_sampler = arguments.get("batch_sampler")
+    if batch_sampler is not None:
+        if type(batch_sampler) is not BatchSampler:
+            return (f"the script's batch sampler {type(batch_sampler).__name__} cannot be rebuilt "
+                    f"with another batch size")
+        arguments["batch_sampler"] = BatchSampler(batch_sampler.sampler, batch_size,
+                                                  batch_sampler.drop_last)
+        return None
+    if arguments.get("batch_size") is None:
+        return "the script disables automatic batching (batch_size=None)"
+    arguments["batch_size"] = batch_size
+    return None
+
+
+_INSTALLED: Optional[Instrumentation] = None
+
+
+def installed() -> Optional[Instrumentation]:
+    return _INSTALLED
+
+
+def install(plan: ProbePlan) -> Instrumentation:
+    """Patch torch for this process (idempotent). Called by the start-up hook only."""
+    global _INSTALLED
+    if _INSTALLED is not None:
+        return _INSTALLED
+    from ddp_profile.profiler import patches
+
+    _INSTALLED = Instrumentation(plan)
+    patches.apply(_INSTALLED)
+    atexit.register(_at_exit)
+    return _INSTALLED
+
+
+def _at_exit() -> None:
+    if _INSTALLED is not None and not _INSTALLED.stopping and _INSTALLED.recorder is not None:
+        if _INSTALLED.clocks or _INSTALLED.loader_count:
+            _INSTALLED.finish("script_exit")

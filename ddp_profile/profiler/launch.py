@@ -1,0 +1,153 @@
+"""Start the ranks of one probe, bound it in time, and clean up every process it made.
+
+A probe is one launch: ``python -m torch.distributed.run`` (``--launcher torchrun``), the
+script itself when it starts its own ranks (``--launcher none``), or, inside an allocation that
+already started the ranks (SLURM, a PyTorchJob, an outer torchrun), the script in this process's
+place. Every process of the probe inherits a unique ``DDP_PROFILE_PROBE_TAG``; after the launch
+ends — normally, by timeout or by Ctrl-C — any process still carrying the tag is killed, so
+ranks and DataLoader workers that escaped into their own sessions are not left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ddp_profile.profiler.config import (ENV_ACTIVE, ENV_HARNESS_PID, ENV_PLAN, ENV_PROBE_TAG,
+                                         ProbePlan)
+from ddp_profile.profiler.hook import HOOK_DIR
+
+KILL_GRACE_S = 3.0
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """How to start the script's ranks; the same for every probe of a run."""
+
+    script: str
+    script_args: tuple[str, ...] = ()
+    launcher: str = "torchrun"  # torchrun | none
+    nproc_per_node: int = 2
+    torchrun_args: tuple[str, ...] = ()  # --nnodes, --node-rank, --rdzv-* passed through
+    extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+    def command(self) -> list[str]:
+        if self.launcher == "none":
+            return [sys.executable, "-u", self.script, *self.script_args]
+        rendezvous = list(self.torchrun_args) or ["--standalone"]
+        return [sys.executable, "-m", "torch.distributed.run", *rendezvous,
+                f"--nproc-per-node={self.nproc_per_node}", "--max-restarts=0",
+                "--monitor-interval=0.2", self.script, *self.script_args]
+
+
+@dataclass
+class LaunchOutcome:
+    returncode: Optional[int]
+    timed_out: bool
+    interrupted: bool
+    wall_s: float
+    log_path: str
+    strays_killed: int = 0
+
+
+def probe_env(spec: LaunchSpec, plan: ProbePlan, tag: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(dict(spec.extra_env))
+    python_path = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = HOOK_DIR + (os.pathsep + python_path if python_path else "")
+    env[ENV_ACTIVE] = "1"
+    env[ENV_PLAN] = plan.to_json()
+    env[ENV_PROBE_TAG] = tag
+    env["DDP_PROFILE_SCRIPT"] = os.path.abspath(spec.script)
+    env[ENV_HARNESS_PID] = str(os.getpid())
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def new_tag() -> str:
+    return uuid.uuid4().hex
+
+
+def launch(spec: LaunchSpec, plan: ProbePlan, timeout_s: float, tag: Optional[str] = None
+           ) -> LaunchOutcome:
+    """Run one probe to completion, timeout or interruption; never leave a process behind."""
+    os.makedirs(plan.out_dir, exist_ok=True)
+    log_path = os.path.join(plan.out_dir, "launcher.log")
+    tag = tag or new_tag()
+    started = time.monotonic()
+    timed_out = interrupted = False
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(spec.command(), env=probe_env(spec, plan, tag),
+                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            if process.poll() is None:
+                _terminate_group(process)
+            strays = kill_tagged(tag)
+    outcome = LaunchOutcome(returncode=process.returncode, timed_out=timed_out,
+                            interrupted=interrupted, wall_s=time.monotonic() - started,
+                            log_path=log_path, strays_killed=strays)
+    if interrupted:
+        raise KeyboardInterrupt
+    return outcome
+
+
+def _terminate_group(process: subprocess.Popen) -> None:
+    """SIGTERM the launcher's process group (torchrun forwards it), then SIGKILL."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        process.wait(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+
+
+def tagged_pids(tag: str) -> list[int]:
+    """PIDs of live processes whose environment carries ``DDP_PROFILE_PROBE_TAG=tag``."""
+    needle = f"{ENV_PROBE_TAG}={tag}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as handle:
+                if needle in handle.read().split(b"\0"):
+                    found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+def kill_tagged(tag: str, rounds: int = 5) -> int:
+    """SIGKILL every process of the probe still alive; return how many there were."""
+    killed = 0
+    for _ in range(rounds):
+        pids = tagged_pids(tag)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.05)
+    return killed

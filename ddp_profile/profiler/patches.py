@@ -1,0 +1,171 @@
+"""The monkeypatches that connect torch to ``Instrumentation``; ``apply`` and ``remove``.
+
+Every patched function passes straight through inside DataLoader worker processes
+(``get_worker_info()`` is set there) and once the instrumentation is stopping.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from typing import Any, Callable
+
+_originals: list[tuple[Any, str, Any]] = []
+_handles: list[Any] = []
+
+
+def _patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+    original = owner.__dict__[name] if name in owner.__dict__ else getattr(owner, name)
+    _originals.append((owner, name, original))
+    setattr(owner, name, make(original))
+
+
+def is_applied() -> bool:
+    return bool(_originals)
+
+
+def _in_worker() -> bool:
+    from torch.utils.data import get_worker_info
+
+    return get_worker_info() is not None
+
+
+def apply(instr: Any) -> None:
+    """Install every patch for ``instr`` (an ``instrument.Instrumentation``)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DataParallel, DistributedDataParallel
+    from torch.utils.data import DataLoader
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+    from torch.utils.data.distributed import DistributedSampler
+
+    signature = inspect.signature(DataLoader.__init__)
+
+    def make_init(original: Any) -> Any:
+        @functools.wraps(original)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            if _in_worker() or instr.stopping:
+                return original(self, *args, **kwargs)
+            bound = signature.bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            instr.on_loader_init(self, bound)
+            original(*bound.args, **bound.kwargs)
+        return __init__
+
+    def make_iter(original: Any) -> Any:
+        @functools.wraps(original)
+        def __iter__(self: Any) -> Any:
+            iterator = original(self)
+            if not (_in_worker() or instr.stopping):
+                instr.on_iter(self, iterator)
+            return iterator
+        return __iter__
+
+    def make_next(original: Any) -> Any:
+        @functools.wraps(original)
+        def __next__(self: Any) -> Any:
+            if instr.stopping or getattr(self, "_ddp_profile_state", None) is None:
+                return original(self)
+            return instr.on_next(self, original)
+        return __next__
+
+    def make_backward(original: Any) -> Any:
+        @functools.wraps(original)
+        def backward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            instr.on_backward()
+            return original(self, *args, **kwargs)
+        return backward
+
+    def make_ddp_init(original: Any) -> Any:
+        @functools.wraps(original)
+        def __init__(self: Any, module: Any, *args: Any, **kwargs: Any) -> None:
+            original(self, module, *args, **kwargs)
+            first = next(iter(module.parameters()), None)
+            instr.event("ddp", find_unused_parameters=bool(self.find_unused_parameters),
+                        broadcast_buffers=bool(getattr(self, "broadcast_buffers", True)),
+                        device_type=first.device.type if first is not None else None)
+            import weakref
+            instr.ddp_modules.append(weakref.ref(self))
+        return __init__
+
+    def make_dp_init(original: Any) -> Any:
+        @functools.wraps(original)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            original(self, *args, **kwargs)
+            instr.event("data_parallel")
+        return __init__
+
+    def make_set_epoch(original: Any) -> Any:
+        @functools.wraps(original)
+        def set_epoch(self: Any, epoch: int) -> None:
+            instr.event("set_epoch", epoch=int(epoch))
+            return original(self, epoch)
+        return set_epoch
+
+    def make_init_pg(original: Any) -> Any:
+        @functools.wraps(original)
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            instr.event("process_group", backend=str(dist.get_backend()),
+                        world_size=dist.get_world_size())
+            return result
+        return init_process_group
+
+    _patch(DataLoader, "__init__", make_init)
+    _patch(DataLoader, "__iter__", make_iter)
+    _patch(_BaseDataLoaderIter, "__next__", make_next)
+    _patch(torch.Tensor, "backward", make_backward)
+    _patch(DistributedDataParallel, "__init__", make_ddp_init)
+    _patch(DataParallel, "__init__", make_dp_init)
+    _patch(DistributedSampler, "set_epoch", make_set_epoch)
+    if dist.is_available():
+        _patch(dist, "init_process_group", make_init_pg)
+    _patch_spawn(instr)
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    _handles.append(register_optimizer_step_post_hook(lambda *_: instr.on_optimizer_step()))
+    _install_excepthook(instr)
+
+
+def _patch_spawn(instr: Any) -> None:
+    """Ranks started by ``torch.multiprocessing.spawn`` report their exceptions too."""
+    import torch.multiprocessing.spawn as spawn_module
+
+    def make_wrap(original: Any) -> Any:
+        @functools.wraps(original)
+        def _wrap(fn: Any, i: int, args: Any, *rest: Any, **kwargs: Any) -> Any:
+            def recorded(*fn_args: Any) -> Any:
+                try:
+                    return fn(*fn_args)
+                except Exception as exc:
+                    instr.on_exception(type(exc), exc, exc.__traceback__)
+                    raise
+            return original(recorded, i, args, *rest, **kwargs)
+        return _wrap
+
+    if hasattr(spawn_module, "_wrap"):
+        _patch(spawn_module, "_wrap", make_wrap)
+
+
+def _install_excepthook(instr: Any) -> None:
+    previous = sys.excepthook
+
+    def excepthook(exc_type: type, exc: BaseException, tb: Any) -> None:
+        try:
+            if not issubclass(exc_type, KeyboardInterrupt):
+                instr.on_exception(exc_type, exc, tb)
+        finally:
+            previous(exc_type, exc, tb)
+
+    _originals.append((sys, "excepthook", previous))
+    sys.excepthook = excepthook
+
+
+def remove() -> None:
+    """Undo every patch (used by tests; a probe's process simply exits)."""
+    while _originals:
+        owner, name, original = _originals.pop()
+        setattr(owner, name, original)
+    while _handles:
+        _handles.pop().remove()

@@ -1,0 +1,180 @@
+"""One probe: launch it, then turn its rank records and exit into one ledger entry."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import statistics
+from typing import Any, Optional
+
+from ddp_profile.profiler.config import ProbePlan
+from ddp_profile.profiler.launch import LaunchOutcome, LaunchSpec, launch
+from ddp_profile.profiler.results import RankData, rank_step_stats, read_probe_dir
+
+OOM_PATTERNS = ("out of memory", "can't allocate memory", "cannot allocate memory",
+                "outofmemoryerror", "memoryerror")
+
+
+def run_probe(spec: LaunchSpec, plan: ProbePlan, timeout_s: float, kind: str = "sweep"
+              ) -> dict[str, Any]:
+    outcome = launch(spec, plan, timeout_s)
+    return summarise_probe(plan, outcome, kind, timeout_s)
+
+
+def _finite(value: float) -> Optional[float]:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: str, timeout_s: float
+                    ) -> dict[str, Any]:
+    """The ledger entry of a finished probe (the ``probes[]`` item of summary.json)."""
+    ranks = [r for r in read_probe_dir(plan.out_dir) if r.rank >= 0 or r.steps or r.error]
+    entry: dict[str, Any] = {
+        "id": plan.probe_id, "kind": kind, "requested": plan.overrides.to_dict(),
+        "config": _applied_config(ranks), "status": "ok", "reason": None, "error": None,
+        "root_cause_rank": None, "wall_s": round(outcome.wall_s, 3),
+        "warmup": plan.warmup, "steps": plan.steps,
+        "skipped_overrides": _skipped(ranks), "strays_killed": outcome.strays_killed,
+    }
+    entry.update(_measurements(ranks))
+    status, reason, error, root = _classify(ranks, outcome, plan, timeout_s)
+    entry.update(status=status, reason=reason, error=error, root_cause_rank=root)
+    if status != "ok":
+        entry["throughput"] = None
+    return entry
+
+
+def _training_loader_record(data: RankData) -> Optional[dict[str, Any]]:
+    loader_id = data.training_loader_id
+    return data.loaders.get(loader_id) if loader_id is not None else None
+
+
+def _applied_config(ranks: list[RankData]) -> dict[str, Any]:
+    for data in ranks:
+        loader = _training_loader_record(data)
+        if loader:
+            return dict(loader.get("applied") or {})
+    return {}
+
+
+def _skipped(ranks: list[RankData]) -> list[dict[str, str]]:
+    for data in ranks:
+        loader = _training_loader_record(data)
+        if loader:
+            return list(loader.get("skipped_overrides") or [])
+    return []
+
+
+def baseline_settings(ranks: list[RankData]) -> Optional[dict[str, Any]]:
+    """The training loader's settings as the script wrote them."""
+    for data in ranks:
+        loader = _training_loader_record(data)
+        if loader:
+            own = loader.get("own") or {}
+            return {k: own.get(k) for k in ("num_workers", "pin_memory", "prefetch_factor",
+                                            "batch_size")}
+    return None
+
+
+def _measurements(ranks: list[RankData]) -> dict[str, Any]:
+    per_rank, samples, elapsed, first_batch = [], 0, 0.0, []
+    for data in ranks:
+        stats = rank_step_stats(data.training_steps())
+        per_rank.append({"rank": data.rank, "node": data.context.get("node_rank", 0),
+                         "steps": stats["steps"],
+                         "data_wait_fraction": _finite(stats["data_wait_fraction"]),
+                         "step_time_median_s": _finite(stats["step_time_median_s"]),
+                         "throughput": _finite(stats["throughput"])})
+        if stats["steps"]:
+            samples += stats["samples"]
+            elapsed = max(elapsed, stats["elapsed_s"])
+        first_batch += [i["first_batch_s"] for i in data.loader_iters
+                        if i.get("loader_id") == data.training_loader_id
+                        and i.get("iter_index") == 0 and i.get("first_batch_s") is not None]
+    fractions = [r["data_wait_fraction"] for r in per_rank if r["data_wait_fraction"] is not None]
+    return {
+        "throughput": samples / elapsed if elapsed > 0 else None,
+        "data_wait_fraction": statistics.fmean(fractions) if fractions else None,
+        "steps_measured": min((r["steps"] for r in per_rank), default=0),
+        "step_time_cv": _step_time_cv(ranks),
+        "time_to_first_batch_s": max(first_batch) if first_batch else None,
+        "per_rank": per_rank,
+    }
+
+
+def _step_time_cv(ranks: list[RankData]) -> Optional[float]:
+    """Coefficient of variation of the per-step time of the slowest rank."""
+    by_step: dict[int, float] = {}
+    for data in ranks:
+        for step in data.training_steps():
+            if step.get("measured"):
+                total = step["data_wait_s"] + step["compute_s"] + step["other_s"]
+                by_step[step["step"]] = max(by_step.get(step["step"], 0.0), total)
+    values = list(by_step.values())
+    if len(values) < 2 or statistics.fmean(values) <= 0:
+        return None
+    return statistics.stdev(values) / statistics.fmean(values)
+
+
+def _classify(ranks: list[RankData], outcome: LaunchOutcome, plan: ProbePlan,
+              timeout_s: float) -> tuple[str, Optional[str], Optional[str], Optional[int]]:
+    errors = sorted((r.error for r in ranks if r.error), key=lambda e: e.get("t_ns") or 0)
+    if outcome.timed_out:
+        root = _stalled_rank(ranks)
+        where = f"; rank {root} stopped recording first" if root is not None else ""
+        return "timeout", "timeout", f"no result within {timeout_s:.0f} s{where}", root
+    if errors:
+        first = errors[0]
+        oom = first.get("oom") or _looks_oom(first.get("last_line", ""))
+        return ("oom" if oom else "crash", "exception",
+                f"rank {first.get('rank')}: {first.get('last_line')}", first.get("rank"))
+    if outcome.returncode not in (0, None):
+        rank, line = _failure_from_log(outcome.log_path)
+        oom = _looks_oom(line or "")
+        return ("oom" if oom else "crash", "exit_code",
+                f"exit code {outcome.returncode}" + (f", rank {rank}" if rank is not None else "")
+                + (f": {line}" if line else ""), rank)
+    if not any(r.loaders for r in ranks):
+        return ("crash", "no_dataloader",
+                "the script finished without iterating a DataLoader", None)
+    steps = max((len(r.training_steps()) for r in ranks), default=0)
+    if not any(s.get("measured") for r in ranks for s in r.training_steps()):
+        return ("crash", "too_few_steps",
+                f"the script ended after {steps} step(s), before the {plan.warmup} warm-up "
+                f"steps were over: lower --warmup or let it run longer", None)
+    return "ok", None, None, None
+
+
+def _looks_oom(text: str) -> bool:
+    lowered = text.lower()
+    return any(p in lowered for p in OOM_PATTERNS)
+
+
+def _stalled_rank(ranks: list[RankData]) -> Optional[int]:
+    last = {r.rank: max((s.get("t_ns") or 0 for s in r.steps), default=0) for r in ranks}
+    if len(last) < 2:
+        return None
+    ordered = sorted(last.items(), key=lambda kv: kv[1])
+    return ordered[0][0] if ordered[0][1] < ordered[1][1] else None
+
+
+_RANK_RE = re.compile(r"\brank\s*:?\s*(\d+)")
+_ERROR_LINE_RE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*)$")
+
+
+def _failure_from_log(log_path: str) -> tuple[Optional[int], Optional[str]]:
+    """The failing rank and the error's last line, from the launcher's log."""
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()[-400:]
+    except OSError:
+        return None, None
+    error_line = next((m.group(1).strip() for m in map(_ERROR_LINE_RE.match, reversed(lines))
+                       if m and "ChildFailedError" not in m.group(1)), None)
+    rank = next((int(m.group(1)) for m in map(_RANK_RE.search, reversed(lines)) if m), None)
+    return rank, error_line[:500] if error_line else None
+
+
+def probe_dir(run_dir: str, probe_id: str) -> str:
+    return os.path.join(run_dir, "probes", probe_id)

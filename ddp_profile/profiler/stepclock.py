@@ -1,0 +1,88 @@
+"""Turn loop boundary events into per-step timing records; pure, with an injected clock.
+
+A training step ``k`` of one DataLoader is split at four boundaries::
+
+    __next__ called ──data wait──► batch returned ──compute──► optimizer step done ──other──► __next__ called
+                                        └─forward─► first backward()
+
+``compute_s`` ends at the last optimizer step before the next ``__next__`` call; a loop without
+an optimizer (or a batch without a step, as in gradient accumulation) counts the whole host time
+after the batch as compute and ``other_s`` is zero. Each step record is emitted when the next
+``__next__`` call closes it, so the last batch of a script that ends on its own is not recorded.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional
+
+Clock = Callable[[], int]
+
+
+class StepClock:
+    """Timing state of one DataLoader: feed it the boundary events, get step records back."""
+
+    def __init__(self, loader_id: int, warmup: int, clock: Clock = time.perf_counter_ns,
+                 wall: Clock = time.time_ns):
+        self.loader_id = loader_id
+        self.warmup = warmup
+        self.steps_closed = 0
+        self._clock = clock
+        self._wall_offset_ns = wall() - clock()
+        self._called: Optional[int] = None
+        self._returned: Optional[int] = None
+        self._backward: Optional[int] = None
+        self._opt_done: Optional[int] = None
+        self._samples = 0
+
+    @property
+    def in_step(self) -> bool:
+        """True between a batch being returned and the next ``__next__`` call."""
+        return self._returned is not None
+
+    def next_called(self) -> Optional[dict[str, Any]]:
+        """``__next__`` was entered: close the open step (returned) and start the data wait."""
+        now = self._clock()
+        record = self._close(now) if self._returned is not None else None
+        self._called = now
+        return record
+
+    def exhausted(self) -> None:
+        """``__next__`` raised StopIteration: the wait that began was no step."""
+        self._called = None
+
+    def batch_returned(self, samples: int) -> None:
+        self._returned = self._clock()
+        if self._called is None:  # defensive: a batch without a recorded call
+            self._called = self._returned
+        self._samples = samples
+        self._backward = None
+        self._opt_done = None
+
+    def backward_called(self) -> None:
+        if self._returned is not None and self._backward is None:
+            self._backward = self._clock()
+
+    def optimizer_stepped(self) -> None:
+        if self._returned is not None:
+            self._opt_done = self._clock()
+
+    def _close(self, end_ns: int) -> dict[str, Any]:
+        assert self._called is not None and self._returned is not None
+        compute_end = self._opt_done if self._opt_done is not None else end_ns
+        record = {
+            "kind": "step",
+            "loader_id": self.loader_id,
+            "step": self.steps_closed,
+            "measured": self.steps_closed >= self.warmup,
+            "t_ns": self._called + self._wall_offset_ns,
+            "data_wait_s": (self._returned - self._called) / 1e9,
+            "compute_s": (compute_end - self._returned) / 1e9,
+            "other_s": (end_ns - compute_end) / 1e9,
+            "forward_s": ((self._backward - self._returned) / 1e9
+                          if self._backward is not None else None),
+            "samples": self._samples,
+        }
+        self.steps_closed += 1
+        self._returned = None
+        return record
