@@ -1,0 +1,45 @@
+"""Rules: pure functions from a loaded run's tables to findings and a recommendation.
+
+A rule is ``rule(run, thresholds) -> Finding | None`` over the tables of
+``ddp_profile.profiler.results.Run``; ``RULES`` is the one registry. Rules do no I/O and no
+plotting, and return None when the tables they need are empty. Every number they decide with
+is a field of ``Thresholds``: ``evaluate(run, Thresholds(data_wait_fraction=0.3))``.
+Triggers are documented on each rule and in ``docs/rules.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any, Optional
+
+from ddp_profile.profiler.results import Run
+from ddp_profile.rules import data, distributed, gpu, host
+from ddp_profile.rules.base import SEVERITIES, Finding, Rule, Thresholds
+from ddp_profile.rules.recommend import Recommendation, recommend, recommendation_to_dict
+
+RULES: list[Rule] = [*data.RULES, *host.RULES, *gpu.RULES, *distributed.RULES]
+
+
+def run_rules(run: Run, thresholds: Optional[Thresholds] = None) -> list[Finding]:
+    """Every registered rule's finding, most severe first (registry order within a severity)."""
+    thresholds = thresholds or Thresholds()
+    findings = [f for f in (rule(run, thresholds) for rule in RULES) if f is not None]
+    return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
+
+
+def evaluate(run: Run, thresholds: Optional[Thresholds] = None
+             ) -> tuple[list[Finding], Recommendation]:
+    """The findings (sorted by severity) and the recommended configuration of one run."""
+    thresholds = thresholds or Thresholds()
+    return run_rules(run, thresholds), recommend(run, thresholds)
+
+
+def finding_to_dict(finding: Finding) -> dict[str, Any]:
+    """The summary.json shape: rule, severity, title, evidence, recommendation, ranks (list)."""
+    data = asdict(finding)
+    data["ranks"] = list(finding.ranks)
+    return data
+
+
+__all__ = ["RULES", "Finding", "Recommendation", "Rule", "Thresholds", "evaluate",
+           "finding_to_dict", "recommend", "recommendation_to_dict", "run_rules"]

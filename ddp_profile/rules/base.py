@@ -1,0 +1,247 @@
+"""What every rule shares: ``Finding``, ``Thresholds`` and small readers over a ``Run``.
+
+A rule is a pure function ``rule(run, thresholds) -> Finding | None`` over the tables of a
+loaded run (``ddp_profile.profiler.results.Run``). Rules do no I/O and never plot. Each one
+returns ``None`` when the tables it needs are empty or lack a column (a CPU-only run has no
+GPU samples; an old run may lack ``forward_s``): no evidence, no finding.
+
+Telemetry columns read from ``run.samples`` (NaN or absent when not measured):
+
+``host`` samples  ``cpu_percent`` (whole machine, 0-100), ``worker_cpu_percent`` (the rank's
+                  DataLoader workers together, 100 = one core), ``iowait_percent``
+``gpu`` samples   ``gpu_util_percent``, ``gpu_mem_used_bytes``, ``gpu_mem_total_bytes``
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional
+
+import pandas as pd
+
+from ddp_profile.profiler.results import Run
+
+SEVERITIES = ("high", "medium", "low")
+
+# Other spellings a sampler may use for the same metric; the first present column wins.
+METRIC_ALIASES: dict[str, tuple[str, ...]] = {
+    "cpu_percent": ("cpu_percent", "host_cpu_percent"),
+    "worker_cpu_percent": ("worker_cpu_percent", "workers_cpu_percent"),
+    "iowait_percent": ("iowait_percent", "cpu_iowait_percent"),
+    "gpu_util_percent": ("gpu_util_percent", "gpu_utilization_percent"),
+    "gpu_mem_used_bytes": ("gpu_mem_used_bytes", "gpu_mem_used"),
+    "gpu_mem_total_bytes": ("gpu_mem_total_bytes", "gpu_mem_total"),
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One diagnosis: a stable ``rule`` id, how bad, and what to change, with the run's numbers."""
+
+    rule: str
+    severity: str  # "high" | "medium" | "low"
+    title: str
+    evidence: str  # a sentence citing this run's own measurements
+    recommendation: str  # what to change: DataLoader arguments or code
+    ranks: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"severity must be one of {SEVERITIES}, got {self.severity!r}")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Every number the rules and the recommendation decide with; override with ``Thresholds(**o)``."""
+
+    data_wait_fraction: float = 0.2  # data-bound at or above this share of step time
+    data_wait_severe: float = 0.5  # ... and "high" severity at or above this
+    cpu_saturated_percent: float = 85.0  # host cpu_percent median: CPUs saturated
+    worker_cpu_saturated_share: float = 0.85  # worker CPU / cores available to the rank
+    cpu_idle_percent: float = 50.0  # host cpu_percent median below this: CPUs mostly idle
+    iowait_high_percent: float = 20.0  # iowait median at or above this: waiting on storage
+    workers_flat_gain: float = 1.10  # more workers gaining less than this: gain has flattened
+    pin_speedup: float = 1.03  # pinned probe this much faster than its unpinned twin
+    restart_share: float = 0.05  # worker start-up per epoch as a share of the run
+    gpu_mem_unused_share: float = 0.5  # peak GPU memory below this share of the total
+    batch_gain: float = 1.05  # a larger batch this much faster counts as a gain
+    gpu_util_low_percent: float = 50.0  # median GPU utilisation below this is low
+    straggler_steps_share: float = 0.6  # slowest rank in at least this share of steps
+    straggler_excess_share: float = 0.1  # ... by at least this share of the median step
+    straggler_min_s: float = 0.001  # ... and at least this many seconds
+    straggler_severe_share: float = 0.25  # excess at or above this share of a step: "high"
+    spike_ratio: float = 5.0  # other_s above this multiple of the median is a spike
+    spike_min_s: float = 0.02  # ... and above this many seconds
+    spike_share: float = 0.05  # spikes costing this share of the run trigger frequent-io
+    spike_severe_share: float = 0.2
+    noise_floor: float = 0.02  # throughputs within this relative gap are a tie at least
+    noise_sigmas: float = 2.0  # ... or within this many combined standard errors
+    clear_gain: float = 0.05  # a compute-bound script moves only for a gain above this
+    ceiling_share_target: float = 0.8  # below this share of the ceiling, say what would help
+    bootstrap_resamples: int = 1000
+    bootstrap_seed: int = 0
+    interval_confidence: float = 0.9
+
+
+Rule = Callable[[Run, Thresholds], Optional[Finding]]
+
+
+# ---- probes ------------------------------------------------------------------------------
+
+def ok_probes(run: Run, kinds: Iterable[str] = ("baseline", "sweep")) -> pd.DataFrame:
+    """The probes that finished with status ok, of the given kinds, in run order."""
+    probes = run.probes
+    if probes is None or probes.empty or "status" not in probes or "kind" not in probes:
+        return pd.DataFrame(columns=getattr(probes, "columns", []))
+    return probes[(probes["status"] == "ok") & probes["kind"].isin(list(kinds))]
+
+
+def baseline_probe(run: Run) -> Optional[pd.Series]:
+    """The ok probe of kind "baseline", else the first ok probe of any non-ceiling kind."""
+    probes = ok_probes(run)
+    if probes.empty:
+        return None
+    marked = probes[probes["kind"] == "baseline"]
+    return (marked if not marked.empty else probes).iloc[0]
+
+
+def ceiling_probe(run: Run) -> Optional[pd.Series]:
+    probes = ok_probes(run, kinds=("ceiling",))
+    probes = probes[probes["throughput"].apply(finite)] if not probes.empty else probes
+    return None if probes.empty else probes.iloc[0]
+
+
+def finite(value: Any) -> bool:
+    try:
+        return value is not None and math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def as_int(value: Any, default: Optional[int] = None) -> Optional[int]:
+    return int(value) if finite(value) else default
+
+
+# ---- steps -------------------------------------------------------------------------------
+
+def probe_steps(run: Run, probe_id: str, measured_only: bool = True) -> pd.DataFrame:
+    """The training-loader steps of one probe (measured ones unless told otherwise)."""
+    steps = run.steps
+    needed = {"probe_id", "rank", "step", "data_wait_s", "compute_s", "other_s"}
+    if steps is None or steps.empty or not needed.issubset(steps.columns):
+        return pd.DataFrame(columns=sorted(needed))
+    rows = steps[steps["probe_id"] == probe_id]
+    if measured_only and "measured" in rows:
+        rows = rows[rows["measured"].astype(bool)]
+    rows = rows.copy()
+    if "step_s" not in rows or rows["step_s"].isna().any():
+        rows["step_s"] = rows["data_wait_s"] + rows["compute_s"] + rows["other_s"]
+    return rows
+
+
+def data_wait(run: Run, probe: pd.Series) -> Optional[tuple[float, float]]:
+    """(data-wait fraction, mean data wait per step in s) of a probe; None if unmeasured.
+
+    The fraction is the probe's own (``probes.data_wait_fraction``) when recorded, else the
+    share of data wait in the measured steps of all ranks.
+    """
+    steps = probe_steps(run, probe["id"])
+    per_step = float(steps["data_wait_s"].mean()) if not steps.empty else math.nan
+    fraction = probe.get("data_wait_fraction")
+    if not finite(fraction) and not steps.empty and steps["step_s"].sum() > 0:
+        fraction = steps["data_wait_s"].sum() / steps["step_s"].sum()
+    if not finite(fraction):
+        return None
+    return float(fraction), per_step
+
+
+def is_data_bound(run: Run, probe: pd.Series, thresholds: Thresholds) -> bool:
+    measured = data_wait(run, probe)
+    return measured is not None and measured[0] >= thresholds.data_wait_fraction
+
+
+# ---- samples, contexts, events -----------------------------------------------------------
+
+def metric(run: Run, probe_id: str, source: str, name: str) -> Optional[pd.Series]:
+    """The finite values of one telemetry metric in one probe, or None if never measured."""
+    samples = run.samples
+    if samples is None or samples.empty or "probe_id" not in samples or "source" not in samples:
+        return None
+    column = next((c for c in METRIC_ALIASES.get(name, (name,)) if c in samples), None)
+    if column is None:
+        return None
+    rows = samples[(samples["probe_id"] == probe_id) & (samples["source"] == source)]
+    values = pd.to_numeric(rows[column], errors="coerce").dropna()
+    return None if values.empty else values
+
+
+def metric_median(run: Run, probe_id: str, source: str, name: str) -> Optional[float]:
+    values = metric(run, probe_id, source, name)
+    return None if values is None else float(values.median())
+
+
+def probe_context(run: Run, probe_id: str) -> dict[str, Any]:
+    """The context record of the lowest rank of a probe ({} if none was written)."""
+    ranks = sorted(rank for (pid, rank) in run.contexts if pid == probe_id)
+    return run.contexts.get((probe_id, ranks[0]), {}) if ranks else {}
+
+
+def loader_info(run: Run, probe_id: str) -> dict[str, Any]:
+    """The training loader as the script built it (``context.loader``), or {}."""
+    loader = probe_context(run, probe_id).get("loader")
+    return loader if isinstance(loader, dict) else {}
+
+
+def events_named(run: Run, name: str, probe_id: Optional[str] = None) -> pd.DataFrame:
+    events = run.events
+    if events is None or events.empty or "name" not in events:
+        return pd.DataFrame(columns=["probe_id", "rank", "name", "data"])
+    rows = events[events["name"] == name]
+    return rows[rows["probe_id"] == probe_id] if probe_id is not None else rows
+
+
+def local_ranks(run: Run, probe_id: str) -> int:
+    """Ranks sharing one machine: summary nproc_per_node, else ranks on the first host."""
+    nproc = as_int(run.summary.get("nproc_per_node"))
+    if nproc:
+        return nproc
+    hosts = [ctx.get("hostname") for (pid, _), ctx in run.contexts.items() if pid == probe_id]
+    if hosts:
+        return max(1, hosts.count(hosts[0]))
+    return as_int(run.summary.get("world_size"), 1) or 1
+
+
+def world_size(run: Run, probe_id: Optional[str] = None) -> int:
+    size = as_int(run.summary.get("world_size"))
+    if size:
+        return size
+    ctx = probe_context(run, probe_id) if probe_id else {}
+    return as_int(ctx.get("world_size"), 1) or 1
+
+
+def cpus_available(run: Run, probe_id: str) -> Optional[int]:
+    ctx = probe_context(run, probe_id)
+    env = run.summary.get("environment") or {}
+    for value in (ctx.get("cpus_available"), ctx.get("cpu_count"), env.get("cpu_count")):
+        if as_int(value):
+            return as_int(value)
+    return None
+
+
+def describe_config(probe: pd.Series) -> str:
+    """``num_workers=4, pin_memory=True, prefetch_factor=2, batch_size=64`` for a probe row."""
+    parts = []
+    for key in ("num_workers", "pin_memory", "prefetch_factor", "batch_size"):
+        value = probe.get(key)
+        if value is not None and not (isinstance(value, float) and math.isnan(value)):
+            parts.append(f"{key}={int(value) if isinstance(value, float) else value}")
+    return ", ".join(parts) or "the script's own settings"
+
+
+def pct(share: float) -> str:
+    return f"{100 * share:.0f} %"
+
+
+def ms(seconds: float) -> str:
+    return f"{1000 * seconds:.1f} ms"

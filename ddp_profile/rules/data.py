@@ -1,0 +1,236 @@
+"""Rules about the input pipeline: is the loop waiting on data, and why.
+
+Each rule is ``rule(run, thresholds) -> Finding | None`` (see ``rules.base``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import pandas as pd
+
+from ddp_profile.profiler.results import Run
+from ddp_profile.rules.base import (Finding, Thresholds, as_int, baseline_probe, cpus_available,
+                                    data_wait, describe_config, finite, is_data_bound,
+                                    loader_info, local_ranks, metric_median, ms, ok_probes, pct,
+                                    probe_steps)
+
+
+@dataclass(frozen=True)
+class CpuLoad:
+    """How busy the CPUs were during one probe (None where not measured)."""
+
+    host_percent: Optional[float]  # median whole-machine CPU %
+    worker_share: Optional[float]  # median worker CPU / cores available to one rank
+    iowait_percent: Optional[float]
+
+    def saturated(self, thresholds: Thresholds) -> bool:
+        return ((self.host_percent is not None
+                 and self.host_percent >= thresholds.cpu_saturated_percent)
+                or (self.worker_share is not None
+                    and self.worker_share >= thresholds.worker_cpu_saturated_share))
+
+    def idle(self, thresholds: Thresholds) -> bool:
+        if self.host_percent is None and self.worker_share is None:
+            return False
+        return not self.saturated(thresholds) and (
+            self.host_percent is None or self.host_percent < thresholds.cpu_idle_percent)
+
+    def describe(self) -> str:
+        parts = []
+        if self.host_percent is not None:
+            parts.append(f"host CPU {self.host_percent:.0f} %")
+        if self.worker_share is not None:
+            parts.append(f"workers using {pct(self.worker_share)} of the rank's cores")
+        if self.iowait_percent is not None:
+            parts.append(f"iowait {self.iowait_percent:.0f} %")
+        return ", ".join(parts)
+
+
+def cpu_load(run: Run, probe: pd.Series) -> CpuLoad:
+    probe_id = probe["id"]
+    worker = metric_median(run, probe_id, "host", "worker_cpu_percent")
+    cpus = cpus_available(run, probe_id)
+    share = None
+    if worker is not None and cpus:
+        share = worker / (100.0 * cpus / local_ranks(run, probe_id))
+    return CpuLoad(metric_median(run, probe_id, "host", "cpu_percent"), share,
+                   metric_median(run, probe_id, "host", "iowait_percent"))
+
+
+def most_workers_probe(run: Run) -> Optional[pd.Series]:
+    """The ok probe with the most DataLoader workers (the fastest of those, on a tie)."""
+    probes = ok_probes(run)
+    probes = probes[probes["num_workers"].apply(finite) & probes["throughput"].apply(finite)]
+    if probes.empty:
+        return None
+    top = probes[probes["num_workers"] == probes["num_workers"].max()]
+    return top.loc[top["throughput"].idxmax()]
+
+
+def fewer_workers_probe(run: Run, probe: pd.Series) -> Optional[pd.Series]:
+    """The fastest ok probe with the next smaller worker count than ``probe``'s."""
+    probes = ok_probes(run)
+    probes = probes[probes["num_workers"].apply(finite) & probes["throughput"].apply(finite)]
+    probes = probes[probes["num_workers"] < probe["num_workers"]]
+    if probes.empty:
+        return None
+    below = probes[probes["num_workers"] == probes["num_workers"].max()]
+    return below.loc[below["throughput"].idxmax()]
+
+
+def data_loader_bound(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """The baseline probe waits on the DataLoader for a significant share of each step.
+
+    Trigger: the baseline probe's data-wait fraction (data wait / step time over the measured
+    steps of all ranks) >= ``data_wait_fraction``; "high" at or above ``data_wait_severe``.
+    """
+    probe = baseline_probe(run)
+    measured = data_wait(run, probe) if probe is not None else None
+    if measured is None or measured[0] < thresholds.data_wait_fraction:
+        return None
+    fraction, per_step = measured
+    seconds = f" ({ms(per_step)} per step)" if finite(per_step) else ""
+    workers = as_int(probe.get("num_workers"))
+    more = max(2, 2 * workers) if workers is not None else 4
+    return Finding(
+        rule="data-loader-bound",
+        severity="high" if fraction >= thresholds.data_wait_severe else "medium",
+        title="Training waits on the DataLoader",
+        evidence=(f"With {describe_config(probe)} the ranks spend {pct(fraction)} of each "
+                  f"measured step waiting for the next batch{seconds}."),
+        recommendation=(f"Load in parallel and ahead: DataLoader(..., num_workers={more}, "
+                        "prefetch_factor=4, persistent_workers=True); see the recommended "
+                        "configuration and the cpu-/io-bound findings for what limits it."))
+
+
+def _workers_flattened(run: Run, probe: pd.Series, thresholds: Thresholds) -> Optional[str]:
+    """Evidence that more workers stopped helping, or None if they still help."""
+    fewer = fewer_workers_probe(run, probe)
+    if fewer is None or not fewer["throughput"] > 0:
+        return "no probe with fewer workers was measured to compare"
+    gain = probe["throughput"] / fewer["throughput"]
+    still_bound = is_data_bound(run, probe, thresholds)
+    if gain >= thresholds.workers_flat_gain and not still_bound:
+        return None
+    text = (f"going from {as_int(fewer['num_workers'])} to {as_int(probe['num_workers'])} "
+            f"workers changed throughput {gain:.2f}x")
+    if still_bound:
+        text += f", with the ranks still waiting {pct(data_wait(run, probe)[0])} of each step"
+    return text
+
+
+def cpu_bound_preprocessing(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """Data-bound, and the CPUs are saturated, so more workers stop helping.
+
+    Trigger: the baseline is data-bound, and in the probe with the most workers the host CPU
+    median >= ``cpu_saturated_percent`` or the workers use >= ``worker_cpu_saturated_share``
+    of the rank's cores, and that probe is still data-bound or gained less than
+    ``workers_flat_gain`` over the next smaller worker count.
+    """
+    base = baseline_probe(run)
+    probe = most_workers_probe(run)
+    if base is None or probe is None or not is_data_bound(run, base, thresholds):
+        return None
+    load = cpu_load(run, probe)
+    if not load.saturated(thresholds):
+        return None
+    flat = _workers_flattened(run, probe, thresholds)
+    if flat is None:
+        return None
+    return Finding(
+        rule="cpu-bound-preprocessing",
+        severity="high",
+        title="Preprocessing saturates the CPUs",
+        evidence=(f"With {as_int(probe['num_workers'])} workers the CPUs are saturated "
+                  f"({load.describe()}) and {flat}."),
+        recommendation=("Take work off the CPUs: preprocess offline (store decoded, resized "
+                        "tensors), cache decoded samples, decode on the GPU (torchvision.io."
+                        "decode_jpeg(device='cuda'), NVIDIA DALI), or run on more CPU cores "
+                        "per GPU."))
+
+
+def io_bound_loading(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """Data-bound while the CPUs sit idle: the workers are waiting on storage.
+
+    Trigger: the baseline is data-bound and the probe with the most workers is still
+    data-bound, with either workers > 0 and idle CPUs (not saturated, host CPU median
+    < ``cpu_idle_percent``) or an iowait median >= ``iowait_high_percent``.
+    """
+    base = baseline_probe(run)
+    probe = most_workers_probe(run)
+    if base is None or probe is None or not is_data_bound(run, base, thresholds):
+        return None
+    if not is_data_bound(run, probe, thresholds):
+        return None
+    load = cpu_load(run, probe)
+    waiting = (load.iowait_percent is not None
+               and load.iowait_percent >= thresholds.iowait_high_percent)
+    idle = (as_int(probe["num_workers"], 0) or 0) > 0 and load.idle(thresholds)
+    if not (waiting or idle):
+        return None
+    fraction = data_wait(run, probe)[0]
+    workers = as_int(probe["num_workers"], 0) or 0
+    return Finding(
+        rule="io-bound-loading",
+        severity="high" if fraction >= thresholds.data_wait_severe else "medium",
+        title="Loading waits on storage, not on the CPUs",
+        evidence=(f"With {workers} workers the ranks still wait {pct(fraction)} of each step "
+                  f"for data while the CPUs are not busy ({load.describe()})."),
+        recommendation=(f"Overlap more reads: DataLoader(..., num_workers={max(2, 2 * workers)}, "
+                        "prefetch_factor=4); copy the data set to local NVMe or RAM, and pack "
+                        "many small files into fewer larger shards (WebDataset, tar, LMDB)."))
+
+
+def _restart_share(run: Run, probe: pd.Series) -> Optional[tuple[float, float, int]]:
+    """(share of run time, seconds, epochs) spent starting workers after the first epoch."""
+    iters = run.loader_iters
+    if iters is None or iters.empty or "first_batch_s" not in iters:
+        return None
+    steps = probe_steps(run, probe["id"], measured_only=False)
+    if steps.empty:
+        return None
+    rows = iters[iters["probe_id"] == probe["id"]]
+    if "loader_id" in steps and steps["loader_id"].notna().any():
+        rows = rows[rows["loader_id"].isin(steps["loader_id"].dropna().unique())]
+    rows = rows[(rows["iter_index"] > 0) & rows["first_batch_s"].notna()]
+    run_s = float(steps["step_s"].sum())
+    if rows.empty or run_s <= 0:
+        return None
+    restart_s = float(rows["first_batch_s"].sum())
+    epochs = int(rows.groupby("rank")["iter_index"].count().max())
+    return restart_s / (run_s + restart_s), restart_s / rows["rank"].nunique(), epochs
+
+
+def persistent_workers(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """Workers are restarted every epoch, and that start-up is a significant share of the run.
+
+    Trigger: in an ok probe with workers, the training loader's ``persistent_workers`` is
+    false and ``first_batch_s`` of its iterations after the first (iter_index > 0) sums to
+    >= ``restart_share`` of the probe's step time (all ranks together).
+    """
+    worst = None
+    for _, probe in ok_probes(run).iterrows():
+        loader = loader_info(run, probe["id"])
+        if loader.get("persistent_workers") is not False:
+            continue
+        if (as_int(probe.get("num_workers"), 0) or 0) <= 0:
+            continue
+        measured = _restart_share(run, probe)
+        if measured and measured[0] >= thresholds.restart_share and (
+                worst is None or measured[0] > worst[1][0]):
+            worst = (probe, measured)
+    if worst is None:
+        return None
+    probe, (share, restart_s, epochs) = worst
+    return Finding(
+        rule="persistent-workers",
+        severity="medium",
+        title="DataLoader workers restart every epoch",
+        evidence=(f"With {describe_config(probe)}, starting the workers again for {epochs} "
+                  f"later epoch(s) took {restart_s:.2f} s per rank, {pct(share)} of the run."),
+        recommendation="Keep the workers alive: DataLoader(..., persistent_workers=True).")
+
+
+RULES = [data_loader_bound, cpu_bound_preprocessing, io_bound_loading, persistent_workers]

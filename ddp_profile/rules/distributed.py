@@ -1,0 +1,226 @@
+"""Rules about the distributed setup: stragglers, sharding, and DDP misconfigurations.
+
+Each rule is ``rule(run, thresholds) -> Finding | None`` (see ``rules.base``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import pandas as pd
+
+from ddp_profile.profiler.results import Run
+from ddp_profile.rules.base import (Finding, Thresholds, baseline_probe, events_named, loader_info,
+                                    ms, ok_probes, pct, probe_context, probe_steps, world_size)
+
+
+def _per_rank_table(steps: pd.DataFrame, column: str) -> pd.DataFrame:
+    """step x rank table of one per-step metric over measured steps, complete rows only."""
+    table = steps.pivot_table(index="step", columns="rank", values=column, aggfunc="first")
+    return table.dropna()
+
+
+def _presync_steps(run: Run, probe_id: str) -> pd.DataFrame:
+    """Measured steps with ``presync_s`` = data wait + forward + the previous step's other."""
+    steps = probe_steps(run, probe_id, measured_only=False).sort_values(["rank", "step"])
+    if steps.empty or "forward_s" not in steps:
+        return steps.iloc[0:0]
+    previous_other = steps.groupby("rank")["other_s"].shift(1).fillna(0.0)
+    steps = steps.assign(presync_s=steps["data_wait_s"] + steps["forward_s"] + previous_other)
+    return steps[steps["measured"].astype(bool)] if "measured" in steps else steps
+
+
+def _slowest_rank(table: pd.DataFrame) -> Optional[tuple[int, float, float]]:
+    """(rank, share of steps it is the slowest, median excess over the others' median)."""
+    if table.shape[1] < 2 or table.shape[0] < 3:
+        return None
+    counts = table.idxmax(axis=1).value_counts()
+    rank = counts.index[0]
+    others = table.drop(columns=[rank]).median(axis=1)
+    return int(rank), counts.iloc[0] / len(table), float((table[rank] - others).median())
+
+
+def straggler(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """One rank is consistently slower and holds the others at every synchronisation.
+
+    With DDP the fast ranks wait for the slow one inside backward, so their ``compute_s``
+    absorbs the wait; the straggler is the rank with the most work before the gradient
+    synchronisation: ``presync_s`` = data_wait_s + forward_s + the previous step's other_s.
+    Trigger (baseline probe, >= 2 ranks, >= 3 complete measured steps): one rank has the
+    largest ``presync_s`` (else, without forward_s, the largest ``compute_s``) in
+    >= ``straggler_steps_share`` of the steps, and its median excess over the other ranks'
+    median is >= max(``straggler_min_s``, ``straggler_excess_share`` x the median step);
+    "high" at or above ``straggler_severe_share`` of a step.
+    """
+    probe = baseline_probe(run)
+    if probe is None:
+        return None
+    presync = _presync_steps(run, probe["id"])
+    step_median = float(probe_steps(run, probe["id"])["step_s"].median())
+    for column, where in (("presync_s", "reaches the gradient synchronisation last"),
+                          ("compute_s", "has the longest compute")):
+        source = presync if column == "presync_s" else probe_steps(run, probe["id"])
+        if source.empty or column not in source or not step_median > 0:
+            continue
+        found = _slowest_rank(_per_rank_table(source, column))
+        if found is None:
+            continue
+        rank, share, excess = found
+        floor = max(thresholds.straggler_min_s, thresholds.straggler_excess_share * step_median)
+        if share >= thresholds.straggler_steps_share and excess >= floor:
+            return _straggler_finding(rank, share, excess, step_median, where, thresholds)
+    return None
+
+
+def _straggler_finding(rank: int, share: float, excess: float, step_median: float,
+                       where: str, thresholds: Thresholds) -> Finding:
+    severe = excess >= thresholds.straggler_severe_share * step_median
+    return Finding(
+        rule="straggler", severity="high" if severe else "medium",
+        title=f"Rank {rank} is a straggler",
+        evidence=(f"Rank {rank} {where} in {pct(share)} of measured steps, {ms(excess)}/step "
+                  f"behind the other ranks' median ({pct(excess / step_median)} of a "
+                  f"{ms(step_median)} step); every other rank waits for it."),
+        recommendation=(f"Find what differs on rank {rank}: its GPU or node (clocks, thermal "
+                        "throttling, a shared PCIe link, other jobs), a data shard with larger "
+                        "samples, or extra work done only on that rank inside the step."),
+        ranks=(rank,))
+
+
+def missing_distributed_sampler(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """Several ranks, and the training loader has no DistributedSampler.
+
+    Trigger: world size > 1 and the baseline context's ``loader.distributed_sampler`` is
+    false (an iterable data set, sampler ``_InfiniteConstantSampler``, shards itself: skipped).
+    """
+    probe = baseline_probe(run)
+    if probe is None:
+        return None
+    loader = loader_info(run, probe["id"])
+    size = world_size(run, probe["id"])
+    if size <= 1 or loader.get("distributed_sampler") is not False:
+        return None
+    if loader.get("sampler") == "_InfiniteConstantSampler":
+        return None
+    sampler = loader.get("sampler") or "the default sampler"
+    return Finding(
+        rule="missing-distributed-sampler", severity="high",
+        title="Every rank reads the whole data set",
+        evidence=(f"{size} ranks train with {sampler} and no DistributedSampler, so each epoch "
+                  f"every rank walks all {loader.get('dataset_len', 'the')} samples."),
+        recommendation=("sampler = DistributedSampler(dataset, shuffle=True); "
+                        "DataLoader(dataset, sampler=sampler, ...) (and drop shuffle=True), "
+                        "calling sampler.set_epoch(epoch) at the start of each epoch."))
+
+
+def _epoch_without_set_epoch(run: Run, probe_id: str) -> Optional[int]:
+    """Number of later epochs of the training loader with no set_epoch event, or None."""
+    steps = probe_steps(run, probe_id, measured_only=False)
+    iters = run.loader_iters
+    if steps.empty or iters is None or iters.empty or "loader_id" not in steps:
+        return None
+    loader_ids = set(steps["loader_id"].dropna())
+    rows = iters[(iters["probe_id"] == probe_id) & iters["loader_id"].isin(loader_ids)]
+    later = rows[rows["iter_index"] >= 1]
+    if later.empty:
+        return None
+    calls = [d for d in events_named(run, "set_epoch", probe_id)["data"]
+             if d.get("loader_id") is None or d.get("loader_id") in loader_ids]
+    return None if calls else int(later.groupby("rank")["iter_index"].count().max())
+
+
+def missing_set_epoch(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """A shuffling DistributedSampler replays the same order every epoch.
+
+    Trigger: in an ok probe, the training loader uses a DistributedSampler with
+    ``sampler_shuffle`` true, it was iterated again (loader_iters iter_index >= 1 for the
+    training loader), and the probe recorded no ``set_epoch`` event for that loader.
+    """
+    for _, probe in ok_probes(run).iterrows():
+        loader = loader_info(run, probe["id"])
+        if not (loader.get("distributed_sampler") and loader.get("sampler_shuffle")):
+            continue
+        epochs = _epoch_without_set_epoch(run, probe["id"])
+        if epochs:
+            return Finding(
+                rule="missing-set-epoch", severity="medium",
+                title="DistributedSampler.set_epoch is never called",
+                evidence=(f"The training loader started {epochs} more epoch(s) with a "
+                          "shuffling DistributedSampler and no set_epoch call, so every epoch "
+                          "repeats the same sample order."),
+                recommendation=("Call sampler.set_epoch(epoch) before iterating the loader "
+                                "in each epoch."))
+    return None
+
+
+def _event_ranks(events: pd.DataFrame) -> tuple[int, ...]:
+    return tuple(sorted({int(r) for r in events["rank"] if r is not None and r >= 0}))
+
+
+def data_parallel(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """The script wraps the model in torch.nn.DataParallel.
+
+    Trigger: any ``data_parallel`` event.
+    """
+    events = events_named(run, "data_parallel")
+    if events.empty:
+        return None
+    return Finding(
+        rule="data-parallel", severity="high", title="nn.DataParallel in use",
+        evidence=("The script wrapped a model in torch.nn.DataParallel (single-process, "
+                  "GIL-bound, scatters every batch from one GPU)."),
+        recommendation=("Use DistributedDataParallel: one process per GPU (torchrun), "
+                        "model = DDP(model.to(local_rank), device_ids=[local_rank])."),
+        ranks=_event_ranks(events))
+
+
+def _backend(run: Run, probe_id: Any) -> Optional[str]:
+    for data in events_named(run, "process_group", probe_id)["data"]:
+        if data.get("backend"):
+            return str(data["backend"])
+    return probe_context(run, probe_id).get("backend") or run.summary.get("backend")
+
+
+def backend_mismatch(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """DDP on CUDA tensors over the gloo backend (NCCL is the GPU backend).
+
+    Trigger: a ``ddp`` event with ``device_type`` "cuda" in a probe whose process group
+    backend (``process_group`` event, else context, else summary) is "gloo".
+    """
+    for _, event in events_named(run, "ddp").iterrows():
+        if event["data"].get("device_type") != "cuda":
+            continue
+        if (_backend(run, event["probe_id"]) or "").lower() == "gloo":
+            return Finding(
+                rule="backend-mismatch", severity="high", title="CUDA model on the gloo backend",
+                evidence=("DDP wraps a CUDA model but the process group uses gloo, which "
+                          "copies gradients through host memory for every all-reduce."),
+                recommendation='dist.init_process_group(backend="nccl") for CUDA training.',
+                ranks=_event_ranks(events_named(run, "ddp")))
+    return None
+
+
+def find_unused_parameters(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """find_unused_parameters=True although every parameter gets a gradient.
+
+    Trigger: a ``ddp`` event with ``find_unused_parameters`` true, and every
+    ``ddp_unused_parameters`` event reports ``params_without_grad`` == 0.
+    """
+    ddp = events_named(run, "ddp")
+    if ddp.empty or not any(d.get("find_unused_parameters") for d in ddp["data"]):
+        return None
+    unused = [d.get("params_without_grad") for d in events_named(run, "ddp_unused_parameters")
+              ["data"]]
+    if not unused or any(count != 0 for count in unused):
+        return None
+    return Finding(
+        rule="find-unused-parameters", severity="low",
+        title="find_unused_parameters=True without unused parameters",
+        evidence=("DDP searches the autograd graph for unused parameters every step, yet all "
+                  "parameters received gradients in every checked step."),
+        recommendation="DDP(model, ..., find_unused_parameters=False) (the default).",
+        ranks=_event_ranks(ddp))
+
+
+RULES = [straggler, missing_distributed_sampler, missing_set_epoch, data_parallel,
+         backend_mismatch, find_unused_parameters]

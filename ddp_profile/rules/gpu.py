@@ -1,0 +1,164 @@
+"""Rules about the GPU side: pinned copies, unused memory, an idle GPU fed by a busy host.
+
+Each rule is ``rule(run, thresholds) -> Finding | None`` (see ``rules.base``). A CPU-only run
+has no GPU samples or ``cuda_memory`` events, so these rules return None there.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pandas as pd
+
+from ddp_profile.profiler.results import Run
+from ddp_profile.rules.base import (Finding, Thresholds, as_int, baseline_probe, data_wait,
+                                    describe_config, events_named, finite, is_data_bound,
+                                    loader_info, metric, metric_median, ok_probes, pct,
+                                    probe_context)
+
+TWIN_KEYS = ("num_workers", "prefetch_factor", "batch_size")
+
+
+def is_cuda(run: Run, probe_id: str) -> bool:
+    device = probe_context(run, probe_id).get("device") or run.summary.get("device")
+    return device == "cuda"
+
+
+def _pinned(run: Run, probe: pd.Series) -> Optional[bool]:
+    value = probe.get("pin_memory")
+    if isinstance(value, (bool,)) or value in (0, 1):
+        return bool(value)
+    value = loader_info(run, probe["id"]).get("pin_memory")
+    return None if value is None else bool(value)
+
+
+def _same_settings(a: pd.Series, b: pd.Series) -> bool:
+    return all(a.get(k) == b.get(k) or (not finite(a.get(k)) and not finite(b.get(k)))
+               for k in TWIN_KEYS)
+
+
+def _pin_gain(run: Run) -> Optional[tuple[float, pd.Series]]:
+    """Best throughput ratio pinned / unpinned among probes differing only in pin_memory."""
+    probes = ok_probes(run)
+    probes = probes[probes["throughput"].apply(finite)]
+    best = None
+    for _, pinned in probes[probes["pin_memory"] == True].iterrows():  # noqa: E712
+        for _, plain in probes[probes["pin_memory"] == False].iterrows():  # noqa: E712
+            if _same_settings(pinned, plain) and plain["throughput"] > 0:
+                gain = pinned["throughput"] / plain["throughput"]
+                if best is None or gain > best[0]:
+                    best = (gain, pinned)
+    return best
+
+
+def pin_memory(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """A CUDA run copies batches from pageable memory, and that measurably costs.
+
+    Trigger: CUDA device, the baseline runs with pin_memory off, and either a pinned probe is
+    >= ``pin_speedup`` x faster than its twin differing only in pin_memory ("medium"), or no
+    such twin was measured and the baseline is data-bound ("low").
+    """
+    base = baseline_probe(run)
+    if base is None or not is_cuda(run, base["id"]) or _pinned(run, base) is not False:
+        return None
+    measured = _pin_gain(run)
+    if measured is not None:
+        gain, pinned = measured
+        if gain < thresholds.pin_speedup:
+            return None
+        evidence = (f"With {describe_config(pinned)} the run is {gain:.2f}x faster than the "
+                    "same settings with pin_memory=False.")
+        severity = "medium"
+    elif is_data_bound(run, base, thresholds):
+        evidence = (f"The CUDA baseline waits {pct(data_wait(run, base)[0])} of each step for "
+                    "data with pin_memory=False (no pinned probe was measured to compare).")
+        severity = "low"
+    else:
+        return None
+    return Finding(
+        rule="pin-memory", severity=severity, title="Batches are not pinned",
+        evidence=evidence,
+        recommendation=("DataLoader(..., pin_memory=True) and move batches with "
+                        ".to(device, non_blocking=True) so copies overlap compute."))
+
+
+def gpu_memory_share(run: Run, probe_id: str) -> Optional[float]:
+    """Peak GPU memory used / total in one probe: cuda_memory events, else GPU samples."""
+    shares = []
+    for data in events_named(run, "cuda_memory", probe_id)["data"]:
+        peak = data.get("max_reserved") or data.get("max_allocated")
+        if finite(peak) and finite(data.get("total")) and data["total"] > 0:
+            shares.append(peak / data["total"])
+    if shares:
+        return max(shares)
+    used = metric(run, probe_id, "gpu", "gpu_mem_used_bytes")
+    total = metric_median(run, probe_id, "gpu", "gpu_mem_total_bytes")
+    if used is None or not total:
+        return None
+    return float(used.max()) / total
+
+
+def batch_size_headroom(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """Most GPU memory is unused, and larger batches are faster where measured.
+
+    Trigger: the baseline's peak GPU memory < ``gpu_mem_unused_share`` of the total, no probe
+    with a larger batch ran out of memory, and either a larger-batch probe reached
+    >= ``batch_gain`` x the baseline throughput ("medium") or none was measured ("low").
+    """
+    base = baseline_probe(run)
+    if base is None:
+        return None
+    share = gpu_memory_share(run, base["id"])
+    batch = as_int(base.get("batch_size"))
+    if share is None or batch is None or share >= thresholds.gpu_mem_unused_share:
+        return None
+    probes = run.probes
+    larger = probes[probes["batch_size"].apply(finite)]
+    larger = larger[larger["batch_size"] > batch]
+    if (larger["status"] == "oom").any():
+        return None
+    larger = ok_probes(run).loc[lambda p: p.index.isin(larger.index)]
+    memory = f"Peak GPU memory is {pct(share)} of the device with batch_size={batch}"
+    if not larger.empty:
+        best = larger.loc[larger["throughput"].idxmax()]
+        gain = best["throughput"] / base["throughput"]
+        if not gain >= thresholds.batch_gain:
+            return None
+        evidence, severity = (f"{memory}; batch_size={as_int(best['batch_size'])} gave "
+                              f"{gain:.2f}x the samples/s."), "medium"
+    else:
+        evidence, severity = f"{memory}; no larger batch size was measured.", "low"
+    return Finding(
+        rule="batch-size-headroom", severity=severity, title="GPU memory left unused",
+        evidence=evidence,
+        recommendation=(f"Try DataLoader(..., batch_size={2 * batch}) (or --batch-size "
+                        f"{batch},{2 * batch},{4 * batch}); scale the learning rate with the "
+                        "global batch size and check convergence."))
+
+
+def low_gpu_utilization(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """The GPU is mostly idle although the loop is not waiting on data: host-bound.
+
+    Trigger: the baseline's median ``gpu_util_percent`` < ``gpu_util_low_percent`` while its
+    data-wait fraction < ``data_wait_fraction``.
+    """
+    base = baseline_probe(run)
+    if base is None:
+        return None
+    util = metric_median(run, base["id"], "gpu", "gpu_util_percent")
+    waited = data_wait(run, base)
+    if util is None or waited is None or util >= thresholds.gpu_util_low_percent:
+        return None
+    if waited[0] >= thresholds.data_wait_fraction:
+        return None
+    return Finding(
+        rule="low-gpu-utilization", severity="medium",
+        title="GPU idle while the host runs the loop",
+        evidence=(f"Median GPU utilisation is {util:.0f} % while the ranks wait only "
+                  f"{pct(waited[0])} of each step for data."),
+        recommendation=("Cut per-step host overhead: torch.compile or CUDA graphs for many "
+                        "small kernels, a larger batch, and no .item()/.cpu() syncs inside the "
+                        "step."))
+
+
+RULES = [pin_memory, batch_size_headroom, low_gpu_utilization]

@@ -1,0 +1,99 @@
+"""Rules about the host: CPU oversubscription and periodic host work between steps.
+
+Each rule is ``rule(run, thresholds) -> Finding | None`` (see ``rules.base``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pandas as pd
+
+from ddp_profile.profiler.results import Run
+from ddp_profile.rules.base import (Finding, Thresholds, as_int, baseline_probe, cpus_available,
+                                    local_ranks, ms, pct, probe_steps)
+
+
+def worker_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """More DataLoader workers on a machine than it has CPUs.
+
+    Trigger: the baseline probe's ``num_workers`` x local ranks (``nproc_per_node``, else the
+    ranks sharing a hostname) > ``cpus_available`` of the rank's context (else ``cpu_count``);
+    "high" when more than twice the CPUs.
+    """
+    probe = baseline_probe(run)
+    if probe is None:
+        return None
+    workers = as_int(probe.get("num_workers"))
+    cpus = cpus_available(run, probe["id"])
+    if not workers or not cpus:
+        return None
+    nproc = local_ranks(run, probe["id"])
+    total = workers * nproc
+    if total <= cpus:
+        return None
+    fitting = max(1, cpus // nproc - 1)
+    return Finding(
+        rule="worker-oversubscription",
+        severity="high" if total > 2 * cpus else "medium",
+        title="More DataLoader workers than CPUs",
+        evidence=(f"{nproc} rank(s) per machine x num_workers={workers} = {total} worker "
+                  f"processes compete for {cpus} available CPUs."),
+        recommendation=(f"Use at most one worker per free core: DataLoader(..., "
+                        f"num_workers={fitting}) (CPUs // ranks per machine - 1 for the main "
+                        "process), or measure a few values with --num-workers."))
+
+
+def _rank_spikes(steps: pd.DataFrame, thresholds: Thresholds) -> Optional[dict]:
+    """Spikes of ``other_s`` in one rank's steps and what they cost, or None."""
+    run_s = float(steps["step_s"].sum())
+    if len(steps) < 3 or run_s <= 0:
+        return None
+    median = float(steps["other_s"].median())
+    limit = max(thresholds.spike_ratio * median, thresholds.spike_min_s)
+    spikes = steps[steps["other_s"] > limit].sort_values("step")
+    if len(spikes) < 2:
+        return None
+    cost = float((spikes["other_s"] - median).sum())
+    period = float(spikes["step"].diff().dropna().median())
+    return {"share": cost / run_s, "count": len(spikes), "period": period,
+            "spike_s": float(spikes["other_s"].median()), "median_s": median}
+
+
+def frequent_io(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """Periodic spikes of host work between steps (logging, checkpoints, evaluation).
+
+    Trigger: on some rank of the baseline probe, at least two measured steps have ``other_s``
+    above ``spike_ratio`` x that rank's median ``other_s`` and above ``spike_min_s``, and the
+    excess over the median costs >= ``spike_share`` of the rank's measured step time; "high"
+    at or above ``spike_severe_share``. The period is the median gap between spikes in steps.
+    """
+    probe = baseline_probe(run)
+    if probe is None:
+        return None
+    steps = probe_steps(run, probe["id"])
+    found = {}
+    for rank, rows in steps.groupby("rank"):
+        spikes = _rank_spikes(rows, thresholds)
+        if spikes and spikes["share"] >= thresholds.spike_share:
+            found[int(rank)] = spikes
+    if not found:
+        return None
+    worst_rank = max(found, key=lambda r: found[r]["share"])
+    worst = found[worst_rank]
+    return Finding(
+        rule="frequent-io",
+        severity="high" if worst["share"] >= thresholds.spike_severe_share else "medium",
+        title="Periodic host work between steps",
+        evidence=(f"On rank {worst_rank}, {worst['count']} steps, about every "
+                  f"{worst['period']:.0f} steps, spend {ms(worst['spike_s'])} between steps "
+                  f"against a median of {ms(worst['median_s'])}: {pct(worst['share'])} of the "
+                  "measured time."),
+        recommendation=("Make the periodic work cheaper or rarer: log and checkpoint less "
+                        "often, only on rank 0, asynchronously (torch.distributed.checkpoint."
+                        "async_save, a background writer thread), and avoid .item()/.cpu() "
+                        "syncs in the logging path."),
+        ranks=tuple(sorted(found)))
+
+
+RULES = [worker_oversubscription, frequent_io]

@@ -1,0 +1,143 @@
+"""Build small ``Run`` objects in memory for rule tests: no files, a few dozen rows each.
+
+    run = (RunBuilder(world_size=2)
+           .probe("p0", kind="baseline", num_workers=0)
+           .steps(n=20, data_wait=0.05, compute=0.05)
+           .samples("host", cpu_percent=30.0)
+           .build())
+
+A value given to ``steps`` may be a number or a function ``(rank, step) -> number``.
+Probe throughput and data-wait fraction are computed from the measured steps unless given.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Union
+
+import numpy as np
+import pandas as pd
+
+from ddp_profile.profiler.results import PROBE_COLUMNS, STEP_COLUMNS, Run
+
+Value = Union[float, None, Callable[[int, int], Optional[float]]]
+
+
+def _at(value: Value, rank: int, step: int) -> Optional[float]:
+    return value(rank, step) if callable(value) else value
+
+
+class RunBuilder:
+    def __init__(self, world_size: int = 1, device: str = "cpu", cpus: int = 8,
+                 nproc_per_node: Optional[int] = None, backend: str = "gloo"):
+        self.summary: dict[str, Any] = {"world_size": world_size, "device": device,
+                                        "nproc_per_node": nproc_per_node or world_size,
+                                        "backend": backend, "probes": []}
+        self.world_size, self.device, self.cpus, self.backend = world_size, device, cpus, backend
+        self.probes: list[dict[str, Any]] = []
+        self.tables: dict[str, list[dict[str, Any]]] = {
+            "steps": [], "samples": [], "loader_iters": [], "events": []}
+        self.contexts: dict[tuple[str, int], dict[str, Any]] = {}
+        self.current: Optional[str] = None
+
+    def probe(self, probe_id: str, kind: str = "sweep", status: str = "ok",
+              num_workers: Optional[int] = 2, pin_memory: Optional[bool] = False,
+              prefetch_factor: Optional[int] = 2, batch_size: Optional[int] = 32,
+              throughput: Optional[float] = None, data_wait_fraction: Optional[float] = None,
+              loader: Optional[dict[str, Any]] = None, **context: Any) -> "RunBuilder":
+        self.current = probe_id
+        self.probes.append({"id": probe_id, "kind": kind, "status": status,
+                            "num_workers": num_workers, "pin_memory": pin_memory,
+                            "prefetch_factor": prefetch_factor, "batch_size": batch_size,
+                            "throughput": throughput, "data_wait_fraction": data_wait_fraction})
+        loader_dict = {"num_workers": num_workers, "pin_memory": pin_memory,
+                       "prefetch_factor": prefetch_factor, "batch_size": batch_size,
+                       "persistent_workers": False, "sampler": "DistributedSampler",
+                       "sampler_shuffle": True, "distributed_sampler": True,
+                       "dataset_len": 1000, **(loader or {})}
+        for rank in range(self.world_size):
+            self.contexts[(probe_id, rank)] = {
+                "rank": rank, "local_rank": rank, "world_size": self.world_size,
+                "hostname": "node0", "backend": self.backend, "device": self.device,
+                "cpu_count": self.cpus, "cpus_available": self.cpus, "loader": loader_dict,
+                **context}
+        return self
+
+    def steps(self, n: int = 20, data_wait: Value = 0.01, compute: Value = 0.05,
+              other: Value = 0.001, forward: Value = None, samples: Optional[int] = None,
+              warmup: int = 0, jitter: float = 0.0, seed: int = 0,
+              loader_id: int = 0) -> "RunBuilder":
+        """Warm-up steps then ``n`` measured steps on every rank; ``jitter`` scales compute."""
+        rng = np.random.default_rng(seed)
+        batch = samples or self.probes[-1]["batch_size"] or 1
+        for rank in range(self.world_size):
+            t = 0.0
+            for step in range(warmup + n):
+                wait, comp = _at(data_wait, rank, step), _at(compute, rank, step)
+                comp *= 1 + jitter * rng.standard_normal() if jitter else 1
+                oth, fwd = _at(other, rank, step), _at(forward, rank, step)
+                self.tables["steps"].append({
+                    "probe_id": self.current, "rank": rank, "node": 0, "loader_id": loader_id,
+                    "step": step, "measured": step >= warmup, "t_s": t,
+                    "data_wait_s": wait, "compute_s": comp, "other_s": oth,
+                    "forward_s": float("nan") if fwd is None else fwd,
+                    "step_s": wait + comp + oth, "samples": batch})
+                t += wait + comp + oth
+        return self
+
+    def samples(self, source: str, n: int = 10, rank: int = 0, **metrics: float) -> "RunBuilder":
+        for i in range(n):
+            self.tables["samples"].append({"probe_id": self.current, "rank": rank,
+                                           "source": source, "t_s": 0.1 * i, **metrics})
+        return self
+
+    def loader_iter(self, iter_index: int, first_batch_s: float, loader_id: int = 0,
+                    ranks: Optional[list[int]] = None) -> "RunBuilder":
+        for rank in ranks if ranks is not None else range(self.world_size):
+            self.tables["loader_iters"].append({
+                "probe_id": self.current, "rank": rank, "loader_id": loader_id,
+                "iter_index": iter_index, "first_batch_s": first_batch_s})
+        return self
+
+    def event(self, name: str, rank: int = 0, **data: Any) -> "RunBuilder":
+        self.tables["events"].append({"probe_id": self.current, "rank": rank, "name": name,
+                                      "data": data})
+        return self
+
+    def _fill_measures(self, probe: dict[str, Any], steps: pd.DataFrame) -> dict[str, Any]:
+        rows = steps[(steps["probe_id"] == probe["id"]) & steps["measured"]] if len(steps) else steps
+        if probe["status"] != "ok" or rows.empty:
+            return probe
+        elapsed = rows.groupby("rank")["step_s"].sum().max()
+        if probe["throughput"] is None:
+            probe = {**probe, "throughput": rows["samples"].sum() / elapsed}
+        if probe["data_wait_fraction"] is None:
+            probe = {**probe, "data_wait_fraction": rows["data_wait_s"].sum() / rows["step_s"].sum()}
+        return probe
+
+    def build(self) -> Run:
+        steps = pd.DataFrame(self.tables["steps"], columns=STEP_COLUMNS)
+        probes = [self._fill_measures(p, steps) for p in self.probes]
+        rows = [{**p, "score": float("nan"), "wall_s": float("nan"), "error": None,
+                 "root_cause_rank": None} for p in probes]
+        for row in rows:
+            for key in ("throughput", "data_wait_fraction"):
+                row[key] = float("nan") if row[key] is None else float(row[key])
+        summary = {**self.summary, "probes": [
+            {"id": p["id"], "kind": p["kind"], "status": p["status"],
+             "config": {k: p[k] for k in ("num_workers", "pin_memory", "prefetch_factor",
+                                          "batch_size")},
+             "throughput": p["throughput"]} for p in probes]}
+        return Run(path="<memory>", meta={}, summary=summary,
+                   probes=pd.DataFrame(rows, columns=PROBE_COLUMNS), steps=steps,
+                   samples=pd.DataFrame(self.tables["samples"]),
+                   loader_iters=pd.DataFrame(self.tables["loader_iters"],
+                                             columns=["probe_id", "rank", "loader_id",
+                                                      "iter_index", "first_batch_s"]),
+                   events=pd.DataFrame(self.tables["events"],
+                                       columns=["probe_id", "rank", "name", "data"]),
+                   contexts=dict(self.contexts))
+
+
+def empty_run() -> Run:
+    """A run with no probes and empty tables: every rule must return None."""
+    return RunBuilder().build()
