@@ -30,8 +30,8 @@ METRIC_ALIASES: dict[str, tuple[str, ...]] = {
     "worker_cpu_percent": ("worker_cpu_percent", "workers_cpu_percent"),
     "iowait_percent": ("iowait_percent", "cpu_iowait_percent"),
     "gpu_util_percent": ("gpu_util_percent", "gpu_utilization_percent"),
-    "gpu_mem_used_bytes": ("gpu_mem_used_bytes", "gpu_mem_used"),
-    "gpu_mem_total_bytes": ("gpu_mem_total_bytes", "gpu_mem_total"),
+    "gpu_mem_used_bytes": ("gpu_mem_used_bytes", "memory_used_bytes", "gpu_mem_used"),
+    "gpu_mem_total_bytes": ("gpu_mem_total_bytes", "memory_total_bytes", "gpu_mem_total"),
 }
 
 

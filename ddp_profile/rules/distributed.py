@@ -209,15 +209,16 @@ def find_unused_parameters(run: Run, thresholds: Thresholds) -> Optional[Finding
     ddp = events_named(run, "ddp")
     if ddp.empty or not any(d.get("find_unused_parameters") for d in ddp["data"]):
         return None
-    unused = [d.get("params_without_grad") for d in events_named(run, "ddp_unused_parameters")
-              ["data"]]
-    if not unused or any(count != 0 for count in unused):
+    checks = list(events_named(run, "ddp_unused_parameters")["data"])
+    if not checks or any(d.get("params_without_grad") != 0 for d in checks):
         return None
+    total = max((d.get("params_total") or 0 for d in checks), default=0)
     return Finding(
         rule="find-unused-parameters", severity="low",
         title="find_unused_parameters=True without unused parameters",
         evidence=("DDP searches the autograd graph for unused parameters every step, yet all "
-                  "parameters received gradients in every checked step."),
+                  f"{total} parameters received gradients in the {len(checks)} checked "
+                  "step(s)."),
         recommendation="DDP(model, ..., find_unused_parameters=False) (the default).",
         ranks=_event_ranks(ddp))
 

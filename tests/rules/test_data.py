@@ -1,0 +1,131 @@
+"""data-loader-bound, cpu-bound-preprocessing, io-bound-loading, persistent-workers."""
+
+from __future__ import annotations
+
+from ddp_profile.rules import Thresholds
+from ddp_profile.rules.data import (cpu_bound_preprocessing, data_loader_bound, io_bound_loading,
+                                    persistent_workers)
+from tests.rules.tables import RunBuilder, empty_run
+
+T = Thresholds()
+
+
+def sweep(host_cpu: float, wait_at_4: float, iowait: float = 2.0):
+    """Baseline with 0 workers (data-bound), a probe with 4 workers."""
+    return (RunBuilder(world_size=2)
+            .probe("base", kind="baseline", num_workers=0).steps(data_wait=0.05, compute=0.05)
+            .samples("host", cpu_percent=host_cpu, iowait_percent=iowait)
+            .probe("w4", num_workers=4).steps(data_wait=wait_at_4, compute=0.05)
+            .samples("host", cpu_percent=host_cpu, iowait_percent=iowait)
+            .build())
+
+
+def test_data_loader_bound_cites_fraction_and_seconds():
+    run = (RunBuilder().probe("p", kind="baseline").steps(data_wait=0.03, compute=0.07).build())
+    finding = data_loader_bound(run, T)
+    assert finding is not None and finding.rule == "data-loader-bound"
+    assert "30 %" in finding.evidence and "30.0 ms" in finding.evidence
+    assert finding.severity == "medium"
+
+
+def test_data_loader_bound_severe_when_mostly_waiting():
+    run = RunBuilder().probe("p", kind="baseline").steps(data_wait=0.09, compute=0.01).build()
+    assert data_loader_bound(run, T).severity == "high"
+
+
+def test_data_loader_bound_not_when_compute_bound():
+    run = RunBuilder().probe("p", kind="baseline").steps(data_wait=0.005, compute=0.1).build()
+    assert data_loader_bound(run, T) is None
+
+
+def test_data_loader_bound_uses_first_ok_probe_without_baseline_kind():
+    run = (RunBuilder().probe("crashed", status="crash")
+           .probe("p", kind="sweep").steps(data_wait=0.05, compute=0.05).build())
+    assert data_loader_bound(run, T) is not None
+
+
+def test_threshold_is_overridable():
+    run = RunBuilder().probe("p", kind="baseline").steps(data_wait=0.03, compute=0.07).build()
+    assert data_loader_bound(run, Thresholds(data_wait_fraction=0.5)) is None
+
+
+def test_cpu_bound_when_saturated_and_flat():
+    finding = cpu_bound_preprocessing(sweep(host_cpu=97.0, wait_at_4=0.045), T)
+    assert finding is not None and finding.rule == "cpu-bound-preprocessing"
+    assert "97 %" in finding.evidence and "0 to 4 workers" in finding.evidence
+    assert "offline" in finding.recommendation
+
+
+def test_cpu_bound_from_worker_cpu_share():
+    run = (RunBuilder(world_size=2, cpus=8)
+           .probe("base", kind="baseline", num_workers=4).steps(data_wait=0.05, compute=0.05)
+           .samples("host", worker_cpu_percent=390.0).build())  # 3.9 of 4 cores per rank
+    assert cpu_bound_preprocessing(run, T) is not None
+
+
+def test_cpu_bound_not_when_cpus_idle():
+    assert cpu_bound_preprocessing(sweep(host_cpu=30.0, wait_at_4=0.045), T) is None
+
+
+def test_cpu_bound_not_when_more_workers_fixed_it():
+    assert cpu_bound_preprocessing(sweep(host_cpu=97.0, wait_at_4=0.001), T) is None
+
+
+def test_cpu_bound_not_without_host_samples():
+    run = (RunBuilder().probe("p", kind="baseline").steps(data_wait=0.05, compute=0.05).build())
+    assert cpu_bound_preprocessing(run, T) is None
+
+
+def test_io_bound_when_cpus_idle_and_still_waiting():
+    finding = io_bound_loading(sweep(host_cpu=20.0, wait_at_4=0.04), T)
+    assert finding is not None and finding.rule == "io-bound-loading"
+    assert "4 workers" in finding.evidence and "host CPU 20 %" in finding.evidence
+
+
+def test_io_bound_from_iowait_even_without_workers():
+    run = (RunBuilder().probe("p", kind="baseline", num_workers=0)
+           .steps(data_wait=0.05, compute=0.05).samples("host", cpu_percent=60.0,
+                                                         iowait_percent=40.0).build())
+    assert io_bound_loading(run, T) is not None
+
+
+def test_io_bound_not_when_cpus_saturated():
+    assert io_bound_loading(sweep(host_cpu=97.0, wait_at_4=0.04), T) is None
+
+
+def test_io_bound_not_when_more_workers_fixed_it():
+    assert io_bound_loading(sweep(host_cpu=20.0, wait_at_4=0.001), T) is None
+
+
+def epochs_run(first_batch_s: float, persistent: bool = False, workers: int = 4):
+    builder = (RunBuilder(world_size=2)
+               .probe("p", kind="baseline", num_workers=workers,
+                      loader={"persistent_workers": persistent})
+               .steps(n=20, compute=0.05))  # about 1.2 s per rank
+    for epoch in range(3):
+        builder.loader_iter(epoch, first_batch_s)
+    return builder.build()
+
+
+def test_persistent_workers_when_restarts_cost():
+    finding = persistent_workers(epochs_run(first_batch_s=0.2), T)
+    assert finding is not None and finding.rule == "persistent-workers"
+    assert "2 later epoch(s)" in finding.evidence and "0.40 s" in finding.evidence
+
+
+def test_persistent_workers_not_when_already_persistent():
+    assert persistent_workers(epochs_run(0.2, persistent=True), T) is None
+
+
+def test_persistent_workers_not_when_restart_is_cheap():
+    assert persistent_workers(epochs_run(0.001), T) is None
+
+
+def test_persistent_workers_not_without_workers():
+    assert persistent_workers(epochs_run(0.2, workers=0), T) is None
+
+
+def test_data_rules_cope_with_empty_run():
+    for rule in (data_loader_bound, cpu_bound_preprocessing, io_bound_loading,
+                 persistent_workers):
+        assert rule(empty_run(), T) is None

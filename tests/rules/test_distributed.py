@@ -1,0 +1,152 @@
+"""straggler, missing-distributed-sampler, missing-set-epoch, data-parallel, backend-mismatch,
+find-unused-parameters."""
+
+from __future__ import annotations
+
+from ddp_profile.rules import Thresholds
+from ddp_profile.rules.distributed import (backend_mismatch, data_parallel, find_unused_parameters,
+                                           missing_distributed_sampler, missing_set_epoch,
+                                           straggler)
+from tests.rules.tables import RunBuilder, empty_run
+
+T = Thresholds()
+
+
+def ddp_steps(slow_rank: int, extra_forward: float, ranks: int = 4):
+    """DDP: the slow rank's forward is longer; the others absorb the wait in compute."""
+    def forward(rank: int, step: int) -> float:
+        return 0.02 + (extra_forward if rank == slow_rank else 0.0)
+
+    def compute(rank: int, step: int) -> float:  # sync inside backward: every rank ends together
+        return 0.05 + extra_forward
+
+    return (RunBuilder(world_size=ranks).probe("p", kind="baseline")
+            .steps(n=20, warmup=2, compute=compute, forward=forward).build())
+
+
+def test_straggler_named_by_presync_time():
+    finding = straggler(ddp_steps(slow_rank=2, extra_forward=0.02), T)
+    assert finding is not None and finding.rule == "straggler"
+    assert finding.ranks == (2,)
+    assert "Rank 2" in finding.evidence and "100 %" in finding.evidence
+    assert "20.0 ms/step" in finding.evidence
+
+
+def test_straggler_not_named_when_ranks_are_even():
+    assert straggler(ddp_steps(slow_rank=2, extra_forward=0.0), T) is None
+
+
+def test_straggler_not_named_for_a_tiny_difference():
+    assert straggler(ddp_steps(slow_rank=1, extra_forward=0.0005), T) is None
+
+
+def test_straggler_from_compute_without_forward_times():
+    def compute(rank: int, step: int) -> float:
+        return 0.08 if rank == 3 else 0.05
+
+    run = (RunBuilder(world_size=4).probe("p", kind="baseline").steps(n=10, compute=compute)
+           .build())
+    finding = straggler(run, T)
+    assert finding is not None and finding.ranks == (3,)
+
+
+def test_straggler_needs_several_ranks():
+    run = RunBuilder(world_size=1).probe("p", kind="baseline").steps(forward=0.02).build()
+    assert straggler(run, T) is None
+
+
+def sampler_run(distributed: bool, world_size: int = 2, sampler: str = "RandomSampler"):
+    return (RunBuilder(world_size=world_size)
+            .probe("p", kind="baseline", loader={"distributed_sampler": distributed,
+                                                 "sampler": sampler})
+            .steps(n=3).build())
+
+
+def test_missing_distributed_sampler():
+    finding = missing_distributed_sampler(sampler_run(False), T)
+    assert finding is not None and finding.severity == "high"
+    assert "2 ranks" in finding.evidence and "RandomSampler" in finding.evidence
+
+
+def test_distributed_sampler_present():
+    assert missing_distributed_sampler(sampler_run(True, sampler="DistributedSampler"), T) is None
+
+
+def test_no_sampler_needed_on_one_rank():
+    assert missing_distributed_sampler(sampler_run(False, world_size=1), T) is None
+
+
+def test_iterable_dataset_is_not_flagged():
+    run = sampler_run(False, sampler="_InfiniteConstantSampler")
+    assert missing_distributed_sampler(run, T) is None
+
+
+def epoch_run(set_epoch: bool, shuffle: bool = True, epochs: int = 3):
+    builder = (RunBuilder(world_size=2)
+               .probe("p", kind="baseline", loader={"sampler_shuffle": shuffle}).steps(n=10))
+    for epoch in range(epochs):
+        builder.loader_iter(epoch, 0.01)
+        if set_epoch:
+            builder.event("set_epoch", epoch=epoch, loader_id=0)
+    return builder.build()
+
+
+def test_missing_set_epoch():
+    finding = missing_set_epoch(epoch_run(set_epoch=False), T)
+    assert finding is not None and "2 more epoch(s)" in finding.evidence
+
+
+def test_set_epoch_called():
+    assert missing_set_epoch(epoch_run(set_epoch=True), T) is None
+
+
+def test_set_epoch_irrelevant_without_shuffle_or_second_epoch():
+    assert missing_set_epoch(epoch_run(set_epoch=False, shuffle=False), T) is None
+    assert missing_set_epoch(epoch_run(set_epoch=False, epochs=1), T) is None
+
+
+def test_set_epoch_on_another_loader_does_not_count():
+    builder = (RunBuilder().probe("p", kind="baseline").steps(n=5)
+               .loader_iter(0, 0.01).loader_iter(1, 0.01)
+               .event("set_epoch", epoch=1, loader_id=7))
+    assert missing_set_epoch(builder.build(), T) is not None
+
+
+def events_run(*events: tuple, backend: str = "nccl"):
+    builder = RunBuilder(world_size=2, backend=backend).probe("p", kind="baseline").steps(n=3)
+    for name, data in events:
+        builder.event(name, **data)
+    return builder.build()
+
+
+def test_data_parallel():
+    assert data_parallel(events_run(("data_parallel", {})), T).rule == "data-parallel"
+    assert data_parallel(events_run(), T) is None
+
+
+def test_backend_mismatch():
+    ddp = ("ddp", {"device_type": "cuda", "find_unused_parameters": False})
+    group = ("process_group", {"backend": "gloo"})
+    assert backend_mismatch(events_run(ddp, group), T).rule == "backend-mismatch"
+    assert backend_mismatch(events_run(ddp, backend="gloo"), T) is not None  # from context
+    assert backend_mismatch(events_run(ddp, ("process_group", {"backend": "nccl"})), T) is None
+    cpu_ddp = ("ddp", {"device_type": "cpu"})
+    assert backend_mismatch(events_run(cpu_ddp, group), T) is None
+
+
+def test_find_unused_parameters():
+    ddp = ("ddp", {"device_type": "cuda", "find_unused_parameters": True})
+    none_unused = ("ddp_unused_parameters", {"params_without_grad": 0, "params_total": 10})
+    some_unused = ("ddp_unused_parameters", {"params_without_grad": 2, "params_total": 10})
+    finding = find_unused_parameters(events_run(ddp, none_unused), T)
+    assert finding is not None and "10 parameters" in finding.evidence
+    assert find_unused_parameters(events_run(ddp, some_unused), T) is None
+    assert find_unused_parameters(events_run(ddp), T) is None  # never checked
+    off = ("ddp", {"device_type": "cuda", "find_unused_parameters": False})
+    assert find_unused_parameters(events_run(off, none_unused), T) is None
+
+
+def test_distributed_rules_cope_with_empty_run():
+    for rule in (straggler, missing_distributed_sampler, missing_set_epoch, data_parallel,
+                 backend_mismatch, find_unused_parameters):
+        assert rule(empty_run(), T) is None
