@@ -1,0 +1,172 @@
+"""The ``ddp-profile`` command line (typer). Thin: parse, call a command, map errors to exit codes.
+
+``main`` is the only place where exceptions become exit codes (``errors.ExitCode``); every
+error is one line on stderr. Set ``DDP_PROFILE_DEBUG=1`` for tracebacks of internal errors.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import List, Optional
+
+import click
+import typer
+
+from ddp_profile.errors import DdpProfileError, ExitCode, UsageError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Find out why the GPUs of a PyTorch DDP job sit idle, and which "
+                       "DataLoader settings fix it.")
+
+
+def _space(num_workers: Optional[str], pin_memory: Optional[str], prefetch_factor: Optional[str],
+           batch_size: Optional[str]):
+    from ddp_profile.profiler.config import parse_bool_list, parse_int_list
+    from ddp_profile.profiler.space import SearchSpace
+
+    try:
+        values = (parse_int_list("--num-workers", num_workers, 0),
+                  parse_bool_list("--pin-memory", pin_memory),
+                  parse_int_list("--prefetch-factor", prefetch_factor, 1),
+                  parse_int_list("--batch-size", batch_size, 1))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return SearchSpace(*(tuple(v) if v is not None else None for v in values))
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def run(
+    script: str = typer.Argument(..., help="The training script, unmodified."),
+    script_args: Optional[List[str]] = typer.Argument(None, help="Arguments for the script "
+                                                      "(after --)."),
+    nproc_per_node: Optional[int] = typer.Option(None, help="Ranks on this node (default: the "
+                                                 "visible GPUs, or 2 without one)."),
+    launcher: str = typer.Option("torchrun", help="torchrun | none (the script starts its own "
+                                 "ranks)."),
+    num_workers: Optional[str] = typer.Option(None, help="Comma list, e.g. 0,2,4,8."),
+    pin_memory: Optional[str] = typer.Option(None, help="Comma list of true/false."),
+    prefetch_factor: Optional[str] = typer.Option(None, help="Comma list, e.g. 2,4."),
+    batch_size: Optional[str] = typer.Option(None, help="Comma list, e.g. 32,64,128."),
+    steps: int = typer.Option(30, help="Measured steps per probe."),
+    warmup: int = typer.Option(5, help="Steps discarded at the start of each probe."),
+    timeout: Optional[float] = typer.Option(None, help="Seconds per probe (default: derived "
+                                            "from the first probe)."),
+    out: Optional[str] = typer.Option(None, help="Run directory."),
+    resume: bool = typer.Option(False, help="Finish the interrupted run in --out."),
+    search: str = typer.Option("adaptive", help="adaptive | grid."),
+    ceiling: bool = typer.Option(True, help="Measure the compute-only ceiling."),
+    report: bool = typer.Option(True, help="Write report.html."),
+    quiet: bool = typer.Option(False, help="No progress output."),
+) -> int:
+    """Sweep DataLoader settings over short probes of SCRIPT and report what helps."""
+    from ddp_profile.commands.run import RunRequest, execute, start_run
+    from ddp_profile.profiler.sweep import SweepOptions
+
+    if launcher not in ("torchrun", "none"):
+        raise UsageError(f"--launcher: expected torchrun or none, got {launcher!r}")
+    if search not in ("adaptive", "grid"):
+        raise UsageError(f"--search: expected adaptive or grid, got {search!r}")
+    if steps < 1 or warmup < 0 or (timeout is not None and timeout <= 0):
+        raise UsageError("--steps must be >= 1, --warmup >= 0 and --timeout > 0")
+    if resume:
+        if not out:
+            raise UsageError("--resume needs --out RUN_DIR")
+        _check_resume_script(out, script)
+    else:
+        space = _space(num_workers, pin_memory, prefetch_factor, batch_size)
+        single = all(v is None or len(v) == 1 for v in (space.num_workers, space.pin_memory,
+                                                          space.prefetch_factor, space.batch_size))
+        options = SweepOptions(search=search, steps=steps, warmup=warmup, timeout_s=timeout,
+                               ceiling=ceiling, single=single and any(
+                                   v is not None for v in space.to_dict().values()))
+        out = start_run(RunRequest(script=script, script_args=tuple(script_args or ()), out=out,
+                                   launcher=launcher, nproc_per_node=nproc_per_node, space=space,
+                                   options=options))
+    summary = execute(out, report=report, quiet=quiet)
+    return _exit_for(summary)
+
+
+def _check_resume_script(out: str, script: str) -> None:
+    from ddp_profile.profiler.rundir import RunDir
+
+    meta = RunDir(out).read_meta()
+    if os.path.abspath(script) != meta.get("script"):
+        raise UsageError(f"--resume: {out} profiles {meta.get('script')}, not {script}")
+
+
+def _exit_for(summary: dict) -> int:
+    statuses = [p.get("status") for p in summary.get("probes", [])]
+    return ExitCode.OK if "ok" in statuses else ExitCode.SCRIPT_FAILED
+
+
+@app.command()
+def demo(
+    out: Optional[str] = typer.Option(None, help="Run directory."),
+    steps: int = typer.Option(20, help="Measured steps per probe."),
+    quiet: bool = typer.Option(False, help="No progress output."),
+) -> int:
+    """Profile the built-in workload (an IO-bound DDP script), end to end; no GPU needed."""
+    from ddp_profile.commands.run import RunRequest, execute, start_run
+    from ddp_profile.examples import DEMO_SCRIPT
+    from ddp_profile.profiler.space import SearchSpace
+    from ddp_profile.profiler.sweep import SweepOptions
+
+    out = start_run(RunRequest(
+        script=DEMO_SCRIPT, script_args=("--load-ms", "2", "--batch-size", "16"), out=out,
+        launcher="torchrun", nproc_per_node=2, space=SearchSpace(num_workers=(0, 1, 2, 4)),
+        options=SweepOptions(steps=steps, warmup=5)))
+    summary = execute(out, quiet=quiet)
+    return _exit_for(summary)
+
+
+@app.command("report")
+def report_cmd(
+    run_dir: str = typer.Argument(..., help="A run directory."),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="HTML file (default: "
+                                         "RUN_DIR/report.html)."),
+) -> int:
+    """Re-render the HTML report from stored results; runs nothing."""
+    from ddp_profile.commands.run import write_report
+
+    path = write_report(run_dir, output or os.path.join(run_dir, "report.html"))
+    print(path)
+    return ExitCode.OK
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Entry point of the console script; the one place errors become exit codes."""
+    code = _dispatch(argv)
+    sys.exit(int(code))
+
+
+def _dispatch(argv: Optional[List[str]]) -> int:
+    try:
+        result = app(args=argv, prog_name="ddp-profile", standalone_mode=False)
+        return int(result) if isinstance(result, int) else ExitCode.OK
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.exceptions.Abort:
+        _error("interrupted")
+        return ExitCode.INTERRUPTED
+    except click.UsageError as exc:
+        _error(exc.format_message().replace("\n", " "))
+        return ExitCode.USAGE
+    except DdpProfileError as exc:
+        _error(str(exc).replace("\n", " "))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        _error("interrupted; finished probes are kept — continue with --resume --out RUN_DIR")
+        return ExitCode.INTERRUPTED
+    except Exception as exc:  # noqa: BLE001
+        if os.environ.get("DDP_PROFILE_DEBUG"):
+            raise
+        _error(f"internal error: {type(exc).__name__}: {exc} (DDP_PROFILE_DEBUG=1 for details)")
+        return ExitCode.INTERNAL
+
+
+def _error(message: str) -> None:
+    print(f"ddp-profile: error: {message}", file=sys.stderr)
+
+
+from ddp_profile.commands import gate_cli  # noqa: E402,F401  (registers gate and baseline)

@@ -1,0 +1,74 @@
+"""``ddp-profile gate`` and ``ddp-profile baseline``: registered on the main typer app."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import typer
+
+from ddp_profile.cli import app
+from ddp_profile.errors import UsageError
+
+
+def parse_config(text: Optional[str]) -> Optional[dict[str, Any]]:
+    """``num_workers=4,pin_memory=true,prefetch_factor=2,batch_size=64`` -> dict."""
+    if not text:
+        return None
+    from ddp_profile.profiler.config import SETTING_KEYS, parse_bool
+
+    config: dict[str, Any] = {}
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        key = key.strip().replace("-", "_")
+        if key not in SETTING_KEYS or not value:
+            raise UsageError(f"--config: expected KEY=VALUE with KEY in {', '.join(SETTING_KEYS)}, "
+                             f"got {part!r}")
+        try:
+            if value.strip().lower() in ("none", "null"):
+                config[key] = None
+            elif key == "pin_memory":
+                config[key] = parse_bool(value)
+            else:
+                config[key] = int(value)
+        except ValueError:
+            raise UsageError(f"--config: bad value for {key}: {value!r}") from None
+    return config
+
+
+@app.command()
+def gate(
+    baseline: str = typer.Argument(..., help="Baseline: a run directory or a baseline.json."),
+    current: str = typer.Argument(..., help="Current: a run directory or a baseline.json."),
+    config: Optional[str] = typer.Option(None, help="Compare this configuration, e.g. "
+                                         "num_workers=4,pin_memory=true (default: recommended)."),
+    max_regression: float = typer.Option(0.05, help="Tolerated slowdown (0.05 = 5 %)."),
+    alpha: float = typer.Option(0.002, help="Significance level of the one-sided test."),
+    force: bool = typer.Option(False, help="Compare even across hardware, world size or torch "
+                               "version."),
+    junit: Optional[str] = typer.Option(None, help="Write JUnit XML here."),
+    markdown: Optional[str] = typer.Option(None, help="Write Markdown here (also "
+                                           "$GITHUB_STEP_SUMMARY when set)."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write the verdict as JSON."),
+) -> int:
+    """CI regression gate: exit 0 pass, 1 regression, 9 inconclusive, 10 incomparable."""
+    from ddp_profile.commands.gate import run_gate
+
+    if not 0 <= max_regression < 1 or not 0 < alpha < 1:
+        raise UsageError("--max-regression must be in [0, 1) and --alpha in (0, 1)")
+    return run_gate(baseline, current, config=parse_config(config), max_regression=max_regression,
+                    alpha=alpha, force=force, junit=junit, markdown=markdown, json_out=json_out)
+
+
+@app.command("baseline")
+def baseline_cmd(
+    run_dir: str = typer.Argument(..., help="A run directory."),
+    output: str = typer.Option("baseline.json", "-o", "--output", help="Baseline file to write."),
+    config: Optional[str] = typer.Option(None, help="Configuration to keep (default: "
+                                         "recommended)."),
+) -> int:
+    """Export a small baseline file (JSON, meant to be committed) from a run directory."""
+    from ddp_profile.commands.gate import run_baseline_export
+
+    run_baseline_export(run_dir, output, config=parse_config(config))
+    print(output)
+    return 0

@@ -1,0 +1,204 @@
+"""``ddp-profile run``, ``demo`` and ``report``: thin orchestration over the parts.
+
+The measurements land on disk before anything interprets them: each probe's ledger line and a
+summary are written first; rules and the report run after, so a failure there loses nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import socket
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+from ddp_profile.errors import BadRunDir, ScriptInvalid, ScriptNotFound, UsageError
+from ddp_profile.profiler.launch import LaunchSpec
+from ddp_profile.profiler.results import load_run, read_probe_dir
+from ddp_profile.profiler.rundir import RunDir
+from ddp_profile.profiler.space import SearchSpace
+from ddp_profile.profiler.summary import build_summary
+from ddp_profile.profiler.sweep import Sweep, SweepOptions
+from ddp_profile.reports.console import ConsoleProgress, print_summary
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    script: str
+    script_args: tuple[str, ...]
+    out: Optional[str]
+    launcher: str
+    nproc_per_node: Optional[int]
+    space: SearchSpace
+    options: SweepOptions
+    torchrun_args: tuple[str, ...] = ()
+    local_rank_flag: Optional[str] = None
+    report: bool = True
+
+
+def check_script(path: str) -> None:
+    """A missing or uncompilable script is a usage problem, found before any launch."""
+    if not os.path.isfile(path):
+        raise ScriptNotFound(f"script not found: {path}")
+    try:
+        with open(path, "rb") as handle:
+            compile(handle.read(), path, "exec")
+    except SyntaxError as exc:
+        raise ScriptInvalid(f"{path}:{exc.lineno}: SyntaxError: {exc.msg}") from None
+    except (OSError, ValueError) as exc:
+        raise ScriptInvalid(f"{path}: cannot be read as Python: {exc}") from None
+
+
+def detect_local_rank_flag(path: str) -> Optional[str]:
+    """Scripts written for ``torch.distributed.launch`` declare ``--local_rank``/``--local-rank``."""
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        source = handle.read()
+    for flag in ("--local_rank", "--local-rank"):
+        if f"'{flag}'" in source or f'"{flag}"' in source:
+            return flag
+    return None
+
+
+def default_nproc() -> int:
+    """The visible GPUs, or 2 on a machine without one."""
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+            return torch.cuda.device_count()
+    except Exception:  # noqa: BLE001
+        pass
+    return 2
+
+
+def _cpu_model() -> Optional[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _meta(request: RunRequest, nproc: int) -> dict[str, Any]:
+    return {
+        "schema_version": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "script": os.path.abspath(request.script), "script_args": list(request.script_args),
+        "launcher": request.launcher, "nproc_per_node": nproc,
+        "torchrun_args": list(request.torchrun_args), "local_rank_flag": request.local_rank_flag,
+        "space": request.space.to_dict(), "options": asdict(request.options),
+        "hostname": socket.gethostname(), "cpu_model": _cpu_model(),
+        "command_line": shlex.join(["ddp-profile", *sys.argv[1:]]),
+        "search": {"strategy": request.options.search},
+    }
+
+
+def default_out_dir(script: str) -> str:
+    stem = os.path.splitext(os.path.basename(script))[0]
+    return os.path.join("ddp-profile-runs", f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def spec_from_meta(meta: dict[str, Any]) -> LaunchSpec:
+    extra = (("DDP_PROFILE_LOCAL_RANK_FLAG", meta["local_rank_flag"]),) \
+        if meta.get("local_rank_flag") else ()
+    return LaunchSpec(script=meta["script"], script_args=tuple(meta.get("script_args", [])),
+                      launcher=meta.get("launcher", "torchrun"),
+                      nproc_per_node=int(meta.get("nproc_per_node", 2)),
+                      torchrun_args=tuple(meta.get("torchrun_args", [])), extra_env=extra)
+
+
+def start_run(request: RunRequest) -> str:
+    """Create the run directory for a new run; return its path."""
+    check_script(request.script)
+    nproc = request.nproc_per_node or default_nproc()
+    if nproc < 1:
+        raise UsageError("--nproc-per-node must be at least 1")
+    request = RunRequest(**{**request.__dict__,
+                            "local_rank_flag": request.local_rank_flag or
+                            detect_local_rank_flag(request.script)})
+    out = request.out or default_out_dir(request.script)
+    RunDir(out).create(_meta(request, nproc))
+    return out
+
+
+def execute(out: str, *, report: bool = True, quiet: bool = False) -> dict[str, Any]:
+    """Run (or finish) the sweep recorded in ``out``; return the final summary."""
+    run_dir = RunDir(out)
+    meta = run_dir.read_meta()
+    check_script(meta["script"])
+    spec = spec_from_meta(meta)
+    options = SweepOptions(**meta["options"])
+    sweep = Sweep(run_dir, spec, SearchSpace.from_dict(meta["space"]), options,
+                  progress=ConsoleProgress(quiet=quiet))
+    gpu = _gpu_status()
+    state = "failed"
+    try:
+        sweep.run()
+        state = "complete"
+    except KeyboardInterrupt:
+        state = "interrupted"
+        raise
+    finally:
+        summary = finalize(run_dir, meta, sweep, gpu, state, report=report and state == "complete")
+    if not quiet:
+        print_summary(summary, out)
+    return summary
+
+
+def _gpu_status() -> dict[str, Any]:
+    try:
+        from ddp_profile.profiler.nvml import gpu_status
+
+        return gpu_status()
+    except Exception as exc:  # noqa: BLE001 - no GPU is a normal case
+        return {"gpu_available": False, "gpu_unavailable_reason": f"{type(exc).__name__}: {exc}"}
+
+
+def finalize(run_dir: RunDir, meta: dict[str, Any], sweep: Sweep, gpu: dict[str, Any],
+             state: str, report: bool) -> dict[str, Any]:
+    """Write the summary from the ledger; then add the rules' findings and the report."""
+    entries = sweep.entries or run_dir.ledger()
+    context = _first_context(run_dir, entries)
+    summary = build_summary(meta, entries, context, gpu, state)
+    summary["search"].update({"axes": sweep.axes.to_dict() if sweep.axes else None,
+                              "timeout_s": sweep.timeout_s})
+    run_dir.write_summary(summary)
+    if state != "complete" or not any(e["status"] == "ok" for e in entries):
+        return summary
+    from ddp_profile.rules import evaluate, finding_to_dict, recommendation_to_dict
+
+    findings, recommendation = evaluate(load_run(run_dir.path))
+    summary["findings"] = [finding_to_dict(f) for f in findings]
+    summary["recommendation"] = recommendation_to_dict(recommendation)
+    if recommendation.probe_id is not None:
+        summary["recommended"] = dict(recommendation.config)
+        summary["recommended_probe"] = recommendation.probe_id
+        summary["expected_speedup"] = recommendation.expected_speedup
+        interval = recommendation.expected_speedup_interval
+        summary["expected_speedup_interval"] = list(interval) if interval else None
+    run_dir.write_summary(summary)
+    if report:
+        write_report(run_dir.path, os.path.join(run_dir.path, "report.html"))
+    return summary
+
+
+def _first_context(run_dir: RunDir, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    for entry in entries:
+        for data in read_probe_dir(run_dir.probe_dir(entry["id"])):
+            if data.context:
+                return data.context
+    return {}
+
+
+def write_report(run_path: str, out_path: str) -> str:
+    from ddp_profile.reports.html import write_report as write_html
+
+    run = load_run(run_path)
+    if not run.summary.get("probes"):
+        raise BadRunDir(f"{run_path} has no probes to report")
+    return write_html(run, out_path)

@@ -1,0 +1,80 @@
+"""Build ``summary.json`` from the run metadata and the ledger (no I/O here)."""
+
+from __future__ import annotations
+
+import platform
+from typing import Any, Optional
+
+from ddp_profile.profiler.record import SCHEMA_VERSION
+
+SETTINGS = ("num_workers", "pin_memory", "prefetch_factor", "batch_size")
+
+
+def _settings(config: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    if not config:
+        return None
+    return {k: config.get(k) for k in SETTINGS}
+
+
+def latest_per_config(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Ledger entries; a probe measured again (longer) supersedes the earlier one."""
+    return entries
+
+
+def build_summary(meta: dict[str, Any], entries: list[dict[str, Any]],
+                  context: Optional[dict[str, Any]], gpu: dict[str, Any],
+                  state: str) -> dict[str, Any]:
+    """The summary before rules ran: probes, baseline, a placeholder recommendation."""
+    context = context or {}
+    baseline = next((e for e in entries if e.get("kind") == "baseline"), None)
+    ceiling = next((e for e in entries if e.get("kind") == "ceiling" and e["status"] == "ok"),
+                   None)
+    ceiling_tp = ceiling.get("throughput") if ceiling else None
+    probes = []
+    for entry in entries:
+        probe = dict(entry)
+        tp = probe.get("throughput")
+        probe["score"] = tp / ceiling_tp if tp and ceiling_tp else None
+        probes.append(probe)
+    ok = [p for p in probes if p["status"] == "ok" and p.get("kind") in ("baseline", "sweep")
+          and p.get("throughput")]
+    best = max(ok, key=lambda p: p["throughput"]) if ok else None
+    speedup = None
+    if best and baseline and baseline.get("throughput"):
+        speedup = best["throughput"] / baseline["throughput"]
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "state": state,  # running | complete | interrupted | failed
+        "script": meta.get("script"),
+        "script_args": meta.get("script_args", []),
+        "launcher": meta.get("launcher"),
+        "nproc_per_node": meta.get("nproc_per_node"),
+        "world_size": context.get("world_size"),
+        "device": context.get("device", "cpu"),
+        "backend": context.get("backend"),
+        "gpu_available": bool(gpu.get("gpu_available")),
+        "gpu_unavailable_reason": gpu.get("gpu_unavailable_reason"),
+        "environment": {
+            "torch_version": context.get("torch_version"),
+            "cuda_version": context.get("cuda_version"),
+            "driver_version": gpu.get("driver_version"),
+            "gpu_name": ", ".join(sorted({g.get("name", "") for g in gpu.get("gpus", [])}))
+            or None,
+            "cpu_count": context.get("cpu_count"),
+            "cpus_available": context.get("cpus_available"),
+            "cpu_model": meta.get("cpu_model"),
+            "hostname": context.get("hostname") or meta.get("hostname"),
+            "python": platform.python_version(),
+            "command_line": meta.get("command_line"),
+        },
+        "search": meta.get("search", {}),
+        "baseline": _settings(baseline.get("config")) if baseline else None,
+        "recommended": _settings(best.get("config")) if best else None,
+        "recommended_probe": best.get("id") if best else None,
+        "expected_speedup": speedup,
+        "expected_speedup_interval": None,
+        "ceiling_throughput": ceiling_tp,
+        "probes": probes,
+        "findings": [],
+        "recommendation": None,
+    }

@@ -1,0 +1,127 @@
+"""Console output: sweep progress (a rich bar on a terminal, one line per probe otherwise) and
+the concise end-of-run summary."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Optional
+
+from ddp_profile.profiler.config import LoaderSettings
+
+
+def _fmt_tp(value: Optional[float]) -> str:
+    return f"{value:,.1f} samples/s" if value else "-"
+
+
+def config_label(config: Optional[dict[str, Any]]) -> str:
+    return LoaderSettings.from_dict(config).label() if config else "script defaults"
+
+
+class ConsoleProgress:
+    """The sweep's progress callback: ``progress(event, data)``."""
+
+    def __init__(self, quiet: bool = False, stream: Any = None):
+        self.quiet = quiet
+        self.stream = stream or sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.count = 0
+        self.total: Optional[int] = None
+        self.best: Optional[dict[str, Any]] = None
+        self.started = time.monotonic()
+        self._bar: Any = None
+        self._task: Any = None
+
+    def __call__(self, event: str, data: dict[str, Any]) -> None:
+        if self.quiet:
+            return
+        if event == "axes":
+            self.total = len(data["grid"]) + 2  # baseline and ceiling
+            self._start_bar()
+        elif event == "start":
+            self._describe(f"probe {self.count + 1}: {data['kind']} "
+                           f"{config_label(data['config'].to_dict())}")
+        elif event in ("done", "reused"):
+            self._finished(data["entry"], reused=event == "reused")
+
+    def _start_bar(self) -> None:
+        if not self.tty or self._bar is not None:
+            return
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeRemainingColumn)
+
+        self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                             TimeRemainingColumn(), transient=True)
+        self._bar.start()
+        self._task = self._bar.add_task("probes", total=self.total, completed=self.count)
+
+    def _describe(self, text: str) -> None:
+        if self._bar is not None:
+            best = f" | best {_fmt_tp(self.best['throughput'])}" if self.best else ""
+            self._bar.update(self._task, description=text + best)
+
+    def _finished(self, entry: dict[str, Any], reused: bool) -> None:
+        self.count += 1
+        if entry.get("status") == "ok" and entry.get("kind") != "ceiling" and entry.get(
+                "throughput") and (self.best is None or entry["throughput"] > self.best[
+                    "throughput"]):
+            self.best = entry
+        result = _fmt_tp(entry.get("throughput")) if entry.get("status") == "ok" else \
+            f"{entry.get('status')}: {entry.get('error')}"
+        wait = entry.get("data_wait_fraction")
+        wait_text = f", data wait {wait:.0%}" if wait is not None and entry["status"] == "ok" \
+            else ""
+        total = f"/{self.total}" if self.total else ""
+        line = (f"[{self.count}{total}] {entry.get('id')} {entry.get('kind')} "
+                f"{config_label(entry.get('config') or entry.get('requested'))}: {result}"
+                f"{wait_text}{' (from the ledger)' if reused else ''}")
+        if self._bar is not None:
+            self._bar.console.print(line, highlight=False, markup=False)
+            if self.total is not None and self.count > self.total:
+                self._bar.update(self._task, total=self.count)
+            self._bar.update(self._task, completed=self.count)
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
+    """The concise end-of-run text (plain lines; tested directly)."""
+    probes = summary.get("probes", [])
+    ok = [p for p in probes if p.get("status") == "ok"]
+    baseline = next((p for p in probes if p.get("kind") == "baseline"), None)
+    lines = [f"ddp-profile: {summary.get('script')} on {summary.get('world_size') or '?'} rank(s), "
+             f"device {summary.get('device')}; {len(ok)}/{len(probes)} probe(s) ok"]
+    if not summary.get("gpu_available"):
+        lines.append(f"GPU metrics unavailable: {summary.get('gpu_unavailable_reason')}")
+    if baseline and baseline.get("status") == "ok":
+        lines.append(f"baseline  {config_label(summary.get('baseline'))}: "
+                     f"{_fmt_tp(baseline.get('throughput'))}, data wait "
+                     f"{(baseline.get('data_wait_fraction') or 0):.0%}")
+    if summary.get("recommended"):
+        speedup = summary.get("expected_speedup")
+        interval = summary.get("expected_speedup_interval")
+        spread = f" [{interval[0]:.2f}-{interval[1]:.2f}]" if interval else ""
+        lines.append(f"recommended {config_label(summary['recommended'])}: "
+                     f"{speedup:.2f}x{spread} vs baseline" if speedup else
+                     f"recommended {config_label(summary['recommended'])}")
+    if summary.get("ceiling_throughput"):
+        lines.append(f"compute-only ceiling: {_fmt_tp(summary['ceiling_throughput'])}")
+    for finding in summary.get("findings", [])[:8]:
+        lines.append(f"  [{finding['severity']}] {finding['rule']}: {finding['title']}")
+    failed = [p for p in probes if p.get("status") != "ok"]
+    for probe in failed[:5]:
+        lines.append(f"  probe {probe['id']} {probe['status']}: {probe.get('error')}")
+    recommendation = summary.get("recommendation") or {}
+    if recommendation.get("snippet") and summary.get("recommended") != summary.get("baseline"):
+        lines.append("  " + recommendation["snippet"])
+    lines.append(f"run directory: {out}")
+    return lines
+
+
+def print_summary(summary: dict[str, Any], out: str, stream: Any = None) -> None:
+    print("\n".join(summary_lines(summary, out)), file=stream or sys.stdout, flush=True)
