@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from ddp_profile.errors import BadRunDir, Incomparable
-from ddp_profile.profiler.config import SETTING_KEYS
+from ddp_profile.profiler.config import SETTING_KEYS, LoaderSettings
 from ddp_profile.profiler.results import Run, load_run, read_json
 
 BASELINE_KIND = "ddp-profile-baseline"
@@ -126,13 +126,10 @@ def choose_probe(run: Run, config: Optional[Mapping[str, Any]] = None) -> dict[s
 
 
 def config_label(config: Mapping[str, Any]) -> str:
-    """``num_workers=4 pin_memory=true ...`` in the fixed setting order, extra keys after."""
-    keys = [k for k in SETTING_KEYS if k in config] + [k for k in config if k not in SETTING_KEYS]
-    parts = []
-    for key in keys:
-        value = config[key]
-        parts.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
-    return " ".join(parts) or "script defaults"
+    """``w=4 pin=true pf=2 bs=64``: the tool's short label (``LoaderSettings.label``)."""
+    label = LoaderSettings.from_dict(dict(config)).label()
+    extra = [f"{k}={v}" for k, v in config.items() if k not in SETTING_KEYS]
+    return " ".join([label] + extra) if extra else label
 
 
 def _side_from_run(run: Run, config: Optional[Mapping[str, Any]]) -> GateSide:

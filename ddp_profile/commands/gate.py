@@ -1,0 +1,149 @@
+"""``ddp-profile gate`` and ``ddp-profile baseline``, free of typer.
+
+Both raise ``DdpProfileError`` subclasses; the CLI turns them into exit codes. ``run_gate``
+itself returns the verdict's exit code (OK, REGRESSION or INCONCLUSIVE) after writing every
+requested output, so CI gets its JUnit and Markdown even when the gate fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from typing import Any, Mapping, Optional, Union
+
+from rich.console import Console
+
+from ddp_profile.errors import ExitCode, Incomparable, UsageError
+from ddp_profile.profiler.baseline import (COMPARED_KEYS, GateSide, config_label,
+                                           environment_differences, export_baseline, load_side)
+from ddp_profile.profiler.config import SETTING_KEYS, parse_bool
+from ddp_profile.profiler.results import load_run
+from ddp_profile.reports import ci
+from ddp_profile.rules.regression import (INCONCLUSIVE, PASS, REGRESSION, Comparison,
+                                          GateResult, compare)
+
+ConfigArg = Union[None, str, Mapping[str, Any]]
+_EXIT = {PASS: ExitCode.OK, REGRESSION: ExitCode.REGRESSION,
+         INCONCLUSIVE: ExitCode.INCONCLUSIVE}
+_SHORT_KEYS = {"w": "num_workers", "workers": "num_workers", "pin": "pin_memory",
+               "pf": "prefetch_factor", "bs": "batch_size"}
+
+
+def parse_config(config: ConfigArg) -> Optional[dict[str, Any]]:
+    """``"num_workers=4,pin_memory=true"`` (or ``"w=4 pin=true pf=2 bs=64"``) -> dict."""
+    if config is None or isinstance(config, Mapping):
+        return dict(config) if config is not None else None
+    parsed: dict[str, Any] = {}
+    for item in config.replace(",", " ").split():
+        key, sep, value = item.partition("=")
+        key = _SHORT_KEYS.get(key.strip(), key.strip())
+        if not sep or key not in SETTING_KEYS:
+            raise UsageError(f"--config: expected KEY=VALUE with KEY in {', '.join(SETTING_KEYS)}"
+                             f", got {item!r}")
+        value = value.strip()
+        try:
+            if value.lower() in ("none", "null"):
+                parsed[key] = None
+            elif key == "pin_memory":
+                parsed[key] = parse_bool(value)
+            else:
+                parsed[key] = int(value)
+        except ValueError:
+            raise UsageError(f"--config: bad value for {key}: {value!r}") from None
+    if not parsed:
+        raise UsageError("--config: no settings given")
+    return parsed
+
+
+def _check_comparable(baseline: GateSide, current: GateSide, force: bool) -> list[str]:
+    """Raise ``Incomparable`` on environment differences unless ``force``; return warnings."""
+    differences = environment_differences(baseline.environment, current.environment)
+    if differences and not force:
+        raise Incomparable("baseline and current ran on different environments ("
+                           + "; ".join(differences) + "); pass --force to compare anyway")
+    warnings = [f"compared despite a different {d} (--force)" for d in differences]
+    for key in COMPARED_KEYS:
+        known = [side.environment.get(key) is not None for side in (baseline, current)]
+        if any(known) and not all(known):
+            warnings.append(f"{key} is unknown on one side and was not compared")
+    return warnings
+
+
+def build_result(baseline: GateSide, current: GateSide, *, max_regression: float = 0.05,
+                 alpha: float = 0.002, force: bool = False) -> GateResult:
+    """Compare two loaded sides of the same configuration (no output written)."""
+    warnings = _check_comparable(baseline, current, force)
+    warnings += [f"baseline: {w}" for w in baseline.warnings]
+    warnings += [f"current: {w}" for w in current.warnings]
+    verdict = compare(baseline.samples, current.samples, max_regression=max_regression,
+                      alpha=alpha)
+    comparison = Comparison(config=dict(baseline.config), label=config_label(baseline.config),
+                            baseline_probe_id=baseline.probe_id,
+                            current_probe_id=current.probe_id,
+                            baseline_median=_median(baseline.samples),
+                            current_median=_median(current.samples), verdict=verdict)
+    return GateResult(baseline=baseline.describe(), current=current.describe(),
+                      comparisons=[comparison], max_regression=max_regression, alpha=alpha,
+                      warnings=warnings)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(v for v in values if v == v)
+    if not ordered:
+        return float("nan")
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _write_text(path: str, text: str, what: str) -> None:
+    """Write atomically (temporary file + rename); ``-`` means standard output."""
+    if path == "-":
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".ddp-profile-", dir=directory)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise UsageError(f"cannot write the {what} to {path}: {exc.strerror or exc}") from None
+
+
+def run_gate(baseline_path: str, current_path: str, *, config: ConfigArg = None,
+             max_regression: float = 0.05, alpha: float = 0.002, force: bool = False,
+             junit: Optional[str] = None, markdown: Optional[str] = None,
+             json_out: Optional[str] = None, console: Optional[Console] = None) -> ExitCode:
+    """Compare CURRENT against BASELINE for one configuration; write outputs; return the code.
+
+    The configuration is ``config`` if given, else the baseline side's (its recommended one),
+    looked up on the current side too. Raises ``BadRunDir``, ``Incomparable`` (also when a
+    side lacks the configuration) or ``UsageError``.
+    """
+    if not 0 <= max_regression < 1:
+        raise UsageError(f"--max-regression must be in [0, 1), got {max_regression}")
+    if not 0 < alpha < 1:
+        raise UsageError(f"--alpha must be in (0, 1), got {alpha}")
+    wanted = parse_config(config)
+    baseline = load_side(baseline_path, wanted)
+    current = load_side(current_path, wanted if wanted is not None else baseline.config)
+    result = build_result(baseline, current, max_regression=max_regression, alpha=alpha,
+                          force=force)
+    ci.render_console(result, console)
+    text = ci.markdown(result)
+    if junit:
+        _write_text(junit, ci.junit_xml(result), "JUnit XML")
+    if markdown:
+        _write_text(markdown, text, "Markdown summary")
+    if json_out:
+        _write_text(json_out, json.dumps(ci.to_json(result), indent=2) + "\n", "JSON result")
+    ci.write_github_summary(text)
+    return _EXIT[result.status]
+
+
+def run_baseline_export(run_dir: str, out_path: str, config: ConfigArg = None) -> None:
+    """Write the baseline file for one configuration of ``run_dir`` (``-`` = stdout)."""
+    data = export_baseline(load_run(run_dir), parse_config(config))
+    _write_text(out_path, json.dumps(data, indent=1) + "\n", "baseline")

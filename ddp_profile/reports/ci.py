@@ -1,0 +1,235 @@
+"""The gate's outputs for CI: a console table, JUnit XML, Markdown and JSON.
+
+Every renderer takes the plain ``GateResult`` built by the gate (``rules.regression``) and
+only formats it; nothing here measures or decides.
+
+- JUnit: one ``<testsuite>`` (inside ``<testsuites>``), one ``<testcase>`` per compared
+  configuration; ``<failure>`` on a regression, ``<skipped>`` when inconclusive.
+- Markdown: a heading with the overall verdict, the comparison table, the environment of both
+  sides; :func:`write_github_summary` appends it to ``$GITHUB_STEP_SUMMARY`` (kept under the
+  1 MiB GitHub allows per step).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import xml.etree.ElementTree as ET
+from typing import Any, Mapping, Optional
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ddp_profile.rules.regression import (INCONCLUSIVE, PASS, REGRESSION, Comparison,
+                                          GateResult)
+
+GITHUB_SUMMARY_LIMIT = 1024 * 1024  # bytes GitHub accepts in one step's summary
+ENV_ROWS = ("device", "world_size", "torch_version", "cpu_model", "gpu_name", "hostname")
+_STATUS_WORD = {PASS: "pass", REGRESSION: "REGRESSION", INCONCLUSIVE: "inconclusive"}
+_STATUS_STYLE = {PASS: "green", REGRESSION: "bold red", INCONCLUSIVE: "yellow"}
+_STATUS_ICON = {PASS: "\u2705", REGRESSION: "\u274c", INCONCLUSIVE: "\u26a0\ufe0f"}
+_XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _rate(value: Any) -> str:
+    return f"{value:,.1f}" if _finite(value) else "-"
+
+
+def _change(ratio: Any) -> str:
+    return f"{(ratio - 1) * 100:+.1f} %" if _finite(ratio) else "-"
+
+
+def _interval(comparison: Comparison) -> str:
+    verdict = comparison.verdict
+    if not (_finite(verdict.ci_low) and _finite(verdict.ci_high)):
+        return "-"
+    return f"{(verdict.ci_low - 1) * 100:+.1f} .. {(verdict.ci_high - 1) * 100:+.1f} %"
+
+
+def _p(value: Any) -> str:
+    return f"{value:.2g}" if _finite(value) else "-"
+
+
+def _rows(result: GateResult) -> list[dict[str, str]]:
+    """The comparison table as strings, shared by the console and Markdown renderers."""
+    return [{"config": c.label, "baseline": _rate(c.baseline_median),
+             "current": _rate(c.current_median), "change": _change(c.verdict.median_ratio),
+             "interval": _interval(c), "p": _p(c.verdict.p_value),
+             "steps": f"{c.verdict.n_baseline} / {c.verdict.n_current}",
+             "status": c.verdict.status, "reason": c.verdict.reason}
+            for c in result.comparisons]
+
+
+def _confidence(result: GateResult) -> float:
+    return result.comparisons[0].verdict.confidence if result.comparisons else 0.90
+
+
+def _headline(result: GateResult) -> str:
+    return (f"ddp-profile gate: {_STATUS_WORD[result.status]} "
+            f"(tolerance {result.max_regression * 100:g} %, alpha {result.alpha:g})")
+
+
+def render_console(result: GateResult, console: Optional[Console] = None) -> None:
+    """Print the comparison table and each verdict's reason to a rich console (fits 80 cols)."""
+    console = console or Console()
+    table = Table(title=_headline(result), title_justify="left", box=box.SIMPLE_HEAD,
+                  caption="median global samples/s per step (number of steps)",
+                  caption_justify="left")
+    for name in ("Config", "Baseline", "Current",
+                 f"Change, {_confidence(result) * 100:g} % CI", "p", "Verdict"):
+        table.add_column(name, justify="left" if name in ("Config", "Verdict") else "right",
+                         no_wrap=name != "Config")
+    for row in _rows(result):
+        status = row["status"]
+        n_base, n_cur = row["steps"].split(" / ")
+        table.add_row(escape(row["config"]), f"{row['baseline']}\n({n_base})",
+                      f"{row['current']}\n({n_cur})",
+                      escape(f"{row['change']}\n[{row['interval'].rstrip(' %')}]"), row["p"], f"[{_STATUS_STYLE[status]}]{_STATUS_WORD[status]}[/]")
+    console.print(table)
+    for comparison in result.comparisons:
+        console.print(f"{comparison.label}: {comparison.verdict.reason}", markup=False,
+                      highlight=False)
+    for warning in result.warnings:
+        console.print(f"warning: {warning}", style="yellow", markup=False, highlight=False)
+
+
+def _xml_text(text: Any) -> str:
+    return _XML_INVALID.sub("\ufffd", str(text))
+
+
+def _details(result: GateResult, comparison: Comparison) -> str:
+    verdict = comparison.verdict
+    return "\n".join([
+        f"config: {comparison.label}",
+        f"baseline: {result.baseline.get('source')} (probe {comparison.baseline_probe_id}), "
+        f"median {_rate(comparison.baseline_median)} samples/s over {verdict.n_baseline} steps",
+        f"current: {result.current.get('source')} (probe {comparison.current_probe_id}), "
+        f"median {_rate(comparison.current_median)} samples/s over {verdict.n_current} steps",
+        f"verdict: {verdict.status}: {verdict.reason}"])
+
+
+def junit_xml(result: GateResult) -> str:
+    """JUnit XML: one testsuite, one testcase per compared configuration."""
+    statuses = [c.verdict.status for c in result.comparisons]
+    suites = ET.Element("testsuites", name="ddp-profile gate")
+    suite = ET.SubElement(suites, "testsuite", name="ddp-profile gate",
+                          tests=str(len(statuses)), failures=str(statuses.count(REGRESSION)),
+                          errors="0", skipped=str(statuses.count(INCONCLUSIVE)), time="0")
+    properties = ET.SubElement(suite, "properties")
+    for name, value in (("baseline", result.baseline.get("source")),
+                        ("current", result.current.get("source")),
+                        ("max_regression", result.max_regression), ("alpha", result.alpha)):
+        ET.SubElement(properties, "property", name=name, value=_xml_text(value))
+    for comparison in result.comparisons:
+        verdict = comparison.verdict
+        case = ET.SubElement(suite, "testcase", classname="ddp_profile.gate",
+                             name=_xml_text(f"throughput [{comparison.label}]"), time="0")
+        if verdict.status == REGRESSION:
+            failure = ET.SubElement(case, "failure", type="ThroughputRegression",
+                                    message=_xml_text(verdict.reason))
+            failure.text = _xml_text(_details(result, comparison))
+        elif verdict.status == INCONCLUSIVE:
+            ET.SubElement(case, "skipped", message=_xml_text(verdict.reason))
+        ET.SubElement(case, "system-out").text = _xml_text(_details(result, comparison))
+    if result.warnings:
+        ET.SubElement(suite, "system-err").text = _xml_text("\n".join(result.warnings))
+    ET.indent(suites)
+    return ('<?xml version="1.0" encoding="UTF-8"?>\n'
+            + ET.tostring(suites, encoding="unicode") + "\n")
+
+
+def _md_cell(text: Any) -> str:
+    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _environment_lines(result: GateResult) -> list[str]:
+    base_env: Mapping[str, Any] = result.baseline.get("environment") or {}
+    cur_env: Mapping[str, Any] = result.current.get("environment") or {}
+    rows = [[key, "-" if base_env.get(key) is None else str(base_env.get(key)),
+             "-" if cur_env.get(key) is None else str(cur_env.get(key))] for key in ENV_ROWS]
+    rows.append(["source", str(result.baseline.get("source")), str(result.current.get("source"))])
+    return (["<details><summary>Environment</summary>", ""]
+            + _md_table(["", "Baseline", "Current"], rows) + ["", "</details>"])
+
+
+def markdown(result: GateResult, limit_bytes: int = GITHUB_SUMMARY_LIMIT - 4096) -> str:
+    """The gate's Markdown summary; table rows are cut to stay under ``limit_bytes``."""
+    status = result.status
+    lines = [f"## {_STATUS_ICON[status]} {_headline(result)}", "",
+             f"A configuration fails when a one-sided Mann-Whitney U test gives p < "
+             f"{result.alpha:g} **and** the {_confidence(result) * 100:g} % bootstrap interval "
+             f"of the median throughput ratio (current / baseline) lies wholly below "
+             f"-{result.max_regression * 100:g} %.", ""]
+    header = ["Config", "Baseline samples/s", "Current samples/s", "Change",
+              f"{_confidence(result) * 100:g} % CI", "p", "Steps b / c", "Verdict"]
+    rows = [[r["config"], r["baseline"], r["current"], r["change"], r["interval"], r["p"],
+             r["steps"], f"{_STATUS_ICON[r['status']]} {r['status']}"] for r in _rows(result)]
+    tail = [""] + [f"- **{_md_cell(c.label)}**: {_md_cell(c.verdict.reason)}"
+                   for c in result.comparisons]
+    tail += [f"- warning: {_md_cell(w)}" for w in result.warnings]
+    tail += [""] + _environment_lines(result) + [""]
+    text = "\n".join(lines + _md_table(header, rows) + tail)
+    kept = len(rows)
+    while len(text.encode("utf-8")) > limit_bytes and kept > 0:
+        kept //= 2  # drop the reasons and environment, then halve the table until it fits
+        note = f"_{len(rows) - kept} more row(s) left out to stay under {limit_bytes} bytes._"
+        text = "\n".join(lines + _md_table(header, rows[:kept]) + ["", note, ""])
+    return text
+
+
+def _comparison_dict(comparison: Comparison) -> dict[str, Any]:
+    return {"config": comparison.config, "label": comparison.label,
+            "baseline_probe_id": comparison.baseline_probe_id,
+            "current_probe_id": comparison.current_probe_id,
+            "baseline_median": comparison.baseline_median if _finite(
+                comparison.baseline_median) else None,
+            "current_median": comparison.current_median if _finite(
+                comparison.current_median) else None,
+            "verdict": comparison.verdict.to_dict()}
+
+
+def to_json(result: GateResult) -> dict[str, Any]:
+    """The gate's result as a JSON-ready dict (no NaN: missing numbers are null)."""
+    return {"status": result.status, "max_regression": result.max_regression,
+            "alpha": result.alpha, "baseline": result.baseline, "current": result.current,
+            "comparisons": [_comparison_dict(c) for c in result.comparisons],
+            "warnings": list(result.warnings)}
+
+
+def write_github_summary(md: str, environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """Append ``md`` to ``$GITHUB_STEP_SUMMARY`` if set, within the 1 MiB limit.
+
+    Best effort: return the path written, or ``None`` when unset, full or unwritable.
+    """
+    environ = os.environ if environ is None else environ
+    path = environ.get("GITHUB_STEP_SUMMARY")
+    if not path:
+        return None
+    try:
+        used = os.path.getsize(path) if os.path.exists(path) else 0
+        budget = GITHUB_SUMMARY_LIMIT - used - 1
+        data = (md if md.endswith("\n") else md + "\n").encode("utf-8")
+        if budget <= 0:
+            return None
+        if len(data) > budget:
+            note = "\n\n_(ddp-profile: summary truncated at GitHub's 1 MiB limit)_\n".encode()
+            data = data[: max(0, budget - len(note))].decode("utf-8", "ignore").encode() + note
+            data = data[:budget]
+        with open(path, "ab") as handle:
+            handle.write(data)
+    except OSError:
+        return None
+    return path
