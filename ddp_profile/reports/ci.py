@@ -91,7 +91,8 @@ def render_console(result: GateResult, console: Optional[Console] = None) -> Non
         n_base, n_cur = row["steps"].split(" / ")
         table.add_row(escape(row["config"]), f"{row['baseline']}\n({n_base})",
                       f"{row['current']}\n({n_cur})",
-                      escape(f"{row['change']}\n[{row['interval'].rstrip(' %')}]"), row["p"], f"[{_STATUS_STYLE[status]}]{_STATUS_WORD[status]}[/]")
+                      escape(f"{row['change']}\n[{row['interval'].rstrip(' %')}]"), row["p"],
+                      f"[{_STATUS_STYLE[status]}]{_STATUS_WORD[status]}[/]")
     console.print(table)
     for comparison in result.comparisons:
         console.print(f"{comparison.label}: {comparison.verdict.reason}", markup=False,
