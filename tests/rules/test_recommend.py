@@ -1,0 +1,131 @@
+"""recommend(): best probe, ties to the cheaper setting, compute-bound keeps its baseline."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddp_profile.rules import Thresholds
+from ddp_profile.rules.recommend import recommend, recommendation_to_dict, snippet_for
+from tests.rules.tables import RunBuilder
+
+T = Thresholds()
+
+
+def loader_sweep(*probes: tuple, jitter: float = 0.02, base_wait: float = 0.05, **kw):
+    """Baseline with 0 workers waiting ``base_wait``; then (id, settings, data_wait) probes.
+
+    Compute scales with the batch size (0.05 s per 32 samples).
+    """
+    builder = (RunBuilder(world_size=2, **kw).probe("base", kind="baseline", num_workers=0)
+               .steps(data_wait=base_wait, compute=0.05, jitter=jitter))
+    for seed, (probe_id, settings, wait) in enumerate(probes, start=1):
+        compute = 0.05 * settings.get("batch_size", 32) / 32
+        builder.probe(probe_id, **settings).steps(data_wait=wait, compute=compute,
+                                                  jitter=jitter, seed=seed)
+    return builder
+
+
+def test_picks_the_fastest_probe():
+    run = loader_sweep(("w2", {"num_workers": 2}, 0.02), ("w4", {"num_workers": 4}, 0.0)).build()
+    rec = recommend(run, T)
+    assert rec.probe_id == "w4" and rec.config["num_workers"] == 4
+    assert rec.expected_speedup == pytest.approx(0.101 / 0.051, rel=0.05)
+    assert "num_workers=4" in rec.snippet and "persistent_workers=True" in rec.snippet
+
+
+def test_tie_goes_to_fewer_workers():
+    run = loader_sweep(("w8", {"num_workers": 8}, 0.0), ("w4", {"num_workers": 4}, 0.0005)).build()
+    assert recommend(run, T).probe_id == "w4"
+
+
+def test_tie_goes_to_pinning_off_and_smaller_prefetch():
+    run = loader_sweep(("pin", {"num_workers": 4, "pin_memory": True, "prefetch_factor": 4}, 0.0),
+                       ("plain", {"num_workers": 4, "prefetch_factor": 2}, 0.0005)).build()
+    assert recommend(run, T).probe_id == "plain"
+
+
+def test_tie_goes_to_batch_size_nearest_the_baseline():
+    run = loader_sweep(("bs128", {"num_workers": 4, "batch_size": 128}, 0.0),
+                       ("bs32", {"num_workers": 4, "batch_size": 32}, 0.0002)).build()
+    assert recommend(run, T).probe_id == "bs32"
+
+
+def test_a_clear_gain_beats_a_cheaper_setting():
+    run = loader_sweep(("w2", {"num_workers": 2}, 0.02), ("w8", {"num_workers": 8}, 0.0)).build()
+    assert recommend(run, T).probe_id == "w8"
+
+
+def test_noisy_steps_widen_the_tie():
+    quiet = loader_sweep(("w2", {"num_workers": 2}, 0.004), ("w8", {"num_workers": 8}, 0.0),
+                         jitter=0.0).build()
+    noisy = loader_sweep(("w2", {"num_workers": 2}, 0.004), ("w8", {"num_workers": 8}, 0.0),
+                         jitter=0.3).build()
+    assert recommend(quiet, T).probe_id == "w8"
+    assert recommend(noisy, T).probe_id == "w2"
+
+
+def test_compute_bound_keeps_its_baseline():
+    run = loader_sweep(("w4", {"num_workers": 4}, 0.0), base_wait=0.002).build()  # 4 % faster
+    rec = recommend(run, T)
+    assert rec.probe_id == "base" and rec.expected_speedup == 1.0
+    assert any("compute-bound" in note for note in rec.notes)
+
+
+def test_compute_bound_moves_only_when_clearly_faster():
+    run = (RunBuilder().probe("base", kind="baseline", num_workers=2).steps(data_wait=0.003)
+           .probe("bs64", num_workers=2, batch_size=64).steps(data_wait=0.003, compute=0.06)
+           .build())
+    rec = recommend(run, T)
+    assert rec.probe_id == "bs64"
+    assert any("learning rate" in note for note in rec.notes)
+
+
+def test_interval_contains_the_point_estimate_and_is_seeded():
+    run = loader_sweep(("w4", {"num_workers": 4}, 0.0), jitter=0.2).build()
+    rec = recommend(run, T)
+    lo, hi = rec.expected_speedup_interval
+    assert lo <= rec.expected_speedup <= hi and lo < hi
+    assert recommend(run, T).expected_speedup_interval == (lo, hi)
+    wider = recommend(run, Thresholds(interval_confidence=0.99)).expected_speedup_interval
+    assert wider[0] <= lo and wider[1] >= hi
+
+
+def test_ceiling_share_and_notes_when_far_from_the_ceiling():
+    builder = loader_sweep(("w4", {"num_workers": 4}, 0.03), cpus=4)
+    builder.samples("host", cpu_percent=98.0)
+    builder.probe("ceiling", kind="ceiling").steps(data_wait=0.0, compute=0.05)
+    rec = recommend(builder.build(), T)
+    assert rec.probe_id == "w4"
+    assert rec.ceiling_share == pytest.approx(0.051 / 0.081, rel=0.05)
+    assert any("more CPU cores" in note and "4 CPUs" in note for note in rec.notes)
+
+
+def test_no_ceiling_note_when_close_to_the_ceiling():
+    builder = loader_sweep(("w4", {"num_workers": 4}, 0.0))
+    builder.probe("ceiling", kind="ceiling").steps(data_wait=0.0, compute=0.05)
+    rec = recommend(builder.build(), T)
+    assert rec.ceiling_share > 0.95 and rec.notes == ()
+
+
+def test_failed_probes_are_never_recommended():
+    run = loader_sweep(("w4", {"num_workers": 4}, 0.0)).probe("w8", status="oom",
+                                                              throughput=1e9).build()
+    assert recommend(run, T).probe_id == "w4"
+
+
+def test_nothing_measured():
+    run = RunBuilder().probe("base", kind="baseline", status="crash").build()
+    rec = recommend(run, T)
+    assert rec.probe_id is None and rec.expected_speedup is None and rec.notes
+
+
+def test_snippet_without_workers_omits_worker_only_arguments():
+    snippet = snippet_for({"num_workers": 0, "pin_memory": True, "prefetch_factor": 2,
+                           "batch_size": 32})
+    assert snippet == "DataLoader(dataset, batch_size=32, num_workers=0, pin_memory=True)"
+
+
+def test_recommendation_to_dict_is_plain():
+    data = recommendation_to_dict(recommend(loader_sweep(("w4", {"num_workers": 4}, 0.0))
+                                            .build(), T))
+    assert isinstance(data["expected_speedup_interval"], list) and data["config"]["num_workers"] == 4
