@@ -1,0 +1,408 @@
+"""Per-rank telemetry: host (psutil) and GPU (NVML) samplers in background threads.
+
+Each sampler is a daemon thread named ``ddp-profile-sampler-<source>`` that calls
+``emit(record)`` every ``interval_s`` with one record::
+
+    {"kind": "sample", "source": "host" | "gpu", "t_ns": <time.time_ns()>, <metric>: float, ...}
+
+Host metrics: ``cpu_percent`` (mean over the CPUs this process may run on), ``cpu_max_core_percent``,
+``cpu_per_core`` (list, same CPUs), ``iowait_percent``, ``rss_bytes`` (the rank), ``worker_count``
+and ``worker_cpu_percent`` (the rank's child processes, i.e. DataLoader workers; 100 = one core),
+``disk_read_bps`` (system-wide). GPU metrics: ``gpu_util_percent`` (mean of the driver's own
+utilisation samples since the last record, each read once; ``gpu_util_samples`` says how many),
+``gpu_mem_used_bytes``, ``gpu_mem_total_bytes``, ``gpu_power_w``, ``gpu_sm_clock_mhz``, ``gpu_temp_c``,
+``gpu_throttle_reasons`` (bit mask), ``gpu_pcie_rx_bps``, ``gpu_pcie_tx_bps`` and, on Hopper and
+newer, ``gpm_sm_activity``, ``gpm_sm_occupancy``, ``gpm_tensor_activity``, ``gpm_dram_bw_util``
+(percent). Unknown values are NaN.
+
+Besides samples the GPU sampler emits two ``event`` records: ``gpu_status`` once at start
+(``{gpu_available, gpu_unavailable_reason, pci_bus_id, name}``) and ``gpu_lost`` if the device
+falls off the bus, after which only host samples continue. No GPU is a normal case: no
+exception ever leaves a sampler thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from typing import Any, Callable, Optional
+
+import psutil
+
+from ddp_profile.profiler.nvml import GpmReader, Nvml, cuda_device_nvml_key, gpu_status
+
+__all__ = ["GpuSampler", "HostSampler", "SamplerGroup", "gpu_status", "start_samplers"]
+
+log = logging.getLogger("ddp_profile.sampler")
+
+Emit = Callable[[dict], None]
+Clock = Callable[[], int]
+NAN = math.nan
+
+_VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
+class _PeriodicSampler:
+    """Runs ``prime()`` once, then ``sample_once()`` every ``interval_s`` in a daemon thread."""
+
+    source = "base"
+
+    def __init__(self, emit: Emit, interval_s: float, clock: Clock):
+        self._emit = emit
+        self.interval_s = float(interval_s)
+        self._clock = clock
+        self._stop = threading.Event()
+        self._warned: set[str] = set()
+        self.thread = threading.Thread(target=self._run, name=f"ddp-profile-sampler-{self.source}", daemon=True)
+
+    def prime(self) -> bool:
+        """Take baselines; False means there is nothing to sample."""
+        return True
+
+    def sample_once(self) -> Optional[dict]:
+        """One record, or None to skip this tick."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release resources after the loop ends."""
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(timeout)
+
+    def _record(self) -> dict[str, Any]:
+        return {"kind": "sample", "source": self.source, "t_ns": int(self._clock())}
+
+    def _send(self, record: dict) -> None:
+        try:
+            self._emit(record)
+        except Exception as exc:  # a broken sink must not kill telemetry, nor training
+            self._warn_once("emit", "emit failed: %r", exc)
+
+    def _warn_once(self, key: str, msg: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("%s sampler: " + msg, self.source, *args)
+
+    def _run(self) -> None:
+        try:
+            if not self.prime():
+                return
+            deadline = time.monotonic() + self.interval_s
+            while not self._stop.wait(max(0.0, deadline - time.monotonic())):
+                record = self.sample_once()
+                if record is not None:
+                    self._send(record)
+                deadline = max(deadline + self.interval_s, time.monotonic())
+        except Exception as exc:  # never a traceback from a telemetry thread
+            self._warn_once("crash", "stopped: %r", exc)
+        finally:
+            try:
+                self.close()
+            except Exception as exc:
+                self._warn_once("close", "close failed: %r", exc)
+
+
+def _child_pids(pid: int) -> list[int]:
+    """Direct children of ``pid``: /proc/<pid>/task/*/children, else psutil's full scan."""
+    task_dir = f"/proc/{pid}/task"
+    try:
+        tids = os.listdir(task_dir)
+    except OSError:
+        return [p.pid for p in psutil.Process(pid).children()]
+    pids: set[int] = set()
+    for tid in tids:
+        try:
+            with open(f"{task_dir}/{tid}/children") as fh:
+                pids.update(int(x) for x in fh.read().split())
+        except (OSError, ValueError):
+            continue
+    return sorted(pids)
+
+
+def _available_cpus(pid: int) -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(pid))
+    except (AttributeError, OSError):
+        return list(range(psutil.cpu_count() or 1))
+
+
+class HostSampler(_PeriodicSampler):
+    """CPU (per core, over the CPUs available to ``pid``), iowait, RSS, workers' CPU, disk reads."""
+
+    source = "host"
+
+    def __init__(self, emit: Emit, *, pid: Optional[int] = None, interval_s: float = 0.5,
+                 clock: Clock = time.time_ns):
+        super().__init__(emit, interval_s, clock)
+        self.pid = os.getpid() if pid is None else int(pid)
+        self._proc: Optional[psutil.Process] = None
+        self._cpus: list[int] = []
+        self._cpu_times: list = []
+        self._disk_read: Optional[int] = None
+        self._workers: dict[int, tuple[psutil.Process, float]] = {}
+        self._mono = 0.0
+
+    def prime(self) -> bool:
+        self._proc = psutil.Process(self.pid)
+        self._cpus = _available_cpus(self.pid)
+        self._cpu_times = psutil.cpu_times(percpu=True)
+        self._disk_read = self._read_disk()
+        self._mono = time.monotonic()
+        self._worker_cpu(self._mono)
+        return True
+
+    def sample_once(self) -> Optional[dict]:
+        if self._proc is None:
+            self.prime()
+        now = time.monotonic()
+        elapsed, self._mono = max(now - self._mono, 1e-9), now
+        record = self._record()
+        record.update(self._cpu())
+        try:
+            record["rss_bytes"] = float(self._proc.memory_info().rss)
+        except psutil.Error:
+            record["rss_bytes"] = NAN
+        count, cpu_s = self._worker_cpu(now)
+        record["worker_count"] = float(count)
+        record["worker_cpu_percent"] = 100.0 * cpu_s / elapsed
+        disk = self._read_disk()
+        record["disk_read_bps"] = NAN if disk is None or self._disk_read is None else max(disk - self._disk_read, 0) / elapsed
+        self._disk_read = disk
+        return record
+
+    def _cpu(self) -> dict[str, Any]:
+        """Per-core busy % and iowait % from /proc/stat deltas (not psutil.cpu_percent's shared state)."""
+        times = psutil.cpu_times(percpu=True)
+        per_core: list[float] = []
+        iowait = total_all = 0.0
+        for cpu in self._cpus:
+            if cpu >= len(times) or cpu >= len(self._cpu_times):
+                continue
+            new, old = times[cpu], self._cpu_times[cpu]
+            total = sum(new) - sum(old) - (_guest(new) - _guest(old))
+            idle = (new.idle - old.idle) + (getattr(new, "iowait", 0.0) - getattr(old, "iowait", 0.0))
+            per_core.append(100.0 * (total - idle) / total if total > 0 else 0.0)
+            iowait += getattr(new, "iowait", 0.0) - getattr(old, "iowait", 0.0)
+            total_all += total
+        self._cpu_times = times
+        if not per_core:
+            return {"cpu_percent": NAN, "cpu_max_core_percent": NAN, "cpu_per_core": [], "iowait_percent": NAN}
+        return {
+            "cpu_percent": sum(per_core) / len(per_core),
+            "cpu_max_core_percent": max(per_core),
+            "cpu_per_core": per_core,
+            "iowait_percent": 100.0 * iowait / total_all if total_all > 0 else 0.0,
+        }
+
+    def _worker_cpu(self, now: float) -> tuple[int, float]:
+        """(live children, CPU seconds they used since the last call)."""
+        used = 0.0
+        seen: dict[int, tuple[psutil.Process, float]] = {}
+        for child_pid in _child_pids(self.pid):
+            known = self._workers.get(child_pid)
+            try:
+                proc = known[0] if known else psutil.Process(child_pid)
+                times = proc.cpu_times()
+            except psutil.Error:
+                continue
+            cpu = times.user + times.system
+            # A child first seen now started after the last call (or this is the baseline).
+            used += cpu - (known[1] if known else 0.0)
+            seen[child_pid] = (proc, cpu)
+        self._workers = seen
+        return len(seen), max(used, 0.0)
+
+    @staticmethod
+    def _read_disk() -> Optional[int]:
+        try:
+            counters = psutil.disk_io_counters(perdisk=False)
+        except (OSError, RuntimeError):
+            return None
+        return None if counters is None else int(counters.read_bytes)
+
+
+def _guest(times: Any) -> float:
+    """guest time is already counted in user time on Linux."""
+    return getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
+
+
+class GpuSampler(_PeriodicSampler):
+    """NVML telemetry of one device, found by PCI bus id (or by CUDA index, mapped through it)."""
+
+    source = "gpu"
+
+    def __init__(self, emit: Emit, *, pci_bus_id: Optional[str] = None, cuda_device_index: Optional[int] = None,
+                 interval_s: float = 0.5, nvml_lib: Any = None, clock: Clock = time.time_ns):
+        super().__init__(emit, interval_s, clock)
+        self.nvml = Nvml(nvml_lib)
+        self._key: Optional[tuple[str, str]] = ("pci", pci_bus_id) if pci_bus_id else None
+        self._cuda_index = cuda_device_index
+        self._handle: Any = None
+        self._last_util_us = 0
+        self._throttle_fn = "nvmlDeviceGetCurrentClocksEventReasons"
+        self._gpm: Optional[GpmReader] = None
+        self.lost = False
+        self.status: dict[str, Any] = {"gpu_available": False, "gpu_unavailable_reason": "not started yet"}
+
+    # -- set-up --------------------------------------------------------------------------
+    def prime(self) -> bool:
+        reason = self._open()
+        self.status = {"gpu_available": reason is None, "gpu_unavailable_reason": reason,
+                       "pci_bus_id": self._key[1] if self._key else None,
+                       "name": self._text_query("nvmlDeviceGetName") if reason is None else None}
+        self._send({"kind": "event", "name": "gpu_status", "t_ns": int(self._clock()), "data": dict(self.status)})
+        if reason is not None:
+            log.info("GPU telemetry off: %s", reason)
+            return False
+        self._last_util_us = self._newest_util_timestamp()
+        self._pick_throttle_fn()
+        self._gpm = GpmReader.open(self.nvml, self._handle)
+        return True
+
+    def _open(self) -> Optional[str]:
+        """Init NVML and find the handle; a one-line reason on failure."""
+        if self._key is None:
+            if self._cuda_index is None:
+                return "rank uses no CUDA device"
+            try:
+                self._key = cuda_device_nvml_key(self._cuda_index)
+            except Exception as exc:
+                return f"cannot map CUDA device {self._cuda_index} to NVML: {' '.join(str(exc).split())}"[:300]
+        reason = self.nvml.init()
+        if reason is not None:
+            return reason
+        kind, key = self._key
+        fn_name = "nvmlDeviceGetHandleByPciBusId" if kind == "pci" else "nvmlDeviceGetHandleByUUID"
+        try:
+            self._handle = self.nvml.call(fn_name, key)
+        except self.nvml.lib.NVMLError as exc:
+            return f"no NVML device with {kind} {key}: {self.nvml.describe(exc)}"
+        return None
+
+    def _text_query(self, fn_name: str) -> Optional[str]:
+        value = self.nvml.query(fn_name, self._handle, default=None)
+        return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+    def _newest_util_timestamp(self) -> int:
+        """Skip the samples the driver took before we started."""
+        got = self.nvml.query("nvmlDeviceGetSamples", self._handle, self.nvml.lib.NVML_GPU_UTILIZATION_SAMPLES, 0,
+                              default=None)
+        return max((int(s.timeStamp) for s in got[1]), default=0) if got else 0
+
+    def _pick_throttle_fn(self) -> None:
+        try:
+            self.nvml.call(self._throttle_fn, self._handle)
+        except self.nvml.lib.NVMLError as exc:
+            if self.nvml.is_error(exc, "FUNCTION_NOT_FOUND"):  # drivers before the rename
+                self._throttle_fn = "nvmlDeviceGetCurrentClocksThrottleReasons"
+
+    # -- sampling ------------------------------------------------------------------------
+    def sample_once(self) -> Optional[dict]:
+        if self.lost or self._handle is None:
+            return None
+        record = self._record()
+        record.update(self._utilisation())
+        record.update(self._device_metrics())
+        if self._gpm is not None:
+            record.update(self._gpm.read())
+        if self.nvml.lost_reason is not None:
+            self._on_lost()
+            return None
+        return record
+
+    def _utilisation(self) -> dict[str, float]:
+        """Mean of the driver's utilisation samples newer than the last one seen."""
+        lib = self.nvml.lib
+        got = self.nvml.query("nvmlDeviceGetSamples", self._handle, lib.NVML_GPU_UTILIZATION_SAMPLES,
+                              self._last_util_us, default=None, quiet=("NOT_FOUND",))
+        fresh = [s for s in got[1] if int(s.timeStamp) > self._last_util_us] if got else []
+        if not fresh:
+            return {"gpu_util_percent": NAN, "gpu_util_samples": 0.0}
+        field = _VALUE_FIELDS.get(got[0], "uiVal")
+        values = [float(getattr(s.sampleValue, field)) for s in fresh]
+        self._last_util_us = max(int(s.timeStamp) for s in fresh)
+        return {"gpu_util_percent": sum(values) / len(values), "gpu_util_samples": float(len(values))}
+
+    def _device_metrics(self) -> dict[str, float]:
+        q, lib, h = self.nvml.query, self.nvml.lib, self._handle
+        memory = q("nvmlDeviceGetMemoryInfo", h, default=None)
+        return {
+            "gpu_mem_used_bytes": float(memory.used) if memory is not None else NAN,
+            "gpu_mem_total_bytes": float(memory.total) if memory is not None else NAN,
+            "gpu_power_w": float(q("nvmlDeviceGetPowerUsage", h)) / 1000.0,
+            "gpu_sm_clock_mhz": float(q("nvmlDeviceGetClockInfo", h, lib.NVML_CLOCK_SM)),
+            "gpu_temp_c": float(q("nvmlDeviceGetTemperature", h, lib.NVML_TEMPERATURE_GPU)),
+            "gpu_throttle_reasons": float(q(self._throttle_fn, h)),
+            # NVML reports PCIe throughput in KB/s over a 20 ms window.
+            "gpu_pcie_rx_bps": float(q("nvmlDeviceGetPcieThroughput", h, lib.NVML_PCIE_UTIL_RX_BYTES)) * 1024.0,
+            "gpu_pcie_tx_bps": float(q("nvmlDeviceGetPcieThroughput", h, lib.NVML_PCIE_UTIL_TX_BYTES)) * 1024.0,
+        }
+
+    def _on_lost(self) -> None:
+        self.lost = True
+        reason = f"GPU lost during sampling: {self.nvml.lost_reason}"
+        self.status = dict(self.status, gpu_available=False, gpu_unavailable_reason=reason)
+        self._send({"kind": "event", "name": "gpu_lost", "t_ns": int(self._clock()),
+                    "data": {"pci_bus_id": self.status.get("pci_bus_id"), "reason": reason}})
+        self._stop.set()
+
+    def close(self) -> None:
+        if self._gpm is not None:
+            self._gpm.close()
+            self._gpm = None
+        self.nvml.shutdown()
+
+
+class SamplerGroup:
+    """The samplers of one rank; :meth:`stop` joins their threads and may be called repeatedly."""
+
+    def __init__(self, samplers: list[_PeriodicSampler]):
+        self.samplers = samplers
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    @property
+    def gpu_status(self) -> dict[str, Any]:
+        for sampler in self.samplers:
+            if isinstance(sampler, GpuSampler):
+                return dict(sampler.status)
+        return {"gpu_available": False, "gpu_unavailable_reason": "rank uses no CUDA device"}
+
+    def stop(self, timeout: float = 5.0) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        for sampler in self.samplers:
+            sampler.stop(timeout)
+
+    def __enter__(self) -> "SamplerGroup":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def start_samplers(emit: Emit, *, pid: Optional[int] = None, cuda_device_index: Optional[int] = None,
+                   pci_bus_id: Optional[str] = None, interval_s: float = 0.5, nvml_lib: Any = None,
+                   clock: Clock = time.time_ns) -> SamplerGroup:
+    """Start the host sampler and, for a rank on a CUDA device, the GPU sampler.
+
+    The GPU is named by ``pci_bus_id`` or by ``cuda_device_index`` (mapped to NVML through the
+    PCI bus id, in the sampler thread so that NVML start-up does not delay training).
+    """
+    samplers: list[_PeriodicSampler] = [HostSampler(emit, pid=pid, interval_s=interval_s, clock=clock)]
+    if pci_bus_id is not None or cuda_device_index is not None:
+        samplers.append(GpuSampler(emit, pci_bus_id=pci_bus_id, cuda_device_index=cuda_device_index,
+                                   interval_s=interval_s, nvml_lib=nvml_lib, clock=clock))
+    for sampler in samplers:
+        sampler.start()
+    return SamplerGroup(samplers)
