@@ -53,7 +53,7 @@ class Finding:
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Every number the rules and the recommendation decide with; override with ``Thresholds(**o)``."""
+    """Every number the rules and the recommendation decide with: ``Thresholds(**overrides)``."""
 
     data_wait_fraction: float = 0.2  # data-bound at or above this share of step time
     data_wait_severe: float = 0.5  # ... and "high" severity at or above this

@@ -104,14 +104,17 @@ class RunBuilder:
         return self
 
     def _fill_measures(self, probe: dict[str, Any], steps: pd.DataFrame) -> dict[str, Any]:
-        rows = steps[(steps["probe_id"] == probe["id"]) & steps["measured"]] if len(steps) else steps
+        if len(steps):
+            steps = steps[(steps["probe_id"] == probe["id"]) & steps["measured"]]
+        rows = steps
         if probe["status"] != "ok" or rows.empty:
             return probe
         elapsed = rows.groupby("rank")["step_s"].sum().max()
         if probe["throughput"] is None:
             probe = {**probe, "throughput": rows["samples"].sum() / elapsed}
         if probe["data_wait_fraction"] is None:
-            probe = {**probe, "data_wait_fraction": rows["data_wait_s"].sum() / rows["step_s"].sum()}
+            wait = rows["data_wait_s"].sum() / rows["step_s"].sum()
+            probe = {**probe, "data_wait_fraction": wait}
         return probe
 
     def build(self) -> Run:

@@ -128,4 +128,5 @@ def test_snippet_without_workers_omits_worker_only_arguments():
 def test_recommendation_to_dict_is_plain():
     data = recommendation_to_dict(recommend(loader_sweep(("w4", {"num_workers": 4}, 0.0))
                                             .build(), T))
-    assert isinstance(data["expected_speedup_interval"], list) and data["config"]["num_workers"] == 4
+    assert isinstance(data["expected_speedup_interval"], list)
+    assert data["config"]["num_workers"] == 4
