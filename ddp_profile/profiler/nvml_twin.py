@@ -202,6 +202,10 @@ class NvmlTwin:
             return getattr(module, name)
         raise AttributeError(name)
 
+    def __dir__(self) -> list[str]:
+        module = sys.modules[__name__]
+        return sorted(set(super().__dir__()) | {n for n in dir(module) if n.startswith(("NVML_", "NVMLError"))})
+
     # -- session and system --------------------------------------------------------------
     def nvmlInit(self) -> None:
         if self.init_error is not None:
