@@ -10,8 +10,12 @@ import os
 import sys
 from typing import List, Optional
 
-import click
 import typer
+
+try:  # typer >= 0.20 vendors its own copy of click
+    from typer._click.exceptions import UsageError as ClickUsageError
+except ImportError:  # pragma: no cover - older typer on click
+    from click.exceptions import UsageError as ClickUsageError
 
 from ddp_profile.errors import DdpProfileError, ExitCode, UsageError
 
@@ -35,7 +39,7 @@ def _space(num_workers: Optional[str], pin_memory: Optional[str], prefetch_facto
     return SearchSpace(*(tuple(v) if v is not None else None for v in values))
 
 
-@app.command(context_settings={"allow_interspersed_args": False})
+@app.command()
 def run(
     script: str = typer.Argument(..., help="The training script, unmodified."),
     script_args: Optional[List[str]] = typer.Argument(None, help="Arguments for the script "
@@ -144,12 +148,12 @@ def _dispatch(argv: Optional[List[str]]) -> int:
     try:
         result = app(args=argv, prog_name="ddp-profile", standalone_mode=False)
         return int(result) if isinstance(result, int) else ExitCode.OK
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         return exc.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         _error("interrupted")
         return ExitCode.INTERRUPTED
-    except click.UsageError as exc:
+    except ClickUsageError as exc:
         _error(exc.format_message().replace("\n", " "))
         return ExitCode.USAGE
     except DdpProfileError as exc:

@@ -86,10 +86,35 @@ def _watch_harness(pid: int, interval_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="ddp-profile-harness-watch", daemon=True).start()
 
 
+LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+
+
+def _command_line() -> list[str]:
+    orig = getattr(sys, "orig_argv", None)
+    if orig:
+        return list(orig)
+    try:
+        with open("/proc/self/cmdline", "rb") as handle:
+            return [a.decode(errors="replace") for a in handle.read().split(b"\0") if a]
+    except OSError:
+        return list(sys.argv)
+
+
+def is_launcher_process(argv: Optional[Sequence[str]] = None) -> bool:
+    """True in torch's launcher (``python -m torch.distributed.run``): it runs no training."""
+    argv = list(argv) if argv is not None else _command_line()
+    for index, arg in enumerate(argv[:-1]):
+        if arg == "-m" and argv[index + 1] in LAUNCHER_MODULES:
+            return True
+    return any(os.path.basename(a) == "torchrun" for a in argv[1:2])
+
+
 def activate(environ: Optional[dict[str, str]] = None) -> bool:
     """Install the instrumentation if this process belongs to a probe; return whether it does."""
     plan = ProbePlan.from_env(environ)
     if plan is None:
+        return False
+    if is_launcher_process():
         return False
     harness = (environ or os.environ).get(ENV_HARNESS_PID, "")
     if harness.isdigit():

@@ -160,7 +160,8 @@ def _stalled_rank(ranks: list[RankData]) -> Optional[int]:
 
 
 _RANK_RE = re.compile(r"\brank\s*:?\s*(\d+)")
-_ERROR_LINE_RE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*)$")
+_ERROR_LINE_RE = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?([A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*"
+                            r"|\S+: error: .*)$")
 
 
 def _failure_from_log(log_path: str) -> tuple[Optional[int], Optional[str]]:

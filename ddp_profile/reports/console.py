@@ -71,7 +71,7 @@ class ConsoleProgress:
         wait = entry.get("data_wait_fraction")
         wait_text = f", data wait {wait:.0%}" if wait is not None and entry["status"] == "ok" \
             else ""
-        total = f"/{self.total}" if self.total else ""
+        total = f"/{max(self.total, self.count)}" if self.total else ""
         line = (f"[{self.count}{total}] {entry.get('id')} {entry.get('kind')} "
                 f"{config_label(entry.get('config') or entry.get('requested'))}: {result}"
                 f"{wait_text}{' (from the ledger)' if reused else ''}")
