@@ -27,11 +27,22 @@ RANK_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"
 def _layout(title: str, height: int = 320, **extra) -> dict:
     layout = dict(template="none", title=dict(text=title, x=0, xanchor="left",
                                               font=dict(size=14)),
-                  height=height, margin=dict(l=60, r=20, t=40, b=50),
+                  height=height, margin=dict(l=60, r=20, t=60, b=50),
                   font=dict(family="system-ui, -apple-system, Segoe UI, sans-serif", size=12),
-                  legend=dict(orientation="h", y=-0.2), hovermode="closest")
+                  legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
+                  hovermode="closest")
     layout.update(extra)
+    for axis in ("xaxis", "yaxis"):
+        layout[axis] = {"automargin": True, **layout.get(axis, {})}
     return layout
+
+
+def _rank_layout(title: str, unit: str) -> dict:
+    """A timeline with one line per rank: the rank legend stands right of the plot."""
+    return _layout(title, xaxis=dict(title=dict(text="time in probe (s)")),
+                   yaxis=dict(title=dict(text=unit), rangemode="tozero"),
+                   margin=dict(l=60, r=10, t=40, b=50),
+                   legend=dict(orientation="v", x=1.01, y=1, xanchor="left", yanchor="top"))
 
 
 def _figure(traces: list[dict], layout: dict) -> go.Figure:
@@ -107,7 +118,7 @@ def throughput_by_config(probes: pd.DataFrame, highlight: Mapping[str, str]) -> 
                marker=dict(color=[KIND_COLOURS[r] for r in roles]),
                hovertemplate="%{y}<br>%{x:.1f} samples/s<extra></extra>")
     return _figure([bar], _layout(title, height=max(220, 80 + 18 * len(ok)),
-                                  margin=dict(l=200, r=20, t=40, b=40)))
+                                  margin=dict(l=20, r=20, t=40, b=40)))
 
 
 def _mean_parts(steps: pd.DataFrame, by: str) -> pd.DataFrame:
@@ -118,7 +129,6 @@ def _mean_parts(steps: pd.DataFrame, by: str) -> pd.DataFrame:
 def _category_layout(title: str, barmode: str, unit: str) -> dict:
     """Bars over many probe labels: slanted labels, legend above the plot."""
     return _layout(title, height=400, barmode=barmode, margin=dict(l=60, r=20, t=60, b=120),
-                   legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
                    yaxis=dict(title=dict(text=unit)), xaxis=dict(tickangle=-45))
 
 
@@ -176,8 +186,7 @@ def step_timeline(steps: pd.DataFrame, probe_id: str, max_points: int = MAX_POIN
     if frame.empty:
         return _empty(title, "no measured steps in this probe")
     return _figure(_rank_lines(frame, "step_s", 1000.0, max_points, "ms"),
-                   _layout(title, xaxis=dict(title=dict(text="time in probe (s)")),
-                           yaxis=dict(title=dict(text="ms"), rangemode="tozero")))
+                   _rank_layout(title, "ms"))
 
 
 def sample_timeline(samples: pd.DataFrame, probe_id: str, source: str, column: str,
@@ -191,8 +200,7 @@ def sample_timeline(samples: pd.DataFrame, probe_id: str, source: str, column: s
     if frame.empty:
         return _empty(title, f"no {column} samples in this probe")
     return _figure(_rank_lines(frame, column, scale, max_points, unit),
-                   _layout(title, xaxis=dict(title=dict(text="time in probe (s)")),
-                           yaxis=dict(title=dict(text=unit), rangemode="tozero")))
+                   _rank_layout(title, unit))
 
 
 def cpu_by_probe(samples: pd.DataFrame, labels: Mapping[str, str]) -> go.Figure:
