@@ -84,7 +84,7 @@ def environment_of(run: Run) -> dict[str, Any]:
     summary = run.summary
     env = summary.get("environment") or {}
     context = next((c for c in run.contexts.values() if c), {})
-    world_size = summary.get("world_size", context.get("world_size"))
+    world_size = summary.get("world_size") or context.get("world_size")
     return {"device": summary.get("device") or context.get("device"),
             "world_size": int(world_size) if world_size is not None else None,
             "torch_version": env.get("torch_version") or context.get("torch_version"),
