@@ -56,6 +56,7 @@ class _PeriodicSampler:
         self._clock = clock
         self._stop = threading.Event()
         self._warned: set[str] = set()
+        self.cpu_time_s = 0.0  # CPU time of the sampler thread, set when it ends
         self.thread = threading.Thread(target=self._run, name=f"ddp-profile-sampler-{self.source}", daemon=True)
 
     def prime(self) -> bool:
@@ -108,23 +109,51 @@ class _PeriodicSampler:
                 self.close()
             except Exception as exc:
                 self._warn_once("close", "close failed: %r", exc)
+            self.cpu_time_s = time.thread_time()
 
 
-def _child_pids(pid: int) -> list[int]:
-    """Direct children of ``pid``: /proc/<pid>/task/*/children, else psutil's full scan."""
-    task_dir = f"/proc/{pid}/task"
-    try:
-        tids = os.listdir(task_dir)
-    except OSError:
-        return [p.pid for p in psutil.Process(pid).children()]
-    pids: set[int] = set()
-    for tid in tids:
+class _ChildFinder:
+    """Direct children of a process, from /proc/<pid>/task/<tid>/children.
+
+    Reading every thread's file costs ~25 us a thread (ranks have dozens), so a call reads
+    only the threads that had children (always the main thread) and every
+    ``full_scan_every``-th call reads them all. A child found under a thread the previous call
+    did not read is *late*: it may be older than the previous call. Without /proc: psutil.
+    """
+
+    def __init__(self, pid: int, full_scan_every: int = 20):
+        self.pid = pid
+        self.full_scan_every = full_scan_every
+        self._calls = 0
+        self._forking_tids: set[str] = {str(pid)}
+        self._read_last: Optional[set[str]] = None  # None: everything (or nothing yet)
+
+    def __call__(self) -> tuple[list[int], set[int]]:
+        """(children, late children)."""
+        task_dir = f"/proc/{self.pid}/task"
+        full = self._calls % self.full_scan_every == 0
+        self._calls += 1
         try:
-            with open(f"{task_dir}/{tid}/children") as fh:
-                pids.update(int(x) for x in fh.read().split())
-        except (OSError, ValueError):
-            continue
-    return sorted(pids)
+            tids = set(os.listdir(task_dir)) if full else set(self._forking_tids)
+        except OSError:
+            return [p.pid for p in psutil.Process(self.pid).children()], set()
+        pids: set[int] = set()
+        late: set[int] = set()
+        for tid in tids:
+            try:
+                with open(f"{task_dir}/{tid}/children") as fh:
+                    found = [int(x) for x in fh.read().split()]
+            except (OSError, ValueError):
+                continue
+            if found:
+                self._forking_tids.add(tid)
+                pids.update(found)
+                if self._read_last is not None and tid not in self._read_last:
+                    late.update(found)
+        if full:
+            self._forking_tids &= tids | {str(self.pid)}
+        self._read_last = None if full else tids
+        return sorted(pids), late
 
 
 def _available_cpus(pid: int) -> list[int]:
@@ -148,7 +177,9 @@ class HostSampler(_PeriodicSampler):
         self._cpu_times: list = []
         self._disk_read: Optional[int] = None
         self._workers: dict[int, tuple[psutil.Process, float]] = {}
+        self._children = _ChildFinder(self.pid)
         self._mono = 0.0
+        self._primed = False
 
     def prime(self) -> bool:
         self._proc = psutil.Process(self.pid)
@@ -156,7 +187,7 @@ class HostSampler(_PeriodicSampler):
         self._cpu_times = psutil.cpu_times(percpu=True)
         self._disk_read = self._read_disk()
         self._mono = time.monotonic()
-        self._worker_cpu(self._mono)
+        self._worker_cpu()
         return True
 
     def sample_once(self) -> Optional[dict]:
@@ -170,7 +201,7 @@ class HostSampler(_PeriodicSampler):
             record["rss_bytes"] = float(self._proc.memory_info().rss)
         except psutil.Error:
             record["rss_bytes"] = NAN
-        count, cpu_s = self._worker_cpu(now)
+        count, cpu_s = self._worker_cpu()
         record["worker_count"] = float(count)
         record["worker_cpu_percent"] = 100.0 * cpu_s / elapsed
         disk = self._read_disk()
@@ -202,11 +233,12 @@ class HostSampler(_PeriodicSampler):
             "iowait_percent": 100.0 * iowait / total_all if total_all > 0 else 0.0,
         }
 
-    def _worker_cpu(self, now: float) -> tuple[int, float]:
+    def _worker_cpu(self) -> tuple[int, float]:
         """(live children, CPU seconds they used since the last call)."""
         used = 0.0
         seen: dict[int, tuple[psutil.Process, float]] = {}
-        for child_pid in _child_pids(self.pid):
+        pids, late = self._children()
+        for child_pid in pids:
             known = self._workers.get(child_pid)
             try:
                 proc = known[0] if known else psutil.Process(child_pid)
@@ -214,10 +246,13 @@ class HostSampler(_PeriodicSampler):
             except psutil.Error:
                 continue
             cpu = times.user + times.system
-            # A child first seen now started after the last call (or this is the baseline).
-            used += cpu - (known[1] if known else 0.0)
+            if known is not None:
+                used += cpu - known[1]
+            elif child_pid not in late and self._primed:  # born since the last call
+                used += cpu
             seen[child_pid] = (proc, cpu)
         self._workers = seen
+        self._primed = True
         return len(seen), max(used, 0.0)
 
     @staticmethod

@@ -1,0 +1,114 @@
+"""CPU cost of the per-rank telemetry samplers at their default rate.
+
+Measures this process's CPU time over the same wall time with the samplers running and idle;
+the difference, as a percentage of one core, is the samplers' cost (budget: 0.5 %). The host
+sampler runs for real (psutil); the GPU sampler runs against the NVML twin with a live device
+whose driver produces a utilisation sample every 1/6 s, so its figure includes the twin's
+Python work in place of NVML's C calls. To look like a rank, the process holds ``--threads``
+idle threads and ``--workers`` child processes (stand-ins for DataLoader workers).
+
+    python benchmarks/sampler_cost.py [--quick] [--duration S] [--interval S]
+
+The last line printed is a JSON object; ``cpu_percent_of_one_core`` is the headline figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+from ddp_profile.profiler import nvml_twin
+from ddp_profile.profiler.sampler import GpuSampler, HostSampler, start_samplers
+
+BUDGET_PERCENT = 0.5
+
+
+def _cpu_s() -> float:
+    return time.process_time()  # all threads of this process, ns resolution
+
+
+def _measure(seconds: float, run=None) -> tuple[float, dict[str, float]]:
+    """Process CPU seconds used over ``seconds`` of wall time (start and stop included), and
+    CPU seconds of each sampler thread."""
+    start = _cpu_s()
+    group = run() if run else None
+    time.sleep(seconds)
+    if group is not None:
+        group.stop()
+    used = _cpu_s() - start
+    return used, {s.source: s.cpu_time_s for s in group.samplers} if group is not None else {}
+
+
+def _per_tick_us(sampler, ticks: int = 200) -> float:
+    """Mean CPU microseconds of one ``sample_once`` (tight loop, after ``prime``)."""
+    sampler.prime()
+    start = time.thread_time()
+    for _ in range(ticks):
+        sampler.sample_once()
+    cost = (time.thread_time() - start) / ticks * 1e6
+    sampler.close()
+    return cost
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="5 s per phase instead of 20 s")
+    parser.add_argument("--duration", type=float, default=None, help="seconds per phase")
+    parser.add_argument("--interval", type=float, default=0.5, help="sampling interval (default 0.5 s)")
+    parser.add_argument("--threads", type=int, default=32, help="idle threads in this process")
+    parser.add_argument("--workers", type=int, default=4, help="child processes standing in for workers")
+    args = parser.parse_args(argv)
+    duration = args.duration or (5.0 if args.quick else 20.0)
+
+    stop = threading.Event()
+    idle_threads = [threading.Thread(target=stop.wait, daemon=True) for _ in range(args.threads)]
+    for thread in idle_threads:
+        thread.start()
+    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+                for _ in range(args.workers)]
+    try:
+        twin = nvml_twin.NvmlTwin([nvml_twin.TwinDevice(index=0, util_period_us=166_667)])
+        records: list[dict] = []
+
+        def run():
+            return start_samplers(records.append, pid=os.getpid(), pci_bus_id=twin.devices[0].pci_bus_id,
+                                  interval_s=args.interval, nvml_lib=twin)
+
+        time.sleep(0.5)  # let the children start
+        idle_s, _ = _measure(duration)
+        busy_s, per_thread = _measure(duration, run)
+        host_tick = _per_tick_us(HostSampler(records.append, pid=os.getpid()))
+        gpu_tick = _per_tick_us(GpuSampler(lambda r: None, pci_bus_id=twin.devices[0].pci_bus_id, nvml_lib=twin))
+    finally:
+        stop.set()
+        for child in children:
+            child.kill()
+            child.wait()
+
+    cost = 100.0 * max(busy_s - idle_s, 0.0) / duration
+    result = {
+        "benchmark": "sampler_cost",
+        "interval_s": args.interval,
+        "duration_s": duration,
+        "cpu_percent_of_one_core": round(cost, 4),
+        "idle_cpu_percent": round(100.0 * idle_s / duration, 4),
+        "thread_cpu_percent": {k: round(100.0 * v / duration, 4) for k, v in per_thread.items()},
+        "per_tick_cpu_us": {"host": round(host_tick, 1), "gpu_twin": round(gpu_tick, 1)},
+        "samples": {s: sum(r.get("source") == s for r in records if r["kind"] == "sample") for s in ("host", "gpu")},
+        "cpus": len(os.sched_getaffinity(0)),
+        "threads": args.threads + 1,
+        "workers": args.workers,
+        "budget_percent": BUDGET_PERCENT,
+        "within_budget": cost <= BUDGET_PERCENT,
+    }
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
