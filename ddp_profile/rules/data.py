@@ -13,29 +13,37 @@ import pandas as pd
 from ddp_profile.profiler.results import Run
 from ddp_profile.rules.base import (Finding, Thresholds, as_int, baseline_probe, cpus_available,
                                     data_wait, describe_config, finite, is_data_bound,
-                                    loader_info, local_ranks, metric_median, ms, ok_probes, pct,
-                                    probe_steps)
+                                    loader_info, local_ranks, metric, metric_median, ms,
+                                    ok_probes, pct, probe_context, probe_steps)
 
 
 @dataclass(frozen=True)
 class CpuLoad:
     """How busy the CPUs were during one probe (None where not measured)."""
 
-    host_percent: Optional[float]  # median whole-machine CPU %
+    host_percent: Optional[float]  # median CPU % over the CPUs available
     worker_share: Optional[float]  # median worker CPU / cores available to one rank
     iowait_percent: Optional[float]
+    compute_on_cpu: bool = False  # device "cpu": the training itself keeps the host busy
+
+    def _host_counts(self) -> bool:
+        """Whole-host CPU says little about loading when the model also runs on the CPUs."""
+        return self.host_percent is not None and not (
+            self.compute_on_cpu and self.worker_share is not None)
 
     def saturated(self, thresholds: Thresholds) -> bool:
-        return ((self.host_percent is not None
-                 and self.host_percent >= thresholds.cpu_saturated_percent)
+        return ((self._host_counts() and self.host_percent >= thresholds.cpu_saturated_percent)
                 or (self.worker_share is not None
                     and self.worker_share >= thresholds.worker_cpu_saturated_share))
 
     def idle(self, thresholds: Thresholds) -> bool:
-        if self.host_percent is None and self.worker_share is None:
+        if self.saturated(thresholds) or (self.host_percent is None
+                                          and self.worker_share is None):
             return False
-        return not self.saturated(thresholds) and (
-            self.host_percent is None or self.host_percent < thresholds.cpu_idle_percent)
+        if self.worker_share is not None and (
+                self.worker_share >= thresholds.worker_cpu_idle_share):
+            return False
+        return not self._host_counts() or self.host_percent < thresholds.cpu_idle_percent
 
     def describe(self) -> str:
         parts = []
@@ -55,17 +63,22 @@ def cpu_load(run: Run, probe: pd.Series) -> CpuLoad:
     share = None
     if worker is not None and cpus:
         share = worker / (100.0 * cpus / local_ranks(run, probe_id))
+    device = probe_context(run, probe_id).get("device") or run.summary.get("device")
     return CpuLoad(metric_median(run, probe_id, "host", "cpu_percent"), share,
-                   metric_median(run, probe_id, "host", "iowait_percent"))
+                   metric_median(run, probe_id, "host", "iowait_percent"),
+                   compute_on_cpu=device == "cpu")
 
 
 def most_workers_probe(run: Run) -> Optional[pd.Series]:
-    """The ok probe with the most DataLoader workers (the fastest of those, on a tie)."""
+    """The ok probe with the most DataLoader workers: on a tie, one with host samples, fastest."""
     probes = ok_probes(run)
     probes = probes[probes["num_workers"].apply(finite) & probes["throughput"].apply(finite)]
     if probes.empty:
         return None
     top = probes[probes["num_workers"] == probes["num_workers"].max()]
+    sampled = top[top["id"].apply(lambda pid: metric(run, pid, "host", "cpu_percent") is not None
+                                  or metric(run, pid, "host", "worker_cpu_percent") is not None)]
+    top = sampled if not sampled.empty else top
     return top.loc[top["throughput"].idxmax()]
 
 
@@ -124,10 +137,10 @@ def _workers_flattened(run: Run, probe: pd.Series, thresholds: Thresholds) -> Op
 def cpu_bound_preprocessing(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     """Data-bound, and the CPUs are saturated, so more workers stop helping.
 
-    Trigger: the baseline is data-bound, and in the probe with the most workers the host CPU
-    median >= ``cpu_saturated_percent`` or the workers use >= ``worker_cpu_saturated_share``
-    of the rank's cores, and that probe is still data-bound or gained less than
-    ``workers_flat_gain`` over the next smaller worker count.
+    Trigger: the baseline is data-bound, and in the probe with the most workers the CPUs are
+    saturated (``CpuLoad.saturated``: the workers use >= ``worker_cpu_saturated_share`` of the
+    rank's cores, or the host CPU median >= ``cpu_saturated_percent``), and that probe is still
+    data-bound or gained less than ``workers_flat_gain`` over the next smaller worker count.
     """
     base = baseline_probe(run)
     probe = most_workers_probe(run)
@@ -155,8 +168,9 @@ def io_bound_loading(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     """Data-bound while the CPUs sit idle: the workers are waiting on storage.
 
     Trigger: the baseline is data-bound and the probe with the most workers is still
-    data-bound, with either workers > 0 and idle CPUs (not saturated, host CPU median
-    < ``cpu_idle_percent``) or an iowait median >= ``iowait_high_percent``.
+    data-bound, with either workers > 0 that are not CPU-busy (``CpuLoad.idle``: workers under
+    ``worker_cpu_idle_share`` of the rank's cores, host CPU under ``cpu_idle_percent`` unless
+    the model itself runs on the CPUs) or an iowait median >= ``iowait_high_percent``.
     """
     base = baseline_probe(run)
     probe = most_workers_probe(run)
@@ -177,7 +191,7 @@ def io_bound_loading(run: Run, thresholds: Thresholds) -> Optional[Finding]:
         severity="high" if fraction >= thresholds.data_wait_severe else "medium",
         title="Loading waits on storage, not on the CPUs",
         evidence=(f"With {workers} workers the ranks still wait {pct(fraction)} of each step "
-                  f"for data while the CPUs are not busy ({load.describe()})."),
+                  f"for data while the loading is not CPU-busy ({load.describe()})."),
         recommendation=(f"Overlap more reads: DataLoader(..., num_workers={max(2, 2 * workers)}, "
                         "prefetch_factor=4); copy the data set to local NVMe or RAM, and pack "
                         "many small files into fewer larger shards (WebDataset, tar, LMDB)."))

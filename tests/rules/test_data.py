@@ -129,3 +129,24 @@ def test_data_rules_cope_with_empty_run():
     for rule in (data_loader_bound, cpu_bound_preprocessing, io_bound_loading,
                  persistent_workers):
         assert rule(empty_run(), T) is None
+
+
+def cpu_device_run(worker_cpu: float):
+    """CPU training: the ranks' own compute keeps the host at 100 %; 1 core per rank."""
+    return (RunBuilder(world_size=2, cpus=2, device="cpu")
+            .probe("base", kind="baseline", num_workers=0).steps(data_wait=0.05)
+            .samples("host", cpu_percent=100.0, worker_cpu_percent=0.0)
+            .probe("w4", num_workers=4).steps(data_wait=0.03)
+            .samples("host", cpu_percent=100.0, worker_cpu_percent=worker_cpu).build())
+
+
+def test_cpu_training_with_idle_workers_is_io_bound():
+    run = cpu_device_run(worker_cpu=20.0)
+    assert io_bound_loading(run, T) is not None
+    assert cpu_bound_preprocessing(run, T) is None
+
+
+def test_cpu_training_with_busy_workers_is_cpu_bound():
+    run = cpu_device_run(worker_cpu=95.0)
+    assert cpu_bound_preprocessing(run, T) is not None
+    assert io_bound_loading(run, T) is None
