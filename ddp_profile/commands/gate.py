@@ -107,6 +107,9 @@ def _write_text(path: str, text: str, what: str) -> None:
         fd, tmp = tempfile.mkstemp(prefix=".ddp-profile-", dir=directory)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; outputs are meant to be shared
         os.replace(tmp, path)
     except OSError as exc:
         raise UsageError(f"cannot write the {what} to {path}: {exc.strerror or exc}") from None
