@@ -15,6 +15,7 @@ The last line printed is a JSON object; ``cpu_percent_of_one_core`` is the headl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -55,40 +56,49 @@ def _per_tick_us(sampler, ticks: int = 200) -> float:
     return cost
 
 
-def main(argv: list[str] | None = None) -> dict:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="5 s per phase instead of 20 s")
     parser.add_argument("--duration", type=float, default=None, help="seconds per phase")
     parser.add_argument("--interval", type=float, default=0.5, help="sampling interval (default 0.5 s)")
     parser.add_argument("--threads", type=int, default=32, help="idle threads in this process")
     parser.add_argument("--workers", type=int, default=4, help="child processes standing in for workers")
-    args = parser.parse_args(argv)
-    duration = args.duration or (5.0 if args.quick else 20.0)
+    return parser.parse_args(argv)
 
+
+@contextlib.contextmanager
+def _rank_like_process(threads: int, workers: int):
+    """Idle threads and sleeping child processes, as a training rank has."""
     stop = threading.Event()
-    idle_threads = [threading.Thread(target=stop.wait, daemon=True) for _ in range(args.threads)]
-    for thread in idle_threads:
-        thread.start()
-    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
-                for _ in range(args.workers)]
+    for _ in range(threads):
+        threading.Thread(target=stop.wait, daemon=True).start()
+    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"]) for _ in range(workers)]
     try:
-        twin = nvml_twin.NvmlTwin([nvml_twin.TwinDevice(index=0, util_period_us=166_667)])
-        records: list[dict] = []
-
-        def run():
-            return start_samplers(records.append, pid=os.getpid(), pci_bus_id=twin.devices[0].pci_bus_id,
-                                  interval_s=args.interval, nvml_lib=twin)
-
         time.sleep(0.5)  # let the children start
-        idle_s, _ = _measure(duration)
-        busy_s, per_thread = _measure(duration, run)
-        host_tick = _per_tick_us(HostSampler(records.append, pid=os.getpid()))
-        gpu_tick = _per_tick_us(GpuSampler(lambda r: None, pci_bus_id=twin.devices[0].pci_bus_id, nvml_lib=twin))
+        yield
     finally:
         stop.set()
         for child in children:
             child.kill()
             child.wait()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = _parse(argv)
+    duration = args.duration or (5.0 if args.quick else 20.0)
+    twin = nvml_twin.NvmlTwin([nvml_twin.TwinDevice(index=0, util_period_us=166_667)])
+    bus_id = twin.devices[0].pci_bus_id
+    records: list[dict] = []
+
+    def run():
+        return start_samplers(records.append, pid=os.getpid(), pci_bus_id=bus_id, interval_s=args.interval,
+                              nvml_lib=twin)
+
+    with _rank_like_process(args.threads, args.workers):
+        idle_s, _ = _measure(duration)
+        busy_s, per_thread = _measure(duration, run)
+        host_tick = _per_tick_us(HostSampler(lambda r: None, pid=os.getpid()))
+        gpu_tick = _per_tick_us(GpuSampler(lambda r: None, pci_bus_id=bus_id, nvml_lib=twin))
 
     cost = 100.0 * max(busy_s - idle_s, 0.0) / duration
     result = {

@@ -180,6 +180,37 @@ class Nvml:
         log.info(msg, *args)
 
 
+_VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
+class UtilisationReader:
+    """GPU utilisation from ``nvmlDeviceGetSamples`` at the driver's own sampling rate.
+
+    Each :meth:`read` asks only for samples newer than the newest one already seen
+    (``lastSeenTimeStamp``), so every driver sample is read exactly once; the samples the
+    driver took before the reader existed are skipped. Not ``nvmlDeviceGetUtilizationRates``,
+    whose cached value would be read many times over when polled faster than it updates.
+    """
+
+    def __init__(self, nvml: Nvml, handle: Any):
+        self._nvml, self._handle = nvml, handle
+        self._kind = nvml.lib.NVML_GPU_UTILIZATION_SAMPLES
+        got = nvml.query("nvmlDeviceGetSamples", handle, self._kind, 0, default=None, quiet=("NOT_FOUND",))
+        self.last_seen_us = max((int(s.timeStamp) for s in got[1]), default=0) if got else 0
+
+    def read(self) -> dict[str, float]:
+        """``gpu_util_percent`` (mean of the new samples, NaN if none) and ``gpu_util_samples``."""
+        got = self._nvml.query("nvmlDeviceGetSamples", self._handle, self._kind, self.last_seen_us,
+                               default=None, quiet=("NOT_FOUND",))
+        fresh = [s for s in got[1] if int(s.timeStamp) > self.last_seen_us] if got else []
+        if not fresh:
+            return {"gpu_util_percent": math.nan, "gpu_util_samples": 0.0}
+        field = _VALUE_FIELDS.get(got[0], "uiVal")
+        values = [float(getattr(s.sampleValue, field)) for s in fresh]
+        self.last_seen_us = max(int(s.timeStamp) for s in fresh)
+        return {"gpu_util_percent": sum(values) / len(values), "gpu_util_samples": float(len(values))}
+
+
 _GPM_METRICS = (  # (record key, pynvml constant name)
     ("gpm_sm_activity", "NVML_GPM_METRIC_SM_UTIL"),
     ("gpm_sm_occupancy", "NVML_GPM_METRIC_SM_OCCUPANCY"),

@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 
 import psutil
 
-from ddp_profile.profiler.nvml import GpmReader, Nvml, cuda_device_nvml_key, gpu_status
+from ddp_profile.profiler.nvml import GpmReader, Nvml, UtilisationReader, _text, cuda_device_nvml_key, gpu_status
 
 __all__ = ["GpuSampler", "HostSampler", "SamplerGroup", "gpu_status", "start_samplers"]
 
@@ -41,8 +41,6 @@ log = logging.getLogger("ddp_profile.sampler")
 Emit = Callable[[dict], None]
 Clock = Callable[[], int]
 NAN = math.nan
-
-_VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 
 class _PeriodicSampler:
@@ -281,7 +279,7 @@ class GpuSampler(_PeriodicSampler):
         self._key: Optional[tuple[str, str]] = ("pci", pci_bus_id) if pci_bus_id else None
         self._cuda_index = cuda_device_index
         self._handle: Any = None
-        self._last_util_us = 0
+        self._util: Optional[UtilisationReader] = None
         self._throttle_fn = "nvmlDeviceGetCurrentClocksEventReasons"
         self._gpm: Optional[GpmReader] = None
         self.lost = False
@@ -292,12 +290,13 @@ class GpuSampler(_PeriodicSampler):
         reason = self._open()
         self.status = {"gpu_available": reason is None, "gpu_unavailable_reason": reason,
                        "pci_bus_id": self._key[1] if self._key else None,
-                       "name": self._text_query("nvmlDeviceGetName") if reason is None else None}
+                       "name": _text(self.nvml.query("nvmlDeviceGetName", self._handle, default="?")) if reason is None
+                       else None}
         self._send({"kind": "event", "name": "gpu_status", "t_ns": int(self._clock()), "data": dict(self.status)})
         if reason is not None:
             log.info("GPU telemetry off: %s", reason)
             return False
-        self._last_util_us = self._newest_util_timestamp()
+        self._util = UtilisationReader(self.nvml, self._handle)
         self._pick_throttle_fn()
         self._gpm = GpmReader.open(self.nvml, self._handle)
         return True
@@ -322,16 +321,6 @@ class GpuSampler(_PeriodicSampler):
             return f"no NVML device with {kind} {key}: {self.nvml.describe(exc)}"
         return None
 
-    def _text_query(self, fn_name: str) -> Optional[str]:
-        value = self.nvml.query(fn_name, self._handle, default=None)
-        return value.decode(errors="replace") if isinstance(value, bytes) else value
-
-    def _newest_util_timestamp(self) -> int:
-        """Skip the samples the driver took before we started."""
-        got = self.nvml.query("nvmlDeviceGetSamples", self._handle, self.nvml.lib.NVML_GPU_UTILIZATION_SAMPLES, 0,
-                              default=None)
-        return max((int(s.timeStamp) for s in got[1]), default=0) if got else 0
-
     def _pick_throttle_fn(self) -> None:
         try:
             self.nvml.call(self._throttle_fn, self._handle)
@@ -344,7 +333,7 @@ class GpuSampler(_PeriodicSampler):
         if self.lost or self._handle is None:
             return None
         record = self._record()
-        record.update(self._utilisation())
+        record.update(self._util.read())
         record.update(self._device_metrics())
         if self._gpm is not None:
             record.update(self._gpm.read())
@@ -352,19 +341,6 @@ class GpuSampler(_PeriodicSampler):
             self._on_lost()
             return None
         return record
-
-    def _utilisation(self) -> dict[str, float]:
-        """Mean of the driver's utilisation samples newer than the last one seen."""
-        lib = self.nvml.lib
-        got = self.nvml.query("nvmlDeviceGetSamples", self._handle, lib.NVML_GPU_UTILIZATION_SAMPLES,
-                              self._last_util_us, default=None, quiet=("NOT_FOUND",))
-        fresh = [s for s in got[1] if int(s.timeStamp) > self._last_util_us] if got else []
-        if not fresh:
-            return {"gpu_util_percent": NAN, "gpu_util_samples": 0.0}
-        field = _VALUE_FIELDS.get(got[0], "uiVal")
-        values = [float(getattr(s.sampleValue, field)) for s in fresh]
-        self._last_util_us = max(int(s.timeStamp) for s in fresh)
-        return {"gpu_util_percent": sum(values) / len(values), "gpu_util_samples": float(len(values))}
 
     def _device_metrics(self) -> dict[str, float]:
         q, lib, h = self.nvml.query, self.nvml.lib, self._handle
