@@ -72,11 +72,15 @@ def parse_args() -> argparse.Namespace:
     add("--no-optimizer", action="store_true")
     add("--validate", action="store_true", help="iterate a validation loader every epoch")
     # fault injection, for the tests
+    # each fault can be limited to probes whose loader runs with a given number of workers
     add("--crash-at-step", type=int, default=-1)
+    add("--crash-workers", type=int, default=-1, help="-1: any number of workers")
     add("--crash-rank", type=int, default=-1, help="-1: every rank")
     add("--hang-at-step", type=int, default=-1)
     add("--hang-rank", type=int, default=1)
+    add("--hang-workers", type=int, default=-1)
     add("--kill-worker-at-step", type=int, default=-1)
+    add("--kill-worker-workers", type=int, default=-1)
     add("--oom-above-batch", type=int, default=0)
     add("--no-dataloader", action="store_true")
     return parser.parse_args()
@@ -150,11 +154,14 @@ def main() -> None:
 
 
 def inject_faults(args: argparse.Namespace, step: int, rank: int, loader, batch: int) -> None:
-    if step == args.crash_at_step and args.crash_rank in (-1, rank):
+    def armed(workers: int) -> bool:
+        return workers < 0 or loader.num_workers == workers
+
+    if step == args.crash_at_step and args.crash_rank in (-1, rank) and armed(args.crash_workers):
         raise RuntimeError(f"injected failure at step {step} on rank {rank}")
-    if step == args.hang_at_step and rank == args.hang_rank:
+    if step == args.hang_at_step and rank == args.hang_rank and armed(args.hang_workers):
         time.sleep(3600)  # the other ranks block in the next collective
-    if step == args.kill_worker_at_step and rank == 0:
+    if step == args.kill_worker_at_step and rank == 0 and armed(args.kill_worker_workers):
         import multiprocessing
 
         workers = multiprocessing.active_children()

@@ -1,0 +1,94 @@
+"""Shared fixtures: the real CLI in a subprocess, and checks that nothing leaks from a test."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Optional
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO = os.path.join(REPO, "ddp_profile", "examples", "demo_train.py")
+SCRIPTS = os.path.join(REPO, "tests", "scripts")
+
+
+TEST_ID_VAR = "DDP_PROFILE_TEST_ID"
+_current_test_id: list[str] = [""]
+
+
+def probe_processes(test_id: Optional[str] = None) -> list[int]:
+    """Live probe processes (they carry DDP_PROFILE_PROBE_TAG) started by the given test."""
+    needle = f"{TEST_ID_VAR}={test_id or _current_test_id[0]}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as handle:
+                environ = handle.read().split(b"\0")
+            if needle in environ and any(v.startswith(b"DDP_PROFILE_PROBE_TAG=") for v in environ):
+                found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture(autouse=True)
+def nothing_leaks():
+    """No probe process, sampler thread or torch patch survives a test.
+
+    Processes are told apart by a per-test id in the environment of the ``ddp-profile``
+    subprocesses a test starts, so other jobs on the machine do not count.
+    """
+    _current_test_id[0] = uuid.uuid4().hex
+    yield
+    from ddp_profile.profiler import patches
+
+    assert not patches.is_applied(), "torch is still patched after the test"
+    threads = [t.name for t in threading.enumerate() if t.name.startswith("ddp-profile")]
+    assert not threads, f"threads left running: {threads}"
+    leftover = probe_processes()
+    assert not leftover, f"probe processes left running: {leftover}"
+
+
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    out: Optional[str]
+
+    def summary(self) -> dict:
+        with open(os.path.join(self.out, "summary.json"), encoding="utf-8") as handle:
+            return json.load(handle)
+
+    def ledger(self) -> list[dict]:
+        with open(os.path.join(self.out, "ledger.jsonl"), encoding="utf-8") as handle:
+            return [json.loads(line) for line in handle if line.strip()]
+
+
+def run_cli(args: list[str], out: Optional[str] = None, timeout: float = 240,
+            env: Optional[dict] = None) -> CliResult:
+    """Run the real ``ddp-profile`` command in a subprocess."""
+    full = [sys.executable, "-m", "ddp_profile", *args]
+    merged = dict(os.environ, **(env or {}))
+    merged[TEST_ID_VAR] = _current_test_id[0]
+    proc = subprocess.run(full, capture_output=True, text=True, timeout=timeout, env=merged,
+                          cwd=out and os.path.dirname(out) or None)
+    return CliResult(proc.returncode, proc.stdout, proc.stderr, out)
+
+
+@pytest.fixture
+def cli():
+    return run_cli
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    return str(tmp_path / "run")
