@@ -218,8 +218,9 @@ class HostSampler(_PeriodicSampler):
             new, old = times[cpu], self._cpu_times[cpu]
             total = sum(new) - sum(old) - (_guest(new) - _guest(old))
             idle = (new.idle - old.idle) + (getattr(new, "iowait", 0.0) - getattr(old, "iowait", 0.0))
-            per_core.append(100.0 * (total - idle) / total if total > 0 else 0.0)
-            iowait += getattr(new, "iowait", 0.0) - getattr(old, "iowait", 0.0)
+            # Clamped: float round-off, and per-CPU iowait/idle counters may step backwards.
+            per_core.append(min(max(100.0 * (total - idle) / total, 0.0), 100.0) if total > 0 else 0.0)
+            iowait += max(getattr(new, "iowait", 0.0) - getattr(old, "iowait", 0.0), 0.0)
             total_all += total
         self._cpu_times = times
         if not per_core:

@@ -282,7 +282,7 @@ def test_busy_dataloader_worker_shows_in_worker_cpu_percent():
     host = _samples(records, "host")
     assert idle["worker_count"] == 0.0 and idle["worker_cpu_percent"] < 5.0
     assert max(r["worker_count"] for r in host) == 1.0
-    assert max(r["worker_cpu_percent"] for r in host) >= 40.0
+    assert max(r["worker_cpu_percent"] for r in host) >= 25.0  # 0 if workers are not seen
 
 
 # -- lifecycle ------------------------------------------------------------------------------
