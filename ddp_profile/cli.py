@@ -7,6 +7,7 @@ error is one line on stderr. Set ``DDP_PROFILE_DEBUG=1`` for tracebacks of inter
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import List, Optional
 
@@ -64,6 +65,7 @@ def run(
     quiet: bool = typer.Option(False, help="No progress output."),
 ) -> int:
     """Sweep DataLoader settings over short probes of SCRIPT and report what helps."""
+    _survive_hangup()
     from ddp_profile.commands.run import RunRequest, execute, start_run
     from ddp_profile.profiler.sweep import SweepOptions
 
@@ -91,6 +93,12 @@ def run(
     return _exit_for(summary)
 
 
+def _survive_hangup() -> None:
+    """A closed terminal (SIGHUP) must not stop a sweep; Ctrl-C still does, cleanly."""
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
 def _check_resume_script(out: str, script: str) -> None:
     from ddp_profile.profiler.rundir import RunDir
 
@@ -111,6 +119,7 @@ def demo(
     quiet: bool = typer.Option(False, help="No progress output."),
 ) -> int:
     """Profile the built-in workload (an IO-bound DDP script), end to end; no GPU needed."""
+    _survive_hangup()
     from ddp_profile.commands.run import RunRequest, execute, start_run
     from ddp_profile.examples import DEMO_SCRIPT
     from ddp_profile.profiler.space import SearchSpace
@@ -150,8 +159,8 @@ def _dispatch(argv: Optional[List[str]]) -> int:
         return int(result) if isinstance(result, int) else ExitCode.OK
     except typer.Exit as exc:
         return exc.exit_code
-    except typer.Abort:
-        _error("interrupted")
+    except (typer.Abort, KeyboardInterrupt):
+        _error("interrupted; finished probes are kept: continue with --resume --out RUN_DIR")
         return ExitCode.INTERRUPTED
     except ClickUsageError as exc:
         _error(exc.format_message().replace("\n", " "))
@@ -159,9 +168,6 @@ def _dispatch(argv: Optional[List[str]]) -> int:
     except DdpProfileError as exc:
         _error(str(exc).replace("\n", " "))
         return exc.exit_code
-    except KeyboardInterrupt:
-        _error("interrupted; finished probes are kept — continue with --resume --out RUN_DIR")
-        return ExitCode.INTERRUPTED
     except Exception as exc:  # noqa: BLE001
         if os.environ.get("DDP_PROFILE_DEBUG"):
             raise

@@ -67,3 +67,7 @@ class Inconclusive(DdpProfileError):
 
 class Incomparable(DdpProfileError):
     exit_code = ExitCode.INCOMPARABLE
+
+
+class Interrupted(DdpProfileError):
+    exit_code = ExitCode.INTERRUPTED

@@ -15,7 +15,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
-from ddp_profile.errors import BadRunDir, ScriptInvalid, ScriptNotFound, UsageError
+from ddp_profile.errors import (BadRunDir, Interrupted, ScriptInvalid, ScriptNotFound,
+                                UsageError)
 from ddp_profile.profiler.launch import LaunchSpec
 from ddp_profile.profiler.results import load_run, read_probe_dir
 from ddp_profile.profiler.rundir import RunDir
@@ -142,7 +143,8 @@ def execute(out: str, *, report: bool = True, quiet: bool = False) -> dict[str, 
         state = "complete"
     except KeyboardInterrupt:
         state = "interrupted"
-        raise
+        raise Interrupted(f"interrupted; finished probes are kept: continue with "
+                          f"ddp-profile run {meta['script']} --resume --out {out}") from None
     finally:
         summary = finalize(run_dir, meta, sweep, gpu, state, report=report and state == "complete")
     if not quiet:

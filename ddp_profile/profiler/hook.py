@@ -114,11 +114,11 @@ def activate(environ: Optional[dict[str, str]] = None) -> bool:
     plan = ProbePlan.from_env(environ)
     if plan is None:
         return False
-    if is_launcher_process():
-        return False
     harness = (environ or os.environ).get(ENV_HARNESS_PID, "")
     if harness.isdigit():
         _watch_harness(int(harness))
+    if is_launcher_process():
+        return False
     if plan.inject_local_rank and os.environ.get("DDP_PROFILE_SCRIPT") and sys.argv and \
             os.path.abspath(sys.argv[0]) == os.environ["DDP_PROFILE_SCRIPT"]:
         _inject_local_rank(plan.inject_local_rank)

@@ -274,8 +274,20 @@ class Instrumentation:
         self.recorder.write({"kind": "error", "rank": _current_rank(), "t_ns": time.time_ns(),
                              "exc_type": exc_type.__name__, "message": message[:2000],
                              "last_line": (lines[-1].strip() if lines else exc_type.__name__)[:500],
-                             "oom": oom})
+                             "causes": _causes(exc), "oom": oom})
         self.finish("error")
+
+
+def _causes(exc: BaseException, limit: int = 3) -> list[str]:
+    """The last lines of the exceptions this one was raised from or during."""
+    import traceback
+
+    causes, seen, inner = [], {id(exc)}, exc.__cause__ or exc.__context__
+    while inner is not None and id(inner) not in seen and len(causes) < limit:
+        seen.add(id(inner))
+        causes.append(traceback.format_exception_only(type(inner), inner)[-1].strip()[:300])
+        inner = inner.__cause__ or inner.__context__
+    return causes
 
 
 def _hostname() -> str:

@@ -119,7 +119,8 @@ def _step_time_cv(ranks: list[RankData]) -> Optional[float]:
 
 def _classify(ranks: list[RankData], outcome: LaunchOutcome, plan: ProbePlan,
               timeout_s: float) -> tuple[str, Optional[str], Optional[str], Optional[int]]:
-    errors = sorted((r.error for r in ranks if r.error), key=lambda e: e.get("t_ns") or 0)
+    errors = sorted((r.error for r in ranks if r.error),
+                    key=lambda e: (_is_symptom(e), e.get("t_ns") or 0))
     if outcome.timed_out:
         root = _stalled_rank(ranks)
         where = f"; rank {root} stopped recording first" if root is not None else ""
@@ -127,8 +128,10 @@ def _classify(ranks: list[RankData], outcome: LaunchOutcome, plan: ProbePlan,
     if errors:
         first = errors[0]
         oom = first.get("oom") or _looks_oom(first.get("last_line", ""))
+        causes = first.get("causes") or []
+        during = f" (raised while handling: {causes[-1]})" if causes else ""
         return ("oom" if oom else "crash", "exception",
-                f"rank {first.get('rank')}: {first.get('last_line')}", first.get("rank"))
+                f"rank {first.get('rank')}: {first.get('last_line')}{during}", first.get("rank"))
     if outcome.returncode not in (0, None):
         rank, line = _failure_from_log(outcome.log_path)
         oom = _looks_oom(line or "")
@@ -144,6 +147,16 @@ def _classify(ranks: list[RankData], outcome: LaunchOutcome, plan: ProbePlan,
                 f"the script ended after {steps} step(s), before the {plan.warmup} warm-up "
                 f"steps were over: lower --warmup or let it run longer", None)
     return "ok", None, None, None
+
+
+SYMPTOM_PATTERNS = ("connection closed by peer", "connection reset", "broken pipe",
+                    "connectionreseterror", "brokenpipeerror")
+
+
+def _is_symptom(error: dict[str, Any]) -> bool:
+    """A collective failing because a peer died is a symptom; the peer's error is the cause."""
+    text = f"{error.get('exc_type', '')} {error.get('message', '')}".lower()
+    return any(p in text for p in SYMPTOM_PATTERNS)
 
 
 def _looks_oom(text: str) -> bool:

@@ -1,0 +1,145 @@
+"""Sweeps of real 2-rank torchrun jobs: search, ceiling, fault isolation, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ddp_profile.errors import ExitCode
+from tests.conftest import DEMO, TEST_ID_VAR, _current_test_id, probe_processes
+
+pytestmark = pytest.mark.e2e
+
+QUICK = ["--steps", "10", "--warmup", "3", "--no-report", "--quiet"]
+IO_BOUND = ["--", "--load-ms", "3", "--batch-size", "8"]
+
+
+@pytest.mark.parametrize("search", ["grid", "adaptive"])
+def test_io_bound_script_gets_more_workers(cli, run_dir, search):
+    result = cli(["run", DEMO, "--out", run_dir, "--search", search, "--num-workers", "0,2",
+                  "--prefetch-factor", "2", *QUICK, *IO_BOUND], out=run_dir)
+    assert result.returncode == 0, result.stderr
+    summary = result.summary()
+    assert summary["baseline"]["num_workers"] == 0
+    assert summary["recommended"]["num_workers"] == 2
+    assert summary["expected_speedup"] > 1.3
+    kinds = [p["kind"] for p in summary["probes"]]
+    assert kinds[0] == "baseline" and kinds[-1] == "ceiling"
+    ceiling = summary["ceiling_throughput"]
+    assert ceiling and all(p["score"] == pytest.approx(p["throughput"] / ceiling)
+                           for p in summary["probes"] if p["status"] == "ok")
+    assert any(f["rule"] == "data-loader-bound" for f in summary["findings"])
+    assert len(result.ledger()) == len(summary["probes"])
+
+
+def test_crash_hang_and_killed_worker_do_not_stop_the_sweep(cli, run_dir):
+    result = cli(["run", DEMO, "--out", run_dir, "--search", "grid", "--num-workers", "0,1,2,3",
+                  "--prefetch-factor", "2", "--timeout", "25", "--no-ceiling", *QUICK, "--",
+                  "--crash-at-step", "4", "--crash-rank", "1", "--crash-workers", "1",
+                  "--hang-at-step", "4", "--hang-rank", "1", "--hang-workers", "2",
+                  "--kill-worker-at-step", "4", "--kill-worker-workers", "3"], out=run_dir)
+    assert result.returncode == 0, result.stderr
+    by_workers = {p["requested"]["num_workers"]: p for p in result.ledger()
+                  if p["kind"] == "sweep"}
+    by_workers[0] = result.ledger()[0]
+    assert by_workers[0]["status"] == "ok"
+    crashed = by_workers[1]
+    assert crashed["status"] == "crash" and crashed["root_cause_rank"] == 1
+    assert "injected failure" in crashed["error"]
+    assert by_workers[2]["status"] == "timeout"
+    killed = by_workers[3]
+    assert killed["status"] == "crash" and "DataLoader worker" in killed["error"]
+    assert killed["root_cause_rank"] == 0
+    assert result.summary()["recommended"]["num_workers"] == 0
+    assert probe_processes() == []  # nothing of any probe is left (process tree, not exit codes)
+
+
+def test_oom_at_a_batch_size_skips_larger_ones(cli, run_dir):
+    result = cli(["run", DEMO, "--out", run_dir, "--search", "grid", "--num-workers", "0",
+                  "--batch-size", "8,16,32", "--no-ceiling", *QUICK, "--",
+                  "--batch-size", "8", "--oom-above-batch", "8"], out=run_dir)
+    assert result.returncode == 0, result.stderr
+    ledger = result.ledger()
+    batches = [p["requested"]["batch_size"] for p in ledger if p["kind"] == "sweep"]
+    assert batches == [16]  # 8 is the baseline; 16 runs out of memory; 32 is never launched
+    assert ledger[-1]["status"] == "oom"
+    assert "allocate" in ledger[-1]["error"]
+
+
+def _start(args: list[str]) -> subprocess.Popen:
+    env = dict(os.environ, **{TEST_ID_VAR: _current_test_id[0]})
+    return subprocess.Popen([sys.executable, "-m", "ddp_profile", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _wait_for_ledger(run_dir: str, lines: int, timeout: float = 120) -> None:
+    path = os.path.join(run_dir, "ledger.jsonl")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(path) and sum(1 for _ in open(path)) >= lines:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"ledger never reached {lines} line(s)")
+
+
+def _wait_until_gone(timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while probe_processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def test_sigkilled_sweep_resumes_without_rerunning_or_losing_a_probe(cli, run_dir):
+    args = ["run", DEMO, "--out", run_dir, "--search", "grid", "--num-workers", "0,1,2",
+            "--prefetch-factor", "2", "--no-ceiling", *QUICK, *IO_BOUND]
+    proc = _start(args)
+    _wait_for_ledger(run_dir, 1)
+    time.sleep(1.5)  # the second probe is in flight
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    _wait_until_gone()
+    assert probe_processes() == []  # the probe's ranks end themselves without the harness
+    first = open(os.path.join(run_dir, "ledger.jsonl")).read()
+    result = cli(["run", DEMO, "--out", run_dir, "--resume", "--quiet"], out=run_dir)
+    assert result.returncode == 0, result.stderr
+    ledger = result.ledger()
+    assert open(os.path.join(run_dir, "ledger.jsonl")).read().startswith(first)
+    ids = [p["id"] for p in ledger]
+    assert ids == [f"p{i:03d}" for i in range(len(ids))]  # no probe lost, none recorded twice
+    measured = [(p["kind"], json.dumps(p["requested"]), p["steps"]) for p in ledger]
+    assert len(measured) == len(set(measured))  # none re-run (a longer re-measure is new)
+    assert {p["requested"]["num_workers"] for p in ledger} == {None, 1, 2}
+    assert result.summary()["state"] == "complete"
+
+
+def test_ctrl_c_stops_cleanly_and_leaves_a_resumable_run(cli, run_dir):
+    args = ["run", DEMO, "--out", run_dir, "--num-workers", "0,2", "--no-ceiling", *QUICK,
+            *IO_BOUND]
+    proc = _start(args)
+    _wait_for_ledger(run_dir, 1)
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends on Ctrl-C
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == ExitCode.INTERRUPTED, err
+    assert "--resume" in err
+    assert probe_processes() == []
+    summary = json.load(open(os.path.join(run_dir, "summary.json")))
+    assert summary["state"] == "interrupted" and summary["probes"][0]["status"] == "ok"
+    assert os.path.exists(os.path.join(run_dir, "run.json"))
+
+
+def test_sighup_does_not_stop_the_sweep(run_dir):
+    proc = _start(["run", DEMO, "--out", run_dir, "--num-workers", "0", "--no-ceiling", *QUICK,
+                   *IO_BOUND])
+    deadline = time.monotonic() + 30
+    while not os.path.exists(os.path.join(run_dir, "run.json")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGHUP)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
