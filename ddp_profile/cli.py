@@ -49,6 +49,12 @@ def run(
                                                  "visible GPUs, or 2 without one)."),
     launcher: str = typer.Option("torchrun", help="torchrun | none (the script starts its own "
                                  "ranks)."),
+    nnodes: Optional[str] = typer.Option(None, help="torchrun --nnodes (multi-node)."),
+    node_rank: Optional[int] = typer.Option(None, help="torchrun --node-rank (multi-node)."),
+    rdzv_endpoint: Optional[str] = typer.Option(None, help="torchrun --rdzv-endpoint "
+                                                "HOST:PORT (multi-node)."),
+    rdzv_backend: Optional[str] = typer.Option(None, help="torchrun --rdzv-backend "
+                                               "(default c10d with --rdzv-endpoint)."),
     num_workers: Optional[str] = typer.Option(None, help="Comma list, e.g. 0,2,4,8."),
     pin_memory: Optional[str] = typer.Option(None, help="Comma list of true/false."),
     prefetch_factor: Optional[str] = typer.Option(None, help="Comma list, e.g. 2,4."),
@@ -88,9 +94,28 @@ def run(
                                    v is not None for v in space.to_dict().values()))
         out = start_run(RunRequest(script=script, script_args=tuple(script_args or ()), out=out,
                                    launcher=launcher, nproc_per_node=nproc_per_node, space=space,
-                                   options=options))
+                                   options=options, torchrun_args=_torchrun_args(
+                                       nnodes, node_rank, rdzv_endpoint, rdzv_backend)))
     summary = execute(out, report=report, quiet=quiet)
     return _exit_for(summary)
+
+
+def _torchrun_args(nnodes: Optional[str], node_rank: Optional[int],
+                   rdzv_endpoint: Optional[str], rdzv_backend: Optional[str]) -> tuple[str, ...]:
+    """Multi-node rendezvous options, passed through to torchrun for every probe."""
+    args: list[str] = []
+    if nnodes:
+        args.append(f"--nnodes={nnodes}")
+    if node_rank is not None:
+        args.append(f"--node-rank={node_rank}")
+    if rdzv_endpoint:
+        args += [f"--rdzv-endpoint={rdzv_endpoint}",
+                 f"--rdzv-backend={rdzv_backend or 'c10d'}"]
+    elif rdzv_backend:
+        raise UsageError("--rdzv-backend needs --rdzv-endpoint")
+    if args and not rdzv_endpoint:
+        raise UsageError("--nnodes/--node-rank need --rdzv-endpoint HOST:PORT")
+    return tuple(args)
 
 
 def _survive_hangup() -> None:
