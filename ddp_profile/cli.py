@@ -42,13 +42,15 @@ def _space(num_workers: Optional[str], pin_memory: Optional[str], prefetch_facto
 
 @app.command()
 def run(
-    script: str = typer.Argument(..., help="The training script, unmodified."),
+    script: Optional[str] = typer.Argument(None, help="The training script, unmodified "
+                                           "(default: `script` in ddp-profile.toml or "
+                                           "the tool.ddp-profile table of pyproject.toml)."),
     script_args: Optional[List[str]] = typer.Argument(None, help="Arguments for the script "
                                                       "(after --)."),
     nproc_per_node: Optional[int] = typer.Option(None, help="Ranks on this node (default: the "
                                                  "visible GPUs, or 2 without one)."),
-    launcher: str = typer.Option("torchrun", help="torchrun | none (the script starts its own "
-                                 "ranks)."),
+    launcher: Optional[str] = typer.Option(None, help="torchrun | none (the script starts its "
+                                           "own ranks; default torchrun)."),
     nnodes: Optional[str] = typer.Option(None, help="torchrun --nnodes (multi-node)."),
     node_rank: Optional[int] = typer.Option(None, help="torchrun --node-rank (multi-node)."),
     rdzv_endpoint: Optional[str] = typer.Option(None, help="torchrun --rdzv-endpoint "
@@ -59,45 +61,82 @@ def run(
     pin_memory: Optional[str] = typer.Option(None, help="Comma list of true/false."),
     prefetch_factor: Optional[str] = typer.Option(None, help="Comma list, e.g. 2,4."),
     batch_size: Optional[str] = typer.Option(None, help="Comma list, e.g. 32,64,128."),
-    steps: int = typer.Option(30, help="Measured steps per probe."),
-    warmup: int = typer.Option(5, help="Steps discarded at the start of each probe."),
+    steps: Optional[int] = typer.Option(None, help="Measured steps per probe (default 30)."),
+    warmup: Optional[int] = typer.Option(None, help="Steps discarded at the start of each "
+                                         "probe (default 5)."),
     timeout: Optional[float] = typer.Option(None, help="Seconds per probe (default: derived "
                                             "from the first probe)."),
     out: Optional[str] = typer.Option(None, help="Run directory."),
     resume: bool = typer.Option(False, help="Finish the interrupted run in --out."),
-    search: str = typer.Option("adaptive", help="adaptive | grid."),
-    ceiling: bool = typer.Option(True, help="Measure the compute-only ceiling."),
+    search: Optional[str] = typer.Option(None, help="adaptive | grid (default adaptive)."),
+    ceiling: Optional[bool] = typer.Option(None, "--ceiling/--no-ceiling", help="Measure the "
+                                           "compute-only ceiling (default: yes)."),
     report: bool = typer.Option(True, help="Write report.html."),
     quiet: bool = typer.Option(False, help="No progress output."),
 ) -> int:
-    """Sweep DataLoader settings over short probes of SCRIPT and report what helps."""
+    """Sweep DataLoader settings over short probes of SCRIPT and report what helps.
+
+    Settings not given here are read from ddp-profile.toml, or the tool.ddp-profile table of
+    pyproject.toml, in the current directory (see docs/ci.md); the command line wins.
+    """
     _survive_hangup()
     from ddp_profile.commands.run import RunRequest, execute, start_run
     from ddp_profile.profiler.sweep import SweepOptions
 
-    if launcher not in ("torchrun", "none"):
-        raise UsageError(f"--launcher: expected torchrun or none, got {launcher!r}")
-    if search not in ("adaptive", "grid"):
-        raise UsageError(f"--search: expected adaptive or grid, got {search!r}")
-    if steps < 1 or warmup < 0 or (timeout is not None and timeout <= 0):
-        raise UsageError("--steps must be >= 1, --warmup >= 0 and --timeout > 0")
+    given = _merge_run_settings(dict(
+        script=script, args=script_args or None, nproc_per_node=nproc_per_node,
+        launcher=launcher, num_workers=num_workers, pin_memory=pin_memory,
+        prefetch_factor=prefetch_factor, batch_size=batch_size, steps=steps, warmup=warmup,
+        timeout=timeout, out=out, search=search, ceiling=ceiling), resume=resume, quiet=quiet)
+    out = given["out"]
     if resume:
-        if not out:
-            raise UsageError("--resume needs --out RUN_DIR")
-        _check_resume_script(out, script)
+        if given["script"] is not None:
+            _check_resume_script(out, given["script"])
     else:
-        space = _space(num_workers, pin_memory, prefetch_factor, batch_size)
+        space = _space(given["num_workers"], given["pin_memory"], given["prefetch_factor"],
+                       given["batch_size"])
         single = all(v is None or len(v) == 1 for v in (space.num_workers, space.pin_memory,
                                                           space.prefetch_factor, space.batch_size))
-        options = SweepOptions(search=search, steps=steps, warmup=warmup, timeout_s=timeout,
-                               ceiling=ceiling, single=single and any(
+        options = SweepOptions(search=given["search"], steps=given["steps"],
+                               warmup=given["warmup"], timeout_s=given["timeout"],
+                               ceiling=given["ceiling"], single=single and any(
                                    v is not None for v in space.to_dict().values()))
-        out = start_run(RunRequest(script=script, script_args=tuple(script_args or ()), out=out,
-                                   launcher=launcher, nproc_per_node=nproc_per_node, space=space,
+        out = start_run(RunRequest(script=given["script"],
+                                   script_args=tuple(given["args"] or ()), out=out,
+                                   launcher=given["launcher"],
+                                   nproc_per_node=given["nproc_per_node"], space=space,
                                    options=options, torchrun_args=_torchrun_args(
                                        nnodes, node_rank, rdzv_endpoint, rdzv_backend)))
     summary = execute(out, report=report, quiet=quiet)
     return _exit_for(summary)
+
+
+def _merge_run_settings(cli: dict, *, resume: bool, quiet: bool) -> dict:
+    """Command line, then the project file, then the defaults; checked, one-line errors."""
+    from ddp_profile.profiler.project_config import find_project_config, resolve
+
+    project = find_project_config()
+    if project is not None and cli["script"] is not None and cli["script"].startswith("-") \
+            and project.get("script"):
+        # `ddp-profile run -- --epochs 2`: arguments for the file's script, not a script
+        cli["args"] = [cli["script"], *(cli["args"] or [])]
+        cli["script"] = None
+    given = resolve(cli, project)
+    if project is not None and not quiet:
+        print(f"ddp-profile: settings from {project.path}")
+    if given["launcher"] not in ("torchrun", "none"):
+        raise UsageError(f"--launcher: expected torchrun or none, got {given['launcher']!r}")
+    if given["search"] not in ("adaptive", "grid"):
+        raise UsageError(f"--search: expected adaptive or grid, got {given['search']!r}")
+    if given["steps"] < 1 or given["warmup"] < 0 or \
+            (given["timeout"] is not None and given["timeout"] <= 0):
+        raise UsageError("--steps must be >= 1, --warmup >= 0 and --timeout > 0")
+    if resume and not given["out"]:
+        raise UsageError("--resume needs --out RUN_DIR")
+    if not resume and given["script"] is None:
+        raise UsageError("no SCRIPT given, and no ddp-profile.toml or [tool.ddp-profile] in "
+                         "pyproject.toml in this directory names one")
+    return given
 
 
 def _torchrun_args(nnodes: Optional[str], node_rank: Optional[int],

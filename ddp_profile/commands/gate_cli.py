@@ -37,11 +37,16 @@ def parse_config(text: Optional[str]) -> Optional[dict[str, Any]]:
 
 @app.command()
 def gate(
-    baseline: str = typer.Argument(..., help="Baseline: a run directory or a baseline.json."),
-    current: str = typer.Argument(..., help="Current: a run directory or a baseline.json."),
+    baseline: Optional[str] = typer.Argument(None, help="Baseline: a run directory or a "
+                                             "baseline.json (default: `baseline` in the "
+                                             "project file)."),
+    current: Optional[str] = typer.Argument(None, help="Current: a run directory or a "
+                                            "baseline.json (default: `out` in the project "
+                                            "file)."),
     config: Optional[str] = typer.Option(None, help="Compare this configuration, e.g. "
                                          "num_workers=4,pin_memory=true (default: recommended)."),
-    max_regression: float = typer.Option(0.05, help="Tolerated slowdown (0.05 = 5 %)."),
+    max_regression: Optional[float] = typer.Option(None, help="Tolerated slowdown (0.05 = "
+                                                   "5 %, the default)."),
     alpha: float = typer.Option(0.002, help="Significance level of the one-sided test."),
     force: bool = typer.Option(False, help="Compare even across hardware, world size or torch "
                                "version."),
@@ -52,7 +57,14 @@ def gate(
 ) -> int:
     """CI regression gate: exit 0 pass, 1 regression, 9 inconclusive, 10 incomparable."""
     from ddp_profile.commands.gate import run_gate
+    from ddp_profile.profiler.project_config import find_project_config, resolve
 
+    given = resolve({"baseline": baseline, "out": current, "max_regression": max_regression},
+                    find_project_config(), {"max_regression": 0.05})
+    baseline, current, max_regression = given["baseline"], given["out"], given["max_regression"]
+    if baseline is None or current is None:
+        raise UsageError("gate needs BASELINE and CURRENT (or `baseline` and `out` in "
+                         "ddp-profile.toml or the tool.ddp-profile table of pyproject.toml)")
     if not 0 <= max_regression < 1 or not 0 < alpha < 1:
         raise UsageError("--max-regression must be in [0, 1) and --alpha in (0, 1)")
     return run_gate(baseline, current, config=parse_config(config), max_regression=max_regression,
