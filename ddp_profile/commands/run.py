@@ -17,12 +17,14 @@ from typing import Any, Optional
 
 from ddp_profile.errors import (BadRunDir, Interrupted, ScriptInvalid, ScriptNotFound,
                                 UsageError)
+from ddp_profile.profiler import allocation
+from ddp_profile.profiler.coordinate import Coordinator, coordinator_address
 from ddp_profile.profiler.launch import LaunchSpec
 from ddp_profile.profiler.results import load_run, read_probe_dir
 from ddp_profile.profiler.rundir import RunDir
 from ddp_profile.profiler.space import SearchSpace
 from ddp_profile.profiler.summary import build_summary
-from ddp_profile.profiler.sweep import Sweep, SweepOptions
+from ddp_profile.profiler.sweep import Sweep, SweepOptions, follow
 from ddp_profile.reports.console import ConsoleProgress, print_summary
 
 
@@ -105,8 +107,10 @@ def default_out_dir(script: str) -> str:
 
 
 def spec_from_meta(meta: dict[str, Any]) -> LaunchSpec:
-    extra = (("DDP_PROFILE_LOCAL_RANK_FLAG", meta["local_rank_flag"]),) \
+    extra: tuple[tuple[str, str], ...] = (("DDP_PROFILE_LOCAL_RANK_FLAG", meta["local_rank_flag"]),) \
         if meta.get("local_rank_flag") else ()
+    if meta.get("allocation"):
+        extra += tuple(allocation.Allocation(**meta["allocation"]).rank_env().items())
     return LaunchSpec(script=meta["script"], script_args=tuple(meta.get("script_args", [])),
                       launcher=meta.get("launcher", "torchrun"),
                       nproc_per_node=int(meta.get("nproc_per_node", 2)),
@@ -123,7 +127,18 @@ def start_run(request: RunRequest) -> str:
                             "local_rank_flag": request.local_rank_flag or
                             detect_local_rank_flag(request.script)})
     out = request.out or default_out_dir(request.script)
-    RunDir(out).create(_meta(request, nproc))
+    meta = _meta(request, nproc)
+    found = allocation.detect()
+    if found is not None:  # the ranks already exist: run this one in place, no nested launch
+        meta.update(launcher="inplace", nproc_per_node=1, allocation=asdict(found))
+    address = coordinator_address(request.torchrun_args, found)
+    if address is not None:
+        host, port, member, members = address
+        meta["coordination"] = {"host": host, "port": port, "member": member,
+                                "members": members}
+        if member != 0:
+            out = f"{out.rstrip(os.sep)}-member{member}"
+    RunDir(out).create(meta)
     return out
 
 
@@ -134,8 +149,15 @@ def execute(out: str, *, report: bool = True, quiet: bool = False) -> dict[str, 
     check_script(meta["script"])
     spec = spec_from_meta(meta)
     options = SweepOptions(**meta["options"])
+    coordinator = _coordinator(meta)
+    if coordinator is not None and not coordinator.is_leader:
+        probes = follow(coordinator, spec, run_dir, meta.get("local_rank_flag"))
+        if not quiet:
+            print(f"ddp-profile: member {coordinator.member} ran {probes} probe(s); the results "
+                  f"are in the run directory of member 0")
+        return {"follower": True, "probes_run": probes}
     sweep = Sweep(run_dir, spec, SearchSpace.from_dict(meta["space"]), options,
-                  progress=ConsoleProgress(quiet=quiet))
+                  progress=ConsoleProgress(quiet=quiet), coordinator=coordinator)
     gpu = _gpu_status()
     state = "failed"
     try:
@@ -150,6 +172,14 @@ def execute(out: str, *, report: bool = True, quiet: bool = False) -> dict[str, 
     if not quiet:
         print_summary(summary, out)
     return summary
+
+
+def _coordinator(meta: dict[str, Any]) -> Optional[Coordinator]:
+    coordination = meta.get("coordination")
+    if not coordination:
+        return None
+    return Coordinator(coordination["host"], int(coordination["port"]),
+                       int(coordination["member"]), int(coordination["members"]))
 
 
 def _gpu_status() -> dict[str, Any]:

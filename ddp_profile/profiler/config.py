@@ -67,6 +67,7 @@ class ProbePlan:
     steps: int = 30
     mode: str = "normal"
     inject_local_rank: Optional[str] = None  # "--local_rank" / "--local-rank" for legacy scripts
+    rdzv_id: Optional[str] = None  # multi-node: the rendezvous id shared by every node
 
     def to_json(self) -> str:
         data = asdict(self)

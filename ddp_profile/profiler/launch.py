@@ -32,15 +32,21 @@ class LaunchSpec:
 
     script: str
     script_args: tuple[str, ...] = ()
-    launcher: str = "torchrun"  # torchrun | none
+    launcher: str = "torchrun"  # torchrun | none | inplace (one rank of an existing allocation)
     nproc_per_node: int = 2
     torchrun_args: tuple[str, ...] = ()  # --nnodes, --node-rank, --rdzv-* passed through
     extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
-    def command(self) -> list[str]:
-        if self.launcher == "none":
+    def command(self, plan: Optional[ProbePlan] = None) -> list[str]:
+        if self.launcher in ("none", "inplace"):
             return [sys.executable, "-u", self.script, *self.script_args]
         rendezvous = list(self.torchrun_args) or ["--standalone"]
+        if self.torchrun_args and plan is not None:
+            # a fresh rendezvous per probe; node 0 hosts it (several "nodes" may share a host)
+            node_rank = next((a.split("=", 1)[1] for a in self.torchrun_args
+                              if a.startswith("--node-rank=")), "0")
+            rendezvous += [f"--rdzv-id={plan.rdzv_id or plan.probe_id}",
+                           f"--rdzv-conf=is_host={'true' if node_rank == '0' else 'false'}"]
         return [sys.executable, "-m", "torch.distributed.run", *rendezvous,
                 f"--nproc-per-node={self.nproc_per_node}", "--max-restarts=0",
                 "--monitor-interval=0.2", self.script, *self.script_args]
@@ -83,7 +89,7 @@ def launch(spec: LaunchSpec, plan: ProbePlan, timeout_s: float, tag: Optional[st
     started = time.monotonic()
     timed_out = interrupted = False
     with open(log_path, "ab") as log:
-        process = subprocess.Popen(spec.command(), env=probe_env(spec, plan, tag),
+        process = subprocess.Popen(spec.command(plan), env=probe_env(spec, plan, tag),
                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)
         try:

@@ -130,8 +130,11 @@ def _classify(ranks: list[RankData], outcome: LaunchOutcome, plan: ProbePlan,
         oom = first.get("oom") or _looks_oom(first.get("last_line", ""))
         causes = first.get("causes") or []
         during = f" (raised while handling: {causes[-1]})" if causes else ""
-        return ("oom" if oom else "crash", "exception",
-                f"rank {first.get('rank')}: {first.get('last_line')}{during}", first.get("rank"))
+        text = f"rank {first.get('rank')}: {first.get('last_line')}{during}"
+        if _needs_cuda(first, ranks):
+            return ("crash", "needs_cuda", "the script needs CUDA (it hard-codes nccl or "
+                    "torch.cuda), and this machine has none: " + text, first.get("rank"))
+        return ("oom" if oom else "crash", "exception", text, first.get("rank"))
     if outcome.returncode not in (0, None):
         rank, line = _failure_from_log(outcome.log_path)
         oom = _looks_oom(line or "")
@@ -157,6 +160,19 @@ def _is_symptom(error: dict[str, Any]) -> bool:
     """A collective failing because a peer died is a symptom; the peer's error is the cause."""
     text = f"{error.get('exc_type', '')} {error.get('message', '')}".lower()
     return any(p in text for p in SYMPTOM_PATTERNS)
+
+
+NEEDS_CUDA_PATTERNS = ("doesn't have nccl built in", "nccl", "torch not compiled with cuda",
+                       "no cuda gpus are available", "found no nvidia driver",
+                       "cuda driver initialization failed", "cuda is not available")
+
+
+def _needs_cuda(error: dict[str, Any], ranks: list[RankData]) -> bool:
+    """A CUDA-only script on a machine without CUDA (no rank saw a GPU)."""
+    if any(r.context.get("device") == "cuda" for r in ranks):
+        return False
+    text = f"{error.get('message', '')} {error.get('last_line', '')}".lower()
+    return any(p in text for p in NEEDS_CUDA_PATTERNS)
 
 
 def _looks_oom(text: str) -> bool:

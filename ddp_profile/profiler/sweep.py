@@ -19,7 +19,8 @@ from typing import Any, Callable, Optional
 
 from ddp_profile.errors import NoDataLoader, ProbeTimeout, ScriptFailed
 from ddp_profile.profiler.config import LoaderSettings, ProbePlan
-from ddp_profile.profiler.launch import LaunchSpec, kill_tagged, launch, new_tag
+from ddp_profile.profiler.coordinate import Coordinator
+from ddp_profile.profiler.launch import LaunchOutcome, LaunchSpec, kill_tagged, launch, new_tag
 from ddp_profile.profiler.probe import summarise_probe
 from ddp_profile.profiler.rundir import RunDir
 from ddp_profile.profiler.space import Axes, SearchSpace, cost_key, grid, normalise, resolve_axes
@@ -27,6 +28,7 @@ from ddp_profile.profiler.space import Axes, SearchSpace, cost_key, grid, normal
 DEFAULT_FIRST_TIMEOUT_S = 600.0
 MIN_TIMEOUT_S = 60.0
 TIMEOUT_FACTOR = 4.0
+FOLLOWER_GRACE_S = 120.0  # how long the leader waits for a follower's records after its own
 UNSTABLE_CV = 0.25  # a probe whose step times vary more than this is measured again, longer
 MIN_TIE_TOLERANCE = 0.02
 
@@ -54,9 +56,13 @@ def settings_of(entry: dict[str, Any]) -> LoaderSettings:
 
 class Sweep:
     def __init__(self, run_dir: RunDir, spec: LaunchSpec, space: SearchSpace,
-                 options: SweepOptions, progress: ProgressFn = _noop):
+                 options: SweepOptions, progress: ProgressFn = _noop,
+                 coordinator: Optional[Coordinator] = None):
         self.run_dir, self.spec, self.space, self.options = run_dir, spec, space, options
         self.progress = progress
+        self.coordinator = coordinator  # set on the leader of a multi-node or allocation run
+        self.launches = 0  # probes launched by this process (the coordinated probe index)
+        self.run_token = new_tag()[:12]
         self.ledger = run_dir.ledger()
         self.entries: list[dict[str, Any]] = []  # this sweep's measurements, in order
         self.timeout_s = options.timeout_s or DEFAULT_FIRST_TIMEOUT_S
@@ -78,11 +84,19 @@ class Sweep:
         self.run_dir.discard_partial_probe(probe_id)
         plan = ProbePlan(probe_id=probe_id, out_dir=self.run_dir.probe_dir(probe_id),
                          overrides=requested, warmup=self.options.warmup, steps=steps, mode=mode,
-                         inject_local_rank=self.spec_local_rank_flag())
+                         inject_local_rank=self.spec_local_rank_flag(),
+                         rdzv_id=f"{self.run_token}-{probe_id}")
         self.progress("start", {"probe_id": probe_id, "config": requested, "kind": kind})
         tag = new_tag()
         self.run_dir.mark_inflight(probe_id, tag)
+        if self.coordinator is not None:
+            self.coordinator.publish(self.launches, {"plan": plan.to_json(),
+                                                     "timeout_s": self.timeout_s})
         outcome = launch(self.spec, plan, self.timeout_s, tag=tag)
+        if self.coordinator is not None:
+            outcome = merge_outcomes(outcome, self.coordinator.gather(
+                self.launches, plan.out_dir, self.timeout_s + FOLLOWER_GRACE_S))
+        self.launches += 1
         entry = summarise_probe(plan, outcome, kind, self.timeout_s)
         self.run_dir.append(entry)
         self.run_dir.clear_inflight()
@@ -138,6 +152,8 @@ class Sweep:
                 best = self.best() or self.baseline
                 self.measure(settings_of(best), kind="ceiling", mode="ceiling")
         finally:
+            if self.coordinator is not None:
+                self.coordinator.finish(self.launches)
             if previous is not None:
                 signal.signal(signal.SIGHUP, previous)
         return self.entries
@@ -234,6 +250,39 @@ class Sweep:
             elif axis == "batch_size" and entry.get("status") == "oom":
                 break
         return best
+
+
+def merge_outcomes(leader: LaunchOutcome, followers: list[dict[str, Any]]) -> LaunchOutcome:
+    """One outcome for a probe that ran on several nodes: any timeout, the first failure."""
+    returncode = leader.returncode
+    timed_out = leader.timed_out
+    for follower in followers:
+        if follower.get("missing"):
+            returncode = returncode or 1
+            continue
+        timed_out = timed_out or bool(follower.get("timed_out"))
+        if not returncode and follower.get("returncode"):
+            returncode = follower["returncode"]
+    return replace(leader, returncode=returncode, timed_out=timed_out)
+
+
+def follow(coordinator: Coordinator, spec: LaunchSpec, run_dir: RunDir,
+           local_rank_flag: Optional[str] = None) -> int:
+    """A follower's whole sweep: launch what the leader publishes, upload the records."""
+    index = 0
+    while True:
+        message = coordinator.next_plan(index)
+        if message.get("done"):
+            return index
+        plan = ProbePlan.from_json(message["plan"])
+        plan = replace(plan, out_dir=run_dir.probe_dir(plan.probe_id),
+                       inject_local_rank=local_rank_flag)
+        run_dir.discard_partial_probe(plan.probe_id)
+        outcome = launch(spec, plan, float(message["timeout_s"]))
+        coordinator.upload(index, plan.out_dir, {"returncode": outcome.returncode,
+                                                 "timed_out": outcome.timed_out,
+                                                 "wall_s": outcome.wall_s})
+        index += 1
 
 
 def tie_tolerance(a: dict[str, Any], b: dict[str, Any]) -> float:

@@ -1,0 +1,93 @@
+"""Keep the ``ddp-profile`` processes of a multi-node job (or of an allocation) in lockstep.
+
+One ``ddp-profile run`` runs per node (``--nnodes``) or per rank (inside SLURM/PyTorchJob). The
+leader (node 0 / rank 0) decides every probe and publishes it through a ``TCPStore`` it hosts;
+the followers launch their part of the same probe, then upload their per-rank records, so the
+leader's run directory receives the measurements of every node without a shared filesystem.
+
+Keys: ``plan/<i>`` (JSON: the probe's plan and timeout, or ``{"done": true}``),
+``manifest/<i>/<member>`` (JSON: file names and the launch outcome), ``file/<i>/<member>/<name>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import timedelta
+from typing import Any, Optional
+
+COORD_PORT_OFFSET = 1  # the coordinator listens on the rendezvous / master port + 1
+WAIT_FOR_PLAN_S = 6 * 3600.0
+
+
+class Coordinator:
+    def __init__(self, host: str, port: int, member: int, members: int,
+                 connect_timeout_s: float = 300.0):
+        from torch.distributed import TCPStore
+
+        self.member, self.members = member, members
+        self.is_leader = member == 0
+        self.store = TCPStore(host, port, world_size=None, is_master=self.is_leader,
+                              timeout=timedelta(seconds=connect_timeout_s),
+                              wait_for_workers=False)
+
+    # ---- leader ---------------------------------------------------------------------------
+    def publish(self, index: int, message: dict[str, Any]) -> None:
+        self.store.set(f"plan/{index}", json.dumps(message))
+
+    def finish(self, index: int) -> None:
+        self.publish(index, {"done": True})
+
+    def gather(self, index: int, probe_dir: str, timeout_s: float) -> list[dict[str, Any]]:
+        """Write every follower's files of probe ``index`` into ``probe_dir``; their outcomes."""
+        outcomes = []
+        for member in range(1, self.members):
+            key = f"manifest/{index}/{member}"
+            try:
+                self.store.wait([key], timedelta(seconds=timeout_s))
+            except Exception:  # noqa: BLE001 - a follower that never reports
+                outcomes.append({"member": member, "missing": True})
+                continue
+            manifest = json.loads(self.store.get(key))
+            for name in manifest["files"]:
+                data = self.store.get(f"file/{index}/{member}/{name}")
+                with open(os.path.join(probe_dir, name), "wb") as handle:
+                    handle.write(data)
+            outcomes.append({"member": member, **manifest["outcome"]})
+        return outcomes
+
+    # ---- follower -------------------------------------------------------------------------
+    def next_plan(self, index: int) -> dict[str, Any]:
+        key = f"plan/{index}"
+        self.store.wait([key], timedelta(seconds=WAIT_FOR_PLAN_S))
+        return json.loads(self.store.get(key))
+
+    def upload(self, index: int, probe_dir: str, outcome: dict[str, Any]) -> None:
+        names = []
+        for name in sorted(os.listdir(probe_dir)):
+            path = os.path.join(probe_dir, name)
+            if not os.path.isfile(path):
+                continue
+            target = name if name.endswith(".jsonl") else f"{name}.member{self.member}"
+            with open(path, "rb") as handle:
+                self.store.set(f"file/{index}/{self.member}/{target}", handle.read())
+            names.append(target)
+        self.store.set(f"manifest/{index}/{self.member}",
+                       json.dumps({"files": names, "outcome": outcome}))
+
+
+def coordinator_address(torchrun_args: tuple[str, ...], allocation: Any
+                        ) -> Optional[tuple[str, int, int, int]]:
+    """(host, port, member, members) for a coordinated run, or None for a single harness."""
+    if allocation is not None:
+        return (allocation.master_addr, allocation.master_port + COORD_PORT_OFFSET,
+                allocation.rank, allocation.world_size)
+    options = dict(a.split("=", 1) for a in torchrun_args if "=" in a)
+    endpoint = options.get("--rdzv-endpoint")
+    nnodes = options.get("--nnodes", "1")
+    if not endpoint or nnodes == "1":
+        return None
+    host, _, port = endpoint.rpartition(":")
+    members = int(nnodes.split(":")[-1])
+    return host or "127.0.0.1", int(port or 29400) + COORD_PORT_OFFSET, \
+        int(options.get("--node-rank", "0")), members

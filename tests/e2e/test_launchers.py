@@ -1,0 +1,130 @@
+"""Every way users start DDP, 2 ranks each on CPU: torchrun, mp.spawn, the legacy launcher's
+--local_rank, a simulated SLURM allocation, and two "nodes" joined by a c10d rendezvous."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from ddp_profile.errors import ExitCode
+from ddp_profile.profiler.allocation import detect
+from tests.conftest import DEMO, SCRIPTS, TEST_ID_VAR, _current_test_id
+
+pytestmark = pytest.mark.e2e
+
+ONE_PROBE = ["--num-workers", "0", "--no-ceiling", "--steps", "8", "--warmup", "2",
+             "--no-report", "--quiet"]
+
+
+def free_port_pair() -> int:
+    """A port P such that P and P + 1 are free (rendezvous / master, and the coordinator)."""
+    for _ in range(100):
+        port = random.randint(20000, 40000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair")
+
+
+def _summary(path: str) -> dict:
+    with open(os.path.join(path, "summary.json"), encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def test_mp_spawn_script_with_launcher_none(cli, run_dir):
+    result = cli(["run", os.path.join(SCRIPTS, "spawn_train.py"), "--launcher", "none",
+                  "--out", run_dir, *ONE_PROBE, "--", str(free_port_pair())], out=run_dir)
+    assert result.returncode == 0, result.stderr
+    summary = result.summary()
+    assert summary["world_size"] == 2  # read from the process group the spawned ranks formed
+    probe = summary["probes"][0]
+    assert probe["status"] == "ok" and [r["rank"] for r in probe["per_rank"]] == [0, 1]
+    assert all(r["steps"] == 8 for r in probe["per_rank"])
+
+
+def test_legacy_local_rank_script_works_unchanged(cli, run_dir):
+    result = cli(["run", os.path.join(SCRIPTS, "legacy_launch_train.py"), "--out", run_dir,
+                  *ONE_PROBE], out=run_dir)
+    assert result.returncode == 0, result.stderr
+    probe = result.summary()["probes"][0]
+    assert probe["status"] == "ok" and len(probe["per_rank"]) == 2
+
+
+def test_cuda_only_script_on_a_cpu_machine_says_so(cli, run_dir):
+    result = cli(["run", os.path.join(SCRIPTS, "nccl_train.py"), "--out", run_dir, *ONE_PROBE],
+                 out=run_dir)
+    assert result.returncode == ExitCode.SCRIPT_FAILED
+    assert "needs CUDA" in result.stderr and result.stderr.strip().count("\n") == 0
+
+
+def _start_members(args_for, envs: list[dict]) -> list[subprocess.Popen]:
+    procs = []
+    for member, extra in enumerate(envs):
+        env = dict(os.environ, **extra, **{TEST_ID_VAR: _current_test_id[0]})
+        procs.append(subprocess.Popen([sys.executable, "-m", "ddp_profile", *args_for(member)],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+    return procs
+
+
+def _finish(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        _out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err
+
+
+def test_inside_a_slurm_allocation_no_nested_launch(tmp_path):
+    port = free_port_pair()
+    out = str(tmp_path / "slurm")
+    envs = [{"SLURM_PROCID": str(r), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(r),
+             "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost", "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": str(port)} for r in range(2)]
+    assert detect(envs[1]).rank == 1 and detect(envs[1]).kind == "slurm"
+    procs = _start_members(lambda m: ["run", DEMO, "--out", out, *ONE_PROBE], envs)
+    _finish(procs)
+    summary = _summary(out)
+    probe = summary["probes"][0]
+    assert summary["world_size"] == 2 and probe["status"] == "ok"
+    assert [r["rank"] for r in probe["per_rank"]] == [0, 1]  # both ranks' records on rank 0
+    assert os.path.isdir(out + "-member1")  # the follower kept its own copy
+    with open(os.path.join(out, "probes", probe["id"], "launcher.log")) as log:
+        assert "torch.distributed.run" not in log.read()  # the script ran in place
+
+
+def test_two_nodes_joined_by_a_c10d_rendezvous(tmp_path):
+    port = free_port_pair()
+    out = str(tmp_path / "nodes")
+    procs = _start_members(lambda m: [
+        "run", DEMO, "--out", out, "--nnodes", "2", "--node-rank", str(m), "--nproc-per-node",
+        "1", "--rdzv-endpoint", f"127.0.0.1:{port}", *ONE_PROBE, "--", "--load-ms", "1"],
+        [{}, {}])
+    _finish(procs)
+    summary = _summary(out)
+    probe = summary["probes"][0]
+    assert summary["world_size"] == 2 and probe["status"] == "ok"
+    assert [(r["rank"], r["node"]) for r in probe["per_rank"]] == [(0, 0), (1, 1)]
+    assert os.path.exists(os.path.join(out, "probes", probe["id"], "launcher.log.member1"))
+
+
+def test_allocation_detection():
+    assert detect({}) is None
+    job = detect({"MASTER_ADDR": "trainer-0", "RANK": "3", "WORLD_SIZE": "4"})
+    assert job.kind == "pytorchjob" and job.rank == 3 and job.master_addr == "trainer-0"
+    outer = detect({"TORCHELASTIC_RUN_ID": "x", "RANK": "1", "WORLD_SIZE": "2",
+                    "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1234"})
+    assert outer.kind == "torchrun" and outer.master_port == 1234
+    slurm = detect({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+                    "SLURM_NODEID": "2", "SLURM_NODELIST": "gpu[03-06]"})
+    assert (slurm.rank, slurm.world_size, slurm.node_rank, slurm.master_addr) == \
+        (5, 8, 2, "gpu03")
+    assert detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None  # a single task
