@@ -103,10 +103,14 @@ def _command_line() -> list[str]:
 def is_launcher_process(argv: Optional[Sequence[str]] = None) -> bool:
     """True in torch's launcher (``python -m torch.distributed.run``): it runs no training."""
     argv = list(argv) if argv is not None else _command_line()
-    for index, arg in enumerate(argv[:-1]):
-        if arg == "-m" and argv[index + 1] in LAUNCHER_MODULES:
-            return True
-    return any(os.path.basename(a) == "torchrun" for a in argv[1:2])
+    if len(argv) > 1 and os.path.basename(argv[1]) == "torchrun":
+        return True
+    for index in range(1, len(argv)):  # interpreter options come before the script
+        if argv[index] == "-m":
+            return index + 1 < len(argv) and argv[index + 1] in LAUNCHER_MODULES
+        if not argv[index].startswith("-"):
+            return False
+    return False
 
 
 def activate(environ: Optional[dict[str, str]] = None) -> bool:

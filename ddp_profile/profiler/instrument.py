@@ -76,6 +76,7 @@ class Instrumentation:
         self.stopping = False
         self._last_flush = time.monotonic()
         self._ceiling_cache: dict[int, list[Any]] = {}
+        self._unused_checked = False
 
     # ---- records -------------------------------------------------------------------------
     def event(self, name: str, **data: Any) -> None:
@@ -201,6 +202,19 @@ class Instrumentation:
     def on_optimizer_step(self) -> None:
         if self.current is not None:
             self.current.optimizer_stepped()
+            if not self._unused_checked and self.ddp_modules:
+                self._check_unused_parameters()  # gradients exist until the next zero_grad
+
+    def _check_unused_parameters(self) -> None:
+        """How many trainable parameters of each DDP module got no gradient (once)."""
+        self._unused_checked = True
+        for ref in self.ddp_modules:
+            module = ref()
+            if module is None:
+                continue
+            params = [p for p in module.parameters() if p.requires_grad]
+            self.event("ddp_unused_parameters", params_total=len(params),
+                       params_without_grad=sum(1 for p in params if p.grad is None))
 
     def on_backward(self) -> None:
         if self.current is not None:
@@ -228,13 +242,8 @@ class Instrumentation:
         self.recorder.close()
 
     def _final_events(self) -> None:
-        for ref in self.ddp_modules:
-            module = ref()
-            if module is None:
-                continue
-            params = [p for p in module.parameters() if p.requires_grad]
-            self.event("ddp_unused_parameters", params_total=len(params),
-                       params_without_grad=sum(1 for p in params if p.grad is None))
+        if not self._unused_checked and self.ddp_modules:
+            self._check_unused_parameters()  # a loop without an optimizer
         try:
             import torch
 

@@ -1,0 +1,83 @@
+"""The start-up hook's guards and the classification of finished probes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from ddp_profile.profiler.config import LoaderSettings, ProbePlan
+from ddp_profile.profiler.hook import HOOK_DIR, is_launcher_process
+from ddp_profile.profiler.launch import LaunchOutcome
+from ddp_profile.profiler.probe import summarise_probe
+
+
+def test_launcher_process_is_recognised():
+    assert is_launcher_process(["python", "-m", "torch.distributed.run", "--standalone", "x.py"])
+    assert is_launcher_process(["/usr/bin/python3", "/venv/bin/torchrun", "x.py"])
+    assert is_launcher_process(["python3", "-u", "-m", "torch.distributed.launch", "x.py"])
+    assert not is_launcher_process(["python", "-u", "train.py", "-m", "torch.distributed.run"])
+    assert not is_launcher_process(["python", "-m", "my_trainer"])
+
+
+def test_hook_injects_local_rank_and_runs_the_shadowed_sitecustomize(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import os\nos.environ['SHADOWED_RAN'] = '1'\n")
+    script = tmp_path / "show.py"
+    script.write_text("import os, sys, json\n"
+                      "print(json.dumps([sys.argv[1:], os.environ.get('SHADOWED_RAN')]))\n")
+    plan = ProbePlan(probe_id="p", out_dir=str(tmp_path / "out"), inject_local_rank="--local_rank")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HOOK_DIR, str(other)]), DDP_PROFILE="1",
+               DDP_PROFILE_PLAN=plan.to_json(), DDP_PROFILE_SCRIPT=str(script), LOCAL_RANK="1")
+    proc = subprocess.run([sys.executable, str(script), "--epochs", "2"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    argv, shadowed = json.loads(proc.stdout)
+    assert argv == ["--local_rank=1", "--epochs", "2"] and shadowed == "1"
+
+
+def write_rank(directory, rank, records):
+    with open(os.path.join(directory, f"rank-{rank}.jsonl"), "w") as handle:
+        for record in records:
+            handle.write(json.dumps({"rank": rank, **record}) + "\n")
+
+
+def outcome(tmp_path, returncode=1, timed_out=False):
+    return LaunchOutcome(returncode=returncode, timed_out=timed_out, interrupted=False,
+                         wall_s=2.0, log_path=str(tmp_path / "launcher.log"))
+
+
+def test_root_cause_is_the_failing_rank_not_its_disconnected_peer(tmp_path):
+    plan = ProbePlan(probe_id="p001", out_dir=str(tmp_path), overrides=LoaderSettings(2))
+    write_rank(tmp_path, 0, [{"kind": "error", "t_ns": 1, "exc_type": "RuntimeError",
+                              "message": "Connection closed by peer [127.0.0.1]:1234",
+                              "last_line": "RuntimeError: Connection closed by peer"}])
+    write_rank(tmp_path, 1, [{"kind": "error", "t_ns": 2, "exc_type": "ValueError",
+                              "message": "bad sample", "last_line": "ValueError: bad sample",
+                              "causes": ["KeyError: 'label'"]}])
+    entry = summarise_probe(plan, outcome(tmp_path), "sweep", 60)
+    assert entry["status"] == "crash" and entry["root_cause_rank"] == 1
+    assert "ValueError: bad sample" in entry["error"] and "KeyError" in entry["error"]
+
+
+def test_oom_and_timeout_are_told_apart(tmp_path):
+    plan = ProbePlan(probe_id="p002", out_dir=str(tmp_path))
+    write_rank(tmp_path, 0, [{"kind": "error", "t_ns": 1, "exc_type": "OutOfMemoryError",
+                              "message": "CUDA out of memory", "oom": True,
+                              "last_line": "torch.OutOfMemoryError: CUDA out of memory"}])
+    assert summarise_probe(plan, outcome(tmp_path), "sweep", 60)["status"] == "oom"
+    timed = summarise_probe(plan, outcome(tmp_path, None, True), "sweep", 60)
+    assert timed["status"] == "timeout" and "60 s" in timed["error"]
+
+
+def test_crash_without_records_reads_the_launcher_log(tmp_path):
+    (tmp_path / "launcher.log").write_text(
+        "[rank1]: Traceback (most recent call last):\n[rank1]:   File \"t.py\"\n"
+        "[rank1]: ZeroDivisionError: division by zero\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+        "  rank      : 1 (local_rank: 1)\n")
+    plan = ProbePlan(probe_id="p003", out_dir=str(tmp_path))
+    entry = summarise_probe(plan, outcome(tmp_path), "sweep", 60)
+    assert entry["status"] == "crash" and entry["root_cause_rank"] == 1
+    assert "ZeroDivisionError: division by zero" in entry["error"]

@@ -1,0 +1,90 @@
+"""Search space defaults, pruning, tie resolution and the ledger's durability."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ddp_profile.profiler.config import LoaderSettings
+from ddp_profile.profiler.rundir import RunDir
+from ddp_profile.profiler.space import SearchSpace, grid, resolve_axes, worker_ladder
+from ddp_profile.profiler.sweep import choose_best, merge_outcomes, tie_tolerance
+from ddp_profile.profiler.launch import LaunchOutcome
+
+
+def test_worker_ladder_reaches_the_cpus_per_rank():
+    assert worker_ladder(1) == [0, 1]
+    assert worker_ladder(6) == [0, 1, 2, 4, 6]
+    assert worker_ladder(16) == [0, 1, 2, 4, 8, 16]
+
+
+def test_defaults_pin_only_on_cuda_and_keep_the_batch_size():
+    own = LoaderSettings(0, False, None, 48)
+    cpu = resolve_axes(SearchSpace(), own, "cpu", cpus_available=8, local_ranks=2)
+    assert cpu.num_workers == (0, 1, 2, 4) and cpu.pin_memory == (False,)
+    assert cpu.batch_size == (48,) and cpu.prefetch_factor == (2, 4)
+    assert any("no effect" in note for note in cpu.notes)
+    cuda = resolve_axes(SearchSpace(), own, "cuda", cpus_available=8, local_ranks=2)
+    assert cuda.pin_memory == (False, True)
+
+
+def test_grid_prunes_prefetch_without_workers():
+    axes = resolve_axes(SearchSpace(num_workers=(0, 2), prefetch_factor=(2, 4)),
+                        LoaderSettings(0, False, None, 8), "cpu", 4, 1)
+    configs = grid(axes)
+    assert LoaderSettings(0, False, None, 8) in configs
+    assert len(configs) == 3  # w=0 once (no prefetch), w=2 with prefetch 2 and 4
+    assert all(c.prefetch_factor is None for c in configs if c.num_workers == 0)
+
+
+def entry(workers, throughput, cv=0.0, steps=30, pin=False, prefetch=2):
+    return {"config": {"num_workers": workers, "pin_memory": pin,
+                       "prefetch_factor": prefetch if workers else None, "batch_size": 8},
+            "throughput": throughput, "step_time_cv": cv, "steps_measured": steps}
+
+
+def test_ties_within_noise_go_to_the_cheaper_configuration():
+    cheap, costly = entry(2, 1000.0, cv=0.05), entry(8, 1010.0, cv=0.05)
+    assert choose_best([costly, cheap], baseline_batch=8) is cheap
+    clearly_faster = entry(8, 1500.0, cv=0.05)
+    assert choose_best([cheap, clearly_faster], baseline_batch=8) is clearly_faster
+
+
+def test_tie_tolerance_grows_with_noise_and_shrinks_with_steps():
+    assert tie_tolerance(entry(0, 1), entry(0, 1)) == 0.02
+    noisy = tie_tolerance(entry(0, 1, cv=0.3, steps=10), entry(0, 1, cv=0.3, steps=10))
+    longer = tie_tolerance(entry(0, 1, cv=0.3, steps=100), entry(0, 1, cv=0.3, steps=100))
+    assert noisy > longer > 0.02
+
+
+def test_merged_outcome_of_several_nodes():
+    leader = LaunchOutcome(returncode=0, timed_out=False, interrupted=False, wall_s=1.0,
+                           log_path="x")
+    assert merge_outcomes(leader, [{"returncode": 0, "timed_out": False}]).returncode == 0
+    assert merge_outcomes(leader, [{"returncode": 1, "timed_out": False}]).returncode == 1
+    assert merge_outcomes(leader, [{"returncode": 0, "timed_out": True}]).timed_out
+    assert merge_outcomes(leader, [{"member": 1, "missing": True}]).returncode == 1
+
+
+def test_ledger_survives_a_torn_last_line(tmp_path):
+    run_dir = RunDir(str(tmp_path / "run"))
+    run_dir.create({"script": "x.py"})
+    run_dir.append({"id": "p000", "status": "ok"})
+    with open(run_dir.file("ledger.jsonl"), "a") as handle:
+        handle.write('{"id": "p001", "sta')  # killed mid-append
+    assert [e["id"] for e in run_dir.ledger()] == ["p000"]
+    run_dir.append({"id": "p001", "status": "ok"})
+    assert [e["id"] for e in run_dir.ledger()] == ["p000", "p001"]
+    lines = open(run_dir.file("ledger.jsonl")).read().splitlines()
+    assert json.loads(lines[-1])["id"] == "p001"
+
+
+def test_existing_run_directory_is_not_overwritten(tmp_path):
+    import pytest
+    from ddp_profile.errors import BadRunDir
+
+    run_dir = RunDir(str(tmp_path / "run"))
+    run_dir.create({"script": "x.py"})
+    with pytest.raises(BadRunDir, match="--resume"):
+        run_dir.create({"script": "x.py"})
+    assert os.path.exists(run_dir.file("run.json"))

@@ -1,0 +1,102 @@
+"""The timing split, with an injected clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddp_profile.profiler.stepclock import StepClock
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now_ns = 1_000
+
+    def __call__(self) -> int:
+        return self.now_ns
+
+    def advance(self, ms: float) -> None:
+        self.now_ns += int(ms * 1e6)
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+def make(clock: FakeClock, warmup: int = 1) -> StepClock:
+    return StepClock(loader_id=3, warmup=warmup, clock=clock, wall=lambda: 5_000_000_000)
+
+
+def one_step(step_clock: StepClock, clock: FakeClock, wait: float, forward: float,
+             backward: float, other: float, optimizer: bool = True):
+    record = step_clock.next_called()
+    clock.advance(wait)
+    step_clock.batch_returned(samples=32)
+    clock.advance(forward)
+    step_clock.backward_called()
+    clock.advance(backward)
+    if optimizer:
+        step_clock.optimizer_stepped()
+    clock.advance(other)
+    return record
+
+
+def test_split_into_data_wait_compute_other(clock):
+    steps = make(clock)
+    assert one_step(steps, clock, wait=10, forward=4, backward=6, other=3) is None
+    first = one_step(steps, clock, wait=20, forward=5, backward=5, other=1)
+    assert first["data_wait_s"] == pytest.approx(0.010)
+    assert first["compute_s"] == pytest.approx(0.010)
+    assert first["forward_s"] == pytest.approx(0.004)
+    assert first["other_s"] == pytest.approx(0.003)
+    assert first["samples"] == 32 and first["loader_id"] == 3
+    assert first["step"] == 0 and first["measured"] is False  # warm-up
+    second = steps.next_called()
+    assert second["step"] == 1 and second["measured"] is True
+    assert second["data_wait_s"] == pytest.approx(0.020)
+    # wall time of the step start: the injected wall clock's offset plus the monotonic clock
+    assert second["t_ns"] - first["t_ns"] == pytest.approx((10 + 4 + 6 + 3) * 1e6)
+
+
+def test_without_optimizer_everything_after_the_batch_is_compute(clock):
+    steps = make(clock, warmup=0)
+    one_step(steps, clock, wait=2, forward=3, backward=4, other=5, optimizer=False)
+    record = steps.next_called()
+    assert record["compute_s"] == pytest.approx(0.012) and record["other_s"] == 0
+
+
+def test_last_optimizer_step_ends_compute(clock):
+    steps = make(clock, warmup=0)
+    steps.next_called()
+    steps.batch_returned(8)
+    clock.advance(5)
+    steps.optimizer_stepped()
+    clock.advance(5)
+    steps.optimizer_stepped()  # e.g. two optimizers
+    clock.advance(2)
+    record = steps.next_called()
+    assert record["compute_s"] == pytest.approx(0.010) and record["other_s"] == pytest.approx(0.002)
+    assert record["forward_s"] is None
+
+
+def test_exhausted_iterator_is_no_step(clock):
+    steps = make(clock, warmup=0)
+    one_step(steps, clock, 1, 1, 1, 1)
+    closed = steps.next_called()
+    steps.exhausted()  # StopIteration: the epoch ended
+    clock.advance(50)  # e.g. set_epoch, a validation pass
+    assert steps.next_called() is None  # nothing open: the wait above counts for no step
+    clock.advance(7)
+    steps.batch_returned(8)
+    clock.advance(1)
+    record = steps.next_called()
+    assert closed["step"] == 0 and record["step"] == 1
+    assert record["data_wait_s"] == pytest.approx(0.007)
+
+
+def test_events_outside_a_step_are_ignored(clock):
+    steps = make(clock, warmup=0)
+    steps.backward_called()
+    steps.optimizer_stepped()
+    assert not steps.in_step
+    assert steps.next_called() is None
