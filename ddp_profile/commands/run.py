@@ -66,15 +66,17 @@ def detect_local_rank_flag(path: str) -> Optional[str]:
 
 
 def default_nproc() -> int:
-    """The visible GPUs, or 2 on a machine without one."""
-    try:
-        import torch
+    """The visible GPUs, or 2 on a machine without one.
 
-        if torch.cuda.is_available() and torch.cuda.device_count() > 0:
-            return torch.cuda.device_count()
-    except Exception:  # noqa: BLE001
-        pass
-    return 2
+    Counted without creating a CUDA context in this process: ``CUDA_VISIBLE_DEVICES`` if set,
+    else the devices NVML sees.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        devices = [d for d in visible.split(",") if d.strip() and d.strip() != "-1"]
+        return len(devices) or 2
+    status = _gpu_status()
+    return len(status.get("gpus") or []) or 2
 
 
 def _cpu_model() -> Optional[str]:

@@ -209,7 +209,8 @@ def _rank_rows(probe_id: str, data: RankData, out: dict[str, list]) -> None:
             "samples": step.get("samples") or 0})
     for sample in data.samples:
         row = {k: v for k, v in sample.items() if k not in ("kind", "t_ns", "rank")}
-        row.update(probe_id=probe_id, rank=data.rank, t_s=(sample.get("t_ns", t0) - t0) / 1e9)
+        row.update(probe_id=probe_id, rank=data.rank, node=node,
+                   t_s=(sample.get("t_ns", t0) - t0) / 1e9)
         out["samples"].append(row)
     for item in data.loader_iters:
         out["loader_iters"].append({"probe_id": probe_id, "rank": data.rank,

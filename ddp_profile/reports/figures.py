@@ -158,23 +158,37 @@ def time_split_by_rank(steps: pd.DataFrame, probe_id: str) -> go.Figure:
     if probe_steps.empty or not probe_steps["measured"].any():
         return _empty(title, "no measured steps in this probe")
     parts = _mean_parts(probe_steps, "rank")
-    ranks = [f"rank {int(r)}" for r in parts.index]
+    nodes = _node_of_rank(probe_steps)
+    ranks = [rank_name(int(r), nodes) for r in parts.index]
     return _figure(_part_bars(ranks, parts), _layout(
         title, barmode="stack", yaxis=dict(title=dict(text="ms per step"))))
+
+
+def _node_of_rank(frame: pd.DataFrame) -> dict[int, int]:
+    """rank -> node, when the ranks span more than one node (else empty: no node labels)."""
+    if "node" not in frame.columns or frame["node"].nunique() < 2:
+        return {}
+    return {int(r): int(n) for r, n in frame.groupby("rank")["node"].first().items()}
+
+
+def rank_name(rank: int, nodes: Mapping[int, int]) -> str:
+    return f"node {nodes[rank]} · rank {rank}" if rank in nodes else f"rank {rank}"
 
 
 def _rank_lines(frame: pd.DataFrame, column: str, scale: float, max_points: int,
                 unit: str) -> list[dict]:
     traces = []
+    nodes = _node_of_rank(frame)
     for i, (rank, group) in enumerate(frame.groupby("rank", sort=True)):
+        name = rank_name(int(rank), nodes)
         group = group.sort_values("t_s")
         x, y = downsample(group["t_s"].to_numpy(), group[column].to_numpy() * scale,
                           max_points)
         traces.append(dict(
             type="scatter", x=x.astype(np.float32), y=y.astype(np.float32), mode="lines",
-            name=f"rank {rank}",
+            name=name,
             line=dict(width=1.2, color=RANK_COLOURS[i % len(RANK_COLOURS)]),
-            hovertemplate=f"rank {rank}<br>t=%{{x:.2f}} s<br>%{{y:.1f}} {unit}<extra></extra>"))
+            hovertemplate=f"{name}<br>t=%{{x:.2f}} s<br>%{{y:.1f}} {unit}<extra></extra>"))
     return traces
 
 

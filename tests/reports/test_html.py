@@ -233,3 +233,20 @@ def test_scale_50_probes_8_ranks(tmp_path_factory, tmp_path):
         for trace in fig["data"]:
             if trace.get("type") == "scatter":
                 assert len(_points(trace)) <= figures.MAX_POINTS
+
+
+def test_ranks_are_labelled_by_node_when_they_span_nodes():
+    import pandas as pd
+
+    from ddp_profile.reports.figures import step_timeline, time_split_by_rank
+
+    steps = pd.DataFrame([{"probe_id": "p0", "rank": r, "node": r // 2, "step": s,
+                           "measured": True, "t_s": s * 0.1, "data_wait_s": 0.01,
+                           "compute_s": 0.02, "other_s": 0.0, "step_s": 0.03}
+                          for r in range(4) for s in range(5)])
+    names = [t["name"] for t in step_timeline(steps, "p0").to_dict()["data"]]
+    assert names == ["node 0 · rank 0", "node 0 · rank 1", "node 1 · rank 2", "node 1 · rank 3"]
+    bars = time_split_by_rank(steps, "p0").to_dict()["data"][0]["x"]
+    assert list(bars)[-1] == "node 1 · rank 3"
+    one_node = steps.assign(node=0)
+    assert step_timeline(one_node, "p0").to_dict()["data"][0]["name"] == "rank 0"

@@ -1,0 +1,36 @@
+"""Findings from real 2-rank runs: each rule fires from measurements, and only then."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import DEMO
+
+pytestmark = pytest.mark.e2e
+
+ONE_PROBE = ["--num-workers", "0", "--no-ceiling", "--steps", "16", "--warmup", "3",
+             "--no-report", "--quiet"]
+DATA_RULES = {"data-loader-bound", "io-bound-loading", "cpu-bound-preprocessing",
+              "persistent-workers", "pin-memory"}
+
+
+def test_straggler_missing_sampler_and_checkpoints_are_found(cli, run_dir):
+    result = cli(["run", DEMO, "--out", run_dir, *ONE_PROBE, "--",
+                  "--straggler-rank", "1", "--straggler-ms", "25", "--no-distributed-sampler",
+                  "--checkpoint-every", "5", "--checkpoint-ms", "120"], out=run_dir)
+    assert result.returncode == 0, result.stderr
+    findings = {f["rule"]: f for f in result.summary()["findings"]}
+    assert findings["straggler"]["ranks"] == [1]
+    assert "rank 1" in findings["straggler"]["evidence"].lower()
+    assert "missing-distributed-sampler" in findings
+    assert "every 5 steps" in findings["frequent-io"]["evidence"], findings["frequent-io"]
+    assert not DATA_RULES & set(findings)
+
+
+def test_compute_bound_script_gets_no_data_loading_advice(cli, run_dir):
+    result = cli(["run", DEMO, "--out", run_dir, *ONE_PROBE, "--",
+                  "--hidden", "1024", "--layers", "3", "--batch-size", "64"], out=run_dir)
+    assert result.returncode == 0, result.stderr
+    rules = {f["rule"] for f in result.summary()["findings"]}
+    assert not DATA_RULES & rules, rules
+    assert "straggler" not in rules and "frequent-io" not in rules
