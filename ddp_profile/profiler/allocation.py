@@ -25,10 +25,19 @@ class Allocation:
     master_port: int
 
     def rank_env(self) -> dict[str, str]:
-        """The environment the script's rank process needs (torchrun-style variables)."""
-        return {"RANK": str(self.rank), "WORLD_SIZE": str(self.world_size),
-                "LOCAL_RANK": str(self.local_rank), "GROUP_RANK": str(self.node_rank),
-                "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port)}
+        """The environment the script's rank process needs (torchrun-style variables).
+
+        Under an outer torchrun the script must not use the agent's store: it outlives the
+        probes and would hand each new process group the keys of the last. The probes' rank 0
+        hosts its own store two ports up (one up is ddp-profile's coordinator).
+        """
+        env = {"RANK": str(self.rank), "WORLD_SIZE": str(self.world_size),
+               "LOCAL_RANK": str(self.local_rank), "GROUP_RANK": str(self.node_rank),
+               "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port)}
+        if self.kind == "torchrun":
+            env.update(TORCHELASTIC_USE_AGENT_STORE="False",
+                       MASTER_PORT=str(self.master_port + 2))
+        return env
 
 
 def _first_slurm_host(nodelist: str) -> Optional[str]:

@@ -128,3 +128,20 @@ def test_allocation_detection():
     assert (slurm.rank, slurm.world_size, slurm.node_rank, slurm.master_addr) == \
         (5, 8, 2, "gpu03")
     assert detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None  # a single task
+
+
+def test_inside_an_outer_torchrun(cli, tmp_path):
+    out = str(tmp_path / "outer")
+    port = free_port_pair()
+    env = dict(os.environ, **{TEST_ID_VAR: _current_test_id[0]})
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           f"--master-port={port}", "-m", "ddp_profile", "run", DEMO, "--out",
+                           out, *ONE_PROBE], env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    probe = _summary(out)["probes"][0]
+    assert probe["status"] == "ok" and [r["rank"] for r in probe["per_rank"]] == [0, 1]
+    env_of_rank = detect({"TORCHELASTIC_RUN_ID": "x", "RANK": "0", "WORLD_SIZE": "2",
+                          "MASTER_PORT": "1000"}).rank_env()
+    assert env_of_rank["TORCHELASTIC_USE_AGENT_STORE"] == "False"  # a fresh store per probe
+    assert env_of_rank["MASTER_PORT"] == "1002"
