@@ -158,8 +158,9 @@ def execute(out: str, *, report: bool = True, quiet: bool = False) -> dict[str, 
             print(f"ddp-profile: member {coordinator.member} ran {probes} probe(s); the results "
                   f"are in the run directory of member 0")
         return {"follower": True, "probes_run": probes}
+    progress = ConsoleProgress(quiet=quiet)
     sweep = Sweep(run_dir, spec, SearchSpace.from_dict(meta["space"]), options,
-                  progress=ConsoleProgress(quiet=quiet), coordinator=coordinator)
+                  progress=progress, coordinator=coordinator)
     gpu = _gpu_status()
     state = "failed"
     try:
@@ -170,6 +171,7 @@ def execute(out: str, *, report: bool = True, quiet: bool = False) -> dict[str, 
         raise Interrupted(f"interrupted; finished probes are kept: continue with "
                           f"ddp-profile run {meta['script']} --resume --out {out}") from None
     finally:
+        progress.close()
         summary = finalize(run_dir, meta, sweep, gpu, state, report=report and state == "complete")
     if not quiet:
         print_summary(summary, out)

@@ -16,11 +16,6 @@ def _settings(config: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
     return {k: config.get(k) for k in SETTINGS}
 
 
-def latest_per_config(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Ledger entries; a probe measured again (longer) supersedes the earlier one."""
-    return entries
-
-
 def build_summary(meta: dict[str, Any], entries: list[dict[str, Any]],
                   context: Optional[dict[str, Any]], gpu: dict[str, Any],
                   state: str) -> dict[str, Any]:
