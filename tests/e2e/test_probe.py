@@ -88,14 +88,15 @@ def test_script_without_optimizer_still_gets_data_and_compute(cli, run_dir):
 
 def test_validation_loader_is_not_the_training_loader(cli, run_dir):
     # 256 samples / 2 ranks / batch 16 = 8 batches an epoch, then a validation pass
-    result = cli(["run", DEMO, "--out", run_dir, *FAST, "--", "--validate", "--samples", "256"],
-                 out=run_dir)
+    result = cli(["run", DEMO, "--out", run_dir, *FAST, "--", "--validate", "--samples", "256",
+                  "--no-set-epoch"], out=run_dir)
     assert result.returncode == 0, result.stderr
     run = load_run(run_dir)
     assert run.steps["loader_id"].unique().tolist() == [0]
     iters = run.loader_iters[run.loader_iters.loader_id == 0]
     assert iters["iter_index"].max() >= 1  # several epochs of the training loader
     assert (run.loader_iters.loader_id == 1).any()  # the validation loader ran too
+    assert "missing-set-epoch" in {f["rule"] for f in run.summary["findings"]}
 
 
 def test_script_arguments_after_double_dash_reach_the_script(cli, run_dir):
