@@ -98,20 +98,54 @@ def _measurements(ranks: list[RankData]) -> dict[str, Any]:
         "data_wait_fraction": statistics.fmean(fractions) if fractions else None,
         "steps_measured": min((r["steps"] for r in per_rank), default=0),
         "step_time_cv": _step_time_cv(ranks),
+        "throughput_rse": _throughput_rse(ranks),
         "time_to_first_batch_s": max(first_batch) if first_batch else None,
         "per_rank": per_rank,
     }
 
 
-def _step_time_cv(ranks: list[RankData]) -> Optional[float]:
-    """Coefficient of variation of the per-step time of the slowest rank."""
-    by_step: dict[int, float] = {}
+def _global_steps(ranks: list[RankData]) -> list[tuple[float, int]]:
+    """Per measured step: (time of the slowest rank, samples of all ranks), in step order."""
+    by_step: dict[int, list[float]] = {}
     for data in ranks:
         for step in data.training_steps():
             if step.get("measured"):
                 total = step["data_wait_s"] + step["compute_s"] + step["other_s"]
-                by_step[step["step"]] = max(by_step.get(step["step"], 0.0), total)
-    values = list(by_step.values())
+                slot = by_step.setdefault(step["step"], [0.0, 0])
+                slot[0] = max(slot[0], total)
+                slot[1] += step.get("samples") or 0
+    return [(t, int(n)) for _, (t, n) in sorted(by_step.items())]
+
+
+BLOCKS = 5
+
+
+def _throughput_rse(ranks: list[RankData]) -> Optional[float]:
+    """Relative standard error of the probe's throughput, by batch means.
+
+    Step times of a loader with workers are bursty (a step that waits, then several that do
+    not), so single steps are poor samples; the throughputs of ``BLOCKS`` contiguous blocks
+    of steps are close to independent, and their spread gives the uncertainty of the mean.
+    """
+    steps = _global_steps(ranks)
+    blocks = min(BLOCKS, len(steps) // 2)
+    if blocks < 2:
+        return None
+    size = len(steps) // blocks
+    rates = []
+    for index in range(blocks):
+        chunk = steps[index * size:(index + 1) * size]
+        elapsed = sum(t for t, _ in chunk)
+        if elapsed <= 0:
+            return None
+        rates.append(sum(n for _, n in chunk) / elapsed)
+    mean = statistics.fmean(rates)
+    return statistics.stdev(rates) / mean / math.sqrt(blocks) if mean > 0 else None
+
+
+def _step_time_cv(ranks: list[RankData]) -> Optional[float]:
+    """Coefficient of variation of the per-step time of the slowest rank."""
+    values = [t for t, _ in _global_steps(ranks)]
     if len(values) < 2 or statistics.fmean(values) <= 0:
         return None
     return statistics.stdev(values) / statistics.fmean(values)

@@ -29,7 +29,7 @@ DEFAULT_FIRST_TIMEOUT_S = 600.0
 MIN_TIMEOUT_S = 60.0
 TIMEOUT_FACTOR = 4.0
 FOLLOWER_GRACE_S = 120.0  # how long the leader waits for a follower's records after its own
-UNSTABLE_CV = 0.25  # a probe whose step times vary more than this is measured again, longer
+UNSTABLE_RSE = 0.05  # a probe whose throughput is this uncertain is measured again, longer
 MIN_TIE_TOLERANCE = 0.02
 
 
@@ -115,7 +115,7 @@ class Sweep:
         if self.oom_batch is not None and (config.batch_size or 0) > self.oom_batch:
             return {"status": "skipped", "config": config.to_dict(), "throughput": None}
         entry = self.measure(config)
-        if entry["status"] == "ok" and (entry.get("step_time_cv") or 0) > UNSTABLE_CV:
+        if entry["status"] == "ok" and relative_se(entry) > UNSTABLE_RSE:
             entry = self.measure(config, steps=self.options.steps * 2)
         if entry["status"] == "oom" and config.batch_size is not None:
             self.oom_batch = min(self.oom_batch or config.batch_size, config.batch_size - 1)
@@ -285,16 +285,18 @@ def follow(coordinator: Coordinator, spec: LaunchSpec, run_dir: RunDir,
         index += 1
 
 
+def relative_se(entry: dict[str, Any]) -> float:
+    """Relative standard error of a probe's throughput: by batch means when recorded, else
+    from the per-step coefficient of variation."""
+    if entry.get("throughput_rse") is not None:
+        return float(entry["throughput_rse"])
+    cv = entry.get("step_time_cv") or 0.0
+    return cv / math.sqrt(max(1, entry.get("steps_measured") or 1))
+
+
 def tie_tolerance(a: dict[str, Any], b: dict[str, Any]) -> float:
-    """Relative throughput difference that counts as noise between two probes.
-
-    Twice the combined standard error of the two mean step times (CV / sqrt(steps)), at least 2 %.
-    """
-    def relative_se(entry: dict[str, Any]) -> float:
-        cv = entry.get("step_time_cv") or 0.0
-        steps = max(1, entry.get("steps_measured") or 1)
-        return cv / math.sqrt(steps)
-
+    """Relative throughput difference that counts as noise between two probes: twice their
+    combined relative standard error, at least 2 %."""
     return max(MIN_TIE_TOLERANCE, 2.0 * math.hypot(relative_se(a), relative_se(b)))
 
 

@@ -96,7 +96,11 @@ def global_steps(run: Run, probe_id: str) -> pd.DataFrame:
 
 
 def relative_error(run: Run, probe_id: str) -> float:
-    """Relative standard error of a probe's mean step time (0 if unknown)."""
+    """Relative standard error of a probe's throughput (0 if unknown): the probe's own
+    batch-means estimate when recorded, else from its per-step times."""
+    for probe in run.summary.get("probes", []):
+        if probe.get("id") == probe_id and finite(probe.get("throughput_rse")):
+            return float(probe["throughput_rse"])
     times = global_steps(run, probe_id)["step_s"]
     if len(times) >= 2 and times.mean() > 0:
         return float(times.std(ddof=1) / times.mean() / math.sqrt(len(times)))

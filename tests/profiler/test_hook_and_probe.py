@@ -81,3 +81,17 @@ def test_crash_without_records_reads_the_launcher_log(tmp_path):
     entry = summarise_probe(plan, outcome(tmp_path), "sweep", 60)
     assert entry["status"] == "crash" and entry["root_cause_rank"] == 1
     assert "ZeroDivisionError: division by zero" in entry["error"]
+
+
+def test_bursty_but_steady_steps_give_a_small_throughput_error(tmp_path):
+    plan = ProbePlan(probe_id="p004", out_dir=str(tmp_path), warmup=0)
+    # a loader with workers: one long wait every 4 steps, the same pattern throughout
+    pattern = [0.040, 0.002, 0.002, 0.002]
+    records = [{"kind": "step", "loader_id": 0, "step": i, "measured": True, "t_ns": i,
+                "data_wait_s": pattern[i % 4], "compute_s": 0.01, "other_s": 0.0, "samples": 8}
+               for i in range(40)]
+    write_rank(tmp_path, 0, [{"kind": "loader", "loader_id": 0, "applied": {}}, *records])
+    entry = summarise_probe(plan, outcome(tmp_path, returncode=0), "sweep", 60)
+    assert entry["status"] == "ok"
+    assert entry["step_time_cv"] > 0.5  # single steps vary a lot
+    assert entry["throughput_rse"] < 0.01  # the throughput does not
