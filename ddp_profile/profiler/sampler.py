@@ -43,6 +43,9 @@ Clock = Callable[[], int]
 NAN = math.nan
 
 
+FINAL_SAMPLE_MIN_S = 0.05  # at stop, sample once more if this much time has passed
+
+
 class _PeriodicSampler:
     """Runs ``prime()`` once, then ``sample_once()`` every ``interval_s`` in a daemon thread."""
 
@@ -76,6 +79,11 @@ class _PeriodicSampler:
         if self.thread.is_alive() and self.thread is not threading.current_thread():
             self.thread.join(timeout)
 
+    def _sample_and_send(self) -> None:
+        record = self.sample_once()
+        if record is not None:
+            self._send(record)
+
     def _record(self) -> dict[str, Any]:
         return {"kind": "sample", "source": self.source, "t_ns": int(self._clock())}
 
@@ -94,12 +102,14 @@ class _PeriodicSampler:
         try:
             if not self.prime():
                 return
-            deadline = time.monotonic() + self.interval_s
+            last = time.monotonic()
+            deadline = last + self.interval_s
             while not self._stop.wait(max(0.0, deadline - time.monotonic())):
-                record = self.sample_once()
-                if record is not None:
-                    self._send(record)
-                deadline = max(deadline + self.interval_s, time.monotonic())
+                self._sample_and_send()
+                last = time.monotonic()
+                deadline = max(deadline + self.interval_s, last)
+            if time.monotonic() - last >= FINAL_SAMPLE_MIN_S:
+                self._sample_and_send()  # a short probe still gets the window since the last
         except Exception as exc:  # never a traceback from a telemetry thread
             self._warn_once("crash", "stopped: %r", exc)
         finally:

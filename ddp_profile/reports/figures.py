@@ -184,8 +184,9 @@ def _rank_lines(frame: pd.DataFrame, column: str, scale: float, max_points: int,
         group = group.sort_values("t_s")
         x, y = downsample(group["t_s"].to_numpy(), group[column].to_numpy() * scale,
                           max_points)
-        traces.append(dict(
-            type="scatter", x=x.astype(np.float32), y=y.astype(np.float32), mode="lines",
+        traces.append(dict(  # a series of one or two points would draw no visible line
+            type="scatter", x=x.astype(np.float32), y=y.astype(np.float32),
+            mode="lines" if len(x) > 2 else "lines+markers",
             name=name,
             line=dict(width=1.2, color=RANK_COLOURS[i % len(RANK_COLOURS)]),
             hovertemplate=f"{name}<br>t=%{{x:.2f}} s<br>%{{y:.1f}} {unit}<extra></extra>"))

@@ -98,7 +98,10 @@ def probe_roles(run: Run) -> dict[str, str]:
         if ids:
             roles[str(ids[0])] = kind
     recommended = run.summary.get("recommended") or {}
-    if recommended:
+    chosen = run.summary.get("recommended_probe")
+    if chosen is not None and chosen in set(probes["id"].astype(str)):
+        roles[str(chosen)] = "recommended"  # the probe the recommendation was measured by
+    elif recommended:
         ok = probes[(probes["status"] == "ok") & (probes["kind"] != "ceiling")]
         matches = [row for row in ok.to_dict("records")
                    if all(_same(row.get(k), recommended.get(k)) for k in recommended
@@ -125,6 +128,8 @@ def build_headline(run: Run, roles: dict[str, str]) -> dict[str, Any]:
     interval = summary.get("expected_speedup_interval") or []
     ceiling = summary.get("ceiling_throughput")
     share = recommendation.get("ceiling_share")
+    baseline_ids = run.probes.loc[run.probes["kind"] == "baseline", "id"].astype(str).tolist()
+    baseline_id = baseline_ids[0] if baseline_ids else by_role.get("baseline")
     rec_tp = _throughput_of(run, by_role.get("recommended"))
     if _missing(share) and rec_tp and not _missing(ceiling) and ceiling:
         share = rec_tp / ceiling
@@ -140,7 +145,7 @@ def build_headline(run: Run, roles: dict[str, str]) -> dict[str, Any]:
         "ceiling_share": None if _missing(share) else float(share),
         "ceiling_share_text": fmt(share, ".0%", missing="unknown"),
         "ceiling_throughput_text": fmt(ceiling, ",.1f", " samples/s", missing="not measured"),
-        "baseline_throughput_text": fmt(_throughput_of(run, by_role.get("baseline")), ",.1f",
+        "baseline_throughput_text": fmt(_throughput_of(run, baseline_id), ",.1f",
                                         " samples/s"),
         "recommended_throughput_text": fmt(rec_tp, ",.1f", " samples/s"),
         "snippet": recommendation.get("snippet") or "",

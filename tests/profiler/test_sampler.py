@@ -313,3 +313,16 @@ def test_a_failing_emit_does_not_stop_sampling(caplog):
         finally:
             group.stop()
     assert sum("emit failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_window_shorter_than_the_interval_still_gets_a_sample():
+    import time as _time
+
+    from ddp_profile.profiler.sampler import start_samplers
+
+    records: list[dict] = []
+    group = start_samplers(records.append, pid=os.getpid(), interval_s=5.0)
+    _time.sleep(0.3)  # a short probe: stopped long before the first tick
+    group.stop()
+    host = [r for r in records if r.get("kind") == "sample" and r.get("source") == "host"]
+    assert len(host) == 1 and host[0]["cpu_percent"] >= 0

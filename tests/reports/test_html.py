@@ -250,3 +250,33 @@ def test_ranks_are_labelled_by_node_when_they_span_nodes():
     assert list(bars)[-1] == "node 1 · rank 3"
     one_node = steps.assign(node=0)
     assert step_timeline(one_node, "p0").to_dict()["data"][0]["name"] == "rank 0"
+
+
+def test_headline_keeps_the_baseline_when_it_is_also_the_recommended_probe(tmp_path):
+    from ddp_profile.reports.html import build_headline, probe_roles
+    from tests.synthetic import probe, write_run
+
+    path = write_run(str(tmp_path / "run"), probes=[probe("p000", kind="baseline",
+                                                          num_workers=0)],
+                     recommended={"num_workers": 0, "pin_memory": False,
+                                  "prefetch_factor": None, "batch_size": 32},
+                     summary_extra={"recommended_probe": "p000"})
+    from ddp_profile.profiler.results import load_run
+
+    run = load_run(path)
+    roles = probe_roles(run)
+    headline = build_headline(run, roles)
+    assert roles["p000"] == "recommended"
+    assert headline["baseline_throughput_text"] != "–"
+    assert headline["baseline_throughput_text"] == headline["recommended_throughput_text"]
+
+
+def test_a_single_sample_is_drawn_as_a_point():
+    import pandas as pd
+
+    from ddp_profile.reports.figures import sample_timeline
+
+    samples = pd.DataFrame([{"probe_id": "p", "rank": 0, "source": "host", "t_s": 0.5,
+                             "cpu_percent": 40.0}])
+    trace = sample_timeline(samples, "p", "host", "cpu_percent", "CPU", "%").to_dict()["data"][0]
+    assert "markers" in trace["mode"]

@@ -44,6 +44,18 @@ def test_data_loader_bound_uses_first_ok_probe_without_baseline_kind():
     assert data_loader_bound(run, T) is not None
 
 
+def test_data_loader_bound_advice_cites_the_measured_better_setting():
+    run = (RunBuilder().probe("p0", kind="baseline", num_workers=0, throughput=500.0)
+           .steps(data_wait=0.05, compute=0.05)
+           .probe("p1", kind="sweep", num_workers=4, prefetch_factor=2, throughput=1400.0)
+           .steps(data_wait=0.005, compute=0.05).build())
+    advice = data_loader_bound(run, T).recommendation
+    assert "num_workers=4" in advice and "2.80x" in advice
+    alone = RunBuilder().probe("p0", kind="baseline", num_workers=0, throughput=500.0) \
+        .steps(data_wait=0.05, compute=0.05).build()
+    assert "--num-workers 0,2" in data_loader_bound(alone, T).recommendation
+
+
 def test_threshold_is_overridable():
     run = RunBuilder().probe("p", kind="baseline").steps(data_wait=0.03, compute=0.07).build()
     assert data_loader_bound(run, Thresholds(data_wait_fraction=0.5)) is None
