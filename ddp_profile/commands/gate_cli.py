@@ -2,37 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 
 from ddp_profile.cli import app
 from ddp_profile.errors import UsageError
-
-
-def parse_config(text: Optional[str]) -> Optional[dict[str, Any]]:
-    """``num_workers=4,pin_memory=true,prefetch_factor=2,batch_size=64`` -> dict."""
-    if not text:
-        return None
-    from ddp_profile.profiler.config import SETTING_KEYS, parse_bool
-
-    config: dict[str, Any] = {}
-    for part in text.split(","):
-        key, _, value = part.partition("=")
-        key = key.strip().replace("-", "_")
-        if key not in SETTING_KEYS or not value:
-            raise UsageError(f"--config: expected KEY=VALUE with KEY in {', '.join(SETTING_KEYS)}, "
-                             f"got {part!r}")
-        try:
-            if value.strip().lower() in ("none", "null"):
-                config[key] = None
-            elif key == "pin_memory":
-                config[key] = parse_bool(value)
-            else:
-                config[key] = int(value)
-        except ValueError:
-            raise UsageError(f"--config: bad value for {key}: {value!r}") from None
-    return config
 
 
 @app.command()
@@ -67,7 +42,7 @@ def gate(
                          "ddp-profile.toml or the tool.ddp-profile table of pyproject.toml)")
     if not 0 <= max_regression < 1 or not 0 < alpha < 1:
         raise UsageError("--max-regression must be in [0, 1) and --alpha in (0, 1)")
-    return run_gate(baseline, current, config=parse_config(config), max_regression=max_regression,
+    return run_gate(baseline, current, config=config, max_regression=max_regression,
                     alpha=alpha, force=force, junit=junit, markdown=markdown, json_out=json_out)
 
 
@@ -81,6 +56,6 @@ def baseline_cmd(
     """Export a small baseline file (JSON, meant to be committed) from a run directory."""
     from ddp_profile.commands.gate import run_baseline_export
 
-    run_baseline_export(run_dir, output, config=parse_config(config))
+    run_baseline_export(run_dir, output, config=config)
     print(output)
     return 0

@@ -9,7 +9,7 @@ Large arrays are float32 numpy arrays, which plotly serialises as compact base64
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional
 
 import numpy as np
 import pandas as pd
