@@ -27,12 +27,14 @@ import weakref
 from typing import Any, Callable, Optional
 
 from ddp_profile.profiler.config import LoaderSettings, ProbePlan
+from ddp_profile.profiler.gpu_steps import GpuStepTimer, cuda_event_factory
 from ddp_profile.profiler.record import SCHEMA_VERSION, RankRecorder
 from ddp_profile.profiler.stepclock import StepClock
 
 CEILING_CACHE_BATCHES = 4
 FLUSH_INTERVAL_S = 0.5
 STOP_BARRIER_TIMEOUT_S = 60.0
+GPU_LOOKUP_BATCHES = 16  # look this many batches for the script's first use of CUDA
 
 
 def batch_size_of(batch: Any, default: int) -> int:
@@ -77,6 +79,8 @@ class Instrumentation:
         self._last_flush = time.monotonic()
         self._ceiling_cache: dict[int, list[Any]] = {}
         self._unused_checked = False
+        self.gpu_timer: Any = None
+        self._gpu_lookups = 0
 
     # ---- records -------------------------------------------------------------------------
     def event(self, name: str, **data: Any) -> None:
@@ -142,6 +146,8 @@ class Instrumentation:
         if record is not None:
             record["rank"] = _current_rank()
             self.recorder.write(record)
+            if self.gpu_timer is not None:
+                self.gpu_timer.poll()
             if clock.steps_closed >= self.plan.warmup + self.plan.steps:
                 self.training_loader_id = loader_id
                 self.stop("steps_done")
@@ -153,6 +159,7 @@ class Instrumentation:
             raise
         clock.batch_returned(batch_size_of(batch, state["default_bs"]))
         self.current = clock
+        self._gpu_step_started(loader_id, clock.steps_closed)
         if state["first"]:
             state["first"] = False
             self._on_first_batch(state)
@@ -169,6 +176,20 @@ class Instrumentation:
                 cache.append(batch)
             return batch
         return cache[step % len(cache)]
+
+    def _gpu_step_started(self, loader_id: int, step: int) -> None:
+        """GPU-side step timing, once the script uses CUDA (looked for in the first batches)."""
+        if self.gpu_timer is None and self._gpu_lookups < GPU_LOOKUP_BATCHES:
+            self._gpu_lookups += 1
+            factory = cuda_event_factory()
+            if factory is not None:
+                self.gpu_timer = GpuStepTimer(factory, self._write_gpu_step)
+        if self.gpu_timer is not None:
+            self.gpu_timer.step_started(loader_id, step)
+
+    def _write_gpu_step(self, record: dict[str, Any]) -> None:
+        record["rank"] = _current_rank()
+        self.recorder.write(record)
 
     def _on_first_batch(self, state: dict[str, Any]) -> None:
         first_batch_s = (time.perf_counter_ns() - state["t_iter"]) / 1e9
@@ -202,6 +223,8 @@ class Instrumentation:
     def on_optimizer_step(self) -> None:
         if self.current is not None:
             self.current.optimizer_stepped()
+            if self.gpu_timer is not None:
+                self.gpu_timer.compute_issued()
             if not self._unused_checked and self.ddp_modules:
                 self._check_unused_parameters()  # gradients exist until the next zero_grad
 
@@ -230,6 +253,11 @@ class Instrumentation:
             try:
                 self.samplers.stop()
             except Exception:  # noqa: BLE001
+                pass
+        if self.gpu_timer is not None:
+            try:
+                self.gpu_timer.finish()
+            except Exception:  # noqa: BLE001 - e.g. the CUDA context is already broken
                 pass
         self._final_events()
         training = self.training_loader_id

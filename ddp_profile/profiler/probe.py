@@ -99,6 +99,7 @@ def _measurements(ranks: list[RankData]) -> dict[str, Any]:
         "steps_measured": min((r["steps"] for r in per_rank), default=0),
         "step_time_cv": _step_time_cv(ranks),
         "throughput_rse": _throughput_rse(ranks),
+        "gpu_idle_fraction": _gpu_idle_fraction(ranks),
         "time_to_first_batch_s": max(first_batch) if first_batch else None,
         "per_rank": per_rank,
     }
@@ -118,6 +119,18 @@ def _global_steps(ranks: list[RankData]) -> list[tuple[float, int]]:
 
 
 BLOCKS = 5
+
+
+def _gpu_idle_fraction(ranks: list[RankData]) -> Optional[float]:
+    """Share of the measured steps' time the GPUs sat idle between steps (CUDA events)."""
+    idle = total = 0.0
+    for data in ranks:
+        for step in data.training_steps():
+            gpu = data.gpu_steps.get((step.get("loader_id"), step.get("step")))
+            if step.get("measured") and gpu and gpu.get("gpu_gap_s") is not None:
+                idle += gpu["gpu_gap_s"]
+                total += step["data_wait_s"] + step["compute_s"] + step["other_s"]
+    return idle / total if total > 0 else None
 
 
 def _throughput_rse(ranks: list[RankData]) -> Optional[float]:

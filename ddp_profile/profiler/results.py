@@ -14,7 +14,8 @@ Tables (all times in seconds; ``t_s`` is relative to the probe's first record):
                   prefetch_factor, batch_size, throughput, data_wait_fraction, score, wall_s,
                   error, root_cause_rank
 ``steps``         probe_id, rank, node, loader_id, step, measured, t_s, data_wait_s, compute_s,
-                  other_s, forward_s, step_s, samples  (training loader only)
+                  other_s, forward_s, step_s, samples, gpu_busy_s, gpu_gap_s (CUDA events;
+                  NaN without CUDA)  (training loader only)
 ``samples``       probe_id, rank, source, t_s, then one float column per metric (NaN if absent)
 ``loader_iters``  probe_id, rank, loader_id, iter_index, first_batch_s
 ``events``        probe_id, rank, name, data (dict)
@@ -34,7 +35,8 @@ from ddp_profile.errors import BadRunDir
 from ddp_profile.profiler.record import read_jsonl
 
 STEP_COLUMNS = ["probe_id", "rank", "node", "loader_id", "step", "measured", "t_s",
-                "data_wait_s", "compute_s", "other_s", "forward_s", "step_s", "samples"]
+                "data_wait_s", "compute_s", "other_s", "forward_s", "step_s", "samples",
+                "gpu_busy_s", "gpu_gap_s"]
 PROBE_COLUMNS = ["id", "kind", "status", "num_workers", "pin_memory", "prefetch_factor",
                  "batch_size", "throughput", "data_wait_fraction", "score", "wall_s", "error",
                  "root_cause_rank"]
@@ -51,6 +53,7 @@ class RankData:
     loader_iters: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     loaders: dict[int, dict[str, Any]] = field(default_factory=dict)
+    gpu_steps: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
     error: Optional[dict[str, Any]] = None
     end: Optional[dict[str, Any]] = None
     torn_lines: int = 0
@@ -97,6 +100,8 @@ def read_probe_dir(probe_dir: str) -> list[RankData]:
                 data.end = record
             elif kind == "loader":
                 data.loaders[int(record.get("loader_id", -1))] = record
+            elif kind == "gpu_step":
+                data.gpu_steps[(record.get("loader_id"), record.get("step"))] = record
         rank = next((r.get("rank") for r in records if r.get("rank") is not None), None)
         data.rank = int(rank) if rank is not None else -1
         _attach_training_loader(data)
@@ -199,6 +204,7 @@ def _rank_rows(probe_id: str, data: RankData, out: dict[str, list]) -> None:
     node = data.context.get("node_rank", 0)
     t0 = min([s["t_ns"] for s in data.steps if s.get("t_ns")] or [0])
     for step in data.training_steps():
+        gpu = data.gpu_steps.get((step.get("loader_id"), step.get("step")), {})
         out["steps"].append({
             "probe_id": probe_id, "rank": data.rank, "node": node,
             "loader_id": step.get("loader_id"), "step": step.get("step"),
@@ -206,7 +212,8 @@ def _rank_rows(probe_id: str, data: RankData, out: dict[str, list]) -> None:
             "data_wait_s": step["data_wait_s"], "compute_s": step["compute_s"],
             "other_s": step["other_s"], "forward_s": _nan(step.get("forward_s")),
             "step_s": step["data_wait_s"] + step["compute_s"] + step["other_s"],
-            "samples": step.get("samples") or 0})
+            "samples": step.get("samples") or 0,
+            "gpu_busy_s": _nan(gpu.get("gpu_busy_s")), "gpu_gap_s": _nan(gpu.get("gpu_gap_s"))})
     for sample in data.samples:
         row = {k: v for k, v in sample.items() if k not in ("kind", "t_ns", "rank")}
         row.update(probe_id=probe_id, rank=data.rank, node=node,

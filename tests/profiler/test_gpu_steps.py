@@ -1,0 +1,87 @@
+"""GPU-side step timing through a twin of CUDA timing events (same methods as torch.cuda.Event)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddp_profile.profiler.gpu_steps import GpuStepTimer
+
+
+class FakeGpu:
+    """A GPU timeline: recorded events complete when the GPU reaches them."""
+
+    def __init__(self) -> None:
+        self.now_ms = 0.0  # how far the GPU has worked
+        self.queued_until_ms = 0.0  # where the next recorded event lands
+        self.synchronised = 0
+
+    def enqueue(self, work_ms: float) -> None:
+        self.queued_until_ms = max(self.queued_until_ms, self.now_ms) + work_ms
+
+    def event(self) -> "FakeEvent":
+        return FakeEvent(self)
+
+
+class FakeEvent:
+    def __init__(self, gpu: FakeGpu) -> None:
+        self.gpu, self.at_ms = gpu, None
+
+    def record(self) -> None:
+        self.at_ms = max(self.gpu.queued_until_ms, self.gpu.now_ms)
+
+    def query(self) -> bool:
+        return self.at_ms is not None and self.at_ms <= self.gpu.now_ms
+
+    def synchronize(self) -> None:
+        self.gpu.synchronised += 1
+        self.gpu.now_ms = max(self.gpu.now_ms, self.at_ms)
+
+    def elapsed_time(self, end: "FakeEvent") -> float:
+        assert self.query() and end.query(), "elapsed_time on an unfinished event"
+        return end.at_ms - self.at_ms
+
+
+def test_gaps_show_a_starving_gpu_and_nothing_blocks_until_the_end():
+    gpu, records = FakeGpu(), []
+    timer = GpuStepTimer(gpu.event, records.append)
+    for step in range(4):
+        gpu.now_ms = max(gpu.now_ms, gpu.queued_until_ms) + 30.0  # idle 30 ms: waiting for data
+        timer.step_started(0, step)
+        gpu.enqueue(10.0)  # forward + backward + optimizer: 10 ms of GPU work
+        timer.compute_issued()
+        timer.poll()
+    assert gpu.synchronised == 0
+    timer.finish()
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    assert all(r["gpu_busy_s"] == pytest.approx(0.010) for r in records)
+    assert records[0]["gpu_gap_s"] is None
+    assert all(r["gpu_gap_s"] == pytest.approx(0.030) for r in records[1:])
+
+
+def test_a_busy_gpu_has_no_gap_even_when_the_host_waits():
+    gpu, records = FakeGpu(), []
+    timer = GpuStepTimer(gpu.event, records.append)
+    for step in range(3):
+        timer.step_started(0, step)  # the host got its batch while the GPU still works
+        gpu.enqueue(50.0)
+        timer.compute_issued()
+        timer.poll()
+    gpu.now_ms = gpu.queued_until_ms
+    timer.poll()
+    timer.finish()
+    assert [r["gpu_gap_s"] for r in records[1:]] == [0.0, 0.0]
+    assert all(r["gpu_busy_s"] == pytest.approx(0.050) for r in records)
+
+
+def test_a_step_without_optimizer_is_not_timed_and_pending_is_bounded():
+    gpu, records = FakeGpu(), []
+    timer = GpuStepTimer(gpu.event, records.append, max_pending=2)
+    timer.step_started(0, 0)  # no compute_issued: no end event, nothing recorded
+    for step in range(1, 6):
+        timer.step_started(0, step)
+        gpu.enqueue(5.0)
+        timer.compute_issued()
+        timer.poll()  # the GPU never advances by itself here
+    assert gpu.synchronised > 0  # memory stays bounded by waiting on the oldest
+    timer.finish()
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
