@@ -9,7 +9,8 @@ from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, Tensor
 from torch.utils.data.distributed import DistributedSampler
 
 from ddp_profile.profiler.config import LoaderSettings
-from ddp_profile.profiler.instrument import apply_overrides, batch_size_of
+from ddp_profile.profiler.instrument import batch_size_of
+from ddp_profile.profiler.overrides import apply_overrides
 
 DATA = TensorDataset(torch.arange(64.0))
 
