@@ -1,0 +1,143 @@
+"""Shared helpers of the end-to-end benchmarks (overhead, accuracy, recommendation).
+
+Each variant of a workload is one 2-rank launch of ``benchmarks/workloads/bench_train.py``:
+plainly under ``python -m torch.distributed.run``, or under ddp-profile's instrumentation
+(``profiler.launch.launch`` with a probe plan whose step budget the script's own loop never
+reaches, so the script ends itself exactly as it does plainly). Every launch gets its own
+scratch directory; rank 0's and rank 1's self-measurements come back as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+WORKLOAD = os.path.join(REPO, "benchmarks", "workloads", "bench_train.py")
+DEMO = os.path.join(REPO, "ddp_profile", "examples", "demo_train.py")
+NPROC = 2
+
+
+def machine() -> dict[str, Any]:
+    model = None
+    try:
+        with open("/proc/cpuinfo") as handle:
+            model = next((line.split(":", 1)[1].strip() for line in handle
+                          if line.startswith("model name")), None)
+    except OSError:
+        pass
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        load = None
+    import torch
+
+    return {"nproc": len(os.sched_getaffinity(0)), "cpu_model": model,
+            "arch": platform.machine(), "python": platform.python_version(),
+            "torch": torch.__version__, "loadavg_at_start": load}
+
+
+def scratch(prefix: str) -> str:
+    base = os.environ.get("DDP_PROFILE_BENCH_TMP") or None
+    return tempfile.mkdtemp(prefix=prefix, dir=base)
+
+
+def torchrun_command(script: str, args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={NPROC}", "--max-restarts=0", script, *args]
+
+
+def _read_ranks(out_pattern: str) -> list[dict[str, Any]]:
+    results = []
+    for rank in range(NPROC):
+        path = out_pattern.format(rank=rank)
+        if os.path.exists(path):
+            with open(path) as handle:
+                results.append(json.load(handle))
+    return results
+
+
+def run_plain(args: list[str], work: str, timeout_s: float = 600.0,
+              script: str = WORKLOAD) -> dict[str, Any]:
+    """The workload under plain torchrun; its per-rank self-measurements and the launch times."""
+    out = os.path.join(work, "res-{rank}.json")
+    env = dict(os.environ)
+    env.pop("DDP_PROFILE", None)
+    started_ns = time.time_ns()
+    with open(os.path.join(work, "launcher.log"), "ab") as log:
+        proc = subprocess.run(torchrun_command(script, [*args, "--out", out]), cwd=work, env=env,
+                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                              timeout=timeout_s)
+    ended_ns = time.time_ns()
+    return {"returncode": proc.returncode, "ranks": _read_ranks(out),
+            "started_ns": started_ns, "ended_ns": ended_ns}
+
+
+def run_instrumented(args: list[str], work: str, warmup: int = 5, steps: int = 10 ** 6,
+                     timeout_s: float = 600.0, script: str = WORKLOAD,
+                     with_out: bool = True) -> dict[str, Any]:
+    """The workload as a ddp-profile probe (instrumentation, telemetry samplers, records)."""
+    from ddp_profile.profiler.config import ProbePlan
+    from ddp_profile.profiler.launch import LaunchSpec, launch
+    from ddp_profile.profiler.probe import summarise_probe
+
+    out = os.path.join(work, "res-{rank}.json")
+    spec = LaunchSpec(script=script, script_args=tuple([*args, "--out", out] if with_out
+                                                       else args),
+                      nproc_per_node=NPROC)
+    plan = ProbePlan(probe_id="p000", out_dir=os.path.join(work, "probe"), warmup=warmup,
+                     steps=steps)
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        started_ns = time.time_ns()
+        outcome = launch(spec, plan, timeout_s)
+        ended_ns = time.time_ns()
+    finally:
+        os.chdir(cwd)
+    entry = summarise_probe(plan, outcome, "sweep", timeout_s)
+    return {"returncode": outcome.returncode, "ranks": _read_ranks(out), "entry": entry,
+            "probe_dir": plan.out_dir, "started_ns": started_ns, "ended_ns": ended_ns}
+
+
+def slowest_median(result: dict[str, Any]) -> Optional[float]:
+    """Median step time of the slowest rank (the job's pace)."""
+    values = [r["median_step_s"] for r in result["ranks"]]
+    return max(values) if len(values) == NPROC else None
+
+
+def slowest(result: dict[str, Any], key: str) -> Optional[float]:
+    values = [r[key] for r in result["ranks"]]
+    return max(values) if len(values) == NPROC else None
+
+
+def median(values: list[float]) -> Optional[float]:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def rnd(value: Optional[float], digits: int = 4) -> Optional[float]:
+    return None if value is None else round(value, digits)
+
+
+def package_version(name: str) -> Optional[str]:
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def cleanup(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,151 @@
+"""Step-time overhead of ddp-profile's instrumentation, next to torch.profiler and gpuprof.
+
+One compute-bound 2-rank DDP workload (``benchmarks/workloads/bench_train.py``, an MLP with
+``--hidden 1024 --layers 3 --batch-size 64``, gloo on CPU) times its own steps with
+``time.perf_counter`` in four variants:
+
+* ``plain``: ``python -m torch.distributed.run --standalone --nproc-per-node 2``;
+* ``ddp_profile``: the same launch as a ddp-profile probe (start-up hook, DataLoader and
+  optimizer patches, per-step records, telemetry samplers), with a step budget the script's own
+  loop never reaches, so the script ends itself as it does plainly;
+* ``torch_profiler``: the loop inside ``torch.profiler.profile`` with
+  ``schedule(wait=1, warmup=1, active=3, repeat=0)`` (CPU activities, ``prof.step()`` per step);
+* ``gpuprof``: the loop inside ``gpuprof.profile(...)`` (its two-line integration; it runs on a
+  machine without a GPU). Left out, with the reason in the JSON, if gpuprof is not installed.
+
+The variants are interleaved: every repetition runs each once, in a rotated order, and the
+ratio of each variant's median step time (slowest rank) to the plain run of the same
+repetition is taken; the figure is the median of those ratios over the repetitions.
+
+    python benchmarks/overhead.py --quick        # 2 repetitions x 40 steps (~3 min, 2 busy cores)
+    python benchmarks/overhead.py                # 5 repetitions x 200 steps
+
+The last line printed is a JSON object; ``ratio_vs_plain.ddp_profile`` (wall-clock median step
+time) is the headline figure (target <= 1.01). ``cpu_ratio_vs_plain`` is the same ratio for the
+median CPU time per step (every thread of the rank): on a shared, noisy machine the wall-clock
+ratio of two launches a minute apart swings by several percent either way, the CPU-time ratio
+much less.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _bench  # noqa: E402
+
+TARGET = 1.01
+WORKLOAD_ARGS = ["--hidden", "1024", "--layers", "3", "--batch-size", "64"]
+
+
+def gpuprof_status() -> tuple[bool, str]:
+    version = _bench.package_version("gpuprof")
+    if version is None:
+        return False, "gpuprof is not installed (pip install gpuprof==0.7.1)"
+    return True, f"gpuprof {version}"
+
+
+def run_variant(variant: str, steps: int, warmup: int) -> dict:
+    work = _bench.scratch(f"overhead-{variant}-")
+    args = [*WORKLOAD_ARGS, "--steps", str(steps), "--warmup", str(warmup)]
+    try:
+        if variant == "ddp_profile":
+            result = _bench.run_instrumented(args, work, warmup=warmup)
+            result["status"] = result["entry"]["status"]
+        else:
+            profiler = {"plain": "none", "torch_profiler": "torch", "gpuprof": "gpuprof"}[variant]
+            result = _bench.run_plain([*args, "--profiler", profiler], work)
+            result["status"] = "ok" if result["returncode"] == 0 else "crash"
+            if variant == "gpuprof":
+                result["gpuprof_steps_recorded"] = _gpuprof_steps(work)
+        result["median_step_s"] = _bench.slowest_median(result)
+        result["median_step_cpu_s"] = _bench.slowest(result, "median_step_cpu_s")
+        return result
+    finally:
+        _bench.cleanup(work)
+
+
+def _gpuprof_steps(work: str) -> int:
+    import sqlite3
+
+    path = os.path.join(work, "gpuprof-0.db")
+    if not os.path.exists(path):
+        return 0
+    with sqlite3.connect(path) as conn:
+        return conn.execute("SELECT COUNT(*) FROM steps").fetchone()[0]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2 repetitions x 40 steps")
+    parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None, help="loop steps per launch")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--variants", default="plain,ddp_profile,torch_profiler,gpuprof")
+    args = parser.parse_args(argv)
+    reps = args.reps or (2 if args.quick else 5)
+    steps = args.steps or (40 if args.quick else 200)
+    variants = [v for v in args.variants.split(",") if v]
+    have_gpuprof, gpuprof_note = gpuprof_status()
+    if not have_gpuprof and "gpuprof" in variants:
+        variants.remove("gpuprof")
+    others = [v for v in variants if v != "plain"]
+    info = _bench.machine()
+    per_rep: list[dict] = []
+    for rep in range(reps):
+        rotation = others[rep % len(others):] + others[:rep % len(others)] if others else []
+        order = ["plain", *rotation] if rep % 2 == 0 else [*rotation, "plain"]
+        medians, cpus, statuses = {}, {}, {}
+        for variant in order:
+            result = run_variant(variant, steps, args.warmup)
+            medians[variant] = result["median_step_s"]
+            cpus[variant] = result["median_step_cpu_s"]
+            statuses[variant] = result["status"]
+            if variant == "gpuprof":
+                statuses["gpuprof_steps_recorded"] = result.get("gpuprof_steps_recorded")
+            print(f"rep {rep} {variant}: median step {medians[variant]} s ({result['status']})",
+                  file=sys.stderr, flush=True)
+        plain = medians.get("plain")
+        ratios = {v: (medians[v] / plain if plain and medians.get(v) else None) for v in others}
+        plain_cpu = cpus.get("plain")
+        cpu_ratios = {v: (cpus[v] / plain_cpu if plain_cpu and cpus.get(v) else None)
+                      for v in others}
+        per_rep.append({"order": order, "median_step_s": {k: _bench.rnd(v, 5)
+                                                          for k, v in medians.items()},
+                        "median_step_cpu_s": {k: _bench.rnd(v, 5) for k, v in cpus.items()},
+                        "ratio_vs_plain": {k: _bench.rnd(v) for k, v in ratios.items()},
+                        "cpu_ratio_vs_plain": {k: _bench.rnd(v) for k, v in cpu_ratios.items()},
+                        "status": statuses})
+    ratio = {v: _bench.rnd(_bench.median([r["ratio_vs_plain"][v] for r in per_rep]))
+             for v in others}
+    cpu_ratio = {v: _bench.rnd(_bench.median([r["cpu_ratio_vs_plain"][v] for r in per_rep]))
+                 for v in others}
+    spread = {v: [min(x for x in vals), max(x for x in vals)] if vals else None
+              for v in others
+              for vals in [[r["ratio_vs_plain"][v] for r in per_rep
+                            if r["ratio_vs_plain"][v] is not None]]}
+    result = {
+        "benchmark": "overhead", "mode": "quick" if args.quick else "full",
+        "workload": "benchmarks/workloads/bench_train.py " + " ".join(WORKLOAD_ARGS),
+        "ranks": _bench.NPROC, "reps": reps, "steps_per_launch": steps, "warmup": args.warmup,
+        "median_step_s_plain": _bench.rnd(_bench.median(
+            [r["median_step_s"].get("plain") for r in per_rep]), 5),
+        "ratio_vs_plain": ratio, "ratio_range": spread,
+        "cpu_ratio_vs_plain": cpu_ratio,
+        "target_ddp_profile": TARGET,
+        "ddp_profile_within_target": ratio.get("ddp_profile") is not None
+        and ratio["ddp_profile"] <= TARGET,
+        "gpuprof": gpuprof_note if have_gpuprof else f"not measured: {gpuprof_note}",
+        "torch_profiler_schedule": "wait=1, warmup=1, active=3, repeat=0 (CPU activities)",
+        "per_rep": per_rep, "machine": info,
+    }
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Benchmark workload: an ordinary 2-rank DDP loop that times its own steps.
+
+Like ``ddp_profile/examples/demo_train.py`` its costs are parameters (``--load-ms`` per sample
+asleep, ``--cpu-ms`` per sample busy, ``--step-sleep-ms`` per step, ``--hidden``/``--layers``
+for the model), but it also measures itself with ``time.perf_counter`` so the benchmarks have a
+reference that does not depend on any profiler:
+
+* step time: the period between the starts of consecutive loop iterations (data wait, compute
+  and everything else);
+* data wait: time blocked in ``next(iterator)``;
+* CPU time per step: ``time.process_time`` (every thread of the rank, so profiler threads
+  count), far less sensitive than wall time to other processes on a shared machine.
+
+After ``--steps`` iterations (the first ``--warmup`` discarded) each rank writes
+``{"median_step_s", "data_wait_share", ...}`` to ``--out`` (``{rank}`` in the path is replaced)
+and the script ends normally. ``--profiler`` wraps the loop in a peer profiler:
+
+* ``torch``: ``torch.profiler.profile`` with ``schedule(wait=1, warmup=1, active=3, repeat=0)``
+  (a cycle of 5 steps, 3 of them recorded, over the whole loop), ``prof.step()`` per step;
+* ``gpuprof``: the package's two-line integration, ``with gpuprof.profile(name):`` around the
+  loop (its database goes to ``--gpuprof-db``, ``{rank}`` replaced).
+
+Run plainly with ``torchrun --nproc-per-node 2 bench_train.py --out res-{rank}.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+
+class CostlyDataset(Dataset):
+    def __init__(self, samples: int, features: int, load_ms: float, cpu_ms: float):
+        self.samples, self.features = samples, features
+        self.load_s, self.cpu_s = load_ms / 1000.0, cpu_ms / 1000.0
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __getitem__(self, index: int):
+        if self.load_s:
+            time.sleep(self.load_s)
+        if self.cpu_s:
+            end = time.perf_counter() + self.cpu_s
+            while time.perf_counter() < end:
+                pass
+        x = torch.randn(self.features, generator=torch.Generator().manual_seed(index))
+        return x, int(x.sum() > 0)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add = parser.add_argument
+    add("--steps", type=int, default=60, help="loop iterations in all (warm-up included)")
+    add("--warmup", type=int, default=5)
+    add("--samples", type=int, default=1 << 16)
+    add("--features", type=int, default=64)
+    add("--batch-size", type=int, default=16)
+    add("--num-workers", type=int, default=0)
+    add("--load-ms", type=float, default=0.0)
+    add("--cpu-ms", type=float, default=0.0)
+    add("--step-sleep-ms", type=float, default=0.0, help="sleep inside each step (compute)")
+    add("--hidden", type=int, default=256)
+    add("--layers", type=int, default=2)
+    add("--profiler", choices=("none", "torch", "gpuprof"), default="none")
+    add("--gpuprof-db", default="gpuprof-{rank}.db")
+    add("--out", default="", help="JSON result path; {rank} is replaced")
+    return parser.parse_args()
+
+
+def profiler_context(args: argparse.Namespace, rank: int):
+    if args.profiler == "torch":
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        return profile(activities=[ProfilerActivity.CPU],
+                       schedule=schedule(wait=1, warmup=1, active=3, repeat=0))
+    if args.profiler == "gpuprof":
+        import gpuprof
+
+        return gpuprof.profile("bench", db_path=args.gpuprof_db.format(rank=rank),
+                               summary=False)
+    return contextlib.nullcontext()
+
+
+def main() -> None:
+    args = parse_args()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if world > 1 else 0
+    torch.manual_seed(0)
+    dataset = CostlyDataset(args.samples, args.features, args.load_ms, args.cpu_ms)
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True) \
+        if world > 1 else None
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
+                        shuffle=sampler is None, drop_last=True, num_workers=args.num_workers)
+    layers: list[nn.Module] = [nn.Linear(args.features, args.hidden), nn.ReLU()]
+    for _ in range(args.layers - 1):
+        layers += [nn.Linear(args.hidden, args.hidden), nn.ReLU()]
+    model: nn.Module = nn.Sequential(*layers, nn.Linear(args.hidden, 2))
+    if world > 1:
+        model = DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = nn.CrossEntropyLoss()
+    sleep_s = args.step_sleep_ms / 1000.0
+
+    starts: list[float] = []  # perf_counter at each iteration's start
+    cpu: list[float] = []  # process CPU time (all threads) at each iteration's start
+    waits: list[float] = []
+    wall_ns: list[int] = []  # time.time_ns at each iteration's start
+    epoch = 0
+    with profiler_context(args, rank) as prof:
+        iterator = iter(loader)
+        while len(starts) < args.steps + 1:  # one more start closes the last step
+            starts.append(time.perf_counter())
+            cpu.append(time.process_time())
+            wall_ns.append(time.time_ns())
+            if len(starts) > args.steps:
+                break
+            try:
+                x, y = next(iterator)
+            except StopIteration:
+                epoch += 1
+                if sampler is not None:
+                    sampler.set_epoch(epoch)
+                iterator = iter(loader)
+                x, y = next(iterator)
+            waits.append(time.perf_counter() - starts[-1])
+            loss = loss_fn(model(x), y)
+            if sleep_s:
+                time.sleep(sleep_s)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if args.profiler == "torch":
+                prof.step()
+        loop_end_ns = time.time_ns()
+    steps = [b - a for a, b in zip(starts, starts[1:])][args.warmup:]
+    measured_waits = waits[args.warmup:]
+    cpu_steps = [b - a for a, b in zip(cpu, cpu[1:])][args.warmup:]
+    result = {
+        "rank": rank, "profiler": args.profiler, "steps": len(steps),
+        "median_step_s": statistics.median(steps),
+        "mean_step_s": statistics.fmean(steps),
+        "median_step_cpu_s": statistics.median(cpu_steps),
+        "data_wait_share": sum(measured_waits) / sum(steps),
+        "first_measured_step_ns": wall_ns[args.warmup],
+        "loop_end_ns": loop_end_ns,
+    }
+    if args.out:
+        with open(args.out.format(rank=rank), "w") as handle:
+            json.dump(result, handle)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
