@@ -5,7 +5,8 @@ replays the same deterministic decisions and re-uses every probe that already fi
 ``--resume`` neither re-runs nor loses a probe, for grid and adaptive search alike.
 
 Adaptive search is coordinate ascent: climb the ``num_workers`` ladder while throughput rises
-beyond noise, then try the other prefetch factors, pinning and batch sizes around the best.
+beyond noise (and the loop still waits for data), then try the other prefetch factors (only
+while it still waits), pinning and batch sizes around the best.
 Configurations within noise of each other are ties, resolved toward the cheaper one.
 """
 
@@ -31,6 +32,7 @@ TIMEOUT_FACTOR = 4.0
 FOLLOWER_GRACE_S = 120.0  # how long the leader waits for a follower's records after its own
 UNSTABLE_RSE = 0.05  # a probe whose throughput is this uncertain is measured again, longer
 MIN_TIE_TOLERANCE = 0.02
+SETTLED_DATA_WAIT = 0.05  # below this share of waiting, loading settings cannot help more
 
 
 @dataclass(frozen=True)
@@ -227,6 +229,8 @@ class Sweep:
             entry = self.measure_config(normalise(replace(start, num_workers=workers)))
             if self._better(entry, best):
                 best = entry
+                if not waits_for_data(best):
+                    break  # no data wait left for more workers to hide
             elif best is not None and entry.get("status") == "ok":
                 break
         if best is None:
@@ -238,8 +242,8 @@ class Sweep:
         assert self.axes is not None
         current = normalise(settings_of(best))
         values = getattr(self.axes, axis)
-        if axis == "prefetch_factor" and not current.num_workers:
-            return best
+        if axis == "prefetch_factor" and (not current.num_workers or not waits_for_data(best)):
+            return best  # prefetching only helps a loop that still waits for data
         for value in values:
             candidate = normalise(replace(current, **{axis: value}))
             if candidate == current:
@@ -250,6 +254,12 @@ class Sweep:
             elif axis == "batch_size" and entry.get("status") == "oom":
                 break
         return best
+
+
+def waits_for_data(entry: dict[str, Any]) -> bool:
+    """Whether a probe's ranks still wait for data for a measurable share of each step."""
+    fraction = entry.get("data_wait_fraction")
+    return fraction is None or fraction >= SETTLED_DATA_WAIT
 
 
 def merge_outcomes(leader: LaunchOutcome, followers: list[dict[str, Any]]) -> LaunchOutcome:
