@@ -218,7 +218,12 @@ def build_failed(run: Run) -> list[dict[str, Any]]:
 def build_environment(run: Run) -> list[tuple[str, str]]:
     summary = run.summary
     env = summary.get("environment") or {}
-    pairs = [(label, fmt(env.get(key), missing="unknown")) for key, label in ENVIRONMENT_LABELS]
+    gpu_keys = {"cuda_version", "driver_version", "gpu_name"}
+    no_gpu = "none" if summary.get("gpu_available") is False else "unknown"
+    pairs = [(label, fmt(env.get(key), missing=no_gpu if key in gpu_keys else "unknown"))
+             for key, label in ENVIRONMENT_LABELS]
+    if env.get("cpu_model"):
+        pairs.insert(5, ("CPU model", str(env["cpu_model"])))
     args = summary.get("script_args", run.meta.get("script_args")) or []
     pairs += [("script", str(summary.get("script") or run.meta.get("script") or "unknown")),
               ("script arguments", " ".join(str(a) for a in args) or "none"),
