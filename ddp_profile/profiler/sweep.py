@@ -5,7 +5,7 @@ replays the same deterministic decisions and re-uses every probe that already fi
 ``--resume`` neither re-runs nor loses a probe, for grid and adaptive search alike.
 
 Adaptive search is coordinate ascent: climb the ``num_workers`` ladder while throughput rises
-beyond noise (and the loop still waits for data), then try the other prefetch factors (only
+beyond noise (one rung of patience; and only while the loop still waits for data), then try the other prefetch factors (only
 while it still waits), pinning and batch sizes around the best.
 Configurations within noise of each other are ties, resolved toward the cheaper one.
 """
@@ -32,7 +32,8 @@ TIMEOUT_FACTOR = 4.0
 FOLLOWER_GRACE_S = 120.0  # how long the leader waits for a follower's records after its own
 UNSTABLE_RSE = 0.05  # a probe whose throughput is this uncertain is measured again, longer
 MIN_TIE_TOLERANCE = 0.02
-SETTLED_DATA_WAIT = 0.05  # below this share of waiting, loading settings cannot help more
+SETTLED_DATA_WAIT = 0.05
+CLIMB_PATIENCE = 1  # rungs of the worker ladder tried past one that did not pay (noise)  # below this share of waiting, loading settings cannot help more
 
 
 @dataclass(frozen=True)
@@ -225,14 +226,17 @@ class Sweep:
         start = LoaderSettings(None, own.pin_memory if own.pin_memory is not None else False,
                                min(self.axes.prefetch_factor), own.batch_size)
         best: Optional[dict[str, Any]] = None
+        misses = 0
         for workers in self.axes.num_workers:  # climb while it pays
             entry = self.measure_config(normalise(replace(start, num_workers=workers)))
             if self._better(entry, best):
-                best = entry
+                best, misses = entry, 0
                 if not waits_for_data(best):
                     break  # no data wait left for more workers to hide
             elif best is not None and entry.get("status") == "ok":
-                break
+                misses += 1
+                if misses > CLIMB_PATIENCE:
+                    break
         if best is None:
             return
         for axis in ("prefetch_factor", "pin_memory", "batch_size"):
