@@ -4,8 +4,9 @@ Every measurement goes through ``Sweep.measure``, which first looks in the ledge
 replays the same deterministic decisions and re-uses every probe that already finished, so
 ``--resume`` neither re-runs nor loses a probe, for grid and adaptive search alike.
 
-Adaptive search is coordinate ascent: climb the ``num_workers`` ladder while throughput rises
-beyond noise (one rung of patience; and only while the loop still waits for data), then try the other prefetch factors (only
+Adaptive search is coordinate ascent: on the ``num_workers`` ladder it starts from the rung the
+baseline's data-wait share predicts, steps down while a cheaper rung does as well and up while
+throughput rises beyond noise (one rung of patience; only while the loop still waits for data), then try the other prefetch factors (only
 while it still waits), pinning and batch sizes around the best.
 Configurations within noise of each other are ties, resolved toward the cheaper one.
 """
@@ -225,22 +226,52 @@ class Sweep:
         own = settings_of(self.baseline)
         start = LoaderSettings(None, own.pin_memory if own.pin_memory is not None else False,
                                min(self.axes.prefetch_factor), own.batch_size)
-        best: Optional[dict[str, Any]] = None
-        misses = 0
-        for workers in self.axes.num_workers:  # climb while it pays
-            entry = self.measure_config(normalise(replace(start, num_workers=workers)))
-            if self._better(entry, best):
-                best, misses = entry, 0
-                if not waits_for_data(best):
-                    break  # no data wait left for more workers to hide
-            elif best is not None and entry.get("status") == "ok":
-                misses += 1
-                if misses > CLIMB_PATIENCE:
-                    break
+        best = self._climb_workers(start, list(self.axes.num_workers))
         if best is None:
             return
         for axis in ("prefetch_factor", "pin_memory", "batch_size"):
             best = self._try_axis(best, axis)
+
+    def _climb_workers(self, start: LoaderSettings, ladder: list[int]
+                       ) -> Optional[dict[str, Any]]:
+        """Hill-climb the worker ladder from the rung the baseline predicts.
+
+        Down while a cheaper rung is at least as fast (within noise), else up while a rung is
+        faster beyond noise (one rung of patience) and the loop still waits for data.
+        """
+        def at(index: int) -> dict[str, Any]:
+            return self.measure_config(normalise(replace(start, num_workers=ladder[index])))
+
+        index = predicted_rung(self.baseline, ladder)
+        best, best_index = at(index), index
+        if best.get("status") != "ok":
+            best, best_index = None, -1
+        for lower in range(index - 1, -1, -1):
+            entry = at(lower)
+            if best is not None and not self._not_worse(entry, best):
+                break
+            if entry.get("status") == "ok":
+                best, best_index = entry, lower
+        if best is not None and best_index < index:
+            return best  # a cheaper rung did as well: going up will not pay
+        misses = 0
+        for upper in range(index + 1, len(ladder)):
+            if best is not None and not waits_for_data(best):
+                break  # no data wait left for more workers to hide
+            entry = at(upper)
+            if self._better(entry, best):
+                best, misses = entry, 0
+            elif entry.get("status") == "ok":
+                misses += 1
+                if misses > CLIMB_PATIENCE:
+                    break
+        return best
+
+    def _not_worse(self, candidate: dict[str, Any], incumbent: dict[str, Any]) -> bool:
+        if candidate.get("status") != "ok" or not candidate.get("throughput"):
+            return False
+        return candidate["throughput"] >= incumbent["throughput"] * (1 - tie_tolerance(
+            candidate, incumbent))
 
     def _try_axis(self, best: dict[str, Any], axis: str) -> dict[str, Any]:
         assert self.axes is not None
@@ -258,6 +289,26 @@ class Sweep:
             elif axis == "batch_size" and entry.get("status") == "oom":
                 break
         return best
+
+
+def predicted_rung(baseline: Optional[dict[str, Any]], ladder: list[int]) -> int:
+    """The worker-ladder rung the baseline's own measurement points at.
+
+    A data-bound loop consumes one batch per step time T, of which (1 - f) is compute (f the
+    data-wait share); ``w`` workers each deliver a batch every L = T * max(w, 1). Enough
+    workers to keep up: L / ((1 - f) T) = max(w, 1) / (1 - f). Not data-bound: stay put.
+    """
+    if not baseline or baseline.get("status") != "ok":
+        return 0
+    workers = (baseline.get("config") or {}).get("num_workers") or 0
+    fraction = baseline.get("data_wait_fraction")
+    needed = workers
+    if fraction is not None and fraction >= SETTLED_DATA_WAIT:
+        needed = math.ceil(max(workers, 1) / max(1.0 - fraction, 0.05))
+    for index, rung in enumerate(ladder):
+        if rung >= needed:
+            return index
+    return len(ladder) - 1
 
 
 def waits_for_data(entry: dict[str, Any]) -> bool:

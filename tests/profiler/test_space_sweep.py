@@ -88,3 +88,16 @@ def test_existing_run_directory_is_not_overwritten(tmp_path):
     with pytest.raises(BadRunDir, match="--resume"):
         run_dir.create({"script": "x.py"})
     assert os.path.exists(run_dir.file("run.json"))
+
+
+def test_predicted_rung_from_the_baseline_data_wait():
+    from ddp_profile.profiler.sweep import predicted_rung
+
+    ladder = [0, 1, 2, 4, 8]
+    def base(workers, wait):
+        return {"status": "ok", "config": {"num_workers": workers}, "data_wait_fraction": wait}
+    assert predicted_rung(base(0, 0.75), ladder) == 3  # 1 / 0.25 = 4 workers keep up
+    assert predicted_rung(base(2, 0.5), ladder) == 3  # 2 / 0.5 = 4
+    assert predicted_rung(base(2, 0.01), ladder) == 2  # not data-bound: stay at its own 2
+    assert predicted_rung(base(0, 0.99), ladder) == 4  # beyond the ladder: its top
+    assert predicted_rung({"status": "crash"}, ladder) == 0
