@@ -24,6 +24,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
+from ddp_profile.profiler.record import clean_json
 from ddp_profile.profiler.results import rank_step_stats
 
 StepTime = Union[float, Sequence[float]]
@@ -163,20 +164,9 @@ def _probe_summary(spec: SyntheticProbe, config: dict[str, Any],
             "step_time_cv": cv, "skipped_overrides": [], "per_rank": per_rank}
 
 
-def _clean(value: Any) -> Any:
-    """JSON has no NaN: the profiler writes null, and so do we."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return value
-
-
 def _write_json(path: str, value: Any) -> None:
     with open(path, "w", encoding="utf-8") as handle:
-        json.dump(_clean(value), handle, indent=1, allow_nan=False)
+        json.dump(clean_json(value), handle, indent=1, allow_nan=False)
 
 
 def write_run(path: Union[str, os.PathLike], probes: Optional[Sequence[Any]] = None, *,
@@ -248,7 +238,7 @@ def write_run(path: Union[str, os.PathLike], probes: Optional[Sequence[Any]] = N
                  "nproc_per_node": nproc_per_node, "search": {"mode": "grid"}})
     if write_ledger:
         with open(os.path.join(run_dir, "ledger.jsonl"), "w", encoding="utf-8") as handle:
-            handle.write("".join(json.dumps(_clean(s)) + "\n" for s in summaries))
+            handle.write("".join(json.dumps(clean_json(s)) + "\n" for s in summaries))
     if write_summary:
         _write_json(os.path.join(run_dir, "summary.json"), summary)
     return run_dir

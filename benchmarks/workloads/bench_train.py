@@ -36,26 +36,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
-
-class CostlyDataset(Dataset):
-    def __init__(self, samples: int, features: int, load_ms: float, cpu_ms: float):
-        self.samples, self.features = samples, features
-        self.load_s, self.cpu_s = load_ms / 1000.0, cpu_ms / 1000.0
-
-    def __len__(self) -> int:
-        return self.samples
-
-    def __getitem__(self, index: int):
-        if self.load_s:
-            time.sleep(self.load_s)
-        if self.cpu_s:
-            end = time.perf_counter() + self.cpu_s
-            while time.perf_counter() < end:
-                pass
-        x = torch.randn(self.features, generator=torch.Generator().manual_seed(index))
-        return x, int(x.sum() > 0)
+from ddp_profile.examples.demo_train import SyntheticDataset
 
 
 def parse_args() -> argparse.Namespace:
@@ -99,7 +82,7 @@ def main() -> None:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if world > 1 else 0
     torch.manual_seed(0)
-    dataset = CostlyDataset(args.samples, args.features, args.load_ms, args.cpu_ms)
+    dataset = SyntheticDataset(args.samples, args.features, args.load_ms, args.cpu_ms)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True) \
         if world > 1 else None
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,

@@ -29,19 +29,19 @@ from typing import Any, Callable, Optional
 SCHEMA_VERSION = 1
 
 
-def _clean(value: Any) -> Any:
+def clean_json(value: Any) -> Any:
     """JSON has no NaN: write it as null."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: clean_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [clean_json(v) for v in value]
     return value
 
 
 def dumps(record: dict[str, Any]) -> str:
-    return json.dumps(_clean(record), separators=(",", ":"), default=str)
+    return json.dumps(clean_json(record), separators=(",", ":"), default=str)
 
 
 class RankRecorder:

@@ -14,18 +14,13 @@ import os
 
 import pytest
 
+from tests.browser import ARTIFACTS, launch, needs_chromium
 from tests.conftest import DEMO, run_cli
-
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = os.path.join(os.path.dirname(__file__), "..", "..", "test-artifacts")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.browser,
-    pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                       reason=f"{CHROMIUM} is absent (apt-get install chromium; `make browser`)"),
+    needs_chromium,
 ]
 
 
@@ -48,7 +43,7 @@ def _probe_dirs(run_dir: str) -> list[str]:
 def test_real_report_renders_in_chromium(real_run):
     sync_api = pytest.importorskip("playwright.sync_api")
     with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        browser = launch(playwright)
         try:
             page = browser.new_page(viewport={"width": 1360, "height": 900})
             errors: list[str] = []

@@ -7,16 +7,11 @@ import os
 import pytest
 
 from ddp_profile.reports.html import write_report
-
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = os.path.join(os.path.dirname(__file__), "..", "..", "test-artifacts")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
+from tests.browser import ARTIFACTS, launch, needs_chromium
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                       reason=f"{CHROMIUM} is absent (apt-get install chromium; `make browser`)"),
+    needs_chromium,
 ]
 
 
@@ -24,7 +19,7 @@ pytestmark = [
 def browser():
     sync_api = pytest.importorskip("playwright.sync_api")
     with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        browser = launch(playwright)
         yield browser
         browser.close()
 
