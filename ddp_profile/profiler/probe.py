@@ -174,6 +174,10 @@ def _classify(ranks: list[RankData], outcome: LaunchOutcome, plan: ProbePlan,
         return "timeout", "timeout", f"no result within {timeout_s:.0f} s{where}", root
     if errors:
         first = errors[0]
+        if _is_symptom(first):  # every recorded error is a symptom: the log may name the cause
+            rank, line = _failure_from_log(outcome.log_path, skip_symptoms=True)
+            if line is not None:
+                first = {"rank": rank, "last_line": line, "message": line}
         oom = first.get("oom") or _looks_oom(first.get("last_line", ""))
         causes = first.get("causes") or []
         during = f" (raised while handling: {causes[-1]})" if causes else ""
@@ -236,21 +240,32 @@ def _stalled_rank(ranks: list[RankData]) -> Optional[int]:
 
 
 _RANK_RE = re.compile(r"\brank\s*:?\s*(\d+)")
-_ERROR_LINE_RE = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?([A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*"
-                            r"|\S+: error: .*)$")
+_ERROR_LINE_RE = re.compile(r"^\s*(?:\[(?:rank(\d+))?[^\]]*\]:?\s*)?"
+                            r"([A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*|\S+: error: .*)$")
 
 
-def _failure_from_log(log_path: str) -> tuple[Optional[int], Optional[str]]:
-    """The failing rank and the error's last line, from the launcher's log."""
+def _failure_from_log(log_path: str, skip_symptoms: bool = False
+                      ) -> tuple[Optional[int], Optional[str]]:
+    """The failing rank and the error's last line, from the launcher's log.
+
+    torchrun prefixes each rank's output with ``[rankN]:``; that names the rank of the line.
+    With ``skip_symptoms``, a peer's "connection closed" is passed over for the real cause.
+    """
     try:
         with open(log_path, encoding="utf-8", errors="replace") as handle:
             lines = handle.read().splitlines()[-400:]
     except OSError:
         return None, None
-    error_line = next((m.group(1).strip() for m in map(_ERROR_LINE_RE.match, reversed(lines))
-                       if m and "ChildFailedError" not in m.group(1)), None)
-    rank = next((int(m.group(1)) for m in map(_RANK_RE.search, reversed(lines)) if m), None)
-    return rank, error_line[:500] if error_line else None
+    for match in map(_ERROR_LINE_RE.match, reversed(lines)):
+        if not match or "ChildFailedError" in match.group(2):
+            continue
+        text = match.group(2).strip()
+        if skip_symptoms and _is_symptom({"message": text}):
+            continue
+        rank = int(match.group(1)) if match.group(1) else next(
+            (int(m.group(1)) for m in map(_RANK_RE.search, reversed(lines)) if m), None)
+        return rank, text[:500]
+    return None, None
 
 
 def probe_dir(run_dir: str, probe_id: str) -> str:

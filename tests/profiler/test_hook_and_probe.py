@@ -95,3 +95,15 @@ def test_bursty_but_steady_steps_give_a_small_throughput_error(tmp_path):
     assert entry["status"] == "ok"
     assert entry["step_time_cv"] > 0.5  # single steps vary a lot
     assert entry["throughput_rse"] < 0.01  # the throughput does not
+
+
+def test_when_only_symptoms_were_recorded_the_log_names_the_cause(tmp_path):
+    (tmp_path / "launcher.log").write_text(
+        "[rank0]: RuntimeError: DataLoader worker (pid 123) is killed by signal: Killed.\n"
+        "[rank1]: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1\n")
+    write_rank(tmp_path, 1, [{"kind": "error", "t_ns": 2, "exc_type": "RuntimeError",
+                              "message": "Connection closed by peer [127.0.0.1]:1",
+                              "last_line": "RuntimeError: Connection closed by peer"}])
+    plan = ProbePlan(probe_id="p005", out_dir=str(tmp_path))
+    entry = summarise_probe(plan, outcome(tmp_path), "sweep", 60)
+    assert entry["root_cause_rank"] == 0 and "DataLoader worker" in entry["error"]
