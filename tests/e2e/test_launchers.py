@@ -18,7 +18,7 @@ from tests.conftest import DEMO, SCRIPTS, TEST_ID_VAR, _current_test_id
 
 pytestmark = pytest.mark.e2e
 
-ONE_PROBE = ["--num-workers", "0", "--no-ceiling", "--steps", "8", "--warmup", "2",
+ONE_PROBE = ["--num-workers", "0", "--no-ceiling", "--steps", "20", "--warmup", "2",
              "--no-report", "--quiet"]
 
 
@@ -49,7 +49,7 @@ def test_mp_spawn_script_with_launcher_none(cli, run_dir):
     assert summary["world_size"] == 2  # read from the process group the spawned ranks formed
     probe = summary["probes"][0]
     assert probe["status"] == "ok" and [r["rank"] for r in probe["per_rank"]] == [0, 1]
-    assert all(r["steps"] == 8 for r in probe["per_rank"])
+    assert all(r["steps"] == 20 for r in probe["per_rank"])
 
 
 def test_legacy_local_rank_script_works_unchanged(cli, run_dir):

@@ -16,7 +16,7 @@ from tests.conftest import DEMO, TEST_ID_VAR, _current_test_id, probe_processes
 
 pytestmark = pytest.mark.e2e
 
-QUICK = ["--steps", "10", "--warmup", "3", "--no-report", "--quiet"]
+QUICK = ["--steps", "20", "--warmup", "3", "--no-report", "--quiet"]
 IO_BOUND = ["--", "--load-ms", "3", "--batch-size", "8"]
 
 
