@@ -1,25 +1,18 @@
-"""One probe: launch it, then turn its rank records and exit into one ledger entry."""
+"""One finished probe: turn its rank records and launch outcome into one ledger entry."""
 
 from __future__ import annotations
 
 import math
-import os
 import re
 import statistics
 from typing import Any, Optional
 
 from ddp_profile.profiler.config import ProbePlan
-from ddp_profile.profiler.launch import LaunchOutcome, LaunchSpec, launch
+from ddp_profile.profiler.launch import LaunchOutcome
 from ddp_profile.profiler.results import RankData, rank_step_stats, read_probe_dir
 
 OOM_PATTERNS = ("out of memory", "can't allocate memory", "cannot allocate memory",
                 "outofmemoryerror", "memoryerror")
-
-
-def run_probe(spec: LaunchSpec, plan: ProbePlan, timeout_s: float, kind: str = "sweep"
-              ) -> dict[str, Any]:
-    outcome = launch(spec, plan, timeout_s)
-    return summarise_probe(plan, outcome, kind, timeout_s)
 
 
 def _finite(value: float) -> Optional[float]:
@@ -30,12 +23,13 @@ def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: str, timeout_
                     ) -> dict[str, Any]:
     """The ledger entry of a finished probe (the ``probes[]`` item of summary.json)."""
     ranks = [r for r in read_probe_dir(plan.out_dir) if r.rank >= 0 or r.steps or r.error]
+    loader = _training_loader(ranks)
     entry: dict[str, Any] = {
         "id": plan.probe_id, "kind": kind, "requested": plan.overrides.to_dict(),
-        "config": _applied_config(ranks), "status": "ok", "reason": None, "error": None,
+        "config": dict(loader.get("applied") or {}), "status": "ok", "reason": None, "error": None,
         "root_cause_rank": None, "wall_s": round(outcome.wall_s, 3),
         "warmup": plan.warmup, "steps": plan.steps,
-        "skipped_overrides": _skipped(ranks), "strays_killed": outcome.strays_killed,
+        "skipped_overrides": list(loader.get("skipped_overrides") or []), "strays_killed": outcome.strays_killed,
     }
     entry.update(_measurements(ranks))
     status, reason, error, root = _classify(ranks, outcome, plan, timeout_s)
@@ -50,31 +44,13 @@ def _training_loader_record(data: RankData) -> Optional[dict[str, Any]]:
     return data.loaders.get(loader_id) if loader_id is not None else None
 
 
-def _applied_config(ranks: list[RankData]) -> dict[str, Any]:
+def _training_loader(ranks: list[RankData]) -> dict[str, Any]:
+    """The first rank's ``loader`` record of its training loader (empty if none ran)."""
     for data in ranks:
         loader = _training_loader_record(data)
         if loader:
-            return dict(loader.get("applied") or {})
+            return loader
     return {}
-
-
-def _skipped(ranks: list[RankData]) -> list[dict[str, str]]:
-    for data in ranks:
-        loader = _training_loader_record(data)
-        if loader:
-            return list(loader.get("skipped_overrides") or [])
-    return []
-
-
-def baseline_settings(ranks: list[RankData]) -> Optional[dict[str, Any]]:
-    """The training loader's settings as the script wrote them."""
-    for data in ranks:
-        loader = _training_loader_record(data)
-        if loader:
-            own = loader.get("own") or {}
-            return {k: own.get(k) for k in ("num_workers", "pin_memory", "prefetch_factor",
-                                            "batch_size")}
-    return None
 
 
 def _measurements(ranks: list[RankData]) -> dict[str, Any]:
@@ -266,7 +242,3 @@ def _failure_from_log(log_path: str, skip_symptoms: bool = False
             (int(m.group(1)) for m in map(_RANK_RE.search, reversed(lines)) if m), None)
         return rank, text[:500]
     return None, None
-
-
-def probe_dir(run_dir: str, probe_id: str) -> str:
-    return os.path.join(run_dir, "probes", probe_id)
