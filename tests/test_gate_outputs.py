@@ -10,7 +10,8 @@ import xml.etree.ElementTree as ET
 import pytest
 from rich.console import Console
 
-from ddp_profile.commands.gate import parse_config, run_baseline_export, run_gate
+from ddp_profile.commands.gate import (baseline_warnings, build_result, parse_config,
+                                       run_baseline_export, run_gate)
 from ddp_profile.errors import BadRunDir, ExitCode, Incomparable, UsageError
 from ddp_profile.profiler.baseline import (ConfigNotFound, export_baseline, load_side,
                                            step_throughput_samples)
@@ -21,9 +22,9 @@ from tests.synthetic import lognormal_step_time, probe, write_run
 FAST = {"num_workers": 2, "pin_memory": False, "prefetch_factor": 2, "batch_size": 32}
 
 
-def _probes(slowdown: float = 1.0, seed: int = 0, steps: int = 40):
+def _probes(slowdown: float = 1.0, seed: int = 0, steps: int = 40, cv: float = 0.05):
     """A slow baseline probe, the recommended w2 probe (optionally slowed), and a ceiling."""
-    noise = lognormal_step_time(0.04, 0.05, seed)
+    noise = lognormal_step_time(0.04, cv, seed)
 
     def w2(probe_id, rank, step):
         return tuple(part * slowdown for part in noise(probe_id, rank, step))
@@ -39,7 +40,9 @@ def runs(tmp_path):
     return {"base": write_run(tmp_path / "base", _probes(seed=0)),
             "same": write_run(tmp_path / "same", _probes(seed=1)),
             "slow": write_run(tmp_path / "slow", _probes(slowdown=1.15, seed=2)),
-            "short": write_run(tmp_path / "short", _probes(seed=3, steps=5))}
+            "short": write_run(tmp_path / "short", _probes(seed=3, steps=5)),
+            "noisy": write_run(tmp_path / "noisy", _probes(seed=4, steps=12, cv=0.12)),
+            "noisy2": write_run(tmp_path / "noisy2", _probes(seed=6, steps=12, cv=0.12))}
 
 
 def _quiet() -> Console:
@@ -118,10 +121,16 @@ def test_markdown_json_and_github_summary(runs, tmp_path, monkeypatch):
     text = md_path.read_text(encoding="utf-8")
     assert "| Config | Baseline samples/s | Current samples/s |" in text
     assert "| w=2 pin=false pf=2 bs=32 |" in text and "regression" in text
+    assert "Hodges-Lehmann" in text and "| Detectable |" in text
     assert summary_file.read_text(encoding="utf-8").strip() == text.strip()
     data = json.loads(json_path.read_text(encoding="utf-8"))
     assert data["status"] == "regression"
-    assert data["comparisons"][0]["verdict"]["n_current"] == 40
+    verdict = data["comparisons"][0]["verdict"]
+    assert verdict["n_current"] == 40 and verdict["interval_method"] == "normal"
+    assert verdict["ratio_ci_low"] < verdict["ratio"] < verdict["ratio_ci_high"] < 0.95
+    assert 0.05 < verdict["min_detectable"] < 0.15
+    row = next(line for line in text.splitlines() if line.startswith("| w=2 pin=false"))
+    assert f"| {-verdict['min_detectable'] * 100:+.1f} % |" in row
     assert data["baseline"]["probe_id"] == "w2"
 
 
@@ -137,7 +146,32 @@ def test_console_table_names_the_verdict(runs):
     console = Console(file=io.StringIO(), width=80)
     run_gate(runs["base"], runs["slow"], console=console)
     out = console.file.getvalue()
-    assert "REGRESSION" in out and "w=2 pin=false" in out
+    assert "REGRESSION" in out and "w=2 pin=false" in out and "Detectable" in out
+    assert all(len(line) <= 80 for line in out.splitlines())
+    result = build_result(load_side(runs["base"]), load_side(runs["slow"]))
+    detectable = result.comparisons[0].verdict.min_detectable
+    assert f"{-detectable * 100:+.1f} %" in out
+
+
+def test_too_few_steps_for_a_ten_percent_slowdown_earn_a_warning(runs, tmp_path):
+    """12 noisy steps a side cannot see 10 %: every output says so and names the steps."""
+    console = Console(file=io.StringIO(), width=80)
+    md_path, json_path, junit = (tmp_path / "gate.md", tmp_path / "gate.json",
+                                 tmp_path / "gate.xml")
+    run_gate(runs["noisy"], runs["noisy2"], console=console, markdown=str(md_path),
+             json_out=str(json_path), junit=str(junit))
+    data = json.loads(json_path.read_text(encoding="utf-8"))
+    verdict = data["comparisons"][0]["verdict"]
+    assert verdict["min_detectable"] > 0.10 and verdict["steps_needed"] > 12
+    needed = f"about {verdict['steps_needed']} steps per side"
+    assert any(needed in w for w in data["warnings"])
+    assert needed in md_path.read_text(encoding="utf-8")
+    assert needed in " ".join(console.file.getvalue().split())
+    assert needed in ET.parse(junit).getroot().find("testsuite/system-err").text
+    # enough quiet steps: no warning
+    quiet = build_result(load_side(runs["base"]), load_side(runs["same"]))
+    assert quiet.comparisons[0].verdict.steps_needed is None
+    assert not any("steps per side" in w for w in quiet.warnings)
 
 
 @pytest.mark.parametrize("change", [{"torch_version": "2.12.0+cpu"}, {"world_size": 4},
@@ -154,9 +188,16 @@ def test_incomparable_environments_are_refused_unless_forced(runs, tmp_path, cha
     assert any("--force" in w for w in json.loads(out.read_text())["warnings"])
 
 
+def test_exporting_a_short_or_noisy_baseline_says_so(runs, tmp_path, capsys):
+    warnings = run_baseline_export(runs["noisy"], str(tmp_path / "noisy.json"))
+    assert len(warnings) == 1 and "holds 12 steps" in warnings[0]
+    assert "warning: the baseline holds 12 steps" in capsys.readouterr().err
+    assert "only 5 usable" in baseline_warnings([1000.0 + i for i in range(5)])[0]
+
+
 def test_exported_baseline_round_trips(runs, tmp_path):
     path = tmp_path / "baseline.json"
-    run_baseline_export(runs["base"], str(path))
+    assert run_baseline_export(runs["base"], str(path)) == []
     data = json.loads(path.read_text(encoding="utf-8"))
     assert data["config"] == FAST and len(data["samples"]) == 40
     assert set(data["environment"]) >= {"device", "world_size", "torch_version", "cpu_model",

@@ -22,7 +22,7 @@ from ddp_profile.profiler.config import SETTING_KEYS, parse_bool
 from ddp_profile.profiler.results import load_run
 from ddp_profile.reports import ci
 from ddp_profile.rules.regression import (INCONCLUSIVE, PASS, REGRESSION, Comparison,
-                                          GateResult, compare)
+                                          GateResult, compare, detectability_warning)
 
 ConfigArg = Union[None, str, Mapping[str, Any]]
 _EXIT = {PASS: ExitCode.OK, REGRESSION: ExitCode.REGRESSION,
@@ -79,6 +79,9 @@ def build_result(baseline: GateSide, current: GateSide, *, max_regression: float
     warnings += [f"current: {w}" for w in current.warnings]
     verdict = compare(baseline.samples, current.samples, max_regression=max_regression,
                       alpha=alpha)
+    reach = detectability_warning(verdict)
+    if reach:
+        warnings.append(reach)
     comparison = Comparison(config=dict(baseline.config), label=config_label(baseline.config),
                             baseline_probe_id=baseline.probe_id,
                             current_probe_id=current.probe_id,
@@ -146,7 +149,36 @@ def run_gate(baseline_path: str, current_path: str, *, config: ConfigArg = None,
     return _EXIT[result.status]
 
 
-def run_baseline_export(run_dir: str, out_path: str, config: ConfigArg = None) -> None:
-    """Write the baseline file for one configuration of ``run_dir`` (``-`` = stdout)."""
+def baseline_warnings(samples: list[float], max_regression: float = 0.05) -> list[str]:
+    """What a baseline's own samples say about the gate it can support, as warning lines.
+
+    The baseline compared with itself has the interval width a current run with as many steps
+    and the same spread would get, so its ``min_detectable`` and ``steps_needed`` are what such
+    a gate could see, before any current run exists.
+    """
+    verdict = compare(samples, samples, max_regression=max_regression)
+    if verdict.status == INCONCLUSIVE:
+        return [f"the baseline holds only {verdict.n_baseline} usable step(s): the gate needs "
+                f"at least 8 on each side and stays inconclusive"]
+    if verdict.steps_needed is None:
+        return []
+    return [f"the baseline holds {verdict.n_baseline} steps: with as many in the current run the "
+            f"gate could only see a slowdown of {verdict.min_detectable * 100:.1f} % or more "
+            f"(95 % power, {max_regression * 100:g} % tolerance); export it from a run with "
+            f"about {verdict.steps_needed} steps (steps = {verdict.steps_needed}) and measure "
+            f"as many in CI"]
+
+
+def run_baseline_export(run_dir: str, out_path: str, config: ConfigArg = None,
+                        max_regression: float = 0.05) -> list[str]:
+    """Write the baseline file for one configuration of ``run_dir`` (``-`` = stdout).
+
+    Warnings about too few or too noisy samples (:func:`baseline_warnings`) go to stderr and
+    are returned.
+    """
     data = export_baseline(load_run(run_dir), parse_config(config))
     _write_text(out_path, json.dumps(data, indent=1) + "\n", "baseline")
+    warnings = baseline_warnings(data["samples"], max_regression)
+    for warning in warnings:
+        sys.stderr.write(f"warning: {warning}\n")
+    return warnings

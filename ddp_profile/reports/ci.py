@@ -5,8 +5,8 @@ only formats it; nothing here measures or decides.
 
 - JUnit: one ``<testsuite>`` (inside ``<testsuites>``), one ``<testcase>`` per compared
   configuration; ``<failure>`` on a regression, ``<skipped>`` when inconclusive.
-- Markdown: a heading with the overall verdict, the comparison table, the environment of both
-  sides; :func:`write_github_summary` appends it to ``$GITHUB_STEP_SUMMARY`` (kept under the
+- Markdown: a heading with the overall verdict, the comparison table (with the slowdown each
+  comparison could detect), the warnings, the environment of both sides; :func:`write_github_summary` appends it to ``$GITHUB_STEP_SUMMARY`` (kept under the
   1 MiB GitHub allows per step).
 """
 
@@ -48,9 +48,16 @@ def _change(ratio: Any) -> str:
 
 def _interval(comparison: Comparison) -> str:
     verdict = comparison.verdict
-    if not (_finite(verdict.ci_low) and _finite(verdict.ci_high)):
+    if not (_finite(verdict.ratio_ci_low) and _finite(verdict.ratio_ci_high)):
         return "-"
-    return f"{(verdict.ci_low - 1) * 100:+.1f} .. {(verdict.ci_high - 1) * 100:+.1f} %"
+    return (f"{(verdict.ratio_ci_low - 1) * 100:+.1f} .. "
+            f"{(verdict.ratio_ci_high - 1) * 100:+.1f} %")
+
+
+def _detectable(comparison: Comparison) -> str:
+    """The smallest slowdown flagged with 95 % power, signed like the change (-8.3 %)."""
+    value = comparison.verdict.min_detectable
+    return f"{-value * 100:+.1f} %" if _finite(value) else "-"
 
 
 def _p(value: Any) -> str:
@@ -60,8 +67,9 @@ def _p(value: Any) -> str:
 def _rows(result: GateResult) -> list[dict[str, str]]:
     """The comparison table as strings, shared by the console and Markdown renderers."""
     return [{"config": c.label, "baseline": _rate(c.baseline_median),
-             "current": _rate(c.current_median), "change": _change(c.verdict.median_ratio),
+             "current": _rate(c.current_median), "change": _change(c.verdict.ratio),
              "interval": _interval(c), "p": _p(c.verdict.p_value),
+             "detectable": _detectable(c),
              "steps": f"{c.verdict.n_baseline} / {c.verdict.n_current}",
              "status": c.verdict.status, "reason": c.verdict.reason}
             for c in result.comparisons]
@@ -80,18 +88,21 @@ def render_console(result: GateResult, console: Optional[Console] = None) -> Non
     """Print the comparison table and each verdict's reason to a rich console (fits 80 cols)."""
     console = console or Console()
     table = Table(title=_headline(result), title_justify="left", box=box.SIMPLE_HEAD,
-                  caption="median global samples/s per step (number of steps)",
+                  padding=0, show_edge=False,
+                  caption="median global samples/s per step (number of steps); change: "
+                  "Hodges-Lehmann ratio; detectable: the least change flagged with 95 % power",
                   caption_justify="left")
     for name in ("Config", "Baseline", "Current",
-                 f"Change, {_confidence(result) * 100:g} % CI", "p", "Verdict"):
+                 f"Change, {_confidence(result) * 100:g} % CI", "p", "Detectable", "Verdict"):
         table.add_column(name, justify="left" if name in ("Config", "Verdict") else "right",
-                         no_wrap=name != "Config")
+                         no_wrap=name != "Config", min_width=13 if name == "Config" else None)
     for row in _rows(result):
         status = row["status"]
         n_base, n_cur = row["steps"].split(" / ")
         table.add_row(escape(row["config"]), f"{row['baseline']}\n({n_base})",
                       f"{row['current']}\n({n_cur})",
                       escape(f"{row['change']}\n[{row['interval'].rstrip(' %')}]"), row["p"],
+                      row["detectable"],
                       f"[{_STATUS_STYLE[status]}]{_STATUS_WORD[status]}[/]")
     console.print(table)
     for comparison in result.comparisons:
@@ -113,6 +124,7 @@ def _details(result: GateResult, comparison: Comparison) -> str:
         f"median {_rate(comparison.baseline_median)} samples/s over {verdict.n_baseline} steps",
         f"current: {result.current.get('source')} (probe {comparison.current_probe_id}), "
         f"median {_rate(comparison.current_median)} samples/s over {verdict.n_current} steps",
+        f"detectable: a change of {_detectable(comparison)} or worse (95 % power)",
         f"verdict: {verdict.status}: {verdict.reason}"])
 
 
@@ -171,13 +183,16 @@ def markdown(result: GateResult, limit_bytes: int = GITHUB_SUMMARY_LIMIT - 4096)
     status = result.status
     lines = [f"## {_STATUS_ICON[status]} {_headline(result)}", "",
              f"A configuration fails when a one-sided Mann-Whitney U test gives p < "
-             f"{result.alpha:g} **and** the {_confidence(result) * 100:g} % bootstrap interval "
-             f"of the median throughput ratio (current / baseline) lies wholly below "
-             f"-{result.max_regression * 100:g} %.", ""]
+             f"{result.alpha:g} **and** the {_confidence(result) * 100:g} % interval of the "
+             f"Hodges-Lehmann throughput ratio (current / baseline, from all pairs of steps) "
+             f"lies wholly below -{result.max_regression * 100:g} %. *Detectable* is the "
+             f"slowdown this comparison would flag with 95 % power.", ""]
     header = ["Config", "Baseline samples/s", "Current samples/s", "Change",
-              f"{_confidence(result) * 100:g} % CI", "p", "Steps b / c", "Verdict"]
+              f"{_confidence(result) * 100:g} % CI", "p", "Detectable", "Steps b / c",
+              "Verdict"]
     rows = [[r["config"], r["baseline"], r["current"], r["change"], r["interval"], r["p"],
-             r["steps"], f"{_STATUS_ICON[r['status']]} {r['status']}"] for r in _rows(result)]
+             r["detectable"], r["steps"], f"{_STATUS_ICON[r['status']]} {r['status']}"]
+            for r in _rows(result)]
     tail = [""] + [f"- **{_md_cell(c.label)}**: {_md_cell(c.verdict.reason)}"
                    for c in result.comparisons]
     tail += [f"- warning: {_md_cell(w)}" for w in result.warnings]

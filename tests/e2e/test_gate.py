@@ -65,8 +65,10 @@ def _gate(runs, baseline: str, current: str, name: str, *extra: str):
     with open(outputs["json"], encoding="utf-8") as handle:
         verdict = json.load(handle)["comparisons"][0]["verdict"]
     print(f"{name}: exit {result.returncode}, {verdict['status']}, ratio "
-          f"{verdict['median_ratio']:.3f} [{verdict['ci_low']:.3f}, {verdict['ci_high']:.3f}], "
-          f"p={verdict['p_value']:.2g}, n={verdict['n_baseline']}/{verdict['n_current']}")
+          f"{verdict['ratio']:.3f} [{verdict['ratio_ci_low']:.3f}, "
+          f"{verdict['ratio_ci_high']:.3f}], p={verdict['p_value']:.2g}, "
+          f"detectable {verdict['min_detectable']:.3f}, "
+          f"n={verdict['n_baseline']}/{verdict['n_current']}")
     return result, verdict, outputs
 
 
@@ -80,7 +82,8 @@ def test_same_workload_twice_passes(runs):
     result, verdict, outputs = _gate(runs, runs["base"], runs["same"], "same")
     assert result.returncode == ExitCode.OK, result.stdout + result.stderr
     assert verdict["status"] == "pass" and verdict["n_baseline"] == STEPS
-    assert 0.9 < verdict["median_ratio"] < 1.1
+    assert 0.9 < verdict["ratio"] < 1.1 and 0.9 < verdict["median_ratio"] < 1.1
+    assert 0 < verdict["min_detectable"] < 0.5
     suite = _junit(outputs["xml"])
     assert suite.get("failures") == "0" and suite.find("testcase/failure") is None
     with open(outputs["md"], encoding="utf-8") as handle:
@@ -92,8 +95,8 @@ def test_injected_slowdown_is_a_regression(runs):
     result, verdict, outputs = _gate(runs, runs["base"], runs["slow"], "slow")
     assert result.returncode == ExitCode.REGRESSION, result.stdout + result.stderr
     assert verdict["status"] == "regression" and verdict["p_value"] < 0.002
-    assert verdict["ci_high"] < 0.95  # wholly beyond the 5 % tolerance
-    assert 0.65 < verdict["median_ratio"] < 0.93, (verdict, runs["sleep_ms"])
+    assert verdict["ratio_ci_high"] < 0.95  # wholly beyond the 5 % tolerance
+    assert 0.65 < verdict["ratio"] < 0.93, (verdict, runs["sleep_ms"])
     suite = _junit(outputs["xml"])
     failure = suite.find("testcase/failure")
     assert suite.get("failures") == "1" and failure is not None
@@ -120,7 +123,7 @@ def test_exported_baseline_file_gates_like_the_run(runs):
     passed, _, _ = _gate(runs, baseline, runs["same"], "file-same")
     assert passed.returncode == ExitCode.OK
     failed, verdict, _ = _gate(runs, baseline, runs["slow"], "file-slow")
-    assert failed.returncode == ExitCode.REGRESSION and verdict["ci_high"] < 0.95
+    assert failed.returncode == ExitCode.REGRESSION and verdict["ratio_ci_high"] < 0.95
 
 
 def test_ci_flow_from_a_project_file_with_no_flags(runs, tmp_path):

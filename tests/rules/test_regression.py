@@ -1,4 +1,4 @@
-"""The gate's decision rule: Mann-Whitney U + bootstrap interval of the median ratio."""
+"""The gate's decision rule: Mann-Whitney U + the Hodges-Lehmann interval of the ratio."""
 
 from __future__ import annotations
 
@@ -9,8 +9,11 @@ import math
 import numpy as np
 import pytest
 
-from ddp_profile.rules.regression import (INCONCLUSIVE, PASS, REGRESSION, compare,
-                                          mann_whitney_less, u_statistic, worst_status)
+from ddp_profile.rules.regression import (EXACT_MAX_PAIRS, INCONCLUSIVE, PASS, REGRESSION,
+                                          compare, detectability_warning, exact_u_cdf,
+                                          hodges_lehmann, interval_rank, mann_whitney_less,
+                                          min_detectable_regression, pairwise_order_statistics,
+                                          steps_for_reach, u_statistic, worst_status)
 
 
 def _throughput(n: int, seed: int, level: float = 1000.0, cv: float = 0.05) -> np.ndarray:
@@ -36,14 +39,15 @@ def test_a_a_samples_pass():
     for seed in range(5):
         verdict = compare(_throughput(40, seed), _throughput(40, 100 + seed))
         assert verdict.status == PASS, verdict.reason
-        assert verdict.ci_low < 1.0 < verdict.ci_high or abs(verdict.median_ratio - 1) < 0.03
+        assert verdict.ratio_ci_low < 1.0 < verdict.ratio_ci_high or abs(verdict.ratio - 1) < 0.03
 
 
 def test_identical_samples_pass_with_p_one_half():
     samples = _throughput(30, 1)
     verdict = compare(samples, samples)
     assert verdict.status == PASS
-    assert verdict.median_ratio == 1.0
+    assert verdict.median_ratio == 1.0 and verdict.ratio == 1.0
+    assert verdict.ratio_ci_low < 1.0 < verdict.ratio_ci_high
     assert 0.45 < verdict.p_value <= 0.55
 
 
@@ -51,9 +55,10 @@ def test_fifteen_percent_slowdown_fails():
     verdict = compare(_throughput(40, 1), 0.85 * _throughput(40, 2))
     assert verdict.status == REGRESSION, verdict.reason
     assert verdict.p_value < 0.002
-    assert verdict.ci_high < 0.95
-    assert 0.80 < verdict.median_ratio < 0.90
+    assert verdict.ratio_ci_low < verdict.ratio < verdict.ratio_ci_high < 0.95
+    assert 0.80 < verdict.ratio < 0.90 and 0.80 < verdict.median_ratio < 0.90
     assert "tolerance" in verdict.reason and "\n" not in verdict.reason
+    assert "Hodges-Lehmann" in verdict.reason and "90 % CI" in verdict.reason
 
 
 def test_faster_current_run_passes():
@@ -144,7 +149,7 @@ def test_verdict_is_deterministic_and_frozen():
     baseline, current = _throughput(30, 1), 0.97 * _throughput(30, 2)
     first, second = compare(baseline, current), compare(baseline, current)
     assert first == second
-    assert compare(baseline, current, seed=1).ci_low != first.ci_low
+    assert compare(baseline[::-1], current).ratio_ci_low == first.ratio_ci_low  # order-free
     with pytest.raises(dataclasses.FrozenInstanceError):
         first.status = REGRESSION  # type: ignore[misc]
     assert first.to_dict()["status"] == first.status
@@ -162,3 +167,203 @@ def test_worst_status_orders_regression_over_inconclusive_over_pass():
     assert worst_status([INCONCLUSIVE, REGRESSION, PASS]) == REGRESSION
     assert worst_status([PASS]) == PASS
     assert worst_status([]) == INCONCLUSIVE
+
+
+# --- Hodges-Lehmann estimate and its distribution-free interval ---------------------------
+
+
+def _all_differences(baseline, current) -> np.ndarray:
+    return np.sort([c - b for b in baseline for c in current])
+
+
+def _brute_force_u_cdf(n1: int, n2: int) -> np.ndarray:
+    """P(U <= u) by listing every placement of the current values among n1 + n2 ranks."""
+    counts = np.zeros(n1 * n2 + 1)
+    for chosen in itertools.combinations(range(n1 + n2), n2):
+        # a current value at 0-based rank r beats the baseline values below it
+        counts[sum(r - i for i, r in enumerate(chosen))] += 1
+    return np.cumsum(counts) / counts.sum()
+
+
+def test_hodges_lehmann_by_hand():
+    # differences 2-1, 2-2, 2-3, 4-1, 4-2, 4-3, 7-1, 7-2, 7-3 = -1 0 1 1 2 3 4 5 6
+    assert hodges_lehmann([1.0, 2.0, 3.0], [2.0, 4.0, 7.0]).shift == 2.0
+    # an even number of pairs: 1-0, 2-0, 1-10, 2-10 = -9 -8 1 2, median (-8 + 1) / 2
+    assert hodges_lehmann([0.0, 10.0], [1.0, 2.0]).shift == -3.5
+    # a pure shift is recovered exactly
+    rng = np.random.default_rng(3)
+    sample = rng.normal(0, 1, 11)
+    assert hodges_lehmann(sample, sample - 0.25).shift == pytest.approx(-0.25, abs=1e-12)
+
+
+@pytest.mark.parametrize("n1,n2", [(3, 3), (4, 5), (5, 7), (8, 8)])
+def test_exact_u_distribution_equals_enumeration(n1, n2):
+    assert exact_u_cdf(n1, n2) == pytest.approx(_brute_force_u_cdf(n1, n2), abs=1e-12)
+
+
+@pytest.mark.parametrize("n1,n2,confidence", [(5, 7, 0.90), (8, 8, 0.90), (8, 8, 0.95),
+                                               (6, 9, 0.80)])
+def test_interval_rank_is_the_largest_allowed_by_the_u_distribution(n1, n2, confidence):
+    cdf = _brute_force_u_cdf(n1, n2)
+    tail = (1 - confidence) / 2
+    k, method = interval_rank(n1, n2, confidence)
+    assert method == "exact" and k >= 1
+    assert cdf[k - 1] <= tail < cdf[k]  # P(U <= k-1) within the tail, P(U <= k) beyond it
+
+
+def test_interval_rank_matches_published_critical_values():
+    """One-sided 5 % critical values of U (n1 = n2): 15 at 8, 27 at 10, 138 at 20."""
+    for n, critical in ((8, 15), (10, 27), (20, 138)):
+        assert interval_rank(n, n, 0.90, method="exact")[0] == critical + 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_interval_is_the_kth_smallest_and_largest_pairwise_difference(seed):
+    rng = np.random.default_rng(seed)
+    baseline, current = rng.normal(10, 1, 9), rng.normal(9.4, 1.3, 12)
+    estimate = hodges_lehmann(baseline, current, 0.90)
+    differences = _all_differences(baseline, current)
+    k = estimate.rank
+    assert estimate.low == differences[k - 1]
+    assert estimate.high == differences[len(differences) - k]
+    assert estimate.shift == pytest.approx(np.median(differences), abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_interval_holds_the_shifts_the_u_test_does_not_reject(seed):
+    """Inside the interval neither one-sided exact test rejects at (1 - confidence) / 2."""
+    rng = np.random.default_rng(seed)
+    baseline, current = rng.normal(10, 1, 7), rng.normal(9.0, 1, 8)
+    estimate = hodges_lehmann(baseline, current, 0.90)
+    differences = _all_differences(baseline, current)
+    midpoints = (differences[:-1] + differences[1:]) / 2  # never equal to a difference
+    for delta in midpoints[differences[1:] > differences[:-1]]:
+        shifted = current - delta
+        p_lower = mann_whitney_less(baseline, shifted, method="exact")[1]
+        p_upper = mann_whitney_less(shifted, baseline, method="exact")[1]
+        inside = estimate.low < delta < estimate.high
+        assert inside == (p_lower > 0.05 and p_upper > 0.05), delta
+
+
+@pytest.mark.parametrize("n1,n2", [(15, 20), (20, 20), (12, 30), (18, 22)])
+def test_exact_and_normal_interval_ranks_agree_for_moderate_n(n1, n2):
+    exact, _ = interval_rank(n1, n2, 0.90, method="exact")
+    normal, _ = interval_rank(n1, n2, 0.90, method="normal")
+    assert abs(exact - normal) <= 1
+    assert abs(exact_u_cdf(n1, n2)[exact - 1] - 0.05) < 0.01
+
+
+@pytest.mark.parametrize("n", [12, 40])
+def test_ninety_percent_interval_covers_the_true_shift_near_nominally(n):
+    """Skewed, outlier-prone step times, the same on both sides but for a known log-shift."""
+    rng = np.random.default_rng(1234 + n)
+    true_shift = math.log(0.93)
+    trials, covered = 2000, 0
+
+    def steps(size):
+        times = rng.lognormal(0, 0.07, size)
+        outliers = rng.random(size) < 0.05
+        times[outliers] *= rng.uniform(1.3, 2.5, int(outliers.sum()))
+        return np.log(1000 / times)
+
+    for _ in range(trials):
+        estimate = hodges_lehmann(steps(n), steps(n) + true_shift, 0.90)
+        covered += estimate.low <= true_shift <= estimate.high
+    # exact intervals are conservative (discrete U), the normal one is close to nominal;
+    # 2000 trials give a standard error of 0.7 points
+    assert 0.88 <= covered / trials <= 0.935, covered / trials
+    assert estimate.method == ("exact" if n * n <= EXACT_MAX_PAIRS else "normal")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_bisection_order_statistics_equal_the_formed_pairs(seed):
+    rng = np.random.default_rng(seed)
+    x, y = rng.lognormal(0, 1, 57), rng.lognormal(0.2, 1, 43)
+    ranks = [1, 2, 100, 57 * 43 // 2, 57 * 43 - 1, 57 * 43]
+    formed = pairwise_order_statistics(x, y, ranks)
+    bisected = pairwise_order_statistics(x, y, ranks, max_pairs=0)
+    assert bisected == pytest.approx(formed, rel=1e-12, abs=1e-12)
+    tied_x, tied_y = np.round(x, 0), np.round(y, 0)  # heavy ties
+    assert pairwise_order_statistics(tied_x, tied_y, ranks, max_pairs=0) == pytest.approx(
+        pairwise_order_statistics(tied_x, tied_y, ranks), abs=1e-9)
+    with pytest.raises(ValueError):
+        pairwise_order_statistics(x, y, [0])
+
+
+def test_unbounded_interval_when_samples_are_too_small_for_the_confidence():
+    estimate = hodges_lehmann([1.0, 2.0], [1.5, 2.5], 0.90)  # P(U = 0) = 1/6 > 5 %
+    assert estimate.rank == 0 and estimate.low == -math.inf and estimate.high == math.inf
+    assert math.isnan(min_detectable_regression(estimate.low, estimate.high))
+
+
+# --- minimum detectable regression ----------------------------------------------------------
+
+
+def test_min_detectable_formula_at_the_defaults_is_tolerance_plus_two_half_widths():
+    half_width = 0.03
+    expected = 1 - math.exp(math.log(0.95) - 2 * half_width)  # z_c = z_power = 1.645
+    assert min_detectable_regression(-0.1, -0.1 + 2 * half_width) == pytest.approx(
+        expected, rel=1e-9)
+    # a very wide interval: the significance test, not the tolerance, is the binding one
+    se = 0.2 / (2 * 1.6448536)
+    assert min_detectable_regression(-0.1, 0.1) == pytest.approx(
+        1 - math.exp(-(2.8781617 + 1.6448536) * se), rel=1e-6)  # z at 1 - 0.002
+
+
+def test_min_detectable_is_in_every_verdict_and_shrinks_with_more_steps():
+    small = compare(_throughput(20, 1), _throughput(20, 2))
+    large = compare(_throughput(200, 1), _throughput(200, 2))
+    assert 0.05 < large.min_detectable < small.min_detectable < 0.3
+    assert large.steps_needed is None
+    assert math.isnan(compare(_throughput(5, 1), _throughput(5, 2)).min_detectable)
+
+
+def test_a_slowdown_of_min_detectable_is_caught_about_95_percent_of_the_time():
+    """The figure means what it says: simulate that slowdown and count the regressions."""
+    n, cv = 30, 0.06
+    figures = [compare(_throughput(n, s, cv=cv), _throughput(n, 1000 + s, cv=cv)).min_detectable
+               for s in range(20)]
+    detectable = float(np.median(figures))
+    caught = sum(compare(_throughput(n, 2000 + s, cv=cv),
+                         (1 - detectable) * _throughput(n, 3000 + s, cv=cv)).status == REGRESSION
+                 for s in range(400))
+    assert 0.88 <= caught / 400 <= 0.99, (detectable, caught)
+    at_tolerance = sum(compare(_throughput(n, 4000 + s, cv=cv),
+                               0.95 * _throughput(n, 5000 + s, cv=cv)).status == REGRESSION
+                       for s in range(200))
+    assert at_tolerance / 200 < 0.1
+
+
+def test_steps_needed_brings_min_detectable_within_twice_the_tolerance():
+    """One short comparison's width is itself noisy, so this checks the typical (median) case."""
+    cv = 0.09
+    short = [compare(_throughput(20, s, cv=cv), _throughput(20, 100 + s, cv=cv))
+             for s in range(15)]
+    assert all(v.min_detectable > 0.10 and v.steps_needed > 20 for v in short)
+    n = int(np.median([v.steps_needed for v in short]))
+    longer = [compare(_throughput(n, s, cv=cv), _throughput(n, 100 + s, cv=cv)).min_detectable
+              for s in range(15)]
+    assert 0.09 < float(np.median(longer)) < 0.11  # n^-1/2 scaling lands near the target
+    # unequal sides: the formula uses 1/n1 + 1/n2
+    assert steps_for_reach(-0.2, 0.0, 10, 40) == steps_for_reach(-0.2, 0.0, 16, 16)
+    assert steps_for_reach(-0.2, 0.0, 20, 20, max_regression=0.0) is None  # no target
+    assert steps_for_reach(-0.01, 0.01, 20, 20) is None  # already within reach
+
+
+def test_detectability_warning_names_the_steps_and_a_short_baseline():
+    verdict = compare(_throughput(20, 1, cv=0.09), _throughput(60, 2, cv=0.09))
+    text = detectability_warning(verdict)
+    assert text is not None and "\n" not in text
+    assert f"{verdict.steps_needed} steps per side" in text
+    assert "the baseline holds only 20" in text
+    assert detectability_warning(compare(_throughput(200, 1), _throughput(200, 2))) is None
+
+
+def test_verdict_json_has_the_new_fields_and_no_nan():
+    data = compare(_throughput(30, 1), _throughput(30, 2)).to_dict()
+    for key in ("ratio", "ratio_ci_low", "ratio_ci_high", "median_ratio", "min_detectable",
+                "steps_needed", "interval_method"):
+        assert key in data
+    assert data["interval_method"] == "normal"
+    inconclusive = compare(_throughput(3, 1), _throughput(30, 2)).to_dict()
+    assert inconclusive["ratio"] is None and inconclusive["min_detectable"] is None
