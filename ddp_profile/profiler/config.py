@@ -7,6 +7,7 @@ start-up hook reads it back, so rank processes need no command-line changes.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 from dataclasses import asdict, dataclass, field, replace
@@ -58,6 +59,12 @@ class ProbePlan:
 
     ``mode`` is ``"normal"`` (load data as configured) or ``"ceiling"`` (after the warm-up,
     replay a few cached batches so the loop never waits for data: compute-only throughput).
+
+    ``windows`` turns the probe into a *screen*: one launch that measures several loader
+    configurations one after another, each for ``warmup + steps`` training steps. Each window
+    is ``{"overrides": LoaderSettings dict, "mode": "normal" | "ceiling"}``; the DataLoader is
+    built with the first window's overrides and rebuilt for each later one (see
+    ``profiler.instrument``).
     """
 
     probe_id: str
@@ -68,6 +75,35 @@ class ProbePlan:
     mode: str = "normal"
     inject_local_rank: Optional[str] = None  # "--local_rank" / "--local-rank" for legacy scripts
     rdzv_id: Optional[str] = None  # multi-node: the rendezvous id shared by every node
+    windows: tuple[dict[str, Any], ...] = ()
+
+    def window_warmup(self, index: int) -> int:
+        return int(self.windows[index].get("warmup", self.warmup))
+
+    def window_starts(self) -> list[int]:
+        """The training step at which each window begins."""
+        starts = [0]
+        for index in range(len(self.windows) - 1):
+            starts.append(starts[-1] + self.window_warmup(index) + self.steps)
+        return starts
+
+    def window_lengths(self) -> list[int]:
+        return [self.window_warmup(i) + self.steps for i in range(len(self.windows))]
+
+    def window_of(self, step: int) -> int:
+        return max(0, bisect.bisect_right(self.window_starts(), step) - 1)
+
+    @property
+    def total_steps(self) -> int:
+        if not self.windows:
+            return self.warmup + self.steps
+        return self.window_starts()[-1] + self.window_lengths()[-1]
+
+    def window_settings(self, index: int) -> LoaderSettings:
+        return LoaderSettings.from_dict(self.windows[index].get("overrides"))
+
+    def window_mode(self, index: int) -> str:
+        return str(self.windows[index].get("mode") or "normal") if self.windows else self.mode
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -78,6 +114,7 @@ class ProbePlan:
     def from_json(cls, text: str) -> "ProbePlan":
         data = json.loads(text)
         data["overrides"] = LoaderSettings.from_dict(data.get("overrides"))
+        data["windows"] = tuple(data.get("windows") or ())
         return cls(**data)
 
     @classmethod
@@ -86,6 +123,19 @@ class ProbePlan:
         if environ.get(ENV_ACTIVE) != "1" or not environ.get(ENV_PLAN):
             return None
         return cls.from_json(environ[ENV_PLAN])
+
+
+def backlog_warmup(warmup: int, num_workers: Optional[int],
+                   prefetch_factor: Optional[int]) -> int:
+    """Warm-up steps that also drain the batches prefetched while the workers started.
+
+    ``num_workers * prefetch_factor`` batches queue up while the main process waits for its
+    first one, and the loop consumes them without waiting: measured before they are gone, a
+    loader with many workers or a deep prefetch looks faster than it runs.
+    """
+    if not num_workers:
+        return warmup
+    return max(warmup, num_workers * (prefetch_factor or 2))
 
 
 def parse_bool(text: str) -> bool:

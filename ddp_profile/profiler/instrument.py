@@ -13,6 +13,14 @@ batches in this rank: the loader iterated most by then. Validation loaders itera
 count as the training step's "other" host time. When it gets there, every rank (all ranks reach
 the same batch index, since DistributedSampler gives each rank the same number of batches)
 writes its records, waits at a barrier, shuts its DataLoader workers down and exits 0.
+
+**A screen** (``plan.windows``) measures several loader configurations in one launch. The
+training loader runs ``warmup + steps`` steps per window; at each window boundary the iterator
+the script holds is switched, in every rank at the same step, to a fresh iterator of the same
+DataLoader built with the next window's ``num_workers`` / ``pin_memory`` / ``prefetch_factor``
+(the old workers are shut down first). Step records carry their ``window``; ``measured`` is
+false for each window's first ``warmup`` steps, which absorb the new workers' start-up. A
+loader that cannot be rebuilt ends the screen early (event ``screen_unsupported``).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import time
 import weakref
 from typing import Any, Callable, Optional
 
-from ddp_profile.profiler.config import ProbePlan
+from ddp_profile.profiler.config import ProbePlan, backlog_warmup
 from ddp_profile.profiler.gpu_steps import GpuStepTimer, cuda_event_factory
 from ddp_profile.profiler.overrides import apply_overrides, own_settings
 from ddp_profile.profiler.record import SCHEMA_VERSION, RankRecorder
@@ -82,6 +90,8 @@ class Instrumentation:
         self._unused_checked = False
         self.gpu_timer: Any = None
         self._gpu_lookups = 0
+        self.window = 0  # the screen window the training loader is in
+        self._starts = plan.window_starts() if plan.windows else [0]
 
     # ---- records -------------------------------------------------------------------------
     def event(self, name: str, **data: Any) -> None:
@@ -134,7 +144,8 @@ class Instrumentation:
         object.__setattr__(loader, "_ddp_profile_iters", index + 1)
         iterator._ddp_profile_state = {"loader_id": loader_id, "iter_index": index,
                                        "t_iter": time.perf_counter_ns(), "first": True,
-                                       "default_bs": getattr(loader, "batch_size", None) or 1}
+                                       "default_bs": getattr(loader, "batch_size", None) or 1,
+                                       "loader": weakref.ref(loader), "delegate": None}
         self.iterators.add(iterator)
 
     def on_next(self, iterator: Any, original_next: Callable[[Any], Any]) -> Any:
@@ -142,19 +153,30 @@ class Instrumentation:
         loader_id = state["loader_id"]
         clock = self.clocks.get(loader_id)
         if clock is None:
-            clock = self.clocks[loader_id] = StepClock(loader_id, self.plan.warmup)
+            clock = self.clocks[loader_id] = StepClock(loader_id, self._warmup_for(state))
         record = clock.next_called()
         if record is not None:
             record["rank"] = _current_rank()
+            if self.plan.windows:
+                window = self.plan.window_of(record["step"])
+                record["window"] = window
+                record["measured"] = (record["step"] - self._starts[window]
+                                      >= self.plan.window_warmup(window)
+                                      and not record.get("loader_start"))
             self.recorder.write(record)
             if self.gpu_timer is not None:
                 self.gpu_timer.poll()
-            if clock.steps_closed >= self.plan.warmup + self.plan.steps:
+            if clock.steps_closed >= (self.plan.total_steps if self.plan.windows
+                                      else clock.warmup + self.plan.steps):
                 self.training_loader_id = loader_id
                 self.stop("steps_done")
+            elif self.plan.windows and clock.steps_closed in self._starts \
+                    and self.training_loader_id in (None, loader_id):
+                self.training_loader_id = loader_id
+                self._switch_window(iterator, state, self._starts.index(clock.steps_closed))
             self.maybe_flush()
         try:
-            batch = self._fetch(iterator, original_next, loader_id, clock.steps_closed)
+            batch = self._fetch(state, iterator, original_next, loader_id, clock.steps_closed)
         except StopIteration:
             clock.exhausted()
             raise
@@ -163,20 +185,65 @@ class Instrumentation:
         self._gpu_step_started(loader_id, clock.steps_closed)
         if state["first"]:
             state["first"] = False
+            clock.loader_started()
             self._on_first_batch(state)
         return batch
 
-    def _fetch(self, iterator: Any, original_next: Callable[[Any], Any], loader_id: int,
-               step: int) -> Any:
-        if self.plan.mode != "ceiling":
-            return original_next(iterator)
+    def _warmup_for(self, state: dict[str, Any]) -> int:
+        """A probe's warm-up also drains the start-up prefetch (``config.backlog_warmup``);
+        a screen's windows carry their own."""
+        loader = state["loader"]()
+        if self.plan.windows or self.plan.mode != "normal" or loader is None:
+            return self.plan.warmup
+        return backlog_warmup(self.plan.warmup, getattr(loader, "num_workers", 0),
+                              getattr(loader, "prefetch_factor", None))
+
+    def _fetch(self, state: dict[str, Any], iterator: Any, original_next: Callable[[Any], Any],
+               loader_id: int, step: int) -> Any:
+        source = state.get("delegate") or iterator
+        if self.plan.windows and loader_id == self.training_loader_id:
+            mode = self.plan.window_mode(self.window)
+            step -= self._starts[self.window]
+        else:
+            mode = self.plan.mode
+        if mode != "ceiling":
+            return original_next(source)
         cache = self._ceiling_cache.setdefault(loader_id, [])
         if len(cache) < CEILING_CACHE_BATCHES or step < self.plan.warmup:
-            batch = original_next(iterator)
+            batch = original_next(source)
             if len(cache) < CEILING_CACHE_BATCHES:
                 cache.append(batch)
             return batch
         return cache[step % len(cache)]
+
+    # ---- screens ---------------------------------------------------------------------------
+    def _switch_window(self, iterator: Any, state: dict[str, Any], window: int) -> None:
+        """Rebuild the training loader's iterator with the settings of ``window``."""
+        self.window = window
+        loader = state["loader"]()
+        settings = self.plan.window_settings(window)
+        try:
+            if loader is None:
+                raise RuntimeError("the DataLoader is gone")
+            applied = _applied_settings(loader)
+            target = _target_settings(applied, settings)
+            if target != applied:
+                _shutdown_workers(state.get("delegate") or iterator)  # free the CPUs first
+                for key, value in target.items():
+                    if key != "batch_size":
+                        setattr(loader, key, value)
+                started = time.perf_counter_ns()
+                fresh = loader._get_iterator()
+                if getattr(loader, "persistent_workers", False):
+                    loader._iterator = fresh
+                self.iterators.add(fresh)
+                state.update(delegate=fresh, t_iter=started, first=True)
+            self.event("window", window=window, applied=_applied_settings(loader),
+                       mode=self.plan.window_mode(window))
+        except Exception as exc:  # noqa: BLE001 - e.g. a DataLoader subclass that forbids it
+            self.event("screen_unsupported", window=window,
+                       error=f"{type(exc).__name__}: {exc}"[:500])
+            self.stop("screen_unsupported")
 
     def _gpu_step_started(self, loader_id: int, step: int) -> None:
         """GPU-side step timing, once the script uses CUDA (looked for in the first batches)."""
@@ -199,7 +266,8 @@ class Instrumentation:
             self._start_samplers()
         self.recorder.write({"kind": "loader_iter", "rank": _current_rank(),
                              "loader_id": state["loader_id"], "iter_index": state["iter_index"],
-                             "t_ns": time.time_ns(), "first_batch_s": first_batch_s})
+                             "t_ns": time.time_ns(), "first_batch_s": first_batch_s,
+                             "window": self.window})
 
     def _start_samplers(self) -> None:
         try:
@@ -289,12 +357,7 @@ class Instrumentation:
         self.finish(reason)
         _barrier(STOP_BARRIER_TIMEOUT_S)
         for iterator in list(self.iterators):
-            shutdown = getattr(iterator, "_shutdown_workers", None)
-            if shutdown is not None:
-                try:
-                    shutdown()
-                except Exception:  # noqa: BLE001
-                    pass
+            _shutdown_workers(iterator)
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -314,6 +377,37 @@ class Instrumentation:
                              "last_line": (lines[-1].strip() if lines else exc_type.__name__)[:500],
                              "causes": _causes(exc), "oom": oom})
         self.finish("error")
+
+
+def _shutdown_workers(iterator: Any) -> None:
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        try:
+            shutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _applied_settings(loader: Any) -> dict[str, Any]:
+    workers = int(getattr(loader, "num_workers", 0) or 0)
+    return {"num_workers": workers, "pin_memory": bool(getattr(loader, "pin_memory", False)),
+            "prefetch_factor": getattr(loader, "prefetch_factor", None) if workers else None,
+            "batch_size": getattr(loader, "batch_size", None)}
+
+
+def _target_settings(applied: dict[str, Any], settings: Any) -> dict[str, Any]:
+    """The loader attributes for a window: its overrides over what runs now."""
+    target = dict(applied)
+    if settings.num_workers is not None:
+        target["num_workers"] = settings.num_workers
+    if settings.pin_memory is not None:
+        target["pin_memory"] = settings.pin_memory
+    if target["num_workers"]:
+        target["prefetch_factor"] = (settings.prefetch_factor or applied.get("prefetch_factor")
+                                     or 2)
+    else:
+        target["prefetch_factor"] = None
+    return target
 
 
 def _causes(exc: BaseException, limit: int = 3) -> list[str]:

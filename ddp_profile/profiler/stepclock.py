@@ -34,6 +34,7 @@ class StepClock:
         self._backward: Optional[int] = None
         self._opt_done: Optional[int] = None
         self._samples = 0
+        self._loader_start = False
 
     @property
     def in_step(self) -> bool:
@@ -59,6 +60,12 @@ class StepClock:
         self._backward = None
         self._opt_done = None
 
+    def loader_started(self) -> None:
+        """The open step's batch came from a fresh iterator (a new epoch's workers starting):
+        it is recorded with ``loader_start`` and never measured, so where an epoch boundary
+        falls does not tilt a comparison; the start-up cost is in ``loader_iter`` records."""
+        self._loader_start = True
+
     def backward_called(self) -> None:
         if self._returned is not None and self._backward is None:
             self._backward = self._clock()
@@ -74,7 +81,7 @@ class StepClock:
             "kind": "step",
             "loader_id": self.loader_id,
             "step": self.steps_closed,
-            "measured": self.steps_closed >= self.warmup,
+            "measured": self.steps_closed >= self.warmup and not self._loader_start,
             "t_ns": self._called + self._wall_offset_ns,
             "data_wait_s": (self._returned - self._called) / 1e9,
             "compute_s": (compute_end - self._returned) / 1e9,
@@ -83,6 +90,9 @@ class StepClock:
                           if self._backward is not None else None),
             "samples": self._samples,
         }
+        if self._loader_start:
+            record["loader_start"] = True
         self.steps_closed += 1
         self._returned = None
+        self._loader_start = False
         return record

@@ -100,3 +100,21 @@ def test_events_outside_a_step_are_ignored(clock):
     steps.optimizer_stepped()
     assert not steps.in_step
     assert steps.next_called() is None
+
+
+def test_a_step_that_starts_a_new_pass_over_the_loader_is_recorded_but_not_measured(clock):
+    step_clock = make(clock, warmup=0)
+    one_step(step_clock, clock, wait=1, forward=1, backward=1, other=0)
+    step_clock.next_called()
+    clock.advance(150)  # a new epoch: the workers start again
+    step_clock.batch_returned(samples=32)
+    step_clock.loader_started()
+    clock.advance(2)
+    restarted = step_clock.next_called()
+    assert restarted["loader_start"] and not restarted["measured"]
+    assert restarted["data_wait_s"] == pytest.approx(0.150)
+    clock.advance(1)
+    step_clock.batch_returned(samples=32)
+    clock.advance(2)
+    after = step_clock.next_called()
+    assert after["measured"] and "loader_start" not in after
