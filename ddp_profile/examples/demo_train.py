@@ -122,12 +122,18 @@ def main() -> None:
     optimizer = None if args.no_optimizer else torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
     step = 0
+    # faults count steps since the loader last changed its worker count: the same step of a
+    # probe whether ddp-profile runs it alone or as one window of a screen
+    config_step, workers_seen = 0, loader.num_workers
     checkpoint = os.path.join(tempfile.gettempdir(), f"ddp-profile-demo-ckpt-{os.getpid()}.pt")
     for epoch in range(args.epochs):
         if sampler is not None and not args.no_set_epoch:
             sampler.set_epoch(epoch)
         for x, y in loader:
-            inject_faults(args, step, rank, loader, x.shape[0])
+            if loader.num_workers != workers_seen:
+                config_step, workers_seen = 0, loader.num_workers
+            inject_faults(args, config_step, rank, loader, x.shape[0])
+            config_step += 1
             if rank == args.straggler_rank and args.straggler_ms:
                 time.sleep(args.straggler_ms / 1000.0)
             loss = loss_fn(model(x), y)

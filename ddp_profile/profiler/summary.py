@@ -22,8 +22,8 @@ def build_summary(meta: dict[str, Any], entries: list[dict[str, Any]],
     """The summary before rules ran: probes, baseline, a placeholder recommendation."""
     context = context or {}
     baseline = next((e for e in entries if e.get("kind") == "baseline"), None)
-    ceiling = next((e for e in entries if e.get("kind") == "ceiling" and e["status"] == "ok"),
-                   None)
+    ceiling = next((e for e in reversed(entries)
+                    if e.get("kind") == "ceiling" and e["status"] == "ok"), None)
     ceiling_tp = ceiling.get("throughput") if ceiling else None
     probes = []
     for entry in entries:

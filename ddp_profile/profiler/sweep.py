@@ -20,11 +20,12 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 from ddp_profile.errors import NoDataLoader, ProbeTimeout, ScriptFailed
-from ddp_profile.profiler.config import LoaderSettings, ProbePlan
+from ddp_profile.profiler.config import LoaderSettings, ProbePlan, backlog_warmup
 from ddp_profile.profiler.coordinate import Coordinator
 from ddp_profile.profiler.launch import LaunchOutcome, LaunchSpec, kill_tagged, launch, new_tag
 from ddp_profile.profiler.probe import summarise_probe
 from ddp_profile.profiler.rundir import RunDir
+from ddp_profile.profiler.screen import split_screen
 from ddp_profile.profiler.space import Axes, SearchSpace, cost_key, grid, normalise, resolve_axes
 
 DEFAULT_FIRST_TIMEOUT_S = 600.0
@@ -34,6 +35,7 @@ FOLLOWER_GRACE_S = 120.0  # how long the leader waits for a follower's records a
 UNSTABLE_RSE = 0.05  # a probe whose throughput is this uncertain is measured again, longer
 MIN_TIE_TOLERANCE = 0.02
 SETTLED_DATA_WAIT = 0.05
+MIN_WINDOW_TIMEOUT_S = 30.0
 CLIMB_PATIENCE = 1  # rungs of the worker ladder tried past one that did not pay (noise)  # below this share of waiting, loading settings cannot help more
 
 
@@ -48,6 +50,15 @@ class SweepOptions:
 
 
 ProgressFn = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Window:
+    """One configuration of a screen: what to apply, the entry's kind, the probe mode."""
+
+    config: LoaderSettings
+    kind: str = "sweep"
+    mode: str = "normal"
 
 
 def _noop(_event: str, _data: dict[str, Any]) -> None:
@@ -73,6 +84,7 @@ class Sweep:
         self.axes: Optional[Axes] = None
         self.baseline: Optional[dict[str, Any]] = None
         self.oom_batch: Optional[int] = None
+        self.screen_unsupported: Optional[str] = None  # why the loader could not be rebuilt
 
     # ---- measuring ------------------------------------------------------------------------
     def measure(self, requested: LoaderSettings, kind: str = "sweep", steps: Optional[int] = None,
@@ -81,9 +93,9 @@ class Sweep:
         steps = steps or self.options.steps
         done = next((e for e in self.ledger if e.get("id") == probe_id), None)
         if done is not None and done.get("requested") == requested.to_dict() \
-                and done.get("kind") == kind and done.get("steps") == steps:
-            self.entries.append(done)
-            self.progress("reused", {"entry": done})
+                and done.get("kind") == kind and done.get("steps") == steps \
+                and not done.get("screened"):
+            self._record(done, reused=True)
             return done
         self.run_dir.discard_partial_probe(probe_id)
         plan = ProbePlan(probe_id=probe_id, out_dir=self.run_dir.probe_dir(probe_id),
@@ -91,22 +103,126 @@ class Sweep:
                          inject_local_rank=self.spec_local_rank_flag(),
                          rdzv_id=f"{self.run_token}-{probe_id}")
         self.progress("start", {"probe_id": probe_id, "config": requested, "kind": kind})
+        outcome = self._launch(plan, self.timeout_s)
+        entry = summarise_probe(plan, outcome, kind, self.timeout_s)
+        self._record(entry)
+        return entry
+
+    def _launch(self, plan: ProbePlan, timeout_s: float) -> LaunchOutcome:
+        """Launch one probe (on every node of a coordinated run) and wait for its records."""
         tag = new_tag()
-        self.run_dir.mark_inflight(probe_id, tag)
+        self.run_dir.mark_inflight(plan.probe_id, tag)
         if self.coordinator is not None:
             self.coordinator.publish(self.launches, {"plan": plan.to_json(),
-                                                     "timeout_s": self.timeout_s})
-        outcome = launch(self.spec, plan, self.timeout_s, tag=tag)
+                                                     "timeout_s": timeout_s})
+        outcome = launch(self.spec, plan, timeout_s, tag=tag)
         if self.coordinator is not None:
             outcome = merge_outcomes(outcome, self.coordinator.gather(
-                self.launches, plan.out_dir, self.timeout_s + FOLLOWER_GRACE_S))
+                self.launches, plan.out_dir, timeout_s + FOLLOWER_GRACE_S))
         self.launches += 1
-        entry = summarise_probe(plan, outcome, kind, self.timeout_s)
-        self.run_dir.append(entry)
-        self.run_dir.clear_inflight()
+        return outcome
+
+    def _record(self, entry: dict[str, Any], reused: bool = False) -> None:
+        if not reused:
+            self.run_dir.append(entry)
+            self.run_dir.clear_inflight()
         self.entries.append(entry)
-        self.progress("done", {"entry": entry})
-        return entry
+        self.progress("reused" if reused else "done", {"entry": entry})
+
+    def measure_screen(self, windows: list[Window]) -> list[dict[str, Any]]:
+        """Measure several configurations in as few launches as possible (see
+        ``profiler.screen``): one launch runs them one after another; when it stops early
+        (a crash, an OOM, a hang), the window it stopped in is recorded as that failure and the
+        windows after it get a launch of their own. Each window becomes a ledger entry with
+        ``screened`` true. Sets ``screen_unsupported`` when the loader cannot be rebuilt."""
+        done: list[dict[str, Any]] = []
+        pending = list(windows)
+        while pending and not self.screen_unsupported:
+            first = len(self.entries)
+            ids = [f"p{first + i:03d}" for i in range(len(pending))]
+            reused = self._reuse_screened(pending, ids)
+            done += reused
+            pending, ids = pending[len(reused):], ids[len(reused):]
+            if not pending:
+                break
+            launch_id = f"{ids[0]}-screen"
+            for probe_id in (launch_id, *ids):
+                self.run_dir.discard_partial_probe(probe_id)
+            plan = ProbePlan(
+                probe_id=launch_id, out_dir=self.run_dir.probe_dir(launch_id),
+                overrides=pending[0].config, warmup=self.options.warmup,
+                steps=self.options.steps, mode="screen",
+                windows=tuple({"overrides": w.config.to_dict(), "mode": w.mode,
+                               "warmup": self._window_warmup(w)} for w in pending),
+                inject_local_rank=self.spec_local_rank_flag(),
+                rdzv_id=f"{self.run_token}-{launch_id}")
+            timeout_s = self.screen_timeout(len(pending))
+            self.progress("start", {"probe_id": launch_id, "config": pending[0].config,
+                                    "kind": "screen", "windows": len(pending)})
+            outcome = self._launch(plan, timeout_s)
+            splits = split_screen(plan.out_dir, [self.run_dir.probe_dir(i) for i in ids],
+                                  plan.window_starts(), plan.window_lengths())
+            consumed = 0
+            for split, window, probe_id in zip(splits, pending, ids):
+                if split.unsupported is not None:
+                    self.screen_unsupported = split.unsupported
+                    break
+                if not split.complete and not split.started and consumed:
+                    break  # the launch stopped in an earlier window
+                window_outcome = outcome if not split.complete else replace(
+                    outcome, returncode=0, timed_out=False, wall_s=split.span_s)
+                window_plan = ProbePlan(probe_id=probe_id,
+                                        out_dir=self.run_dir.probe_dir(probe_id),
+                                        overrides=window.config,
+                                        warmup=self._window_warmup(window),
+                                        steps=self.options.steps, mode=window.mode)
+                entry = summarise_probe(window_plan, window_outcome, window.kind, timeout_s)
+                entry.update(screened=True, launch=launch_id,
+                             launch_wall_s=round(outcome.wall_s, 3))
+                self._record(entry)
+                done.append(entry)
+                consumed += 1
+                if not split.complete:
+                    break
+            self.run_dir.clear_inflight()
+            if consumed == 0:
+                break
+            pending = pending[consumed:]
+        return done
+
+    def _window_warmup(self, window: Window) -> int:
+        if window.mode != "normal":
+            return self.options.warmup
+        return backlog_warmup(self.options.warmup, window.config.num_workers,
+                              window.config.prefetch_factor)
+
+    def _reuse_screened(self, pending: list[Window], ids: list[str]) -> list[dict[str, Any]]:
+        """The leading windows a resumed run already measured (same ids, same requests)."""
+        reused = []
+        for window, probe_id in zip(pending, ids):
+            entry = next((e for e in self.ledger if e.get("id") == probe_id), None)
+            if entry is None or not entry.get("screened") or entry.get("kind") != window.kind \
+                    or entry.get("requested") != window.config.to_dict() \
+                    or entry.get("steps") != self.options.steps:
+                break
+            self._record(entry, reused=True)
+            reused.append(entry)
+        return reused
+
+    def screen_timeout(self, windows: int) -> float:
+        """The first window gets a probe's timeout; each further one what its steps and a
+        new set of workers take, four times over, and at least ``MIN_WINDOW_TIMEOUT_S``."""
+        loop_s = 0.0
+        if self.baseline and self.baseline.get("status") == "ok":
+            medians = [r.get("step_time_median_s") or 0.0
+                       for r in self.baseline.get("per_rank") or []]
+            backlog = (max(self.axes.num_workers) * max(self.axes.prefetch_factor)
+                       if self.axes else 0)
+            loop_s = max(medians, default=0.0) * (max(self.options.warmup, backlog)
+                                                   + self.options.steps)
+            loop_s += self.baseline.get("time_to_first_batch_s") or 0.0
+        per_window = max(MIN_WINDOW_TIMEOUT_S, TIMEOUT_FACTOR * loop_s)
+        return self.timeout_s + (windows - 1) * per_window
 
     def spec_local_rank_flag(self) -> Optional[str]:
         return dict(self.spec.extra_env).get("DDP_PROFILE_LOCAL_RANK_FLAG")
@@ -154,7 +270,10 @@ class Sweep:
                 self._adaptive()
             if self.options.ceiling:
                 best = self.best() or self.baseline
-                self.measure(settings_of(best), kind="ceiling", mode="ceiling")
+                ceiling = latest_ceiling(self.entries)
+                if ceiling is None or settings_of(ceiling).batch_size != \
+                        settings_of(best).batch_size:
+                    self.measure(settings_of(best), kind="ceiling", mode="ceiling")
         finally:
             if self.coordinator is not None:
                 self.coordinator.finish(self.launches)
@@ -222,15 +341,49 @@ class Sweep:
             candidate, incumbent))
 
     def _adaptive(self) -> None:
+        """Two screens, then the batch sizes. The first screen runs the whole worker ladder
+        (and the ceiling) in one launch; the second confirms the best screened configuration
+        in a fresh launch and, in the same launch, tries its prefetch and pinning variants.
+        Batch sizes need launches of their own. A loader that cannot be rebuilt falls back to
+        climbing the ladder with one probe per configuration."""
         assert self.axes is not None and self.baseline is not None
         own = settings_of(self.baseline)
         start = LoaderSettings(None, own.pin_memory if own.pin_memory is not None else False,
                                min(self.axes.prefetch_factor), own.batch_size)
-        best = self._climb_workers(start, list(self.axes.num_workers))
-        if best is None:
-            return
-        for axis in ("prefetch_factor", "pin_memory", "batch_size"):
-            best = self._try_axis(best, axis)
+        ladder = [normalise(replace(start, num_workers=w)) for w in self.axes.num_workers]
+        windows = [Window(c) for c in ladder if self.find(c) is None]
+        if windows and self.options.ceiling:
+            windows.append(Window(windows[-1].config, "ceiling", "ceiling"))
+        self.measure_screen(windows)
+        if self.screen_unsupported:
+            self.progress("note", {"text": "the DataLoader cannot be rebuilt in place "
+                                           f"({self.screen_unsupported}): one probe each"})
+            best = self._climb_workers(start, list(self.axes.num_workers))
+            for axis in ("prefetch_factor", "pin_memory"):
+                best = self._try_axis(best, axis) if best is not None else None
+        else:
+            best = self.best()
+            if best is not None:
+                self.measure_screen(self._second_screen(best))
+                best = self.best()
+        if best is not None:
+            self._try_axis(best, "batch_size")
+
+    def _second_screen(self, best: dict[str, Any]) -> list[Window]:
+        """A fresh measurement of a screened best, then its prefetch and pinning variants."""
+        assert self.axes is not None
+        current = normalise(settings_of(best))
+        configs = [current] if best.get("screened") else []
+        if current.num_workers and waits_for_data(best):
+            configs += [normalise(replace(current, prefetch_factor=v))
+                        for v in self.axes.prefetch_factor]
+        configs += [normalise(replace(current, pin_memory=v)) for v in self.axes.pin_memory]
+        unique: list[LoaderSettings] = []
+        for config in configs:
+            if config not in unique and (config == current and best.get("screened")
+                                         or self.find(config) is None):
+                unique.append(config)
+        return [Window(c) for c in unique]
 
     def _climb_workers(self, start: LoaderSettings, ladder: list[int]
                        ) -> Optional[dict[str, Any]]:
@@ -289,6 +442,13 @@ class Sweep:
             elif axis == "batch_size" and entry.get("status") == "oom":
                 break
         return best
+
+
+def latest_ceiling(entries: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """The last ok compute-only measurement (a screened one may be superseded by a probe at
+    the recommended batch size)."""
+    return next((e for e in reversed(entries) if e.get("kind") == "ceiling"
+                 and e.get("status") == "ok"), None)
 
 
 def predicted_rung(baseline: Optional[dict[str, Any]], ladder: list[int]) -> int:

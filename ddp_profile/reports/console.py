@@ -38,9 +38,14 @@ class ConsoleProgress:
         if event == "axes":
             self.total = len(data["grid"]) + 2  # baseline and ceiling
             self._start_bar()
+        elif event == "start" and data.get("windows"):
+            self._describe(f"probes {self.count + 1}-{self.count + data['windows']}: one launch, "
+                           f"from {config_label(data['config'].to_dict())}")
         elif event == "start":
             self._describe(f"probe {self.count + 1}: {data['kind']} "
                            f"{config_label(data['config'].to_dict())}")
+        elif event == "note":
+            self._note(data["text"])
         elif event in ("done", "reused"):
             self._finished(data["entry"], reused=event == "reused")
 
@@ -82,6 +87,12 @@ class ConsoleProgress:
             self._bar.update(self._task, completed=self.count)
         else:
             print(line, file=self.stream, flush=True)
+
+    def _note(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.console.print(text, highlight=False, markup=False)
+        else:
+            print(text, file=self.stream, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -110,7 +110,7 @@ def baseline_probe(run: Run) -> Optional[pd.Series]:
 def ceiling_probe(run: Run) -> Optional[pd.Series]:
     probes = ok_probes(run, kinds=("ceiling",))
     probes = probes[probes["throughput"].apply(finite)] if not probes.empty else probes
-    return None if probes.empty else probes.iloc[0]
+    return None if probes.empty else probes.iloc[-1]  # the last: at the recommended batch
 
 
 def finite(value: Any) -> bool:

@@ -30,7 +30,12 @@ def test_io_bound_script_gets_more_workers(cli, run_dir, search):
     assert summary["recommended"]["num_workers"] == 2
     assert summary["expected_speedup"] > 1.3
     kinds = [p["kind"] for p in summary["probes"]]
-    assert kinds[0] == "baseline" and kinds[-1] == "ceiling"
+    assert kinds[0] == "baseline" and "ceiling" in kinds
+    if search == "adaptive":  # the ladder and the ceiling in one launch, then a confirmation
+        launches = {p.get("launch", p["id"]) for p in summary["probes"]}
+        assert len(launches) == 3 and all(p.get("screened") for p in summary["probes"][1:])
+        chosen = [p for p in summary["probes"] if p["config"] == summary["recommended"]]
+        assert len({p["launch"] for p in chosen}) == 2
     ceiling = summary["ceiling_throughput"]
     assert ceiling and all(p["score"] == pytest.approx(p["throughput"] / ceiling)
                            for p in summary["probes"] if p["status"] == "ok")
@@ -58,6 +63,25 @@ def test_crash_hang_and_killed_worker_do_not_stop_the_sweep(cli, run_dir):
     assert killed["root_cause_rank"] == 0
     assert result.summary()["recommended"]["num_workers"] == 0
     assert probe_processes() == []  # nothing of any probe is left (process tree, not exit codes)
+
+
+def test_a_screen_records_a_crashed_window_and_relaunches_the_rest(cli, run_dir):
+    result = cli(["run", DEMO, "--out", run_dir, "--num-workers", "0,1,2,3",
+                  "--prefetch-factor", "2", "--timeout", "40", "--no-ceiling", *QUICK, "--",
+                  "--load-ms", "3", "--batch-size", "8",
+                  "--crash-at-step", "4", "--crash-rank", "1", "--crash-workers", "1",
+                  "--kill-worker-at-step", "4", "--kill-worker-workers", "3"], out=run_dir)
+    assert result.returncode == 0, result.stderr
+    ledger = result.ledger()
+    by_workers = {p["requested"]["num_workers"]: p for p in ledger[1:4]}
+    assert by_workers[1]["status"] == "crash" and by_workers[1]["root_cause_rank"] == 1
+    assert "injected failure" in by_workers[1]["error"]
+    assert by_workers[2]["status"] == "ok" and by_workers[2]["steps_measured"] == 20
+    assert by_workers[3]["status"] == "crash" and "DataLoader worker" in by_workers[3]["error"]
+    # 1 crashed its launch; 2 and 3 shared the next one
+    assert by_workers[1]["launch"] != by_workers[2]["launch"] == by_workers[3]["launch"]
+    assert result.summary()["recommended"]["num_workers"] == 2
+    assert probe_processes() == []
 
 
 def test_oom_at_a_batch_size_skips_larger_ones(cli, run_dir):

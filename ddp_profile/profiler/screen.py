@@ -1,0 +1,198 @@
+"""Split the records of a screen (one launch, several loader configurations) into probes.
+
+A screen's ranks write one record file each, in which the training loader's step records carry
+their ``window`` (see ``profiler.instrument``). ``split_screen`` writes, for each window, an
+ordinary probe directory that holds exactly what a separate probe of that configuration would
+have recorded, so everything downstream (``summarise_probe``, the rules, the report) reads it
+unchanged:
+
+* the training loader's steps of the window, renumbered from 0, and their GPU step timings;
+* records with a time (telemetry samples, events during training, errors) whose time falls in
+  the window, per rank: from the window's first step to the next window's first step;
+* the set-up facts (context, loader records, DDP options, events before training) in every
+  window, with the training loader's ``applied`` settings replaced by the window's own;
+* an ``end`` record: "steps_done" for a window every rank finished, the rank's real end (or
+  none) for the window the launch stopped in.
+
+Pure file work, no torch.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ddp_profile.profiler.record import dumps, read_jsonl
+
+# Facts about the script, true for every window whenever they were recorded.
+STATIC_EVENTS = frozenset({"ddp", "data_parallel", "process_group", "ddp_unused_parameters",
+                           "gpu_status", "cuda_memory"})
+
+
+@dataclass
+class WindowSplit:
+    """What one window of a screen holds after the split."""
+
+    index: int
+    out_dir: str
+    complete: bool  # every rank recorded all of the window's steps
+    started: bool  # some rank recorded a step of it
+    unsupported: Optional[str] = None  # the loader could not be rebuilt for this window
+    span_s: float = 0.0  # first step start to last step end, over the ranks
+    ranks: list[int] = field(default_factory=list)
+
+
+def _training_loader_id(records: list[dict[str, Any]]) -> Optional[int]:
+    for record in records:
+        if record.get("kind") == "end" and record.get("training_loader_id") is not None:
+            return int(record["training_loader_id"])
+    counts: dict[int, int] = {}
+    for record in records:
+        if record.get("kind") == "step" and record.get("window") is not None:
+            counts[record["loader_id"]] = counts.get(record["loader_id"], 0) + 1
+    return max(counts, key=counts.get) if counts else None
+
+
+def _step_end_ns(step: dict[str, Any]) -> int:
+    return int(step["t_ns"] + 1e9 * (step["data_wait_s"] + step["compute_s"] + step["other_s"]))
+
+
+class _RankScreen:
+    """One rank's records of a screen, indexed by window."""
+
+    def __init__(self, records: list[dict[str, Any]], starts: list[int], lengths: list[int]):
+        self.records = records
+        self.starts, self.lengths = starts, lengths
+        self.loader_id = _training_loader_id(records)
+        self.rank = next((r.get("rank") for r in records if r.get("rank") is not None), None)
+        self.steps: dict[int, list[dict[str, Any]]] = {}
+        for record in records:
+            if record.get("kind") == "step" and record.get("loader_id") == self.loader_id:
+                self.steps.setdefault(self.window_of(int(record["step"])), []).append(record)
+        self.applied: dict[int, dict[str, Any]] = {}
+        self.unsupported: dict[int, str] = {}
+        for record in records:
+            if record.get("kind") != "event":
+                continue
+            data = record.get("data") or {}
+            if record.get("name") == "window":
+                self.applied[int(data.get("window", -1))] = dict(data.get("applied") or {})
+            elif record.get("name") == "screen_unsupported":
+                self.unsupported[int(data.get("window", -1))] = str(data.get("error"))
+
+    def window_of(self, step: int) -> int:
+        return max(0, bisect.bisect_right(self.starts, step) - 1)
+
+    def start_ns(self, window: int) -> Optional[int]:
+        steps = self.steps.get(window)
+        return min(s["t_ns"] for s in steps) if steps else None
+
+    def bounds(self, window: int) -> tuple[float, float]:
+        """[start, end) in wall-clock ns: window 0 from the beginning, the last to the end."""
+        low = float("-inf") if window == 0 else float(self.start_ns(window) or float("inf"))
+        following = [self.start_ns(w) for w in self.steps if w > window]
+        following = [t for t in following if t is not None]
+        return low, float(min(following)) if following else float("inf")
+
+    def complete(self, window: int) -> bool:
+        return len(self.steps.get(window, [])) >= self.lengths[window]
+
+    def window_records(self, window: int, settings_applied: Optional[dict[str, Any]],
+                       complete: bool) -> list[dict[str, Any]]:
+        low, high = self.bounds(window)
+        first_step = self.starts[window]
+        out: list[dict[str, Any]] = []
+        iter_index = 0
+        for record in self.records:
+            kind = record.get("kind")
+            if kind == "step":
+                if record.get("loader_id") == self.loader_id:
+                    if self.window_of(int(record["step"])) == window:
+                        out.append({**record, "step": int(record["step"]) - first_step})
+                elif low <= record.get("t_ns", 0) < high:
+                    out.append(record)
+            elif kind == "gpu_step":
+                if record.get("loader_id") != self.loader_id:
+                    if low <= record.get("t_ns", low) < high:
+                        out.append(record)
+                elif self.window_of(int(record.get("step", -1))) == window:
+                    out.append({**record, "step": int(record["step"]) - first_step})
+            elif kind == "loader_iter":
+                if record.get("loader_id") == self.loader_id:
+                    if int(record.get("window") or 0) == window:
+                        out.append({**record, "iter_index": iter_index})
+                        iter_index += 1
+                elif low <= record.get("t_ns", 0) < high:
+                    out.append(record)
+            elif kind == "loader":
+                if record.get("loader_id") == self.loader_id and settings_applied:
+                    applied = {**(record.get("applied") or {}), **{
+                        k: v for k, v in settings_applied.items() if k != "batch_size"}}
+                    out.append({**record, "applied": applied})
+                else:
+                    out.append(record)
+            elif kind == "context":
+                out.append({**record, "window": window})
+            elif kind == "event" and record.get("name") in STATIC_EVENTS:
+                out.append(record)
+            elif kind == "end":
+                if not complete:
+                    out.append(record)
+            elif kind in ("event", "sample", "error"):
+                if low <= record.get("t_ns", 0) < high:
+                    out.append(record)
+            else:
+                out.append(record)
+        if complete:
+            out.append({"kind": "end", "rank": self.rank, "reason": "steps_done",
+                        "training_loader_id": self.loader_id, "steps_recorded": self.lengths[window],
+                        "t_ns": max(_step_end_ns(s) for s in self.steps[window])})
+        return out
+
+
+def split_screen(launch_dir: str, out_dirs: list[str], starts: list[int], lengths: list[int]
+                 ) -> list[WindowSplit]:
+    """Write one probe directory per window (``out_dirs[i]`` for window ``i``, which spans
+    training steps ``starts[i]`` to ``starts[i] + lengths[i]``).
+
+    Returns one :class:`WindowSplit` per window; a window after the one the launch stopped in
+    has ``started`` false and its directory is not written.
+    """
+    ranks = []
+    for name in sorted(os.listdir(launch_dir)) if os.path.isdir(launch_dir) else []:
+        if name.endswith(".jsonl"):
+            records, _torn = read_jsonl(os.path.join(launch_dir, name))
+            ranks.append((name, _RankScreen(records, starts, lengths)))
+    results = []
+    stopped = False
+    for index, out_dir in enumerate(out_dirs):
+        started = any(index in r.steps for _, r in ranks)
+        complete = bool(ranks) and all(r.complete(index) for _, r in ranks)
+        unsupported = next((r.unsupported[index] for _, r in ranks if index in r.unsupported),
+                           None)
+        split = WindowSplit(index, out_dir, complete=complete and not stopped,
+                            started=started and not stopped, unsupported=unsupported,
+                            ranks=[r.rank for _, r in ranks if r.rank is not None])
+        if unsupported is not None or stopped or not started:
+            split.complete = False
+            stopped = True
+            results.append(split)
+            continue
+        os.makedirs(out_dir, exist_ok=True)
+        starts, ends = [], []
+        for name, rank in ranks:
+            applied = rank.applied.get(index)
+            records = rank.window_records(index, applied, complete)
+            with open(os.path.join(out_dir, name), "w", encoding="utf-8") as handle:
+                handle.write("".join(dumps(r) + "\n" for r in records))
+            steps = rank.steps.get(index) or []
+            if steps:
+                starts.append(min(s["t_ns"] for s in steps))
+                ends.append(max(_step_end_ns(s) for s in steps))
+        split.span_s = (max(ends) - min(starts)) / 1e9 if starts else 0.0
+        if not complete:
+            stopped = True  # the launch ended in this window: later ones never ran
+        results.append(split)
+    return results

@@ -1,0 +1,163 @@
+"""Screens: one launch measuring several loader configurations, and the split into probes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from ddp_profile.profiler.config import LoaderSettings, ProbePlan, backlog_warmup
+from ddp_profile.profiler.hook import HOOK_DIR
+from ddp_profile.profiler.launch import LaunchOutcome
+from ddp_profile.profiler.probe import summarise_probe
+from ddp_profile.profiler.record import read_jsonl
+from ddp_profile.profiler.results import read_probe_dir
+from ddp_profile.profiler.screen import split_screen
+
+# An ordinary training loop whose samples say which worker pool produced them; it writes, per
+# step, the pool size it saw, so the test can check each window really ran its own settings.
+SCRIPT = """
+import json, os, sys, time
+import torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+class Pools(Dataset):
+    def __len__(self):
+        return 400
+    def __getitem__(self, index):
+        info = get_worker_info()
+        return torch.tensor([float(info.num_workers if info else 0)])
+
+loader = DataLoader(Pools(), batch_size=4, num_workers=0)
+model = torch.nn.Linear(1, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+seen = []
+for epoch in range(100):
+    for batch in loader:
+        seen.append(int(batch[0, 0]))
+        with open(sys.argv[1], "w") as handle:
+            json.dump(seen, handle)
+        model(batch).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        time.sleep(0.002)
+"""
+
+
+def run_screen(tmp_path, windows, steps=6, warmup=2):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "launch"
+    plan = ProbePlan(probe_id="p001-screen", out_dir=str(out), warmup=warmup, steps=steps,
+                     mode="screen", overrides=LoaderSettings.from_dict(windows[0]["overrides"]),
+                     windows=tuple(windows))
+    env = dict(os.environ, PYTHONPATH=HOOK_DIR, DDP_PROFILE="1", DDP_PROFILE_PLAN=plan.to_json(),
+               DDP_PROFILE_SCRIPT=str(script), RANK="0", WORLD_SIZE="1")
+    seen_path = tmp_path / "seen.json"
+    proc = subprocess.run([sys.executable, str(script), str(seen_path)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return plan, json.loads(seen_path.read_text())
+
+
+def window(workers, mode="normal", prefetch=None, warmup=None):
+    data = {"overrides": LoaderSettings(workers, None, prefetch, None).to_dict(), "mode": mode}
+    if warmup is not None:
+        data["warmup"] = warmup
+    return data
+
+
+def test_each_window_runs_its_own_worker_pool_and_is_split_into_a_probe(tmp_path):
+    windows = [window(0), window(2, prefetch=2, warmup=4), window(1), window(1, "ceiling")]
+    plan, seen = run_screen(tmp_path, windows)
+    starts, lengths = plan.window_starts(), plan.window_lengths()
+    assert starts == [0, 8, 18, 26] and lengths == [8, 10, 8, 8]
+    # the script saw each window's worker pool from that window's first step on
+    for index, (start, length) in enumerate(zip(starts, lengths)):
+        expected = windows[index]["overrides"]["num_workers"]
+        assert set(seen[start:start + length]) == {expected}, (index, seen)
+    records, _ = read_jsonl(os.path.join(plan.out_dir, "rank-0.jsonl"))
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [s["window"] for s in steps][:plan.total_steps] == sum(
+        ([i] * n for i, n in enumerate(lengths)), [])
+
+    out_dirs = [str(tmp_path / f"p{i:03d}") for i in range(1, 5)]
+    splits = split_screen(plan.out_dir, out_dirs, starts, lengths)
+    assert all(s.complete for s in splits)
+    for index, split in enumerate(splits):
+        window_plan = ProbePlan(probe_id=f"p{index:03d}", out_dir=split.out_dir,
+                                overrides=LoaderSettings.from_dict(windows[index]["overrides"]),
+                                warmup=plan.window_warmup(index), steps=plan.steps,
+                                mode=windows[index]["mode"])
+        outcome = LaunchOutcome(0, False, False, split.span_s, str(tmp_path / "none.log"))
+        entry = summarise_probe(window_plan, outcome, "sweep", 60.0)
+        assert entry["status"] == "ok", entry
+        assert entry["config"]["num_workers"] == windows[index]["overrides"]["num_workers"]
+        assert entry["steps_measured"] == plan.steps
+        (rank,) = read_probe_dir(split.out_dir)
+        assert [s["step"] for s in rank.training_steps()] == list(range(lengths[index]))
+        assert rank.end["reason"] == "steps_done"
+        assert rank.context and rank.loaders
+    # the ceiling window replays cached batches: it hardly waits for data
+    ceiling = read_probe_dir(splits[3].out_dir)[0].training_steps()
+    measured = [s for s in ceiling if s["measured"]]
+    assert sum(s["data_wait_s"] for s in measured) < 0.5 * sum(
+        s["compute_s"] + s["other_s"] for s in measured)
+
+
+def _rank_file(directory, rank, records):
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, f"rank-{rank}.jsonl"), "w") as handle:
+        handle.write("".join(json.dumps({"rank": rank, **r}) + "\n" for r in records))
+
+
+def _step(step, t, window):
+    return {"kind": "step", "loader_id": 0, "step": step, "window": window, "t_ns": t,
+            "measured": True, "data_wait_s": 0.001, "compute_s": 0.002, "other_s": 0.0,
+            "samples": 4}
+
+
+def test_split_routes_records_by_window_and_stops_at_the_failed_window(tmp_path):
+    launch = str(tmp_path / "launch")
+    ms = 1_000_000
+    for rank in (0, 1):
+        records = [{"kind": "context", "world_size": 2},
+                   {"kind": "loader", "loader_id": 0, "applied": {"num_workers": 0,
+                                                                  "batch_size": 4}},
+                   {"kind": "event", "name": "ddp", "t_ns": 0, "data": {}}]
+        records += [_step(s, 10 * ms * (s + 1), 0) for s in range(3)]
+        records.append({"kind": "event", "name": "window", "t_ns": 40 * ms,
+                        "data": {"window": 1, "applied": {"num_workers": 2, "batch_size": None}}})
+        records += [_step(s, 10 * ms * (s + 1), 1) for s in range(3, 6)]
+        records += [{"kind": "sample", "source": "host", "t_ns": 15 * ms},
+                    {"kind": "sample", "source": "host", "t_ns": 45 * ms}]
+        if rank == 1:  # rank 1 dies two steps into window 2
+            records += [_step(s, 10 * ms * (s + 1), 2) for s in range(6, 8)]
+            records.append({"kind": "error", "t_ns": 85 * ms, "last_line": "boom"})
+        else:
+            records += [_step(6, 70 * ms, 2)]
+        _rank_file(launch, rank, records)
+    out_dirs = [str(tmp_path / f"w{i}") for i in range(4)]
+    splits = split_screen(launch, out_dirs, [0, 3, 6, 9], [3, 3, 3, 3])
+    assert [s.complete for s in splits] == [True, True, False, False]
+    assert [s.started for s in splits] == [True, True, True, False]
+    assert not os.path.exists(out_dirs[3])
+    second = {r.rank: r for r in read_probe_dir(out_dirs[1])}
+    assert [s["step"] for s in second[1].training_steps()] == [0, 1, 2]
+    assert [s["t_ns"] for s in second[1].samples] == [45 * ms]  # by time, per rank
+    assert second[1].context["applied"]["num_workers"] == 2  # the window's own settings
+    assert second[1].context["applied"]["batch_size"] == 4  # what the window left unchanged
+    assert any(e["name"] == "ddp" for e in second[1].events)  # set-up facts in every window
+    assert second[1].error is None and second[1].end["reason"] == "steps_done"
+    failed = {r.rank: r for r in read_probe_dir(out_dirs[2])}
+    assert failed[1].error["last_line"] == "boom" and failed[1].end is None
+    first = {r.rank: r for r in read_probe_dir(out_dirs[0])}
+    assert [s["t_ns"] for s in first[0].samples] == [15 * ms]
+
+
+def test_backlog_warmup_covers_the_startup_prefetch():
+    assert backlog_warmup(5, 0, None) == 5
+    assert backlog_warmup(5, 2, None) == 5
+    assert backlog_warmup(5, 4, 2) == 8
+    assert backlog_warmup(5, 8, 4) == 32
