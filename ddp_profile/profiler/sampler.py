@@ -23,101 +23,21 @@ exception ever leaves a sampler thread.
 
 from __future__ import annotations
 
-import logging
-import math
 import os
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import psutil
 
-from ddp_profile.profiler.nvml import GpmReader, Nvml, UtilisationReader, _text, cuda_device_nvml_key, gpu_status
+from ddp_profile.profiler.gpu_sampler import GpuSampler
+from ddp_profile.profiler.nvml import gpu_status
+from ddp_profile.profiler.periodic import NAN, Clock, Emit, _PeriodicSampler
 
 __all__ = ["GpuSampler", "HostSampler", "SamplerGroup", "gpu_status", "start_samplers"]
 
-log = logging.getLogger("ddp_profile.sampler")
-
-Emit = Callable[[dict], None]
-Clock = Callable[[], int]
-NAN = math.nan
 
 
-FINAL_SAMPLE_MIN_S = 0.05  # at stop, sample once more if this much time has passed
-
-
-class _PeriodicSampler:
-    """Runs ``prime()`` once, then ``sample_once()`` every ``interval_s`` in a daemon thread."""
-
-    source = "base"
-
-    def __init__(self, emit: Emit, interval_s: float, clock: Clock):
-        self._emit = emit
-        self.interval_s = float(interval_s)
-        self._clock = clock
-        self._stop = threading.Event()
-        self._warned: set[str] = set()
-        self.cpu_time_s = 0.0  # CPU time of the sampler thread, set when it ends
-        self.thread = threading.Thread(target=self._run, name=f"ddp-profile-sampler-{self.source}", daemon=True)
-
-    def prime(self) -> bool:
-        """Take baselines; False means there is nothing to sample."""
-        return True
-
-    def sample_once(self) -> Optional[dict]:
-        """One record, or None to skip this tick."""
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Release resources after the loop ends."""
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self.thread.is_alive() and self.thread is not threading.current_thread():
-            self.thread.join(timeout)
-
-    def _sample_and_send(self) -> None:
-        record = self.sample_once()
-        if record is not None:
-            self._send(record)
-
-    def _record(self) -> dict[str, Any]:
-        return {"kind": "sample", "source": self.source, "t_ns": int(self._clock())}
-
-    def _send(self, record: dict) -> None:
-        try:
-            self._emit(record)
-        except Exception as exc:  # a broken sink must not kill telemetry, nor training
-            self._warn_once("emit", "emit failed: %r", exc)
-
-    def _warn_once(self, key: str, msg: str, *args: Any) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning("%s sampler: " + msg, self.source, *args)
-
-    def _run(self) -> None:
-        try:
-            if not self.prime():
-                return
-            last = time.monotonic()
-            deadline = last + self.interval_s
-            while not self._stop.wait(max(0.0, deadline - time.monotonic())):
-                self._sample_and_send()
-                last = time.monotonic()
-                deadline = max(deadline + self.interval_s, last)
-            if time.monotonic() - last >= FINAL_SAMPLE_MIN_S:
-                self._sample_and_send()  # a short probe still gets the window since the last
-        except Exception as exc:  # never a traceback from a telemetry thread
-            self._warn_once("crash", "stopped: %r", exc)
-        finally:
-            try:
-                self.close()
-            except Exception as exc:
-                self._warn_once("close", "close failed: %r", exc)
-            self.cpu_time_s = time.thread_time()
 
 
 class _ChildFinder:
@@ -276,111 +196,6 @@ class HostSampler(_PeriodicSampler):
 def _guest(times: Any) -> float:
     """guest time is already counted in user time on Linux."""
     return getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
-
-
-class GpuSampler(_PeriodicSampler):
-    """NVML telemetry of one device, found by PCI bus id (or by CUDA index, mapped through it)."""
-
-    source = "gpu"
-
-    def __init__(self, emit: Emit, *, pci_bus_id: Optional[str] = None, cuda_device_index: Optional[int] = None,
-                 interval_s: float = 0.5, nvml_lib: Any = None, clock: Clock = time.time_ns):
-        super().__init__(emit, interval_s, clock)
-        self.nvml = Nvml(nvml_lib)
-        self._key: Optional[tuple[str, str]] = ("pci", pci_bus_id) if pci_bus_id else None
-        self._cuda_index = cuda_device_index
-        self._handle: Any = None
-        self._util: Optional[UtilisationReader] = None
-        self._throttle_fn = "nvmlDeviceGetCurrentClocksEventReasons"
-        self._gpm: Optional[GpmReader] = None
-        self.lost = False
-        self.status: dict[str, Any] = {"gpu_available": False, "gpu_unavailable_reason": "not started yet"}
-
-    # -- set-up --------------------------------------------------------------------------
-    def prime(self) -> bool:
-        reason = self._open()
-        self.status = {"gpu_available": reason is None, "gpu_unavailable_reason": reason,
-                       "pci_bus_id": self._key[1] if self._key else None,
-                       "name": _text(self.nvml.query("nvmlDeviceGetName", self._handle, default="?")) if reason is None
-                       else None}
-        self._send({"kind": "event", "name": "gpu_status", "t_ns": int(self._clock()), "data": dict(self.status)})
-        if reason is not None:
-            log.info("GPU telemetry off: %s", reason)
-            return False
-        self._util = UtilisationReader(self.nvml, self._handle)
-        self._pick_throttle_fn()
-        self._gpm = GpmReader.open(self.nvml, self._handle)
-        return True
-
-    def _open(self) -> Optional[str]:
-        """Init NVML and find the handle; a one-line reason on failure."""
-        if self._key is None:
-            if self._cuda_index is None:
-                return "rank uses no CUDA device"
-            try:
-                self._key = cuda_device_nvml_key(self._cuda_index)
-            except Exception as exc:
-                return f"cannot map CUDA device {self._cuda_index} to NVML: {' '.join(str(exc).split())}"[:300]
-        reason = self.nvml.init()
-        if reason is not None:
-            return reason
-        kind, key = self._key
-        fn_name = "nvmlDeviceGetHandleByPciBusId" if kind == "pci" else "nvmlDeviceGetHandleByUUID"
-        try:
-            self._handle = self.nvml.call(fn_name, key)
-        except self.nvml.lib.NVMLError as exc:
-            return f"no NVML device with {kind} {key}: {self.nvml.describe(exc)}"
-        return None
-
-    def _pick_throttle_fn(self) -> None:
-        try:
-            self.nvml.call(self._throttle_fn, self._handle)
-        except self.nvml.lib.NVMLError as exc:
-            if self.nvml.is_error(exc, "FUNCTION_NOT_FOUND"):  # drivers before the rename
-                self._throttle_fn = "nvmlDeviceGetCurrentClocksThrottleReasons"
-
-    # -- sampling ------------------------------------------------------------------------
-    def sample_once(self) -> Optional[dict]:
-        if self.lost or self._handle is None:
-            return None
-        record = self._record()
-        record.update(self._util.read())
-        record.update(self._device_metrics())
-        if self._gpm is not None:
-            record.update(self._gpm.read())
-        if self.nvml.lost_reason is not None:
-            self._on_lost()
-            return None
-        return record
-
-    def _device_metrics(self) -> dict[str, float]:
-        q, lib, h = self.nvml.query, self.nvml.lib, self._handle
-        memory = q("nvmlDeviceGetMemoryInfo", h, default=None)
-        return {
-            "gpu_mem_used_bytes": float(memory.used) if memory is not None else NAN,
-            "gpu_mem_total_bytes": float(memory.total) if memory is not None else NAN,
-            "gpu_power_w": float(q("nvmlDeviceGetPowerUsage", h)) / 1000.0,
-            "gpu_sm_clock_mhz": float(q("nvmlDeviceGetClockInfo", h, lib.NVML_CLOCK_SM)),
-            "gpu_temp_c": float(q("nvmlDeviceGetTemperature", h, lib.NVML_TEMPERATURE_GPU)),
-            "gpu_throttle_reasons": float(q(self._throttle_fn, h)),
-            # NVML reports PCIe throughput in KB/s over a 20 ms window.
-            "gpu_pcie_rx_bps": float(q("nvmlDeviceGetPcieThroughput", h, lib.NVML_PCIE_UTIL_RX_BYTES)) * 1024.0,
-            "gpu_pcie_tx_bps": float(q("nvmlDeviceGetPcieThroughput", h, lib.NVML_PCIE_UTIL_TX_BYTES)) * 1024.0,
-        }
-
-    def _on_lost(self) -> None:
-        self.lost = True
-        reason = f"GPU lost during sampling: {self.nvml.lost_reason}"
-        self.status = dict(self.status, gpu_available=False, gpu_unavailable_reason=reason)
-        self._send({"kind": "event", "name": "gpu_lost", "t_ns": int(self._clock()),
-                    "data": {"pci_bus_id": self.status.get("pci_bus_id"), "reason": reason}})
-        self._stop.set()
-
-    def close(self) -> None:
-        if self._gpm is not None:
-            self._gpm.close()
-            self._gpm = None
-        self.nvml.shutdown()
 
 
 class SamplerGroup:
