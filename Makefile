@@ -28,6 +28,7 @@ test: setup browser
 	$(BIN)/python -m pytest -q
 
 bench: setup
+	$(BIN)/pip install -q -c constraints-cpu.txt -e '.[bench]'
 	$(BIN)/python benchmarks/overhead.py --quick
 
 clean:
