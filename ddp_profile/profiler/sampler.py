@@ -39,7 +39,6 @@ __all__ = ["GpuSampler", "HostSampler", "SamplerGroup", "gpu_status", "start_sam
 
 
 
-
 class _ChildFinder:
     """Direct children of a process, from /proc/<pid>/task/<tid>/children.
 
