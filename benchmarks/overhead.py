@@ -49,9 +49,10 @@ def gpuprof_status() -> tuple[bool, str]:
     return True, f"gpuprof {version}"
 
 
-def run_variant(variant: str, steps: int, warmup: int) -> dict:
+def run_variant(variant: str, steps: int, warmup: int, pin_core: bool = False) -> dict:
     work = _bench.scratch(f"overhead-{variant}-")
-    args = [*WORKLOAD_ARGS, "--steps", str(steps), "--warmup", str(warmup)]
+    args = [*WORKLOAD_ARGS, "--steps", str(steps), "--warmup", str(warmup),
+            *(["--pin-core"] if pin_core else [])]
     try:
         if variant == "ddp_profile":
             result = _bench.run_instrumented(args, work, warmup=warmup)
@@ -86,6 +87,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=None, help="loop steps per launch")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--variants", default="plain,ddp_profile,torch_profiler,gpuprof")
+    parser.add_argument("--pin-core", action="store_true",
+                        help="pin each rank to one core in every variant (less scheduling "
+                             "noise; the samplers then share the rank's core)")
     args = parser.parse_args(argv)
     reps = args.reps or (2 if args.quick else 5)
     steps = args.steps or (40 if args.quick else 200)
@@ -101,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
         order = ["plain", *rotation] if rep % 2 == 0 else [*rotation, "plain"]
         medians, cpus, statuses = {}, {}, {}
         for variant in order:
-            result = run_variant(variant, steps, args.warmup)
+            result = run_variant(variant, steps, args.warmup, args.pin_core)
             medians[variant] = result["median_step_s"]
             cpus[variant] = result["median_step_cpu_s"]
             statuses[variant] = result["status"]
@@ -131,7 +135,8 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "benchmark": "overhead", "mode": "quick" if args.quick else "full",
         "workload": "benchmarks/workloads/bench_train.py " + " ".join(WORKLOAD_ARGS),
-        "ranks": _bench.NPROC, "reps": reps, "steps_per_launch": steps, "warmup": args.warmup,
+        "ranks": _bench.NPROC, "reps": reps, "pin_core": args.pin_core,
+        "steps_per_launch": steps, "warmup": args.warmup,
         "median_step_s_plain": _bench.rnd(_bench.median(
             [r["median_step_s"].get("plain") for r in per_rep]), 5),
         "ratio_vs_plain": ratio, "ratio_range": spread,

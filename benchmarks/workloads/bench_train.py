@@ -58,6 +58,8 @@ def parse_args() -> argparse.Namespace:
     add("--profiler", choices=("none", "torch", "gpuprof"), default="none")
     add("--gpuprof-db", default="gpuprof-{rank}.db")
     add("--out", default="", help="JSON result path; {rank} is replaced")
+    add("--pin-core", action="store_true",
+        help="pin each rank to the core of its local rank (less scheduling noise)")
     return parser.parse_args()
 
 
@@ -81,6 +83,10 @@ def main() -> None:
     if world > 1:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if world > 1 else 0
+    if args.pin_core and hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        os.sched_setaffinity(0, {cores[local % len(cores)]})
     torch.manual_seed(0)
     dataset = SyntheticDataset(args.samples, args.features, args.load_ms, args.cpu_ms)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True) \
