@@ -344,16 +344,21 @@ class Sweep:
         """Two screens, then the batch sizes. The first screen runs the whole worker ladder
         (and the ceiling) in one launch; the second confirms the best screened configuration
         in a fresh launch and, in the same launch, tries its prefetch and pinning variants.
+        A baseline that hardly waits for data gets no ladder, only its pinning variants.
         Batch sizes need launches of their own. A loader that cannot be rebuilt falls back to
         climbing the ladder with one probe per configuration."""
         assert self.axes is not None and self.baseline is not None
         own = settings_of(self.baseline)
         start = LoaderSettings(None, own.pin_memory if own.pin_memory is not None else False,
                                min(self.axes.prefetch_factor), own.batch_size)
-        ladder = [normalise(replace(start, num_workers=w)) for w in self.axes.num_workers]
-        windows = [Window(c) for c in ladder if self.find(c) is None]
-        if windows and self.options.ceiling:
-            windows.append(Window(windows[-1].config, "ceiling", "ceiling"))
+        if waits_for_data(self.baseline):
+            configs = [normalise(replace(start, num_workers=w)) for w in self.axes.num_workers]
+        else:  # loading settings cannot win back more than the little time spent waiting
+            configs = [normalise(replace(own, pin_memory=v)) for v in self.axes.pin_memory]
+        windows = [Window(c) for c in configs if self.find(c) is None]
+        if self.options.ceiling:
+            windows.append(Window(windows[-1].config if windows else normalise(own),
+                                  "ceiling", "ceiling"))
         self.measure_screen(windows)
         if self.screen_unsupported:
             self.progress("note", {"text": "the DataLoader cannot be rebuilt in place "

@@ -75,6 +75,12 @@ def cpu_bound(config: LoaderSettings) -> tuple[float, float]:
     return min(loading, 2000.0), 0.6
 
 
+def compute_bound(config: LoaderSettings) -> tuple[float, float]:
+    """The loop hardly waits: workers only add a little contention."""
+    workers = config.num_workers or 0
+    return 1000.0 - 5.0 * workers, 0.01
+
+
 SPACE = SearchSpace(num_workers=(0, 1, 2, 4, 8, 16), prefetch_factor=(2, 4),
                     pin_memory=(False, True))
 
@@ -103,3 +109,11 @@ def test_adaptive_without_screens_climbs_with_fewer_probes(tmp_path, model):
     grid_best = max(model(c)[0] for c in configs)
     assert sweep.best()["throughput"] >= 0.95 * grid_best
     assert sweep.launches_made <= 0.5 * (len(configs) + 1), (sweep.launches_made, len(configs))
+
+
+def test_a_compute_bound_baseline_gets_no_worker_ladder(tmp_path):
+    sweep = ModelSweep(tmp_path, compute_bound, SPACE)
+    sweep.run()
+    assert sweep.best()["kind"] == "baseline"
+    assert {c.num_workers for c in sweep.measured} == {0}  # pinning variants only
+    assert sweep.launches_made == 2
