@@ -13,6 +13,7 @@ from tests.conftest import DEMO, SCRIPTS
 pytestmark = pytest.mark.e2e
 
 FAST = ["--steps", "25", "--warmup", "3", "--no-ceiling", "--no-report", "--quiet"]
+OWN = ["--num-workers", "0"]  # the scripts' own setting: the baseline is the only launch
 
 
 def test_sleeping_dataset_data_wait_matches_the_sleep(cli, run_dir):
@@ -78,7 +79,7 @@ def test_prefetch_without_workers_is_not_applied_and_recorded(cli, run_dir):
 
 
 def test_script_without_optimizer_still_gets_data_and_compute(cli, run_dir):
-    result = cli(["run", DEMO, "--out", run_dir, *FAST, "--", "--no-optimizer",
+    result = cli(["run", DEMO, "--out", run_dir, *FAST, *OWN, "--", "--no-optimizer",
                   "--load-ms", "1"], out=run_dir)
     assert result.returncode == 0, result.stderr
     steps = load_run(run_dir).steps
@@ -88,7 +89,8 @@ def test_script_without_optimizer_still_gets_data_and_compute(cli, run_dir):
 
 def test_validation_loader_is_not_the_training_loader(cli, run_dir):
     # 256 samples / 2 ranks / batch 16 = 8 batches an epoch, then a validation pass
-    result = cli(["run", DEMO, "--out", run_dir, *FAST, "--", "--validate", "--samples", "256",
+    result = cli(["run", DEMO, "--out", run_dir, *FAST, *OWN, "--", "--validate", "--samples",
+                  "256",
                   "--no-set-epoch"], out=run_dir)
     assert result.returncode == 0, result.stderr
     run = load_run(run_dir)
@@ -101,7 +103,7 @@ def test_validation_loader_is_not_the_training_loader(cli, run_dir):
 
 def test_script_arguments_after_double_dash_reach_the_script(cli, run_dir):
     result = cli(["run", os.path.join(SCRIPTS, "argparse_train.py"), "--out", run_dir, *FAST,
-                  "--", "--lr", "0.5", "--tag", "hello world"], out=run_dir)
+                  *OWN, "--", "--lr", "0.5", "--tag", "hello world"], out=run_dir)
     assert result.returncode == 0, result.stderr
     run = load_run(run_dir)
     argv = run.contexts[(run.summary["probes"][0]["id"], 0)]["argv"]

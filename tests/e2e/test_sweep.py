@@ -22,30 +22,34 @@ IO_BOUND = ["--", "--load-ms", "3", "--batch-size", "8"]
 
 @pytest.mark.parametrize("search", ["grid", "adaptive"])
 def test_io_bound_script_gets_more_workers(cli, run_dir, search):
+    # the grid measures its ceiling as a probe of its own, adaptive as its screen's last window:
+    # one of them is enough to check the scores
+    ceiling = [] if search == "adaptive" else ["--no-ceiling"]
     result = cli(["run", DEMO, "--out", run_dir, "--search", search, "--num-workers", "0,2",
-                  "--prefetch-factor", "2", *QUICK, *IO_BOUND], out=run_dir)
+                  "--prefetch-factor", "2", *ceiling, *QUICK, *IO_BOUND], out=run_dir)
     assert result.returncode == 0, result.stderr
     summary = result.summary()
     assert summary["baseline"]["num_workers"] == 0
     assert summary["recommended"]["num_workers"] == 2
     assert summary["expected_speedup"] > 1.3
     kinds = [p["kind"] for p in summary["probes"]]
-    assert kinds[0] == "baseline" and "ceiling" in kinds
+    assert kinds[0] == "baseline"
+    assert any(f["rule"] == "data-loader-bound" for f in summary["findings"])
+    assert len(result.ledger()) == len(summary["probes"])
     if search == "adaptive":  # the ladder and the ceiling in one launch, then a confirmation
+        assert "ceiling" in kinds
         launches = {p.get("launch", p["id"]) for p in summary["probes"]}
         assert len(launches) == 3 and all(p.get("screened") for p in summary["probes"][1:])
         chosen = [p for p in summary["probes"] if p["config"] == summary["recommended"]]
         assert len({p["launch"] for p in chosen}) == 2
-    ceiling = summary["ceiling_throughput"]
-    assert ceiling and all(p["score"] == pytest.approx(p["throughput"] / ceiling)
-                           for p in summary["probes"] if p["status"] == "ok")
-    assert any(f["rule"] == "data-loader-bound" for f in summary["findings"])
-    assert len(result.ledger()) == len(summary["probes"])
+        ceiling = summary["ceiling_throughput"]
+        assert ceiling and all(p["score"] == pytest.approx(p["throughput"] / ceiling)
+                               for p in summary["probes"] if p["status"] == "ok")
 
 
 def test_crash_hang_and_killed_worker_do_not_stop_the_sweep(cli, run_dir):
     result = cli(["run", DEMO, "--out", run_dir, "--search", "grid", "--num-workers", "0,1,2,3",
-                  "--prefetch-factor", "2", "--timeout", "25", "--no-ceiling", *QUICK, "--",
+                  "--prefetch-factor", "2", "--timeout", "20", "--no-ceiling", *QUICK, "--",
                   "--crash-at-step", "4", "--crash-rank", "1", "--crash-workers", "1",
                   "--hang-at-step", "4", "--hang-rank", "1", "--hang-workers", "2",
                   "--kill-worker-at-step", "4", "--kill-worker-workers", "3"], out=run_dir)
@@ -120,7 +124,7 @@ def _wait_until_gone(timeout: float = 15) -> None:
 
 
 def test_sigkilled_sweep_resumes_without_rerunning_or_losing_a_probe(cli, run_dir):
-    args = ["run", DEMO, "--out", run_dir, "--search", "grid", "--num-workers", "0,1,2",
+    args = ["run", DEMO, "--out", run_dir, "--search", "grid", "--num-workers", "0,1",
             "--prefetch-factor", "2", "--no-ceiling", *QUICK, *IO_BOUND]
     proc = _start(args)
     _wait_for_ledger(run_dir, 1)
@@ -138,7 +142,7 @@ def test_sigkilled_sweep_resumes_without_rerunning_or_losing_a_probe(cli, run_di
     assert ids == [f"p{i:03d}" for i in range(len(ids))]  # no probe lost, none recorded twice
     measured = [(p["kind"], json.dumps(p["requested"]), p["steps"]) for p in ledger]
     assert len(measured) == len(set(measured))  # none re-run (a longer re-measure is new)
-    assert {p["requested"]["num_workers"] for p in ledger} == {None, 1, 2}
+    assert {p["requested"]["num_workers"] for p in ledger} == {None, 1}
     assert result.summary()["state"] == "complete"
 
 
