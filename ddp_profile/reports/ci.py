@@ -6,8 +6,9 @@ only formats it; nothing here measures or decides.
 - JUnit: one ``<testsuite>`` (inside ``<testsuites>``), one ``<testcase>`` per compared
   configuration; ``<failure>`` on a regression, ``<skipped>`` when inconclusive.
 - Markdown: a heading with the overall verdict, the comparison table (with the slowdown each
-  comparison could detect), the warnings, the environment of both sides; :func:`write_github_summary` appends it to ``$GITHUB_STEP_SUMMARY`` (kept under the
-  1 MiB GitHub allows per step).
+  comparison could detect), the warnings, the environment of both sides;
+  :func:`write_github_summary` appends it to ``$GITHUB_STEP_SUMMARY`` (kept under the 1 MiB
+  GitHub allows per step).
 """
 
 from __future__ import annotations
