@@ -58,6 +58,8 @@ def parse_args() -> argparse.Namespace:
     add("--profiler", choices=("none", "torch", "gpuprof"), default="none")
     add("--gpuprof-db", default="gpuprof-{rank}.db")
     add("--out", default="", help="JSON result path; {rank} is replaced")
+    add("--toggle-instrumentation", type=int, default=0, metavar="K",
+        help="under ddp-profile: remove and re-apply its patches every K steps (in-process A/B)")
     add("--pin-core", action="store_true",
         help="pin each rank to the core of its local rank (less scheduling noise)")
     return parser.parse_args()
@@ -75,6 +77,53 @@ def profiler_context(args: argparse.Namespace, rank: int):
         return gpuprof.profile("bench", db_path=args.gpuprof_db.format(rank=rank),
                                summary=False)
     return contextlib.nullcontext()
+
+
+class Toggle:
+    """In-process A/B of ddp-profile's instrumentation: blocks of ``every`` steps alternate
+    between patched (``on``) and unpatched (``off``), so slow drifts of the machine reach both
+    alike. The samplers and the rest of the probe keep running in both kinds of block."""
+
+    def __init__(self, every: int, warmup: int):
+        self.every, self.warmup = every, warmup
+        self.instr = None
+        if every > 0:
+            from ddp_profile.profiler import instrument
+
+            self.instr = instrument.installed()
+        self.active = self.instr is not None
+        self.on = True
+        self.states: list[bool] = []  # per step: was it instrumented?
+
+    def before_step(self, index: int) -> None:
+        if not self.active:
+            return
+        from ddp_profile.profiler import patches
+
+        block = max(0, index - self.warmup) // self.every
+        want = index < self.warmup or block % 2 == 0
+        if want != self.on:
+            if want:
+                patches.apply(self.instr)
+            else:
+                patches.remove()
+            self.on = want
+        self.states.append(want)
+
+    def summary(self, steps: list[float]) -> dict:
+        """Per pair of neighbouring on/off blocks, the ratio of their median step times."""
+        states = self.states[self.warmup:self.warmup + len(steps)]
+        ratios = []
+        for start in range(0, len(steps) - 2 * self.every + 1, 2 * self.every):
+            on = [t for t, s in zip(steps[start:start + 2 * self.every],
+                                    states[start:start + 2 * self.every]) if s]
+            off = [t for t, s in zip(steps[start:start + 2 * self.every],
+                                     states[start:start + 2 * self.every]) if not s]
+            if on and off:
+                ratios.append(statistics.median(on) / statistics.median(off))
+        return {"every": self.every, "pairs": len(ratios),
+                "ratio": statistics.median(ratios) if ratios else None,
+                "pair_ratios": [round(r, 4) for r in ratios]}
 
 
 def main() -> None:
@@ -108,9 +157,11 @@ def main() -> None:
     waits: list[float] = []
     wall_ns: list[int] = []  # time.time_ns at each iteration's start
     epoch = 0
+    toggle = Toggle(args.toggle_instrumentation, args.warmup)
     with profiler_context(args, rank) as prof:
         iterator = iter(loader)
         while len(starts) < args.steps + 1:  # one more start closes the last step
+            toggle.before_step(len(starts))
             starts.append(time.perf_counter())
             cpu.append(time.process_time())
             wall_ns.append(time.time_ns())
@@ -146,6 +197,8 @@ def main() -> None:
         "first_measured_step_ns": wall_ns[args.warmup],
         "loop_end_ns": loop_end_ns,
     }
+    if toggle.active:
+        result["toggle"] = toggle.summary(steps)
     if args.out:
         with open(args.out.format(rank=rank), "w") as handle:
             json.dump(result, handle)
