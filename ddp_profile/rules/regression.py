@@ -19,11 +19,12 @@ is current / baseline (< 1 = slower). The rule (both conditions must hold for ``
    k-th smallest to the k-th largest of those differences, where ``k - 1`` is the largest ``u``
    with ``P(U <= u) <= (1 - confidence) / 2`` under no change: the same U distribution as the
    test, counted exactly when ``n1 * n2 <= EXACT_MAX_PAIRS`` and from the normal approximation
-   (continuity-corrected) otherwise. The interval is the set of shifts the two-sided U test would
-   not reject, so its coverage holds for any continuous step-time distribution that differs
-   between the sides only by the shift. The gate fails only when ``exp(upper end)`` lies below
-   ``1 - max_regression`` (default 5 %): a tiny but real slowdown, which a long run makes
-   "significant", does not fail it; only one that is surely larger than the tolerance does.
+   (continuity-corrected) otherwise; tied values (a coarse timer) are not corrected for here.
+   The interval is the set of shifts the two-sided U test would not reject, so its coverage
+   holds for any continuous step-time distribution that differs between the sides only by the
+   shift. The gate fails only when ``exp(upper end)`` lies below ``1 - max_regression``
+   (default 5 %): a tiny but real slowdown, which a long run makes "significant", does not fail
+   it; only one that is surely larger than the tolerance does.
 
 The Hodges-Lehmann interval replaces a bootstrap interval of the median ratio: it uses every
 step rather than the middle one or two, so it is narrower at the same number of steps (its
@@ -31,16 +32,22 @@ efficiency is 0.95 of the mean's under normal noise, the median's 0.64) and catc
 slowdown more often, and it is deterministic. ``median_ratio`` (median(current) /
 median(baseline)) is still reported but does not decide anything.
 
+Both the test and the interval take the steps as independent draws. Real steps are
+autocorrelated and a shared machine's level drifts within and between runs; the interval does
+not see that, so on such a machine two runs of the same code are flagged more often than
+``alpha`` suggests (``benchmarks/gate_power.py --real-runs`` measures it; docs/ci.md).
+
 **Minimum detectable regression.** Each verdict also says which slowdown this comparison could
 see: with ``se = (upper - lower) / (2 z_c)`` (``z_c`` the normal quantile of the interval, 1.645
 at 90 %), the gate flags a true log-shift ``d`` with probability ``power`` (default 0.95) when
 ``d <= log(1 - max_regression) - (z_c + z_power) se`` (the interval must clear the tolerance)
 and ``d <= -(z_alpha + z_power) se`` (the test must be significant). ``min_detectable`` is the
-slowdown ``1 - exp(d)`` at the larger of the two bounds; at the defaults it is the tolerance plus
-two half-widths of the interval. It counts the step-to-step noise the two samples show, not the
-run-to-run drift of the machine, which comes on top. ``se`` scales as ``sqrt(1/n1 + 1/n2)``, so
-when ``min_detectable`` exceeds ``2 * max_regression`` the verdict names ``steps_needed``: the
-steps per side that would bring it within ``2 * max_regression``.
+slowdown ``1 - exp(d)`` at the more negative of the two bounds; at the defaults it is the
+tolerance plus two half-widths of the interval (on the log scale). It counts the step-to-step
+noise the two samples show, not the run-to-run drift of the machine, which comes on top. ``se``
+scales as ``sqrt(1/n1 + 1/n2)``, so when ``min_detectable`` exceeds ``2 * max_regression``
+the verdict names ``steps_needed``: the steps per side that would bring it within
+``2 * max_regression``.
 
 With fewer than ``min_samples`` finite, positive samples on either side the verdict is
 ``"inconclusive"``. Anything else is ``"pass"`` (including a faster current run). Nothing is
