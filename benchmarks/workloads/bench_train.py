@@ -85,9 +85,10 @@ class Toggle:
     alike. The samplers and the rest of the probe keep running in both kinds of block."""
 
     def __init__(self, every: int, warmup: int):
-        self.every, self.warmup = every, warmup
+        # a negative ``every`` starts each pair with the unpatched block
+        self.every, self.warmup, self.on_first = abs(every), warmup, every > 0
         self.instr = None
-        if every > 0:
+        if every:
             from ddp_profile.profiler import instrument
 
             self.instr = instrument.installed()
@@ -101,7 +102,7 @@ class Toggle:
         from ddp_profile.profiler import patches
 
         block = max(0, index - self.warmup) // self.every
-        want = index < self.warmup or block % 2 == 0
+        want = index < self.warmup or (block % 2 == 0) == self.on_first
         if want != self.on:
             if want:
                 patches.apply(self.instr)
@@ -121,7 +122,7 @@ class Toggle:
                                      states[start:start + 2 * self.every]) if not s]
             if on and off:
                 ratios.append(statistics.median(on) / statistics.median(off))
-        return {"every": self.every, "pairs": len(ratios),
+        return {"every": self.every, "on_first": self.on_first, "pairs": len(ratios),
                 "ratio": statistics.median(ratios) if ratios else None,
                 "pair_ratios": [round(r, 4) for r in ratios]}
 
