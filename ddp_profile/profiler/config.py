@@ -91,7 +91,7 @@ class ProbePlan:
         return [self.window_warmup(i) + self.steps for i in range(len(self.windows))]
 
     def window_of(self, step: int) -> int:
-        return max(0, bisect.bisect_right(self.window_starts(), step) - 1)
+        return window_index(self.window_starts(), step)
 
     @property
     def total_steps(self) -> int:
@@ -123,6 +123,11 @@ class ProbePlan:
         if environ.get(ENV_ACTIVE) != "1" or not environ.get(ENV_PLAN):
             return None
         return cls.from_json(environ[ENV_PLAN])
+
+
+def window_index(starts: list[int], step: int) -> int:
+    """The window a training step falls in, given each window's first step."""
+    return max(0, bisect.bisect_right(starts, step) - 1)
 
 
 def backlog_warmup(warmup: int, num_workers: Optional[int],

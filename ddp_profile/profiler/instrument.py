@@ -34,7 +34,7 @@ import time
 import weakref
 from typing import Any, Callable, Optional
 
-from ddp_profile.profiler.config import ProbePlan, backlog_warmup
+from ddp_profile.profiler.config import ProbePlan, backlog_warmup, window_index
 from ddp_profile.profiler.gpu_steps import GpuStepTimer, cuda_event_factory
 from ddp_profile.profiler.overrides import apply_overrides, own_settings
 from ddp_profile.profiler.record import SCHEMA_VERSION, RankRecorder
@@ -91,7 +91,8 @@ class Instrumentation:
         self.gpu_timer: Any = None
         self._gpu_lookups = 0
         self.window = 0  # the screen window the training loader is in
-        self._starts = plan.window_starts() if plan.windows else [0]
+        self._starts = plan.window_starts() if plan.windows else [0]  # fixed per probe:
+        self._total_steps = plan.total_steps  # computed once, read at every step
 
     # ---- records -------------------------------------------------------------------------
     def event(self, name: str, **data: Any) -> None:
@@ -158,7 +159,7 @@ class Instrumentation:
         if record is not None:
             record["rank"] = _current_rank()
             if self.plan.windows:
-                window = self.plan.window_of(record["step"])
+                window = window_index(self._starts, record["step"])
                 record["window"] = window
                 record["measured"] = (record["step"] - self._starts[window]
                                       >= self.plan.window_warmup(window)
@@ -166,7 +167,7 @@ class Instrumentation:
             self.recorder.write(record)
             if self.gpu_timer is not None:
                 self.gpu_timer.poll()
-            if clock.steps_closed >= (self.plan.total_steps if self.plan.windows
+            if clock.steps_closed >= (self._total_steps if self.plan.windows
                                       else clock.warmup + self.plan.steps):
                 self.training_loader_id = loader_id
                 self.stop("steps_done")

@@ -19,11 +19,11 @@ Pure file work, no torch.
 
 from __future__ import annotations
 
-import bisect
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
+from ddp_profile.profiler.config import window_index
 from ddp_profile.profiler.record import dumps, read_jsonl
 
 # Facts about the script, true for every window whenever they were recorded.
@@ -41,7 +41,6 @@ class WindowSplit:
     started: bool  # some rank recorded a step of it
     unsupported: Optional[str] = None  # the loader could not be rebuilt for this window
     span_s: float = 0.0  # first step start to last step end, over the ranks
-    ranks: list[int] = field(default_factory=list)
 
 
 def _training_loader_id(records: list[dict[str, Any]]) -> Optional[int]:
@@ -83,7 +82,7 @@ class _RankScreen:
                 self.unsupported[int(data.get("window", -1))] = str(data.get("error"))
 
     def window_of(self, step: int) -> int:
-        return max(0, bisect.bisect_right(self.starts, step) - 1)
+        return window_index(self.starts, step)
 
     def start_ns(self, window: int) -> Optional[int]:
         steps = self.steps.get(window)
@@ -166,33 +165,28 @@ def split_screen(launch_dir: str, out_dirs: list[str], starts: list[int], length
             records, _torn = read_jsonl(os.path.join(launch_dir, name))
             ranks.append((name, _RankScreen(records, starts, lengths)))
     results = []
-    stopped = False
+    stopped = False  # the launch ended in an earlier window: this one never ran
     for index, out_dir in enumerate(out_dirs):
-        started = any(index in r.steps for _, r in ranks)
-        complete = bool(ranks) and all(r.complete(index) for _, r in ranks)
+        started = not stopped and any(index in r.steps for _, r in ranks)
         unsupported = next((r.unsupported[index] for _, r in ranks if index in r.unsupported),
                            None)
-        split = WindowSplit(index, out_dir, complete=complete and not stopped,
-                            started=started and not stopped, unsupported=unsupported,
-                            ranks=[r.rank for _, r in ranks if r.rank is not None])
-        if unsupported is not None or stopped or not started:
-            split.complete = False
+        complete = started and unsupported is None and all(r.complete(index) for _, r in ranks)
+        split = WindowSplit(index, out_dir, complete=complete, started=started,
+                            unsupported=unsupported)
+        results.append(split)
+        if unsupported is not None or not started:
             stopped = True
-            results.append(split)
             continue
         os.makedirs(out_dir, exist_ok=True)
-        starts, ends = [], []
+        first_ns, last_ns = [], []
         for name, rank in ranks:
-            applied = rank.applied.get(index)
-            records = rank.window_records(index, applied, complete)
+            records = rank.window_records(index, rank.applied.get(index), complete)
             with open(os.path.join(out_dir, name), "w", encoding="utf-8") as handle:
                 handle.write("".join(dumps(r) + "\n" for r in records))
             steps = rank.steps.get(index) or []
             if steps:
-                starts.append(min(s["t_ns"] for s in steps))
-                ends.append(max(_step_end_ns(s) for s in steps))
-        split.span_s = (max(ends) - min(starts)) / 1e9 if starts else 0.0
-        if not complete:
-            stopped = True  # the launch ended in this window: later ones never ran
-        results.append(split)
+                first_ns.append(min(s["t_ns"] for s in steps))
+                last_ns.append(max(_step_end_ns(s) for s in steps))
+        split.span_s = (max(last_ns) - min(first_ns)) / 1e9 if first_ns else 0.0
+        stopped = not complete
     return results
