@@ -16,14 +16,20 @@ def _settings(config: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
     return {k: config.get(k) for k in SETTINGS}
 
 
+def latest_ceiling(entries: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """The last ok compute-only measurement (a screened one may be superseded by a probe at
+    the recommended batch size)."""
+    return next((e for e in reversed(entries) if e.get("kind") == "ceiling"
+                 and e.get("status") == "ok"), None)
+
+
 def build_summary(meta: dict[str, Any], entries: list[dict[str, Any]],
                   context: Optional[dict[str, Any]], gpu: dict[str, Any],
                   state: str) -> dict[str, Any]:
     """The summary before rules ran: probes, baseline, a placeholder recommendation."""
     context = context or {}
     baseline = next((e for e in entries if e.get("kind") == "baseline"), None)
-    ceiling = next((e for e in reversed(entries)
-                    if e.get("kind") == "ceiling" and e["status"] == "ok"), None)
+    ceiling = latest_ceiling(entries)
     ceiling_tp = ceiling.get("throughput") if ceiling else None
     probes = []
     for entry in entries:

@@ -27,6 +27,7 @@ from ddp_profile.profiler.probe import summarise_probe
 from ddp_profile.profiler.rundir import RunDir
 from ddp_profile.profiler.screen import split_screen
 from ddp_profile.profiler.space import Axes, SearchSpace, cost_key, grid, normalise, resolve_axes
+from ddp_profile.profiler.summary import latest_ceiling
 
 DEFAULT_FIRST_TIMEOUT_S = 600.0
 MIN_TIMEOUT_S = 60.0
@@ -91,10 +92,8 @@ class Sweep:
                 mode: str = "normal") -> dict[str, Any]:
         probe_id = f"p{len(self.entries):03d}"
         steps = steps or self.options.steps
-        done = next((e for e in self.ledger if e.get("id") == probe_id), None)
-        if done is not None and done.get("requested") == requested.to_dict() \
-                and done.get("kind") == kind and done.get("steps") == steps \
-                and not done.get("screened"):
+        done = self._finished(probe_id, requested, kind, steps, screened=False)
+        if done is not None:
             self._record(done, reused=True)
             return done
         self.run_dir.discard_partial_probe(probe_id)
@@ -107,6 +106,16 @@ class Sweep:
         entry = summarise_probe(plan, outcome, kind, self.timeout_s)
         self._record(entry)
         return entry
+
+    def _finished(self, probe_id: str, requested: LoaderSettings, kind: str, steps: int,
+                  screened: bool) -> Optional[dict[str, Any]]:
+        """The ledger entry of a resumed run that measured exactly this, if any."""
+        done = next((e for e in self.ledger if e.get("id") == probe_id), None)
+        if done is None or done.get("requested") != requested.to_dict() \
+                or done.get("kind") != kind or done.get("steps") != steps \
+                or bool(done.get("screened")) != screened:
+            return None
+        return done
 
     def _launch(self, plan: ProbePlan, timeout_s: float) -> LaunchOutcome:
         """Launch one probe (on every node of a coordinated run) and wait for its records."""
@@ -200,10 +209,9 @@ class Sweep:
         """The leading windows a resumed run already measured (same ids, same requests)."""
         reused = []
         for window, probe_id in zip(pending, ids):
-            entry = next((e for e in self.ledger if e.get("id") == probe_id), None)
-            if entry is None or not entry.get("screened") or entry.get("kind") != window.kind \
-                    or entry.get("requested") != window.config.to_dict() \
-                    or entry.get("steps") != self.options.steps:
+            entry = self._finished(probe_id, window.config, window.kind, self.options.steps,
+                                   screened=True)
+            if entry is None:
                 break
             self._record(entry, reused=True)
             reused.append(entry)
@@ -447,13 +455,6 @@ class Sweep:
             elif axis == "batch_size" and entry.get("status") == "oom":
                 break
         return best
-
-
-def latest_ceiling(entries: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
-    """The last ok compute-only measurement (a screened one may be superseded by a probe at
-    the recommended batch size)."""
-    return next((e for e in reversed(entries) if e.get("kind") == "ceiling"
-                 and e.get("status") == "ok"), None)
 
 
 def predicted_rung(baseline: Optional[dict[str, Any]], ladder: list[int]) -> int:
