@@ -114,12 +114,11 @@ class Toggle:
     def summary(self, steps: list[float]) -> dict:
         """Per pair of neighbouring on/off blocks, the ratio of their median step times."""
         states = self.states[self.warmup:self.warmup + len(steps)]
-        ratios = []
-        for start in range(0, len(steps) - 2 * self.every + 1, 2 * self.every):
-            on = [t for t, s in zip(steps[start:start + 2 * self.every],
-                                    states[start:start + 2 * self.every]) if s]
-            off = [t for t, s in zip(steps[start:start + 2 * self.every],
-                                     states[start:start + 2 * self.every]) if not s]
+        ratios, pair = [], 2 * self.every
+        for start in range(0, len(steps) - pair + 1, pair):
+            block = list(zip(steps[start:start + pair], states[start:start + pair]))
+            on = [t for t, instrumented in block if instrumented]
+            off = [t for t, instrumented in block if not instrumented]
             if on and off:
                 ratios.append(statistics.median(on) / statistics.median(off))
         return {"every": self.every, "on_first": self.on_first, "pairs": len(ratios),
