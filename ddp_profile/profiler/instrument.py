@@ -61,11 +61,21 @@ def batch_size_of(batch: Any, default: int) -> int:
     return default
 
 
+_known_rank: tuple[int, int] = (-1, -1)  # (pid, rank) once the process group told it
+
+
 def _current_rank() -> Optional[int]:
+    """The global rank: the process group's once initialised (then remembered, as it is asked
+    at every step), else ``$RANK``."""
+    global _known_rank
+    pid = os.getpid()
+    if _known_rank[0] == pid:
+        return _known_rank[1]
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
+        _known_rank = (pid, dist.get_rank())
+        return _known_rank[1]
     rank = os.environ.get("RANK")
     return int(rank) if rank is not None and rank.isdigit() else None
 

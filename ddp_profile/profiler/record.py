@@ -40,8 +40,19 @@ def clean_json(value: Any) -> Any:
     return value
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str, allow_nan=False)
+
+
 def dumps(record: dict[str, Any]) -> str:
-    return json.dumps(clean_json(record), separators=(",", ":"), default=str)
+    """One compact JSON line; NaN and infinities become null.
+
+    The common case (every number finite) takes one encoder call; only a record the encoder
+    refuses is walked by :func:`clean_json`: this runs once per training step.
+    """
+    try:
+        return _ENCODER.encode(record)
+    except ValueError:
+        return json.dumps(clean_json(record), separators=(",", ":"), default=str)
 
 
 class RankRecorder:
