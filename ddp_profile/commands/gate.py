@@ -22,7 +22,8 @@ from ddp_profile.profiler.config import SETTING_KEYS, parse_bool
 from ddp_profile.profiler.results import load_run
 from ddp_profile.reports import ci
 from ddp_profile.rules.regression import (INCONCLUSIVE, PASS, REGRESSION, Comparison,
-                                          GateResult, compare, detectability_warning)
+                                          GateResult, compare, compare_launches,
+                                          detectability_warning, launch_warning)
 
 ConfigArg = Union[None, str, Mapping[str, Any]]
 _EXIT = {PASS: ExitCode.OK, REGRESSION: ExitCode.REGRESSION,
@@ -77,11 +78,15 @@ def build_result(baseline: GateSide, current: GateSide, *, max_regression: float
     warnings = _check_comparable(baseline, current, force)
     warnings += [f"baseline: {w}" for w in baseline.warnings]
     warnings += [f"current: {w}" for w in current.warnings]
-    verdict = compare(baseline.samples, current.samples, max_regression=max_regression,
-                      alpha=alpha)
+    verdict = compare_launches(baseline.launches or [baseline.samples],
+                               current.launches or [current.samples],
+                               max_regression=max_regression, alpha=alpha)
     reach = detectability_warning(verdict)
     if reach:
         warnings.append(reach)
+    launches = launch_warning(verdict)
+    if launches:
+        warnings.append(launches)
     comparison = Comparison(config=dict(baseline.config), label=config_label(baseline.config),
                             baseline_probe_id=baseline.probe_id,
                             current_probe_id=current.probe_id,

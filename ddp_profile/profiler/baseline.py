@@ -2,16 +2,21 @@
 
 ``ddp-profile baseline RUN_DIR -o baseline.json`` writes a small JSON file meant to be committed:
 
-    {"kind": "ddp-profile-baseline", "schema_version": 1, "created": "2025-...Z",
+    {"kind": "ddp-profile-baseline", "schema_version": 2, "created": "2025-...Z",
      "environment": {device, world_size, torch_version, cpu_model, gpu_name, hostname},
      "config": {num_workers, pin_memory, prefetch_factor, batch_size}, "probe_id": "...",
      "throughput": <the probe's global samples/s>, "samples": [<per-step global samples/s>, ...],
+     "launches": [{"probe_id": "p001", "samples": [...]}, ...],
      "source": {"run_dir": ..., "script": ...}}
+
+``samples`` holds the steps of every launch, in order; ``launches`` the same steps per launch
+(one probe process each). Schema 1 files have no ``launches``: their samples are one launch.
 
 ``ddp-profile gate BASELINE CURRENT`` reads each side with :func:`load_side`, from either a run
 directory or such a file. A side is one configuration of one run: by default the recommended one
 (``summary["recommended"]``), else the fastest successful probe; ceiling probes (replayed
-batches, no data loading) are never a side.
+batches, no data loading) are never a side. Every successful probe of that configuration is one
+launch of the side (``ddp-profile run --repeat K`` makes K of them).
 
 A per-step sample is global samples/s at one measured step index: the samples every rank
 processed at that step over the step time of the slowest rank, which bounds the step.
@@ -30,7 +35,7 @@ from ddp_profile.profiler.config import SETTING_KEYS, LoaderSettings
 from ddp_profile.profiler.results import Run, load_run, read_json
 
 BASELINE_KIND = "ddp-profile-baseline"
-BASELINE_SCHEMA_VERSION = 1
+BASELINE_SCHEMA_VERSION = 2
 ENVIRONMENT_KEYS = ("device", "world_size", "torch_version", "cpu_model", "gpu_name", "hostname")
 COMPARED_KEYS = ("device", "world_size", "torch_version", "cpu_model", "gpu_name")
 
@@ -49,14 +54,17 @@ class GateSide:
     config: dict[str, Any]
     probe_id: Optional[str]
     throughput: Optional[float]
-    samples: list[float]
+    samples: list[float]  # every launch's steps
     warnings: list[str] = field(default_factory=list)
+    launches: list[list[float]] = field(default_factory=list)  # the same steps, per launch
+    probe_ids: list[str] = field(default_factory=list)  # one per launch, when known
 
     def describe(self) -> dict[str, Any]:
         """Plain data for reports: everything but the samples."""
         return {"source": self.source, "kind": self.kind, "environment": dict(self.environment),
                 "config": dict(self.config), "probe_id": self.probe_id,
                 "throughput": self.throughput, "n_samples": len(self.samples),
+                "launches": len(self.launches) or 1, "probe_ids": list(self.probe_ids),
                 "warnings": list(self.warnings)}
 
 
@@ -125,6 +133,15 @@ def choose_probe(run: Run, config: Optional[Mapping[str, Any]] = None) -> dict[s
     return max(candidates, key=_throughput)
 
 
+def same_config_probes(run: Run, probe: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every successful, non-ceiling probe measuring exactly ``probe``'s configuration, in order
+    (``probe`` among them): the launches of one side."""
+    config = probe.get("config") or {}
+    return [p for p in run.summary.get("probes", [])
+            if p.get("status") == "ok" and p.get("kind") != "ceiling"
+            and (p.get("config") or {}) == config] or [dict(probe)]
+
+
 def config_label(config: Mapping[str, Any]) -> str:
     """``w=4 pin=true pf=2 bs=64``: the tool's short label (``LoaderSettings.label``)."""
     label = LoaderSettings.from_dict(dict(config)).label()
@@ -134,21 +151,38 @@ def config_label(config: Mapping[str, Any]) -> str:
 
 def _side_from_run(run: Run, config: Optional[Mapping[str, Any]]) -> GateSide:
     probe = choose_probe(run, config)
-    probe_id = str(probe.get("id"))
     environment = environment_of(run)
-    samples = step_throughput_samples(run, probe_id)
     warnings = list(run.warnings)
-    ranks = run.steps.loc[run.steps["probe_id"] == probe_id, "rank"].nunique()
     world_size = environment.get("world_size")
-    if world_size and ranks and ranks < world_size:
-        raise BadRunDir(f"probe {probe_id} in {run.path} has step records from only {ranks} of "
-                        f"{world_size} ranks")
-    if not samples:
-        warnings.append(f"probe {probe_id} has no measured steps")
+    launches, probe_ids = [], []
+    for launch in same_config_probes(run, probe):
+        probe_id = str(launch.get("id"))
+        ranks = run.steps.loc[run.steps["probe_id"] == probe_id, "rank"].nunique() \
+            if not run.steps.empty else 0
+        if world_size and ranks and ranks < world_size:
+            raise BadRunDir(f"probe {probe_id} in {run.path} has step records from only {ranks} "
+                            f"of {world_size} ranks")
+        samples = step_throughput_samples(run, probe_id)
+        if not samples:
+            warnings.append(f"probe {probe_id} has no measured steps")
+            continue
+        launches.append(samples)
+        probe_ids.append(probe_id)
+    throughputs = [_throughput(p) for p in same_config_probes(run, probe)]
+    throughputs = sorted(t for t in throughputs if t >= 0)
     return GateSide(source=run.path, kind="run", environment=environment,
-                    config=dict(probe.get("config") or {}), probe_id=probe_id,
-                    throughput=_throughput(probe) if _throughput(probe) >= 0 else None,
-                    samples=samples, warnings=warnings)
+                    config=dict(probe.get("config") or {}),
+                    probe_id=",".join(probe_ids) or str(probe.get("id")),
+                    throughput=_middle(throughputs), samples=[v for launch in launches for v in launch],
+                    warnings=warnings, launches=launches, probe_ids=probe_ids)
+
+
+def _middle(values: list[float]) -> Optional[float]:
+    """The median of sorted ``values``; None when empty."""
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 def export_baseline(run: Run, config: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
@@ -162,6 +196,8 @@ def export_baseline(run: Run, config: Optional[Mapping[str, Any]] = None) -> dic
             "environment": side.environment, "config": side.config,
             "probe_id": side.probe_id, "throughput": side.throughput,
             "samples": [round(s, 6) for s in side.samples],
+            "launches": [{"probe_id": pid, "samples": [round(s, 6) for s in launch]}
+                         for pid, launch in zip(side.probe_ids, side.launches)],
             "source": {"run_dir": os.path.abspath(run.path),
                        "script": run.summary.get("script")}}
 
@@ -188,11 +224,29 @@ def _side_from_file(path: str, config: Optional[Mapping[str, Any]]) -> GateSide:
         raise ConfigNotFound(f"baseline file {path} holds {config_label(stored_config)}, "
                              f"not {config_label(config)}")
     throughput = data.get("throughput")
+    launches, probe_ids = _launches_from_file(data, samples, path)
     return GateSide(source=path, kind="baseline",
                     environment={k: environment.get(k) for k in ENVIRONMENT_KEYS},
                     config=dict(stored_config), probe_id=data.get("probe_id"),
                     throughput=float(throughput) if _number(throughput) else None,
-                    samples=[float(s) for s in samples])
+                    samples=[float(s) for s in samples], launches=launches,
+                    probe_ids=probe_ids)
+
+
+def _launches_from_file(data: Mapping[str, Any], samples: list[Any],
+                        path: str) -> tuple[list[list[float]], list[str]]:
+    """A baseline file's launches; a schema 1 file (or none listed) is one launch."""
+    listed = data.get("launches")
+    if listed is None:
+        return [[float(s) for s in samples]], [str(data.get("probe_id"))]
+    if not isinstance(listed, list) or not all(
+            isinstance(item, dict) and isinstance(item.get("samples"), list)
+            and all(_number(s) for s in item["samples"]) for item in listed):
+        raise BadRunDir(f"baseline file has a malformed 'launches' list: {path}")
+    launches = [[float(s) for s in item["samples"]] for item in listed]
+    if sum(len(launch) for launch in launches) != len(samples):
+        raise BadRunDir(f"baseline file's 'launches' do not add up to its 'samples': {path}")
+    return launches, [str(item.get("probe_id")) for item in listed]
 
 
 def load_side(path: str, config: Optional[Mapping[str, Any]] = None) -> GateSide:

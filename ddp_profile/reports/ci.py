@@ -126,6 +126,10 @@ def _details(result: GateResult, comparison: Comparison) -> str:
         f"current: {result.current.get('source')} (probe {comparison.current_probe_id}), "
         f"median {_rate(comparison.current_median)} samples/s over {verdict.n_current} steps",
         f"detectable: a change of {_detectable(comparison)} or worse (95 % power)",
+        f"launches: {verdict.launches_baseline} baseline, {verdict.launches_current} current"
+        + (f"; launch medians {_change(verdict.launch.ratio)}, spread "
+           f"{verdict.launch.spread * 100:.1f} %, false-alarm risk "
+           f"{verdict.launch.false_alarm_risk * 100:.1f} %" if verdict.launch else ""),
         f"verdict: {verdict.status}: {verdict.reason}"])
 
 
@@ -186,8 +190,11 @@ def markdown(result: GateResult, limit_bytes: int = GITHUB_SUMMARY_LIMIT - 4096)
              f"A configuration fails when a one-sided Mann-Whitney U test gives p < "
              f"{result.alpha:g} **and** the {_confidence(result) * 100:g} % interval of the "
              f"Hodges-Lehmann throughput ratio (current / baseline, from all pairs of steps) "
-             f"lies wholly below -{result.max_regression * 100:g} %. *Detectable* is the "
-             f"slowdown this comparison would flag with 95 % power.", ""]
+             f"lies wholly below -{result.max_regression * 100:g} %"
+             + (" **and**, with several launches a side, the Hodges-Lehmann shift of the "
+                "launch medians does too" if any(c.verdict.launch for c in result.comparisons)
+                else "")
+             + ". *Detectable* is the slowdown this comparison would flag with 95 % power.", ""]
     header = ["Config", "Baseline samples/s", "Current samples/s", "Change",
               f"{_confidence(result) * 100:g} % CI", "p", "Detectable", "Steps b / c",
               "Verdict"]

@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from statistics import NormalDist
 from typing import Any, Optional, Sequence
 
@@ -74,6 +74,7 @@ EXACT_MAX_PAIRS = 400  # exact U distribution (no ties) up to n1 * n2 pairs, e.g
 MAX_MATERIALISED_PAIRS = 4_000_000  # beyond this, order statistics are found by bisection
 REACH_FACTOR = 2.0  # min_detectable above REACH_FACTOR * max_regression earns steps_needed
 _NORMAL = NormalDist()
+RISK_TARGET = 0.01  # launch-level false-alarm risk above this earns launches_needed
 
 
 @dataclass(frozen=True)
@@ -103,10 +104,44 @@ class Verdict:
     max_regression: float = 0.05
     alpha: float = 0.002
     confidence: float = 0.90
+    launches_baseline: int = 1
+    launches_current: int = 1
+    launch: Optional["LaunchCheck"] = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                for k, v in asdict(self).items()}
+        return _no_nan(asdict(self))
+
+
+def _no_nan(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _no_nan(v) for k, v in value.items()}
+    return value
+
+
+@dataclass(frozen=True)
+class LaunchCheck:
+    """The launch-level view of a comparison with several launches per side.
+
+    Each launch (one probe process of the configuration) is summarised by the median of its
+    log step throughputs. ``ratio`` is exp(Hodges-Lehmann shift of those launch medians),
+    ``ratio_ci_low`` .. ``ratio_ci_high`` an approximate t interval (pooled spread,
+    ``n1 + n2 - 2`` degrees of freedom). ``spread`` is the pooled standard deviation of the
+    launch medians (log scale, about the relative SD of a launch's level).
+    ``false_alarm_risk`` is the chance, under no change and normal launch levels with that
+    spread, that the launch-level shift lands beyond the tolerance; ``launches_needed`` the
+    launches per side that would bring it to ``RISK_TARGET`` (None when it is there).
+    ``min_detectable`` is the slowdown the launch-level condition catches with 95 % power.
+    """
+
+    ratio: float
+    ratio_ci_low: float
+    ratio_ci_high: float
+    spread: float
+    false_alarm_risk: float
+    min_detectable: float
+    launches_needed: Optional[int] = None
 
 
 def _finite_positive(values: Sequence[float]) -> np.ndarray:
@@ -367,6 +402,26 @@ def detectability_warning(verdict: Verdict) -> Optional[str]:
     return text
 
 
+def launch_warning(verdict: Verdict) -> Optional[str]:
+    """One line when the launch-to-launch variation is unmeasured, or too large for the
+    tolerance with this many launches; None otherwise (and when inconclusive)."""
+    if verdict.status == INCONCLUSIVE:
+        return None
+    check = verdict.launch
+    if check is None:
+        return ("a single launch on at least one side: how much launches of unchanged code "
+                "differ on this machine is not measured, and a launch that runs slow or fast "
+                "as a whole can pass for a change; measure 3 or more per side "
+                "(ddp-profile run --repeat 3, docs/ci.md)")
+    if check.launches_needed is None:
+        return None
+    return (f"launches of the same configuration differ by {check.spread * 100:.1f} % (SD of "
+            f"their medians): with {min(verdict.launches_baseline, verdict.launches_current)} "
+            f"per side, unchanged code fails this gate about {check.false_alarm_risk * 100:.1f} "
+            f"% of the time; measure {check.launches_needed} per side "
+            f"(--repeat {check.launches_needed}) or loosen the tolerance")
+
+
 def compare(baseline: Sequence[float], current: Sequence[float], *,
             max_regression: float = 0.05, alpha: float = 0.002, min_samples: int = 8,
             confidence: float = 0.90, power: float = 0.95) -> Verdict:
@@ -412,6 +467,96 @@ def compare(baseline: Sequence[float], current: Sequence[float], *,
     return Verdict(status, p_value, ratio, ci_low, ci_high, median_ratio, len(base), len(cur),
                    reason, min_detectable=detectable, steps_needed=steps_needed,
                    interval_method=estimate.method, **settings)
+
+
+def t_quantile(probability: float, df: int) -> float:
+    """Student's t quantile, by the Cornish-Fisher expansion around the normal one.
+
+    At 0.95 (the one-sided end of a 90 % interval) within 1.5 % of the exact value for
+    ``df >= 2``; at 0.99 within 1 % from ``df >= 4``. The launch-level interval it sets is
+    informative, not part of the decision.
+    """
+    if df < 1:
+        return math.inf
+    z = _z(probability)
+    z3, z5, z7 = z ** 3, z ** 5, z ** 7
+    return (z + (z3 + z) / (4 * df) + (5 * z5 + 16 * z3 + 3 * z) / (96 * df ** 2)
+            + (3 * z7 + 19 * z5 + 17 * z3 - 15 * z) / (384 * df ** 3))
+
+
+def launch_medians(launches: Sequence[Sequence[float]], min_samples: int = 8) -> np.ndarray:
+    """The median log-throughput of each launch with at least ``min_samples`` usable steps."""
+    medians = []
+    for launch in launches:
+        values = _finite_positive(launch)
+        if len(values) >= max(min_samples, 1):
+            medians.append(float(np.median(np.log(values))))
+    return np.asarray(medians, dtype=float)
+
+
+def launch_check(baseline: np.ndarray, current: np.ndarray, *, max_regression: float,
+                 confidence: float = 0.90, power: float = 0.95) -> LaunchCheck:
+    """Compare launch medians (log scale, two or more per side): see :class:`LaunchCheck`."""
+    n1, n2 = len(baseline), len(current)
+    shift = float(np.median(np.subtract.outer(current, baseline)))
+    df = n1 + n2 - 2
+    squares = float(((baseline - baseline.mean()) ** 2).sum()
+                    + ((current - current.mean()) ** 2).sum())
+    spread = math.sqrt(squares / df)
+    se = spread * math.sqrt(1.0 / n1 + 1.0 / n2)
+    half = t_quantile(1.0 - (1.0 - confidence) / 2.0, df) * se
+    tolerance = math.log(1.0 - max_regression)
+    risk = _NORMAL.cdf(tolerance / se) if se > 0 else 0.0
+    needed = None
+    if risk > RISK_TARGET and max_regression > 0:
+        # se with k launches on each side: spread * sqrt(2 / k)
+        needed = math.ceil(2.0 * (_z(1.0 - RISK_TARGET) * spread / tolerance) ** 2)
+    detectable = 1.0 - math.exp(tolerance - _z(power) * se)
+    return LaunchCheck(ratio=math.exp(shift), ratio_ci_low=math.exp(shift - half),
+                       ratio_ci_high=math.exp(shift + half), spread=spread,
+                       false_alarm_risk=risk, min_detectable=detectable,
+                       launches_needed=needed)
+
+
+def compare_launches(baseline: Sequence[Sequence[float]], current: Sequence[Sequence[float]],
+                     *, max_regression: float = 0.05, alpha: float = 0.002,
+                     min_samples: int = 8, confidence: float = 0.90,
+                     power: float = 0.95) -> Verdict:
+    """:func:`compare` for sides measured in several launches (lists of per-step samples).
+
+    The steps of all launches are pooled for the step-level rule. When both sides have two or
+    more launches with ``min_samples`` usable steps, the launch-level shift
+    (:func:`launch_check`) must also lie beyond the tolerance for ``"regression"``: launches of
+    unchanged code differ in level by more than their steps' spread suggests (shared machines,
+    placement, clocks), and only repeated launches show by how much.
+    """
+    verdict = compare([v for launch in baseline for v in launch],
+                      [v for launch in current for v in launch],
+                      max_regression=max_regression, alpha=alpha, min_samples=min_samples,
+                      confidence=confidence, power=power)
+    base = launch_medians(baseline, min_samples)
+    cur = launch_medians(current, min_samples)
+    counts = dict(launches_baseline=len(baseline), launches_current=len(current))
+    if verdict.status == INCONCLUSIVE or len(base) < 2 or len(cur) < 2:
+        return replace(verdict, **counts)
+    check = launch_check(base, cur, max_regression=max_regression, confidence=confidence,
+                         power=power)
+    status, reason = verdict.status, verdict.reason
+    launch_text = (f"launch medians {_percent(check.ratio - 1)} "
+                   f"({len(base)} / {len(cur)} launches)")
+    if status == REGRESSION:
+        if check.ratio < 1.0 - max_regression:
+            reason = f"{reason}; {launch_text}"
+        else:
+            status = PASS
+            reason = (f"{launch_text}: not beyond the {max_regression * 100:g} % tolerance, "
+                      f"though the pooled steps are ({verdict.reason})")
+    else:
+        reason = f"{reason}; {launch_text}"
+    detectable = max(verdict.min_detectable, check.min_detectable) \
+        if math.isfinite(verdict.min_detectable) else check.min_detectable
+    return replace(verdict, status=status, reason=reason, min_detectable=detectable,
+                   launch=check, **counts)
 
 
 def _percent(change: float) -> str:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from statistics import NormalDist
 
 import numpy as np
 import pytest
 
 from ddp_profile.rules.regression import (EXACT_MAX_PAIRS, INCONCLUSIVE, PASS, REGRESSION,
-                                          compare, detectability_warning, exact_u_cdf,
+                                          compare, compare_launches, detectability_warning,
+                                          exact_u_cdf, launch_warning, t_quantile,
                                           hodges_lehmann, interval_rank, mann_whitney_less,
                                           min_detectable_regression, pairwise_order_statistics,
                                           steps_for_reach, u_statistic, worst_status)
@@ -367,3 +369,70 @@ def test_verdict_json_has_the_new_fields_and_no_nan():
     assert data["interval_method"] == "normal"
     inconclusive = compare(_throughput(3, 1), _throughput(30, 2)).to_dict()
     assert inconclusive["ratio"] is None and inconclusive["min_detectable"] is None
+
+
+# ---- several launches per side -------------------------------------------------------------
+def _launches(levels, n=60, seed=0, cv=0.05):
+    """One list of per-step samples per launch, each around its own level."""
+    return [list(_throughput(n, seed + i, level=level, cv=cv)) for i, level in enumerate(levels)]
+
+
+def test_t_quantile_matches_tables():
+    # Student's t, one-sided 0.95 and 0.99 (standard tables)
+    for df, p, exact in ((2, 0.95, 2.920), (4, 0.95, 2.132), (10, 0.95, 1.812),
+                         (4, 0.99, 3.747), (10, 0.99, 2.764)):
+        assert t_quantile(p, df) == pytest.approx(exact, rel=0.015)
+
+
+def test_a_slow_launch_alone_does_not_fail_the_gate():
+    # one long launch of the current side runs 12 % slow as a whole, its two shorter ones do
+    # not: most pooled steps are slower beyond 5 %, the median launch is not
+    baseline = _launches([1000, 1004, 996], seed=0)
+    current = _launches([880], n=400, seed=10) + _launches([1001, 999], seed=11)
+    pooled = compare([v for launch in baseline for v in launch],
+                     [v for launch in current for v in launch])
+    assert pooled.status == REGRESSION
+    verdict = compare_launches(baseline, current)
+    assert verdict.status == PASS
+    assert "3 / 3 launches" in verdict.reason and "not beyond" in verdict.reason
+    assert verdict.launch.ratio == pytest.approx(1.0, abs=0.01)
+
+
+def test_a_slowdown_in_every_launch_fails():
+    baseline = _launches([1000, 1010, 990], seed=0)
+    current = _launches([880, 890, 875], seed=10)
+    verdict = compare_launches(baseline, current)
+    assert verdict.status == REGRESSION
+    assert verdict.launches_baseline == verdict.launches_current == 3
+    assert verdict.launch.ratio == pytest.approx(0.88, abs=0.01)
+    assert verdict.launch.ratio_ci_low < verdict.launch.ratio < verdict.launch.ratio_ci_high
+    assert verdict.launch.spread == pytest.approx(0.008, abs=0.006)
+    assert launch_warning(verdict) is None  # launches agree: a 5 % tolerance is within reach
+
+
+def test_launch_level_false_alarm_risk_and_launches_needed():
+    # launch levels about 3.5 % apart: with 3 launches per side unchanged code lands beyond a
+    # 5 % tolerance now and then; the check names how many launches bring that under 1 %
+    verdict = compare_launches(_launches([1000, 1045, 965], seed=0),
+                               _launches([1035, 970, 1010], seed=20))
+    check = verdict.launch
+    assert verdict.status == PASS and 0.025 < check.spread < 0.05
+    se = check.spread * math.sqrt(2 / 3)
+    assert check.false_alarm_risk == pytest.approx(NormalDist().cdf(math.log(0.95) / se))
+    assert check.false_alarm_risk > 0.01
+    k = check.launches_needed
+    assert NormalDist().cdf(math.log(0.95) / (check.spread * math.sqrt(2 / k))) <= 0.01
+    assert NormalDist().cdf(math.log(0.95) / (check.spread * math.sqrt(2 / (k - 1)))) > 0.01
+    assert f"--repeat {k}" in launch_warning(verdict)
+
+
+def test_one_launch_a_side_keeps_the_step_rule_and_says_so():
+    baseline, current = _launches([1000], seed=0), _launches([1000], seed=5)
+    verdict = compare_launches(baseline, current)
+    assert verdict.launch is None
+    step_only = compare(baseline[0], current[0])
+    assert (verdict.status, verdict.ratio) == (step_only.status, step_only.ratio)
+    assert "single launch" in launch_warning(verdict)
+    # a launch too short to summarise does not count as one
+    short = compare_launches(_launches([1000, 1000]), [current[0], current[0][:3]])
+    assert short.launch is None and short.launches_current == 2
