@@ -71,6 +71,9 @@ def run(
     search: Optional[str] = typer.Option(None, help="adaptive | grid (default adaptive)."),
     ceiling: Optional[bool] = typer.Option(None, "--ceiling/--no-ceiling", help="Measure the "
                                            "compute-only ceiling (default: yes)."),
+    repeat: Optional[int] = typer.Option(None, help="Launches of the recommended configuration "
+                                         "in all (default 1); the gate uses 3 or more to "
+                                         "tell a slow launch from a slowdown."),
     report: bool = typer.Option(True, help="Write report.html."),
     quiet: bool = typer.Option(False, help="No progress output."),
 ) -> int:
@@ -87,7 +90,8 @@ def run(
         script=script, args=script_args or None, nproc_per_node=nproc_per_node,
         launcher=launcher, num_workers=num_workers, pin_memory=pin_memory,
         prefetch_factor=prefetch_factor, batch_size=batch_size, steps=steps, warmup=warmup,
-        timeout=timeout, out=out, search=search, ceiling=ceiling), resume=resume, quiet=quiet)
+        timeout=timeout, out=out, search=search, ceiling=ceiling, repeat=repeat), resume=resume,
+        quiet=quiet)
     out = given["out"]
     if resume:
         if given["script"] is not None:
@@ -99,7 +103,8 @@ def run(
                                                           space.prefetch_factor, space.batch_size))
         options = SweepOptions(search=given["search"], steps=given["steps"],
                                warmup=given["warmup"], timeout_s=given["timeout"],
-                               ceiling=given["ceiling"], single=single and any(
+                               ceiling=given["ceiling"], repeat=given["repeat"],
+                               single=single and any(
                                    v is not None for v in space.to_dict().values()))
         out = start_run(RunRequest(script=given["script"],
                                    script_args=tuple(given["args"] or ()), out=out,
@@ -131,6 +136,8 @@ def _merge_run_settings(cli: dict, *, resume: bool, quiet: bool) -> dict:
     if given["steps"] < 1 or given["warmup"] < 0 or \
             (given["timeout"] is not None and given["timeout"] <= 0):
         raise UsageError("--steps must be >= 1, --warmup >= 0 and --timeout > 0")
+    if given["repeat"] < 1:
+        raise UsageError(f"--repeat must be >= 1, got {given['repeat']}")
     if resume and not given["out"]:
         raise UsageError("--resume needs --out RUN_DIR")
     if not resume and given["script"] is None:

@@ -29,6 +29,7 @@ warmup = 3
 timeout = 90
 search = "grid"
 ceiling = false
+repeat = 3
 out = "runs/current"
 max_regression = 0.1
 baseline = "ci/baseline.json"
@@ -50,6 +51,7 @@ def test_dedicated_file_gives_every_key_in_command_line_form(tmp_path):
     assert config.values["batch_size"] == "64"
     assert config.values["timeout"] == 90.0 and config.values["max_regression"] == 0.1
     assert config.values["ceiling"] is False and config.values["launcher"] == "none"
+    assert config.values["repeat"] == 3
 
 
 def test_relative_paths_stay_relative_in_the_current_directory(tmp_path, monkeypatch):
@@ -97,6 +99,7 @@ def test_dedicated_file_wins_over_pyproject(tmp_path):
     ("num-workers = [0]\n", "did you mean num_workers?"),
     ('steps = "30"\n', "steps: expected an integer"),
     ("steps = 0\n", "steps: 0 is below the minimum of 1"),
+    ("repeat = 0\n", "repeat: 0 is below the minimum of 1"),
     ("warmup = true\n", "warmup: expected an integer"),
     ("nproc_per_node = 2.5\n", "nproc_per_node: expected an integer"),
     ('args = "--epochs 1"\n', "args: expected a list of strings"),

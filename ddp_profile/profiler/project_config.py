@@ -13,6 +13,7 @@ Keys and types::
     num_workers = [0, 2, 4]             pin_memory = [true, false]     (or "0,2,4", "true,false")
     prefetch_factor = [2, 4]            batch_size = [32, 64]          (a single value is fine)
     steps = 30    warmup = 5    timeout = 120.0    search = "adaptive" | "grid"   ceiling = true
+    repeat = 3                          (launches of the recommended configuration)
     out = "ddp-profile-current"         baseline = "baseline.json"     max_regression = 0.05
 
 Every problem (unknown key, wrong type, bad value, unreadable TOML) is a ``UsageError`` with a
@@ -34,7 +35,7 @@ PYPROJECT_FILE = "pyproject.toml"
 TOOL_TABLE = "ddp-profile"
 
 RUN_DEFAULTS: Mapping[str, Any] = {"launcher": "torchrun", "steps": 30, "warmup": 5,
-                                   "search": "adaptive", "ceiling": True}
+                                   "search": "adaptive", "ceiling": True, "repeat": 1}
 _CHOICES = {"launcher": ("torchrun", "none"), "search": ("adaptive", "grid")}
 _AXES = {"num_workers": 0, "prefetch_factor": 1, "batch_size": 1}  # int axes and minimum
 _PATH_KEYS = ("script", "out", "baseline")
@@ -180,6 +181,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "script": _text, "args": _args, "nproc_per_node": _int(1), "launcher": _choice,
     "num_workers": _axis_text, "pin_memory": _axis_text, "prefetch_factor": _axis_text,
     "batch_size": _axis_text, "steps": _int(1), "warmup": _int(0), "timeout": _timeout,
+    "repeat": _int(1),
     "search": _choice, "ceiling": _bool, "out": _text, "max_regression": _fraction,
     "baseline": _text,
 }

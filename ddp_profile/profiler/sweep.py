@@ -48,6 +48,7 @@ class SweepOptions:
     timeout_s: Optional[float] = None
     ceiling: bool = True
     single: bool = False  # measure the requested settings only (no search)
+    repeat: int = 1  # launches of the recommended configuration in all (the gate's repeats)
 
 
 ProgressFn = Callable[[str, dict[str, Any]], None]
@@ -276,6 +277,7 @@ class Sweep:
                     self.measure_config(config)
             else:
                 self._adaptive()
+            self._repeat()
             if self.options.ceiling:
                 best = self.best() or self.baseline
                 ceiling = latest_ceiling(self.entries)
@@ -288,6 +290,27 @@ class Sweep:
             if previous is not None:
                 signal.signal(signal.SIGHUP, previous)
         return self.entries
+
+    def _repeat(self) -> None:
+        """Measure the recommended configuration again in fresh launches (kind ``repeat``),
+        until ``options.repeat`` successful launches of it exist.
+
+        Repeats never choose anything (the rules read baseline and sweep probes only): they
+        show how much whole launches of one configuration differ, which the gate needs.
+        """
+        best = self.best() or self.baseline
+        if self.options.repeat <= 1 or best is None or best["status"] != "ok":
+            return
+        config = settings_of(best)
+        for _ in range(self.options.repeat - len(self.launches_of(config))):
+            entry = self.measure(config, kind="repeat")
+            if entry["status"] != "ok":
+                break  # a crash or an OOM would only repeat itself
+
+    def launches_of(self, config: LoaderSettings) -> list[dict[str, Any]]:
+        """The successful, non-ceiling measurements of exactly ``config``."""
+        return [e for e in self.entries if e.get("kind") != "ceiling" and e["status"] == "ok"
+                and normalise(settings_of(e)) == normalise(config)]
 
     def _reap_inflight(self) -> None:
         """Kill what a killed harness left running, before anything else starts."""

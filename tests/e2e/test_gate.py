@@ -1,7 +1,8 @@
 """The CI gate on real runs of the built-in workload (2 torchrun ranks, gloo on CPU).
 
-Four single-probe runs in all: a baseline, the same workload again, the same workload slowed
-by ~15 % per step, and a run configured only by a ``ddp-profile.toml`` (no flags). The workload's
+Four runs in all: a baseline and the same workload slowed by ~15 % per step, each measured in
+two launches (``--repeat 2``, so the gate's launch-level rule is on), the same workload again in
+one launch, and a run configured only by a ``ddp-profile.toml`` (no flags). The workload's
 step is dominated by one known sleep (``--step-sleep-ms 80``; a tiny model, no loading cost), so
 its step time is steady even on a busy 2-core machine: many short sleeps per step (``--load-ms``)
 or real compute drift by 10 % between runs there when other jobs come and go, more than the
@@ -32,9 +33,9 @@ STEP_SLEEP_MS = 80.0
 SLOWDOWN = 0.15
 
 
-def _run(out: str, step_sleep_ms: float = STEP_SLEEP_MS) -> None:
-    result = run_cli(["run", DEMO, "--out", out, *RUN, "--", *WORKLOAD, "--step-sleep-ms",
-                      f"{step_sleep_ms:.2f}"], out=out)
+def _run(out: str, step_sleep_ms: float = STEP_SLEEP_MS, repeat: int = 1) -> None:
+    result = run_cli(["run", DEMO, "--out", out, *RUN, "--repeat", str(repeat), "--",
+                      *WORKLOAD, "--step-sleep-ms", f"{step_sleep_ms:.2f}"], out=out)
     assert result.returncode == 0, result.stderr
 
 
@@ -46,13 +47,13 @@ def _step_time_s(run_dir: str) -> float:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Baseline, same again, and slowed: three real single-probe runs, shared by the tests."""
+    """Baseline (2 launches), same again (1) and slowed (2): real runs shared by the tests."""
     root = tmp_path_factory.mktemp("gate")
     paths = {name: str(root / name) for name in ("base", "same", "slow")}
-    _run(paths["base"])
+    _run(paths["base"], repeat=2)
     _run(paths["same"])
     sleep_ms = SLOWDOWN * _step_time_s(paths["base"]) * 1000
-    _run(paths["slow"], STEP_SLEEP_MS + sleep_ms)
+    _run(paths["slow"], STEP_SLEEP_MS + sleep_ms, repeat=2)
     assert not probe_processes()
     return {**paths, "root": str(root), "sleep_ms": sleep_ms}
 
@@ -78,10 +79,21 @@ def _junit(path: str) -> ET.Element:
     return suite
 
 
+def test_repeat_measures_the_configuration_in_more_launches(runs):
+    with open(os.path.join(runs["base"], "summary.json"), encoding="utf-8") as handle:
+        probes = json.load(handle)["probes"]
+    assert [p["kind"] for p in probes] == ["baseline", "repeat"]
+    assert all(p["status"] == "ok" and p["steps_measured"] == STEPS for p in probes)
+    assert probes[0]["config"] == probes[1]["config"]
+
+
 def test_same_workload_twice_passes(runs):
     result, verdict, outputs = _gate(runs, runs["base"], runs["same"], "same")
     assert result.returncode == ExitCode.OK, result.stdout + result.stderr
-    assert verdict["status"] == "pass" and verdict["n_baseline"] == STEPS
+    assert verdict["status"] == "pass" and verdict["n_baseline"] == 2 * STEPS
+    assert (verdict["launches_baseline"], verdict["launches_current"]) == (2, 1)
+    assert verdict["launch"] is None  # one launch on the current side: the step rule alone
+    assert "single launch" in result.stdout
     assert 0.9 < verdict["ratio"] < 1.1 and 0.9 < verdict["median_ratio"] < 1.1
     assert 0 < verdict["min_detectable"] < 0.5
     suite = _junit(outputs["xml"])
@@ -97,6 +109,10 @@ def test_injected_slowdown_is_a_regression(runs):
     assert verdict["status"] == "regression" and verdict["p_value"] < 0.002
     assert verdict["ratio_ci_high"] < 0.95  # wholly beyond the 5 % tolerance
     assert 0.65 < verdict["ratio"] < 0.93, (verdict, runs["sleep_ms"])
+    launch = verdict["launch"]  # two launches a side: the launch medians agree
+    assert (verdict["launches_baseline"], verdict["launches_current"]) == (2, 2)
+    assert launch["ratio"] < 0.95 and abs(launch["ratio"] - verdict["ratio"]) < 0.05
+    assert "2 / 2 launches" in verdict["reason"]
     suite = _junit(outputs["xml"])
     failure = suite.find("testcase/failure")
     assert suite.get("failures") == "1" and failure is not None
@@ -118,12 +134,14 @@ def test_exported_baseline_file_gates_like_the_run(runs):
     assert result.returncode == 0, result.stderr
     with open(baseline, encoding="utf-8") as handle:
         data = json.load(handle)
-    assert data["kind"] == "ddp-profile-baseline" and len(data["samples"]) == STEPS
+    assert data["kind"] == "ddp-profile-baseline" and len(data["samples"]) == 2 * STEPS
+    assert [len(launch["samples"]) for launch in data["launches"]] == [STEPS, STEPS]
     assert data["config"]["num_workers"] == 0 and data["environment"]["world_size"] == 2
     passed, _, _ = _gate(runs, baseline, runs["same"], "file-same")
     assert passed.returncode == ExitCode.OK
     failed, verdict, _ = _gate(runs, baseline, runs["slow"], "file-slow")
     assert failed.returncode == ExitCode.REGRESSION and verdict["ratio_ci_high"] < 0.95
+    assert verdict["launches_baseline"] == 2 and verdict["launch"]["ratio"] < 0.95
 
 
 def test_ci_flow_from_a_project_file_with_no_flags(runs, tmp_path):
