@@ -22,24 +22,34 @@ repetition is taken; the figure is the median of those ratios over the repetitio
 
 **In one process** (``in_process``): separate launches a minute apart differ by more than the
 1 % to resolve, on this kind of machine by up to 30 %. So each repetition also runs the
-ddp-profile probe once with ``--toggle-instrumentation 20``: the workload removes and re-applies
-ddp-profile's patches every 20 steps, and the ratio of the median step time of each patched
-block to its unpatched neighbour is taken (median over the block pairs, mean over the ranks).
-The telemetry samplers run through both kinds of block; their cost is measured apart
-(``benchmarks/sampler_cost.py``) and added in ``in_process.with_samplers``.
+ddp-profile probe once with ``--toggle-instrumentation 20`` (1000 steps, ``--quick`` 240): the
+workload removes and re-applies ddp-profile's patches in blocks of 20 steps, in the order
+on-off, off-on, on-off ... (ABBA, so neither kind of block always comes first), and each pair
+of neighbouring blocks gives the ratio of their median step times (the mean over the ranks).
+``in_process.ratio`` is the median over every pair of every repetition, ``ci95`` its bootstrap
+interval (repetitions, then pairs, resampled); ``patched_block_first`` and
+``unpatched_block_first`` split it by the order within the pair. The telemetry samplers run
+through both kinds of block; their cost is measured apart (``benchmarks/sampler_cost.py``) and
+added in ``in_process.with_samplers``. The workload also clocks the time spent inside
+ddp-profile's step hooks while patched: ``hook_share`` of the median step is the direct cost,
+``direct_with_samplers`` that plus the samplers.
+
+    python benchmarks/overhead.py --in-process-only --reps 6    # the A/B alone, ~4 min
 
 The last line printed is a JSON object; ``in_process.with_samplers`` is the headline
-(target <= 1.01); ``ratio_vs_plain.ddp_profile`` is the same between launches. ``cpu_ratio_vs_plain`` is the same ratio for the
-median CPU time per step (every thread of the rank): on a shared, noisy machine the wall-clock
-ratio of two launches a minute apart swings by several percent either way, the CPU-time ratio
-much less.
+(target <= 1.01); ``ratio_vs_plain.ddp_profile`` is the same between launches.
+``cpu_ratio_vs_plain`` is the same ratio for the median CPU time per step (every thread of the
+rank): on a shared, noisy machine the wall-clock ratio of two launches a minute apart swings by
+several percent either way, the CPU-time ratio much less.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -50,6 +60,7 @@ TARGET = 1.01
 # the samplers' CPU at 2 Hz, the most benchmarks/sampler_cost.py measured (0.29-0.41 % of a core),
 # all of it charged to the rank's step time
 SAMPLER_SHARE = 0.0041
+IN_PROCESS_BLOCK = 20  # steps per patched or unpatched block of the in-process A/B
 WORKLOAD_ARGS = ["--hidden", "1024", "--layers", "3", "--batch-size", "64"]
 
 
@@ -82,19 +93,66 @@ def run_variant(variant: str, steps: int, warmup: int, pin_core: bool = False) -
 
 
 def run_in_process(steps: int, warmup: int, every: int, pin_core: bool) -> dict:
-    """One probe whose workload toggles the instrumentation; the ranks' on/off ratios."""
+    """One probe whose workload toggles the instrumentation in ABBA blocks of ``every`` steps.
+
+    A pair's ratio is the mean over the ranks of (median patched step / median unpatched step)
+    in log terms (the ranks wait for each other at every step, so their ratios are not
+    independent); ``hook_share`` is the time inside ddp-profile's step hooks over the median
+    patched step, the mean over the ranks.
+    """
     work = _bench.scratch("overhead-inproc-")
     args = [*WORKLOAD_ARGS, "--steps", str(steps), "--warmup", str(warmup),
             "--toggle-instrumentation", str(every), *(["--pin-core"] if pin_core else [])]
     try:
         result = _bench.run_instrumented(args, work, warmup=warmup)
-        ratios = [r["toggle"]["ratio"] for r in result["ranks"]
-                  if (r.get("toggle") or {}).get("ratio")]
-        return {"ratio": sum(ratios) / len(ratios) if len(ratios) == _bench.NPROC else None,
-                "rank_ratios": [_bench.rnd(r) for r in ratios],
-                "pairs": [r["toggle"]["pairs"] for r in result["ranks"] if r.get("toggle")]}
+        toggles = [r["toggle"] for r in result["ranks"] if r.get("toggle")]
+        if len(toggles) != _bench.NPROC or not all(t["pair_ratios"] for t in toggles):
+            return {"ratio": None, "pair_ratios": [], "pair_on_first": [], "hook_share": None}
+        pairs = min(len(t["pair_ratios"]) for t in toggles)
+        pair_ratios = [math.exp(statistics.fmean(math.log(t["pair_ratios"][i]) for t in toggles))
+                       for i in range(pairs)]
+        return {"ratio": _bench.rnd(statistics.median(pair_ratios)),
+                "pair_ratios": [round(r, 4) for r in pair_ratios],
+                "pair_on_first": toggles[0]["pair_on_first"][:pairs],
+                "hook_us_per_step": _bench.rnd(statistics.fmean(
+                    t["hook_us_per_step"] for t in toggles), 2),
+                "hook_share": statistics.fmean(t["hook_share"] for t in toggles)}
     finally:
         _bench.cleanup(work)
+
+
+def pooled_in_process(launches: list[dict], seed: int = 0, draws: int = 4000) -> dict:
+    """Every launch's block pairs together: the median pair ratio, its 95 % bootstrap interval
+    (launches resampled, then pairs within them), the medians by pair order, the hook share."""
+    import random
+
+    usable = [launch for launch in launches if launch.get("pair_ratios")]
+    ratios = [r for launch in usable for r in launch["pair_ratios"]]
+    if not ratios:
+        return {"ratio": None}
+    rng = random.Random(seed)
+    estimates = []
+    for _ in range(draws):
+        drawn = []
+        for launch in rng.choices(usable, k=len(usable)):
+            drawn += rng.choices(launch["pair_ratios"], k=len(launch["pair_ratios"]))
+        estimates.append(statistics.median(drawn))
+    estimates.sort()
+    by_order = {first: [r for launch in usable
+                        for r, f in zip(launch["pair_ratios"], launch["pair_on_first"])
+                        if f == first] for first in (True, False)}
+    hook = [launch["hook_share"] for launch in usable if launch.get("hook_share") is not None]
+    return {"ratio": _bench.rnd(statistics.median(ratios)),
+            "ci95": [_bench.rnd(estimates[int(0.025 * draws)]),
+                     _bench.rnd(estimates[int(0.975 * draws) - 1])],
+            "pairs": len(ratios), "launches": len(usable),
+            "patched_block_first": _bench.rnd(statistics.median(by_order[True]))
+            if by_order[True] else None,
+            "unpatched_block_first": _bench.rnd(statistics.median(by_order[False]))
+            if by_order[False] else None,
+            "hook_share": _bench.rnd(statistics.fmean(hook), 5) if hook else None,
+            "hook_us_per_step": _bench.rnd(statistics.fmean(
+                launch["hook_us_per_step"] for launch in usable), 2)}
 
 
 def _gpuprof_steps(work: str) -> int:
@@ -114,6 +172,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=None, help="loop steps per launch")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--variants", default="plain,ddp_profile,torch_profiler,gpuprof")
+    parser.add_argument("--in-process-only", action="store_true",
+                        help="only the in-process A/B launches (no plain or peer variants)")
+    parser.add_argument("--in-process-steps", type=int, default=None,
+                        help="steps per in-process launch (default 1000, --quick 240)")
     parser.add_argument("--pin-core", action="store_true",
                         help="pin each rank to one core in every variant (less scheduling "
                              "noise; the samplers then share the rank's core)")
@@ -127,7 +189,15 @@ def main(argv: list[str] | None = None) -> dict:
     others = [v for v in variants if v != "plain"]
     info = _bench.machine()
     per_rep: list[dict] = []
+    inproc_steps = args.in_process_steps or (240 if args.quick else 1000)
     for rep in range(reps):
+        every = IN_PROCESS_BLOCK if rep % 2 == 0 else -IN_PROCESS_BLOCK
+        if args.in_process_only:
+            in_process = run_in_process(inproc_steps, args.warmup, every, args.pin_core)
+            print(f"rep {rep} in-process on/off: {in_process['ratio']} (hook share "
+                  f"{in_process['hook_share']})", file=sys.stderr, flush=True)
+            per_rep.append({"in_process": in_process})
+            continue
         rotation = others[rep % len(others):] + others[:rep % len(others)] if others else []
         order = ["plain", *rotation] if rep % 2 == 0 else [*rotation, "plain"]
         medians, cpus, statuses = {}, {}, {}
@@ -140,9 +210,9 @@ def main(argv: list[str] | None = None) -> dict:
                 statuses["gpuprof_steps_recorded"] = result.get("gpuprof_steps_recorded")
             print(f"rep {rep} {variant}: median step {medians[variant]} s ({result['status']})",
                   file=sys.stderr, flush=True)
-        in_process = run_in_process(max(steps, 400), args.warmup, 20, args.pin_core)
-        print(f"rep {rep} in-process on/off: {in_process['ratio']}", file=sys.stderr,
-              flush=True)
+        in_process = run_in_process(inproc_steps, args.warmup, every, args.pin_core)
+        print(f"rep {rep} in-process on/off: {in_process['ratio']} (hook share "
+              f"{in_process['hook_share']})", file=sys.stderr, flush=True)
         plain = medians.get("plain")
         ratios = {v: (medians[v] / plain if plain and medians.get(v) else None) for v in others}
         plain_cpu = cpus.get("plain")
@@ -154,38 +224,43 @@ def main(argv: list[str] | None = None) -> dict:
                         "ratio_vs_plain": {k: _bench.rnd(v) for k, v in ratios.items()},
                         "cpu_ratio_vs_plain": {k: _bench.rnd(v) for k, v in cpu_ratios.items()},
                         "status": statuses, "in_process": in_process})
-    ratio = {v: _bench.rnd(_bench.median([r["ratio_vs_plain"][v] for r in per_rep]))
-             for v in others}
-    cpu_ratio = {v: _bench.rnd(_bench.median([r["cpu_ratio_vs_plain"][v] for r in per_rep]))
+    pooled = pooled_in_process([r["in_process"] for r in per_rep])
+    inproc = pooled["ratio"]
+    hook = pooled.get("hook_share")
+    in_process = {**pooled, "sampler_share_of_a_core": SAMPLER_SHARE,
+                  "with_samplers": _bench.rnd(inproc + SAMPLER_SHARE) if inproc else None,
+                  "within_target": bool(inproc) and inproc + SAMPLER_SHARE <= TARGET,
+                  "direct_with_samplers": _bench.rnd(1 + hook + SAMPLER_SHARE, 5)
+                  if hook is not None else None,
+                  "block_steps": IN_PROCESS_BLOCK, "steps_per_launch": inproc_steps}
+    result = {"in_process": in_process, "benchmark": "overhead",
+              "mode": "quick" if args.quick else "full",
+              "workload": "benchmarks/workloads/bench_train.py " + " ".join(WORKLOAD_ARGS),
+              "ranks": _bench.NPROC, "reps": reps, "pin_core": args.pin_core,
+              "target_ddp_profile": TARGET, "machine": info}
+    if not args.in_process_only:
+        ratio = {v: _bench.rnd(_bench.median([r["ratio_vs_plain"][v] for r in per_rep]))
                  for v in others}
-    spread = {v: [min(x for x in vals), max(x for x in vals)] if vals else None
-              for v in others
-              for vals in [[r["ratio_vs_plain"][v] for r in per_rep
-                            if r["ratio_vs_plain"][v] is not None]]}
-    inproc = _bench.median([r["in_process"]["ratio"] for r in per_rep])
-    inproc_values = [r["in_process"]["ratio"] for r in per_rep if r["in_process"]["ratio"]]
-    result = {
-        "in_process": {"ratio": _bench.rnd(inproc),
-                       "range": [_bench.rnd(min(inproc_values)), _bench.rnd(max(inproc_values))]
-                       if inproc_values else None,
-                       "sampler_share_of_a_core": SAMPLER_SHARE,
-                       "with_samplers": _bench.rnd(inproc + SAMPLER_SHARE) if inproc else None,
-                       "within_target": bool(inproc) and inproc + SAMPLER_SHARE <= TARGET},
-        "benchmark": "overhead", "mode": "quick" if args.quick else "full",
-        "workload": "benchmarks/workloads/bench_train.py " + " ".join(WORKLOAD_ARGS),
-        "ranks": _bench.NPROC, "reps": reps, "pin_core": args.pin_core,
-        "steps_per_launch": steps, "warmup": args.warmup,
-        "median_step_s_plain": _bench.rnd(_bench.median(
-            [r["median_step_s"].get("plain") for r in per_rep]), 5),
-        "ratio_vs_plain": ratio, "ratio_range": spread,
-        "cpu_ratio_vs_plain": cpu_ratio,
-        "target_ddp_profile": TARGET,
-        "ddp_profile_within_target": ratio.get("ddp_profile") is not None
-        and ratio["ddp_profile"] <= TARGET,
-        "gpuprof": gpuprof_note if have_gpuprof else f"not measured: {gpuprof_note}",
-        "torch_profiler_schedule": "wait=1, warmup=1, active=3, repeat=0 (CPU activities)",
-        "per_rep": per_rep, "machine": info,
-    }
+        cpu_ratio = {v: _bench.rnd(_bench.median([r["cpu_ratio_vs_plain"][v] for r in per_rep]))
+                     for v in others}
+        spread = {v: [min(vals), max(vals)] if vals else None
+                  for v in others
+                  for vals in [[r["ratio_vs_plain"][v] for r in per_rep
+                                if r["ratio_vs_plain"][v] is not None]]}
+        result.update({
+            "steps_per_launch": steps, "warmup": args.warmup,
+            "median_step_s_plain": _bench.rnd(_bench.median(
+                [r["median_step_s"].get("plain") for r in per_rep]), 5),
+            "ratio_vs_plain": ratio, "ratio_range": spread,
+            "cpu_ratio_vs_plain": cpu_ratio,
+            "ddp_profile_within_target": ratio.get("ddp_profile") is not None
+            and ratio["ddp_profile"] <= TARGET,
+            "gpuprof": gpuprof_note if have_gpuprof else f"not measured: {gpuprof_note}",
+            "torch_profiler_schedule": "wait=1, warmup=1, active=3, repeat=0 (CPU activities)"})
+    for rep_result in per_rep:  # the pair lists are in the pooled figures; keep the JSON short
+        for key in ("pair_ratios", "pair_on_first"):
+            rep_result["in_process"].pop(key, None)
+    result["per_rep"] = per_rep
     print(json.dumps(result))
     return result
 
