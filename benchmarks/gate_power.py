@@ -19,6 +19,8 @@ Samples are per-step global throughput, from one of three sources:
   so the false-alarm rate rests on K (K - 1) / 2 pairs of runs, whatever the trial count.
   ``--pairing`` also pairs only runs made one after the other (``adjacent``) and two disjoint
   windows of one run (``same-run``), which separates run-to-run drift from within-run noise.
+  ``--launches 2,3`` also draws K distinct runs per side (the gate's launch-level rule,
+  ``ddp-profile run --repeat K``); the A/A and A/B pairs then never share a run.
   ``--samples-out FILE`` keeps the runs' samples; ``--samples-in FILE`` reuses them.
 - ``--run-dir RUN``: bootstrap resamples of the real per-step samples of a run's probes, plus a
   modelled run-to-run level shift.
@@ -32,6 +34,7 @@ Samples are per-step global throughput, from one of three sources:
     python benchmarks/gate_power.py --real-runs 4 --quick         # 4 x 160 steps, ~2 min
     python benchmarks/gate_power.py --real-runs 10 --samples-out runs.json   # ~7 min
     python benchmarks/gate_power.py --samples-in runs.json --max-regression 0.1 --regression 0.2
+    python benchmarks/gate_power.py --real-runs 16 --run-steps 160 --steps 150 --launches 1,2,3
     python benchmarks/gate_power.py --run-dir RUN_DIR --steps 30,60
 
 Each cell also reports the gate's own ``min_detectable`` (median over the A/A pairs), to set
@@ -54,7 +57,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ddp_profile.rules.regression import INCONCLUSIVE, REGRESSION, compare  # noqa: E402
+from ddp_profile.rules.regression import (INCONCLUSIVE, REGRESSION, compare,  # noqa: E402
+                                          compare_launches)
 
 Sampler = Callable[[np.random.Generator, int], np.ndarray]
 PairDrawer = Callable[[np.random.Generator, int], tuple[np.ndarray, np.ndarray]]
@@ -120,6 +124,28 @@ def run_windows(runs: list[np.ndarray], pairing: str = "any") -> PairDrawer:
     return draw
 
 
+def launch_groups(runs: list[np.ndarray], launches: int) -> PairDrawer:
+    """``launches`` distinct real runs per side, each giving a window of n steps: the gate with
+    ``ddp-profile run --repeat K`` on both sides (no run appears on both sides)."""
+    def draw(rng: np.random.Generator, n: int) -> tuple[list, list]:
+        chosen = rng.choice(len(runs), size=2 * launches, replace=False)
+        windows = []
+        for i in chosen:
+            start = int(rng.integers(0, len(runs[i]) - n + 1))
+            windows.append(runs[i][start:start + n])
+        return windows[:launches], windows[launches:]
+
+    return draw
+
+
+def model_launches(draw: Sampler, launches: int) -> PairDrawer:
+    """``launches`` independent simulated runs per side (each with its own level shift)."""
+    def pair(rng: np.random.Generator, n: int) -> tuple[list, list]:
+        return ([draw(rng, n) for _ in range(launches)], [draw(rng, n) for _ in range(launches)])
+
+    return pair
+
+
 def wilson(hits: int, trials: int, z: float = 1.96) -> tuple[float, float]:
     """95 % Wilson interval of a rate."""
     if trials == 0:
@@ -139,7 +165,12 @@ def simulate(draw_pair: PairDrawer, n_steps: int, trials: int, slowdown: float, 
     detectable = []
     for _ in range(trials):
         baseline, current = draw_pair(rng, n_steps)
-        verdict = compare(baseline, current * (1.0 - slowdown), max_regression=max_regression)
+        if isinstance(baseline, list):  # launches per side
+            verdict = compare_launches(baseline, [c * (1.0 - slowdown) for c in current],
+                                       max_regression=max_regression)
+        else:
+            verdict = compare(baseline, current * (1.0 - slowdown),
+                              max_regression=max_regression)
         regressions += verdict.status == REGRESSION
         inconclusive += verdict.status == INCONCLUSIVE
         detectable.append(verdict.min_detectable)
@@ -246,6 +277,9 @@ def main(argv: Optional[list[str]] = None) -> dict:
     parser.add_argument("--pairing", default="any,adjacent,same-run",
                         help="real runs: which windows are paired (any, adjacent, same-run; "
                         "see run_windows)")
+    parser.add_argument("--launches", default="",
+                        help="also compare K runs per side, e.g. 2,3,5 (the gate with "
+                        "--repeat K): K distinct real runs (needs 2K), or K model runs")
     parser.add_argument("--run-dir", help="resample real per-step samples from this run")
     parser.add_argument("--probe", help="only this probe of --run-dir (default: every ok probe)")
     parser.add_argument("--steps", default=None,
@@ -309,6 +343,10 @@ def main(argv: Optional[list[str]] = None) -> dict:
         if not set(pairings) <= set(PAIRING_LABELS):
             raise SystemExit(f"--pairing: choose from {', '.join(PAIRING_LABELS)}")
         sources = {PAIRING_LABELS[p]: run_windows(samples, p) for p in pairings}
+        for k in _parse_list(args.launches, int):
+            if 2 * k > len(samples):
+                raise SystemExit(f"--launches {k}: needs {2 * k} real runs, got {len(samples)}")
+            sources[f"real: {k} launches per side"] = launch_groups(samples, k)
         # two disjoint windows of one run must fit in it
         max_steps = {PAIRING_LABELS["same-run"]: shortest // 2}
         extra = {"runs": described, "workload": args.workload, "num_workers": args.num_workers,
@@ -322,9 +360,12 @@ def main(argv: Optional[list[str]] = None) -> dict:
         if not sources:
             raise SystemExit(f"no probe with >= 8 measured steps in {args.run_dir}")
     else:
-        sources = {f"model cv={cv:g}":
-                   independent_pairs(noise_model(cv, args.outlier_rate, args.run_shift))
-                   for cv in _parse_list(args.cv, float)}
+        sources = {}
+        for cv in _parse_list(args.cv, float):
+            model = noise_model(cv, args.outlier_rate, args.run_shift)
+            sources[f"model cv={cv:g}"] = independent_pairs(model)
+            for k in _parse_list(args.launches, int):
+                sources[f"model cv={cv:g}, {k} launches per side"] = model_launches(model, k)
 
     cells = []
     for name, draw_pair in sources.items():
