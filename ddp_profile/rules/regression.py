@@ -49,6 +49,12 @@ scales as ``sqrt(1/n1 + 1/n2)``, so when ``min_detectable`` exceeds ``2 * max_re
 the verdict names ``steps_needed``: the steps per side that would bring it within
 ``2 * max_regression``.
 
+**Launches.** :func:`compare_launches` takes each side as a list of launches (one probe process
+each, ``ddp-profile run --repeat K``). Their steps are pooled for the rule above; with two or
+more launches a side, the Hodges-Lehmann shift of the launch medians must also lie beyond the
+tolerance (:class:`LaunchCheck`), and the spread of those medians gives the chance that
+unchanged code fails the gate, which :func:`launch_warning` reports when it is over 1 %.
+
 With fewer than ``min_samples`` finite, positive samples on either side the verdict is
 ``"inconclusive"``. Anything else is ``"pass"`` (including a faster current run). Nothing is
 random: the same inputs always give the same verdict.

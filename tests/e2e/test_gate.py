@@ -93,7 +93,9 @@ def test_same_workload_twice_passes(runs):
     assert verdict["status"] == "pass" and verdict["n_baseline"] == 2 * STEPS
     assert (verdict["launches_baseline"], verdict["launches_current"]) == (2, 1)
     assert verdict["launch"] is None  # one launch on the current side: the step rule alone
-    assert "single launch" in result.stdout
+    with open(outputs["json"], encoding="utf-8") as handle:
+        warnings = json.load(handle)["warnings"]
+    assert any("single launch" in w and "--repeat 3" in w for w in warnings), warnings
     assert 0.9 < verdict["ratio"] < 1.1 and 0.9 < verdict["median_ratio"] < 1.1
     assert 0 < verdict["min_detectable"] < 0.5
     suite = _junit(outputs["xml"])

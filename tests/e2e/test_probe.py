@@ -152,6 +152,7 @@ def test_script_that_never_builds_a_dataloader(cli, run_dir):
     (["--pin-memory", "maybe"], "--pin-memory"),
     (["--bogus"], "No such option"),
     (["--search", "random"], "--search"),
+    (["--repeat", "0"], "--repeat"),
 ])
 def test_invalid_cli_values_exit_2_with_one_line(cli, args, fragment):
     result = cli(["run", DEMO, *args])

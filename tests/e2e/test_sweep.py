@@ -102,9 +102,13 @@ def test_oom_at_a_batch_size_skips_larger_ones(cli, run_dir):
 
 def _start(args: list[str]) -> subprocess.Popen:
     env = dict(os.environ, **{TEST_ID_VAR: _current_test_id[0]})
+    # A suite started in the background by a non-interactive shell (`pytest &`) inherits
+    # SIGINT ignored, and Python then keeps it ignored: give the harness the default action,
+    # as a terminal's foreground job has.
     return subprocess.Popen([sys.executable, "-m", "ddp_profile", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _wait_for_ledger(run_dir: str, lines: int, timeout: float = 120) -> None:

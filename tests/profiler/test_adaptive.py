@@ -18,11 +18,13 @@ Model = Callable[[LoaderSettings], tuple[float, float]]  # -> (samples/s, data-w
 class ModelSweep(Sweep):
     """A sweep whose probes are answered by a throughput model instead of a launch."""
 
-    def __init__(self, tmp_path, model: Model, space: SearchSpace, screens: bool = True):
+    def __init__(self, tmp_path, model: Model, space: SearchSpace, screens: bool = True,
+                 repeat: int = 1, fail_after: Optional[int] = None):
         run_dir = RunDir(str(tmp_path / "run"))
         run_dir.create({"script": "model.py"})
         super().__init__(run_dir, LaunchSpec(script="model.py"), space,
-                         SweepOptions(search="adaptive", ceiling=False))
+                         SweepOptions(search="adaptive", ceiling=False, repeat=repeat))
+        self.fail_after = fail_after  # launches after which every probe crashes
         self.model = model
         self.screens = screens
         self.launches_made = 0
@@ -34,7 +36,9 @@ class ModelSweep(Sweep):
             config = LoaderSettings(0, config.pin_memory, None, config.batch_size)
         self.measured.append(config)
         throughput, wait = self.model(config)
-        entry = {"id": f"p{len(self.entries):03d}", "kind": kind, "status": "ok",
+        status = "ok" if self.fail_after is None or self.launches_made <= self.fail_after \
+            else "crash"
+        entry = {"id": f"p{len(self.entries):03d}", "kind": kind, "status": status,
                  "config": config.to_dict(), "requested": requested.to_dict(),
                  "throughput": throughput, "data_wait_fraction": wait, "throughput_rse": 0.01,
                  "steps_measured": 30, "wall_s": 5.0, **extra}
@@ -117,3 +121,21 @@ def test_a_compute_bound_baseline_gets_no_worker_ladder(tmp_path):
     assert sweep.best()["kind"] == "baseline"
     assert {c.num_workers for c in sweep.measured} == {0}  # pinning variants only
     assert sweep.launches_made == 2
+
+
+def test_repeat_measures_the_recommended_configuration_in_fresh_launches(tmp_path):
+    sweep = ModelSweep(tmp_path, io_bound, SPACE, repeat=3)
+    sweep.run()
+    best = sweep.best()
+    repeats = [e for e in sweep.entries if e["kind"] == "repeat"]
+    # the adaptive run measured the choice twice (screen, then a fresh re-measure): one more
+    assert len(sweep.launches_of(LoaderSettings.from_dict(best["config"]))) == 3
+    assert len(repeats) == 1 and repeats[0]["config"] == best["config"]
+    assert sweep.best() is best  # repeats never take part in the choice
+
+
+def test_repeat_stops_at_a_failed_launch(tmp_path):
+    sweep = ModelSweep(tmp_path, io_bound, SPACE, repeat=6, fail_after=4)
+    sweep.run()
+    repeats = [e for e in sweep.entries if e["kind"] == "repeat"]
+    assert [e["status"] for e in repeats] == ["ok", "crash"]
