@@ -29,8 +29,9 @@ of neighbouring blocks gives the ratio of their median step times (the mean over
 ``in_process.ratio`` is the median over every pair of every repetition, ``ci95`` its bootstrap
 interval (repetitions, then pairs, resampled); ``patched_block_first`` and
 ``unpatched_block_first`` split it by the order within the pair. The telemetry samplers run
-through both kinds of block; their cost is measured apart (``benchmarks/sampler_cost.py``) and
-added in ``in_process.with_samplers``. The workload also clocks the time spent inside
+through both kinds of block; their steady CPU (one host and one GPU tick per 0.5 s, measured
+in the same run by ``benchmarks/sampler_cost.py``'s functions) is added in
+``in_process.with_samplers``; ``in_process.samplers.window`` also counts their start. The workload also clocks the time spent inside
 ddp-profile's step hooks while patched: ``hook_share`` of the median step is the direct cost,
 ``direct_with_samplers`` that plus the samplers.
 
@@ -57,11 +58,30 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bench  # noqa: E402
 
 TARGET = 1.01
-# the samplers' CPU at 2 Hz, the most benchmarks/sampler_cost.py measured (0.29-0.41 % of a core),
-# all of it charged to the rank's step time
-SAMPLER_SHARE = 0.0041
 IN_PROCESS_BLOCK = 20  # steps per patched or unpatched block of the in-process A/B
 WORKLOAD_ARGS = ["--hidden", "1024", "--layers", "3", "--batch-size", "64"]
+
+
+def sampler_share() -> dict:
+    """The telemetry samplers' CPU as a share of one core (``benchmarks/sampler_cost.py``).
+
+    ``steady``: one host tick (a rank-like process: 32 threads, 4 worker children) plus one GPU
+    tick (through the NVML twin, Python standing in for NVML's C calls) per 0.5 s interval:
+    what the samplers take from measured steps. ``window``: the process CPU over 5 s with the
+    samplers against 5 s without, their start included (once per probe, during warm-up).
+    Either is charged wholly to the step time: a pessimistic bound on what they add to it.
+    """
+    import contextlib
+    import io
+
+    import sampler_cost
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        measured = sampler_cost.main(["--quick"])
+    ticks = measured["per_tick_cpu_us"]
+    steady = (ticks["host"] + ticks["gpu_twin"]) / 1e6 / measured["interval_s"]
+    return {"steady": round(steady, 5), "window": round(measured["cpu_percent_of_one_core"] / 100, 5),
+            "per_tick_cpu_us": ticks}
 
 
 def gpuprof_status() -> tuple[bool, str]:
@@ -227,10 +247,15 @@ def main(argv: list[str] | None = None) -> dict:
     pooled = pooled_in_process([r["in_process"] for r in per_rep])
     inproc = pooled["ratio"]
     hook = pooled.get("hook_share")
-    in_process = {**pooled, "sampler_share_of_a_core": SAMPLER_SHARE,
-                  "with_samplers": _bench.rnd(inproc + SAMPLER_SHARE) if inproc else None,
-                  "within_target": bool(inproc) and inproc + SAMPLER_SHARE <= TARGET,
-                  "direct_with_samplers": _bench.rnd(1 + hook + SAMPLER_SHARE, 5)
+    samplers = sampler_share()
+    share = samplers["steady"]
+    in_process = {**pooled, "samplers": samplers,
+                  "with_samplers": _bench.rnd(inproc + share) if inproc else None,
+                  "within_target": bool(inproc) and inproc + share <= TARGET,
+                  "ci95_with_samplers": [_bench.rnd(pooled["ci95"][0] + share),
+                                         _bench.rnd(pooled["ci95"][1] + share)]
+                  if inproc else None,
+                  "direct_with_samplers": _bench.rnd(1 + hook + share, 5)
                   if hook is not None else None,
                   "block_steps": IN_PROCESS_BLOCK, "steps_per_launch": inproc_steps}
     result = {"in_process": in_process, "benchmark": "overhead",
