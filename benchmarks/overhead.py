@@ -31,9 +31,10 @@ interval (repetitions, then pairs, resampled); ``patched_block_first`` and
 ``unpatched_block_first`` split it by the order within the pair. The telemetry samplers run
 through both kinds of block; their steady CPU (one host and one GPU tick per 0.5 s, measured
 in the same run by ``benchmarks/sampler_cost.py``'s functions) is added in
-``in_process.with_samplers``; ``in_process.samplers.window`` also counts their start. The workload also clocks the time spent inside
-ddp-profile's step hooks while patched: ``hook_share`` of the median step is the direct cost,
-``direct_with_samplers`` that plus the samplers.
+``in_process.with_samplers``; ``in_process.samplers.window`` also counts their start. The
+workload also clocks the time spent inside ddp-profile's step hooks while patched:
+``hook_share`` of the median step is the direct cost, ``direct_with_samplers`` that plus the
+samplers.
 
     python benchmarks/overhead.py --in-process-only --reps 6    # the A/B alone, ~4 min
 
@@ -80,7 +81,8 @@ def sampler_share() -> dict:
         measured = sampler_cost.main(["--quick"])
     ticks = measured["per_tick_cpu_us"]
     steady = (ticks["host"] + ticks["gpu_twin"]) / 1e6 / measured["interval_s"]
-    return {"steady": round(steady, 5), "window": round(measured["cpu_percent_of_one_core"] / 100, 5),
+    return {"steady": round(steady, 5),
+            "window": round(measured["cpu_percent_of_one_core"] / 100, 5),
             "per_tick_cpu_us": ticks}
 
 

@@ -215,7 +215,13 @@ def test_exported_baseline_round_trips(runs, tmp_path):
                                      '{"kind": "ddp-profile-baseline", "schema_version": 1, '
                                      '"samples": ["a"], "environment": {}, "config": {}}',
                                      '{"kind": "ddp-profile-baseline", "schema_version": 99, '
-                                     '"samples": [], "environment": {}, "config": {}}'])
+                                     '"samples": [], "environment": {}, "config": {}}',
+                                     '{"kind": "ddp-profile-baseline", "schema_version": 2, '
+                                     '"samples": [1.0, 2.0], "environment": {}, "config": {}, '
+                                     '"launches": [{"samples": [1.0]}]}',
+                                     '{"kind": "ddp-profile-baseline", "schema_version": 2, '
+                                     '"samples": [1.0], "environment": {}, "config": {}, '
+                                     '"launches": [{"samples": "1.0"}]}'])
 def test_corrupt_baseline_is_a_bad_run_dir(runs, tmp_path, content):
     path = tmp_path / "baseline.json"
     path.write_text(content, encoding="utf-8")

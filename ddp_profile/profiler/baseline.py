@@ -173,8 +173,9 @@ def _side_from_run(run: Run, config: Optional[Mapping[str, Any]]) -> GateSide:
     return GateSide(source=run.path, kind="run", environment=environment,
                     config=dict(probe.get("config") or {}),
                     probe_id=",".join(probe_ids) or str(probe.get("id")),
-                    throughput=_middle(throughputs), samples=[v for launch in launches for v in launch],
-                    warnings=warnings, launches=launches, probe_ids=probe_ids)
+                    throughput=_middle(throughputs),
+                    samples=[v for launch in launches for v in launch], warnings=warnings,
+                    launches=launches, probe_ids=probe_ids)
 
 
 def _middle(values: list[float]) -> Optional[float]:
