@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import os
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
@@ -155,7 +156,8 @@ def _side_from_run(run: Run, config: Optional[Mapping[str, Any]]) -> GateSide:
     warnings = list(run.warnings)
     world_size = environment.get("world_size")
     launches, probe_ids = [], []
-    for launch in same_config_probes(run, probe):
+    measured = same_config_probes(run, probe)
+    for launch in measured:
         probe_id = str(launch.get("id"))
         ranks = run.steps.loc[run.steps["probe_id"] == probe_id, "rank"].nunique() \
             if not run.steps.empty else 0
@@ -168,22 +170,13 @@ def _side_from_run(run: Run, config: Optional[Mapping[str, Any]]) -> GateSide:
             continue
         launches.append(samples)
         probe_ids.append(probe_id)
-    throughputs = [_throughput(p) for p in same_config_probes(run, probe)]
-    throughputs = sorted(t for t in throughputs if t >= 0)
+    throughputs = [t for t in map(_throughput, measured) if t >= 0]
     return GateSide(source=run.path, kind="run", environment=environment,
                     config=dict(probe.get("config") or {}),
                     probe_id=",".join(probe_ids) or str(probe.get("id")),
-                    throughput=_middle(throughputs),
+                    throughput=statistics.median(throughputs) if throughputs else None,
                     samples=[v for launch in launches for v in launch], warnings=warnings,
                     launches=launches, probe_ids=probe_ids)
-
-
-def _middle(values: list[float]) -> Optional[float]:
-    """The median of sorted ``values``; None when empty."""
-    if not values:
-        return None
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 def export_baseline(run: Run, config: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
