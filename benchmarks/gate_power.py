@@ -182,8 +182,8 @@ def simulate(draw_pair: PairDrawer, n_steps: int, trials: int, slowdown: float, 
 
 
 def _real_samples(run_dir: str, probe_id: Optional[str]) -> dict[str, np.ndarray]:
-    from ddp_profile.profiler.baseline import step_throughput_samples
-    from ddp_profile.profiler.results import load_run
+    from ddp_profile.profiler.store.baseline import step_throughput_samples
+    from ddp_profile.profiler.store.results import load_run
 
     run = load_run(run_dir)
     ids = [probe_id] if probe_id else [p["id"] for p in run.summary.get("probes", [])
@@ -208,8 +208,8 @@ def real_runs(count: int, run_steps: int, warmup: int, num_workers: int, workloa
     """``count`` real single-probe runs of the demo workload via the CLI; their step samples."""
     from _bench import DEMO, cleanup, scratch
 
-    from ddp_profile.profiler.baseline import step_throughput_samples
-    from ddp_profile.profiler.results import load_run
+    from ddp_profile.profiler.store.baseline import step_throughput_samples
+    from ddp_profile.profiler.store.results import load_run
 
     work = scratch("gate-power-")
     env = dict(os.environ)

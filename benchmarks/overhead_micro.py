@@ -24,9 +24,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from ddp_profile.profiler import patches
-from ddp_profile.profiler.config import ProbePlan
-from ddp_profile.profiler.instrument import Instrumentation
+from ddp_profile.profiler.rank import patches
+from ddp_profile.profiler.settings import ProbePlan
+from ddp_profile.profiler.rank.instrument import Instrumentation
 
 
 def loop(steps: int) -> float:

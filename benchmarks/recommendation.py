@@ -87,11 +87,11 @@ def _key(config: dict) -> tuple:
 def head_to_head(scenario_args: list[str], configs: list[dict], reps: int, steps: int,
                  warmup: int) -> list[list[float]]:
     """Throughputs of fresh probes of each configuration, alternating, ``reps`` each."""
-    from ddp_profile.profiler.config import LoaderSettings
-    from ddp_profile.profiler.launch import LaunchSpec
-    from ddp_profile.profiler.rundir import RunDir
-    from ddp_profile.profiler.space import SearchSpace
-    from ddp_profile.profiler.sweep import Sweep, SweepOptions
+    from ddp_profile.profiler.settings import LoaderSettings
+    from ddp_profile.profiler.sweep.launch import LaunchSpec
+    from ddp_profile.profiler.store.rundir import RunDir
+    from ddp_profile.profiler.sweep.space import SearchSpace
+    from ddp_profile.profiler.sweep.search import Sweep, SweepOptions
 
     work = _bench.scratch("h2h-")
     try:
@@ -141,7 +141,7 @@ def compare(grid: dict, adaptive: dict) -> dict:
 
 def fixed_cost(reps: int) -> dict:
     """Launch -> first measured step, and teardown: plain torchrun vs a ddp-profile probe."""
-    from ddp_profile.profiler.results import read_probe_dir
+    from ddp_profile.profiler.store.results import read_probe_dir
 
     warmup, steps = 5, 20
     base = ["--hidden", "32", "--layers", "1", "--step-sleep-ms", "20", "--warmup", str(warmup)]

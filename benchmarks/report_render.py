@@ -19,7 +19,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from ddp_profile.profiler.results import load_run  # noqa: E402
+from ddp_profile.profiler.store.results import load_run  # noqa: E402
 from ddp_profile.reports.html import build_report_data, plotly_js, write_report  # noqa: E402
 from tests.reports import fixtures  # noqa: E402
 

@@ -23,8 +23,8 @@ import sys
 import threading
 import time
 
-from ddp_profile.profiler import nvml_twin
-from ddp_profile.profiler.sampler import GpuSampler, HostSampler, start_samplers
+from tests import nvml_twin
+from ddp_profile.profiler.telemetry.sampler import GpuSampler, HostSampler, start_samplers
 
 BUDGET_PERCENT = 0.5
 

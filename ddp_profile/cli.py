@@ -27,8 +27,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 def _space(num_workers: Optional[str], pin_memory: Optional[str], prefetch_factor: Optional[str],
            batch_size: Optional[str]):
-    from ddp_profile.profiler.config import parse_bool_list, parse_int_list
-    from ddp_profile.profiler.space import SearchSpace
+    from ddp_profile.profiler.settings import parse_bool_list, parse_int_list
+    from ddp_profile.profiler.sweep.space import SearchSpace
 
     try:
         values = (parse_int_list("--num-workers", num_workers, 0),
@@ -84,7 +84,7 @@ def run(
     """
     _survive_hangup()
     from ddp_profile.commands.run import RunRequest, execute, start_run
-    from ddp_profile.profiler.sweep import SweepOptions
+    from ddp_profile.profiler.sweep.search import SweepOptions
 
     given = _merge_run_settings(dict(
         script=script, args=script_args or None, nproc_per_node=nproc_per_node,
@@ -118,7 +118,7 @@ def run(
 
 def _merge_run_settings(cli: dict, *, resume: bool, quiet: bool) -> dict:
     """Command line, then the project file, then the defaults; checked, one-line errors."""
-    from ddp_profile.profiler.project_config import find_project_config, resolve
+    from ddp_profile.commands.project_config import find_project_config, resolve
 
     project = find_project_config()
     if project is not None and cli["script"] is not None and cli["script"].startswith("-") \
@@ -171,7 +171,7 @@ def _survive_hangup() -> None:
 
 
 def _check_resume_script(out: str, script: str) -> None:
-    from ddp_profile.profiler.rundir import RunDir
+    from ddp_profile.profiler.store.rundir import RunDir
 
     meta = RunDir(out).read_meta()
     if os.path.abspath(script) != meta.get("script"):
@@ -195,8 +195,8 @@ def demo(
     _survive_hangup()
     from ddp_profile.commands.run import RunRequest, execute, start_run
     from ddp_profile.examples import DEMO_SCRIPT
-    from ddp_profile.profiler.space import SearchSpace
-    from ddp_profile.profiler.sweep import SweepOptions
+    from ddp_profile.profiler.sweep.space import SearchSpace
+    from ddp_profile.profiler.sweep.search import SweepOptions
 
     out = start_run(RunRequest(
         script=DEMO_SCRIPT, script_args=("--load-ms", "2", "--batch-size", "16"), out=out,
@@ -218,6 +218,58 @@ def report_cmd(
     path = write_report(run_dir, output or os.path.join(run_dir, "report.html"))
     print(path)
     return ExitCode.OK
+
+
+
+@app.command()
+def gate(
+    baseline: Optional[str] = typer.Argument(None, help="Baseline: a run directory or a "
+                                             "baseline.json (default: `baseline` in the "
+                                             "project file)."),
+    current: Optional[str] = typer.Argument(None, help="Current: a run directory or a "
+                                            "baseline.json (default: `out` in the project "
+                                            "file)."),
+    config: Optional[str] = typer.Option(None, help="Compare this configuration, e.g. "
+                                         "num_workers=4,pin_memory=true (default: recommended)."),
+    max_regression: Optional[float] = typer.Option(None, help="Tolerated slowdown (0.05 = "
+                                                   "5 %, the default)."),
+    alpha: float = typer.Option(0.002, help="Significance level of the one-sided test."),
+    force: bool = typer.Option(False, help="Compare even across hardware, world size or torch "
+                               "version."),
+    junit: Optional[str] = typer.Option(None, help="Write JUnit XML here."),
+    markdown: Optional[str] = typer.Option(None, help="Write Markdown here (also "
+                                           "$GITHUB_STEP_SUMMARY when set)."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write the verdict as JSON."),
+) -> int:
+    """CI regression gate: exit 0 pass, 1 regression, 9 inconclusive, 10 incomparable."""
+    from ddp_profile.commands.gate import run_gate
+    from ddp_profile.commands.project_config import find_project_config, resolve
+
+    given = resolve({"baseline": baseline, "out": current, "max_regression": max_regression},
+                    find_project_config(), {"max_regression": 0.05})
+    baseline, current, max_regression = given["baseline"], given["out"], given["max_regression"]
+    if baseline is None or current is None:
+        raise UsageError("gate needs BASELINE and CURRENT (or `baseline` and `out` in "
+                         "ddp-profile.toml or the tool.ddp-profile table of pyproject.toml)")
+    if not 0 <= max_regression < 1 or not 0 < alpha < 1:
+        raise UsageError("--max-regression must be in [0, 1) and --alpha in (0, 1)")
+    return run_gate(baseline, current, config=config, max_regression=max_regression,
+                    alpha=alpha, force=force, junit=junit, markdown=markdown, json_out=json_out)
+
+
+@app.command("baseline")
+def baseline_cmd(
+    run_dir: str = typer.Argument(..., help="A run directory."),
+    output: str = typer.Option("baseline.json", "-o", "--output", help="Baseline file to write."),
+    config: Optional[str] = typer.Option(None, help="Configuration to keep (default: "
+                                         "recommended)."),
+) -> int:
+    """Export a small baseline file (JSON, meant to be committed) from a run directory."""
+    from ddp_profile.commands.gate import run_baseline_export
+
+    run_baseline_export(run_dir, output, config=config)
+    print(output)
+    return 0
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -251,5 +303,3 @@ def _dispatch(argv: Optional[List[str]]) -> int:
 def _error(message: str) -> None:
     print(f"ddp-profile: error: {message}", file=sys.stderr)
 
-
-from ddp_profile.commands import gate_cli  # noqa: E402,F401  (registers gate and baseline)

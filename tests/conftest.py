@@ -48,7 +48,7 @@ def nothing_leaks():
     """
     _current_test_id[0] = uuid.uuid4().hex
     yield
-    from ddp_profile.profiler import patches
+    from ddp_profile.profiler.rank import patches
 
     assert not patches.is_applied(), "torch is still patched after the test"
     threads = [t.name for t in threading.enumerate() if t.name.startswith("ddp-profile")]

@@ -12,7 +12,7 @@ import pytest
 
 from ddp_profile import cli
 from ddp_profile.errors import ExitCode, UsageError
-from ddp_profile.profiler.project_config import (KNOWN_KEYS, RUN_DEFAULTS, ProjectConfig,
+from ddp_profile.commands.project_config import (KNOWN_KEYS, RUN_DEFAULTS, ProjectConfig,
                                                  find_project_config, resolve, validate)
 
 FULL = """

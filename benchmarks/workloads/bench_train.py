@@ -98,7 +98,7 @@ class Toggle:
         self.every, self.warmup, self.on_first = abs(every), warmup, every > 0
         self.instr = None
         if every:
-            from ddp_profile.profiler import instrument
+            from ddp_profile.profiler.rank import instrument
 
             self.instr = instrument.installed()
         self.active = self.instr is not None
@@ -165,7 +165,7 @@ class Toggle:
     def before_step(self, index: int) -> None:
         if not self.active:
             return
-        from ddp_profile.profiler import patches
+        from ddp_profile.profiler.rank import patches
 
         self.step_hooks.append((self.hook_ns, self.hook_cpu_ns))  # the step that just ended
         self.hook_ns = self.hook_cpu_ns = 0

@@ -16,10 +16,10 @@ from typing import Any, Mapping, Optional, Union
 from rich.console import Console
 
 from ddp_profile.errors import ExitCode, Incomparable, UsageError
-from ddp_profile.profiler.baseline import (COMPARED_KEYS, GateSide, config_label,
+from ddp_profile.profiler.store.baseline import (COMPARED_KEYS, GateSide, config_label,
                                            environment_differences, export_baseline, load_side)
-from ddp_profile.profiler.config import SETTING_KEYS, parse_bool
-from ddp_profile.profiler.results import load_run
+from ddp_profile.profiler.settings import SETTING_KEYS, parse_bool
+from ddp_profile.profiler.store.results import load_run
 from ddp_profile.reports import ci
 from ddp_profile.rules.regression import (INCONCLUSIVE, PASS, REGRESSION, Comparison,
                                           GateResult, compare, compare_launches,

@@ -17,14 +17,14 @@ from typing import Any, Optional
 
 from ddp_profile.errors import (BadRunDir, Interrupted, ScriptInvalid, ScriptNotFound,
                                 UsageError)
-from ddp_profile.profiler import allocation
-from ddp_profile.profiler.coordinate import Coordinator, coordinator_address
-from ddp_profile.profiler.launch import LaunchSpec
-from ddp_profile.profiler.results import load_run, read_probe_dir
-from ddp_profile.profiler.rundir import RunDir
-from ddp_profile.profiler.space import SearchSpace
-from ddp_profile.profiler.summary import build_summary
-from ddp_profile.profiler.sweep import Sweep, SweepOptions, follow
+from ddp_profile.profiler.sweep import allocation
+from ddp_profile.profiler.sweep.coordinate import Coordinator, coordinator_address
+from ddp_profile.profiler.sweep.launch import LaunchSpec
+from ddp_profile.profiler.store.results import load_run, read_probe_dir
+from ddp_profile.profiler.store.rundir import RunDir
+from ddp_profile.profiler.sweep.space import SearchSpace
+from ddp_profile.profiler.store.summary import build_summary
+from ddp_profile.profiler.sweep.search import Sweep, SweepOptions, follow
 from ddp_profile.reports.console import ConsoleProgress, print_summary
 
 
@@ -188,7 +188,7 @@ def _coordinator(meta: dict[str, Any]) -> Optional[Coordinator]:
 
 def _gpu_status() -> dict[str, Any]:
     try:
-        from ddp_profile.profiler.nvml import gpu_status
+        from ddp_profile.profiler.telemetry.nvml import gpu_status
 
         return gpu_status()
     except Exception as exc:  # noqa: BLE001 - no GPU is a normal case

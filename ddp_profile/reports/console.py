@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any, Optional
 
-from ddp_profile.profiler.config import LoaderSettings
+from ddp_profile.profiler.settings import LoaderSettings
 
 
 def _fmt_tp(value: Optional[float]) -> str:

@@ -23,7 +23,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 import plotly.offline
 
-from ddp_profile.profiler.results import Run
+from ddp_profile.profiler.store.results import Run
 from ddp_profile.reports import figures
 
 SETTINGS = ("num_workers", "pin_memory", "prefetch_factor", "batch_size")

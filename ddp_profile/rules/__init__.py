@@ -1,7 +1,7 @@
 """Rules: pure functions from a loaded run's tables to findings and a recommendation.
 
 A rule is ``rule(run, thresholds) -> Finding | None`` over the tables of
-``ddp_profile.profiler.results.Run``; ``RULES`` is the one registry. Rules do no I/O and no
+``ddp_profile.profiler.store.results.Run``; ``RULES`` is the one registry. Rules do no I/O and no
 plotting, and return None when the tables they need are empty. Every number they decide with
 is a field of ``Thresholds``: ``evaluate(run, Thresholds(data_wait_fraction=0.3))``.
 Triggers are documented on each rule and in ``docs/rules.md``.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, Optional
 
-from ddp_profile.profiler.results import Run
+from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules import data, distributed, gpu, host
 from ddp_profile.rules.base import SEVERITIES, Finding, Rule, Thresholds
 from ddp_profile.rules.recommend import Recommendation, recommend, recommendation_to_dict

@@ -1,7 +1,7 @@
 """What every rule shares: ``Finding``, ``Thresholds`` and small readers over a ``Run``.
 
 A rule is a pure function ``rule(run, thresholds) -> Finding | None`` over the tables of a
-loaded run (``ddp_profile.profiler.results.Run``). Rules do no I/O and never plot. Each one
+loaded run (``ddp_profile.profiler.store.results.Run``). Rules do no I/O and never plot. Each one
 returns ``None`` when the tables it needs are empty or lack a column (a CPU-only run has no
 GPU samples; an old run may lack ``forward_s``): no evidence, no finding.
 
@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import pandas as pd
 
-from ddp_profile.profiler.results import Run
+from ddp_profile.profiler.store.results import Run
 
 SEVERITIES = ("high", "medium", "low")
 

@@ -10,7 +10,7 @@ from typing import Optional
 
 import pandas as pd
 
-from ddp_profile.profiler.results import Run
+from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import (Finding, Thresholds, as_int, baseline_probe, cpus_available,
                                     data_wait, describe_config, finite, is_data_bound,
                                     loader_info, local_ranks, metric, metric_median, ms,

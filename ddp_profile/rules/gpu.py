@@ -10,7 +10,7 @@ from typing import Optional
 
 import pandas as pd
 
-from ddp_profile.profiler.results import Run
+from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import (Finding, Thresholds, as_int, baseline_probe, data_wait,
                                     describe_config, events_named, finite, is_data_bound,
                                     loader_info, metric, metric_median, ok_probes, pct,

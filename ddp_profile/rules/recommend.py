@@ -21,7 +21,7 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 
-from ddp_profile.profiler.results import Run
+from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import (Thresholds, as_int, baseline_probe, ceiling_probe,
                                     cpus_available, data_wait, finite, ok_probes, pct,
                                     probe_steps)

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from ddp_profile.errors import ExitCode
-from ddp_profile.profiler.results import load_run
+from ddp_profile.profiler.store.results import load_run
 from tests.conftest import DEMO, SCRIPTS
 
 pytestmark = pytest.mark.e2e
@@ -174,7 +174,7 @@ def test_importing_the_package_changes_nothing():
     import sys
 
     code = ("import torch.utils.data as d; before = d.DataLoader.__init__; "
-            "import ddp_profile, ddp_profile.cli, ddp_profile.profiler.hook as h; "
+            "import ddp_profile, ddp_profile.cli, ddp_profile.profiler.rank.hook as h; "
             "assert h.activate() is False; assert d.DataLoader.__init__ is before; print('ok')")
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDP_PROFILE")}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)

@@ -6,11 +6,11 @@ from typing import Callable, Optional
 
 import pytest
 
-from ddp_profile.profiler.config import LoaderSettings
-from ddp_profile.profiler.launch import LaunchSpec
-from ddp_profile.profiler.rundir import RunDir
-from ddp_profile.profiler.space import SearchSpace, grid
-from ddp_profile.profiler.sweep import Sweep, SweepOptions, Window
+from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.sweep.launch import LaunchSpec
+from ddp_profile.profiler.store.rundir import RunDir
+from ddp_profile.profiler.sweep.space import SearchSpace, grid
+from ddp_profile.profiler.sweep.search import Sweep, SweepOptions, Window
 
 Model = Callable[[LoaderSettings], tuple[float, float]]  # -> (samples/s, data-wait share)
 

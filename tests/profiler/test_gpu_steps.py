@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddp_profile.profiler.gpu_steps import GpuStepTimer
+from ddp_profile.profiler.rank.gpu_steps import GpuStepTimer
 
 
 class FakeGpu:

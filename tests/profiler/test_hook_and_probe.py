@@ -7,10 +7,10 @@ import os
 import subprocess
 import sys
 
-from ddp_profile.profiler.config import LoaderSettings, ProbePlan
-from ddp_profile.profiler.hook import HOOK_DIR, is_launcher_process
-from ddp_profile.profiler.launch import LaunchOutcome
-from ddp_profile.profiler.probe import summarise_probe
+from ddp_profile.profiler.settings import LoaderSettings, ProbePlan
+from ddp_profile.profiler.rank.hook import HOOK_DIR, is_launcher_process
+from ddp_profile.profiler.sweep.launch import LaunchOutcome
+from ddp_profile.profiler.sweep.probe import summarise_probe
 
 
 def test_launcher_process_is_recognised():

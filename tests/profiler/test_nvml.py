@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from ddp_profile.profiler import nvml as nvml_mod
-from ddp_profile.profiler import nvml_twin as T
-from ddp_profile.profiler.nvml import Nvml, cuda_device_nvml_key, gpu_status
+from ddp_profile.profiler.telemetry import nvml as nvml_mod
+from tests import nvml_twin as T
+from ddp_profile.profiler.telemetry.nvml import Nvml, cuda_device_nvml_key, gpu_status
 
 
 def _twin(n: int = 2) -> T.NvmlTwin:

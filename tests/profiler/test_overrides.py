@@ -8,9 +8,9 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from ddp_profile.profiler.config import LoaderSettings
-from ddp_profile.profiler.instrument import batch_size_of
-from ddp_profile.profiler.overrides import apply_overrides
+from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.rank.instrument import batch_size_of
+from ddp_profile.profiler.rank.overrides import apply_overrides
 
 DATA = TensorDataset(torch.arange(64.0))
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ddp_profile.profiler import nvml as nvml_mod
-from ddp_profile.profiler import nvml_twin as T
-from ddp_profile.profiler.sampler import GpuSampler, HostSampler, start_samplers
+from ddp_profile.profiler.telemetry import nvml as nvml_mod
+from tests import nvml_twin as T
+from ddp_profile.profiler.telemetry.sampler import GpuSampler, HostSampler, start_samplers
 
 HOST_KEYS = {"cpu_percent", "cpu_max_core_percent", "cpu_per_core", "iowait_percent", "rss_bytes",
              "worker_count", "worker_cpu_percent", "disk_read_bps"}
@@ -248,7 +248,7 @@ def test_cpu_and_iowait_from_deltas_over_available_cpus(monkeypatch):
              Times(9, 0, 0, 1, 0, 0, 0, 0, 0, 0)]   # not available to the process
     sampler = HostSampler(lambda r: None)
     sampler._cpus, sampler._cpu_times = [0, 1], [zero] * 3
-    monkeypatch.setattr("ddp_profile.profiler.sampler.psutil.cpu_times", lambda percpu: later)
+    monkeypatch.setattr("ddp_profile.profiler.telemetry.sampler.psutil.cpu_times", lambda percpu: later)
     cpu = sampler._cpu()
     assert cpu["cpu_per_core"] == [50.0, 0.0]
     assert cpu["cpu_percent"] == 25.0 and cpu["cpu_max_core_percent"] == 50.0
@@ -318,7 +318,7 @@ def test_a_failing_emit_does_not_stop_sampling(caplog):
 def test_a_window_shorter_than_the_interval_still_gets_a_sample():
     import time as _time
 
-    from ddp_profile.profiler.sampler import start_samplers
+    from ddp_profile.profiler.telemetry.sampler import start_samplers
 
     records: list[dict] = []
     group = start_samplers(records.append, pid=os.getpid(), interval_s=5.0)

@@ -7,13 +7,13 @@ import os
 import subprocess
 import sys
 
-from ddp_profile.profiler.config import LoaderSettings, ProbePlan, backlog_warmup
-from ddp_profile.profiler.hook import HOOK_DIR
-from ddp_profile.profiler.launch import LaunchOutcome
-from ddp_profile.profiler.probe import summarise_probe
-from ddp_profile.profiler.record import read_jsonl
-from ddp_profile.profiler.results import read_probe_dir
-from ddp_profile.profiler.screen import split_screen
+from ddp_profile.profiler.settings import LoaderSettings, ProbePlan, backlog_warmup
+from ddp_profile.profiler.rank.hook import HOOK_DIR
+from ddp_profile.profiler.sweep.launch import LaunchOutcome
+from ddp_profile.profiler.sweep.probe import summarise_probe
+from ddp_profile.profiler.store.record import read_jsonl
+from ddp_profile.profiler.store.results import read_probe_dir
+from ddp_profile.profiler.sweep.screen import split_screen
 
 # An ordinary training loop whose samples say which worker pool produced them; it writes, per
 # step, the pool size it saw, so the test can check each window really ran its own settings.

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import os
 
-from ddp_profile.profiler.config import LoaderSettings
-from ddp_profile.profiler.rundir import RunDir
-from ddp_profile.profiler.space import SearchSpace, grid, resolve_axes, worker_ladder
-from ddp_profile.profiler.sweep import choose_best, merge_outcomes, tie_tolerance
-from ddp_profile.profiler.launch import LaunchOutcome
+from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.store.rundir import RunDir
+from ddp_profile.profiler.sweep.space import SearchSpace, grid, resolve_axes, worker_ladder
+from ddp_profile.profiler.sweep.search import choose_best, merge_outcomes, tie_tolerance
+from ddp_profile.profiler.sweep.launch import LaunchOutcome
 
 
 def test_worker_ladder_reaches_the_cpus_per_rank():
@@ -91,7 +91,7 @@ def test_existing_run_directory_is_not_overwritten(tmp_path):
 
 
 def test_predicted_rung_from_the_baseline_data_wait():
-    from ddp_profile.profiler.sweep import predicted_rung
+    from ddp_profile.profiler.sweep.search import predicted_rung
 
     ladder = [0, 1, 2, 4, 8]
     def base(workers, wait):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddp_profile.profiler.stepclock import StepClock
+from ddp_profile.profiler.rank.stepclock import StepClock
 
 
 class FakeClock:

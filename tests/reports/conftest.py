@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddp_profile.profiler.results import Run, load_run
+from ddp_profile.profiler.store.results import Run, load_run
 from tests.reports import fixtures
 
 

@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ddp_profile.profiler.record import dumps
+from ddp_profile.profiler.store.record import dumps
 
 SETTINGS = ("num_workers", "pin_memory", "prefetch_factor", "batch_size")
 
@@ -141,7 +141,7 @@ def _rank_records(scenario: Scenario, probe: dict[str, Any], rank: int,
 
 def _probe_summary(scenario: Scenario, probe: dict[str, Any],
                    rank_records: dict[int, list[dict[str, Any]]]) -> None:
-    from ddp_profile.profiler.results import rank_step_stats
+    from ddp_profile.profiler.store.results import rank_step_stats
 
     per_rank = []
     for rank, records in rank_records.items():

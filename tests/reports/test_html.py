@@ -261,7 +261,7 @@ def test_headline_keeps_the_baseline_when_it_is_also_the_recommended_probe(tmp_p
                      recommended={"num_workers": 0, "pin_memory": False,
                                   "prefetch_factor": None, "batch_size": 32},
                      summary_extra={"recommended_probe": "p000"})
-    from ddp_profile.profiler.results import load_run
+    from ddp_profile.profiler.store.results import load_run
 
     run = load_run(path)
     roles = probe_roles(run)

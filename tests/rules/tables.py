@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 import pandas as pd
 
-from ddp_profile.profiler.results import PROBE_COLUMNS, STEP_COLUMNS, Run
+from ddp_profile.profiler.store.results import PROBE_COLUMNS, STEP_COLUMNS, Run
 
 Value = Union[float, None, Callable[[int, int], Optional[float]]]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddp_profile.profiler.results import load_run
+from ddp_profile.profiler.store.results import load_run
 from ddp_profile.rules import evaluate, finding_to_dict
 from tests.synthetic import write_run
 

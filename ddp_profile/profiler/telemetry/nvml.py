@@ -12,7 +12,7 @@ case here, not an error. Everything goes through one :class:`Nvml` object:
 * a device that falls off the bus (``GPU_IS_LOST``) is remembered in :attr:`Nvml.lost_reason`.
 
 The NVML module is injectable (``Nvml(lib)``, ``gpu_status(lib)``) so tests and benchmarks can
-pass :mod:`ddp_profile.profiler.nvml_twin` instead of the real ``pynvml``.
+pass :mod:`tests.nvml_twin` instead of the real ``pynvml``.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ import re
 import statistics
 from typing import Any, Optional
 
-from ddp_profile.profiler.config import ProbePlan
-from ddp_profile.profiler.launch import LaunchOutcome
-from ddp_profile.profiler.results import RankData, rank_step_stats, read_probe_dir
+from ddp_profile.profiler.settings import ProbePlan
+from ddp_profile.profiler.sweep.launch import LaunchOutcome
+from ddp_profile.profiler.store.results import RankData, rank_step_stats, read_probe_dir
 
 OOM_PATTERNS = ("out of memory", "can't allocate memory", "cannot allocate memory",
                 "outofmemoryerror", "memoryerror")

@@ -1,6 +1,6 @@
 """The environment-activated start-up hook.
 
-The harness puts ``profiler/hookdir`` first on ``PYTHONPATH`` and sets ``DDP_PROFILE=1`` and
+The harness puts ``profiler/rank/hookdir`` first on ``PYTHONPATH`` and sets ``DDP_PROFILE=1`` and
 ``DDP_PROFILE_PLAN``; its ``sitecustomize`` calls ``activate()`` in every Python process of the
 probe — the launcher, each rank however it was started (torchrun, ``mp.spawn``, ``srun``), and
 spawned DataLoader workers. Nothing is patched until the process imports torch, and the patches
@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any, Optional, Sequence
 
-from ddp_profile.profiler.config import ENV_HARNESS_PID, ProbePlan
+from ddp_profile.profiler.settings import ENV_HARNESS_PID, ProbePlan
 
 HOOK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hookdir")
 
@@ -48,7 +48,7 @@ class _TorchImportWatcher(importlib.abc.MetaPathFinder):
 
 def _install(plan: ProbePlan) -> None:
     try:
-        from ddp_profile.profiler import instrument
+        from ddp_profile.profiler.rank import instrument
 
         instrument.install(plan)
     except Exception as exc:  # noqa: BLE001 - never break the user's script

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ddp_profile.profiler.config import LoaderSettings
+from ddp_profile.profiler.settings import LoaderSettings
 
 
 def own_settings(arguments: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ def _activate():
     if os.environ.get("DDP_PROFILE") != "1":
         return
     try:
-        from ddp_profile.profiler.hook import activate
+        from ddp_profile.profiler.rank.hook import activate
         activate()
     except Exception as exc:  # never break the user's script
         sys.stderr.write("ddp-profile: start-up hook failed: %s: %s\n" % (type(exc).__name__, exc))

@@ -13,8 +13,8 @@ import shutil
 from typing import Any, Optional
 
 from ddp_profile.errors import BadRunDir
-from ddp_profile.profiler.record import dumps
-from ddp_profile.profiler.results import read_json, read_ledger
+from ddp_profile.profiler.store.record import dumps
+from ddp_profile.profiler.store.results import read_json, read_ledger
 
 
 def write_json_atomic(path: str, value: Any) -> None:

@@ -20,14 +20,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 from ddp_profile.errors import NoDataLoader, ProbeTimeout, ScriptFailed
-from ddp_profile.profiler.config import LoaderSettings, ProbePlan, backlog_warmup
-from ddp_profile.profiler.coordinate import Coordinator
-from ddp_profile.profiler.launch import LaunchOutcome, LaunchSpec, kill_tagged, launch, new_tag
-from ddp_profile.profiler.probe import summarise_probe
-from ddp_profile.profiler.rundir import RunDir
-from ddp_profile.profiler.screen import split_screen
-from ddp_profile.profiler.space import Axes, SearchSpace, cost_key, grid, normalise, resolve_axes
-from ddp_profile.profiler.summary import latest_ceiling
+from ddp_profile.profiler.settings import LoaderSettings, ProbePlan, backlog_warmup
+from ddp_profile.profiler.sweep.coordinate import Coordinator
+from ddp_profile.profiler.sweep.launch import LaunchOutcome, LaunchSpec, kill_tagged, launch, new_tag
+from ddp_profile.profiler.sweep.probe import summarise_probe
+from ddp_profile.profiler.store.rundir import RunDir
+from ddp_profile.profiler.sweep.screen import split_screen
+from ddp_profile.profiler.sweep.space import Axes, SearchSpace, cost_key, grid, normalise, resolve_axes
+from ddp_profile.profiler.store.summary import latest_ceiling
 
 DEFAULT_FIRST_TIMEOUT_S = 600.0
 MIN_TIMEOUT_S = 60.0
@@ -339,7 +339,7 @@ class Sweep:
                             self.spec.nproc_per_node)
 
     def _baseline_context(self) -> dict[str, Any]:
-        from ddp_profile.profiler.results import read_probe_dir
+        from ddp_profile.profiler.store.results import read_probe_dir
 
         for data in read_probe_dir(self.run_dir.probe_dir(self.baseline["id"])):
             if data.context:

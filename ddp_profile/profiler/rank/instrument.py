@@ -34,11 +34,11 @@ import time
 import weakref
 from typing import Any, Callable, Optional
 
-from ddp_profile.profiler.config import ProbePlan, backlog_warmup, window_index
-from ddp_profile.profiler.gpu_steps import GpuStepTimer, cuda_event_factory
-from ddp_profile.profiler.overrides import apply_overrides, own_settings
-from ddp_profile.profiler.record import SCHEMA_VERSION, RankRecorder
-from ddp_profile.profiler.stepclock import StepClock
+from ddp_profile.profiler.settings import ProbePlan, backlog_warmup, window_index
+from ddp_profile.profiler.rank.gpu_steps import GpuStepTimer, cuda_event_factory
+from ddp_profile.profiler.rank.overrides import apply_overrides, own_settings
+from ddp_profile.profiler.store.record import SCHEMA_VERSION, RankRecorder
+from ddp_profile.profiler.rank.stepclock import StepClock
 
 CEILING_CACHE_BATCHES = 4
 FLUSH_INTERVAL_S = 0.5
@@ -282,7 +282,7 @@ class Instrumentation:
 
     def _start_samplers(self) -> None:
         try:
-            from ddp_profile.profiler.sampler import start_samplers
+            from ddp_profile.profiler.telemetry.sampler import start_samplers
         except ImportError:  # telemetry is optional for the step records
             return
         device_index = None
@@ -473,7 +473,7 @@ def install(plan: ProbePlan) -> Instrumentation:
     global _INSTALLED
     if _INSTALLED is not None:
         return _INSTALLED
-    from ddp_profile.profiler import patches
+    from ddp_profile.profiler.rank import patches
 
     _INSTALLED = Instrumentation(plan)
     patches.apply(_INSTALLED)

@@ -32,7 +32,7 @@ from typing import Any, Optional
 import pandas as pd
 
 from ddp_profile.errors import BadRunDir
-from ddp_profile.profiler.record import read_jsonl
+from ddp_profile.profiler.store.record import read_jsonl
 
 STEP_COLUMNS = ["probe_id", "rank", "node", "loader_id", "step", "measured", "t_s",
                 "data_wait_s", "compute_s", "other_s", "forward_s", "step_s", "samples",

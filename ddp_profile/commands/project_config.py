@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 from ddp_profile.errors import UsageError
-from ddp_profile.profiler.config import parse_bool_list, parse_int_list
+from ddp_profile.profiler.settings import parse_bool_list, parse_int_list
 
 DEDICATED_FILE = "ddp-profile.toml"
 PYPROJECT_FILE = "pyproject.toml"

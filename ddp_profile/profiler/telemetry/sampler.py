@@ -30,9 +30,9 @@ from typing import Any, Optional
 
 import psutil
 
-from ddp_profile.profiler.gpu_sampler import GpuSampler
-from ddp_profile.profiler.nvml import gpu_status
-from ddp_profile.profiler.periodic import NAN, Clock, Emit, _PeriodicSampler
+from ddp_profile.profiler.telemetry.gpu_sampler import GpuSampler
+from ddp_profile.profiler.telemetry.nvml import gpu_status
+from ddp_profile.profiler.telemetry.periodic import NAN, Clock, Emit, _PeriodicSampler
 
 __all__ = ["GpuSampler", "HostSampler", "SamplerGroup", "gpu_status", "start_samplers"]
 

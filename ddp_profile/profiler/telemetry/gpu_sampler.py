@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from ddp_profile.profiler.nvml import GpmReader, Nvml, UtilisationReader, _text, cuda_device_nvml_key, gpu_status
-from ddp_profile.profiler.periodic import NAN, Clock, Emit, _PeriodicSampler, log
+from ddp_profile.profiler.telemetry.nvml import GpmReader, Nvml, UtilisationReader, _text, cuda_device_nvml_key, gpu_status
+from ddp_profile.profiler.telemetry.periodic import NAN, Clock, Emit, _PeriodicSampler, log
 
 __all__ = ["GpuSampler", "gpu_status"]
 

@@ -6,7 +6,7 @@ import itertools
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
-from ddp_profile.profiler.config import LoaderSettings
+from ddp_profile.profiler.settings import LoaderSettings
 
 
 @dataclass(frozen=True)

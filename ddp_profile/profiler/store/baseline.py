@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from ddp_profile.errors import BadRunDir, Incomparable
-from ddp_profile.profiler.config import SETTING_KEYS, LoaderSettings
-from ddp_profile.profiler.results import Run, load_run, read_json
+from ddp_profile.profiler.settings import SETTING_KEYS, LoaderSettings
+from ddp_profile.profiler.store.results import Run, load_run, read_json
 
 BASELINE_KIND = "ddp-profile-baseline"
 BASELINE_SCHEMA_VERSION = 2

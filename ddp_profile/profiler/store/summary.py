@@ -5,7 +5,7 @@ from __future__ import annotations
 import platform
 from typing import Any, Optional
 
-from ddp_profile.profiler.record import SCHEMA_VERSION
+from ddp_profile.profiler.store.record import SCHEMA_VERSION
 
 SETTINGS = ("num_workers", "pin_memory", "prefetch_factor", "batch_size")
 

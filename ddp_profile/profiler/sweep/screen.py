@@ -23,8 +23,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ddp_profile.profiler.config import window_index
-from ddp_profile.profiler.record import dumps, read_jsonl
+from ddp_profile.profiler.settings import window_index
+from ddp_profile.profiler.store.record import dumps, read_jsonl
 
 # Facts about the script, true for every window whenever they were recorded.
 STATIC_EVENTS = frozenset({"ddp", "data_parallel", "process_group", "ddp_unused_parameters",
