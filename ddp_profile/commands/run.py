@@ -24,7 +24,8 @@ from ddp_profile.profiler.store.results import load_run, read_probe_dir
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.sweep.space import SearchSpace
 from ddp_profile.profiler.store.summary import build_summary
-from ddp_profile.profiler.sweep.search import Sweep, SweepOptions, follow
+from ddp_profile.profiler.sweep.measure import follow
+from ddp_profile.profiler.sweep.search import Sweep, SweepOptions
 from ddp_profile.reports.console import ConsoleProgress, print_summary
 
 
