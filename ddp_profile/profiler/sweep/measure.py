@@ -32,8 +32,8 @@ MIN_WINDOW_TIMEOUT_S = 30.0
 ProgressFn = Callable[[str, dict[str, Any]], None]
 
 
-def _noop(_event: str, _data: dict[str, Any]) -> None:
-    pass
+def no_progress(_event: str, _data: dict[str, Any]) -> None:
+    """The default progress callback: reports nothing."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class LedgerMeasurer:
     """The real measurer: launches probes, appends them to the ledger, re-uses finished ones."""
 
     def __init__(self, run_dir: RunDir, spec: LaunchSpec, steps: int, warmup: int,
-                 timeout_s: Optional[float] = None, progress: ProgressFn = _noop,
+                 timeout_s: Optional[float] = None, progress: ProgressFn = no_progress,
                  coordinator: Optional[Coordinator] = None):
         self.run_dir, self.spec, self.steps, self.warmup = run_dir, spec, steps, warmup
         self.fixed_timeout = timeout_s is not None

@@ -27,7 +27,7 @@ from ddp_profile.profiler.sweep.climb import beats, climb_workers, waits_for_dat
 from ddp_profile.profiler.sweep.coordinate import Coordinator
 from ddp_profile.profiler.sweep.launch import LaunchSpec
 from ddp_profile.profiler.sweep.measure import (LedgerMeasurer, Measurer, ProgressFn, Window,
-                                                _noop)
+                                                no_progress)
 from ddp_profile.profiler.sweep.space import Axes, SearchSpace, grid, normalise, resolve_axes
 
 UNSTABLE_RSE = 0.05  # a probe whose throughput is this uncertain is measured again, longer
@@ -54,7 +54,7 @@ class Search:
     """The decisions of one sweep, over a measurer (real or modelled)."""
 
     def __init__(self, measurer: Measurer, space: SearchSpace, options: SweepOptions,
-                 nproc_per_node: int = 1, progress: ProgressFn = _noop,
+                 nproc_per_node: int = 1, progress: ProgressFn = no_progress,
                  script: str = "the script"):
         self.measurer, self.space, self.options = measurer, space, options
         self.script = script
@@ -252,7 +252,7 @@ class Sweep:
     """The real sweep of one run directory: ``Search`` over a ``LedgerMeasurer``."""
 
     def __init__(self, run_dir: RunDir, spec: LaunchSpec, space: SearchSpace,
-                 options: SweepOptions, progress: ProgressFn = _noop,
+                 options: SweepOptions, progress: ProgressFn = no_progress,
                  coordinator: Optional[Coordinator] = None):
         self.measurer = LedgerMeasurer(run_dir, spec, options.steps, options.warmup,
                                        options.timeout_s, progress, coordinator)
