@@ -1,6 +1,6 @@
 """How often does the gate cry wolf, and how often does it catch a real 10 % regression?
 
-Draws many baseline/current pairs and runs the gate's rule (``rules.regression.compare``,
+Draws many baseline/current pairs and runs the gate's rule (``rules.gate.verdict.compare``,
 with its production settings) on each:
 
 - **A/A** pairs (no change): the share judged "regression" is the false-alarm rate
@@ -57,8 +57,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ddp_profile.rules.regression import (INCONCLUSIVE, REGRESSION, compare,  # noqa: E402
-                                          compare_launches)
+from ddp_profile.rules.gate.verdict import (  # noqa: E402
+    INCONCLUSIVE, REGRESSION, compare, compare_launches)
 
 Sampler = Callable[[np.random.Generator, int], np.ndarray]
 PairDrawer = Callable[[np.random.Generator, int], tuple[np.ndarray, np.ndarray]]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -136,12 +137,9 @@ def rank_step_stats(steps: list[dict[str, Any]]) -> dict[str, float]:
     elapsed = sum(step_s)
     wait = sum(s["data_wait_s"] for s in measured)
     samples = sum(s.get("samples") or 0 for s in measured)
-    ordered = sorted(step_s)
-    mid = len(ordered) // 2
-    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
     return {"steps": len(measured), "samples": samples, "elapsed_s": elapsed,
             "data_wait_s": wait, "data_wait_fraction": wait / elapsed if elapsed > 0 else math.nan,
-            "step_time_median_s": median,
+            "step_time_median_s": statistics.median(step_s),
             "throughput": samples / elapsed if elapsed > 0 else math.nan}
 
 

@@ -10,12 +10,14 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from ddp_profile.rules.regression import (EXACT_MAX_PAIRS, INCONCLUSIVE, PASS, REGRESSION,
-                                          compare, compare_launches, detectability_warning,
-                                          exact_u_cdf, launch_warning, t_quantile,
-                                          hodges_lehmann, interval_rank, mann_whitney_less,
-                                          min_detectable_regression, pairwise_order_statistics,
-                                          steps_for_reach, u_statistic, worst_status)
+from ddp_profile.reports.ci import detectability_warning, launch_warning, reason
+from ddp_profile.rules.gate.statistics import (EXACT_MAX_PAIRS, exact_u_cdf, hodges_lehmann,
+                                               interval_rank, mann_whitney_less,
+                                               min_detectable_regression,
+                                               pairwise_order_statistics, steps_for_reach,
+                                               t_quantile, u_statistic)
+from ddp_profile.rules.gate.verdict import (INCONCLUSIVE, PASS, REGRESSION, compare,
+                                            compare_launches)
 
 
 def _throughput(n: int, seed: int, level: float = 1000.0, cv: float = 0.05) -> np.ndarray:
@@ -40,7 +42,7 @@ def _brute_force_p(baseline, current) -> float:
 def test_a_a_samples_pass():
     for seed in range(5):
         verdict = compare(_throughput(40, seed), _throughput(40, 100 + seed))
-        assert verdict.status == PASS, verdict.reason
+        assert verdict.status == PASS, reason(verdict)
         assert verdict.ratio_ci_low < 1.0 < verdict.ratio_ci_high or abs(verdict.ratio - 1) < 0.03
 
 
@@ -55,12 +57,12 @@ def test_identical_samples_pass_with_p_one_half():
 
 def test_fifteen_percent_slowdown_fails():
     verdict = compare(_throughput(40, 1), 0.85 * _throughput(40, 2))
-    assert verdict.status == REGRESSION, verdict.reason
+    assert verdict.status == REGRESSION, reason(verdict)
     assert verdict.p_value < 0.002
     assert verdict.ratio_ci_low < verdict.ratio < verdict.ratio_ci_high < 0.95
     assert 0.80 < verdict.ratio < 0.90 and 0.80 < verdict.median_ratio < 0.90
-    assert "tolerance" in verdict.reason and "\n" not in verdict.reason
-    assert "Hodges-Lehmann" in verdict.reason and "90 % CI" in verdict.reason
+    assert "tolerance" in reason(verdict) and "\n" not in reason(verdict)
+    assert "Hodges-Lehmann" in reason(verdict) and "90 % CI" in reason(verdict)
 
 
 def test_faster_current_run_passes():
@@ -74,7 +76,7 @@ def test_significant_but_within_tolerance_passes():
     verdict = compare(_throughput(300, 1, cv=0.02), 0.98 * _throughput(300, 2, cv=0.02))
     assert verdict.p_value < 0.002
     assert verdict.status == PASS
-    assert "not shown beyond the 5 % tolerance" in verdict.reason
+    assert "not shown beyond the 5 % tolerance" in reason(verdict)
 
 
 def test_tolerance_is_configurable():
@@ -88,7 +90,7 @@ def test_few_samples_are_inconclusive():
     assert verdict.status == INCONCLUSIVE
     assert (verdict.n_baseline, verdict.n_current) == (7, 40)
     assert math.isnan(verdict.p_value)
-    assert "too few samples" in verdict.reason
+    assert "too few samples" in reason(verdict)
 
 
 def test_non_finite_and_non_positive_samples_are_dropped():
@@ -162,13 +164,6 @@ def test_invalid_settings_raise():
         compare([1.0] * 10, [1.0] * 10, max_regression=1.5)
     with pytest.raises(ValueError):
         compare([1.0] * 10, [1.0] * 10, alpha=0.0)
-
-
-def test_worst_status_orders_regression_over_inconclusive_over_pass():
-    assert worst_status([PASS, INCONCLUSIVE]) == INCONCLUSIVE
-    assert worst_status([INCONCLUSIVE, REGRESSION, PASS]) == REGRESSION
-    assert worst_status([PASS]) == PASS
-    assert worst_status([]) == INCONCLUSIVE
 
 
 # --- Hodges-Lehmann estimate and its distribution-free interval ---------------------------
@@ -394,7 +389,7 @@ def test_a_slow_launch_alone_does_not_fail_the_gate():
     assert pooled.status == REGRESSION
     verdict = compare_launches(baseline, current)
     assert verdict.status == PASS
-    assert "3 / 3 launches" in verdict.reason and "not beyond" in verdict.reason
+    assert "3 / 3 launches" in reason(verdict) and "not beyond" in reason(verdict)
     assert verdict.launch.ratio == pytest.approx(1.0, abs=0.01)
 
 
