@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import sys
-import tempfile
 from typing import Any, Mapping, Optional, Union
 
 from rich.console import Console
 
 from ddp_profile.errors import ExitCode, Incomparable, UsageError
-from ddp_profile.profiler.store.baseline import (COMPARED_KEYS, GateSide, config_label,
-                                           environment_differences, export_baseline, load_side)
-from ddp_profile.profiler.settings import SETTING_KEYS, parse_bool
+from ddp_profile.profiler.store.baseline import (COMPARED_KEYS, GateSide,
+                                                 environment_differences, export_baseline,
+                                                 load_side)
+from ddp_profile.profiler.settings import SETTING_KEYS, config_label, parse_bool
+from ddp_profile.profiler.store.atomic import write_text_atomic
 from ddp_profile.profiler.store.results import load_run
 from ddp_profile.reports import ci
 from ddp_profile.rules.gate.verdict import (INCONCLUSIVE, PASS, REGRESSION, Comparison,
@@ -104,15 +104,8 @@ def _write_text(path: str, text: str, what: str) -> None:
     if path == "-":
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return
-    directory = os.path.dirname(os.path.abspath(path))
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".ddp-profile-", dir=directory)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; outputs are meant to be shared
-        os.replace(tmp, path)
+        write_text_atomic(path, text)
     except OSError as exc:
         raise UsageError(f"cannot write the {what} to {path}: {exc.strerror or exc}") from None
 

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import pandas as pd
 
+from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.results import Run
 
 SEVERITIES = ("high", "medium", "low")
@@ -233,7 +234,7 @@ def cpus_available(run: Run, probe_id: str) -> Optional[int]:
 def describe_config(probe: pd.Series) -> str:
     """``num_workers=4, pin_memory=True, prefetch_factor=2, batch_size=64`` for a probe row."""
     parts = []
-    for key in ("num_workers", "pin_memory", "prefetch_factor", "batch_size"):
+    for key in SETTING_KEYS:
         value = probe.get(key)
         if value is not None and not (isinstance(value, float) and math.isnan(value)):
             parts.append(f"{key}={int(value) if isinstance(value, float) else value}")

@@ -33,14 +33,14 @@ from typing import Any, Optional
 import pandas as pd
 
 from ddp_profile.errors import BadRunDir
+from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.record import read_jsonl
 
 STEP_COLUMNS = ["probe_id", "rank", "node", "loader_id", "step", "measured", "t_s",
                 "data_wait_s", "compute_s", "other_s", "forward_s", "step_s", "samples",
                 "gpu_busy_s", "gpu_gap_s"]
-PROBE_COLUMNS = ["id", "kind", "status", "num_workers", "pin_memory", "prefetch_factor",
-                 "batch_size", "throughput", "data_wait_fraction", "score", "wall_s", "error",
-                 "root_cause_rank"]
+PROBE_COLUMNS = ["id", "kind", "status", *SETTING_KEYS, "throughput", "data_wait_fraction",
+                 "score", "wall_s", "error", "root_cause_rank"]
 
 
 @dataclass
@@ -190,8 +190,7 @@ def _probe_row(probe: dict[str, Any]) -> dict[str, Any]:
     config = probe.get("config") or {}
     return {"id": probe.get("id"), "kind": probe.get("kind", "sweep"),
             "status": probe.get("status"),
-            **{k: config.get(k) for k in ("num_workers", "pin_memory", "prefetch_factor",
-                                          "batch_size")},
+            **{k: config.get(k) for k in SETTING_KEYS},
             "throughput": _nan(probe.get("throughput")),
             "data_wait_fraction": _nan(probe.get("data_wait_fraction")),
             "score": _nan(probe.get("score")), "wall_s": _nan(probe.get("wall_s")),

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 from ddp_profile.errors import NoDataLoader, ProbeTimeout, ScriptFailed
 from ddp_profile.profiler.settings import LoaderSettings, ProbePlan, backlog_warmup
 from ddp_profile.profiler.sweep.coordinate import Coordinator
-from ddp_profile.profiler.sweep.launch import LaunchOutcome, LaunchSpec, kill_tagged, launch, new_tag
+from ddp_profile.profiler.sweep.launch import (LaunchOutcome, LaunchSpec, ignore_hangup,
+                                              kill_tagged, launch, new_tag, restore_hangup)
 from ddp_profile.profiler.sweep.probe import summarise_probe
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.sweep.screen import split_screen
@@ -260,8 +260,7 @@ class Sweep:
 
     # ---- the run --------------------------------------------------------------------------
     def run(self) -> list[dict[str, Any]]:
-        previous = signal.signal(signal.SIGHUP, signal.SIG_IGN) if hasattr(signal, "SIGHUP") \
-            else None
+        previous = ignore_hangup()
         try:
             self._reap_inflight()
             self.baseline = self.measure(LoaderSettings(), kind="baseline")
@@ -287,8 +286,7 @@ class Sweep:
         finally:
             if self.coordinator is not None:
                 self.coordinator.finish(self.launches)
-            if previous is not None:
-                signal.signal(signal.SIGHUP, previous)
+            restore_hangup(previous)
         return self.entries
 
     def _repeat(self) -> None:
