@@ -39,7 +39,6 @@ class RunRequest:
     options: SweepOptions
     torchrun_args: tuple[str, ...] = ()
     local_rank_flag: Optional[str] = None
-    report: bool = True
 
 
 def check_script(path: str) -> None:
