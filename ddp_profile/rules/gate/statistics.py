@@ -95,7 +95,7 @@ def exact_u_cdf(n1: int, n2: int) -> np.ndarray:
     table = [np.zeros(size) for _ in range(n1 + 1)]
     for i in range(n1 + 1):
         table[i][0] = 1.0  # j = 0: U = 0 only
-    for j in range(1, n2 + 1):
+    for _ in range(n2):  # one more current value each time
         new = [np.zeros(size) for _ in range(n1 + 1)]
         new[0][0] = 1.0  # i = 0: U = 0 only
         for i in range(1, n1 + 1):
