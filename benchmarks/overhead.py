@@ -68,8 +68,8 @@ def sampler_share() -> dict:
 
     ``steady``: one host tick (a rank-like process: 32 threads, 4 worker children) plus one GPU
     tick (through the benchmark's NVML stand-in, Python in place of NVML's C calls) per 0.5 s
-    interval: what the samplers take from measured steps. ``window``: the process CPU over 5 s with the
-    samplers against 5 s without, their start included (once per probe, during warm-up).
+    interval: what the samplers take from measured steps. ``window``: the process CPU over 5 s
+    with the samplers against 5 s without, their start included (once per probe, during warm-up).
     Either is charged wholly to the step time: a pessimistic bound on what they add to it.
     """
     import contextlib

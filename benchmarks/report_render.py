@@ -3,7 +3,8 @@
     python benchmarks/report_render.py [--quick] [--probes N] [--ranks N] [--steps N]
 
 Builds the run directory with ``benchmarks/_large_run.py`` (made-up rank records, everything
-else by the tool's own code), loads it, then times ``build_report_data`` and ``write_report`` (best of ``--repeat``).
+else by the tool's own code), loads it, then times ``build_report_data`` and ``write_report``
+(best of ``--repeat``).
 The last line printed is one JSON object with the figures.
 """
 
@@ -19,9 +20,9 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from _large_run import write_large_run  # noqa: E402
 from ddp_profile.profiler.store.results import load_run  # noqa: E402
 from ddp_profile.reports.html import build_report_data, plotly_js, write_report  # noqa: E402
-from _large_run import write_large_run  # noqa: E402
 
 
 def best_of(repeat: int, fn) -> float:

@@ -61,9 +61,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="5 s per phase instead of 20 s")
     parser.add_argument("--duration", type=float, default=None, help="seconds per phase")
-    parser.add_argument("--interval", type=float, default=0.5, help="sampling interval (default 0.5 s)")
+    parser.add_argument("--interval", type=float, default=0.5,
+                        help="sampling interval (default 0.5 s)")
     parser.add_argument("--threads", type=int, default=32, help="idle threads in this process")
-    parser.add_argument("--workers", type=int, default=4, help="child processes standing in for workers")
+    parser.add_argument("--workers", type=int, default=4,
+                        help="child processes standing in for workers")
     return parser.parse_args(argv)
 
 
@@ -73,7 +75,8 @@ def _rank_like_process(threads: int, workers: int):
     stop = threading.Event()
     for _ in range(threads):
         threading.Thread(target=stop.wait, daemon=True).start()
-    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"]) for _ in range(workers)]
+    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+                for _ in range(workers)]
     try:
         time.sleep(0.5)  # let the children start
         yield
@@ -92,8 +95,8 @@ def main(argv: list[str] | None = None) -> dict:
     records: list[dict] = []
 
     def run():
-        return start_samplers(records.append, pid=os.getpid(), pci_bus_id=bus_id, interval_s=args.interval,
-                              nvml_lib=device)
+        return start_samplers(records.append, pid=os.getpid(), pci_bus_id=bus_id,
+                              interval_s=args.interval, nvml_lib=device)
 
     with _rank_like_process(args.threads, args.workers):
         idle_s, _ = _measure(duration)
@@ -110,7 +113,8 @@ def main(argv: list[str] | None = None) -> dict:
         "idle_cpu_percent": round(100.0 * idle_s / duration, 4),
         "thread_cpu_percent": {k: round(100.0 * v / duration, 4) for k, v in per_thread.items()},
         "per_tick_cpu_us": {"host": round(host_tick, 1), "gpu_stand_in": round(gpu_tick, 1)},
-        "samples": {s: sum(r.get("source") == s for r in records if r["kind"] == "sample") for s in ("host", "gpu")},
+        "samples": {s: sum(r.get("source") == s for r in records if r["kind"] == "sample")
+                    for s in ("host", "gpu")},
         "cpus": len(os.sched_getaffinity(0)),
         "threads": args.threads + 1,
         "workers": args.workers,

@@ -118,8 +118,7 @@ def run(
 
 def _merge_run_settings(cli: dict, *, resume: bool, quiet: bool) -> dict:
     """Command line, then the project file, then the defaults; checked, one-line errors."""
-    from ddp_profile.commands.project_config import (check_command_line, find_project_config,
-                                                     resolve)
+    from ddp_profile.commands.project_config import check_command_line, find_project_config, resolve
 
     project = find_project_config()
     if project is not None and cli["script"] is not None and cli["script"].startswith("-") \
@@ -190,8 +189,8 @@ def demo(
     _survive_hangup()
     from ddp_profile.commands.run import RunRequest, execute, start_run
     from ddp_profile.examples import DEMO_SCRIPT
-    from ddp_profile.profiler.sweep.space import SearchSpace
     from ddp_profile.profiler.sweep.search import SweepOptions
+    from ddp_profile.profiler.sweep.space import SearchSpace
 
     out = start_run(RunRequest(
         script=DEMO_SCRIPT, script_args=("--load-ms", "2", "--batch-size", "16"), out=out,

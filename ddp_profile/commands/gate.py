@@ -16,15 +16,26 @@ from typing import Any, Mapping, Optional, Union
 from rich.console import Console
 
 from ddp_profile.errors import ExitCode, Incomparable, UsageError
-from ddp_profile.profiler.store.baseline import (COMPARED_KEYS, GateSide,
-                                                 environment_differences, export_baseline,
-                                                 load_side)
 from ddp_profile.profiler.settings import SETTING_KEYS, config_label, parse_bool
 from ddp_profile.profiler.store.atomic import write_text_atomic
+from ddp_profile.profiler.store.baseline import (
+    COMPARED_KEYS,
+    GateSide,
+    environment_differences,
+    export_baseline,
+    load_side,
+)
 from ddp_profile.profiler.store.results import load_run
 from ddp_profile.reports import ci
-from ddp_profile.rules.gate.verdict import (INCONCLUSIVE, PASS, REGRESSION, Comparison,
-                                            GateResult, compare, compare_launches)
+from ddp_profile.rules.gate.verdict import (
+    INCONCLUSIVE,
+    PASS,
+    REGRESSION,
+    Comparison,
+    GateResult,
+    compare,
+    compare_launches,
+)
 
 ConfigArg = Union[None, str, Mapping[str, Any]]
 _EXIT = {PASS: ExitCode.OK, REGRESSION: ExitCode.REGRESSION,

@@ -27,9 +27,17 @@ from rich.markup import escape
 from rich.table import Table
 
 from ddp_profile.rules.gate.statistics import REACH_FACTOR
-from ddp_profile.rules.gate.verdict import (BEYOND, INCONCLUSIVE, NOT_SIGNIFICANT, PASS,
-                                            REGRESSION, TOO_FEW, Comparison, GateResult,
-                                            Verdict)
+from ddp_profile.rules.gate.verdict import (
+    BEYOND,
+    INCONCLUSIVE,
+    NOT_SIGNIFICANT,
+    PASS,
+    REGRESSION,
+    TOO_FEW,
+    Comparison,
+    GateResult,
+    Verdict,
+)
 
 GITHUB_SUMMARY_LIMIT = 1024 * 1024  # bytes GitHub accepts in one step's summary
 ENV_ROWS = ("device", "world_size", "torch_version", "cpu_model", "gpu_name", "hostname")

@@ -280,7 +280,8 @@ def build_probe_details(run: Run, roles: dict[str, str],
                         "label": label + (f" ({roles[pid]})" if pid in roles else ""),
                         "figures": probe_detail_figures(
                             steps_of.get(pid, run.steps.iloc[:0]),
-                            samples_of.get(pid, run.samples.iloc[:0]), pid, gpu, figures.MAX_POINTS if full else COARSE_POINTS)})
+                            samples_of.get(pid, run.samples.iloc[:0]), pid, gpu,
+                            figures.MAX_POINTS if full else COARSE_POINTS)})
     return details
 
 

@@ -22,9 +22,18 @@ import numpy as np
 import pandas as pd
 
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.rules.base import (Thresholds, as_int, baseline_probe, ceiling_probe,
-                                    cpus_available, data_wait, finite, ok_probes, pct,
-                                    probe_steps)
+from ddp_profile.rules.base import (
+    Thresholds,
+    as_int,
+    baseline_probe,
+    ceiling_probe,
+    cpus_available,
+    data_wait,
+    finite,
+    ok_probes,
+    pct,
+    probe_steps,
+)
 from ddp_profile.rules.data import cpu_load
 
 CONFIG_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "batch_size")

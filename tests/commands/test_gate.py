@@ -10,11 +10,20 @@ import xml.etree.ElementTree as ET
 import pytest
 from rich.console import Console
 
-from ddp_profile.commands.gate import (baseline_warnings, build_result, parse_config,
-                                       run_baseline_export, run_gate)
+from ddp_profile.commands.gate import (
+    baseline_warnings,
+    build_result,
+    parse_config,
+    run_baseline_export,
+    run_gate,
+)
 from ddp_profile.errors import BadRunDir, ExitCode, Incomparable, UsageError
-from ddp_profile.profiler.store.baseline import (ConfigNotFound, export_baseline, load_side,
-                                           step_throughput_samples)
+from ddp_profile.profiler.store.baseline import (
+    ConfigNotFound,
+    export_baseline,
+    load_side,
+    step_throughput_samples,
+)
 from ddp_profile.profiler.store.results import load_run
 from ddp_profile.reports import ci
 from tests.synthetic import lognormal_step_time, probe, write_run

@@ -11,9 +11,15 @@ import os
 import pytest
 
 from ddp_profile import cli
+from ddp_profile.commands.project_config import (
+    KNOWN_KEYS,
+    RUN_DEFAULTS,
+    ProjectConfig,
+    find_project_config,
+    resolve,
+    validate,
+)
 from ddp_profile.errors import ExitCode, UsageError
-from ddp_profile.commands.project_config import (KNOWN_KEYS, RUN_DEFAULTS, ProjectConfig,
-                                                 find_project_config, resolve, validate)
 
 FULL = """
 script = "train.py"

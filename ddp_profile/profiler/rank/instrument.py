@@ -36,13 +36,18 @@ import time
 import weakref
 from typing import Any, Callable, Optional
 
-from ddp_profile.profiler.settings import ProbePlan, backlog_warmup, window_index
 from ddp_profile.profiler.rank.gpu_steps import GpuStepTimer, cuda_event_factory
 from ddp_profile.profiler.rank.overrides import apply_overrides, own_settings
-from ddp_profile.profiler.rank.process import (barrier, context_record, current_rank,
-                                               error_record, flush_std_streams)
+from ddp_profile.profiler.rank.process import (
+    barrier,
+    context_record,
+    current_rank,
+    error_record,
+    flush_std_streams,
+)
 from ddp_profile.profiler.rank.stepclock import StepClock
 from ddp_profile.profiler.rank.windows import applied_settings, rebuilt_iterator, shutdown_workers
+from ddp_profile.profiler.settings import ProbePlan, backlog_warmup, window_index
 from ddp_profile.profiler.store.record import RankRecorder
 
 CEILING_CACHE_BATCHES = 4

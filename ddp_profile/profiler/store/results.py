@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 import os
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, Optional
 

@@ -19,9 +19,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ddp_profile.profiler.settings import (ENV_ACTIVE, ENV_HARNESS_PID, ENV_PLAN, ENV_PROBE_TAG,
-                                         ProbePlan)
 from ddp_profile.profiler.rank.hook import HOOK_DIR
+from ddp_profile.profiler.settings import (
+    ENV_ACTIVE,
+    ENV_HARNESS_PID,
+    ENV_PLAN,
+    ENV_PROBE_TAG,
+    ProbePlan,
+)
 
 KILL_GRACE_S = 3.0
 

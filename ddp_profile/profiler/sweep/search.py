@@ -6,8 +6,9 @@ replays the same deterministic decisions and re-uses every probe that already fi
 
 Adaptive search is coordinate ascent: on the ``num_workers`` ladder it starts from the rung the
 baseline's data-wait share predicts, steps down while a cheaper rung does as well and up while
-throughput rises beyond noise (one rung of patience; only while the loop still waits for data), then try the other prefetch factors (only
-while it still waits), pinning and batch sizes around the best.
+throughput rises beyond noise (one rung of patience; only while the loop still waits for
+data), then try the other prefetch factors (only while it still waits), pinning and batch
+sizes around the best.
 Configurations within noise of each other are ties, resolved toward the cheaper one.
 """
 
@@ -20,14 +21,28 @@ from typing import Any, Callable, Optional
 
 from ddp_profile.errors import NoDataLoader, ProbeTimeout, ScriptFailed
 from ddp_profile.profiler.settings import LoaderSettings, ProbePlan, backlog_warmup
-from ddp_profile.profiler.sweep.coordinate import Coordinator
-from ddp_profile.profiler.sweep.launch import (LaunchOutcome, LaunchSpec, ignore_hangup,
-                                              kill_tagged, launch, new_tag, restore_hangup)
-from ddp_profile.profiler.sweep.probe import summarise_probe
 from ddp_profile.profiler.store.rundir import RunDir
-from ddp_profile.profiler.sweep.screen import split_screen
-from ddp_profile.profiler.sweep.space import Axes, SearchSpace, cost_key, grid, normalise, resolve_axes
 from ddp_profile.profiler.store.summary import latest_ceiling
+from ddp_profile.profiler.sweep.coordinate import Coordinator
+from ddp_profile.profiler.sweep.launch import (
+    LaunchOutcome,
+    LaunchSpec,
+    ignore_hangup,
+    kill_tagged,
+    launch,
+    new_tag,
+    restore_hangup,
+)
+from ddp_profile.profiler.sweep.probe import summarise_probe
+from ddp_profile.profiler.sweep.screen import split_screen
+from ddp_profile.profiler.sweep.space import (
+    Axes,
+    SearchSpace,
+    cost_key,
+    grid,
+    normalise,
+    resolve_axes,
+)
 
 DEFAULT_FIRST_TIMEOUT_S = 600.0
 MIN_TIMEOUT_S = 60.0
@@ -35,9 +50,9 @@ TIMEOUT_FACTOR = 4.0
 FOLLOWER_GRACE_S = 120.0  # how long the leader waits for a follower's records after its own
 UNSTABLE_RSE = 0.05  # a probe whose throughput is this uncertain is measured again, longer
 MIN_TIE_TOLERANCE = 0.02
-SETTLED_DATA_WAIT = 0.05
+SETTLED_DATA_WAIT = 0.05  # below this share of waiting, loading settings cannot help more
 MIN_WINDOW_TIMEOUT_S = 30.0
-CLIMB_PATIENCE = 1  # rungs of the worker ladder tried past one that did not pay (noise)  # below this share of waiting, loading settings cannot help more
+CLIMB_PATIENCE = 1  # rungs of the worker ladder tried past one that did not pay (noise)
 
 
 @dataclass(frozen=True)

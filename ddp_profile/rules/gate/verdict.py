@@ -42,9 +42,16 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ddp_profile.rules.gate.statistics import (finite_positive, hodges_lehmann, launch_medians,
-                                               mann_whitney_less, min_detectable_regression,
-                                               steps_for_reach, t_quantile, z_quantile)
+from ddp_profile.rules.gate.statistics import (
+    finite_positive,
+    hodges_lehmann,
+    launch_medians,
+    mann_whitney_less,
+    min_detectable_regression,
+    steps_for_reach,
+    t_quantile,
+    z_quantile,
+)
 
 PASS = "pass"
 REGRESSION = "regression"

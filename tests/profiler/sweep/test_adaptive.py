@@ -7,10 +7,10 @@ from typing import Callable, Optional
 import pytest
 
 from ddp_profile.profiler.settings import LoaderSettings
-from ddp_profile.profiler.sweep.launch import LaunchSpec
 from ddp_profile.profiler.store.rundir import RunDir
-from ddp_profile.profiler.sweep.space import SearchSpace, grid
+from ddp_profile.profiler.sweep.launch import LaunchSpec
 from ddp_profile.profiler.sweep.search import Sweep, SweepOptions, Window
+from ddp_profile.profiler.sweep.space import SearchSpace, grid
 
 Model = Callable[[LoaderSettings], tuple[float, float]]  # -> (samples/s, data-wait share)
 

@@ -7,9 +7,9 @@ import os
 
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.rundir import RunDir
-from ddp_profile.profiler.sweep.space import SearchSpace, grid, resolve_axes, worker_ladder
-from ddp_profile.profiler.sweep.search import choose_best, merge_outcomes, tie_tolerance
 from ddp_profile.profiler.sweep.launch import LaunchOutcome
+from ddp_profile.profiler.sweep.search import choose_best, merge_outcomes, tie_tolerance
+from ddp_profile.profiler.sweep.space import SearchSpace, grid, resolve_axes, worker_ladder
 
 
 def test_worker_ladder_reaches_the_cpus_per_rank():
@@ -81,6 +81,7 @@ def test_ledger_survives_a_torn_last_line(tmp_path):
 
 def test_existing_run_directory_is_not_overwritten(tmp_path):
     import pytest
+
     from ddp_profile.errors import BadRunDir
 
     run_dir = RunDir(str(tmp_path / "run"))

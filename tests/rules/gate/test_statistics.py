@@ -8,10 +8,18 @@ import math
 import numpy as np
 import pytest
 
-from ddp_profile.rules.gate.statistics import (EXACT_MAX_PAIRS, exact_u_cdf, hodges_lehmann,
-                                               interval_rank, mann_whitney_less,
-                                               min_detectable_regression,
-                                               pairwise_order_statistics, u_statistic)
+from ddp_profile.rules.gate.statistics import (
+    EXACT_MAX_PAIRS,
+    exact_u_cdf,
+    hodges_lehmann,
+    interval_rank,
+    mann_whitney_less,
+    min_detectable_regression,
+    pairwise_order_statistics,
+    u_statistic,
+)
+from tests.rules.gate.samples import throughput
+
 
 def _brute_force_p(baseline, current) -> float:
     """Exact one-sided p: the share of all relabellings whose U is at most the observed U."""
@@ -25,7 +33,6 @@ def _brute_force_p(baseline, current) -> float:
         total += 1
         hits += u_statistic(combined[~mask], combined[mask]) <= observed + 1e-9
     return hits / total
-from tests.rules.gate.samples import throughput
 
 
 @pytest.mark.parametrize("seed", range(6))
