@@ -1,5 +1,6 @@
 # One command each: `make demo` (set up a fresh machine, run the built-in workload) and
-# `make test` (set up, then run the whole suite). Python 3.9+ and a C compiler-free machine suffice.
+# `make test` (set up, then lint with ruff and run the whole suite). Python 3.9+ and a C
+# compiler-free machine suffice.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -25,6 +26,7 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -q && apt-get install -y -q chromium; }
 
 test: setup browser
+	$(BIN)/ruff check ddp_profile tests benchmarks
 	$(BIN)/python -m pytest -q
 
 bench: setup

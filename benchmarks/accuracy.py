@@ -3,7 +3,8 @@
 Each workload (``benchmarks/workloads/bench_train.py``, 2 ranks, ``num_workers=0``, a tiny MLP)
 spends ``load_ms`` per sample in the dataset (asleep, like storage; or busy, ``cpu_ms``, like
 decoding) and sleeps ``step_ms`` per step in the training step, so the share of each step spent
-waiting for data is, by construction, ``load_ms * batch / (load_ms * batch + step_ms)``. For each workload:
+waiting for data is, by construction, ``load_ms * batch / (load_ms * batch + step_ms)``.
+For each workload:
 
 * **ddp-profile**: ``ddp-profile run bench_train.py --num-workers 0 --no-ceiling ...``; the
   figure is the baseline probe's ``data_wait_fraction`` in ``summary.json``. The script's own
@@ -28,7 +29,8 @@ Workloads run interleaved (ddp-profile then gpuprof, workload by workload), each
 times; errors are in percentage points against the construction.
 
     python benchmarks/accuracy.py --quick     # 3 workloads, 1 repetition (~2.5 min, 2 cores)
-    python benchmarks/accuracy.py             # 4 workloads (3 asleep, 1 busy), 2 repetitions, 40 steps
+    python benchmarks/accuracy.py             # 4 workloads (3 asleep, 1 busy), 2 repetitions,
+                                              # 40 steps
 
 The last line printed is a JSON object; ``max_abs_error_pp.ddp_profile`` (against the
 calibrated construction) is the headline (target <= 2 percentage points).

@@ -1,6 +1,6 @@
 """How often does the gate cry wolf, and how often does it catch a real 10 % regression?
 
-Draws many baseline/current pairs and runs the gate's rule (``rules.regression.compare``,
+Draws many baseline/current pairs and runs the gate's rule (``rules.gate.verdict.compare``,
 with its production settings) on each:
 
 - **A/A** pairs (no change): the share judged "regression" is the false-alarm rate
@@ -57,8 +57,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ddp_profile.rules.regression import (INCONCLUSIVE, REGRESSION, compare,  # noqa: E402
-                                          compare_launches)
+from ddp_profile.rules.gate.verdict import INCONCLUSIVE, REGRESSION, compare, compare_launches  # noqa: E402
 
 Sampler = Callable[[np.random.Generator, int], np.ndarray]
 PairDrawer = Callable[[np.random.Generator, int], tuple[np.ndarray, np.ndarray]]
@@ -207,7 +206,6 @@ def real_runs(count: int, run_steps: int, warmup: int, num_workers: int, workloa
               timeout_s: float) -> tuple[list[np.ndarray], list[dict]]:
     """``count`` real single-probe runs of the demo workload via the CLI; their step samples."""
     from _bench import DEMO, cleanup, scratch
-
     from ddp_profile.profiler.store.baseline import step_throughput_samples
     from ddp_profile.profiler.store.results import load_run
 

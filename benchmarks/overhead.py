@@ -67,9 +67,9 @@ def sampler_share() -> dict:
     """The telemetry samplers' CPU as a share of one core (``benchmarks/sampler_cost.py``).
 
     ``steady``: one host tick (a rank-like process: 32 threads, 4 worker children) plus one GPU
-    tick (through the NVML twin, Python standing in for NVML's C calls) per 0.5 s interval:
-    what the samplers take from measured steps. ``window``: the process CPU over 5 s with the
-    samplers against 5 s without, their start included (once per probe, during warm-up).
+    tick (through the benchmark's NVML stand-in, Python in place of NVML's C calls) per 0.5 s
+    interval: what the samplers take from measured steps. ``window``: the process CPU over 5 s
+    with the samplers against 5 s without, their start included (once per probe, during warm-up).
     Either is charged wholly to the step time: a pessimistic bound on what they add to it.
     """
     import contextlib
@@ -80,7 +80,7 @@ def sampler_share() -> dict:
     with contextlib.redirect_stdout(io.StringIO()):
         measured = sampler_cost.main(["--quick"])
     ticks = measured["per_tick_cpu_us"]
-    steady = (ticks["host"] + ticks["gpu_twin"]) / 1e6 / measured["interval_s"]
+    steady = (ticks["host"] + ticks["gpu_stand_in"]) / 1e6 / measured["interval_s"]
     return {"steady": round(steady, 5),
             "window": round(measured["cpu_percent_of_one_core"] / 100, 5),
             "per_tick_cpu_us": ticks}

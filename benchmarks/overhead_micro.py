@@ -25,8 +25,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from ddp_profile.profiler.rank import patches
-from ddp_profile.profiler.settings import ProbePlan
 from ddp_profile.profiler.rank.instrument import Instrumentation
+from ddp_profile.profiler.settings import ProbePlan
 
 
 def loop(steps: int) -> float:

@@ -2,8 +2,9 @@
 
     python benchmarks/report_render.py [--quick] [--probes N] [--ranks N] [--steps N]
 
-Builds the run directory with the report tests' builder (``tests/reports/fixtures.py``),
-loads it, then times ``build_report_data`` and ``write_report`` (best of ``--repeat``).
+Builds the run directory with ``benchmarks/_large_run.py`` (made-up rank records, everything
+else by the tool's own code), loads it, then times ``build_report_data`` and ``write_report``
+(best of ``--repeat``).
 The last line printed is one JSON object with the figures.
 """
 
@@ -19,9 +20,9 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from _large_run import write_large_run  # noqa: E402
 from ddp_profile.profiler.store.results import load_run  # noqa: E402
 from ddp_profile.reports.html import build_report_data, plotly_js, write_report  # noqa: E402
-from tests.reports import fixtures  # noqa: E402
 
 
 def best_of(repeat: int, fn) -> float:
@@ -45,9 +46,8 @@ def main(argv: list[str] | None = None) -> dict:
         args.probes, args.ranks, args.repeat = 20, 4, 1
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "run")
-        os.makedirs(run_dir)
         start = time.perf_counter()
-        fixtures.write_run_dir(run_dir, fixtures.scale(args.probes, args.ranks, args.steps))
+        write_large_run(run_dir, args.probes, args.ranks, args.steps)
         run = load_run(run_dir)
         load_s = time.perf_counter() - start
         out = os.path.join(tmp, "report.html")

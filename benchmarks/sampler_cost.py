@@ -2,9 +2,10 @@
 
 Measures this process's CPU time over the same wall time with the samplers running and idle;
 the difference, as a percentage of one core, is the samplers' cost (budget: 0.5 %). The host
-sampler runs for real (psutil); the GPU sampler runs against the NVML twin with a live device
-whose driver produces a utilisation sample every 1/6 s, so its figure includes the twin's
-Python work in place of NVML's C calls. To look like a rank, the process holds ``--threads``
+sampler runs for real (psutil); the GPU sampler runs against the benchmark's own stand-in for
+NVML (``benchmarks/_nvml_device.py``: one live device whose driver produces a utilisation
+sample every 1/6 s), so its figure includes the stand-in's Python work in place of NVML's C
+calls. To look like a rank, the process holds ``--threads``
 idle threads and ``--workers`` child processes (stand-ins for DataLoader workers).
 
     python benchmarks/sampler_cost.py [--quick] [--duration S] [--interval S]
@@ -23,7 +24,7 @@ import sys
 import threading
 import time
 
-from tests import nvml_twin
+import _nvml_device
 from ddp_profile.profiler.telemetry.sampler import GpuSampler, HostSampler, start_samplers
 
 BUDGET_PERCENT = 0.5
@@ -60,9 +61,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="5 s per phase instead of 20 s")
     parser.add_argument("--duration", type=float, default=None, help="seconds per phase")
-    parser.add_argument("--interval", type=float, default=0.5, help="sampling interval (default 0.5 s)")
+    parser.add_argument("--interval", type=float, default=0.5,
+                        help="sampling interval (default 0.5 s)")
     parser.add_argument("--threads", type=int, default=32, help="idle threads in this process")
-    parser.add_argument("--workers", type=int, default=4, help="child processes standing in for workers")
+    parser.add_argument("--workers", type=int, default=4,
+                        help="child processes standing in for workers")
     return parser.parse_args(argv)
 
 
@@ -72,7 +75,8 @@ def _rank_like_process(threads: int, workers: int):
     stop = threading.Event()
     for _ in range(threads):
         threading.Thread(target=stop.wait, daemon=True).start()
-    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"]) for _ in range(workers)]
+    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+                for _ in range(workers)]
     try:
         time.sleep(0.5)  # let the children start
         yield
@@ -86,19 +90,19 @@ def _rank_like_process(threads: int, workers: int):
 def main(argv: list[str] | None = None) -> dict:
     args = _parse(argv)
     duration = args.duration or (5.0 if args.quick else 20.0)
-    twin = nvml_twin.NvmlTwin([nvml_twin.TwinDevice(index=0, util_period_us=166_667)])
-    bus_id = twin.devices[0].pci_bus_id
+    device = _nvml_device
+    bus_id = _nvml_device.PCI_BUS_ID
     records: list[dict] = []
 
     def run():
-        return start_samplers(records.append, pid=os.getpid(), pci_bus_id=bus_id, interval_s=args.interval,
-                              nvml_lib=twin)
+        return start_samplers(records.append, pid=os.getpid(), pci_bus_id=bus_id,
+                              interval_s=args.interval, nvml_lib=device)
 
     with _rank_like_process(args.threads, args.workers):
         idle_s, _ = _measure(duration)
         busy_s, per_thread = _measure(duration, run)
         host_tick = _per_tick_us(HostSampler(lambda r: None, pid=os.getpid()))
-        gpu_tick = _per_tick_us(GpuSampler(lambda r: None, pci_bus_id=bus_id, nvml_lib=twin))
+        gpu_tick = _per_tick_us(GpuSampler(lambda r: None, pci_bus_id=bus_id, nvml_lib=device))
 
     cost = 100.0 * max(busy_s - idle_s, 0.0) / duration
     result = {
@@ -108,8 +112,9 @@ def main(argv: list[str] | None = None) -> dict:
         "cpu_percent_of_one_core": round(cost, 4),
         "idle_cpu_percent": round(100.0 * idle_s / duration, 4),
         "thread_cpu_percent": {k: round(100.0 * v / duration, 4) for k, v in per_thread.items()},
-        "per_tick_cpu_us": {"host": round(host_tick, 1), "gpu_twin": round(gpu_tick, 1)},
-        "samples": {s: sum(r.get("source") == s for r in records if r["kind"] == "sample") for s in ("host", "gpu")},
+        "per_tick_cpu_us": {"host": round(host_tick, 1), "gpu_stand_in": round(gpu_tick, 1)},
+        "samples": {s: sum(r.get("source") == s for r in records if r["kind"] == "sample")
+                    for s in ("host", "gpu")},
         "cpus": len(os.sched_getaffinity(0)),
         "threads": args.threads + 1,
         "workers": args.workers,

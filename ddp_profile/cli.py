@@ -7,7 +7,6 @@ error is one line on stderr. Set ``DDP_PROFILE_DEBUG=1`` for tracebacks of inter
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from typing import List, Optional
 
@@ -27,14 +26,15 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 def _space(num_workers: Optional[str], pin_memory: Optional[str], prefetch_factor: Optional[str],
            batch_size: Optional[str]):
-    from ddp_profile.profiler.settings import parse_bool_list, parse_int_list
+    from ddp_profile.profiler.settings import AXIS_MINIMUM, parse_bool_list, parse_int_list
     from ddp_profile.profiler.sweep.space import SearchSpace
 
     try:
-        values = (parse_int_list("--num-workers", num_workers, 0),
+        values = (parse_int_list("--num-workers", num_workers, AXIS_MINIMUM["num_workers"]),
                   parse_bool_list("--pin-memory", pin_memory),
-                  parse_int_list("--prefetch-factor", prefetch_factor, 1),
-                  parse_int_list("--batch-size", batch_size, 1))
+                  parse_int_list("--prefetch-factor", prefetch_factor,
+                                 AXIS_MINIMUM["prefetch_factor"]),
+                  parse_int_list("--batch-size", batch_size, AXIS_MINIMUM["batch_size"]))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return SearchSpace(*(tuple(v) if v is not None else None for v in values))
@@ -118,7 +118,7 @@ def run(
 
 def _merge_run_settings(cli: dict, *, resume: bool, quiet: bool) -> dict:
     """Command line, then the project file, then the defaults; checked, one-line errors."""
-    from ddp_profile.commands.project_config import find_project_config, resolve
+    from ddp_profile.commands.project_config import check_command_line, find_project_config, resolve
 
     project = find_project_config()
     if project is not None and cli["script"] is not None and cli["script"].startswith("-") \
@@ -129,15 +129,8 @@ def _merge_run_settings(cli: dict, *, resume: bool, quiet: bool) -> dict:
     given = resolve(cli, project)
     if project is not None and not quiet:
         print(f"ddp-profile: settings from {project.path}")
-    if given["launcher"] not in ("torchrun", "none"):
-        raise UsageError(f"--launcher: expected torchrun or none, got {given['launcher']!r}")
-    if given["search"] not in ("adaptive", "grid"):
-        raise UsageError(f"--search: expected adaptive or grid, got {given['search']!r}")
-    if given["steps"] < 1 or given["warmup"] < 0 or \
-            (given["timeout"] is not None and given["timeout"] <= 0):
-        raise UsageError("--steps must be >= 1, --warmup >= 0 and --timeout > 0")
-    if given["repeat"] < 1:
-        raise UsageError(f"--repeat must be >= 1, got {given['repeat']}")
+    check_command_line(given, ("launcher", "search", "steps", "warmup", "timeout", "repeat",
+                               "nproc_per_node"))
     if resume and not given["out"]:
         raise UsageError("--resume needs --out RUN_DIR")
     if not resume and given["script"] is None:
@@ -165,9 +158,10 @@ def _torchrun_args(nnodes: Optional[str], node_rank: Optional[int],
 
 
 def _survive_hangup() -> None:
-    """A closed terminal (SIGHUP) must not stop a sweep; Ctrl-C still does, cleanly."""
-    if hasattr(signal, "SIGHUP"):
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    """A closed terminal (SIGHUP) must not stop a sweep or its report; Ctrl-C still does."""
+    from ddp_profile.profiler.sweep.launch import ignore_hangup
+
+    ignore_hangup()
 
 
 def _check_resume_script(out: str, script: str) -> None:
@@ -195,8 +189,8 @@ def demo(
     _survive_hangup()
     from ddp_profile.commands.run import RunRequest, execute, start_run
     from ddp_profile.examples import DEMO_SCRIPT
-    from ddp_profile.profiler.sweep.space import SearchSpace
     from ddp_profile.profiler.sweep.search import SweepOptions
+    from ddp_profile.profiler.sweep.space import SearchSpace
 
     out = start_run(RunRequest(
         script=DEMO_SCRIPT, script_args=("--load-ms", "2", "--batch-size", "16"), out=out,
@@ -251,8 +245,6 @@ def gate(
     if baseline is None or current is None:
         raise UsageError("gate needs BASELINE and CURRENT (or `baseline` and `out` in "
                          "ddp-profile.toml or the tool.ddp-profile table of pyproject.toml)")
-    if not 0 <= max_regression < 1 or not 0 < alpha < 1:
-        raise UsageError("--max-regression must be in [0, 1) and --alpha in (0, 1)")
     return run_gate(baseline, current, config=config, max_regression=max_regression,
                     alpha=alpha, force=force, junit=junit, markdown=markdown, json_out=json_out)
 

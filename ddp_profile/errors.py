@@ -61,10 +61,6 @@ class BadRunDir(DdpProfileError):
     exit_code = ExitCode.BAD_RUN_DIR
 
 
-class Inconclusive(DdpProfileError):
-    exit_code = ExitCode.INCONCLUSIVE
-
-
 class Incomparable(DdpProfileError):
     exit_code = ExitCode.INCOMPARABLE
 

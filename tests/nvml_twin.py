@@ -152,7 +152,8 @@ class TwinDevice:
     lost: bool = False
 
     def __post_init__(self) -> None:
-        self.pci_bus_id = normalize_bus_id(self.pci_bus_id or f"00000000:{0x18 + 0x10 * self.index:02X}:00.0")
+        default_bus_id = f"00000000:{0x18 + 0x10 * self.index:02X}:00.0"
+        self.pci_bus_id = normalize_bus_id(self.pci_bus_id or default_bus_id)
         self.uuid = self.uuid or f"GPU-00000000-0000-0000-0000-{self.index:012d}"
 
     def push_util(self, t_us: int, value: int) -> None:
@@ -176,8 +177,8 @@ class NvmlTwin:
 
     NVMLError = NVMLError
 
-    def __init__(self, devices: Optional[list[TwinDevice]] = None, *, driver_version: str = "550.54.15",
-                 init_error: Optional[int] = None):
+    def __init__(self, devices: Optional[list[TwinDevice]] = None, *,
+                 driver_version: str = "550.54.15", init_error: Optional[int] = None):
         self.devices = list(devices or [])
         self.driver_version = driver_version
         self.init_error = init_error
@@ -204,7 +205,8 @@ class NvmlTwin:
 
     def __dir__(self) -> list[str]:
         module = sys.modules[__name__]
-        return sorted(set(super().__dir__()) | {n for n in dir(module) if n.startswith(("NVML_", "NVMLError"))})
+        constants = {n for n in dir(module) if n.startswith(("NVML_", "NVMLError"))}
+        return sorted(set(super().__dir__()) | constants)
 
     # -- session and system --------------------------------------------------------------
     def nvmlInit(self) -> None:
@@ -274,7 +276,8 @@ class NvmlTwin:
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any) -> _Obj:
         dev = self._device(handle, "nvmlDeviceGetMemoryInfo")
-        return _Obj(total=dev.memory_total, used=dev.memory_used, free=dev.memory_total - dev.memory_used)
+        return _Obj(total=dev.memory_total, used=dev.memory_used,
+                    free=dev.memory_total - dev.memory_used)
 
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
         return self._device(handle, "nvmlDeviceGetPowerUsage").power_mw
@@ -301,7 +304,8 @@ class NvmlTwin:
         last = dev.util_samples[-1][1] if dev.util_samples else 0
         return _Obj(gpu=last, memory=0)
 
-    def nvmlDeviceGetSamples(self, handle: Any, sampling_type: int, last_seen_us: int) -> tuple[int, list]:
+    def nvmlDeviceGetSamples(self, handle: Any, sampling_type: int,
+                             last_seen_us: int) -> tuple[int, list]:
         """Samples newer than ``last_seen_us``; NOT_FOUND when there are none (as NVML does)."""
         dev = self._device(handle, "nvmlDeviceGetSamples")
         if sampling_type != NVML_GPU_UTILIZATION_SAMPLES:
@@ -350,12 +354,14 @@ class NvmlTwin:
     def nvmlGpmMetricsGet(self, metrics_get: Any) -> Any:
         self._require_init()
         s1, s2 = metrics_get.sample1, metrics_get.sample2
-        if s1 is None or s2 is None or s1.serial is None or s2.serial is None or s1.serial >= s2.serial:
+        if s1 is None or s2 is None or s1.serial is None or s2.serial is None \
+                or s1.serial >= s2.serial:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         dev = self._device(s2.device, "nvmlGpmMetricsGet")
         for metric in metrics_get.metrics[: metrics_get.numMetrics]:
             if metric.metricId in dev.gpm_values:
-                metric.value, metric.nvmlReturn = float(dev.gpm_values[metric.metricId]), NVML_SUCCESS
+                metric.value = float(dev.gpm_values[metric.metricId])
+                metric.nvmlReturn = NVML_SUCCESS
             else:
                 metric.value, metric.nvmlReturn = 0.0, NVML_ERROR_NOT_SUPPORTED
         return metrics_get

@@ -8,22 +8,34 @@ requested output, so CI gets its JUnit and Markdown even when the gate fails.
 from __future__ import annotations
 
 import json
-import os
+import math
+import statistics
 import sys
-import tempfile
 from typing import Any, Mapping, Optional, Union
 
 from rich.console import Console
 
 from ddp_profile.errors import ExitCode, Incomparable, UsageError
-from ddp_profile.profiler.store.baseline import (COMPARED_KEYS, GateSide, config_label,
-                                           environment_differences, export_baseline, load_side)
-from ddp_profile.profiler.settings import SETTING_KEYS, parse_bool
+from ddp_profile.profiler.settings import SETTING_KEYS, config_label, parse_bool
+from ddp_profile.profiler.store.atomic import write_text_atomic
+from ddp_profile.profiler.store.baseline import (
+    COMPARED_KEYS,
+    GateSide,
+    environment_differences,
+    export_baseline,
+    load_side,
+)
 from ddp_profile.profiler.store.results import load_run
 from ddp_profile.reports import ci
-from ddp_profile.rules.regression import (INCONCLUSIVE, PASS, REGRESSION, Comparison,
-                                          GateResult, compare, compare_launches,
-                                          detectability_warning, launch_warning)
+from ddp_profile.rules.gate.verdict import (
+    INCONCLUSIVE,
+    PASS,
+    REGRESSION,
+    Comparison,
+    GateResult,
+    compare,
+    compare_launches,
+)
 
 ConfigArg = Union[None, str, Mapping[str, Any]]
 _EXIT = {PASS: ExitCode.OK, REGRESSION: ExitCode.REGRESSION,
@@ -81,28 +93,21 @@ def build_result(baseline: GateSide, current: GateSide, *, max_regression: float
     verdict = compare_launches(baseline.launches or [baseline.samples],
                                current.launches or [current.samples],
                                max_regression=max_regression, alpha=alpha)
-    reach = detectability_warning(verdict)
-    if reach:
-        warnings.append(reach)
-    launches = launch_warning(verdict)
-    if launches:
-        warnings.append(launches)
+    warnings += [w for w in (ci.detectability_warning(verdict), ci.launch_warning(verdict)) if w]
     comparison = Comparison(config=dict(baseline.config), label=config_label(baseline.config),
                             baseline_probe_id=baseline.probe_id,
                             current_probe_id=current.probe_id,
                             baseline_median=_median(baseline.samples),
                             current_median=_median(current.samples), verdict=verdict)
     return GateResult(baseline=baseline.describe(), current=current.describe(),
-                      comparisons=[comparison], max_regression=max_regression, alpha=alpha,
-                      warnings=warnings)
+                      comparison=comparison, max_regression=max_regression, alpha=alpha,
+                      warnings=tuple(warnings))
 
 
 def _median(values: list[float]) -> float:
-    ordered = sorted(v for v in values if v == v)
-    if not ordered:
-        return float("nan")
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    """The median of the samples that are numbers (NaN when none is)."""
+    finite = [v for v in values if v == v]
+    return statistics.median(finite) if finite else math.nan
 
 
 def _write_text(path: str, text: str, what: str) -> None:
@@ -110,15 +115,8 @@ def _write_text(path: str, text: str, what: str) -> None:
     if path == "-":
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return
-    directory = os.path.dirname(os.path.abspath(path))
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".ddp-profile-", dir=directory)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; outputs are meant to be shared
-        os.replace(tmp, path)
+        write_text_atomic(path, text)
     except OSError as exc:
         raise UsageError(f"cannot write the {what} to {path}: {exc.strerror or exc}") from None
 
@@ -161,17 +159,7 @@ def baseline_warnings(samples: list[float], max_regression: float = 0.05) -> lis
     and the same spread would get, so its ``min_detectable`` and ``steps_needed`` are what such
     a gate could see, before any current run exists.
     """
-    verdict = compare(samples, samples, max_regression=max_regression)
-    if verdict.status == INCONCLUSIVE:
-        return [f"the baseline holds only {verdict.n_baseline} usable step(s): the gate needs "
-                f"at least 8 on each side and stays inconclusive"]
-    if verdict.steps_needed is None:
-        return []
-    return [f"the baseline holds {verdict.n_baseline} steps: with as many in the current run the "
-            f"gate could only see a slowdown of {verdict.min_detectable * 100:.1f} % or more "
-            f"(95 % power, {max_regression * 100:g} % tolerance); export it from a run with "
-            f"about {verdict.steps_needed} steps (steps = {verdict.steps_needed}) and measure "
-            f"as many in CI"]
+    return ci.baseline_warnings(compare(samples, samples, max_regression=max_regression))
 
 
 def run_baseline_export(run_dir: str, out_path: str, config: ConfigArg = None,

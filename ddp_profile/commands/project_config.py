@@ -25,10 +25,10 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ddp_profile.errors import UsageError
-from ddp_profile.profiler.settings import parse_bool_list, parse_int_list
+from ddp_profile.profiler.settings import AXIS_MINIMUM, parse_bool_list, parse_int_list
 
 DEDICATED_FILE = "ddp-profile.toml"
 PYPROJECT_FILE = "pyproject.toml"
@@ -37,7 +37,6 @@ TOOL_TABLE = "ddp-profile"
 RUN_DEFAULTS: Mapping[str, Any] = {"launcher": "torchrun", "steps": 30, "warmup": 5,
                                    "search": "adaptive", "ceiling": True, "repeat": 1}
 _CHOICES = {"launcher": ("torchrun", "none"), "search": ("adaptive", "grid")}
-_AXES = {"num_workers": 0, "prefetch_factor": 1, "batch_size": 1}  # int axes and minimum
 _PATH_KEYS = ("script", "out", "baseline")
 # Signs of a [tool.ddp-profile] table, for deciding without a TOML parser (Python < 3.11).
 _TOOL_TABLE_RE = re.compile(r"""(?m)^\s*\[?\s*tool\s*\.\s*["']?ddp-profile\b""")
@@ -173,7 +172,7 @@ def _axis_text(key: str, value: Any) -> str:
     if key == "pin_memory":
         parse_bool_list(key, text)
     else:
-        parse_int_list(key, text, _AXES[key])
+        parse_int_list(key, text, AXIS_MINIMUM[key])
     return text
 
 
@@ -209,6 +208,24 @@ def validate(table: Mapping[str, Any], where: str, directory: str = ".") -> dict
         if key in values and not os.path.isabs(values[key]):
             values[key] = os.path.normpath(os.path.join(directory, values[key]))
     return values
+
+
+def check_command_line(values: Mapping[str, Any], keys: Sequence[str]) -> None:
+    """The file's checks (the one place for ranges and choices) on command-line values.
+
+    ``None`` means not given. Raises ``UsageError`` naming the option: ``--steps: 0 is below
+    the minimum of 1``.
+    """
+    for key in keys:
+        if values.get(key) is None:
+            continue
+        try:
+            _CHECKS[key](key, values[key])
+        except ValueError as exc:
+            message = str(exc)
+            if message.startswith(f"{key}:"):
+                message = message[len(key) + 1:]
+            raise UsageError(f"--{key.replace('_', '-')}:{message}") from None
 
 
 # ---- merging ----------------------------------------------------------------------------------

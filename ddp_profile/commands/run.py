@@ -16,17 +16,16 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
-from ddp_profile.errors import (BadRunDir, Interrupted, ScriptInvalid, ScriptNotFound,
-                                UsageError)
+from ddp_profile.errors import BadRunDir, Interrupted, ScriptInvalid, ScriptNotFound, UsageError
+from ddp_profile.profiler.store.results import Run, load_run, read_probe_dir
+from ddp_profile.profiler.store.rundir import RunDir
+from ddp_profile.profiler.store.summary import build_summary
 from ddp_profile.profiler.sweep import allocation
 from ddp_profile.profiler.sweep.coordinate import Coordinator, coordinator_address
 from ddp_profile.profiler.sweep.launch import LaunchSpec
-from ddp_profile.profiler.store.results import Run, load_run, read_probe_dir
-from ddp_profile.profiler.store.rundir import RunDir
-from ddp_profile.profiler.sweep.space import SearchSpace
-from ddp_profile.profiler.store.summary import build_summary
 from ddp_profile.profiler.sweep.measure import follow
 from ddp_profile.profiler.sweep.search import Sweep, SweepOptions
+from ddp_profile.profiler.sweep.space import SearchSpace
 from ddp_profile.reports.console import ConsoleProgress, print_summary
 
 
@@ -41,7 +40,6 @@ class RunRequest:
     options: SweepOptions
     torchrun_args: tuple[str, ...] = ()
     local_rank_flag: Optional[str] = None
-    report: bool = True
 
 
 def check_script(path: str) -> None:
@@ -58,7 +56,8 @@ def check_script(path: str) -> None:
 
 
 def detect_local_rank_flag(path: str) -> Optional[str]:
-    """Scripts written for ``torch.distributed.launch`` declare ``--local_rank``/``--local-rank``."""
+    """The ``--local_rank`` / ``--local-rank`` flag a ``torch.distributed.launch`` script
+    declares, if any."""
     with open(path, encoding="utf-8", errors="replace") as handle:
         source = handle.read()
     for flag in ("--local_rank", "--local-rank"):
@@ -111,8 +110,8 @@ def default_out_dir(script: str) -> str:
 
 
 def spec_from_meta(meta: dict[str, Any]) -> LaunchSpec:
-    extra: tuple[tuple[str, str], ...] = (("DDP_PROFILE_LOCAL_RANK_FLAG", meta["local_rank_flag"]),) \
-        if meta.get("local_rank_flag") else ()
+    flag = meta.get("local_rank_flag")
+    extra: tuple[tuple[str, str], ...] = (("DDP_PROFILE_LOCAL_RANK_FLAG", flag),) if flag else ()
     if meta.get("allocation"):
         extra += tuple(allocation.Allocation(**meta["allocation"]).rank_env().items())
     return LaunchSpec(script=meta["script"], script_args=tuple(meta.get("script_args", [])),

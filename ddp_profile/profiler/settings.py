@@ -11,7 +11,7 @@ import bisect
 import json
 import os
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 ENV_ACTIVE = "DDP_PROFILE"  # "1" in every process of a probe; the hook does nothing without it
 ENV_PLAN = "DDP_PROFILE_PLAN"  # JSON ProbePlan
@@ -19,6 +19,7 @@ ENV_PROBE_TAG = "DDP_PROFILE_PROBE_TAG"  # unique per probe launch: finds strays
 ENV_HARNESS_PID = "DDP_PROFILE_HARNESS_PID"  # probe processes exit if this process dies
 
 SETTING_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "batch_size")
+AXIS_MINIMUM = {"num_workers": 0, "prefetch_factor": 1, "batch_size": 1}  # the integer settings
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,18 @@ class LoaderSettings:
                 continue
             parts.append(f"{short}={str(value).lower() if isinstance(value, bool) else value}")
         return " ".join(parts) or "script defaults"
+
+
+def config_label(config: Optional[Mapping[str, Any]]) -> str:
+    """``w=4 pin=true pf=2 bs=64``: the tool's one short label of a configuration.
+
+    Keys beyond the loader settings follow as ``key=value``; no settings at all read
+    ``script defaults``.
+    """
+    config = dict(config or {})
+    label = LoaderSettings.from_dict(config).label()
+    extra = [f"{k}={v}" for k, v in config.items() if k not in SETTING_KEYS]
+    return " ".join([label] + extra) if extra else label
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """The gate's outputs for CI: a console table, JUnit XML, Markdown and JSON.
 
-Every renderer takes the plain ``GateResult`` built by the gate (``rules.regression``) and
-only formats it; nothing here measures or decides.
+Every renderer takes the plain ``GateResult`` built by the gate (``rules.gate``) and only
+formats it; nothing here measures or decides. All of the gate's wording lives here: the
+verdict's reason (:func:`reason`), the warnings under it (:func:`detectability_warning`,
+:func:`launch_warning`, :func:`baseline_warnings`), and the tables.
 
 - JUnit: one ``<testsuite>`` (inside ``<testsuites>``), one ``<testcase>`` per compared
   configuration; ``<failure>`` on a regression, ``<skipped>`` when inconclusive.
@@ -24,8 +26,18 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ddp_profile.rules.regression import (INCONCLUSIVE, PASS, REGRESSION, Comparison,
-                                          GateResult)
+from ddp_profile.rules.gate.statistics import REACH_FACTOR
+from ddp_profile.rules.gate.verdict import (
+    BEYOND,
+    INCONCLUSIVE,
+    NOT_SIGNIFICANT,
+    PASS,
+    REGRESSION,
+    TOO_FEW,
+    Comparison,
+    GateResult,
+    Verdict,
+)
 
 GITHUB_SUMMARY_LIMIT = 1024 * 1024  # bytes GitHub accepts in one step's summary
 ENV_ROWS = ("device", "world_size", "torch_version", "cpu_model", "gpu_name", "hostname")
@@ -65,6 +77,89 @@ def _p(value: Any) -> str:
     return f"{value:.2g}" if _finite(value) else "-"
 
 
+def _percent(change: float) -> str:
+    return f"{change * 100:+.1f} %"
+
+
+def _step_reason(verdict: Verdict) -> str:
+    if verdict.basis == TOO_FEW:
+        return (f"too few samples to decide: {verdict.n_baseline} baseline, "
+                f"{verdict.n_current} current step(s), need {verdict.min_samples} each")
+    tolerance = f"the {verdict.max_regression * 100:g} % tolerance"
+    change = (f"ratio (Hodges-Lehmann) {_percent(verdict.ratio - 1)} "
+              f"({verdict.confidence * 100:g} % CI {_percent(verdict.ratio_ci_low - 1)} .. "
+              f"{_percent(verdict.ratio_ci_high - 1)})")
+    p, alpha = verdict.p_value, verdict.alpha
+    if verdict.basis == BEYOND:
+        return f"slower beyond {tolerance}: {change}, p={p:.2g} < {alpha:g}"
+    if verdict.basis == NOT_SIGNIFICANT:
+        return f"no significant slowdown: {change}, p={p:.2g} >= {alpha:g}"
+    return f"slowdown not shown beyond {tolerance}: {change}, p={p:.2g}"
+
+
+def reason(verdict: Verdict) -> str:
+    """One line saying why the verdict is what it is (the launch check included)."""
+    steps = _step_reason(verdict)
+    check = verdict.launch
+    if check is None:
+        return steps
+    launches = (f"launch medians {_percent(check.ratio - 1)} "
+                f"({check.n_baseline} / {check.n_current} launches)")
+    if check.overruled:
+        return (f"{launches}: not beyond the {verdict.max_regression * 100:g} % tolerance, "
+                f"though the pooled steps are ({steps})")
+    return f"{steps}; {launches}"
+
+
+def detectability_warning(verdict: Verdict) -> Optional[str]:
+    """One line when ``verdict.min_detectable`` is beyond reach, naming the steps needed."""
+    if verdict.steps_needed is None or not math.isfinite(verdict.min_detectable):
+        return None
+    steps = verdict.steps_needed
+    text = (f"this comparison can only see a slowdown of {verdict.min_detectable * 100:.1f} % "
+            f"or more (95 % power), over {REACH_FACTOR:g}x the "
+            f"{verdict.max_regression * 100:g} % tolerance: measure about {steps} steps per "
+            f"side (steps = {steps})")
+    if verdict.n_baseline < steps:
+        text += (f"; the baseline holds only {verdict.n_baseline}, so re-make it from a run "
+                 f"with that many")
+    return text
+
+
+def launch_warning(verdict: Verdict) -> Optional[str]:
+    """One line when the launch-to-launch variation is unmeasured, or too large for the
+    tolerance with this many launches; None otherwise (and when inconclusive)."""
+    if verdict.status == INCONCLUSIVE:
+        return None
+    check = verdict.launch
+    if check is None:
+        return ("a single launch on at least one side: how much launches of unchanged code "
+                "differ on this machine is not measured, and a launch that runs slow or fast "
+                "as a whole can pass for a change; measure 3 or more per side "
+                "(ddp-profile run --repeat 3, docs/ci.md)")
+    if check.launches_needed is None:
+        return None
+    return (f"launches of the same configuration differ by {check.spread * 100:.1f} % (SD of "
+            f"their medians): with {min(verdict.launches_baseline, verdict.launches_current)} "
+            f"per side, unchanged code fails this gate about {check.false_alarm_risk * 100:.1f} "
+            f"% of the time; measure {check.launches_needed} per side "
+            f"(--repeat {check.launches_needed}) or loosen the tolerance")
+
+
+def baseline_warnings(verdict: Verdict) -> list[str]:
+    """What a baseline compared with itself (``verdict``) says about the gate it can support."""
+    if verdict.status == INCONCLUSIVE:
+        return [f"the baseline holds only {verdict.n_baseline} usable step(s): the gate needs "
+                f"at least {verdict.min_samples} on each side and stays inconclusive"]
+    if verdict.steps_needed is None:
+        return []
+    return [f"the baseline holds {verdict.n_baseline} steps: with as many in the current run the "
+            f"gate could only see a slowdown of {verdict.min_detectable * 100:.1f} % or more "
+            f"(95 % power, {verdict.max_regression * 100:g} % tolerance); export it from a run "
+            f"with about {verdict.steps_needed} steps (steps = {verdict.steps_needed}) and "
+            f"measure as many in CI"]
+
+
 def _rows(result: GateResult) -> list[dict[str, str]]:
     """The comparison table as strings, shared by the console and Markdown renderers."""
     return [{"config": c.label, "baseline": _rate(c.baseline_median),
@@ -72,12 +167,12 @@ def _rows(result: GateResult) -> list[dict[str, str]]:
              "interval": _interval(c), "p": _p(c.verdict.p_value),
              "detectable": _detectable(c),
              "steps": f"{c.verdict.n_baseline} / {c.verdict.n_current}",
-             "status": c.verdict.status, "reason": c.verdict.reason}
-            for c in result.comparisons]
+             "status": c.verdict.status, "reason": reason(c.verdict)}
+            for c in [result.comparison]]
 
 
 def _confidence(result: GateResult) -> float:
-    return result.comparisons[0].verdict.confidence if result.comparisons else 0.90
+    return result.comparison.verdict.confidence
 
 
 def _headline(result: GateResult) -> str:
@@ -106,9 +201,9 @@ def render_console(result: GateResult, console: Optional[Console] = None) -> Non
                       row["detectable"],
                       f"[{_STATUS_STYLE[status]}]{_STATUS_WORD[status]}[/]")
     console.print(table)
-    for comparison in result.comparisons:
-        console.print(f"{comparison.label}: {comparison.verdict.reason}", markup=False,
-                      highlight=False)
+    comparison = result.comparison
+    console.print(f"{comparison.label}: {reason(comparison.verdict)}", markup=False,
+                  highlight=False)
     for warning in result.warnings:
         console.print(f"warning: {warning}", style="yellow", markup=False, highlight=False)
 
@@ -130,12 +225,12 @@ def _details(result: GateResult, comparison: Comparison) -> str:
         + (f"; launch medians {_change(verdict.launch.ratio)}, spread "
            f"{verdict.launch.spread * 100:.1f} %, false-alarm risk "
            f"{verdict.launch.false_alarm_risk * 100:.1f} %" if verdict.launch else ""),
-        f"verdict: {verdict.status}: {verdict.reason}"])
+        f"verdict: {verdict.status}: {reason(verdict)}"])
 
 
 def junit_xml(result: GateResult) -> str:
     """JUnit XML: one testsuite, one testcase per compared configuration."""
-    statuses = [c.verdict.status for c in result.comparisons]
+    statuses = [result.status]
     suites = ET.Element("testsuites", name="ddp-profile gate")
     suite = ET.SubElement(suites, "testsuite", name="ddp-profile gate",
                           tests=str(len(statuses)), failures=str(statuses.count(REGRESSION)),
@@ -145,17 +240,17 @@ def junit_xml(result: GateResult) -> str:
                         ("current", result.current.get("source")),
                         ("max_regression", result.max_regression), ("alpha", result.alpha)):
         ET.SubElement(properties, "property", name=name, value=_xml_text(value))
-    for comparison in result.comparisons:
-        verdict = comparison.verdict
-        case = ET.SubElement(suite, "testcase", classname="ddp_profile.gate",
-                             name=_xml_text(f"throughput [{comparison.label}]"), time="0")
-        if verdict.status == REGRESSION:
-            failure = ET.SubElement(case, "failure", type="ThroughputRegression",
-                                    message=_xml_text(verdict.reason))
-            failure.text = _xml_text(_details(result, comparison))
-        elif verdict.status == INCONCLUSIVE:
-            ET.SubElement(case, "skipped", message=_xml_text(verdict.reason))
-        ET.SubElement(case, "system-out").text = _xml_text(_details(result, comparison))
+    comparison = result.comparison
+    verdict = comparison.verdict
+    case = ET.SubElement(suite, "testcase", classname="ddp_profile.gate",
+                         name=_xml_text(f"throughput [{comparison.label}]"), time="0")
+    if verdict.status == REGRESSION:
+        failure = ET.SubElement(case, "failure", type="ThroughputRegression",
+                                message=_xml_text(reason(verdict)))
+        failure.text = _xml_text(_details(result, comparison))
+    elif verdict.status == INCONCLUSIVE:
+        ET.SubElement(case, "skipped", message=_xml_text(reason(verdict)))
+    ET.SubElement(case, "system-out").text = _xml_text(_details(result, comparison))
     if result.warnings:
         ET.SubElement(suite, "system-err").text = _xml_text("\n".join(result.warnings))
     ET.indent(suites)
@@ -192,7 +287,7 @@ def markdown(result: GateResult, limit_bytes: int = GITHUB_SUMMARY_LIMIT - 4096)
              f"Hodges-Lehmann throughput ratio (current / baseline, from all pairs of steps) "
              f"lies wholly below -{result.max_regression * 100:g} %"
              + (" **and**, with several launches a side, the Hodges-Lehmann shift of the "
-                "launch medians does too" if any(c.verdict.launch for c in result.comparisons)
+                "launch medians does too" if result.comparison.verdict.launch
                 else "")
              + ". *Detectable* is the slowdown this comparison would flag with 95 % power.", ""]
     header = ["Config", "Baseline samples/s", "Current samples/s", "Change",
@@ -201,8 +296,8 @@ def markdown(result: GateResult, limit_bytes: int = GITHUB_SUMMARY_LIMIT - 4096)
     rows = [[r["config"], r["baseline"], r["current"], r["change"], r["interval"], r["p"],
              r["detectable"], r["steps"], f"{_STATUS_ICON[r['status']]} {r['status']}"]
             for r in _rows(result)]
-    tail = [""] + [f"- **{_md_cell(c.label)}**: {_md_cell(c.verdict.reason)}"
-                   for c in result.comparisons]
+    comparison = result.comparison
+    tail = ["", f"- **{_md_cell(comparison.label)}**: {_md_cell(reason(comparison.verdict))}"]
     tail += [f"- warning: {_md_cell(w)}" for w in result.warnings]
     tail += [""] + _environment_lines(result) + [""]
     text = "\n".join(lines + _md_table(header, rows) + tail)
@@ -222,14 +317,14 @@ def _comparison_dict(comparison: Comparison) -> dict[str, Any]:
                 comparison.baseline_median) else None,
             "current_median": comparison.current_median if _finite(
                 comparison.current_median) else None,
-            "verdict": comparison.verdict.to_dict()}
+            "verdict": {**comparison.verdict.to_dict(), "reason": reason(comparison.verdict)}}
 
 
 def to_json(result: GateResult) -> dict[str, Any]:
     """The gate's result as a JSON-ready dict (no NaN: missing numbers are null)."""
     return {"status": result.status, "max_regression": result.max_regression,
             "alpha": result.alpha, "baseline": result.baseline, "current": result.current,
-            "comparisons": [_comparison_dict(c) for c in result.comparisons],
+            "comparisons": [_comparison_dict(result.comparison)],
             "warnings": list(result.warnings)}
 
 

@@ -7,15 +7,11 @@ import sys
 import time
 from typing import Any, Optional
 
-from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.settings import config_label
 
 
 def _fmt_tp(value: Optional[float]) -> str:
     return f"{value:,.1f} samples/s" if value else "-"
-
-
-def config_label(config: Optional[dict[str, Any]]) -> str:
-    return LoaderSettings.from_dict(config).label() if config else "script defaults"
 
 
 class ConsoleProgress:
@@ -52,8 +48,13 @@ class ConsoleProgress:
     def _start_bar(self) -> None:
         if not self.tty or self._bar is not None:
             return
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeRemainingColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
 
         self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                              TimeRemainingColumn(), transient=True)

@@ -23,11 +23,12 @@ import plotly.graph_objects as go
 import plotly.io as pio
 import plotly.offline
 
+from ddp_profile.profiler.settings import SETTING_KEYS
+from ddp_profile.profiler.store.atomic import write_text_atomic
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.reports import figures
+from ddp_profile.rules.base import SEVERITIES
 
-SETTINGS = ("num_workers", "pin_memory", "prefetch_factor", "batch_size")
-SEVERITIES = ("high", "medium", "low")
 FULL_DETAIL_PROBES = 6      # runs up to this size get full-resolution timelines for every probe
 COARSE_POINTS = 100         # points per rank for the other probes' timelines in bigger runs
 ENVIRONMENT_LABELS = (("torch_version", "torch"), ("cuda_version", "CUDA"),
@@ -85,7 +86,7 @@ def fmt(value: Any, spec: str = "", suffix: str = "", missing: str = "–") -> s
 def settings_text(config: Optional[dict[str, Any]]) -> str:
     if not config:
         return "–"
-    return ", ".join(f"{k}={fmt(config.get(k), missing='default')}" for k in SETTINGS
+    return ", ".join(f"{k}={fmt(config.get(k), missing='default')}" for k in SETTING_KEYS
                      if k in config)
 
 
@@ -105,7 +106,7 @@ def probe_roles(run: Run) -> dict[str, str]:
         ok = probes[(probes["status"] == "ok") & (probes["kind"] != "ceiling")]
         matches = [row for row in ok.to_dict("records")
                    if all(_same(row.get(k), recommended.get(k)) for k in recommended
-                          if k in SETTINGS)]
+                          if k in SETTING_KEYS)]
         if matches:
             best = max(matches, key=lambda r: -1 if _missing(r["throughput"])
                        else r["throughput"])
@@ -185,8 +186,8 @@ def _cell(text: str, sort: Any = None) -> dict[str, Any]:
 
 def build_table(run: Run, roles: dict[str, str]) -> dict[str, Any]:
     """Every probe as a row of display text plus a sort key per column."""
-    columns = ["probe", "role", "status", "num_workers", "pin_memory", "prefetch_factor",
-               "batch_size", "samples/s", "% of ceiling", "data wait", "wall s"]
+    columns = ["probe", "role", "status", *SETTING_KEYS, "samples/s", "% of ceiling",
+               "data wait", "wall s"]
     rows = []
     for row in run.probes.to_dict("records"):
         pid = str(row["id"])
@@ -194,7 +195,7 @@ def build_table(run: Run, roles: dict[str, str]) -> dict[str, Any]:
             _cell(pid), _cell(roles.get(pid, row.get("kind") or "")),
             _cell(str(row.get("status"))),
             *[_cell(fmt(row.get(k), missing="default"),
-                    None if _missing(row.get(k)) else float(row[k])) for k in SETTINGS],
+                    None if _missing(row.get(k)) else float(row[k])) for k in SETTING_KEYS],
             _cell(fmt(row["throughput"], ",.1f"), row["throughput"]),
             _cell(fmt(row["score"], ".0%"), row["score"]),
             _cell(fmt(row["data_wait_fraction"], ".0%"), row["data_wait_fraction"]),
@@ -279,7 +280,8 @@ def build_probe_details(run: Run, roles: dict[str, str],
                         "label": label + (f" ({roles[pid]})" if pid in roles else ""),
                         "figures": probe_detail_figures(
                             steps_of.get(pid, run.steps.iloc[:0]),
-                            samples_of.get(pid, run.samples.iloc[:0]), pid, gpu, figures.MAX_POINTS if full else COARSE_POINTS)})
+                            samples_of.get(pid, run.samples.iloc[:0]), pid, gpu,
+                            figures.MAX_POINTS if full else COARSE_POINTS)})
     return details
 
 
@@ -333,9 +335,5 @@ def render_report(run: Run, findings: Optional[list[dict[str, Any]]] = None) -> 
 
 def write_report(run: Run, path: str, findings: Optional[list[dict[str, Any]]] = None) -> str:
     """Render the report and write it atomically to ``path``; return ``path``."""
-    html = render_report(run, findings)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(html)
-    os.replace(tmp, path)
+    write_text_atomic(path, render_report(run, findings))
     return path

@@ -20,20 +20,11 @@ from typing import Any, Callable, Iterable, Optional
 
 import pandas as pd
 
+from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.profiler.sweep.choose import ChoiceThresholds
 
 SEVERITIES = ("high", "medium", "low")
-
-# Other spellings a sampler may use for the same metric; the first present column wins.
-METRIC_ALIASES: dict[str, tuple[str, ...]] = {
-    "cpu_percent": ("cpu_percent", "host_cpu_percent"),
-    "worker_cpu_percent": ("worker_cpu_percent", "workers_cpu_percent"),
-    "iowait_percent": ("iowait_percent", "cpu_iowait_percent"),
-    "gpu_util_percent": ("gpu_util_percent", "gpu_utilization_percent"),
-    "gpu_mem_used_bytes": ("gpu_mem_used_bytes", "memory_used_bytes", "gpu_mem_used"),
-    "gpu_mem_total_bytes": ("gpu_mem_total_bytes", "memory_total_bytes", "gpu_mem_total"),
-}
 
 
 @dataclass(frozen=True)
@@ -171,11 +162,10 @@ def metric(run: Run, probe_id: str, source: str, name: str) -> Optional[pd.Serie
     samples = run.samples
     if samples is None or samples.empty or "probe_id" not in samples or "source" not in samples:
         return None
-    column = next((c for c in METRIC_ALIASES.get(name, (name,)) if c in samples), None)
-    if column is None:
+    if name not in samples:
         return None
     rows = samples[(samples["probe_id"] == probe_id) & (samples["source"] == source)]
-    values = pd.to_numeric(rows[column], errors="coerce").dropna()
+    values = pd.to_numeric(rows[name], errors="coerce").dropna()
     return None if values.empty else values
 
 
@@ -235,7 +225,7 @@ def cpus_available(run: Run, probe_id: str) -> Optional[int]:
 def describe_config(probe: pd.Series) -> str:
     """``num_workers=4, pin_memory=True, prefetch_factor=2, batch_size=64`` for a probe row."""
     parts = []
-    for key in ("num_workers", "pin_memory", "prefetch_factor", "batch_size"):
+    for key in SETTING_KEYS:
         value = probe.get(key)
         if value is not None and not (isinstance(value, float) and math.isnan(value)):
             parts.append(f"{key}={int(value) if isinstance(value, float) else value}")

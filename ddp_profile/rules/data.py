@@ -11,10 +11,26 @@ from typing import Optional
 import pandas as pd
 
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.rules.base import (Finding, Thresholds, as_int, baseline_probe, cpus_available,
-                                    data_wait, describe_config, finite, is_data_bound,
-                                    loader_info, local_ranks, metric, metric_median, ms,
-                                    ok_probes, pct, probe_context, probe_steps)
+from ddp_profile.rules.base import (
+    Finding,
+    Thresholds,
+    as_int,
+    baseline_probe,
+    cpus_available,
+    data_wait,
+    describe_config,
+    finite,
+    is_data_bound,
+    loader_info,
+    local_ranks,
+    metric,
+    metric_median,
+    ms,
+    ok_probes,
+    pct,
+    probe_context,
+    probe_steps,
+)
 
 
 @dataclass(frozen=True)

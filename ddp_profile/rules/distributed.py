@@ -10,8 +10,19 @@ from typing import Any, Optional
 import pandas as pd
 
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.rules.base import (Finding, Thresholds, baseline_probe, events_named, loader_info,
-                                    ms, ok_probes, pct, probe_context, probe_steps, world_size)
+from ddp_profile.rules.base import (
+    Finding,
+    Thresholds,
+    baseline_probe,
+    events_named,
+    loader_info,
+    ms,
+    ok_probes,
+    pct,
+    probe_context,
+    probe_steps,
+    world_size,
+)
 
 
 def _per_rank_table(steps: pd.DataFrame, column: str) -> pd.DataFrame:

@@ -11,10 +11,23 @@ from typing import Optional
 import pandas as pd
 
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.rules.base import (Finding, Thresholds, as_int, baseline_probe, data_wait,
-                                    describe_config, events_named, finite, is_data_bound,
-                                    loader_info, metric, metric_median, ok_probes, pct,
-                                    probe_context)
+from ddp_profile.rules.base import (
+    Finding,
+    Thresholds,
+    as_int,
+    baseline_probe,
+    data_wait,
+    describe_config,
+    events_named,
+    finite,
+    is_data_bound,
+    loader_info,
+    metric,
+    metric_median,
+    ok_probes,
+    pct,
+    probe_context,
+)
 
 TWIN_KEYS = ("num_workers", "prefetch_factor", "batch_size")
 

@@ -10,8 +10,17 @@ from typing import Optional
 import pandas as pd
 
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.rules.base import (Finding, Thresholds, as_int, baseline_probe, cpus_available,
-                                    local_ranks, ms, pct, probe_steps)
+from ddp_profile.rules.base import (
+    Finding,
+    Thresholds,
+    as_int,
+    baseline_probe,
+    cpus_available,
+    local_ranks,
+    ms,
+    pct,
+    probe_steps,
+)
 
 
 def worker_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Finding]:

@@ -24,9 +24,18 @@ from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.profiler.sweep.choose import Candidate, compute_bound
 from ddp_profile.profiler.sweep.choose import choose as choose_candidate
-from ddp_profile.rules.base import (Thresholds, as_int, baseline_probe, ceiling_probe,
-                                    cpus_available, data_wait, finite, ok_probes, pct,
-                                    probe_steps)
+from ddp_profile.rules.base import (
+    Thresholds,
+    as_int,
+    baseline_probe,
+    ceiling_probe,
+    cpus_available,
+    data_wait,
+    finite,
+    ok_probes,
+    pct,
+    probe_steps,
+)
 from ddp_profile.rules.data import cpu_load
 
 CONFIG_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "batch_size")

@@ -13,8 +13,13 @@ import plotly.graph_objects as go
 import pytest
 
 from ddp_profile.reports import figures
-from ddp_profile.reports.html import (build_report_data, plotly_js, render_report,
-                                      template_env, write_report)
+from ddp_profile.reports.html import (
+    build_report_data,
+    plotly_js,
+    render_report,
+    template_env,
+    write_report,
+)
 from tests.reports import fixtures
 from tests.reports.conftest import make_run
 

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 import pandas as pd
 
+from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.results import PROBE_COLUMNS, STEP_COLUMNS, Run
 
 Value = Union[float, None, Callable[[int, int], Optional[float]]]
@@ -127,8 +128,7 @@ class RunBuilder:
                 row[key] = float("nan") if row[key] is None else float(row[key])
         summary = {**self.summary, "probes": [
             {"id": p["id"], "kind": p["kind"], "status": p["status"],
-             "config": {k: p[k] for k in ("num_workers", "pin_memory", "prefetch_factor",
-                                          "batch_size")},
+             "config": {k: p[k] for k in SETTING_KEYS},
              "throughput": p["throughput"]} for p in probes]}
         return Run(path="<memory>", meta={}, summary=summary,
                    probes=pd.DataFrame(rows, columns=PROBE_COLUMNS), steps=steps,

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from ddp_profile.rules import Thresholds
-from ddp_profile.rules.data import (cpu_bound_preprocessing, data_loader_bound, io_bound_loading,
-                                    persistent_workers)
+from ddp_profile.rules.data import (
+    cpu_bound_preprocessing,
+    data_loader_bound,
+    io_bound_loading,
+    persistent_workers,
+)
 from tests.rules.tables import RunBuilder, empty_run
 
 T = Thresholds()

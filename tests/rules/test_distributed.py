@@ -4,9 +4,14 @@ find-unused-parameters."""
 from __future__ import annotations
 
 from ddp_profile.rules import Thresholds
-from ddp_profile.rules.distributed import (backend_mismatch, data_parallel, find_unused_parameters,
-                                           missing_distributed_sampler, missing_set_epoch,
-                                           straggler)
+from ddp_profile.rules.distributed import (
+    backend_mismatch,
+    data_parallel,
+    find_unused_parameters,
+    missing_distributed_sampler,
+    missing_set_epoch,
+    straggler,
+)
 from tests.rules.tables import RunBuilder, empty_run
 
 T = Thresholds()

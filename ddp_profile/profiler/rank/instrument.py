@@ -1,11 +1,11 @@
 """Rank-side instrumentation: patch the DataLoader, time each step, stop cleanly.
 
-Installed by ``profiler.hook`` in a probe's rank processes only (never on a plain import).
+Installed by ``profiler.rank.hook`` in a probe's rank processes only (never on a plain import).
 
 * ``DataLoader.__init__`` records the script's own settings and applies the probe's overrides
   (``batch_sampler=BatchSampler(...)`` is rebuilt with the new batch size around the same
   sampler; a value PyTorch forbids is skipped and the skip recorded).
-* ``_BaseDataLoaderIter.__next__`` marks the step boundaries (see ``profiler.stepclock``).
+* ``_BaseDataLoaderIter.__next__`` marks the step boundaries (see ``profiler.rank.stepclock``).
 * A global optimizer step post hook and ``Tensor.backward`` mark compute boundaries.
 
 **The training loader** is the first DataLoader whose iteration reaches ``warmup + steps``
@@ -21,6 +21,10 @@ DataLoader built with the next window's ``num_workers`` / ``pin_memory`` / ``pre
 (the old workers are shut down first). Step records carry their ``window``; ``measured`` is
 false for each window's first ``warmup`` steps, which absorb the new workers' start-up. A
 loader that cannot be rebuilt ends the screen early (event ``screen_unsupported``).
+
+``profiler.rank.process`` holds what the rank says about itself (rank, context and error
+records) and how it leaves (the stop barrier); ``profiler.rank.windows`` rebuilds the
+iterator at a window boundary.
 """
 
 from __future__ import annotations
@@ -28,17 +32,23 @@ from __future__ import annotations
 import atexit
 import inspect
 import os
-import sys
-import threading
 import time
 import weakref
 from typing import Any, Callable, Optional
 
-from ddp_profile.profiler.settings import ProbePlan, backlog_warmup, window_index
 from ddp_profile.profiler.rank.gpu_steps import GpuStepTimer, cuda_event_factory
 from ddp_profile.profiler.rank.overrides import apply_overrides, own_settings
-from ddp_profile.profiler.store.record import SCHEMA_VERSION, RankRecorder
+from ddp_profile.profiler.rank.process import (
+    barrier,
+    context_record,
+    current_rank,
+    error_record,
+    flush_std_streams,
+)
 from ddp_profile.profiler.rank.stepclock import StepClock
+from ddp_profile.profiler.rank.windows import applied_settings, rebuilt_iterator, shutdown_workers
+from ddp_profile.profiler.settings import ProbePlan, backlog_warmup, window_index
+from ddp_profile.profiler.store.record import RankRecorder
 
 CEILING_CACHE_BATCHES = 4
 FLUSH_INTERVAL_S = 0.5
@@ -61,31 +71,12 @@ def batch_size_of(batch: Any, default: int) -> int:
     return default
 
 
-_known_rank: tuple[int, int] = (-1, -1)  # (pid, rank) once the process group told it
-
-
-def _current_rank() -> Optional[int]:
-    """The global rank: the process group's once initialised (then remembered, as it is asked
-    at every step), else ``$RANK``."""
-    global _known_rank
-    pid = os.getpid()
-    if _known_rank[0] == pid:
-        return _known_rank[1]
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        _known_rank = (pid, dist.get_rank())
-        return _known_rank[1]
-    rank = os.environ.get("RANK")
-    return int(rank) if rank is not None and rank.isdigit() else None
-
-
 class Instrumentation:
     """Process-wide instrumentation state of one rank."""
 
     def __init__(self, plan: ProbePlan):
         self.plan = plan
-        self.recorder = RankRecorder(plan.out_dir, _current_rank)
+        self.recorder = RankRecorder(plan.out_dir, current_rank)
         self.clocks: dict[int, StepClock] = {}
         self.current: Optional[StepClock] = None
         self.loader_count = 0
@@ -106,28 +97,11 @@ class Instrumentation:
 
     # ---- records -------------------------------------------------------------------------
     def event(self, name: str, **data: Any) -> None:
-        self.recorder.write({"kind": "event", "name": name, "rank": _current_rank(),
+        self.recorder.write({"kind": "event", "name": name, "rank": current_rank(),
                              "t_ns": time.time_ns(), "data": data})
 
     def write_context(self) -> None:
-        import torch
-        import torch.distributed as dist
-
-        initialized = dist.is_available() and dist.is_initialized()
-        self.recorder.write({
-            "kind": "context", "schema_version": SCHEMA_VERSION, "rank": _current_rank(),
-            "local_rank": int(os.environ.get("LOCAL_RANK", "0") or 0),
-            "node_rank": int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")) or 0),
-            "world_size": dist.get_world_size() if initialized else
-            int(os.environ.get("WORLD_SIZE", "1") or 1),
-            "backend": str(dist.get_backend()) if initialized else None,
-            "device": "cuda" if torch.cuda.is_available() else "cpu",
-            "hostname": _hostname(), "pid": os.getpid(), "torch_version": torch.__version__,
-            "cuda_version": torch.version.cuda, "cpu_count": os.cpu_count(),
-            "cpus_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-            else os.cpu_count(),
-            "argv": list(sys.argv), "t_ns": time.time_ns(), "probe_id": self.plan.probe_id,
-            "mode": self.plan.mode})
+        self.recorder.write(context_record(self.plan))
         self.context_written = True
 
     def maybe_flush(self) -> None:
@@ -144,7 +118,7 @@ class Instrumentation:
         applied, skipped = apply_overrides(bound.arguments, self.plan.overrides)
         object.__setattr__(loader, "_ddp_profile_id", loader_id)
         object.__setattr__(loader, "_ddp_profile_iters", 0)
-        self.recorder.write({"kind": "loader", "loader_id": loader_id, "rank": _current_rank(),
+        self.recorder.write({"kind": "loader", "loader_id": loader_id, "rank": current_rank(),
                              "own": own, "applied": applied, "skipped_overrides": skipped})
 
     def on_iter(self, loader: Any, iterator: Any) -> None:
@@ -167,7 +141,7 @@ class Instrumentation:
             clock = self.clocks[loader_id] = StepClock(loader_id, self._warmup_for(state))
         record = clock.next_called()
         if record is not None:
-            record["rank"] = _current_rank()
+            record["rank"] = current_rank()
             if self.plan.windows:
                 window = window_index(self._starts, record["step"])
                 record["window"] = window
@@ -234,22 +208,12 @@ class Instrumentation:
         loader = state["loader"]()
         settings = self.plan.window_settings(window)
         try:
-            if loader is None:
-                raise RuntimeError("the DataLoader is gone")
-            applied = _applied_settings(loader)
-            target = _target_settings(applied, settings)
-            if target != applied:
-                _shutdown_workers(state.get("delegate") or iterator)  # free the CPUs first
-                for key, value in target.items():
-                    if key != "batch_size":
-                        setattr(loader, key, value)
-                started = time.perf_counter_ns()
-                fresh = loader._get_iterator()
-                if getattr(loader, "persistent_workers", False):
-                    loader._iterator = fresh
+            rebuilt = rebuilt_iterator(loader, state.get("delegate") or iterator, settings)
+            if rebuilt is not None:
+                fresh, started = rebuilt
                 self.iterators.add(fresh)
                 state.update(delegate=fresh, t_iter=started, first=True)
-            self.event("window", window=window, applied=_applied_settings(loader),
+            self.event("window", window=window, applied=applied_settings(loader),
                        mode=self.plan.window_mode(window))
         except Exception as exc:  # noqa: BLE001 - e.g. a DataLoader subclass that forbids it
             self.event("screen_unsupported", window=window,
@@ -267,7 +231,7 @@ class Instrumentation:
             self.gpu_timer.step_started(loader_id, step)
 
     def _write_gpu_step(self, record: dict[str, Any]) -> None:
-        record["rank"] = _current_rank()
+        record["rank"] = current_rank()
         self.recorder.write(record)
 
     def _on_first_batch(self, state: dict[str, Any]) -> None:
@@ -275,7 +239,7 @@ class Instrumentation:
         if not self.context_written:
             self.write_context()
             self._start_samplers()
-        self.recorder.write({"kind": "loader_iter", "rank": _current_rank(),
+        self.recorder.write({"kind": "loader_iter", "rank": current_rank(),
                              "loader_id": state["loader_id"], "iter_index": state["iter_index"],
                              "t_ns": time.time_ns(), "first_batch_s": first_batch_s,
                              "window": self.window})
@@ -343,7 +307,7 @@ class Instrumentation:
         training = self.training_loader_id
         if training is None and self.clocks:
             training = max(self.clocks, key=lambda k: self.clocks[k].steps_closed)
-        self.recorder.write({"kind": "end", "rank": _current_rank(), "reason": reason,
+        self.recorder.write({"kind": "end", "rank": current_rank(), "reason": reason,
                              "training_loader_id": training, "t_ns": time.time_ns(),
                              "steps_recorded": self.clocks[training].steps_closed
                              if training is not None else 0})
@@ -366,99 +330,15 @@ class Instrumentation:
     def stop(self, reason: str) -> None:
         """Every rank is at the same batch: record, synchronise, release workers, exit 0."""
         self.finish(reason)
-        _barrier(STOP_BARRIER_TIMEOUT_S)
+        barrier(STOP_BARRIER_TIMEOUT_S)
         for iterator in list(self.iterators):
-            _shutdown_workers(iterator)
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001
-                pass
+            shutdown_workers(iterator)
+        flush_std_streams()
         os._exit(0)
 
     def on_exception(self, exc_type: type, exc: BaseException, tb: Any) -> None:
-        import traceback
-
-        lines = traceback.format_exception_only(exc_type, exc)
-        message = str(exc)
-        oom = exc_type.__name__ in ("OutOfMemoryError", "MemoryError") or \
-            "out of memory" in message.lower()
-        self.recorder.write({"kind": "error", "rank": _current_rank(), "t_ns": time.time_ns(),
-                             "exc_type": exc_type.__name__, "message": message[:2000],
-                             "last_line": (lines[-1].strip() if lines else exc_type.__name__)[:500],
-                             "causes": _causes(exc), "oom": oom})
+        self.recorder.write(error_record(exc_type, exc))
         self.finish("error")
-
-
-def _shutdown_workers(iterator: Any) -> None:
-    shutdown = getattr(iterator, "_shutdown_workers", None)
-    if shutdown is not None:
-        try:
-            shutdown()
-        except Exception:  # noqa: BLE001
-            pass
-
-
-def _applied_settings(loader: Any) -> dict[str, Any]:
-    workers = int(getattr(loader, "num_workers", 0) or 0)
-    return {"num_workers": workers, "pin_memory": bool(getattr(loader, "pin_memory", False)),
-            "prefetch_factor": getattr(loader, "prefetch_factor", None) if workers else None,
-            "batch_size": getattr(loader, "batch_size", None)}
-
-
-def _target_settings(applied: dict[str, Any], settings: Any) -> dict[str, Any]:
-    """The loader attributes for a window: its overrides over what runs now."""
-    target = dict(applied)
-    if settings.num_workers is not None:
-        target["num_workers"] = settings.num_workers
-    if settings.pin_memory is not None:
-        target["pin_memory"] = settings.pin_memory
-    if target["num_workers"]:
-        target["prefetch_factor"] = (settings.prefetch_factor or applied.get("prefetch_factor")
-                                     or 2)
-    else:
-        target["prefetch_factor"] = None
-    return target
-
-
-def _causes(exc: BaseException, limit: int = 3) -> list[str]:
-    """The last lines of the exceptions this one was raised from or during."""
-    import traceback
-
-    causes, seen, inner = [], {id(exc)}, exc.__cause__ or exc.__context__
-    while inner is not None and id(inner) not in seen and len(causes) < limit:
-        seen.add(id(inner))
-        causes.append(traceback.format_exception_only(type(inner), inner)[-1].strip()[:300])
-        inner = inner.__cause__ or inner.__context__
-    return causes
-
-
-def _hostname() -> str:
-    import socket
-
-    return socket.gethostname()
-
-
-def _barrier(timeout_s: float) -> None:
-    """Best-effort barrier over the script's default process group, bounded in time."""
-    try:
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
-            return
-    except Exception:  # noqa: BLE001
-        return
-    done = threading.Event()
-
-    def wait() -> None:
-        try:
-            dist.barrier()
-        except Exception:  # noqa: BLE001
-            pass
-        done.set()
-
-    threading.Thread(target=wait, name="ddp-profile-stop-barrier", daemon=True).start()
-    done.wait(timeout_s)
 
 
 _INSTALLED: Optional[Instrumentation] = None

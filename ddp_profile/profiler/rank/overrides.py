@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.settings import SETTING_KEYS, LoaderSettings
 
 
 def own_settings(arguments: dict[str, Any]) -> dict[str, Any]:
@@ -75,7 +75,7 @@ def apply_overrides(arguments: dict[str, Any], overrides: LoaderSettings
         if reason:
             skipped.append({"setting": "batch_size", "reason": reason})
     own = own_settings(arguments)
-    applied = {k: own[k] for k in ("num_workers", "pin_memory", "prefetch_factor", "batch_size")}
+    applied = {k: own[k] for k in SETTING_KEYS}
     return applied, skipped
 
 

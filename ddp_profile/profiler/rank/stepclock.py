@@ -2,8 +2,8 @@
 
 A training step ``k`` of one DataLoader is split at four boundaries::
 
-    __next__ called ──data wait──► batch returned ──compute──► optimizer step done ──other──► __next__ called
-                                        └─forward─► first backward()
+    __next__ ──data wait──► batch returned ──compute──► optimizer step done ──other──► __next__
+                             └─forward─► first backward()
 
 ``compute_s`` ends at the last optimizer step before the next ``__next__`` call; a loop without
 an optimizer (or a batch without a step, as in gradient accumulation) counts the whole host time

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from ddp_profile.errors import BadRunDir, Incomparable
-from ddp_profile.profiler.settings import SETTING_KEYS, LoaderSettings
+from ddp_profile.profiler.settings import config_label
 from ddp_profile.profiler.store.results import Run, load_run, read_json
 
 BASELINE_KIND = "ddp-profile-baseline"
@@ -141,13 +141,6 @@ def same_config_probes(run: Run, probe: Mapping[str, Any]) -> list[dict[str, Any
     return [p for p in run.summary.get("probes", [])
             if p.get("status") == "ok" and p.get("kind") != "ceiling"
             and (p.get("config") or {}) == config] or [dict(probe)]
-
-
-def config_label(config: Mapping[str, Any]) -> str:
-    """``w=4 pin=true pf=2 bs=64``: the tool's short label (``LoaderSettings.label``)."""
-    label = LoaderSettings.from_dict(dict(config)).label()
-    extra = [f"{k}={v}" for k, v in config.items() if k not in SETTING_KEYS]
-    return " ".join([label] + extra) if extra else label
 
 
 def _side_from_run(run: Run, config: Optional[Mapping[str, Any]]) -> GateSide:

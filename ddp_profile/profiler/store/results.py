@@ -26,20 +26,21 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import pandas as pd
 
 from ddp_profile.errors import BadRunDir
+from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.record import read_jsonl
 
 STEP_COLUMNS = ["probe_id", "rank", "node", "loader_id", "step", "measured", "t_s",
                 "data_wait_s", "compute_s", "other_s", "forward_s", "step_s", "samples",
                 "gpu_busy_s", "gpu_gap_s"]
-PROBE_COLUMNS = ["id", "kind", "status", "num_workers", "pin_memory", "prefetch_factor",
-                 "batch_size", "throughput", "data_wait_fraction", "score", "wall_s", "error",
-                 "root_cause_rank"]
+PROBE_COLUMNS = ["id", "kind", "status", *SETTING_KEYS, "throughput", "data_wait_fraction",
+                 "score", "wall_s", "error", "root_cause_rank"]
 
 
 @dataclass
@@ -136,12 +137,9 @@ def rank_step_stats(steps: list[dict[str, Any]]) -> dict[str, float]:
     elapsed = sum(step_s)
     wait = sum(s["data_wait_s"] for s in measured)
     samples = sum(s.get("samples") or 0 for s in measured)
-    ordered = sorted(step_s)
-    mid = len(ordered) // 2
-    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
     return {"steps": len(measured), "samples": samples, "elapsed_s": elapsed,
             "data_wait_s": wait, "data_wait_fraction": wait / elapsed if elapsed > 0 else math.nan,
-            "step_time_median_s": median,
+            "step_time_median_s": statistics.median(step_s),
             "throughput": samples / elapsed if elapsed > 0 else math.nan}
 
 
@@ -192,8 +190,7 @@ def _probe_row(probe: dict[str, Any]) -> dict[str, Any]:
     config = probe.get("config") or {}
     return {"id": probe.get("id"), "kind": probe.get("kind", "sweep"),
             "status": probe.get("status"),
-            **{k: config.get(k) for k in ("num_workers", "pin_memory", "prefetch_factor",
-                                          "batch_size")},
+            **{k: config.get(k) for k in SETTING_KEYS},
             "throughput": _nan(probe.get("throughput")),
             "data_wait_fraction": _nan(probe.get("data_wait_fraction")),
             "score": _nan(probe.get("score")), "wall_s": _nan(probe.get("wall_s")),

@@ -13,17 +13,14 @@ import shutil
 from typing import Any, Optional
 
 from ddp_profile.errors import BadRunDir
+from ddp_profile.profiler.store.atomic import write_text_atomic
 from ddp_profile.profiler.store.record import dumps
 from ddp_profile.profiler.store.results import read_json, read_ledger
 
 
 def write_json_atomic(path: str, value: Any) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(json.dumps(json.loads(dumps(value)), indent=2))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    """Replace ``path`` with ``value`` as indented JSON (NaN as null), atomically and durably."""
+    write_text_atomic(path, json.dumps(json.loads(dumps(value)), indent=2))
 
 
 class RunDir:

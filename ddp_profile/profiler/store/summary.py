@@ -5,15 +5,14 @@ from __future__ import annotations
 import platform
 from typing import Any, Optional
 
+from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.record import SCHEMA_VERSION
-
-SETTINGS = ("num_workers", "pin_memory", "prefetch_factor", "batch_size")
 
 
 def _settings(config: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
     if not config:
         return None
-    return {k: config.get(k) for k in SETTINGS}
+    return {k: config.get(k) for k in SETTING_KEYS}
 
 
 def latest_ceiling(entries: list[dict[str, Any]]) -> Optional[dict[str, Any]]:

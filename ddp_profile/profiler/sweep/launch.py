@@ -17,13 +17,34 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
-from ddp_profile.profiler.settings import (ENV_ACTIVE, ENV_HARNESS_PID, ENV_PLAN, ENV_PROBE_TAG,
-                                         ProbePlan)
 from ddp_profile.profiler.rank.hook import HOOK_DIR
+from ddp_profile.profiler.settings import (
+    ENV_ACTIVE,
+    ENV_HARNESS_PID,
+    ENV_PLAN,
+    ENV_PROBE_TAG,
+    ProbePlan,
+)
 
 KILL_GRACE_S = 3.0
+
+
+def ignore_hangup() -> Any:
+    """Ignore SIGHUP (a closed terminal must not stop a sweep; Ctrl-C still does, cleanly).
+
+    Returns the previous handler for :func:`restore_hangup` (None where there is no SIGHUP).
+    """
+    if not hasattr(signal, "SIGHUP"):
+        return None
+    return signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+def restore_hangup(previous: Any) -> None:
+    """Put back the SIGHUP handler :func:`ignore_hangup` returned."""
+    if previous is not None:
+        signal.signal(signal.SIGHUP, previous)
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,13 @@ from typing import Any, Callable, Optional, Protocol
 from ddp_profile.profiler.settings import LoaderSettings, ProbePlan, backlog_warmup
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.sweep.coordinate import Coordinator
-from ddp_profile.profiler.sweep.launch import (LaunchOutcome, LaunchSpec, kill_tagged, launch,
-                                               new_tag)
+from ddp_profile.profiler.sweep.launch import (
+    LaunchOutcome,
+    LaunchSpec,
+    kill_tagged,
+    launch,
+    new_tag,
+)
 from ddp_profile.profiler.sweep.probe import summarise_probe
 from ddp_profile.profiler.sweep.screen import split_screen
 from ddp_profile.profiler.sweep.space import Axes

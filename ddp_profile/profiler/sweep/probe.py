@@ -8,8 +8,8 @@ import statistics
 from typing import Any, Optional
 
 from ddp_profile.profiler.settings import ProbePlan
-from ddp_profile.profiler.sweep.launch import LaunchOutcome
 from ddp_profile.profiler.store.results import RankData, rank_step_stats, read_probe_dir
+from ddp_profile.profiler.sweep.launch import LaunchOutcome
 
 OOM_PATTERNS = ("out of memory", "can't allocate memory", "cannot allocate memory",
                 "outofmemoryerror", "memoryerror")
@@ -29,7 +29,8 @@ def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: str, timeout_
         "config": dict(loader.get("applied") or {}), "status": "ok", "reason": None, "error": None,
         "root_cause_rank": None, "wall_s": round(outcome.wall_s, 3),
         "warmup": plan.warmup, "steps": plan.steps,
-        "skipped_overrides": list(loader.get("skipped_overrides") or []), "strays_killed": outcome.strays_killed,
+        "skipped_overrides": list(loader.get("skipped_overrides") or []),
+        "strays_killed": outcome.strays_killed,
     }
     entry.update(_measurements(ranks))
     status, reason, error, root = _classify(ranks, outcome, plan, timeout_s)

@@ -146,7 +146,8 @@ class _RankScreen:
                 out.append(record)
         if complete:
             out.append({"kind": "end", "rank": self.rank, "reason": "steps_done",
-                        "training_loader_id": self.loader_id, "steps_recorded": self.lengths[window],
+                        "training_loader_id": self.loader_id,
+                        "steps_recorded": self.lengths[window],
                         "t_ns": max(_step_end_ns(s) for s in self.steps[window])})
         return out
 

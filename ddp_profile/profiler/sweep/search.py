@@ -14,7 +14,6 @@ re-measures exactly that configuration.
 from __future__ import annotations
 
 import os
-import signal
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
@@ -25,9 +24,14 @@ from ddp_profile.profiler.store.summary import latest_ceiling
 from ddp_profile.profiler.sweep.choose import candidate_of, choose, relative_se
 from ddp_profile.profiler.sweep.climb import beats, climb_workers, waits_for_data
 from ddp_profile.profiler.sweep.coordinate import Coordinator
-from ddp_profile.profiler.sweep.launch import LaunchSpec
-from ddp_profile.profiler.sweep.measure import (LedgerMeasurer, Measurer, ProgressFn, Window,
-                                                no_progress)
+from ddp_profile.profiler.sweep.launch import LaunchSpec, ignore_hangup, restore_hangup
+from ddp_profile.profiler.sweep.measure import (
+    LedgerMeasurer,
+    Measurer,
+    ProgressFn,
+    Window,
+    no_progress,
+)
 from ddp_profile.profiler.sweep.space import Axes, SearchSpace, grid, normalise, resolve_axes
 
 UNSTABLE_RSE = 0.05  # a probe whose throughput is this uncertain is measured again, longer
@@ -274,13 +278,11 @@ class Sweep:
 
     def run(self) -> list[Entry]:
         """The whole sweep; a closed terminal (SIGHUP) does not stop it."""
-        previous = signal.signal(signal.SIGHUP, signal.SIG_IGN) if hasattr(signal, "SIGHUP") \
-            else None
+        previous = ignore_hangup()
         try:
             self.measurer.reap_inflight()
             return self.search.run()
         finally:
             if self.coordinator is not None:
                 self.coordinator.finish(self.measurer.launches)
-            if previous is not None:
-                signal.signal(signal.SIGHUP, previous)
+            restore_hangup(previous)

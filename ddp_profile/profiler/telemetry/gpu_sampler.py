@@ -5,7 +5,14 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from ddp_profile.profiler.telemetry.nvml import GpmReader, Nvml, UtilisationReader, _text, cuda_device_nvml_key, gpu_status
+from ddp_profile.profiler.telemetry.nvml import (
+    GpmReader,
+    Nvml,
+    UtilisationReader,
+    _text,
+    cuda_device_nvml_key,
+    gpu_status,
+)
 from ddp_profile.profiler.telemetry.periodic import NAN, Clock, Emit, _PeriodicSampler, log
 
 __all__ = ["GpuSampler", "gpu_status"]
@@ -16,8 +23,9 @@ class GpuSampler(_PeriodicSampler):
 
     source = "gpu"
 
-    def __init__(self, emit: Emit, *, pci_bus_id: Optional[str] = None, cuda_device_index: Optional[int] = None,
-                 interval_s: float = 0.5, nvml_lib: Any = None, clock: Clock = time.time_ns):
+    def __init__(self, emit: Emit, *, pci_bus_id: Optional[str] = None,
+                 cuda_device_index: Optional[int] = None, interval_s: float = 0.5,
+                 nvml_lib: Any = None, clock: Clock = time.time_ns):
         super().__init__(emit, interval_s, clock)
         self.nvml = Nvml(nvml_lib)
         self._key: Optional[tuple[str, str]] = ("pci", pci_bus_id) if pci_bus_id else None
@@ -27,16 +35,18 @@ class GpuSampler(_PeriodicSampler):
         self._throttle_fn = "nvmlDeviceGetCurrentClocksEventReasons"
         self._gpm: Optional[GpmReader] = None
         self.lost = False
-        self.status: dict[str, Any] = {"gpu_available": False, "gpu_unavailable_reason": "not started yet"}
+        self.status: dict[str, Any] = {"gpu_available": False,
+                                       "gpu_unavailable_reason": "not started yet"}
 
     # -- set-up --------------------------------------------------------------------------
     def prime(self) -> bool:
         reason = self._open()
         self.status = {"gpu_available": reason is None, "gpu_unavailable_reason": reason,
                        "pci_bus_id": self._key[1] if self._key else None,
-                       "name": _text(self.nvml.query("nvmlDeviceGetName", self._handle, default="?")) if reason is None
-                       else None}
-        self._send({"kind": "event", "name": "gpu_status", "t_ns": int(self._clock()), "data": dict(self.status)})
+                       "name": None if reason is not None else
+                       _text(self.nvml.query("nvmlDeviceGetName", self._handle, default="?"))}
+        self._send({"kind": "event", "name": "gpu_status", "t_ns": int(self._clock()),
+                    "data": dict(self.status)})
         if reason is not None:
             log.info("GPU telemetry off: %s", reason)
             return False
@@ -53,7 +63,8 @@ class GpuSampler(_PeriodicSampler):
             try:
                 self._key = cuda_device_nvml_key(self._cuda_index)
             except Exception as exc:
-                return f"cannot map CUDA device {self._cuda_index} to NVML: {' '.join(str(exc).split())}"[:300]
+                detail = " ".join(str(exc).split())
+                return f"cannot map CUDA device {self._cuda_index} to NVML: {detail}"[:300]
         reason = self.nvml.init()
         if reason is not None:
             return reason
@@ -97,8 +108,10 @@ class GpuSampler(_PeriodicSampler):
             "gpu_temp_c": float(q("nvmlDeviceGetTemperature", h, lib.NVML_TEMPERATURE_GPU)),
             "gpu_throttle_reasons": float(q(self._throttle_fn, h)),
             # NVML reports PCIe throughput in KB/s over a 20 ms window.
-            "gpu_pcie_rx_bps": float(q("nvmlDeviceGetPcieThroughput", h, lib.NVML_PCIE_UTIL_RX_BYTES)) * 1024.0,
-            "gpu_pcie_tx_bps": float(q("nvmlDeviceGetPcieThroughput", h, lib.NVML_PCIE_UTIL_TX_BYTES)) * 1024.0,
+            "gpu_pcie_rx_bps": float(q("nvmlDeviceGetPcieThroughput", h,
+                                       lib.NVML_PCIE_UTIL_RX_BYTES)) * 1024.0,
+            "gpu_pcie_tx_bps": float(q("nvmlDeviceGetPcieThroughput", h,
+                                       lib.NVML_PCIE_UTIL_TX_BYTES)) * 1024.0,
         }
 
     def _on_lost(self) -> None:

@@ -117,7 +117,8 @@ class Nvml:
         if self._error_names is None:
             lib = self.lib
             self._error_names = {
-                getattr(lib, n): n[len("NVML_ERROR_"):] for n in dir(lib) if n.startswith("NVML_ERROR_")
+                getattr(lib, n): n[len("NVML_ERROR_"):]
+                for n in dir(lib) if n.startswith("NVML_ERROR_")
             }
         return self._error_names.get(value, f"CODE_{value}")
 
@@ -144,7 +145,8 @@ class Nvml:
             raise self.lib.NVMLError(self.lib.NVML_ERROR_FUNCTION_NOT_FOUND)
         return fn(*args)
 
-    def query(self, fn_name: str, *args: Any, default: Any = math.nan, quiet: tuple[str, ...] = ()) -> Any:
+    def query(self, fn_name: str, *args: Any, default: Any = math.nan,
+              quiet: tuple[str, ...] = ()) -> Any:
         """``lib.<fn_name>(*args)``, or ``default`` on any NVMLError; never raises NVMLError.
 
         Missing and unsupported functions are logged once and not called again;
@@ -168,7 +170,8 @@ class Nvml:
             log.warning("GPU lost: %s", self.lost_reason)
         if name in _STICKY_ERRORS:
             self._sticky.add(key)
-            self.log_once(f"{fn_name}:{name}", "%s unavailable (%s); skipped from now on", fn_name, name)
+            self.log_once(f"{fn_name}:{name}", "%s unavailable (%s); skipped from now on",
+                          fn_name, name)
         else:
             self.log_once(f"{fn_name}:{name}", "%s failed: %s", fn_name, self.describe(exc))
 
@@ -180,7 +183,8 @@ class Nvml:
         log.info(msg, *args)
 
 
-_VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+_VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
+                 6: "usVal"}
 
 
 class UtilisationReader:
@@ -195,7 +199,8 @@ class UtilisationReader:
     def __init__(self, nvml: Nvml, handle: Any):
         self._nvml, self._handle = nvml, handle
         self._kind = nvml.lib.NVML_GPU_UTILIZATION_SAMPLES
-        got = nvml.query("nvmlDeviceGetSamples", handle, self._kind, 0, default=None, quiet=("NOT_FOUND",))
+        got = nvml.query("nvmlDeviceGetSamples", handle, self._kind, 0, default=None,
+                         quiet=("NOT_FOUND",))
         self.last_seen_us = max((int(s.timeStamp) for s in got[1]), default=0) if got else 0
 
     def read(self) -> dict[str, float]:
@@ -208,7 +213,8 @@ class UtilisationReader:
         field = _VALUE_FIELDS.get(got[0], "uiVal")
         values = [float(getattr(s.sampleValue, field)) for s in fresh]
         self.last_seen_us = max(int(s.timeStamp) for s in fresh)
-        return {"gpu_util_percent": sum(values) / len(values), "gpu_util_samples": float(len(values))}
+        return {"gpu_util_percent": sum(values) / len(values),
+                "gpu_util_samples": float(len(values))}
 
 
 _GPM_METRICS = (  # (record key, pynvml constant name)
@@ -258,7 +264,8 @@ class GpmReader:
         self._samples = [current, previous]
         if self._nvml.query("nvmlGpmMetricsGet", request, default=None) is None:
             return dict.fromkeys(self.KEYS, math.nan)
-        return {key: float(request.metrics[slot].value) if request.metrics[slot].nvmlReturn == 0 else math.nan
+        metrics = request.metrics
+        return {key: float(metrics[slot].value) if metrics[slot].nvmlReturn == 0 else math.nan
                 for slot, key in enumerate(self.KEYS)}
 
     def close(self) -> None:
@@ -274,7 +281,8 @@ def _cuda_device_properties(index: int) -> Any:
 
 
 def cuda_device_nvml_key(index: int) -> tuple[str, str]:
-    """How NVML names CUDA device ``index``: ``("pci", "00000000:3B:00.0")`` or ``("uuid", "GPU-...")``.
+    """How NVML names CUDA device ``index``: ``("pci", "00000000:3B:00.0")`` or
+    ``("uuid", "GPU-...")``.
 
     CUDA indices follow ``CUDA_VISIBLE_DEVICES`` and NVML indices do not, so the mapping
     goes through the PCI bus id (or the UUID when this torch build does not expose it).

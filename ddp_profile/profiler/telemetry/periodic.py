@@ -29,7 +29,8 @@ class _PeriodicSampler:
         self._stop = threading.Event()
         self._warned: set[str] = set()
         self.cpu_time_s = 0.0  # CPU time of the sampler thread, set when it ends
-        self.thread = threading.Thread(target=self._run, name=f"ddp-profile-sampler-{self.source}", daemon=True)
+        self.thread = threading.Thread(target=self._run, name=f"ddp-profile-sampler-{self.source}",
+                                       daemon=True)
 
     def prime(self) -> bool:
         """Take baselines; False means there is nothing to sample."""

@@ -5,15 +5,16 @@ Each sampler is a daemon thread named ``ddp-profile-sampler-<source>`` that call
 
     {"kind": "sample", "source": "host" | "gpu", "t_ns": <time.time_ns()>, <metric>: float, ...}
 
-Host metrics: ``cpu_percent`` (mean over the CPUs this process may run on), ``cpu_max_core_percent``,
-``cpu_per_core`` (list, same CPUs), ``iowait_percent``, ``rss_bytes`` (the rank), ``worker_count``
-and ``worker_cpu_percent`` (the rank's child processes, i.e. DataLoader workers; 100 = one core),
-``disk_read_bps`` (system-wide). GPU metrics: ``gpu_util_percent`` (mean of the driver's own
-utilisation samples since the last record, each read once; ``gpu_util_samples`` says how many),
-``gpu_mem_used_bytes``, ``gpu_mem_total_bytes``, ``gpu_power_w``, ``gpu_sm_clock_mhz``, ``gpu_temp_c``,
-``gpu_throttle_reasons`` (bit mask), ``gpu_pcie_rx_bps``, ``gpu_pcie_tx_bps`` and, on Hopper and
-newer, ``gpm_sm_activity``, ``gpm_sm_occupancy``, ``gpm_tensor_activity``, ``gpm_dram_bw_util``
-(percent). Unknown values are NaN.
+Host metrics: ``cpu_percent`` (mean over the CPUs this process may run on),
+``cpu_max_core_percent``, ``cpu_per_core`` (list, same CPUs), ``iowait_percent``, ``rss_bytes``
+(the rank), ``worker_count`` and ``worker_cpu_percent`` (the rank's child processes, i.e.
+DataLoader workers; 100 = one core), ``disk_read_bps`` (system-wide). GPU metrics:
+``gpu_util_percent`` (mean of the driver's own utilisation samples since the last record, each
+read once; ``gpu_util_samples`` says how many),
+``gpu_mem_used_bytes``, ``gpu_mem_total_bytes``, ``gpu_power_w``, ``gpu_sm_clock_mhz``,
+``gpu_temp_c``, ``gpu_throttle_reasons`` (bit mask), ``gpu_pcie_rx_bps``, ``gpu_pcie_tx_bps``
+and, on Hopper and newer, ``gpm_sm_activity``, ``gpm_sm_occupancy``, ``gpm_tensor_activity``,
+``gpm_dram_bw_util`` (percent). Unknown values are NaN.
 
 Besides samples the GPU sampler emits two ``event`` records: ``gpu_status`` once at start
 (``{gpu_available, gpu_unavailable_reason, pci_bus_id, name}``) and ``gpu_lost`` if the device
@@ -132,12 +133,14 @@ class HostSampler(_PeriodicSampler):
         record["worker_count"] = float(count)
         record["worker_cpu_percent"] = 100.0 * cpu_s / elapsed
         disk = self._read_disk()
-        record["disk_read_bps"] = NAN if disk is None or self._disk_read is None else max(disk - self._disk_read, 0) / elapsed
+        record["disk_read_bps"] = (NAN if disk is None or self._disk_read is None
+                                   else max(disk - self._disk_read, 0) / elapsed)
         self._disk_read = disk
         return record
 
     def _cpu(self) -> dict[str, Any]:
-        """Per-core busy % and iowait % from /proc/stat deltas (not psutil.cpu_percent's shared state)."""
+        """Per-core busy % and iowait % from /proc/stat deltas (not psutil.cpu_percent's shared
+        state)."""
         times = psutil.cpu_times(percpu=True)
         per_core: list[float] = []
         iowait = total_all = 0.0
@@ -146,14 +149,17 @@ class HostSampler(_PeriodicSampler):
                 continue
             new, old = times[cpu], self._cpu_times[cpu]
             total = sum(new) - sum(old) - (_guest(new) - _guest(old))
-            idle = (new.idle - old.idle) + (getattr(new, "iowait", 0.0) - getattr(old, "iowait", 0.0))
+            waited = getattr(new, "iowait", 0.0) - getattr(old, "iowait", 0.0)
+            idle = (new.idle - old.idle) + waited
             # Clamped: float round-off, and per-CPU iowait/idle counters may step backwards.
-            per_core.append(min(max(100.0 * (total - idle) / total, 0.0), 100.0) if total > 0 else 0.0)
-            iowait += max(getattr(new, "iowait", 0.0) - getattr(old, "iowait", 0.0), 0.0)
+            busy = min(max(100.0 * (total - idle) / total, 0.0), 100.0) if total > 0 else 0.0
+            per_core.append(busy)
+            iowait += max(waited, 0.0)
             total_all += total
         self._cpu_times = times
         if not per_core:
-            return {"cpu_percent": NAN, "cpu_max_core_percent": NAN, "cpu_per_core": [], "iowait_percent": NAN}
+            return {"cpu_percent": NAN, "cpu_max_core_percent": NAN, "cpu_per_core": [],
+                    "iowait_percent": NAN}
         return {
             "cpu_percent": sum(per_core) / len(per_core),
             "cpu_max_core_percent": max(per_core),
@@ -227,15 +233,17 @@ class SamplerGroup:
         self.stop()
 
 
-def start_samplers(emit: Emit, *, pid: Optional[int] = None, cuda_device_index: Optional[int] = None,
-                   pci_bus_id: Optional[str] = None, interval_s: float = 0.5, nvml_lib: Any = None,
+def start_samplers(emit: Emit, *, pid: Optional[int] = None,
+                   cuda_device_index: Optional[int] = None, pci_bus_id: Optional[str] = None,
+                   interval_s: float = 0.5, nvml_lib: Any = None,
                    clock: Clock = time.time_ns) -> SamplerGroup:
     """Start the host sampler and, for a rank on a CUDA device, the GPU sampler.
 
     The GPU is named by ``pci_bus_id`` or by ``cuda_device_index`` (mapped to NVML through the
     PCI bus id, in the sampler thread so that NVML start-up does not delay training).
     """
-    samplers: list[_PeriodicSampler] = [HostSampler(emit, pid=pid, interval_s=interval_s, clock=clock)]
+    samplers: list[_PeriodicSampler] = [HostSampler(emit, pid=pid, interval_s=interval_s,
+                                                    clock=clock)]
     if pci_bus_id is not None or cuda_device_index is not None:
         samplers.append(GpuSampler(emit, pci_bus_id=pci_bus_id, cuda_device_index=cuda_device_index,
                                    interval_s=interval_s, nvml_lib=nvml_lib, clock=clock))

@@ -7,10 +7,10 @@ import os
 
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.rundir import RunDir
-from ddp_profile.profiler.sweep.space import SearchSpace, grid, resolve_axes, worker_ladder
 from ddp_profile.profiler.sweep.choose import candidate_of, choose, noise
-from ddp_profile.profiler.sweep.measure import merge_outcomes
 from ddp_profile.profiler.sweep.launch import LaunchOutcome
+from ddp_profile.profiler.sweep.measure import merge_outcomes
+from ddp_profile.profiler.sweep.space import SearchSpace, grid, resolve_axes, worker_ladder
 
 
 def test_worker_ladder_reaches_the_cpus_per_rank():
@@ -86,6 +86,7 @@ def test_ledger_survives_a_torn_last_line(tmp_path):
 
 def test_existing_run_directory_is_not_overwritten(tmp_path):
     import pytest
+
     from ddp_profile.errors import BadRunDir
 
     run_dir = RunDir(str(tmp_path / "run"))

@@ -10,11 +10,20 @@ import xml.etree.ElementTree as ET
 import pytest
 from rich.console import Console
 
-from ddp_profile.commands.gate import (baseline_warnings, build_result, parse_config,
-                                       run_baseline_export, run_gate)
+from ddp_profile.commands.gate import (
+    baseline_warnings,
+    build_result,
+    parse_config,
+    run_baseline_export,
+    run_gate,
+)
 from ddp_profile.errors import BadRunDir, ExitCode, Incomparable, UsageError
-from ddp_profile.profiler.store.baseline import (ConfigNotFound, export_baseline, load_side,
-                                           step_throughput_samples)
+from ddp_profile.profiler.store.baseline import (
+    ConfigNotFound,
+    export_baseline,
+    load_side,
+    step_throughput_samples,
+)
 from ddp_profile.profiler.store.results import load_run
 from ddp_profile.reports import ci
 from tests.synthetic import lognormal_step_time, probe, write_run
@@ -149,7 +158,7 @@ def test_console_table_names_the_verdict(runs):
     assert "REGRESSION" in out and "w=2 pin=false" in out and "Detectable" in out
     assert all(len(line) <= 80 for line in out.splitlines())
     result = build_result(load_side(runs["base"]), load_side(runs["slow"]))
-    detectable = result.comparisons[0].verdict.min_detectable
+    detectable = result.comparison.verdict.min_detectable
     assert f"{-detectable * 100:+.1f} %" in out
 
 
@@ -170,7 +179,7 @@ def test_too_few_steps_for_a_ten_percent_slowdown_earn_a_warning(runs, tmp_path)
     assert needed in ET.parse(junit).getroot().find("testsuite/system-err").text
     # enough quiet steps: no warning
     quiet = build_result(load_side(runs["base"]), load_side(runs["same"]))
-    assert quiet.comparisons[0].verdict.steps_needed is None
+    assert quiet.comparison.verdict.steps_needed is None
     assert not any("steps per side" in w for w in quiet.warnings)
 
 

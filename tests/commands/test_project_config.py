@@ -11,9 +11,15 @@ import os
 import pytest
 
 from ddp_profile import cli
+from ddp_profile.commands.project_config import (
+    KNOWN_KEYS,
+    RUN_DEFAULTS,
+    ProjectConfig,
+    find_project_config,
+    resolve,
+    validate,
+)
 from ddp_profile.errors import ExitCode, UsageError
-from ddp_profile.commands.project_config import (KNOWN_KEYS, RUN_DEFAULTS, ProjectConfig,
-                                                 find_project_config, resolve, validate)
 
 FULL = """
 script = "train.py"
@@ -243,6 +249,23 @@ def test_run_with_a_bad_file_exits_2_before_launching(tmp_path, monkeypatch, cap
     assert cli._dispatch(["run", "--quiet"]) == ExitCode.USAGE
     err = capsys.readouterr().err
     assert "ddp-profile.toml: steps: expected an integer" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--steps", "0"], "--steps: 0 is below the minimum of 1"),
+    (["--warmup", "-1"], "--warmup: -1 is below the minimum of 0"),
+    (["--repeat", "0"], "--repeat: 0 is below the minimum of 1"),
+    (["--timeout", "0"], "--timeout: expected a number of seconds > 0"),
+    (["--nproc-per-node", "0"], "--nproc-per-node: 0 is below the minimum of 1"),
+    (["--search", "random"], "--search: expected adaptive or grid"),
+    (["--launcher", "srun"], "--launcher: expected torchrun or none"),
+])
+def test_command_line_values_get_the_file_checks(tmp_path, monkeypatch, capsys, captured_run,
+                                                 flags, message):
+    monkeypatch.chdir(tmp_path)
+    assert cli._dispatch(["run", "train.py", "--quiet", *flags]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "request" not in captured_run
 
 
 def test_run_names_the_file_script_when_it_is_missing(tmp_path, monkeypatch, capsys):

@@ -11,8 +11,8 @@ import pynvml
 import pytest
 
 from ddp_profile.profiler.telemetry import nvml as nvml_mod
-from tests import nvml_twin as T
 from ddp_profile.profiler.telemetry.nvml import Nvml, cuda_device_nvml_key, gpu_status
+from tests import nvml_twin as T
 
 
 def _twin(n: int = 2) -> T.NvmlTwin:
@@ -38,7 +38,8 @@ def test_status_through_twin_lists_devices_and_balances_init():
     assert status["driver_version"] == "550.54.15"
     assert [g["index"] for g in status["gpus"]] == [0, 1, 2]
     assert status["gpus"][1] == {"index": 1, "name": "NVIDIA H100 80GB HBM3",
-                                 "pci_bus_id": "00000000:28:00.0", "memory_total_bytes": 40 * 1024**3}
+                                 "pci_bus_id": "00000000:28:00.0",
+                                 "memory_total_bytes": 40 * 1024**3}
     assert twin.init_count == 0  # a private session is shut down again
 
 
@@ -47,7 +48,8 @@ def test_status_through_twin_lists_devices_and_balances_init():
 def test_status_when_init_fails(code, words):
     status = gpu_status(T.NvmlTwin([T.TwinDevice()], init_error=code))
     assert status["gpu_available"] is False
-    assert words in status["gpu_unavailable_reason"] and "\n" not in status["gpu_unavailable_reason"]
+    reason = status["gpu_unavailable_reason"]
+    assert words in reason and "\n" not in reason
 
 
 def test_status_with_no_device():
@@ -132,8 +134,8 @@ def test_query_quiet_errors_and_lost_device():
 
 
 def test_twin_error_hierarchy_matches_pynvml():
-    for code in (T.NVML_ERROR_NOT_SUPPORTED, T.NVML_ERROR_FUNCTION_NOT_FOUND, T.NVML_ERROR_GPU_IS_LOST,
-                 T.NVML_ERROR_NOT_FOUND, T.NVML_ERROR_UNINITIALIZED):
+    for code in (T.NVML_ERROR_NOT_SUPPORTED, T.NVML_ERROR_FUNCTION_NOT_FOUND,
+                 T.NVML_ERROR_GPU_IS_LOST, T.NVML_ERROR_NOT_FOUND, T.NVML_ERROR_UNINITIALIZED):
         twin_err, real_err = T.NVMLError(code), pynvml.NVMLError(code)
         assert type(twin_err).__name__ == type(real_err).__name__
         assert isinstance(twin_err, T.NVMLError) and twin_err.value == real_err.value == code
@@ -157,7 +159,8 @@ def _props(**fields):
 
 def test_cuda_device_key_by_pci_then_uuid(monkeypatch):
     monkeypatch.setattr(nvml_mod, "_cuda_device_properties",
-                        lambda i: _props(pci_domain_id=0, pci_bus_id=0x3B, pci_device_id=0, uuid="abc"))
+                        lambda i: _props(pci_domain_id=0, pci_bus_id=0x3B, pci_device_id=0,
+                                         uuid="abc"))
     assert cuda_device_nvml_key(0) == ("pci", "00000000:3B:00.0")
     monkeypatch.setattr(nvml_mod, "_cuda_device_properties", lambda i: _props(uuid="1234-5678"))
     assert cuda_device_nvml_key(0) == ("uuid", "GPU-1234-5678")

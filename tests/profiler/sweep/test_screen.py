@@ -7,12 +7,12 @@ import os
 import subprocess
 import sys
 
-from ddp_profile.profiler.settings import LoaderSettings, ProbePlan, backlog_warmup
 from ddp_profile.profiler.rank.hook import HOOK_DIR
-from ddp_profile.profiler.sweep.launch import LaunchOutcome
-from ddp_profile.profiler.sweep.probe import summarise_probe
+from ddp_profile.profiler.settings import LoaderSettings, ProbePlan, backlog_warmup
 from ddp_profile.profiler.store.record import read_jsonl
 from ddp_profile.profiler.store.results import read_probe_dir
+from ddp_profile.profiler.sweep.launch import LaunchOutcome
+from ddp_profile.profiler.sweep.probe import summarise_probe
 from ddp_profile.profiler.sweep.screen import split_screen
 
 # An ordinary training loop whose samples say which worker pool produced them; it writes, per

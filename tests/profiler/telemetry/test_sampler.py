@@ -16,16 +16,17 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ddp_profile.profiler.telemetry import nvml as nvml_mod
-from tests import nvml_twin as T
 from ddp_profile.profiler.telemetry.sampler import GpuSampler, HostSampler, start_samplers
+from tests import nvml_twin as T
 
 HOST_KEYS = {"cpu_percent", "cpu_max_core_percent", "cpu_per_core", "iowait_percent", "rss_bytes",
              "worker_count", "worker_cpu_percent", "disk_read_bps"}
-GPU_KEYS = {"gpu_util_percent", "gpu_mem_used_bytes", "gpu_mem_total_bytes", "gpu_power_w", "gpu_sm_clock_mhz",
-            "gpu_temp_c", "gpu_throttle_reasons", "gpu_pcie_rx_bps", "gpu_pcie_tx_bps"}
+GPU_KEYS = {"gpu_util_percent", "gpu_mem_used_bytes", "gpu_mem_total_bytes", "gpu_power_w",
+            "gpu_sm_clock_mhz", "gpu_temp_c", "gpu_throttle_reasons", "gpu_pcie_rx_bps",
+            "gpu_pcie_tx_bps"}
 GPM_KEYS = {"gpm_sm_activity", "gpm_sm_occupancy", "gpm_tensor_activity", "gpm_dram_bw_util"}
-PROCESS_LIST_CALLS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses",
-                      "nvmlDeviceGetProcessUtilization")
+PROCESS_LIST_CALLS = ("nvmlDeviceGetComputeRunningProcesses",
+                      "nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetProcessUtilization")
 
 
 @pytest.fixture(autouse=True)
@@ -183,7 +184,8 @@ def test_lost_device_mid_probe_keeps_host_metrics_and_records_loss_once(caplog):
             records.append(record)
 
     with caplog.at_level(logging.WARNING):
-        group = start_samplers(emit, pci_bus_id=twin.devices[0].pci_bus_id, nvml_lib=twin, interval_s=0.05)
+        group = start_samplers(emit, pci_bus_id=twin.devices[0].pci_bus_id, nvml_lib=twin,
+                               interval_s=0.05)
         try:
             _wait_for(lambda: len(_samples(records, "gpu")) >= 2)
             twin.devices[0].lost = True
@@ -194,10 +196,12 @@ def test_lost_device_mid_probe_keeps_host_metrics_and_records_loss_once(caplog):
         finally:
             group.stop()
     lost_at = next(i for i, r in enumerate(records) if r.get("name") == "gpu_lost")
-    assert [r for r in records if r.get("name") == "gpu_lost"][0]["data"]["pci_bus_id"] == twin.devices[0].pci_bus_id
+    lost = [r for r in records if r.get("name") == "gpu_lost"]
+    assert lost[0]["data"]["pci_bus_id"] == twin.devices[0].pci_bus_id
     assert sum(r.get("name") == "gpu_lost" for r in records) == 1
     assert _samples(records[lost_at:], "gpu") == []
-    assert group.gpu_status["gpu_available"] is False and "lost" in group.gpu_status["gpu_unavailable_reason"]
+    assert group.gpu_status["gpu_available"] is False
+    assert "lost" in group.gpu_status["gpu_unavailable_reason"]
     assert not any("stopped" in r.getMessage() for r in caplog.records)  # no crash in a thread
 
 
@@ -248,7 +252,8 @@ def test_cpu_and_iowait_from_deltas_over_available_cpus(monkeypatch):
              Times(9, 0, 0, 1, 0, 0, 0, 0, 0, 0)]   # not available to the process
     sampler = HostSampler(lambda r: None)
     sampler._cpus, sampler._cpu_times = [0, 1], [zero] * 3
-    monkeypatch.setattr("ddp_profile.profiler.telemetry.sampler.psutil.cpu_times", lambda percpu: later)
+    monkeypatch.setattr("ddp_profile.profiler.telemetry.sampler.psutil.cpu_times",
+                        lambda percpu: later)
     cpu = sampler._cpu()
     assert cpu["cpu_per_core"] == [50.0, 0.0]
     assert cpu["cpu_percent"] == 25.0 and cpu["cpu_max_core_percent"] == 50.0
@@ -289,7 +294,8 @@ def test_busy_dataloader_worker_shows_in_worker_cpu_percent():
 
 def test_threads_are_named_daemons_and_stop_is_idempotent():
     twin = _twin(1)
-    group = start_samplers(lambda r: None, pci_bus_id=twin.devices[0].pci_bus_id, nvml_lib=twin, interval_s=0.05)
+    group = start_samplers(lambda r: None, pci_bus_id=twin.devices[0].pci_bus_id, nvml_lib=twin,
+                           interval_s=0.05)
     names = sorted(s.thread.name for s in group.samplers)
     assert names == ["ddp-profile-sampler-gpu", "ddp-profile-sampler-host"]
     assert all(s.thread.daemon for s in group.samplers)

@@ -1,0 +1,323 @@
+"""The gate's statistics: rank tests, Hodges-Lehmann intervals, and what a comparison can see.
+
+Input: samples of per-step global throughput (samples/s) or their logs; numpy only, no I/O,
+nothing random. :mod:`ddp_profile.rules.gate.verdict` turns these into a decision.
+
+- **Mann-Whitney U** (:func:`mann_whitney_less`): one-sided "current is stochastically smaller
+  than baseline". For small samples without ties the p-value is exact (the U distribution is
+  counted, :func:`exact_u_cdf`); otherwise the normal approximation with tie correction and
+  continuity correction is used, which is accurate for ``n >= 8`` per side.
+- **Hodges-Lehmann shift** (:func:`hodges_lehmann`): the median of all ``n1 * n2`` pairwise
+  differences ``log(current_j) - log(baseline_i)``. Its distribution-free confidence interval
+  runs from the k-th smallest to the k-th largest of those differences, where ``k - 1`` is the
+  largest ``u`` with ``P(U <= u) <= (1 - confidence) / 2`` under no change
+  (:func:`interval_rank`): the same U distribution as the test, counted exactly when
+  ``n1 * n2 <= EXACT_MAX_PAIRS`` and from the normal approximation (continuity-corrected)
+  otherwise; tied values (a coarse timer) are not corrected for here. The interval is the set
+  of shifts the two-sided U test would not reject, so its coverage holds for any continuous
+  step-time distribution that differs between the sides only by the shift. It uses every step
+  rather than the middle one or two, so it is narrower than a bootstrap interval of the median
+  ratio at the same number of steps (efficiency 0.95 of the mean's under normal noise, the
+  median's 0.64), and it is deterministic.
+
+Both the test and the interval take the steps as independent draws. Real steps are
+autocorrelated and a shared machine's level drifts within and between runs; the interval does
+not see that (``benchmarks/gate_power.py --real-runs`` measures it; docs/ci.md).
+
+**Minimum detectable regression** (:func:`min_detectable_regression`): with
+``se = (upper - lower) / (2 z_c)`` (``z_c`` the normal quantile of the interval, 1.645 at
+90 %), the gate flags a true log-shift ``d`` with probability ``power`` (default 0.95) when
+``d <= log(1 - max_regression) - (z_c + z_power) se`` (the interval must clear the tolerance)
+and ``d <= -(z_alpha + z_power) se`` (the test must be significant). The answer is the slowdown
+``1 - exp(d)`` at the more negative of the two bounds; at the defaults it is the tolerance plus
+two half-widths of the interval (on the log scale). It counts the step-to-step noise the two
+samples show, not the run-to-run drift of the machine, which comes on top. ``se`` scales as
+``sqrt(1/n1 + 1/n2)``, so :func:`steps_for_reach` names the steps per side that would bring it
+within ``REACH_FACTOR * max_regression``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Optional, Sequence
+
+import numpy as np
+
+EXACT_MAX_PAIRS = 400  # exact U distribution (no ties) up to n1 * n2 pairs, e.g. 20 x 20
+MAX_MATERIALISED_PAIRS = 4_000_000  # beyond this, order statistics are found by bisection
+REACH_FACTOR = 2.0  # min_detectable above REACH_FACTOR * max_regression earns steps_needed
+_NORMAL = NormalDist()
+
+
+def finite_positive(values: Sequence[float]) -> np.ndarray:
+    """The finite, positive values of ``values`` as a float array (unusable steps dropped)."""
+    array = np.asarray(list(values), dtype=float)
+    return array[np.isfinite(array) & (array > 0)]
+
+
+def _midranks(combined: np.ndarray) -> np.ndarray:
+    """1-based ranks, tied values sharing the mean of their ranks."""
+    order = np.argsort(combined, kind="mergesort")
+    sorted_values = combined[order]
+    ranks = np.empty(len(combined), dtype=float)
+    start = 0
+    n = len(combined)
+    while start < n:
+        stop = start
+        while stop + 1 < n and sorted_values[stop + 1] == sorted_values[start]:
+            stop += 1
+        ranks[order[start:stop + 1]] = (start + stop) / 2.0 + 1.0
+        start = stop + 1
+    return ranks
+
+
+def u_statistic(baseline: Sequence[float], current: Sequence[float]) -> float:
+    """U of the current sample: pairs with current > baseline, ties counted one half."""
+    x = np.asarray(baseline, dtype=float)
+    y = np.asarray(current, dtype=float)
+    ranks = _midranks(np.concatenate([x, y]))
+    return float(ranks[len(x):].sum() - len(y) * (len(y) + 1) / 2.0)
+
+
+@functools.lru_cache(maxsize=64)
+def exact_u_cdf(n1: int, n2: int) -> np.ndarray:
+    """``P(U <= u)`` for ``u = 0 .. n1 * n2`` under no change and no ties, by counting.
+
+    Place the largest of all values last: a current value there beats all ``n1`` baseline values,
+    so ``count(n1, n2, u) = count(n1, n2 - 1, u - n1) + count(n1 - 1, n2, u)``. The returned
+    array is cached and read-only.
+    """
+    size = n1 * n2 + 1
+    # table[i] holds the counts for (i baseline values, j current values), j growing.
+    table = [np.zeros(size) for _ in range(n1 + 1)]
+    for i in range(n1 + 1):
+        table[i][0] = 1.0  # j = 0: U = 0 only
+    for _ in range(n2):  # one more current value each time
+        new = [np.zeros(size) for _ in range(n1 + 1)]
+        new[0][0] = 1.0  # i = 0: U = 0 only
+        for i in range(1, n1 + 1):
+            new[i][i:] += table[i][:size - i]  # largest is current: + i pairs
+            new[i] += new[i - 1]  # largest is baseline
+        table = new
+    counts = table[n1]
+    cdf = np.cumsum(counts) / counts.sum()
+    cdf.setflags(write=False)
+    return cdf
+
+
+def _exact_lower_tail(u_obs: float, n1: int, n2: int) -> float:
+    """P(U <= u_obs) under H0 with no ties."""
+    return float(exact_u_cdf(n1, n2)[int(math.floor(u_obs + 1e-9))])
+
+
+def mann_whitney_less(baseline: Sequence[float], current: Sequence[float],
+                      method: str = "auto") -> tuple[float, float]:
+    """One-sided Mann-Whitney U test of H1 "current tends to be smaller"; return (U, p).
+
+    ``method``: ``"exact"`` (no ties only), ``"normal"`` (tie- and continuity-corrected), or
+    ``"auto"`` (exact when there are no ties and ``n1 * n2 <= EXACT_MAX_PAIRS``).
+    """
+    x = np.asarray(baseline, dtype=float)
+    y = np.asarray(current, dtype=float)
+    n1, n2 = len(x), len(y)
+    if n1 == 0 or n2 == 0:
+        return math.nan, math.nan
+    combined = np.concatenate([x, y])
+    u = u_statistic(x, y)
+    _, tie_counts = np.unique(combined, return_counts=True)
+    has_ties = bool((tie_counts > 1).any())
+    if method == "exact" or (method == "auto" and not has_ties and n1 * n2 <= EXACT_MAX_PAIRS):
+        if has_ties:
+            raise ValueError("the exact U distribution here assumes no ties")
+        return u, _exact_lower_tail(u, n1, n2)
+    n = n1 + n2
+    tie_term = float((tie_counts ** 3 - tie_counts).sum()) / (n * (n - 1))
+    variance = n1 * n2 / 12.0 * ((n + 1) - tie_term)
+    if variance <= 0:  # every value identical: no evidence either way
+        return u, 1.0
+    z = (u - n1 * n2 / 2.0 + 0.5) / math.sqrt(variance)
+    return u, min(1.0, 0.5 * math.erfc(-z / math.sqrt(2.0)))
+
+
+def interval_rank(n1: int, n2: int, confidence: float = 0.90,
+                  method: str = "auto") -> tuple[int, str]:
+    """``(k, method)``: the interval is the k-th smallest .. k-th largest pairwise difference.
+
+    ``k - 1`` is the largest ``u`` with ``P(U <= u) <= (1 - confidence) / 2``, so the interval
+    covers the true shift with probability at least ``confidence`` (exact method). ``k = 0``:
+    no such ``u`` (samples too small for this confidence), the interval is unbounded.
+    ``method``: ``"exact"``, ``"normal"`` (continuity-corrected), or ``"auto"`` (exact when
+    ``n1 * n2 <= EXACT_MAX_PAIRS``).
+    """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    tail = (1.0 - confidence) / 2.0
+    if method == "exact" or (method == "auto" and n1 * n2 <= EXACT_MAX_PAIRS):
+        cdf = exact_u_cdf(n1, n2)
+        return int(np.searchsorted(cdf, tail * (1 + 1e-12), side="right")), "exact"
+    if method not in ("normal", "auto"):
+        raise ValueError(f"method must be exact, normal or auto, got {method!r}")
+    mean = n1 * n2 / 2.0
+    sd = math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12.0)
+    # P(U <= k - 1) ~ Phi((k - 1 + 0.5 - mean) / sd) <= tail
+    k = math.floor(mean + 0.5 + _NORMAL.inv_cdf(tail) * sd)
+    return max(0, k), "normal"
+
+
+def _select_pairwise(x: np.ndarray, y: np.ndarray, rank: int, iterations: int = 200) -> float:
+    """The ``rank``-th smallest ``y_j - x_i`` (1-based) without forming the pairs.
+
+    Bisects on the value, counting the pairs at or below it with ``searchsorted`` (``x``
+    sorted); the result is exact to within rounding of the bisection (~1e-15 of the range).
+    """
+    n_pairs = len(x) * len(y)
+
+    def count_le(t: float) -> int:  # y_j - x_i <= t  <=>  x_i >= y_j - t
+        return n_pairs - int(np.searchsorted(x, y - t, side="left").sum())
+
+    lo, hi = float(y.min() - x[-1]), float(y.max() - x[0])
+    if count_le(lo) >= rank:
+        return lo
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        if not lo < mid < hi:
+            break
+        if count_le(mid) >= rank:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def pairwise_order_statistics(x: Sequence[float], y: Sequence[float], ranks: Sequence[int],
+                              max_pairs: int = MAX_MATERIALISED_PAIRS) -> list[float]:
+    """The ``ranks``-th smallest (1-based) of the ``len(x) * len(y)`` differences ``y_j - x_i``.
+
+    Up to ``max_pairs`` pairs the differences are formed and partitioned; beyond, each order
+    statistic is found by bisection (:func:`_select_pairwise`), in O((n1 + n2) log n) memory.
+    """
+    xs = np.sort(np.asarray(x, dtype=float))
+    ys = np.asarray(y, dtype=float)
+    n_pairs = len(xs) * len(ys)
+    if any(not 1 <= r <= n_pairs for r in ranks):
+        raise ValueError(f"ranks must be in 1..{n_pairs}, got {list(ranks)}")
+    if n_pairs <= max_pairs:
+        differences = (ys[:, None] - xs[None, :]).ravel()
+        partitioned = np.partition(differences, sorted({r - 1 for r in ranks}))
+        return [float(partitioned[r - 1]) for r in ranks]
+    return [_select_pairwise(xs, ys, r) for r in ranks]
+
+
+@dataclass(frozen=True)
+class ShiftEstimate:
+    """Hodges-Lehmann shift ``current - baseline`` and its interval (``rank`` k, ``method``)."""
+
+    shift: float
+    low: float
+    high: float
+    rank: int
+    method: str
+
+
+def hodges_lehmann(baseline: Sequence[float], current: Sequence[float],
+                   confidence: float = 0.90, method: str = "auto",
+                   max_pairs: int = MAX_MATERIALISED_PAIRS) -> ShiftEstimate:
+    """Hodges-Lehmann estimate of the shift from ``baseline`` to ``current``, with its interval.
+
+    The estimate is the median of the pairwise differences ``current_j - baseline_i``; the
+    interval is their k-th smallest .. k-th largest, k from :func:`interval_rank`. Pass
+    log-throughput to get a log-ratio. Both samples must be non-empty and finite.
+    """
+    x = np.asarray(baseline, dtype=float)
+    y = np.asarray(current, dtype=float)
+    if len(x) == 0 or len(y) == 0 or not (np.isfinite(x).all() and np.isfinite(y).all()):
+        raise ValueError("hodges_lehmann needs non-empty, finite samples")
+    n_pairs = len(x) * len(y)
+    k, used = interval_rank(len(x), len(y), confidence, method)
+    middle = [(n_pairs + 1) // 2, n_pairs // 2 + 1]  # the same rank twice when n_pairs is odd
+    ranks = middle + ([k, n_pairs + 1 - k] if k >= 1 else [])
+    values = pairwise_order_statistics(x, y, ranks, max_pairs)
+    shift = 0.5 * (values[0] + values[1])
+    low, high = (values[2], values[3]) if k >= 1 else (-math.inf, math.inf)
+    return ShiftEstimate(shift=shift, low=low, high=high, rank=k, method=used)
+
+
+def z_quantile(probability: float) -> float:
+    """The standard normal quantile."""
+    return _NORMAL.inv_cdf(probability)
+
+
+def min_detectable_regression(log_low: float, log_high: float, *, confidence: float = 0.90,
+                              max_regression: float = 0.05, alpha: float = 0.002,
+                              power: float = 0.95) -> float:
+    """The slowdown (fraction) the gate would flag with ``power``, given the interval's width.
+
+    See the module docstring: ``se = (log_high - log_low) / (2 z_c)``; the answer is
+    ``1 - exp(-max(-log(1 - max_regression) + (z_c + z_power) se, (z_alpha + z_power) se))``.
+    NaN when the interval is unbounded.
+    """
+    if not (math.isfinite(log_low) and math.isfinite(log_high)):
+        return math.nan
+    z_c, z_power = z_quantile(1.0 - (1.0 - confidence) / 2.0), z_quantile(power)
+    se = max(0.0, log_high - log_low) / (2.0 * z_c)
+    needed = max(-math.log(1.0 - max_regression) + (z_c + z_power) * se,
+                 (z_quantile(1.0 - alpha) + z_power) * se)
+    return 1.0 - math.exp(-needed)
+
+
+def steps_for_reach(log_low: float, log_high: float, n_baseline: int, n_current: int, *,
+                    confidence: float = 0.90, max_regression: float = 0.05,
+                    alpha: float = 0.002, power: float = 0.95,
+                    reach: Optional[float] = None) -> Optional[int]:
+    """Steps per side that would bring :func:`min_detectable_regression` within ``reach``.
+
+    ``reach`` defaults to ``REACH_FACTOR * max_regression``. The interval's width scales as
+    ``sqrt(1/n1 + 1/n2)``, so with ``n`` steps on both sides ``se(n) = se * sqrt((2 / n) /
+    (1/n1 + 1/n2))``. None when the comparison already reaches it, or when there is no sensible
+    target (``max_regression`` 0, or a reach of 100 % or more).
+    """
+    reach = REACH_FACTOR * max_regression if reach is None else reach
+    if not 0 < reach < 1 or max_regression >= reach:
+        return None
+    if not (math.isfinite(log_low) and math.isfinite(log_high)):
+        return None
+    current = min_detectable_regression(log_low, log_high, confidence=confidence,
+                                        max_regression=max_regression, alpha=alpha, power=power)
+    if current <= reach:
+        return None
+    z_c, z_power = z_quantile(1.0 - (1.0 - confidence) / 2.0), z_quantile(power)
+    se = (log_high - log_low) / (2.0 * z_c)
+    target = -math.log(1.0 - reach)
+    se_wanted = min((target + math.log(1.0 - max_regression)) / (z_c + z_power),
+                    target / (z_quantile(1.0 - alpha) + z_power))
+    inverse_n = 1.0 / n_baseline + 1.0 / n_current
+    return math.ceil(2.0 / inverse_n * (se / se_wanted) ** 2)
+
+
+def t_quantile(probability: float, df: int) -> float:
+    """Student's t quantile, by the Cornish-Fisher expansion around the normal one.
+
+    At 0.95 (the one-sided end of a 90 % interval) within 1.5 % of the exact value for
+    ``df >= 2``; at 0.99 within 1 % from ``df >= 4``. The launch-level interval it sets is
+    informative, not part of the decision.
+    """
+    if df < 1:
+        return math.inf
+    z = z_quantile(probability)
+    z3, z5, z7 = z ** 3, z ** 5, z ** 7
+    return (z + (z3 + z) / (4 * df) + (5 * z5 + 16 * z3 + 3 * z) / (96 * df ** 2)
+            + (3 * z7 + 19 * z5 + 17 * z3 - 15 * z) / (384 * df ** 3))
+
+
+def launch_medians(launches: Sequence[Sequence[float]], min_samples: int = 8) -> np.ndarray:
+    """The median log-throughput of each launch with at least ``min_samples`` usable steps."""
+    medians = []
+    for launch in launches:
+        values = finite_positive(launch)
+        if len(values) >= max(min_samples, 1):
+            medians.append(float(np.median(np.log(values))))
+    return np.asarray(medians, dtype=float)
+
