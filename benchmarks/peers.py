@@ -187,7 +187,12 @@ def main(argv: list[str] | None = None) -> dict:
                 _log(row2)
         diagnosis.append(diagnosis_row(name, workload, opts, have, known))
         _log(diagnosis[-1])
-    overhead = None if opts.skip_overhead else tools.overhead(opts.quick, have)
+    overhead = None
+    if not opts.skip_overhead:
+        try:
+            overhead = tools.overhead(opts.quick, have)
+        except Exception as exc:  # noqa: BLE001 -- a failed row never takes the others down
+            overhead = {"error": f"{type(exc).__name__}: {exc}"}
     result = {
         "benchmark": "peers", "mode": "quick" if opts.quick else "full",
         "versions": versions(), "pinned": PINS, "wide_grid": list(WIDE_GRID),
