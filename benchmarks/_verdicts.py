@@ -7,10 +7,11 @@ one of the ``CAUSES`` below (or to ``None``: a verdict that names no cause, e.g.
 
 A workload has one known cause; what a tool said about it scores
 
-* ``right``: it named the known cause and no other cause;
-* ``partial``: it named a loading problem without telling waiting from CPU work
-  (``loading``) on a loading workload, and no wrong cause;
-* ``wrong``: it named any cause that is not the workload's (with or without the right one);
+* ``right``: it named the known cause and nothing that contradicts it;
+* ``partial``: it named only a true but generic description (``CONSISTENT``): a loading
+  problem without telling waiting from CPU work on a loading workload, or "compute-bound" on
+  a workload whose loop does not wait for data (threads, a straggler, unsharded data);
+* ``wrong``: it named any other cause (with or without the right one);
 * ``nothing``: it named no cause;
 * ``n/a``: the tool does not apply (e.g. loadtune has one process: no straggler, no sharding).
 """
@@ -22,7 +23,10 @@ from typing import Iterable, Optional
 
 CAUSES = ("loading_wait", "loading_cpu", "loading", "compute", "threads", "straggler",
           "unsharded", "no_ddp", "other")
-LOADING = ("loading_wait", "loading_cpu")
+# known cause -> the generic descriptions that are true of such a workload without naming it
+CONSISTENT = {"loading_wait": ("loading",), "loading_cpu": ("loading",),
+              "threads": ("compute",), "straggler": ("compute",), "unsharded": ("compute",),
+              "no_ddp": ("compute",)}
 
 # tool -> verdict -> cause (None: the verdict names no cause)
 VOCABULARY: dict[str, dict[str, Optional[str]]] = {
@@ -70,7 +74,7 @@ def score(named: list[str], known: str) -> str:
     """right / partial / wrong / nothing for the causes a tool named on a workload."""
     if not named:
         return "nothing"
-    wrong = [c for c in named if c != known and not (c == "loading" and known in LOADING)]
+    wrong = [c for c in named if c != known and c not in CONSISTENT.get(known, ())]
     if wrong:
         return "wrong"
     if known in named:

@@ -54,6 +54,10 @@ def test_loadtune_narrative_gives_one_verdict(narrative, verdict):
     (["straggler", "loading"], "straggler", "wrong"),  # a wrong cause beside the right one
     ([], "unsharded", "nothing"),
     (["compute"], "compute", "right"),
+    (["loading"], "compute", "wrong"),
+    (["straggler", "compute"], "straggler", "right"),  # the loop does not wait for data: true
+    (["compute"], "threads", "partial"),  # true of oversubscribed ranks, but not the cause
+    (["unsharded", "compute"], "unsharded", "right"),
 ])
 def test_score(named, known, expected):
     assert _verdicts.score(named, known) == expected
