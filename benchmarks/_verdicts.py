@@ -41,10 +41,14 @@ VOCABULARY: dict[str, dict[str, Optional[str]]] = {
         "data-parallel": "other", "backend-mismatch": "other",
         "find-unused-parameters": None,
     },
-    "traceml": {
+    "traceml": {  # its diagnosis kinds; the observations (CPU, memory, residual) name none
         "INPUT_BOUND": "loading", "INPUT_STRAGGLER": "straggler",
         "COMPUTE_BOUND": "compute", "COMPUTE_STRAGGLER": "straggler",
-        "STRAGGLER": "straggler", "NORMAL": None, "NO_GPU": None,
+        "STRAGGLER": "straggler", "IMBALANCE": "straggler", "NORMAL": None, "NO_GPU": None,
+        "BALANCED": None, "WARMUP": None, "NO_DATA": None, "INCOMPLETE_DATA": None,
+        "HIGH_CPU": None, "HIGH_PROCESS_CPU": None, "RESIDUAL_HEAVY": None,
+        "HIGH_HOST_MEMORY": None, "HIGH_PROCESS_RSS": None, "HIGH_PRESSURE": None,
+        "CREEP_EARLY": None, "CREEP_CONFIRMED": None,
     },
     "loadtune": {
         "input-bound, CPU saturated": "loading_cpu", "input-bound": "loading",

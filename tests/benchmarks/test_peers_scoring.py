@@ -65,7 +65,7 @@ def test_score(named, known, expected):
 
 def test_unknown_verdicts_count_as_another_cause_and_neutral_ones_as_none():
     assert _verdicts.causes("traceml", ["SOMETHING_NEW"]) == ["other"]
-    assert _verdicts.causes("traceml", ["NORMAL", "NO_GPU"]) == []
+    assert _verdicts.causes("traceml", ["NORMAL", "NO_GPU", "HIGH_CPU", "RESIDUAL_HEAVY"]) == []
     cell = _verdicts.diagnosis_row("traceml", ["NORMAL"], "straggler")
     assert cell["score"] == "nothing" and cell["verdicts"] == ["NORMAL"]
 
