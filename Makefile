@@ -29,9 +29,17 @@ test: setup browser
 	$(BIN)/ruff check ddp_profile tests benchmarks
 	$(BIN)/python -m pytest -q
 
+# The peers install beside the pinned CPU torch. Only loadtune requires torch (traceml-ai,
+# gpuprof and datapath-doctor name it in optional extras only); the constraints file holds it
+# to the installed build, and the check after the install fails loudly should anything have
+# replaced it. If it ever does, install loadtune alone with --no-deps and its other
+# requirements: jinja2>=3.1 matplotlib>=3.7 numpy>=1.24 psutil.
 bench: setup
 	$(BIN)/pip install -q -c constraints-cpu.txt -e '.[bench]'
+	$(BIN)/python -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') \
+		else 'the bench extra replaced torch: ' + torch.__version__)"
 	$(BIN)/python benchmarks/overhead.py --quick
+	$(BIN)/python benchmarks/peers.py --quick
 
 clean:
 	rm -rf $(VENV) build *.egg-info

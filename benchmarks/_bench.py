@@ -52,14 +52,14 @@ def scratch(prefix: str) -> str:
     return tempfile.mkdtemp(prefix=prefix, dir=base)
 
 
-def torchrun_command(script: str, args: list[str]) -> list[str]:
+def torchrun_command(script: str, args: list[str], nproc: int = NPROC) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={NPROC}", "--max-restarts=0", script, *args]
+            f"--nproc-per-node={nproc}", "--max-restarts=0", script, *args]
 
 
-def _read_ranks(out_pattern: str) -> list[dict[str, Any]]:
+def _read_ranks(out_pattern: str, nproc: int = NPROC) -> list[dict[str, Any]]:
     results = []
-    for rank in range(NPROC):
+    for rank in range(nproc):
         path = out_pattern.format(rank=rank)
         if os.path.exists(path):
             with open(path) as handle:
@@ -68,18 +68,25 @@ def _read_ranks(out_pattern: str) -> list[dict[str, Any]]:
 
 
 def run_plain(args: list[str], work: str, timeout_s: float = 600.0,
-              script: str = WORKLOAD) -> dict[str, Any]:
-    """The workload under plain torchrun; its per-rank self-measurements and the launch times."""
+              script: str = WORKLOAD, nproc: int = NPROC,
+              command: Optional[list[str]] = None) -> dict[str, Any]:
+    """The workload under plain torchrun (``nproc`` ranks), or ``command`` followed by the
+    script's arguments (e.g. a peer's launcher); the per-rank self-measurements and the launch
+    times."""
     out = os.path.join(work, "res-{rank}.json")
     env = dict(os.environ)
     env.pop("DDP_PROFILE", None)
+    argv = [*(command or torchrun_command(script, [], nproc)), *args, "--out", out]
     started_ns = time.time_ns()
     with open(os.path.join(work, "launcher.log"), "ab") as log:
-        proc = subprocess.run(torchrun_command(script, [*args, "--out", out]), cwd=work, env=env,
-                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                              timeout=timeout_s)
+        try:
+            proc = subprocess.run(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                  stderr=subprocess.STDOUT, timeout=timeout_s)
+            returncode = proc.returncode
+        except subprocess.TimeoutExpired:
+            returncode = -9
     ended_ns = time.time_ns()
-    return {"returncode": proc.returncode, "ranks": _read_ranks(out),
+    return {"returncode": returncode, "ranks": _read_ranks(out, nproc),
             "started_ns": started_ns, "ended_ns": ended_ns}
 
 

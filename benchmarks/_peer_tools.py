@@ -1,0 +1,267 @@
+"""How ``benchmarks/peers.py`` runs each tool on a workload and reads its answer.
+
+Every runner returns a dict with ``status`` ("ok", or why not), ``wall_s`` (launch to answer)
+and, where the tool gives them, ``recommended`` (a configuration of ``peers_train.py``'s
+settings: num_workers, prefetch_factor, batch_size, threads) and ``verdicts`` (the tool's own
+words, mapped to causes by ``_verdicts``). Each run gets its own scratch directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from typing import Any, Optional
+
+import _bench
+import _verdicts
+
+SCRIPT = os.path.join(_bench.REPO, "benchmarks", "workloads", "peers_train.py")
+LOADTUNE_FILE = os.path.join(_bench.REPO, "benchmarks", "workloads", "peers_loadtune.py")
+FLAGS = {"num_workers": "--num-workers", "prefetch_factor": "--prefetch-factor",
+         "batch_size": "--batch-size", "threads": "--threads"}
+NOT_APPLICABLE = {
+    "datapath_doctor": "SDK-based (its DataLoaderProfiler inside the loop); not wired here",
+    "gpuprof": "a GPU profiler (kernels, NVML); it names no host-side cause",
+}
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("DDP_PROFILE", None)
+    env.update(extra)
+    return env
+
+
+def _run(cmd: list[str], work: str, timeout_s: float, env: Optional[dict] = None) -> tuple:
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, cwd=work, env=env or _env(), capture_output=True, text=True,
+                              timeout=timeout_s, stdin=subprocess.DEVNULL)
+        code, tail = proc.returncode, (proc.stdout + proc.stderr)[-600:]
+    except subprocess.TimeoutExpired:
+        code, tail = -9, f"timed out after {timeout_s:.0f} s"
+    return code, tail, round(time.monotonic() - started, 1)
+
+
+def default_batch(args: list[str]) -> int:
+    return int(args[args.index("--batch-size") + 1]) if "--batch-size" in args else 16
+
+
+def config_label(config: dict, batch: int = 16) -> str:
+    """One name per distinct configuration (the DataLoader's defaults left out)."""
+    workers = int(config.get("num_workers") or 0)
+    parts = [f"workers={workers}"]
+    prefetch = config.get("prefetch_factor")
+    if workers and prefetch and int(prefetch) != 2:
+        parts.append(f"prefetch={int(prefetch)}")
+    if config.get("batch_size") and int(config["batch_size"]) != batch:
+        parts.append(f"bs={int(config['batch_size'])}")
+    if config.get("threads"):
+        parts.append(f"threads={int(config['threads'])}")
+    return ",".join(parts)
+
+
+def config_args(config: dict) -> list[str]:
+    out: list[str] = []
+    for key, flag in FLAGS.items():
+        if config.get(key) is not None and config.get(key) is not False:
+            out += [flag, str(int(config[key]))]
+    return out
+
+
+def measure_config(args: list[str], config: dict, nproc: int, steps: int) -> Optional[float]:
+    """Global samples/s of one fresh plain launch of the script with ``config``."""
+    work = _bench.scratch("peers-h2h-")
+    try:
+        argv = [*args, *config_args(config), "--steps", str(steps)]
+        command = [sys.executable, SCRIPT] if nproc == 1 else None
+        result = _bench.run_plain(argv, work, timeout_s=300, script=SCRIPT, nproc=nproc,
+                                  command=command)
+        values = [r["throughput"] for r in result["ranks"]]
+        return min(values) if len(values) == nproc else None
+    finally:
+        _bench.cleanup(work)
+
+
+def ddp_profile(workload: dict, nproc: int, steps: int, warmup: int) -> dict:
+    """``ddp-profile run`` on the unmodified script: recommendation, findings, wall time."""
+    work = _bench.scratch("peers-ddp-profile-")
+    try:
+        out = os.path.join(work, "run")
+        launch = (["--launcher", "none"] if workload.get("in_place")
+                  else ["--nproc-per-node", str(nproc)])
+        script_args = [*workload["args"], *(["--spawn", "2"] if workload.get("in_place")
+                                            else []), "--steps", "100000"]
+        cmd = [sys.executable, "-m", "ddp_profile", "run", SCRIPT, *launch, "--steps",
+               str(steps), "--warmup", str(warmup), "--no-report", "--quiet", "--out", out,
+               "--", *script_args]
+        code, tail, wall = _run(cmd, work, 1800)
+        path = os.path.join(out, "summary.json")
+        if not os.path.exists(path):
+            return {"status": f"exit {code}: {tail[-300:]}", "wall_s": wall}
+        with open(path) as handle:
+            summary = json.load(handle)
+        recommended = summary.get("recommended")
+        if recommended is not None:
+            recommended = _ddp_profile_config(summary, recommended)
+        return {"status": "ok", "wall_s": wall, "recommended": recommended,
+                "expected_speedup": summary.get("expected_speedup"),
+                "verdicts": _verdicts.ddp_profile_verdicts(summary),
+                "probes": len(summary.get("probes") or [])}
+    finally:
+        _bench.cleanup(work)
+
+
+def _ddp_profile_config(summary: dict, recommended: dict) -> dict:
+    config = {k: recommended.get(k) for k in ("num_workers", "prefetch_factor", "batch_size")}
+    threads = recommended.get("threads")
+    if threads is None:
+        chosen = summary.get("recommended_probe")
+        probe = next((p for p in summary.get("probes") or [] if p.get("id") == chosen), {})
+        threads = probe.get("threads")
+    if threads:
+        config["threads"] = threads
+    return config
+
+
+def loadtune(workload: dict, steps: int, warmup: int) -> dict:
+    """``loadtune tune`` on the workload file: its best configuration and its verdict."""
+    from loadtune.experiment import Trial, best_trial
+    from loadtune.knobs import Knobs
+
+    work = _bench.scratch("peers-loadtune-")
+    try:
+        raw = os.path.join(work, "raw.json")
+        cmd = [sys.executable, "-c", "import sys; from loadtune.cli import main; "
+               "sys.exit(main())", "tune", LOADTUNE_FILE, "--steps", str(steps), "--warmup",
+               str(warmup), "--no-plots", "--save-raw", raw, "--out",
+               os.path.join(work, "report.md")]
+        env = _env(PEERS_WORKLOAD_ARGS=json.dumps(workload["args"]))
+        code, tail, wall = _run(cmd, work, 1800, env)
+        if not os.path.exists(raw):
+            return {"status": f"exit {code}: {tail[-300:]}", "wall_s": wall}
+        with open(raw) as handle:
+            data = json.load(handle)
+        trials = []
+        for entry in data.get("trials") or []:
+            trial = Trial(knobs=Knobs.from_dict(entry["knobs"]), reason=entry.get("reason", ""))
+            trial.result = entry.get("result")
+            trials.append(trial)
+        best = best_trial(trials)  # loadtune's own choice ("best overall")
+        base = data["baseline"]
+        knobs = best.knobs if best and best.throughput > base["throughput"] \
+            else Knobs.from_dict(base["knobs"])
+        config = {"num_workers": knobs.num_workers, "prefetch_factor": knobs.prefetch_factor,
+                  "batch_size": knobs.batch_size, "threads": knobs.num_threads}
+        return {"status": "ok", "wall_s": wall, "recommended": config,
+                "expected_speedup": round(best.throughput / base["throughput"], 3)
+                if best and best.throughput > base["throughput"] else 1.0,
+                "verdicts": _verdicts.loadtune_verdicts(data.get("narrative", "")),
+                "narrative": data.get("narrative"), "trials": len(trials),
+                "baseline_cpu_util": base.get("cpu_util_mean")}
+    finally:
+        _bench.cleanup(work)
+
+
+def traceml(workload: dict, steps: int) -> dict:
+    """``traceml run`` (torchrun, 2 ranks) on the script with its two lines; its verdicts."""
+    work = _bench.scratch("peers-traceml-")
+    try:
+        extra = {}
+        if workload.get("in_place"):  # default threads, as the in-place ranks have them
+            extra["OMP_NUM_THREADS"] = str(len(os.sched_getaffinity(0)))
+        cmd = [sys.executable, "-c", "import sys; from traceml_ai.launcher.cli import main; "
+               "sys.exit(main())", "run", SCRIPT, "--nproc-per-node", "2", "--logs-dir",
+               os.path.join(work, "logs"), "--run-name", "peers", "--args",
+               *workload["args"], "--traceml", "--steps", str(steps)]
+        code, tail, wall = _run(cmd, work, 900, _env(**extra))
+        path = os.path.join(work, "logs", "peers", "final_summary.json")
+        if not os.path.exists(path):
+            return {"status": f"exit {code}: {tail[-300:]}", "wall_s": wall}
+        with open(path) as handle:
+            summary = json.load(handle)
+        return {"status": "ok", "wall_s": wall, "verdicts": _verdicts.traceml_verdicts(summary)}
+    finally:
+        _bench.cleanup(work)
+
+
+def fournex(workload: dict, steps: int) -> dict:
+    """``frx collect`` around the unmodified script under torchrun, then ``frx analyze``."""
+    work = _bench.scratch("peers-fournex-")
+    try:
+        frx = [sys.executable, "-c", "import sys; from fournex.cli import main; "
+               "sys.exit(main())"]
+        extra = {"OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))} \
+            if workload.get("in_place") else {}
+        collect = [*frx, "collect", "--name", "peers", "--out", "runs", "--run-id", "r", "--",
+                   *_bench.torchrun_command(SCRIPT, [*workload["args"], "--steps", str(steps)])]
+        _, _, wall = _run(collect, work, 900, _env(**extra))
+        code, text, more = _run([*frx, "analyze", os.path.join("runs", "r")], work, 300)
+        labels = [label for label in _verdicts.VOCABULARY["fournex"]
+                  if re.search(rf"\b{label}\b", text)]
+        if "No trace data" in text:
+            return {"status": "ok", "wall_s": wall + more, "verdicts": [],
+                    "said": "no trace data (fournex reads what its SDK records in the script)"}
+        return {"status": "ok" if code == 0 else f"exit {code}", "wall_s": wall + more,
+                "verdicts": labels}
+    finally:
+        _bench.cleanup(work)
+
+
+def overhead(quick: bool, have: dict) -> dict[str, Any]:
+    """Per-step overhead: ddp-profile (in process and between launches) and the peers."""
+    import overhead as oh
+
+    reps = 1 if quick else 3
+    steps = 40 if quick else 200
+    inproc = [oh.run_in_process(240 if quick else 1000, 5,
+                                oh.IN_PROCESS_BLOCK * (1 if r % 2 == 0 else -1), False)
+              for r in range(reps)]
+    pooled = oh.pooled_in_process(inproc)
+    share = oh.sampler_share()["steady"]
+    variants = ["plain", "ddp_profile", *(["gpuprof"] if have.get("gpuprof") else [])]
+    ratios: dict[str, list[float]] = {v: [] for v in variants if v != "plain"}
+    for rep in range(reps):
+        medians = {v: oh.run_variant(v, steps, 5)["median_step_s"]
+                   for v in (variants if rep % 2 == 0 else variants[::-1])}
+        for v in ratios:
+            if medians.get(v) and medians.get("plain"):
+                ratios[v].append(medians[v] / medians["plain"])
+    out = {"ddp_profile": {"in_process": pooled.get("ratio"),
+                           "in_process_with_samplers": _bench.rnd(pooled["ratio"] + share)
+                           if pooled.get("ratio") else None,
+                           "between_launches": _bench.rnd(_bench.median(ratios["ddp_profile"]))},
+           "workload": "bench_train.py " + " ".join(oh.WORKLOAD_ARGS), "reps": reps}
+    if have.get("gpuprof"):
+        out["gpuprof"] = {"between_launches": _bench.rnd(_bench.median(ratios["gpuprof"]))}
+    out["traceml"] = traceml_overhead(reps, steps) if have.get("traceml") else "not installed"
+    out["loadtune"] = "n/a: loadtune runs its own loop, not the script's"
+    return out
+
+
+def traceml_overhead(reps: int, steps: int) -> dict:
+    """traceml-ai's two lines under ``traceml run`` against plain torchrun (median step)."""
+    args = ["--hidden", "1024", "--layers", "3", "--batch-size", "64", "--steps", str(steps)]
+    ratios = []
+    for rep in range(reps):
+        medians = {}
+        for variant in (("plain", "traceml") if rep % 2 == 0 else ("traceml", "plain")):
+            work = _bench.scratch("peers-oh-")
+            try:
+                command = None if variant == "plain" else [
+                    sys.executable, "-c", "import sys; from traceml_ai.launcher.cli import "
+                    "main; sys.exit(main())", "run", SCRIPT, "--nproc-per-node", "2",
+                    "--logs-dir", os.path.join(work, "logs"), "--run-name", "oh", "--args",
+                    "--traceml"]
+                result = _bench.run_plain(args, work, script=SCRIPT, command=command)
+                values = [r["median_step_s"] for r in result["ranks"]]
+                medians[variant] = max(values) if len(values) == 2 else None
+            finally:
+                _bench.cleanup(work)
+        if medians["plain"] and medians["traceml"]:
+            ratios.append(medians["traceml"] / medians["plain"])
+    return {"between_launches": _bench.rnd(_bench.median(ratios)), "reps": reps}

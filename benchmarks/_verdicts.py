@@ -1,0 +1,182 @@
+"""What each tool's verdicts mean, and the scores of ``benchmarks/peers.py`` (pure functions).
+
+Every tool speaks its own vocabulary: ddp-profile's finding rules (and the recommendation's
+"compute-bound" note), traceml-ai's ``*_BOUND`` / ``*_STRAGGLER`` kinds, loadtune's narrative,
+fournex's bottleneck labels, datapath-doctor's rule ids. ``VOCABULARY`` maps each verdict to
+one of the ``CAUSES`` below (or to ``None``: a verdict that names no cause, e.g. "NORMAL").
+
+A workload has one known cause; what a tool said about it scores
+
+* ``right``: it named the known cause and nothing that contradicts it;
+* ``partial``: it named only a true but generic description (``CONSISTENT``): a loading
+  problem without telling waiting from CPU work on a loading workload, or "compute-bound" on
+  a workload whose loop does not wait for data (threads, a straggler, unsharded data);
+* ``wrong``: it named any other cause (with or without the right one);
+* ``nothing``: it named no cause;
+* ``n/a``: the tool does not apply (e.g. loadtune has one process: no straggler, no sharding).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, Optional
+
+CAUSES = ("loading_wait", "loading_cpu", "loading", "compute", "threads", "straggler",
+          "unsharded", "no_ddp", "other")
+# known cause -> the generic descriptions that are true of such a workload without naming it
+CONSISTENT = {"loading_wait": ("loading",), "loading_cpu": ("loading",),
+              "threads": ("compute",), "straggler": ("compute",), "unsharded": ("compute",),
+              "no_ddp": ("compute",)}
+
+# tool -> verdict -> cause (None: the verdict names no cause)
+VOCABULARY: dict[str, dict[str, Optional[str]]] = {
+    "ddp_profile": {
+        "io-bound-loading": "loading_wait", "cpu-bound-preprocessing": "loading_cpu",
+        "data-loader-bound": "loading", "persistent-workers": "loading",
+        "worker-oversubscription": "threads", "thread-oversubscription": "threads",
+        "straggler": "straggler", "missing-distributed-sampler": "unsharded",
+        "no-ddp": "no_ddp", "note:compute-bound": "compute",
+        "frequent-io": "other", "pin-memory": "other", "batch-size-headroom": "other",
+        "low-gpu-utilization": "other", "missing-set-epoch": "other",
+        "data-parallel": "other", "backend-mismatch": "other",
+        "find-unused-parameters": None,
+    },
+    "traceml": {  # its diagnosis kinds; the observations (CPU, memory, residual) name none
+        "INPUT_BOUND": "loading", "INPUT_STRAGGLER": "straggler",
+        "COMPUTE_BOUND": "compute", "COMPUTE_STRAGGLER": "straggler",
+        "STRAGGLER": "straggler", "IMBALANCE": "straggler", "NORMAL": None, "NO_GPU": None,
+        "BALANCED": None, "WARMUP": None, "NO_DATA": None, "INCOMPLETE_DATA": None,
+        "HIGH_CPU": None, "HIGH_PROCESS_CPU": None, "RESIDUAL_HEAVY": None,
+        "HIGH_HOST_MEMORY": None, "HIGH_PROCESS_RSS": None, "HIGH_PRESSURE": None,
+        "CREEP_EARLY": None, "CREEP_CONFIRMED": None,
+    },
+    "loadtune": {
+        "input-bound, CPU saturated": "loading_cpu", "input-bound": "loading",
+        "compute-bound": "compute", "mildly contended": "loading",
+    },
+    "fournex": {
+        "input_bound": "loading", "copy_bound": "other", "sync_bound": "other",
+        "underutilized_gpu": "other", "memory_pressure": "other",
+        "shape_instability": "other", "launch_bound": "other",
+        "insufficient_telemetry": None,
+    },
+}
+
+
+def causes(tool: str, verdicts: Iterable[str]) -> list[str]:
+    """The causes a tool's verdicts name, in order, once each (unknown verdicts: ``other``)."""
+    vocabulary = VOCABULARY.get(tool, {})
+    named: list[str] = []
+    for verdict in verdicts:
+        cause = vocabulary.get(verdict, "other")
+        if cause is not None and cause not in named:
+            named.append(cause)
+    return named
+
+
+def score(named: list[str], known: str) -> str:
+    """right / partial / wrong / nothing for the causes a tool named on a workload."""
+    if not named:
+        return "nothing"
+    wrong = [c for c in named if c != known and c not in CONSISTENT.get(known, ())]
+    if wrong:
+        return "wrong"
+    if known in named:
+        return "right"
+    return "partial"
+
+
+_LOADTUNE_PATTERNS = (  # in the order loadtune's own explain() tests them
+    (r"input-bound\*\* .*CPU already saturated", "input-bound, CPU saturated"),
+    (r"\*\*input-bound\*\*", "input-bound"),
+    (r"\*\*compute-bound\*\*", "compute-bound"),
+    (r"mildly contended", "mildly contended"),
+)
+
+
+def loadtune_verdicts(narrative: str) -> list[str]:
+    """The verdict in loadtune's narrative (``brain.explain``), as one vocabulary word."""
+    for pattern, verdict in _LOADTUNE_PATTERNS:
+        if re.search(pattern, narrative or ""):
+            return [verdict]
+    return []
+
+
+def traceml_verdicts(summary: dict) -> list[str]:
+    """Every diagnosis kind in traceml-ai's ``final_summary.json`` (primary first)."""
+    kinds = [((summary.get("primary_diagnosis") or {}).get("kind"))]
+    for section in ("step_time", "system", "process", "step_memory"):
+        part = summary.get(section) or {}
+        kinds.append((part.get("diagnosis") or {}).get("kind"))
+        kinds += [issue.get("kind") for issue in part.get("issues") or []]
+    seen: list[str] = []
+    for kind in kinds:
+        if kind and kind not in seen:
+            seen.append(kind)
+    return seen
+
+
+def ddp_profile_verdicts(summary: dict) -> list[str]:
+    """The finding rules of a ddp-profile summary, and its compute-bound note if given."""
+    rules = [f["rule"] for f in summary.get("findings") or []]
+    notes = (summary.get("recommendation") or {}).get("notes") or []
+    if any("compute-bound" in note for note in notes):
+        rules.append("note:compute-bound")
+    return rules
+
+
+def diagnosis_row(tool: str, verdicts: Optional[list[str]], known: str,
+                  status: str = "ok") -> dict:
+    """One tool's cell of the diagnosis table: raw verdicts, causes named, score."""
+    if status != "ok" or verdicts is None:
+        return {"score": "n/a" if status == "n/a" else "nothing", "status": status,
+                "verdicts": verdicts or [], "causes": []}
+    named = causes(tool, verdicts)
+    return {"score": score(named, known), "status": status, "verdicts": verdicts,
+            "causes": named}
+
+
+def tally(rows: list[dict], tools: Iterable[str]) -> dict[str, dict[str, int]]:
+    """Per tool, how many workloads scored right / partial / wrong / nothing / n/a."""
+    out: dict[str, dict[str, int]] = {}
+    for tool in tools:
+        counts = {key: 0 for key in ("right", "partial", "wrong", "nothing", "n/a")}
+        for row in rows:
+            cell = row["tools"].get(tool)
+            if cell is not None:
+                counts[cell["score"]] += 1
+        out[tool] = counts
+    return out
+
+
+def quality(candidates: dict[str, list[float]], grid: Iterable[str],
+            tools: dict[str, Optional[str]]) -> dict:
+    """Each tool's recommended configuration against the grid's best, from head-to-head medians.
+
+    ``candidates``: configuration label -> throughputs of its fresh launches; ``grid``: the
+    labels of the wide grid; ``tools``: tool -> the label of its recommendation (None: none).
+    """
+    medians = {label: _median(values) for label, values in candidates.items()}
+    grid_medians = {label: medians.get(label) for label in grid if medians.get(label)}
+    if not grid_medians:
+        return {"grid_best": None, "tools": {t: None for t in tools}}
+    best = max(grid_medians, key=lambda label: grid_medians[label])
+    out = {}
+    for tool, label in tools.items():
+        value = medians.get(label) if label else None
+        out[tool] = {"config": label, "throughput": _round(value, 1),
+                     "vs_grid_best": _round(value / grid_medians[best], 4) if value else None}
+    return {"grid_best": {"config": best, "throughput": _round(grid_medians[best], 1)},
+            "medians": {k: _round(v, 1) for k, v in medians.items()}, "tools": out}
+
+
+def _median(values: list[float]) -> Optional[float]:
+    values = sorted(v for v in values if v)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def _round(value: Optional[float], digits: int) -> Optional[float]:
+    return None if value is None else round(value, digits)

@@ -1,0 +1,107 @@
+"""The peers benchmark's pure parts: each tool's verdicts read from its own output, mapped to
+causes, scored against the workload's known cause, and the head-to-head quality figures."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+
+import _peer_tools  # noqa: E402
+import _verdicts  # noqa: E402
+
+
+def test_ddp_profile_rules_and_its_compute_bound_note_are_read_from_the_summary():
+    summary = {"findings": [{"rule": "data-loader-bound"}, {"rule": "io-bound-loading"}],
+               "recommendation": {"notes": ["The baseline waits only 2 % of each step for "
+                                            "data: it is compute-bound, and ..."]}}
+    verdicts = _verdicts.ddp_profile_verdicts(summary)
+    assert verdicts == ["data-loader-bound", "io-bound-loading", "note:compute-bound"]
+    assert _verdicts.causes("ddp_profile", verdicts) == ["loading", "loading_wait", "compute"]
+
+
+def test_traceml_kinds_are_collected_from_every_section_once_primary_first():
+    summary = {"primary_diagnosis": {"kind": "COMPUTE_STRAGGLER"},
+               "step_time": {"diagnosis": {"kind": "COMPUTE_STRAGGLER"},
+                             "issues": [{"kind": "COMPUTE_STRAGGLER"}, {"kind": "INPUT_BOUND"}]},
+               "system": {"diagnosis": {"kind": "NORMAL"}, "issues": [{"kind": "NORMAL"}]},
+               "step_memory": {"diagnosis": {"kind": "NO_GPU"}}}
+    verdicts = _verdicts.traceml_verdicts(summary)
+    assert verdicts == ["COMPUTE_STRAGGLER", "INPUT_BOUND", "NORMAL", "NO_GPU"]
+    assert _verdicts.causes("traceml", verdicts) == ["straggler", "loading"]
+
+
+@pytest.mark.parametrize("narrative, verdict", [
+    ("The workload is **input-bound** (77% data wait) with **CPU already saturated** (97%): "
+     "more workers cannot help.", "input-bound, CPU saturated"),
+    ("The workload is **input-bound**: 44% of step time is spent waiting", "input-bound"),
+    ("The workload is **compute-bound** (data wait 1%); extra workers", "compute-bound"),
+    ("The input pipeline is mildly contended (data wait 9%).", "mildly contended"),
+])
+def test_loadtune_narrative_gives_one_verdict(narrative, verdict):
+    assert _verdicts.loadtune_verdicts(narrative) == [verdict]
+    assert _verdicts.loadtune_verdicts("") == []
+
+
+@pytest.mark.parametrize("named, known, expected", [
+    (["loading", "loading_wait"], "loading_wait", "right"),
+    (["loading_cpu"], "loading_wait", "wrong"),  # CPU named on a sleep-bound loader
+    (["loading"], "loading_cpu", "partial"),  # input-bound, without telling which kind
+    (["loading"], "threads", "wrong"),
+    (["straggler", "loading"], "straggler", "wrong"),  # a wrong cause beside the right one
+    ([], "unsharded", "nothing"),
+    (["compute"], "compute", "right"),
+    (["loading"], "compute", "wrong"),
+    (["straggler", "compute"], "straggler", "right"),  # the loop does not wait for data: true
+    (["compute"], "threads", "partial"),  # true of oversubscribed ranks, but not the cause
+    (["unsharded", "compute"], "unsharded", "right"),
+])
+def test_score(named, known, expected):
+    assert _verdicts.score(named, known) == expected
+
+
+def test_unknown_verdicts_count_as_another_cause_and_neutral_ones_as_none():
+    assert _verdicts.causes("traceml", ["SOMETHING_NEW"]) == ["other"]
+    assert _verdicts.causes("traceml", ["NORMAL", "NO_GPU", "HIGH_CPU", "RESIDUAL_HEAVY"]) == []
+    cell = _verdicts.diagnosis_row("traceml", ["NORMAL"], "straggler")
+    assert cell["score"] == "nothing" and cell["verdicts"] == ["NORMAL"]
+
+
+def test_a_tool_that_does_not_apply_or_failed_is_never_scored_right():
+    assert _verdicts.diagnosis_row("loadtune", None, "straggler", "n/a")["score"] == "n/a"
+    failed = _verdicts.diagnosis_row("traceml", None, "threads", "exit 1: boom")
+    assert failed["score"] == "nothing" and failed["status"] == "exit 1: boom"
+
+
+def test_tally_counts_each_tools_scores():
+    rows = [{"tools": {"a": {"score": "right"}, "b": {"score": "n/a"}}},
+            {"tools": {"a": {"score": "wrong"}, "b": {"score": "partial"}}}]
+    tally = _verdicts.tally(rows, ["a", "b"])
+    assert tally["a"]["right"] == 1 and tally["a"]["wrong"] == 1
+    assert tally["b"] == {"right": 0, "partial": 1, "wrong": 0, "nothing": 0, "n/a": 1}
+
+
+def test_quality_is_each_choice_median_over_the_best_grid_median():
+    measured = {"workers=0": [100.0, 110.0], "workers=8": [390.0, 410.0, 400.0],
+                "workers=2": [200.0, 220.0], "workers=2,prefetch=4": [250.0]}
+    out = _verdicts.quality(measured, ["workers=0", "workers=2", "workers=8"],
+                            {"x": "workers=2,prefetch=4", "y": "workers=8", "z": None})
+    assert out["grid_best"] == {"config": "workers=8", "throughput": 400.0}
+    assert out["tools"]["x"]["vs_grid_best"] == 0.625
+    assert out["tools"]["y"]["vs_grid_best"] == 1.0
+    assert out["tools"]["z"] == {"config": None, "throughput": None, "vs_grid_best": None}
+
+
+def test_configuration_labels_leave_defaults_out_so_equal_choices_meet():
+    assert _peer_tools.config_label({"num_workers": 4, "prefetch_factor": 2,
+                                     "batch_size": 16}) == "workers=4"
+    assert _peer_tools.config_label({"num_workers": 0, "prefetch_factor": 4}) == "workers=0"
+    assert _peer_tools.config_label({"num_workers": 2, "prefetch_factor": 4, "batch_size": 64,
+                                     "threads": 1}, batch=16) == \
+        "workers=2,prefetch=4,bs=64,threads=1"
+    assert _peer_tools.config_args({"num_workers": 2, "prefetch_factor": None,
+                                    "threads": 1}) == ["--num-workers", "2", "--threads", "1"]
+    assert _peer_tools.default_batch(["--hidden", "8", "--batch-size", "64"]) == 64
