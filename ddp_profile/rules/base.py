@@ -203,13 +203,16 @@ def events_named(run: Run, name: str, probe_id: Optional[str] = None) -> pd.Data
 
 
 def local_ranks(run: Run, probe_id: str) -> int:
-    """Ranks sharing one machine: summary nproc_per_node, else ranks on the first host."""
-    nproc = as_int(run.summary.get("nproc_per_node"))
+    """Ranks sharing one machine, as observed: the most contexts of the probe on one hostname;
+    without contexts the summary's ``ranks_per_host`` or ``nproc_per_node``, else the world
+    size."""
+    hosts = [ctx.get("hostname") for (pid, _), ctx in run.contexts.items()
+             if pid == probe_id and ctx.get("hostname")]
+    if hosts:
+        return max(hosts.count(host) for host in set(hosts))
+    nproc = as_int(run.summary.get("ranks_per_host")) or as_int(run.summary.get("nproc_per_node"))
     if nproc:
         return nproc
-    hosts = [ctx.get("hostname") for (pid, _), ctx in run.contexts.items() if pid == probe_id]
-    if hosts:
-        return max(1, hosts.count(hosts[0]))
     return as_int(run.summary.get("world_size"), 1) or 1
 
 

@@ -34,7 +34,21 @@ def test_no_oversubscription_when_workers_fit():
 def test_oversubscription_counts_only_local_ranks():
     run = (RunBuilder(world_size=8, cpus=16, nproc_per_node=2)
            .probe("p", kind="baseline", num_workers=8).steps(n=3).build())
+    for (_, rank), context in run.contexts.items():
+        context["hostname"] = f"node{rank // 2}"  # 2 ranks on each of 4 machines
     assert worker_oversubscription(run, T) is None
+
+
+def test_local_ranks_are_the_ranks_observed_not_the_launch_default():
+    """``--launcher none`` with a script that starts one rank: the default nproc_per_node (2)
+    is not what ran."""
+    run = (RunBuilder(world_size=1, cpus=4, nproc_per_node=2)
+           .probe("p", kind="baseline", num_workers=3).steps(n=3).build())
+    assert worker_oversubscription(run, T) is None  # 1 rank x 3 workers fit 4 CPUs
+    run = (RunBuilder(world_size=1, cpus=4, nproc_per_node=2)
+           .probe("p", kind="baseline", num_workers=6).steps(n=3).build())
+    finding = worker_oversubscription(run, T)
+    assert finding is not None and "1 rank(s) per machine x num_workers=6" in finding.evidence
 
 
 def spiky(every: int, spike_s: float, n: int = 40):

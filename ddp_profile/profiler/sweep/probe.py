@@ -77,8 +77,15 @@ def _measurements(ranks: list[RankData]) -> dict[str, Any]:
         "throughput_rse": _throughput_rse(ranks),
         "gpu_idle_fraction": _gpu_idle_fraction(ranks),
         "time_to_first_batch_s": max(first_batch) if first_batch else None,
+        "ranks_per_host": _ranks_per_host(ranks),
         "per_rank": per_rank,
     }
+
+
+def _ranks_per_host(ranks: list[RankData]) -> Optional[int]:
+    """The most ranks that ran on one host, as observed (contexts' hostnames)."""
+    hosts = [r.context.get("hostname") for r in ranks if r.context.get("hostname")]
+    return max(hosts.count(h) for h in set(hosts)) if hosts else None
 
 
 def _global_steps(ranks: list[RankData]) -> list[tuple[float, int]]:

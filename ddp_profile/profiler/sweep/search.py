@@ -14,12 +14,12 @@ Configurations within noise of each other are ties, resolved toward the cheaper 
 from __future__ import annotations
 
 import math
-import os
 import signal
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 from ddp_profile.errors import NoDataLoader, ProbeTimeout, ScriptFailed
+from ddp_profile.profiler.cpus import cpus_available
 from ddp_profile.profiler.settings import LoaderSettings, ProbePlan, backlog_warmup
 from ddp_profile.profiler.sweep.coordinate import Coordinator
 from ddp_profile.profiler.sweep.launch import LaunchOutcome, LaunchSpec, kill_tagged, launch, new_tag
@@ -335,8 +335,8 @@ class Sweep:
         contexts = self._baseline_context()
         own = LoaderSettings.from_dict(self.baseline.get("config"))
         return resolve_axes(self.space, own, contexts.get("device", "cpu"),
-                            int(contexts.get("cpus_available") or os.cpu_count() or 1),
-                            self.spec.nproc_per_node)
+                            int(contexts.get("cpus_available") or cpus_available()),
+                            int(self.baseline.get("ranks_per_host") or self.spec.nproc_per_node))
 
     def _baseline_context(self) -> dict[str, Any]:
         from ddp_profile.profiler.store.results import read_probe_dir
