@@ -107,6 +107,11 @@ def baseline_probe(run: Run) -> Optional[pd.Series]:
     return (marked if not marked.empty else probes).iloc[0]
 
 
+def is_short(probe: pd.Series) -> bool:
+    """The probe measured fewer steps than asked (the script ended first)."""
+    return probe.get("short") in (True,)
+
+
 def ceiling_probe(run: Run) -> Optional[pd.Series]:
     probes = ok_probes(run, kinds=("ceiling",))
     probes = probes[probes["throughput"].apply(finite)] if not probes.empty else probes

@@ -23,7 +23,7 @@ import pandas as pd
 
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import (Thresholds, as_int, baseline_probe, ceiling_probe,
-                                    cpus_available, data_wait, finite, ok_probes, pct,
+                                    cpus_available, data_wait, finite, is_short, ok_probes, pct,
                                     probe_steps)
 from ddp_profile.rules.data import cpu_load
 
@@ -129,6 +129,8 @@ def choose(run: Run, base: pd.Series, thresholds: Thresholds) -> pd.Series:
     """The recommended probe row (see the module docstring)."""
     probes = ok_probes(run)
     probes = probes[probes["throughput"].apply(finite) & (probes["throughput"] > 0)]
+    full = probes[~probes.apply(is_short, axis=1)] if not probes.empty else probes
+    probes = full if not full.empty else probes  # a short probe only when all are short
     if probes.empty or not finite(base.get("throughput")):
         return base
     best = probes.loc[probes["throughput"].idxmax()]
@@ -197,7 +199,19 @@ def _notes(run: Run, base: pd.Series, chosen: pd.Series, thresholds: Thresholds,
                      "with the global batch size and check convergence.")
     if share is not None:
         notes.extend(_ceiling_notes(run, chosen, share, thresholds))
+    notes.extend(_short_notes(base, chosen))
     return tuple(notes)
+
+
+def _short_notes(base: pd.Series, chosen: pd.Series) -> list[str]:
+    """Say so when the recommendation rests on a probe that measured fewer steps than asked."""
+    notes = []
+    for role, probe in (("recommended", chosen), ("baseline", base)):
+        if is_short(probe) and not (role == "baseline" and probe["id"] == chosen["id"]):
+            notes.append(f"The {role} probe {probe['id']} is short, its figures rest on "
+                         f"{as_int(probe.get('steps_measured'), 0)} step(s): "
+                         f"{probe.get('short_reason') or 'the script ended early'}.")
+    return notes
 
 
 def recommend(run: Run, thresholds: Optional[Thresholds] = None) -> Recommendation:

@@ -36,7 +36,19 @@ def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: str, timeout_
     entry.update(status=status, reason=reason, error=error, root_cause_rank=root)
     if status != "ok":
         entry["throughput"] = None
+    entry.update(_shortness(entry, plan))
     return entry
+
+
+def _shortness(entry: dict[str, Any], plan: ProbePlan) -> dict[str, Any]:
+    """``short``: an ok probe that measured fewer steps than asked, and why."""
+    measured = entry.get("steps_measured") or 0
+    if entry["status"] != "ok" or measured >= plan.steps:
+        return {"short": False, "short_reason": None}
+    return {"short": True,
+            "short_reason": f"the script ended after {measured} measured step(s) of the "
+                            f"{plan.steps} asked: run more epochs (or more data) so that a "
+                            f"probe reaches --warmup + --steps"}
 
 
 def _training_loader_record(data: RankData) -> Optional[dict[str, Any]]:
