@@ -15,7 +15,7 @@ Telemetry columns read from ``run.samples`` (NaN or absent when not measured):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
 import pandas as pd
@@ -36,6 +36,19 @@ METRIC_ALIASES: dict[str, tuple[str, ...]] = {
 
 
 @dataclass(frozen=True)
+class Advice:
+    """The setting a finding advises. ``rules.voice`` words it in one voice with the
+    recommendation: measured (naming the probe that ran it) or a labelled prediction."""
+
+    change: str  # e.g. "num_workers=1"
+    wants: Callable[[Any], bool]  # a probe row (pd.Series) runs the advised setting
+    basis: str  # why it should help: the basis of a prediction
+    measure: str  # ddp-profile options that would measure it, e.g. "--num-workers 0,1"
+    extra: str = ""  # advice besides the setting (storage, code), kept as is
+    see: tuple[str, ...] = ()  # rule ids the advice points to, named only when they fired
+
+
+@dataclass(frozen=True)
 class Finding:
     """One diagnosis: a stable ``rule`` id, how bad, and what to change, with the run's numbers."""
 
@@ -45,6 +58,7 @@ class Finding:
     evidence: str  # a sentence citing this run's own measurements
     recommendation: str  # what to change: DataLoader arguments or code
     ranks: tuple[int, ...] = ()
+    advice: Optional[Advice] = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:

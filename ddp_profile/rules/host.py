@@ -10,8 +10,8 @@ from typing import Optional
 import pandas as pd
 
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.rules.base import (Finding, Thresholds, as_int, baseline_probe, cpus_available,
-                                    local_ranks, ms, pct, probe_steps)
+from ddp_profile.rules.base import (Advice, Finding, Thresholds, as_int, baseline_probe,
+                                    cpus_available, local_ranks, ms, pct, probe_steps)
 
 
 def worker_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Finding]:
@@ -41,7 +41,12 @@ def worker_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Findin
                   f"processes compete for {cpus} available CPUs."),
         recommendation=(f"Use at most one worker per free core: DataLoader(..., "
                         f"num_workers={fitting}) (CPUs // ranks per machine - 1 for the main "
-                        "process), or measure a few values with --num-workers."))
+                        "process), or measure a few values with --num-workers."),
+        advice=Advice(
+            change=f"num_workers={fitting} (CPUs // ranks per machine - 1 for the main process)",
+            wants=lambda p: (as_int(p.get("num_workers"), 0) or 0) * nproc <= cpus,
+            basis=f"{total} worker processes compete for {cpus} CPUs",
+            measure=f"--num-workers {fitting},{workers}"))
 
 
 def _rank_spikes(steps: pd.DataFrame, thresholds: Thresholds) -> Optional[dict]:
