@@ -23,7 +23,8 @@ import pandas as pd
 
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import Finding, Thresholds, describe_config, finite, ok_probes
-from ddp_profile.rules.recommend import Recommendation, noise
+from ddp_profile.profiler.sweep.choose import noise
+from ddp_profile.rules.recommend import Recommendation, candidate
 
 
 def in_one_voice(findings: list[Finding], run: Run, rec: Recommendation,
@@ -63,7 +64,7 @@ def _setting_text(finding: Finding, run: Run, rec: Recommendation,
     if chosen is not None and not wanted.empty and chosen["throughput"] > 0:
         best = wanted.loc[wanted["throughput"].idxmax()]
         ratio = float(best["throughput"] / chosen["throughput"])
-        if abs(ratio - 1) <= noise(run, best["id"], chosen["id"], thresholds):
+        if abs(ratio - 1) <= noise(candidate(run, best), candidate(run, chosen), thresholds):
             verdict = "within noise"
         elif ratio < 1:
             verdict = "slower"
