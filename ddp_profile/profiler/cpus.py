@@ -78,3 +78,22 @@ def cpus_available(pid: int = 0, proc_cgroup: str = "/proc/self/cgroup",
     if quota is not None:
         count = min(count, max(1, math.ceil(quota - 1e-9)))
     return max(1, count)
+
+
+def threads_to_fit(intra_op: Optional[int], local_ranks: Optional[int], worker_cores: float,
+                   cpus: Optional[int]) -> Optional[int]:
+    """Intra-op threads per rank that fit the CPUs, or None when the ranks do not oversubscribe
+    them (THE test: the sweep decides with it whether to measure the counterfactual, the
+    ``thread-oversubscription`` rule whether there is a finding).
+
+    Oversubscribed: ``intra_op`` threads x ``local_ranks`` + the cores the DataLoader workers
+    were measured busy on (``worker_cores``) > ``cpus``. The fit is what is left for each rank:
+    ``max(1, (cpus - worker_cores) // local_ranks)``, and only when it is fewer threads.
+    """
+    if not intra_op or not local_ranks or not cpus:
+        return None
+    busy = max(0.0, float(worker_cores or 0.0))
+    if intra_op * local_ranks + busy <= cpus:
+        return None
+    fit = max(1, int((cpus - busy) // local_ranks))
+    return fit if fit < intra_op else None

@@ -95,6 +95,8 @@ class Thresholds(ChoiceThresholds):
     spike_min_s: float = 0.02  # ... and above this many seconds
     spike_share: float = 0.05  # spikes costing this share of the run trigger frequent-io
     spike_severe_share: float = 0.2
+    threads_gain: float = 1.05  # fewer intra-op threads this much faster: oversubscription costs
+    threads_severe_gain: float = 1.5  # ... "high" at or above this
     ceiling_share_target: float = 0.8  # below this share of the ceiling, say what would help
     bootstrap_resamples: int = 1000
     bootstrap_seed: int = 0
@@ -121,6 +123,14 @@ def baseline_probe(run: Run) -> Optional[pd.Series]:
         return None
     marked = probes[probes["kind"] == "baseline"]
     return (marked if not marked.empty else probes).iloc[0]
+
+
+def probe_entry(run: Run, probe_id: Any) -> dict[str, Any]:
+    """The summary.json ``probes[]`` item of a probe ({} if absent)."""
+    for entry in run.summary.get("probes") or []:
+        if entry.get("id") == probe_id:
+            return entry
+    return {}
 
 
 def is_short(probe: pd.Series) -> bool:

@@ -28,6 +28,7 @@ from ddp_profile.rules.base import (Thresholds, as_int, baseline_probe, ceiling_
                                     cpus_available, data_wait, finite, is_short, ok_probes, pct,
                                     probe_steps)
 from ddp_profile.rules.data import cpu_load
+from ddp_profile.rules.host import thread_oversubscription
 
 CONFIG_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "batch_size")
 
@@ -189,6 +190,10 @@ def _notes(run: Run, base: pd.Series, chosen: pd.Series, thresholds: Thresholds,
     if share is not None:
         notes.extend(_ceiling_notes(run, chosen, share, thresholds))
     notes.extend(_short_notes(base, chosen))
+    threads = thread_oversubscription(run, thresholds)  # the finding decides; the note cites it
+    if threads is not None and threads.severity != "low":
+        notes.append(f"Besides the DataLoader: {threads.recommendation} (see the "
+                     "thread-oversubscription finding).")
     return tuple(notes)
 
 

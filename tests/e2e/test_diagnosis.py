@@ -70,3 +70,27 @@ def test_script_that_ends_early_is_marked_short(cli, run_dir):
     assert "ended after 2 measured step(s) of the 10 asked" in probe["short_reason"]
     assert "SHORT: the script ended after 2" in result.stderr  # the progress line
     assert f"probe {probe['id']} short (2 of 10 steps)" in result.stdout  # the summary
+
+
+def test_in_place_ranks_with_default_threads_get_a_measured_counterfactual(cli, run_dir):
+    """mp.spawn ranks (no OMP_NUM_THREADS) size torch's pool to the machine: the sweep measures
+    the script's own settings again with threads that fit, and the finding cites both."""
+    cpus = len(os.sched_getaffinity(0))
+    result = cli(["run", os.path.join(SCRIPTS, "spawn_heavy_train.py"), "--launcher", "none",
+                  "--out", run_dir, *ONE_PROBE, "--", "29751"], out=run_dir)
+    findings = _findings(result)
+    probes = {p["kind"]: p for p in result.summary()["probes"]}
+    base, threads = probes["baseline"], probes.get("threads")
+    if base["intra_op_threads"] * 2 <= cpus:
+        pytest.skip(f"torch starts {base['intra_op_threads']} thread(s) on {cpus} CPUs: the "
+                    "2 ranks do not oversubscribe them here")
+    assert threads is not None and threads["status"] == "ok"
+    assert threads["threads"] == max(1, cpus // 2) == threads["intra_op_threads"]
+    gain = threads["throughput"] / base["throughput"]
+    assert ("thread-oversubscription" in findings) == (gain >= 1.05), (gain, findings)
+    if gain >= 1.05:
+        evidence = findings["thread-oversubscription"]["evidence"]
+        assert f"probe {threads['id']}" in evidence and f"baseline {base['id']}" in evidence
+        assert "torch.set_num_threads" in findings["thread-oversubscription"]["recommendation"]
+    assert "recommended" in result.summary() and result.summary()["recommended_probe"] != \
+        threads["id"]  # the counterfactual never competes with the DataLoader settings

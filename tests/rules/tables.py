@@ -44,14 +44,14 @@ class RunBuilder:
               prefetch_factor: Optional[int] = 2, batch_size: Optional[int] = 32,
               throughput: Optional[float] = None, data_wait_fraction: Optional[float] = None,
               loader: Optional[dict[str, Any]] = None, short: bool = False,
-              **context: Any) -> "RunBuilder":
+              entry: Optional[dict[str, Any]] = None, **context: Any) -> "RunBuilder":
         self.current = probe_id
         self.probes.append({"id": probe_id, "kind": kind, "status": status,
                             "num_workers": num_workers, "pin_memory": pin_memory,
                             "prefetch_factor": prefetch_factor, "batch_size": batch_size,
                             "throughput": throughput, "data_wait_fraction": data_wait_fraction,
                             "short": short, "short_reason": "the script ended" if short
-                            else None})
+                            else None, "entry": entry or {}})
         loader_dict = {"num_workers": num_workers, "pin_memory": pin_memory,
                        "prefetch_factor": prefetch_factor, "batch_size": batch_size,
                        "persistent_workers": False, "sampler": "DistributedSampler",
@@ -123,11 +123,12 @@ class RunBuilder:
     def build(self) -> Run:
         steps = pd.DataFrame(self.tables["steps"], columns=STEP_COLUMNS)
         probes = [self._fill_measures(p, steps) for p in self.probes]
-        rows = [{**p, "score": float("nan"), "wall_s": float("nan"), "error": None,
-                 "root_cause_rank": None, "steps_measured": int(((steps["probe_id"] == p["id"])
-                                                                  & steps["measured"]).sum()
-                                                                 // self.world_size)}
-                for p in probes]
+        rows = []
+        for p in probes:
+            measured = int(((steps["probe_id"] == p["id"]) & steps["measured"]).sum())
+            rows.append({**{k: v for k, v in p.items() if k != "entry"}, "score": float("nan"),
+                         "wall_s": float("nan"), "error": None, "root_cause_rank": None,
+                         "steps_measured": measured // self.world_size})
         for row in rows:
             for key in ("throughput", "data_wait_fraction"):
                 row[key] = float("nan") if row[key] is None else float(row[key])
@@ -135,7 +136,7 @@ class RunBuilder:
             {"id": p["id"], "kind": p["kind"], "status": p["status"],
              "config": {k: p[k] for k in ("num_workers", "pin_memory", "prefetch_factor",
                                           "batch_size")},
-             "throughput": p["throughput"]} for p in probes]}
+             "throughput": p["throughput"], **p["entry"]} for p in probes]}
         return Run(path="<memory>", meta={}, summary=summary,
                    probes=pd.DataFrame(rows, columns=PROBE_COLUMNS), steps=steps,
                    samples=pd.DataFrame(self.tables["samples"]),

@@ -504,6 +504,10 @@ def install(plan: ProbePlan) -> Instrumentation:
     from ddp_profile.profiler.rank import patches
 
     _INSTALLED = Instrumentation(plan)
+    if plan.threads:  # before the script runs: it may still set its own
+        import torch
+
+        torch.set_num_threads(plan.threads)
     patches.apply(_INSTALLED)
     atexit.register(_at_exit)
     return _INSTALLED

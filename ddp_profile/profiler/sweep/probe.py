@@ -28,7 +28,7 @@ def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: str, timeout_
         "id": plan.probe_id, "kind": kind, "requested": plan.overrides.to_dict(),
         "config": dict(loader.get("applied") or {}), "status": "ok", "reason": None, "error": None,
         "root_cause_rank": None, "wall_s": round(outcome.wall_s, 3),
-        "warmup": plan.warmup, "steps": plan.steps,
+        "warmup": plan.warmup, "steps": plan.steps, "threads": plan.threads,
         "skipped_overrides": list(loader.get("skipped_overrides") or []), "strays_killed": outcome.strays_killed,
     }
     entry.update(_measurements(ranks))
@@ -90,8 +90,26 @@ def _measurements(ranks: list[RankData]) -> dict[str, Any]:
         "gpu_idle_fraction": _gpu_idle_fraction(ranks),
         "time_to_first_batch_s": max(first_batch) if first_batch else None,
         "ranks_per_host": _ranks_per_host(ranks),
+        "cpus_available": min((r.context["cpus_available"] for r in ranks
+                               if r.context.get("cpus_available")), default=None),
+        "intra_op_threads": max(((r.context.get("threads") or {}).get("intra_op") or 0
+                                 for r in ranks), default=0) or None,
+        "worker_cores": _worker_cores(ranks),
         "per_rank": per_rank,
     }
+
+
+def _worker_cores(ranks: list[RankData]) -> Optional[float]:
+    """Cores the ranks' DataLoader workers were busy on: the sum over ranks of the median
+    ``worker_cpu_percent`` / 100 (None when no rank sampled it)."""
+    medians = []
+    for data in ranks:
+        values = [s["worker_cpu_percent"] for s in data.samples
+                  if s.get("source") == "host" and isinstance(s.get("worker_cpu_percent"), float)
+                  and math.isfinite(s["worker_cpu_percent"])]
+        if values:
+            medians.append(statistics.median(values) / 100.0)
+    return round(sum(medians), 3) if medians else None
 
 
 def _ranks_per_host(ranks: list[RankData]) -> Optional[int]:

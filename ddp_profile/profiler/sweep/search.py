@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from ddp_profile.errors import NoDataLoader, ProbeTimeout, ScriptFailed
-from ddp_profile.profiler.cpus import cpus_available
+from ddp_profile.profiler.cpus import cpus_available, threads_to_fit
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.store.summary import latest_ceiling
@@ -82,6 +82,7 @@ class Search:
                 self.measure_config(config)
         else:
             self.adaptive()
+        self.threads()
         self.repeat()
         if self.options.ceiling:
             self.ceiling()
@@ -144,6 +145,19 @@ class Search:
             entry = self.measurer.measure(config, kind="repeat")
             if entry["status"] != "ok":
                 break  # a crash or an OOM would only repeat itself
+
+    def threads(self) -> None:
+        """The threads counterfactual: when the baseline's ranks oversubscribe the CPUs with
+        intra-op threads (``cpus.threads_to_fit``), measure the script's own settings again
+        with the threads that fit (kind ``threads``; it never competes in the choice)."""
+        base = self.baseline
+        if base is None or base.get("status") != "ok":
+            return
+        fit = threads_to_fit(base.get("intra_op_threads"),
+                             base.get("ranks_per_host") or self.nproc_per_node,
+                             base.get("worker_cores") or 0.0, base.get("cpus_available"))
+        if fit is not None:
+            self.measurer.measure(LoaderSettings(), kind="threads", threads=fit)
 
     def ceiling(self) -> None:
         """The compute-only probe, at the recommended configuration's batch size."""
