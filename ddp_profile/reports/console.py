@@ -35,8 +35,8 @@ class ConsoleProgress:
     def __call__(self, event: str, data: dict[str, Any]) -> None:
         if self.quiet:
             return
-        if event == "axes":
-            self.total = len(data["grid"]) + 2  # baseline and ceiling
+        if event == "axes":  # adaptive: how many probes it needs is not known in advance
+            self.total = len(data["grid"]) + 2 if data.get("counted", True) else None
             self._start_bar()
         elif event == "start" and data.get("windows"):
             self._describe(f"probes {self.count + 1}-{self.count + data['windows']}: one launch, "

@@ -159,6 +159,10 @@ def speedup_interval(run: Run, chosen: str, base: str, point: float,
 
 def _ceiling_notes(run: Run, chosen: pd.Series, share: float,
                    thresholds: Thresholds) -> list[str]:
+    if share > 1.0:
+        return [f"The recommended configuration ran at {pct(share)} of the compute-only "
+                "ceiling: above 100 % only by measurement noise, so loading costs it nothing "
+                "measurable (the loop is compute-bound)."]
     if share >= thresholds.ceiling_share_target:
         return []
     cpus = cpus_available(run, chosen["id"])

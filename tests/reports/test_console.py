@@ -31,3 +31,16 @@ def test_summary_lists_short_probes_and_the_note_on_them():
     assert any(line.startswith("  probe p000 short (1 of 10 steps): the script ended") for line
                in lines)
     assert f"  note: {note}" in lines and "  note: another note" not in lines
+
+
+def test_adaptive_progress_shows_no_made_up_total():
+    stream = io.StringIO()
+    progress = ConsoleProgress(stream=stream)
+    progress("axes", {"grid": [1, 2, 3, 4, 5], "counted": False})
+    progress("done", {"entry": {**SHORT, "short": False}})
+    assert stream.getvalue().startswith("[1] p000")
+    stream = io.StringIO()
+    progress = ConsoleProgress(stream=stream)
+    progress("axes", {"grid": [1, 2, 3, 4, 5], "counted": True})
+    progress("done", {"entry": {**SHORT, "short": False}})
+    assert stream.getvalue().startswith("[1/7] p000")

@@ -174,3 +174,13 @@ def test_a_recommendation_that_rests_on_a_short_probe_says_so():
     rec = recommend(builder.build(), T)
     assert rec.probe_id == "base"
     assert any("probe base is short, its figures rest on 2 step(s)" in n for n in rec.notes)
+
+
+def test_a_ceiling_share_above_100_percent_is_explained():
+    run = (RunBuilder(world_size=2).probe("base", kind="baseline", num_workers=0)
+           .steps(data_wait=0.001, compute=0.05)
+           .probe("c", kind="ceiling", num_workers=0, throughput=300.0)
+           .steps(data_wait=0.0, compute=0.05).build())
+    rec = recommend(run, T)
+    assert rec.ceiling_share is not None and rec.ceiling_share > 1.0
+    assert any("above 100 % only by measurement noise" in n for n in rec.notes), rec.notes

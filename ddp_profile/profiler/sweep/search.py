@@ -74,7 +74,8 @@ class Search:
         self._check_baseline(self.baseline)
         self.axes = self._axes()
         self.measurer.calibrate(self.baseline, self.axes)
-        self.progress("axes", {"axes": self.axes, "grid": grid(self.axes)})
+        self.progress("axes", {"axes": self.axes, "grid": grid(self.axes),
+                               "counted": self.options.single or self.options.search == "grid"})
         if self.options.single:
             self.measure_config(self._requested_single())
         elif self.options.search == "grid":
