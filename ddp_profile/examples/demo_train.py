@@ -70,6 +70,7 @@ def parse_args() -> argparse.Namespace:
     add("--no-distributed-sampler", action="store_true")
     add("--no-set-epoch", action="store_true")
     add("--no-optimizer", action="store_true")
+    add("--no-ddp", action="store_true", help="join the process group but never wrap the model")
     add("--validate", action="store_true", help="iterate a validation loader every epoch")
     # fault injection, for the tests
     # each fault can be limited to probes whose loader runs with a given number of workers
@@ -117,7 +118,7 @@ def main() -> None:
     for _ in range(args.layers - 1):
         layers += [nn.Linear(args.hidden, args.hidden), nn.ReLU()]
     model: nn.Module = nn.Sequential(*layers, nn.Linear(args.hidden, 2))
-    if world > 1:
+    if world > 1 and not args.no_ddp:
         model = DistributedDataParallel(model)
     optimizer = None if args.no_optimizer else torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()

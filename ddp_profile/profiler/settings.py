@@ -89,6 +89,7 @@ class ProbePlan:
     inject_local_rank: Optional[str] = None  # "--local_rank" / "--local-rank" for legacy scripts
     rdzv_id: Optional[str] = None  # multi-node: the rendezvous id shared by every node
     windows: tuple[dict[str, Any], ...] = ()
+    threads: Optional[int] = None  # torch intra-op threads per rank (None: the script's own)
 
     def window_warmup(self, index: int) -> int:
         return int(self.windows[index].get("warmup", self.warmup))
@@ -121,6 +122,8 @@ class ProbePlan:
     def to_json(self) -> str:
         data = asdict(self)
         data["overrides"] = self.overrides.to_dict()
+        if data.get("threads") is None:
+            data.pop("threads")  # what every reader of a plan without it understands
         return json.dumps(data)
 
     @classmethod

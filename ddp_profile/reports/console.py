@@ -31,8 +31,8 @@ class ConsoleProgress:
     def __call__(self, event: str, data: dict[str, Any]) -> None:
         if self.quiet:
             return
-        if event == "axes":
-            self.total = len(data["grid"]) + 2  # baseline and ceiling
+        if event == "axes":  # adaptive: how many probes it needs is not known in advance
+            self.total = len(data["grid"]) + 2 if data.get("counted", True) else None
             self._start_bar()
         elif event == "start" and data.get("windows"):
             self._describe(f"probes {self.count + 1}-{self.count + data['windows']}: one launch, "
@@ -78,9 +78,10 @@ class ConsoleProgress:
         wait_text = f", data wait {wait:.0%}" if wait is not None and entry["status"] == "ok" \
             else ""
         total = f"/{max(self.total, self.count)}" if self.total else ""
+        short = f" SHORT: {entry.get('short_reason')}" if entry.get("short") else ""
         line = (f"[{self.count}{total}] {entry.get('id')} {entry.get('kind')} "
                 f"{config_label(entry.get('config') or entry.get('requested'))}: {result}"
-                f"{wait_text}{' (from the ledger)' if reused else ''}")
+                f"{wait_text}{' (from the ledger)' if reused else ''}{short}")
         if self._bar is not None:
             self._bar.console.print(line, highlight=False, markup=False)
             if self.total is not None and self.count > self.total:
@@ -128,7 +129,12 @@ def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
     failed = [p for p in probes if p.get("status") != "ok"]
     for probe in failed[:5]:
         lines.append(f"  probe {probe['id']} {probe['status']}: {probe.get('error')}")
+    for probe in [p for p in probes if p.get("short")][:5]:
+        lines.append(f"  probe {probe['id']} short ({probe.get('steps_measured')} of "
+                     f"{probe.get('steps')} steps): {probe.get('short_reason')}")
     recommendation = summary.get("recommendation") or {}
+    lines.extend(f"  note: {note}" for note in recommendation.get("notes") or []
+                 if " is short, " in note)
     if recommendation.get("snippet") and summary.get("recommended") != summary.get("baseline"):
         lines.append("  " + recommendation["snippet"])
     lines.append(f"run directory: {out}")

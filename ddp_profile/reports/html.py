@@ -193,7 +193,7 @@ def build_table(run: Run, roles: dict[str, str]) -> dict[str, Any]:
         pid = str(row["id"])
         rows.append({"id": pid, "recommended": roles.get(pid) == "recommended", "cells": [
             _cell(pid), _cell(roles.get(pid, row.get("kind") or "")),
-            _cell(str(row.get("status"))),
+            _cell(str(row.get("status")) + (", short" if row.get("short") in (True,) else "")),
             *[_cell(fmt(row.get(k), missing="default"),
                     None if _missing(row.get(k)) else float(row[k])) for k in SETTING_KEYS],
             _cell(fmt(row["throughput"], ",.1f"), row["throughput"]),
@@ -319,7 +319,10 @@ def build_report_data(run: Run, findings: Optional[list[dict[str, Any]]] = None
         "environment": build_environment(run),
         "gpu": {"available": gpu, "reason": str(summary.get("gpu_unavailable_reason")
                                                 or "no GPU samples were recorded")},
-        "warnings": [str(w) for w in run.warnings],
+        "warnings": [str(w) for w in run.warnings] + [
+            f"probe {p.get('id')} is short ({p.get('steps_measured')} of {p.get('steps')} "
+            f"steps): {p.get('short_reason')}" for p in summary.get("probes") or []
+            if p.get("short")],
         "probe_count": len(run.probes),
         "client": {"figures": {name: figure_json(fig) for name, fig in charts.items()},
                    "probes": details,

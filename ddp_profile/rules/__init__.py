@@ -9,13 +9,13 @@ Triggers are documented on each rule and in ``docs/rules.md``.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any, Optional
 
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules import data, distributed, gpu, host
 from ddp_profile.rules.base import SEVERITIES, Finding, Rule, Thresholds
 from ddp_profile.rules.recommend import Recommendation, recommend, recommendation_to_dict
+from ddp_profile.rules.voice import in_one_voice
 
 RULES: list[Rule] = [*data.RULES, *host.RULES, *gpu.RULES, *distributed.RULES]
 
@@ -29,16 +29,21 @@ def run_rules(run: Run, thresholds: Optional[Thresholds] = None) -> list[Finding
 
 def evaluate(run: Run, thresholds: Optional[Thresholds] = None
              ) -> tuple[list[Finding], Recommendation]:
-    """The findings (sorted by severity) and the recommended configuration of one run."""
+    """The findings (sorted by severity) and the recommended configuration of one run.
+
+    A finding that advises a setting is worded from the same decision as the recommendation
+    (``rules.voice``): the measured probe it cites, or a prediction labelled as such.
+    """
     thresholds = thresholds or Thresholds()
-    return run_rules(run, thresholds), recommend(run, thresholds)
+    rec = recommend(run, thresholds)
+    return in_one_voice(run_rules(run, thresholds), run, rec, thresholds), rec
 
 
 def finding_to_dict(finding: Finding) -> dict[str, Any]:
     """The summary.json shape: rule, severity, title, evidence, recommendation, ranks (list)."""
-    data = asdict(finding)
-    data["ranks"] = list(finding.ranks)
-    return data
+    return {"rule": finding.rule, "severity": finding.severity, "title": finding.title,
+            "evidence": finding.evidence, "recommendation": finding.recommendation,
+            "ranks": list(finding.ranks)}
 
 
 __all__ = ["RULES", "Finding", "Recommendation", "Rule", "Thresholds", "evaluate",

@@ -15,7 +15,7 @@ Telemetry columns read from ``run.samples`` (NaN or absent when not measured):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
 import pandas as pd
@@ -28,6 +28,19 @@ SEVERITIES = ("high", "medium", "low")
 
 
 @dataclass(frozen=True)
+class Advice:
+    """The setting a finding advises. ``rules.voice`` words it in one voice with the
+    recommendation: measured (naming the probe that ran it) or a labelled prediction."""
+
+    change: str  # e.g. "num_workers=1"
+    wants: Callable[[Any], bool]  # a probe row (pd.Series) runs the advised setting
+    basis: str  # why it should help: the basis of a prediction
+    measure: str  # ddp-profile options that would measure it, e.g. "--num-workers 0,1"
+    extra: str = ""  # advice besides the setting (storage, code), kept as is
+    see: tuple[str, ...] = ()  # rule ids the advice points to, named only when they fired
+
+
+@dataclass(frozen=True)
 class Finding:
     """One diagnosis: a stable ``rule`` id, how bad, and what to change, with the run's numbers."""
 
@@ -37,6 +50,7 @@ class Finding:
     evidence: str  # a sentence citing this run's own measurements
     recommendation: str  # what to change: DataLoader arguments or code
     ranks: tuple[int, ...] = ()
+    advice: Optional[Advice] = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
@@ -72,6 +86,8 @@ class Thresholds(ChoiceThresholds):
     spike_min_s: float = 0.02  # ... and above this many seconds
     spike_share: float = 0.05  # spikes costing this share of the run trigger frequent-io
     spike_severe_share: float = 0.2
+    threads_gain: float = 1.05  # fewer intra-op threads this much faster: oversubscription costs
+    threads_severe_gain: float = 1.5  # ... "high" at or above this
     ceiling_share_target: float = 0.8  # below this share of the ceiling, say what would help
     bootstrap_resamples: int = 1000
     bootstrap_seed: int = 0
@@ -98,6 +114,19 @@ def baseline_probe(run: Run) -> Optional[pd.Series]:
         return None
     marked = probes[probes["kind"] == "baseline"]
     return (marked if not marked.empty else probes).iloc[0]
+
+
+def probe_entry(run: Run, probe_id: Any) -> dict[str, Any]:
+    """The summary.json ``probes[]`` item of a probe ({} if absent)."""
+    for entry in run.summary.get("probes") or []:
+        if entry.get("id") == probe_id:
+            return entry
+    return {}
+
+
+def is_short(probe: pd.Series) -> bool:
+    """The probe measured fewer steps than asked (the script ended first)."""
+    return probe.get("short") in (True,)
 
 
 def ceiling_probe(run: Run) -> Optional[pd.Series]:
@@ -195,13 +224,16 @@ def events_named(run: Run, name: str, probe_id: Optional[str] = None) -> pd.Data
 
 
 def local_ranks(run: Run, probe_id: str) -> int:
-    """Ranks sharing one machine: summary nproc_per_node, else ranks on the first host."""
-    nproc = as_int(run.summary.get("nproc_per_node"))
+    """Ranks sharing one machine, as observed: the most contexts of the probe on one hostname;
+    without contexts the summary's ``ranks_per_host`` or ``nproc_per_node``, else the world
+    size."""
+    hosts = [ctx.get("hostname") for (pid, _), ctx in run.contexts.items()
+             if pid == probe_id and ctx.get("hostname")]
+    if hosts:
+        return max(hosts.count(host) for host in set(hosts))
+    nproc = as_int(run.summary.get("ranks_per_host")) or as_int(run.summary.get("nproc_per_node"))
     if nproc:
         return nproc
-    hosts = [ctx.get("hostname") for (pid, _), ctx in run.contexts.items() if pid == probe_id]
-    if hosts:
-        return max(1, hosts.count(hosts[0]))
     return as_int(run.summary.get("world_size"), 1) or 1
 
 

@@ -12,6 +12,7 @@ import pandas as pd
 
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import (
+    Advice,
     Finding,
     Thresholds,
     as_int,
@@ -127,7 +128,19 @@ def data_loader_bound(run: Run, thresholds: Thresholds) -> Optional[Finding]:
         title="Training waits on the DataLoader",
         evidence=(f"With {describe_config(probe)} the ranks spend {pct(fraction)} of each "
                   f"measured step waiting for the next batch{seconds}."),
-        recommendation=_loading_advice(run, probe))
+        recommendation=_loading_advice(run, probe), advice=_more_workers(probe, fraction))
+
+
+def _more_workers(baseline: pd.Series, fraction: float) -> Advice:
+    workers = as_int(baseline.get("num_workers"), 0) or 0
+    more = max(2, 2 * workers)
+    return Advice(
+        change=(f"load in parallel and ahead (e.g. num_workers={more}, prefetch_factor=4, "
+                "persistent_workers=True)"),
+        wants=lambda p: (as_int(p.get("num_workers"), 0) or 0) > workers,
+        basis=f"the ranks wait {pct(fraction)} of each step for data",
+        measure=f"--num-workers {workers},{more}",
+        see=("cpu-bound-preprocessing", "io-bound-loading"))
 
 
 def _loading_advice(run: Run, baseline: pd.Series) -> str:
@@ -140,8 +153,7 @@ def _loading_advice(run: Run, baseline: pd.Series) -> str:
             return (f"Measured: {describe_config(best)} runs {gain:.2f}x faster than the "
                     f"script's settings; use the recommended configuration below.")
         if len(probes) > 1:
-            return ("None of the measured settings loaded faster; see the cpu-/io-bound "
-                    "findings for what limits loading.")
+            return "None of the measured settings loaded faster than the script's own."
     workers = as_int(baseline.get("num_workers"))
     more = max(2, 2 * workers) if workers is not None else 4
     return (f"Load in parallel and ahead, e.g. DataLoader(..., num_workers={more}, "
@@ -225,7 +237,14 @@ def io_bound_loading(run: Run, thresholds: Thresholds) -> Optional[Finding]:
                   f"for data while the loading is not CPU-busy ({load.describe()})."),
         recommendation=(f"Overlap more reads: DataLoader(..., num_workers={max(2, 2 * workers)}, "
                         "prefetch_factor=4); copy the data set to local NVMe or RAM, and pack "
-                        "many small files into fewer larger shards (WebDataset, tar, LMDB)."))
+                        "many small files into fewer larger shards (WebDataset, tar, LMDB)."),
+        advice=Advice(
+            change=f"num_workers={max(2, 2 * workers)}, prefetch_factor=4 to overlap more reads",
+            wants=lambda p: (as_int(p.get("num_workers"), 0) or 0) >= max(2, 2 * workers),
+            basis=f"with {workers} workers the loading waits without using the CPUs",
+            measure=f"--num-workers {workers},{max(2, 2 * workers)}",
+            extra=("Copy the data set to local NVMe or RAM, and pack many small files into "
+                   "fewer larger shards (WebDataset, tar, LMDB).")))
 
 
 def _restart_share(run: Run, probe: pd.Series) -> Optional[tuple[float, float, int]]:

@@ -98,30 +98,107 @@ def _straggler_finding(rank: int, share: float, excess: float, step_median: floa
         ranks=(rank,))
 
 
-def missing_distributed_sampler(run: Run, thresholds: Thresholds) -> Optional[Finding]:
-    """Several ranks, and the training loader has no DistributedSampler.
+def _training_loader_ids(run: Run, probe_id: str) -> set[Any]:
+    steps = probe_steps(run, probe_id, measured_only=False)
+    return set(steps["loader_id"].dropna()) if "loader_id" in steps else set()
 
-    Trigger: world size > 1 and the baseline context's ``loader.distributed_sampler`` is
-    false (an iterable data set, sampler ``_InfiniteConstantSampler``, shards itself: skipped).
+
+def _fingerprints(run: Run, probe_id: str) -> dict[int, dict[int, str]]:
+    """rank -> {batch index: digest} of the training loader's first fingerprinted batches."""
+    loaders = _training_loader_ids(run, probe_id)
+    found: dict[int, dict[int, str]] = {}
+    events = events_named(run, "batch_fingerprint", probe_id)
+    for rank, data in zip(events["rank"], events["data"]):
+        if rank is None or data.get("loader_id") not in loaders or not data.get("digest"):
+            continue
+        found.setdefault(int(rank), {})[int(data.get("index", 0))] = str(data["digest"])
+    return found
+
+
+def _same_batches(prints: dict[int, dict[int, str]]) -> Optional[tuple[tuple[int, ...], int]]:
+    """(ranks that received identical batches, batches compared), or None.
+
+    Two ranks match when at least 2 of their first batches were fingerprinted at the same
+    positions and every one is equal; a rank whose batches are all equal to each other (a
+    constant data set) proves nothing and is left out.
+    """
+    varied = {r: p for r, p in prints.items() if len(set(p.values())) >= 2}
+    for rank in sorted(varied):
+        twins = [other for other in sorted(varied) if other != rank
+                 and len(set(varied[rank]) & set(varied[other])) >= 2
+                 and all(varied[rank][i] == varied[other][i]
+                         for i in set(varied[rank]) & set(varied[other]))]
+        if twins:
+            compared = min(len(set(varied[rank]) & set(varied[t])) for t in twins)
+            return (rank, *twins), compared
+    return None
+
+
+def missing_distributed_sampler(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """The ranks receive the same batches: every rank trains on the same samples.
+
+    Decided on the data: each rank fingerprints the first batches of its training loader
+    (``batch_fingerprint`` events). Trigger (baseline probe): world size > 1 and two ranks
+    whose fingerprinted batches (>= 2, not all alike) are equal at every position. The sampler's
+    class (DistributedSampler, accelerate's or Lightning's shards, an IterableDataset) only
+    explains it; without fingerprints there is no finding.
     """
     probe = baseline_probe(run)
-    if probe is None:
+    if probe is None or world_size(run, probe["id"]) <= 1:
         return None
+    same = _same_batches(_fingerprints(run, probe["id"]))
+    if same is None:
+        return None
+    ranks, compared = same
     loader = loader_info(run, probe["id"])
-    size = world_size(run, probe["id"])
-    if size <= 1 or loader.get("distributed_sampler") is not False:
-        return None
-    if loader.get("sampler") == "_InfiniteConstantSampler":
-        return None
-    sampler = loader.get("sampler") or "the default sampler"
+    sampler = loader.get("batch_sampler") or loader.get("sampler") or "its sampler"
+    names = ", ".join(str(r) for r in ranks)
+    if loader.get("distributed_sampler"):
+        advice = ("The DistributedSampler is built with the same rank on every process: "
+                  "DistributedSampler(dataset) after init_process_group (or pass "
+                  "num_replicas=world_size, rank=rank).")
+    else:
+        advice = ("sampler = DistributedSampler(dataset, shuffle=True); DataLoader(dataset, "
+                  "sampler=sampler, ...) (and drop shuffle=True), calling "
+                  "sampler.set_epoch(epoch) at the start of each epoch.")
     return Finding(
         rule="missing-distributed-sampler", severity="high",
-        title="Every rank reads the whole data set",
-        evidence=(f"{size} ranks train with {sampler} and no DistributedSampler, so each epoch "
-                  f"every rank walks all {loader.get('dataset_len', 'the')} samples."),
-        recommendation=("sampler = DistributedSampler(dataset, shuffle=True); "
-                        "DataLoader(dataset, sampler=sampler, ...) (and drop shuffle=True), "
-                        "calling sampler.set_epoch(epoch) at the start of each epoch."))
+        title="The ranks read the same samples",
+        evidence=(f"Ranks {names} received identical batches: the first {compared} batches "
+                  f"of the training loader have equal fingerprints (loader sampler: {sampler}, "
+                  f"{loader.get('dataset_len', '?')} samples), so every rank trains on the same "
+                  "data and an epoch does no more work than on one rank."),
+        recommendation=advice, ranks=ranks)
+
+
+def no_ddp(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """Several ranks in a process group compute gradients that are never synchronised.
+
+    Trigger (baseline probe): world size > 1, a ``process_group`` event, measured steps with
+    a backward pass (``forward_s`` recorded), and no ``ddp``, ``fsdp`` or ``collective``
+    (all_reduce / reduce_scatter called by the script) event on any rank.
+    """
+    probe = baseline_probe(run)
+    if probe is None or world_size(run, probe["id"]) <= 1:
+        return None
+    if events_named(run, "process_group", probe["id"]).empty:
+        return None
+    steps = probe_steps(run, probe["id"])
+    if steps.empty or "forward_s" not in steps or not steps["forward_s"].notna().any():
+        return None
+    if any(not events_named(run, name, probe["id"]).empty
+           for name in ("ddp", "fsdp", "collective")):
+        return None
+    size = world_size(run, probe["id"])
+    return Finding(
+        rule="no-ddp", severity="high",
+        title="Distributed ranks train independent models",
+        evidence=(f"{size} ranks joined a process group and ran backward passes, but no model "
+                  "was wrapped in DistributedDataParallel (or FSDP) and no rank all-reduced "
+                  "anything: the gradients are never averaged, each rank trains its own copy."),
+        recommendation=("model = DistributedDataParallel(model, device_ids=[local_rank]) "
+                        "(device_ids=None on CPU) after init_process_group, before building "
+                        "the optimizer."))
 
 
 def _epoch_without_set_epoch(run: Run, probe_id: str) -> Optional[int]:
@@ -234,5 +311,5 @@ def find_unused_parameters(run: Run, thresholds: Thresholds) -> Optional[Finding
         ranks=_event_ranks(ddp))
 
 
-RULES = [straggler, missing_distributed_sampler, missing_set_epoch, data_parallel,
+RULES = [straggler, missing_distributed_sampler, no_ddp, missing_set_epoch, data_parallel,
          backend_mismatch, find_unused_parameters]

@@ -12,6 +12,7 @@ import pandas as pd
 
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import (
+    Advice,
     Finding,
     Thresholds,
     as_int,
@@ -92,7 +93,11 @@ def pin_memory(run: Run, thresholds: Thresholds) -> Optional[Finding]:
         rule="pin-memory", severity=severity, title="Batches are not pinned",
         evidence=evidence,
         recommendation=("DataLoader(..., pin_memory=True) and move batches with "
-                        ".to(device, non_blocking=True) so copies overlap compute."))
+                        ".to(device, non_blocking=True) so copies overlap compute."),
+        advice=Advice(change="pin_memory=True", wants=lambda p: p.get("pin_memory") in (True,),
+                      basis="copies from pageable memory cannot overlap compute",
+                      measure="--pin-memory true,false",
+                      extra="Move batches with .to(device, non_blocking=True)."))
 
 
 def gpu_memory_share(run: Run, probe_id: str) -> Optional[float]:
@@ -146,7 +151,13 @@ def batch_size_headroom(run: Run, thresholds: Thresholds) -> Optional[Finding]:
         evidence=evidence,
         recommendation=(f"Try DataLoader(..., batch_size={2 * batch}) (or --batch-size "
                         f"{batch},{2 * batch},{4 * batch}); scale the learning rate with the "
-                        "global batch size and check convergence."))
+                        "global batch size and check convergence."),
+        advice=Advice(change=f"batch_size={2 * batch}",
+                      wants=lambda p: (as_int(p.get("batch_size"), 0) or 0) > batch,
+                      basis=f"only {pct(share)} of the GPU memory is used",
+                      measure=f"--batch-size {batch},{2 * batch},{4 * batch}",
+                      extra=("Scale the learning rate with the global batch size and check "
+                             "convergence.")))
 
 
 def low_gpu_utilization(run: Run, thresholds: Thresholds) -> Optional[Finding]:

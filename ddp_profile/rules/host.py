@@ -9,16 +9,21 @@ from typing import Optional
 
 import pandas as pd
 
+from ddp_profile.profiler.cpus import threads_to_fit
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import (
+    Advice,
     Finding,
     Thresholds,
     as_int,
     baseline_probe,
     cpus_available,
+    finite,
     local_ranks,
     ms,
+    ok_probes,
     pct,
+    probe_entry,
     probe_steps,
 )
 
@@ -50,7 +55,79 @@ def worker_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Findin
                   f"processes compete for {cpus} available CPUs."),
         recommendation=(f"Use at most one worker per free core: DataLoader(..., "
                         f"num_workers={fitting}) (CPUs // ranks per machine - 1 for the main "
-                        "process), or measure a few values with --num-workers."))
+                        "process), or measure a few values with --num-workers."),
+        advice=Advice(
+            change=f"num_workers={fitting} (CPUs // ranks per machine - 1 for the main process)",
+            wants=lambda p: (as_int(p.get("num_workers"), 0) or 0) * nproc <= cpus,
+            basis=f"{total} worker processes compete for {cpus} CPUs",
+            measure=f"--num-workers {fitting},{workers}"))
+
+
+def _how_to_set_threads(launcher: str, fit: int) -> str:
+    """How to give each rank ``fit`` intra-op threads under the launcher in use."""
+    env = f"OMP_NUM_THREADS={fit}"
+    if launcher == "torchrun":
+        return (f"Start torchrun with {env} in its environment ({env} torchrun ...): torchrun "
+                "sets it to 1 only when it is unset; or call torch.set_num_threads"
+                f"({fit}) at the start of the script.")
+    if launcher == "inplace":
+        return (f"Set {env} in the job's environment (the pod spec's env, srun --export, "
+                f"the sbatch script), or call torch.set_num_threads({fit}) at the start of "
+                "the script: ranks started in place get torch's default of one thread per "
+                "core each.")
+    return (f"Call torch.set_num_threads({fit}) at the start of each rank (the function the "
+            f"script spawns), or start the script with {env}: processes it starts itself "
+            "get torch's default of one thread per core each.")
+
+
+def _threads_counterfactual(run: Run, base_id: str) -> Optional[pd.Series]:
+    probes = ok_probes(run, kinds=("threads",))
+    probes = probes[probes["throughput"].apply(finite)] if not probes.empty else probes
+    return None if probes.empty else probes.iloc[-1]
+
+
+def thread_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """The ranks' torch thread pools oversubscribe the CPUs, and that measurably costs.
+
+    Trigger (baseline probe, its summary entry): intra-op threads (the most of any rank) x
+    local ranks + the cores its DataLoader workers were busy on > ``cpus_available``
+    (``profiler.cpus.threads_to_fit``, the sweep's own test), and the ``threads`` probe, the
+    script's own settings with the threads that fit, ran >= ``threads_gain`` x the baseline's
+    samples/s ("high" at or above ``threads_severe_gain``). Without that probe (not measured)
+    the finding is "low" and labelled a prediction; with it and no gain there is no finding.
+    """
+    base = baseline_probe(run)
+    if base is None:
+        return None
+    entry = probe_entry(run, base["id"])
+    ranks = entry.get("ranks_per_host") or local_ranks(run, base["id"])
+    cpus = entry.get("cpus_available") or cpus_available(run, base["id"])
+    threads, workers = entry.get("intra_op_threads"), entry.get("worker_cores") or 0.0
+    fit = threads_to_fit(threads, ranks, workers, cpus)
+    if fit is None:
+        return None
+    busy = f" + DataLoader workers busy on {workers:.1f} cores" if workers else ""
+    demand = (f"{ranks} rank(s) per machine x {threads} intra-op threads{busy} compete for "
+              f"{cpus} available CPUs")
+    advice = _how_to_set_threads(str(run.summary.get("launcher") or "torchrun"), fit)
+    probe = _threads_counterfactual(run, base["id"])
+    if probe is None:
+        return Finding(
+            rule="thread-oversubscription", severity="low",
+            title="Torch thread pools oversubscribe the CPUs",
+            evidence=f"{demand}; no probe with fewer threads was measured.",
+            recommendation=f"Prediction (not measured): {fit} thread(s) per rank. {advice}")
+    gain = float(probe["throughput"] / base["throughput"]) if base["throughput"] > 0 else 0.0
+    if gain < thresholds.threads_gain:
+        return None
+    return Finding(
+        rule="thread-oversubscription",
+        severity="high" if gain >= thresholds.threads_severe_gain else "medium",
+        title="Torch thread pools oversubscribe the CPUs",
+        evidence=(f"{demand}. Measured: with {fit} thread(s) per rank the script's own "
+                  f"settings ran {probe['throughput']:,.1f} samples/s (probe {probe['id']}) "
+                  f"against {base['throughput']:,.1f} (baseline {base['id']}), {gain:.2f}x."),
+        recommendation=f"Measured in probe {probe['id']}: {fit} thread(s) per rank. {advice}")
 
 
 def _rank_spikes(steps: pd.DataFrame, thresholds: Thresholds) -> Optional[dict]:
@@ -105,4 +182,4 @@ def frequent_io(run: Run, thresholds: Thresholds) -> Optional[Finding]:
         ranks=tuple(sorted(found)))
 
 
-RULES = [worker_oversubscription, frequent_io]
+RULES = [thread_oversubscription, worker_oversubscription, frequent_io]

@@ -32,11 +32,13 @@ from ddp_profile.rules.base import (
     cpus_available,
     data_wait,
     finite,
+    is_short,
     ok_probes,
     pct,
     probe_steps,
 )
 from ddp_profile.rules.data import cpu_load
+from ddp_profile.rules.host import thread_oversubscription
 
 CONFIG_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "batch_size")
 
@@ -128,7 +130,7 @@ def candidate(run: Run, probe: pd.Series) -> Candidate:
     return Candidate(id=str(probe["id"]), config=LoaderSettings.from_dict(config_of(probe)),
                      throughput=float(probe["throughput"]), rse=relative_error(run, probe["id"]),
                      data_wait_fraction=waited[0] if waited is not None else None,
-                     kind=str(probe.get("kind") or "sweep"))
+                     kind=str(probe.get("kind") or "sweep"), short=is_short(probe))
 
 
 def choose(run: Run, base: pd.Series, thresholds: Thresholds) -> pd.Series:
@@ -167,6 +169,10 @@ def speedup_interval(run: Run, chosen: str, base: str, point: float,
 
 def _ceiling_notes(run: Run, chosen: pd.Series, share: float,
                    thresholds: Thresholds) -> list[str]:
+    if share > 1.0:
+        return [f"The recommended configuration ran at {pct(share)} of the compute-only "
+                "ceiling: above 100 % only by measurement noise, so loading costs it nothing "
+                "measurable (the loop is compute-bound)."]
     if share >= thresholds.ceiling_share_target:
         return []
     cpus = cpus_available(run, chosen["id"])
@@ -197,7 +203,23 @@ def _notes(run: Run, base: pd.Series, chosen: pd.Series, thresholds: Thresholds,
                      "with the global batch size and check convergence.")
     if share is not None:
         notes.extend(_ceiling_notes(run, chosen, share, thresholds))
+    notes.extend(_short_notes(base, chosen))
+    threads = thread_oversubscription(run, thresholds)  # the finding decides; the note cites it
+    if threads is not None and threads.severity != "low":
+        notes.append(f"Besides the DataLoader: {threads.recommendation} (see the "
+                     "thread-oversubscription finding).")
     return tuple(notes)
+
+
+def _short_notes(base: pd.Series, chosen: pd.Series) -> list[str]:
+    """Say so when the recommendation rests on a probe that measured fewer steps than asked."""
+    notes = []
+    for role, probe in (("recommended", chosen), ("baseline", base)):
+        if is_short(probe) and not (role == "baseline" and probe["id"] == chosen["id"]):
+            notes.append(f"The {role} probe {probe['id']} is short, its figures rest on "
+                         f"{as_int(probe.get('steps_measured'), 0)} step(s): "
+                         f"{probe.get('short_reason') or 'the script ended early'}.")
+    return notes
 
 
 def recommend(run: Run, thresholds: Optional[Thresholds] = None) -> Recommendation:

@@ -44,12 +44,15 @@ class RunBuilder:
               num_workers: Optional[int] = 2, pin_memory: Optional[bool] = False,
               prefetch_factor: Optional[int] = 2, batch_size: Optional[int] = 32,
               throughput: Optional[float] = None, data_wait_fraction: Optional[float] = None,
-              loader: Optional[dict[str, Any]] = None, **context: Any) -> "RunBuilder":
+              loader: Optional[dict[str, Any]] = None, short: bool = False,
+              entry: Optional[dict[str, Any]] = None, **context: Any) -> "RunBuilder":
         self.current = probe_id
         self.probes.append({"id": probe_id, "kind": kind, "status": status,
                             "num_workers": num_workers, "pin_memory": pin_memory,
                             "prefetch_factor": prefetch_factor, "batch_size": batch_size,
-                            "throughput": throughput, "data_wait_fraction": data_wait_fraction})
+                            "throughput": throughput, "data_wait_fraction": data_wait_fraction,
+                            "short": short, "short_reason": "the script ended" if short
+                            else None, "entry": entry or {}})
         loader_dict = {"num_workers": num_workers, "pin_memory": pin_memory,
                        "prefetch_factor": prefetch_factor, "batch_size": batch_size,
                        "persistent_workers": False, "sampler": "DistributedSampler",
@@ -121,15 +124,19 @@ class RunBuilder:
     def build(self) -> Run:
         steps = pd.DataFrame(self.tables["steps"], columns=STEP_COLUMNS)
         probes = [self._fill_measures(p, steps) for p in self.probes]
-        rows = [{**p, "score": float("nan"), "wall_s": float("nan"), "error": None,
-                 "root_cause_rank": None} for p in probes]
+        rows = []
+        for p in probes:
+            measured = int(((steps["probe_id"] == p["id"]) & steps["measured"]).sum())
+            rows.append({**{k: v for k, v in p.items() if k != "entry"}, "score": float("nan"),
+                         "wall_s": float("nan"), "error": None, "root_cause_rank": None,
+                         "steps_measured": measured // self.world_size})
         for row in rows:
             for key in ("throughput", "data_wait_fraction"):
                 row[key] = float("nan") if row[key] is None else float(row[key])
         summary = {**self.summary, "probes": [
             {"id": p["id"], "kind": p["kind"], "status": p["status"],
              "config": {k: p[k] for k in SETTING_KEYS},
-             "throughput": p["throughput"]} for p in probes]}
+             "throughput": p["throughput"], **p["entry"]} for p in probes]}
         return Run(path="<memory>", meta={}, summary=summary,
                    probes=pd.DataFrame(rows, columns=PROBE_COLUMNS), steps=steps,
                    samples=pd.DataFrame(self.tables["samples"]),

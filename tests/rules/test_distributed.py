@@ -1,5 +1,5 @@
-"""straggler, missing-distributed-sampler, missing-set-epoch, data-parallel, backend-mismatch,
-find-unused-parameters."""
+"""straggler, missing-distributed-sampler, no-ddp, missing-set-epoch, data-parallel,
+backend-mismatch, find-unused-parameters."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from ddp_profile.rules.distributed import (
     find_unused_parameters,
     missing_distributed_sampler,
     missing_set_epoch,
+    no_ddp,
     straggler,
 )
 from tests.rules.tables import RunBuilder, empty_run
@@ -60,30 +61,87 @@ def test_straggler_needs_several_ranks():
     assert straggler(run, T) is None
 
 
-def sampler_run(distributed: bool, world_size: int = 2, sampler: str = "RandomSampler"):
-    return (RunBuilder(world_size=world_size)
-            .probe("p", kind="baseline", loader={"distributed_sampler": distributed,
-                                                 "sampler": sampler})
-            .steps(n=3).build())
+def sampler_run(digests: dict, world_size: int = 2, sampler: str = "RandomSampler",
+                distributed: bool = False):
+    """A 2-rank baseline whose ranks fingerprinted their first batches as ``digests``
+    (rank -> list of digests; the training loader is loader 0)."""
+    builder = (RunBuilder(world_size=world_size)
+               .probe("p", kind="baseline", loader={"distributed_sampler": distributed,
+                                                    "sampler": sampler})
+               .steps(n=3))
+    for rank, prints in digests.items():
+        for index, digest in enumerate(prints):
+            builder.event("batch_fingerprint", rank=rank, loader_id=0, index=index,
+                          digest=digest)
+    return builder.build()
 
 
-def test_missing_distributed_sampler():
-    finding = missing_distributed_sampler(sampler_run(False), T)
+def test_identical_batches_on_two_ranks_are_found_whatever_the_sampler():
+    for sampler, distributed in (("RandomSampler", False), ("DistributedSampler", True)):
+        finding = missing_distributed_sampler(
+            sampler_run({0: ["a", "b", "c"], 1: ["a", "b", "c"]}, sampler=sampler,
+                        distributed=distributed), T)
+        assert finding is not None and finding.severity == "high"
+        assert finding.ranks == (0, 1) and "first 3 batches" in finding.evidence
+        assert sampler in finding.evidence  # the class explains, it does not decide
+    assert "same rank on every process" in finding.recommendation
+
+
+def test_disjoint_batches_are_not_flagged_whatever_the_sampler():
+    """accelerate's BatchSamplerShard, a plain sampler on a self-sharding data set: no class
+    test, only the data."""
+    for sampler in ("BatchSamplerShard", "RandomSampler", "SequentialSampler"):
+        run = sampler_run({0: ["a", "b", "c"], 1: ["d", "e", "f"]}, sampler=sampler)
+        assert missing_distributed_sampler(run, T) is None
+
+
+def test_partly_equal_or_constant_batches_are_no_evidence():
+    assert missing_distributed_sampler(sampler_run({0: ["a", "b"], 1: ["a", "x"]}), T) is None
+    constant = sampler_run({0: ["k", "k", "k"], 1: ["k", "k", "k"]})  # a constant data set
+    assert missing_distributed_sampler(constant, T) is None
+    assert missing_distributed_sampler(sampler_run({0: ["a"], 1: ["a"]}), T) is None
+
+
+def test_no_fingerprints_or_one_rank_no_finding():
+    assert missing_distributed_sampler(sampler_run({}), T) is None
+    assert missing_distributed_sampler(
+        sampler_run({0: ["a", "b"]}, world_size=1), T) is None
+
+
+def test_fingerprints_of_another_loader_are_ignored():
+    run = (RunBuilder(world_size=2).probe("p", kind="baseline").steps(n=3, loader_id=1)
+           .event("batch_fingerprint", rank=0, loader_id=0, index=0, digest="a")
+           .event("batch_fingerprint", rank=0, loader_id=0, index=1, digest="b")
+           .event("batch_fingerprint", rank=1, loader_id=0, index=0, digest="a")
+           .event("batch_fingerprint", rank=1, loader_id=0, index=1, digest="b").build())
+    assert missing_distributed_sampler(run, T) is None  # loader 0 is not the training loader
+
+
+def no_ddp_run(*events, world_size: int = 2, forward=0.01):
+    builder = (RunBuilder(world_size=world_size).probe("p", kind="baseline")
+               .steps(n=5, forward=forward).event("process_group", backend="gloo"))
+    for name, data in events:
+        builder.event(name, **data)
+    return builder.build()
+
+
+def test_process_group_without_ddp_is_found():
+    finding = no_ddp(no_ddp_run(), T)
     assert finding is not None and finding.severity == "high"
-    assert "2 ranks" in finding.evidence and "RandomSampler" in finding.evidence
+    assert "2 ranks" in finding.evidence and "DistributedDataParallel" in finding.recommendation
 
 
-def test_distributed_sampler_present():
-    assert missing_distributed_sampler(sampler_run(True, sampler="DistributedSampler"), T) is None
+def test_ddp_fsdp_or_own_all_reduce_is_no_finding():
+    for event in (("ddp", {"device_type": "cpu"}), ("fsdp", {}),
+                  ("collective", {"op": "all_reduce"})):
+        assert no_ddp(no_ddp_run(event), T) is None, event
 
 
-def test_no_sampler_needed_on_one_rank():
-    assert missing_distributed_sampler(sampler_run(False, world_size=1), T) is None
-
-
-def test_iterable_dataset_is_not_flagged():
-    run = sampler_run(False, sampler="_InfiniteConstantSampler")
-    assert missing_distributed_sampler(run, T) is None
+def test_no_ddp_needs_gradients_ranks_and_a_group():
+    assert no_ddp(no_ddp_run(forward=None), T) is None  # no backward pass: inference
+    assert no_ddp(no_ddp_run(world_size=1), T) is None
+    run = RunBuilder(world_size=2).probe("p", kind="baseline").steps(n=5, forward=0.01).build()
+    assert no_ddp(run, T) is None  # no process group
 
 
 def epoch_run(set_epoch: bool, shuffle: bool = True, epochs: int = 3):
@@ -153,5 +211,5 @@ def test_find_unused_parameters():
 
 def test_distributed_rules_cope_with_empty_run():
     for rule in (straggler, missing_distributed_sampler, missing_set_epoch, data_parallel,
-                 backend_mismatch, find_unused_parameters):
+                 backend_mismatch, find_unused_parameters, no_ddp):
         assert rule(empty_run(), T) is None

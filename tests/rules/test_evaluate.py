@@ -12,7 +12,8 @@ from tests.rules.tables import RunBuilder, empty_run
 RULE_IDS = {"data-loader-bound", "cpu-bound-preprocessing", "io-bound-loading", "pin-memory",
             "persistent-workers", "worker-oversubscription", "batch-size-headroom",
             "low-gpu-utilization", "straggler", "frequent-io", "missing-distributed-sampler",
-            "missing-set-epoch", "data-parallel", "backend-mismatch", "find-unused-parameters"}
+            "missing-set-epoch", "data-parallel", "backend-mismatch", "find-unused-parameters",
+            "no-ddp", "thread-oversubscription"}
 
 
 def test_registry_has_every_rule_once():
@@ -32,6 +33,10 @@ def test_findings_sorted_by_severity():
            .steps(data_wait=0.03, compute=0.07)  # data-loader-bound: medium
            .event("ddp", find_unused_parameters=True, device_type="cpu")
            .event("ddp_unused_parameters", params_without_grad=0, params_total=4)  # low
+           .event("batch_fingerprint", rank=0, loader_id=0, index=0, digest="a")
+           .event("batch_fingerprint", rank=0, loader_id=0, index=1, digest="b")
+           .event("batch_fingerprint", rank=1, loader_id=0, index=0, digest="a")
+           .event("batch_fingerprint", rank=1, loader_id=0, index=1, digest="b")
            .build())  # missing-distributed-sampler: high
     findings, _ = evaluate(run)
     assert [f.rule for f in findings] == ["missing-distributed-sampler", "data-loader-bound",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ddp_profile.rules import Thresholds
-from ddp_profile.rules.host import frequent_io, worker_oversubscription
+from ddp_profile.rules.host import frequent_io, thread_oversubscription, worker_oversubscription
 from tests.rules.tables import RunBuilder, empty_run
 
 T = Thresholds()
@@ -34,7 +34,21 @@ def test_no_oversubscription_when_workers_fit():
 def test_oversubscription_counts_only_local_ranks():
     run = (RunBuilder(world_size=8, cpus=16, nproc_per_node=2)
            .probe("p", kind="baseline", num_workers=8).steps(n=3).build())
+    for (_, rank), context in run.contexts.items():
+        context["hostname"] = f"node{rank // 2}"  # 2 ranks on each of 4 machines
     assert worker_oversubscription(run, T) is None
+
+
+def test_local_ranks_are_the_ranks_observed_not_the_launch_default():
+    """``--launcher none`` with a script that starts one rank: the default nproc_per_node (2)
+    is not what ran."""
+    run = (RunBuilder(world_size=1, cpus=4, nproc_per_node=2)
+           .probe("p", kind="baseline", num_workers=3).steps(n=3).build())
+    assert worker_oversubscription(run, T) is None  # 1 rank x 3 workers fit 4 CPUs
+    run = (RunBuilder(world_size=1, cpus=4, nproc_per_node=2)
+           .probe("p", kind="baseline", num_workers=6).steps(n=3).build())
+    finding = worker_oversubscription(run, T)
+    assert finding is not None and "1 rank(s) per machine x num_workers=6" in finding.evidence
 
 
 def spiky(every: int, spike_s: float, n: int = 40):
@@ -68,3 +82,68 @@ def test_no_frequent_io_on_flat_steps():
 def test_host_rules_cope_with_empty_run():
     assert worker_oversubscription(empty_run(), T) is None
     assert frequent_io(empty_run(), T) is None
+
+
+def threads_run(threads_tp=None, intra_op=2, ranks=2, cpus=2, worker_cores=0.0,
+                launcher="none"):
+    """A baseline whose ranks each run ``intra_op`` torch threads, and optionally the threads
+    counterfactual (kind "threads") at ``threads_tp`` samples/s."""
+    builder = (RunBuilder(world_size=ranks, cpus=cpus)
+               .probe("p0", kind="baseline", num_workers=0, throughput=500.0,
+                      entry={"intra_op_threads": intra_op, "ranks_per_host": ranks,
+                             "cpus_available": cpus, "worker_cores": worker_cores})
+               .steps(n=5))
+    if threads_tp is not None:
+        builder.probe("p1", kind="threads", num_workers=0, throughput=threads_tp).steps(n=5)
+    builder.summary["launcher"] = launcher
+    return builder.build()
+
+
+def test_threads_to_fit_is_the_one_test():
+    from ddp_profile.profiler.cpus import threads_to_fit
+
+    assert threads_to_fit(2, 2, 0.0, 2) == 1
+    assert threads_to_fit(16, 2, 0.0, 16) == 8
+    assert threads_to_fit(8, 2, 4.0, 16) == 6  # busy workers count: (16 - 4) // 2
+    assert threads_to_fit(1, 2, 0.0, 2) is None  # 1 thread a rank fits
+    assert threads_to_fit(4, 2, 0.0, 8) is None
+    assert threads_to_fit(None, 2, 0.0, 2) is None
+
+
+def test_thread_oversubscription_cites_both_throughputs():
+    finding = thread_oversubscription(threads_run(threads_tp=1000.0), T)
+    assert finding is not None and finding.severity == "high"  # 2.00x
+    assert "2 rank(s) per machine x 2 intra-op threads compete for 2 available CPUs" \
+        in finding.evidence
+    assert "1,000.0 samples/s (probe p1)" in finding.evidence and "500.0" in finding.evidence
+    assert "Measured in probe p1: 1 thread(s) per rank" in finding.recommendation
+    assert "torch.set_num_threads(1)" in finding.recommendation
+    medium = thread_oversubscription(threads_run(threads_tp=600.0), T)
+    assert medium is not None and medium.severity == "medium"
+
+
+def test_thread_advice_follows_the_launcher():
+    torchrun = thread_oversubscription(threads_run(1000.0, launcher="torchrun"), T)
+    assert "OMP_NUM_THREADS=1 torchrun" in torchrun.recommendation
+    inplace = thread_oversubscription(threads_run(1000.0, launcher="inplace"), T)
+    assert "pod spec" in inplace.recommendation and "srun --export" in inplace.recommendation
+
+
+def test_no_measured_gain_no_finding_and_unmeasured_is_a_prediction():
+    assert thread_oversubscription(threads_run(threads_tp=505.0), T) is None
+    predicted = thread_oversubscription(threads_run(), T)
+    assert predicted is not None and predicted.severity == "low"
+    assert predicted.recommendation.startswith("Prediction (not measured)")
+
+
+def test_threads_that_fit_are_no_finding():
+    assert thread_oversubscription(threads_run(1000.0, intra_op=1), T) is None
+    assert thread_oversubscription(threads_run(1000.0, intra_op=4, cpus=8), T) is None
+
+
+def test_the_recommendation_says_how_to_set_the_measured_threads():
+    from ddp_profile.rules.recommend import recommend
+
+    notes = recommend(threads_run(threads_tp=1000.0), T).notes
+    assert any("Measured in probe p1: 1 thread(s) per rank" in n for n in notes), notes
+    assert not any("thread" in n for n in recommend(threads_run(), T).notes)

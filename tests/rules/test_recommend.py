@@ -158,3 +158,29 @@ def test_recommendation_to_dict_is_plain():
                                             .build(), T))
     assert isinstance(data["expected_speedup_interval"], list)
     assert data["config"]["num_workers"] == 4
+
+
+def test_a_short_probe_is_not_recommended_over_full_ones():
+    run = loader_sweep(("w2", {"num_workers": 2}, 0.02),
+                       ("w4", {"num_workers": 4, "short": True}, 0.0)).build()
+    rec = recommend(run, T)
+    assert rec.probe_id == "w2"
+    assert not any(" is short, " in note for note in rec.notes)
+
+
+def test_a_recommendation_that_rests_on_a_short_probe_says_so():
+    builder = (RunBuilder(world_size=2).probe("base", kind="baseline", num_workers=0, short=True)
+               .steps(n=2, data_wait=0.05, compute=0.05))
+    rec = recommend(builder.build(), T)
+    assert rec.probe_id == "base"
+    assert any("probe base is short, its figures rest on 2 step(s)" in n for n in rec.notes)
+
+
+def test_a_ceiling_share_above_100_percent_is_explained():
+    run = (RunBuilder(world_size=2).probe("base", kind="baseline", num_workers=0)
+           .steps(data_wait=0.001, compute=0.05)
+           .probe("c", kind="ceiling", num_workers=0, throughput=300.0)
+           .steps(data_wait=0.0, compute=0.05).build())
+    rec = recommend(run, T)
+    assert rec.ceiling_share is not None and rec.ceiling_share > 1.0
+    assert any("above 100 % only by measurement noise" in n for n in rec.notes), rec.notes

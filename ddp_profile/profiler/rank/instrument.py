@@ -36,6 +36,11 @@ import time
 import weakref
 from typing import Any, Callable, Optional
 
+from ddp_profile.profiler.rank.facts import (
+    FINGERPRINT_BATCHES,
+    batch_fingerprint,
+    worker_pids,
+)
 from ddp_profile.profiler.rank.gpu_steps import GpuStepTimer, cuda_event_factory
 from ddp_profile.profiler.rank.overrides import apply_overrides, own_settings
 from ddp_profile.profiler.rank.process import (
@@ -83,6 +88,8 @@ class Instrumentation:
         self.training_loader_id: Optional[int] = None
         self.iterators: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self.ddp_modules: list[weakref.ref] = []
+        self.worker_pids: tuple[int, ...] = ()  # the DataLoaders' own workers (rebound, not
+        # mutated: the host sampler's thread reads it)
         self.context_written = False
         self.samplers: Any = None
         self.stopping = False
@@ -130,8 +137,29 @@ class Instrumentation:
         iterator._ddp_profile_state = {"loader_id": loader_id, "iter_index": index,
                                        "t_iter": time.perf_counter_ns(), "first": True,
                                        "default_bs": getattr(loader, "batch_size", None) or 1,
-                                       "loader": weakref.ref(loader), "delegate": None}
+                                       "loader": weakref.ref(loader), "delegate": None,
+                                       "fingerprints": 0}
         self.iterators.add(iterator)
+        self._add_workers(iterator)
+
+    def _add_workers(self, iterator: Any) -> None:
+        pids = worker_pids(iterator)
+        if pids:
+            self.worker_pids = tuple(sorted(set(self.worker_pids) | set(pids)))
+
+    def _fingerprint(self, state: dict[str, Any], batch: Any) -> None:
+        """The first batches of each loader's first epoch, fingerprinted (sharding check)."""
+        if state["iter_index"] != 0 or state["fingerprints"] >= FINGERPRINT_BATCHES:
+            return
+        index = state["fingerprints"]
+        state["fingerprints"] = index + 1
+        try:
+            digest = batch_fingerprint(batch)
+        except Exception:  # noqa: BLE001 - a batch type we cannot read: no evidence
+            digest = None
+        if digest is not None:
+            self.event("batch_fingerprint", loader_id=state["loader_id"], index=index,
+                       digest=digest)
 
     def on_next(self, iterator: Any, original_next: Callable[[Any], Any]) -> Any:
         state = iterator._ddp_profile_state
@@ -166,6 +194,7 @@ class Instrumentation:
             clock.exhausted()
             raise
         clock.batch_returned(batch_size_of(batch, state["default_bs"]))
+        self._fingerprint(state, batch)
         self.current = clock
         self._gpu_step_started(loader_id, clock.steps_closed)
         if state["first"]:
@@ -212,6 +241,7 @@ class Instrumentation:
             if rebuilt is not None:
                 fresh, started = rebuilt
                 self.iterators.add(fresh)
+                self._add_workers(fresh)
                 state.update(delegate=fresh, t_iter=started, first=True)
             self.event("window", window=window, applied=applied_settings(loader),
                        mode=self.plan.window_mode(window))
@@ -259,7 +289,8 @@ class Instrumentation:
             device_index = None
         try:
             self.samplers = start_samplers(self.recorder.write, pid=os.getpid(),
-                                           cuda_device_index=device_index)
+                                           cuda_device_index=device_index,
+                                           worker_pids=lambda: self.worker_pids)
         except Exception as exc:  # noqa: BLE001
             self.event("sampler_failed", error=f"{type(exc).__name__}: {exc}")
 
@@ -356,6 +387,10 @@ def install(plan: ProbePlan) -> Instrumentation:
     from ddp_profile.profiler.rank import patches
 
     _INSTALLED = Instrumentation(plan)
+    if plan.threads:  # before the script runs: it may still set its own
+        import torch
+
+        torch.set_num_threads(plan.threads)
     patches.apply(_INSTALLED)
     atexit.register(_at_exit)
     return _INSTALLED

@@ -121,11 +121,49 @@ def apply(instr: Any) -> None:
     _patch(DistributedSampler, "set_epoch", make_set_epoch)
     if dist.is_available():
         _patch(dist, "init_process_group", make_init_pg)
+        _patch_collectives(instr, dist)
     _patch_spawn(instr)
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     _handles.append(register_optimizer_step_post_hook(lambda *_: instr.on_optimizer_step()))
     _install_excepthook(instr)
+
+
+GRADIENT_COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_reduce_coalesced")
+
+
+def _patch_collectives(instr: Any, dist: Any) -> None:
+    """Record, once per process, that the script calls a collective that can sum gradients
+    (event ``collective`` {op}), and that it builds an FSDP module (event ``fsdp``)."""
+    reported: set[str] = set()
+
+    def make(op: str) -> Callable[[Any], Any]:
+        def wrap(original: Any) -> Any:
+            @functools.wraps(original)
+            def collective(*args: Any, **kwargs: Any) -> Any:
+                if op not in reported and not instr.stopping and not _in_worker():
+                    reported.add(op)
+                    instr.event("collective", op=op)
+                return original(*args, **kwargs)
+            return collective
+        return wrap
+
+    for op in GRADIENT_COLLECTIVES:
+        if hasattr(dist, op):
+            _patch(dist, op, make(op))
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:
+        return
+
+    def make_fsdp_init(original: Any) -> Any:
+        @functools.wraps(original)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            original(self, *args, **kwargs)
+            instr.event("fsdp")
+        return __init__
+
+    _patch(FullyShardedDataParallel, "__init__", make_fsdp_init)
 
 
 def _patch_spawn(instr: Any) -> None:

@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any, Optional
 
+from ddp_profile.profiler.cpus import cpus_available
+from ddp_profile.profiler.rank.facts import thread_facts
 from ddp_profile.profiler.settings import ProbePlan
 from ddp_profile.profiler.store.record import SCHEMA_VERSION
 
@@ -53,8 +55,7 @@ def context_record(plan: ProbePlan) -> dict[str, Any]:
         "hostname": socket.gethostname(), "pid": os.getpid(),
         "torch_version": torch.__version__, "cuda_version": torch.version.cuda,
         "cpu_count": os.cpu_count(),
-        "cpus_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-        else os.cpu_count(),
+        "cpus_available": cpus_available(), "threads": thread_facts(),
         "argv": list(sys.argv), "t_ns": time.time_ns(), "probe_id": plan.probe_id,
         "mode": plan.mode}
 

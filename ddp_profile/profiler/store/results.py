@@ -40,7 +40,8 @@ STEP_COLUMNS = ["probe_id", "rank", "node", "loader_id", "step", "measured", "t_
                 "data_wait_s", "compute_s", "other_s", "forward_s", "step_s", "samples",
                 "gpu_busy_s", "gpu_gap_s"]
 PROBE_COLUMNS = ["id", "kind", "status", *SETTING_KEYS, "throughput", "data_wait_fraction",
-                 "score", "wall_s", "error", "root_cause_rank"]
+                 "score", "wall_s", "error", "root_cause_rank", "steps_measured", "short",
+                 "short_reason"]
 
 
 @dataclass
@@ -194,7 +195,9 @@ def _probe_row(probe: dict[str, Any]) -> dict[str, Any]:
             "throughput": _nan(probe.get("throughput")),
             "data_wait_fraction": _nan(probe.get("data_wait_fraction")),
             "score": _nan(probe.get("score")), "wall_s": _nan(probe.get("wall_s")),
-            "error": probe.get("error"), "root_cause_rank": probe.get("root_cause_rank")}
+            "error": probe.get("error"), "root_cause_rank": probe.get("root_cause_rank"),
+            "steps_measured": probe.get("steps_measured"), "short": probe.get("short") is True,
+            "short_reason": probe.get("short_reason")}
 
 
 def _rank_rows(probe_id: str, data: RankData, out: dict[str, list]) -> None:

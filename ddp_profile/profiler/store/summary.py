@@ -44,6 +44,7 @@ def build_summary(meta: dict[str, Any], entries: list[dict[str, Any]],
         "script_args": meta.get("script_args", []),
         "launcher": meta.get("launcher"),
         "nproc_per_node": meta.get("nproc_per_node"),
+        "ranks_per_host": (baseline or {}).get("ranks_per_host"),  # as observed
         "world_size": context.get("world_size"),
         "device": context.get("device", "cpu"),
         "backend": context.get("backend"),

@@ -43,6 +43,7 @@ class Candidate:
     rse: float = 0.0  # relative standard error of ``throughput`` (0: unknown)
     data_wait_fraction: Optional[float] = None  # share of step time spent waiting for data
     kind: str = "sweep"  # baseline | sweep
+    short: bool = False  # measured fewer steps than asked (the script ended first)
 
 
 def noise(a: Candidate, b: Candidate, thresholds: ChoiceThresholds = ChoiceThresholds()
@@ -86,9 +87,12 @@ def choose(candidates: Sequence[Candidate], baseline: Optional[Candidate] = None
     """The best candidate (see the module docstring); ``baseline`` when nothing was measured.
 
     ``candidates`` are successful measurements of kind baseline or sweep (``baseline`` among
-    them when it succeeded); ones without a positive, finite throughput are ignored.
+    them when it succeeded); ones without a positive, finite throughput are ignored, and short
+    ones (fewer measured steps than asked) too unless every one is short.
     """
     usable = [c for c in candidates if math.isfinite(c.throughput) and c.throughput > 0]
+    full = [c for c in usable if not c.short]
+    usable = full or usable  # a short probe is chosen only when every probe is short
     if not usable:
         return baseline
     top = max(usable, key=lambda c: c.throughput)
@@ -116,4 +120,4 @@ def candidate_of(entry: dict[str, Any]) -> Candidate:
     return Candidate(id=str(entry.get("id")), config=LoaderSettings.from_dict(entry.get("config")),
                      throughput=float(entry.get("throughput") or 0.0), rse=relative_se(entry),
                      data_wait_fraction=entry.get("data_wait_fraction"),
-                     kind=str(entry.get("kind", "sweep")))
+                     kind=str(entry.get("kind", "sweep")), short=entry.get("short") is True)

@@ -94,6 +94,9 @@ def probe_env(spec: LaunchSpec, plan: ProbePlan, tag: str) -> dict[str, str]:
     env["DDP_PROFILE_SCRIPT"] = os.path.abspath(spec.script)
     env[ENV_HARNESS_PID] = str(os.getpid())
     env.setdefault("PYTHONUNBUFFERED", "1")
+    if plan.threads:  # the threads counterfactual: OpenMP/MKL read these at start-up
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env[name] = str(plan.threads)
     return env
 
 

@@ -57,8 +57,10 @@ class Measurer(Protocol):
     screen_unsupported: Optional[str]  # why screens cannot run (set by ``measure_screen``)
 
     def measure(self, requested: LoaderSettings, kind: str = "sweep",
-                steps: Optional[int] = None, mode: str = "normal") -> dict[str, Any]:
-        """One probe of ``requested`` (``None`` settings: the script's own)."""
+                steps: Optional[int] = None, mode: str = "normal",
+                threads: Optional[int] = None) -> dict[str, Any]:
+        """One probe of ``requested`` (``None`` settings: the script's own); ``threads``
+        sets torch's intra-op threads in every rank."""
 
     def measure_screen(self, windows: list[Window]) -> list[dict[str, Any]]:
         """Several configurations in as few launches as possible, one entry each (in order);
@@ -90,10 +92,13 @@ class LedgerMeasurer:
         self.window_loop_s = 0.0  # estimated seconds of one screen window's loop
 
     def measure(self, requested: LoaderSettings, kind: str = "sweep",
-                steps: Optional[int] = None, mode: str = "normal") -> dict[str, Any]:
+                steps: Optional[int] = None, mode: str = "normal",
+                threads: Optional[int] = None) -> dict[str, Any]:
         probe_id = f"p{len(self.entries):03d}"
         steps = steps or self.steps
         done = self._finished(probe_id, requested, kind, steps, screened=False)
+        if done is not None and done.get("threads") != threads:
+            done = None
         if done is not None:
             self._record(done, reused=True)
             return done
@@ -101,7 +106,7 @@ class LedgerMeasurer:
         plan = ProbePlan(probe_id=probe_id, out_dir=self.run_dir.probe_dir(probe_id),
                          overrides=requested, warmup=self.warmup, steps=steps, mode=mode,
                          inject_local_rank=self.local_rank_flag(),
-                         rdzv_id=f"{self.run_token}-{probe_id}")
+                         rdzv_id=f"{self.run_token}-{probe_id}", threads=threads)
         self.progress("start", {"probe_id": probe_id, "config": requested, "kind": kind})
         outcome = self._launch(plan, self.timeout_s)
         entry = summarise_probe(plan, outcome, kind, self.timeout_s)

@@ -28,7 +28,7 @@ def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: str, timeout_
         "id": plan.probe_id, "kind": kind, "requested": plan.overrides.to_dict(),
         "config": dict(loader.get("applied") or {}), "status": "ok", "reason": None, "error": None,
         "root_cause_rank": None, "wall_s": round(outcome.wall_s, 3),
-        "warmup": plan.warmup, "steps": plan.steps,
+        "warmup": plan.warmup, "steps": plan.steps, "threads": plan.threads,
         "skipped_overrides": list(loader.get("skipped_overrides") or []),
         "strays_killed": outcome.strays_killed,
     }
@@ -37,7 +37,19 @@ def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: str, timeout_
     entry.update(status=status, reason=reason, error=error, root_cause_rank=root)
     if status != "ok":
         entry["throughput"] = None
+    entry.update(_shortness(entry, plan))
     return entry
+
+
+def _shortness(entry: dict[str, Any], plan: ProbePlan) -> dict[str, Any]:
+    """``short``: an ok probe that measured fewer steps than asked, and why."""
+    measured = entry.get("steps_measured") or 0
+    if entry["status"] != "ok" or measured >= plan.steps:
+        return {"short": False, "short_reason": None}
+    return {"short": True,
+            "short_reason": f"the script ended after {measured} measured step(s) of the "
+                            f"{plan.steps} asked: run more epochs (or more data) so that a "
+                            f"probe reaches --warmup + --steps"}
 
 
 def _training_loader_record(data: RankData) -> Optional[dict[str, Any]]:
@@ -78,8 +90,33 @@ def _measurements(ranks: list[RankData]) -> dict[str, Any]:
         "throughput_rse": _throughput_rse(ranks),
         "gpu_idle_fraction": _gpu_idle_fraction(ranks),
         "time_to_first_batch_s": max(first_batch) if first_batch else None,
+        "ranks_per_host": _ranks_per_host(ranks),
+        "cpus_available": min((r.context["cpus_available"] for r in ranks
+                               if r.context.get("cpus_available")), default=None),
+        "intra_op_threads": max(((r.context.get("threads") or {}).get("intra_op") or 0
+                                 for r in ranks), default=0) or None,
+        "worker_cores": _worker_cores(ranks),
         "per_rank": per_rank,
     }
+
+
+def _worker_cores(ranks: list[RankData]) -> Optional[float]:
+    """Cores the ranks' DataLoader workers were busy on: the sum over ranks of the median
+    ``worker_cpu_percent`` / 100 (None when no rank sampled it)."""
+    medians = []
+    for data in ranks:
+        values = [s["worker_cpu_percent"] for s in data.samples
+                  if s.get("source") == "host" and isinstance(s.get("worker_cpu_percent"), float)
+                  and math.isfinite(s["worker_cpu_percent"])]
+        if values:
+            medians.append(statistics.median(values) / 100.0)
+    return round(sum(medians), 3) if medians else None
+
+
+def _ranks_per_host(ranks: list[RankData]) -> Optional[int]:
+    """The most ranks that ran on one host, as observed (contexts' hostnames)."""
+    hosts = [r.context.get("hostname") for r in ranks if r.context.get("hostname")]
+    return max(hosts.count(h) for h in set(hosts)) if hosts else None
 
 
 def _global_steps(ranks: list[RankData]) -> list[tuple[float, int]]:

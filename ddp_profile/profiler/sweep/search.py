@@ -13,11 +13,11 @@ re-measures exactly that configuration.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from ddp_profile.errors import NoDataLoader, ProbeTimeout, ScriptFailed
+from ddp_profile.profiler.cpus import cpus_available, threads_to_fit
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.store.summary import latest_ceiling
@@ -78,7 +78,8 @@ class Search:
         self._check_baseline(self.baseline)
         self.axes = self._axes()
         self.measurer.calibrate(self.baseline, self.axes)
-        self.progress("axes", {"axes": self.axes, "grid": grid(self.axes)})
+        self.progress("axes", {"axes": self.axes, "grid": grid(self.axes),
+                               "counted": self.options.single or self.options.search == "grid"})
         if self.options.single:
             self.measure_config(self._requested_single())
         elif self.options.search == "grid":
@@ -86,6 +87,7 @@ class Search:
                 self.measure_config(config)
         else:
             self.adaptive()
+        self.threads()
         self.repeat()
         if self.options.ceiling:
             self.ceiling()
@@ -149,6 +151,19 @@ class Search:
             if entry["status"] != "ok":
                 break  # a crash or an OOM would only repeat itself
 
+    def threads(self) -> None:
+        """The threads counterfactual: when the baseline's ranks oversubscribe the CPUs with
+        intra-op threads (``cpus.threads_to_fit``), measure the script's own settings again
+        with the threads that fit (kind ``threads``; it never competes in the choice)."""
+        base = self.baseline
+        if base is None or base.get("status") != "ok":
+            return
+        fit = threads_to_fit(base.get("intra_op_threads"),
+                             base.get("ranks_per_host") or self.nproc_per_node,
+                             base.get("worker_cores") or 0.0, base.get("cpus_available"))
+        if fit is not None:
+            self.measurer.measure(LoaderSettings(), kind="threads", threads=fit)
+
     def ceiling(self) -> None:
         """The compute-only probe, at the recommended configuration's batch size."""
         best = self.best() or self.baseline
@@ -173,8 +188,8 @@ class Search:
         context = self.measurer.context(self.baseline)
         return resolve_axes(self.space, settings_of(self.baseline),
                             context.get("device", "cpu"),
-                            int(context.get("cpus_available") or os.cpu_count() or 1),
-                            self.nproc_per_node)
+                            int(context.get("cpus_available") or cpus_available()),
+                            int(self.baseline.get("ranks_per_host") or self.nproc_per_node))
 
     def _requested_single(self) -> LoaderSettings:
         first = lambda values: values[0] if values else None  # noqa: E731

@@ -7,14 +7,15 @@ Each sampler is a daemon thread named ``ddp-profile-sampler-<source>`` that call
 
 Host metrics: ``cpu_percent`` (mean over the CPUs this process may run on),
 ``cpu_max_core_percent``, ``cpu_per_core`` (list, same CPUs), ``iowait_percent``, ``rss_bytes``
-(the rank), ``worker_count`` and ``worker_cpu_percent`` (the rank's child processes, i.e.
-DataLoader workers; 100 = one core), ``disk_read_bps`` (system-wide). GPU metrics:
+(the rank), ``worker_count`` and ``worker_cpu_percent`` (the rank's DataLoader worker
+processes: its children whose pids ``worker_pids()`` names when given, never a child rank or a
+helper process; 100 = one core), ``disk_read_bps`` (system-wide). GPU metrics:
 ``gpu_util_percent`` (mean of the driver's own utilisation samples since the last record, each
-read once; ``gpu_util_samples`` says how many),
-``gpu_mem_used_bytes``, ``gpu_mem_total_bytes``, ``gpu_power_w``, ``gpu_sm_clock_mhz``,
-``gpu_temp_c``, ``gpu_throttle_reasons`` (bit mask), ``gpu_pcie_rx_bps``, ``gpu_pcie_tx_bps``
-and, on Hopper and newer, ``gpm_sm_activity``, ``gpm_sm_occupancy``, ``gpm_tensor_activity``,
-``gpm_dram_bw_util`` (percent). Unknown values are NaN.
+read once; ``gpu_util_samples`` says how many), ``gpu_mem_used_bytes``, ``gpu_mem_total_bytes``,
+``gpu_power_w``, ``gpu_sm_clock_mhz``, ``gpu_temp_c``, ``gpu_throttle_reasons`` (bit mask),
+``gpu_pcie_rx_bps``, ``gpu_pcie_tx_bps`` and, on Hopper and newer, ``gpm_sm_activity``,
+``gpm_sm_occupancy``, ``gpm_tensor_activity``, ``gpm_dram_bw_util`` (percent). Unknown values
+are NaN.
 
 Besides samples the GPU sampler emits two ``event`` records: ``gpu_status`` once at start
 (``{gpu_available, gpu_unavailable_reason, pci_bus_id, name}``) and ``gpu_lost`` if the device
@@ -27,7 +28,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import psutil
 
@@ -97,8 +98,10 @@ class HostSampler(_PeriodicSampler):
     source = "host"
 
     def __init__(self, emit: Emit, *, pid: Optional[int] = None, interval_s: float = 0.5,
-                 clock: Clock = time.time_ns):
+                 clock: Clock = time.time_ns,
+                 worker_pids: Optional[Callable[[], Iterable[int]]] = None):
         super().__init__(emit, interval_s, clock)
+        self._worker_pids = worker_pids
         self.pid = os.getpid() if pid is None else int(pid)
         self._proc: Optional[psutil.Process] = None
         self._cpus: list[int] = []
@@ -172,6 +175,9 @@ class HostSampler(_PeriodicSampler):
         used = 0.0
         seen: dict[int, tuple[psutil.Process, float]] = {}
         pids, late = self._children()
+        if self._worker_pids is not None:  # only the DataLoader's own workers
+            allowed = set(self._worker_pids())
+            pids = [p for p in pids if p in allowed]
         for child_pid in pids:
             known = self._workers.get(child_pid)
             try:
@@ -236,14 +242,16 @@ class SamplerGroup:
 def start_samplers(emit: Emit, *, pid: Optional[int] = None,
                    cuda_device_index: Optional[int] = None, pci_bus_id: Optional[str] = None,
                    interval_s: float = 0.5, nvml_lib: Any = None,
-                   clock: Clock = time.time_ns) -> SamplerGroup:
+                   clock: Clock = time.time_ns,
+                   worker_pids: Optional[Callable[[], Iterable[int]]] = None) -> SamplerGroup:
     """Start the host sampler and, for a rank on a CUDA device, the GPU sampler.
 
     The GPU is named by ``pci_bus_id`` or by ``cuda_device_index`` (mapped to NVML through the
     PCI bus id, in the sampler thread so that NVML start-up does not delay training).
+    ``worker_pids`` names the DataLoader workers among the process's children.
     """
     samplers: list[_PeriodicSampler] = [HostSampler(emit, pid=pid, interval_s=interval_s,
-                                                    clock=clock)]
+                                                    clock=clock, worker_pids=worker_pids)]
     if pci_bus_id is not None or cuda_device_index is not None:
         samplers.append(GpuSampler(emit, pci_bus_id=pci_bus_id, cuda_device_index=cuda_device_index,
                                    interval_s=interval_s, nvml_lib=nvml_lib, clock=clock))

@@ -107,3 +107,14 @@ def test_predicted_rung_from_the_baseline_data_wait():
     assert predicted_rung(base(2, 0.01), ladder) == 2  # not data-bound: stay at its own 2
     assert predicted_rung(base(0, 0.99), ladder) == 4  # beyond the ladder: its top
     assert predicted_rung({"status": "crash"}, ladder) == 0
+
+
+def test_choose_passes_over_a_short_probe_unless_every_probe_is_short():
+    from ddp_profile.profiler.sweep.choose import Candidate, choose
+
+    base = Candidate("p0", LoaderSettings(num_workers=0), 100.0, kind="baseline",
+                     data_wait_fraction=0.5)
+    short = Candidate("p1", LoaderSettings(num_workers=2), 300.0, short=True)
+    full = Candidate("p2", LoaderSettings(num_workers=4), 200.0)
+    assert choose([base, short, full], base).id == "p2"
+    assert choose([short], short).id == "p1"

@@ -1,0 +1,80 @@
+"""Facts a rank records about itself besides its steps: threads, batch fingerprints, workers.
+
+* ``thread_facts()``: torch's intra-op and inter-op thread counts and the environment
+  variables that size them (recorded in the context as ``threads``).
+* ``batch_fingerprint(batch)``: a short digest of a batch's contents, cheap on large tensors
+  (a strided sample of at most ``FINGERPRINT_VALUES`` values per tensor, plus shapes and
+  dtypes). Ranks that receive equal fingerprints read the same samples.
+* ``worker_pids(iterator)``: the pids of a DataLoader iterator's own worker processes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any, Optional
+
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+FINGERPRINT_VALUES = 4096
+FINGERPRINT_BATCHES = 3  # the first batches of the first epoch of each loader
+
+
+def thread_facts() -> dict[str, Any]:
+    """``{intra_op, interop, env: {OMP_NUM_THREADS: "1" | None, ...}}`` of this process."""
+    import torch
+
+    facts: dict[str, Any] = {"intra_op": None, "interop": None,
+                             "env": {name: os.environ.get(name) for name in THREAD_ENV}}
+    try:
+        facts["intra_op"] = int(torch.get_num_threads())
+        facts["interop"] = int(torch.get_num_interop_threads())
+    except Exception:  # noqa: BLE001 - facts are best effort
+        pass
+    return facts
+
+
+def _tensor_bytes(tensor: Any) -> bytes:
+    import torch
+
+    flat = tensor.detach().reshape(-1)
+    stride = max(1, flat.numel() // FINGERPRINT_VALUES)
+    sample = flat[::stride][:FINGERPRINT_VALUES]
+    if sample.is_floating_point() or sample.is_complex():
+        sample = sample.to(torch.float64) if not sample.is_complex() else sample
+    header = f"{tuple(tensor.shape)}|{tensor.dtype}|".encode()
+    return header + sample.cpu().contiguous().numpy().tobytes()
+
+
+def batch_fingerprint(batch: Any, limit: int = 64) -> Optional[str]:
+    """A hex digest of a batch's tensors and plain values; None if it holds none."""
+    import torch
+
+    digest = hashlib.blake2b(digest_size=12)
+    stack, seen = [batch], 0
+    while stack and seen < limit:
+        item = stack.pop(0)
+        if isinstance(item, torch.Tensor):
+            digest.update(_tensor_bytes(item))
+            seen += 1
+        elif isinstance(item, dict):
+            stack.extend(item[k] for k in sorted(item, key=str))
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, (str, bytes, int, float, bool)):
+            digest.update(repr(item).encode()[:256])
+            seen += 1
+        else:
+            data = getattr(item, "data", None)  # e.g. a BatchEncoding or a custom batch type
+            if isinstance(data, dict):
+                stack.append(data)
+    return digest.hexdigest() if seen else None
+
+
+def worker_pids(iterator: Any) -> list[int]:
+    """The pids of a DataLoader iterator's worker processes (none with ``num_workers=0``)."""
+    pids = []
+    for worker in getattr(iterator, "_workers", None) or ():
+        pid = getattr(worker, "pid", None)
+        if isinstance(pid, int):
+            pids.append(pid)
+    return pids

@@ -1,0 +1,101 @@
+"""Diagnoses from direct evidence on real 2-rank runs (issue 16): each cause found, and only
+when it is there."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.conftest import DEMO, SCRIPTS
+
+pytestmark = pytest.mark.e2e
+
+ONE_PROBE = ["--num-workers", "0", "--no-ceiling", "--steps", "10", "--warmup", "2",
+             "--no-report", "--quiet"]
+BATCHES = os.path.join(SCRIPTS, "batch_sampler_train.py")
+
+
+def _findings(result) -> dict:
+    assert result.returncode == 0, result.stderr
+    return {f["rule"]: f for f in result.summary()["findings"]}
+
+
+def test_process_group_without_ddp_is_found(cli, run_dir):
+    findings = _findings(cli(["run", DEMO, "--out", run_dir, *ONE_PROBE, "--", "--no-ddp"],
+                             out=run_dir))
+    assert findings["no-ddp"]["severity"] == "high"
+    assert "missing-distributed-sampler" not in findings  # it shards with DistributedSampler
+
+
+def test_ddp_script_gets_neither_no_ddp_nor_sampler_finding(cli, run_dir):
+    findings = _findings(cli(["run", DEMO, "--out", run_dir, *ONE_PROBE], out=run_dir))
+    assert not {"no-ddp", "missing-distributed-sampler"} & set(findings), findings
+
+
+def test_batch_sampler_that_shards_by_rank_is_not_flagged(cli, run_dir):
+    findings = _findings(cli(["run", BATCHES, "--out", run_dir, *ONE_PROBE, "--", "--shard"],
+                             out=run_dir))
+    assert "missing-distributed-sampler" not in findings, findings
+
+
+def test_batch_sampler_that_does_not_shard_is_flagged_from_the_data(cli, run_dir):
+    findings = _findings(cli(["run", BATCHES, "--out", run_dir, *ONE_PROBE], out=run_dir))
+    finding = findings["missing-distributed-sampler"]
+    assert finding["ranks"] == [0, 1] and "RankBatches" in finding["evidence"]
+
+
+def test_one_rank_with_launcher_none_is_counted_as_one(cli, run_dir):
+    """The script starts one rank itself: evidence and sizing use 1 rank, not the default 2."""
+    cpus = len(os.sched_getaffinity(0))
+    workers = cpus + 1  # oversubscribed by one rank alone
+    result = cli(["run", DEMO, "--launcher", "none", "--out", run_dir,
+                  "--num-workers", str(workers), "--no-ceiling", "--steps", "6", "--warmup", "2",
+                  "--no-report", "--quiet", "--", "--num-workers", str(workers)], out=run_dir)
+    findings = _findings(result)
+    summary = result.summary()
+    assert summary["world_size"] == 1 and summary["ranks_per_host"] == 1
+    evidence = findings["worker-oversubscription"]["evidence"]
+    assert f"1 rank(s) per machine x num_workers={workers}" in evidence, evidence
+
+
+def test_script_that_ends_early_is_marked_short(cli, run_dir):
+    """96 samples, 2 ranks, batch 16, one epoch: 3 steps a rank, 10 asked.
+
+    ``--no-ddp``: a DDP model freed as the script returns can deadlock torch's gloo teardown
+    (the main thread joins gloo's run loop while holding the GIL, the run loop waits for the GIL
+    to free a finished all-reduce): a race in torch that hung this test twice under load."""
+    result = cli(["run", DEMO, "--out", run_dir, "--num-workers", "0", "--no-ceiling",
+                  "--steps", "10", "--warmup", "1", "--no-report", "--",
+                  "--samples", "96", "--epochs", "1", "--batch-size", "16", "--no-ddp"],
+                 out=run_dir)
+    assert result.returncode == 0, result.stderr
+    probe = result.summary()["probes"][0]
+    assert probe["status"] == "ok" and probe["short"] is True and probe["steps_measured"] == 2
+    assert "ended after 2 measured step(s) of the 10 asked" in probe["short_reason"]
+    assert "SHORT: the script ended after 2" in result.stderr  # the progress line
+    assert f"probe {probe['id']} short (2 of 10 steps)" in result.stdout  # the summary
+
+
+def test_in_place_ranks_with_default_threads_get_a_measured_counterfactual(cli, run_dir):
+    """mp.spawn ranks (no OMP_NUM_THREADS) size torch's pool to the machine: the sweep measures
+    the script's own settings again with threads that fit, and the finding cites both."""
+    cpus = len(os.sched_getaffinity(0))
+    result = cli(["run", os.path.join(SCRIPTS, "spawn_heavy_train.py"), "--launcher", "none",
+                  "--out", run_dir, *ONE_PROBE, "--", "29751"], out=run_dir)
+    findings = _findings(result)
+    probes = {p["kind"]: p for p in result.summary()["probes"]}
+    base, threads = probes["baseline"], probes.get("threads")
+    if base["intra_op_threads"] * 2 <= cpus:
+        pytest.skip(f"torch starts {base['intra_op_threads']} thread(s) on {cpus} CPUs: the "
+                    "2 ranks do not oversubscribe them here")
+    assert threads is not None and threads["status"] == "ok"
+    assert threads["threads"] == max(1, cpus // 2) == threads["intra_op_threads"]
+    gain = threads["throughput"] / base["throughput"]
+    assert ("thread-oversubscription" in findings) == (gain >= 1.05), (gain, findings)
+    if gain >= 1.05:
+        evidence = findings["thread-oversubscription"]["evidence"]
+        assert f"probe {threads['id']}" in evidence and f"baseline {base['id']}" in evidence
+        assert "torch.set_num_threads" in findings["thread-oversubscription"]["recommendation"]
+    assert "recommended" in result.summary() and result.summary()["recommended_probe"] != \
+        threads["id"]  # the counterfactual never competes with the DataLoader settings

@@ -1,0 +1,46 @@
+"""Console output marks short probes, in the progress line and in the end-of-run summary."""
+
+from __future__ import annotations
+
+import io
+
+from ddp_profile.reports.console import ConsoleProgress, summary_lines
+
+SHORT = {"id": "p000", "kind": "baseline", "status": "ok", "throughput": 100.0,
+         "data_wait_fraction": 0.1, "config": {"num_workers": 0}, "steps": 10,
+         "steps_measured": 1, "short": True,
+         "short_reason": "the script ended after 1 measured step(s) of the 10 asked: run more"}
+
+
+def test_progress_line_marks_a_short_probe():
+    stream = io.StringIO()
+    ConsoleProgress(stream=stream)("done", {"entry": SHORT})
+    assert "SHORT: the script ended after 1 measured step(s) of the 10 asked" in stream.getvalue()
+    stream = io.StringIO()
+    ConsoleProgress(stream=stream)("done", {"entry": {**SHORT, "short": False}})
+    assert "SHORT" not in stream.getvalue()
+
+
+def test_summary_lists_short_probes_and_the_note_on_them():
+    note = "The baseline probe p000 is short, its figures rest on 1 step(s): the script ended."
+    summary = {"script": "train.py", "world_size": 2, "device": "cpu", "gpu_available": True,
+               "probes": [SHORT], "baseline": {"num_workers": 0},
+               "recommended": {"num_workers": 0}, "findings": [],
+               "recommendation": {"notes": [note, "another note"]}}
+    lines = summary_lines(summary, "out")
+    assert any(line.startswith("  probe p000 short (1 of 10 steps): the script ended") for line
+               in lines)
+    assert f"  note: {note}" in lines and "  note: another note" not in lines
+
+
+def test_adaptive_progress_shows_no_made_up_total():
+    stream = io.StringIO()
+    progress = ConsoleProgress(stream=stream)
+    progress("axes", {"grid": [1, 2, 3, 4, 5], "counted": False})
+    progress("done", {"entry": {**SHORT, "short": False}})
+    assert stream.getvalue().startswith("[1] p000")
+    stream = io.StringIO()
+    progress = ConsoleProgress(stream=stream)
+    progress("axes", {"grid": [1, 2, 3, 4, 5], "counted": True})
+    progress("done", {"entry": {**SHORT, "short": False}})
+    assert stream.getvalue().startswith("[1/7] p000")

@@ -1,0 +1,71 @@
+"""One voice: findings that advise a setting agree with the recommendation and name the probe
+that measured it; an unmeasured setting is a labelled prediction; no pointer to a finding that
+did not fire."""
+
+from __future__ import annotations
+
+from ddp_profile.rules import evaluate
+from tests.rules.tables import RunBuilder
+
+
+def _by_rule(run):
+    findings, rec = evaluate(run)
+    return {f.rule: f for f in findings}, rec
+
+
+def test_oversubscribed_baseline_and_a_tie_never_contradict():
+    """The issue's case: num_workers=1 ties num_workers=4 on a compute-bound script; the
+    recommendation keeps 4, so the finding must not say "use num_workers=1"."""
+    run = (RunBuilder(world_size=2, cpus=2)
+           .probe("p0", kind="baseline", num_workers=4).steps(data_wait=0.001, compute=0.05)
+           .probe("p1", num_workers=1).steps(data_wait=0.001, compute=0.0502, seed=1)
+           .build())
+    findings, rec = _by_rule(run)
+    assert rec.config["num_workers"] == 4
+    advice = findings["worker-oversubscription"].recommendation
+    assert advice.startswith("Measured: num_workers=1") and "probe p1" in advice
+    assert "within noise" in advice and "recommendation stays" in advice
+    assert "num_workers=4" in advice
+
+
+def test_recommended_probe_with_the_setting_is_cited():
+    run = (RunBuilder(world_size=2, cpus=2)
+           .probe("p0", kind="baseline", num_workers=4).steps(data_wait=0.05, compute=0.05)
+           .probe("p1", num_workers=0).steps(data_wait=0.0, compute=0.05, seed=1)
+           .build())
+    findings, rec = _by_rule(run)
+    assert rec.probe_id == "p1"
+    advice = findings["worker-oversubscription"].recommendation
+    assert advice.startswith("Measured: probe p1") and rec.snippet in advice
+
+
+def test_unmeasured_setting_is_a_labelled_prediction():
+    run = (RunBuilder(world_size=2, cpus=2)
+           .probe("p0", kind="baseline", num_workers=4).steps(data_wait=0.001, compute=0.05)
+           .build())
+    advice = _by_rule(run)[0]["worker-oversubscription"].recommendation
+    assert advice.startswith("Prediction (not measured): num_workers=1")
+    assert "--num-workers 1,4" in advice
+
+
+def test_data_loader_bound_points_only_to_findings_that_fired():
+    run = (RunBuilder(world_size=1)
+           .probe("p0", kind="baseline", num_workers=0).steps(data_wait=0.05, compute=0.05)
+           .probe("p1", num_workers=2).steps(data_wait=0.05, compute=0.05, seed=1).build())
+    findings, _ = _by_rule(run)
+    advice = findings["data-loader-bound"].recommendation
+    assert "probe p1" in advice and "recommendation stays" in advice
+    fired = set(findings)
+    for rule in ("cpu-bound-preprocessing", "io-bound-loading"):
+        assert (rule in advice) == (rule in fired), (rule, advice, fired)
+    assert "cpu-/io-bound" not in advice
+
+
+def test_measured_gain_is_cited_with_the_recommended_snippet():
+    run = (RunBuilder(world_size=1)
+           .probe("p0", kind="baseline", num_workers=0).steps(data_wait=0.05, compute=0.05)
+           .probe("p1", num_workers=4).steps(data_wait=0.0, compute=0.05, seed=1).build())
+    findings, rec = _by_rule(run)
+    advice = findings["data-loader-bound"].recommendation
+    assert advice.startswith("Measured: probe p1") and "1.98x" in advice  # 0.101 / 0.051 s
+    assert rec.snippet in advice
