@@ -36,6 +36,8 @@ from typing import Any, Callable, Optional
 
 from ddp_profile.profiler.settings import ProbePlan, backlog_warmup, window_index
 from ddp_profile.profiler.rank.gpu_steps import GpuStepTimer, cuda_event_factory
+from ddp_profile.profiler.rank import loadcost
+from ddp_profile.profiler.rank.loadcost import batch_size_of
 from ddp_profile.profiler.rank.overrides import apply_overrides, own_settings
 from ddp_profile.profiler.store.record import SCHEMA_VERSION, RankRecorder
 from ddp_profile.profiler.rank.stepclock import StepClock
@@ -44,21 +46,6 @@ CEILING_CACHE_BATCHES = 4
 FLUSH_INTERVAL_S = 0.5
 STOP_BARRIER_TIMEOUT_S = 60.0
 GPU_LOOKUP_BATCHES = 16  # look this many batches for the script's first use of CUDA
-
-
-def batch_size_of(batch: Any, default: int) -> int:
-    """Number of samples in a batch: the leading dimension of its first tensor."""
-    stack = [batch]
-    while stack:
-        item = stack.pop(0)
-        shape = getattr(item, "shape", None)
-        if shape is not None and len(shape) > 0:
-            return int(shape[0])
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-    return default
 
 
 _known_rank: tuple[int, int] = (-1, -1)  # (pid, rank) once the process group told it
@@ -126,6 +113,7 @@ class Instrumentation:
             "cuda_version": torch.version.cuda, "cpu_count": os.cpu_count(),
             "cpus_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
             else os.cpu_count(),
+            "memory_available": loadcost.memory_available(),
             "argv": list(sys.argv), "t_ns": time.time_ns(), "probe_id": self.plan.probe_id,
             "mode": self.plan.mode})
         self.context_written = True
@@ -142,15 +130,22 @@ class Instrumentation:
         self.loader_count += 1
         own = own_settings(bound.arguments)
         applied, skipped = apply_overrides(bound.arguments, self.plan.overrides)
+        bound.arguments["worker_init_fn"] = loadcost.WorkerInit(
+            bound.arguments.get("worker_init_fn"), self.plan.out_dir, loader_id)
         object.__setattr__(loader, "_ddp_profile_id", loader_id)
         object.__setattr__(loader, "_ddp_profile_iters", 0)
         self.recorder.write({"kind": "loader", "loader_id": loader_id, "rank": _current_rank(),
                              "own": own, "applied": applied, "skipped_overrides": skipped})
 
+    def before_iter(self, loader: Any) -> None:
+        """The loader's workers are about to start: their batch records need the rank."""
+        loadcost.before_iter(loader, _current_rank())
+
     def on_iter(self, loader: Any, iterator: Any) -> None:
         loader_id = getattr(loader, "_ddp_profile_id", None)
         if loader_id is None:
             return
+        loadcost.meter_in_process(iterator, self.recorder.write_line, _current_rank(), loader_id)
         index = getattr(loader, "_ddp_profile_iters", 0)
         object.__setattr__(loader, "_ddp_profile_iters", index + 1)
         iterator._ddp_profile_state = {"loader_id": loader_id, "iter_index": index,
@@ -245,6 +240,8 @@ class Instrumentation:
                         setattr(loader, key, value)
                 started = time.perf_counter_ns()
                 fresh = loader._get_iterator()
+                loadcost.meter_in_process(fresh, self.recorder.write_line, _current_rank(),
+                                          state["loader_id"])
                 if getattr(loader, "persistent_workers", False):
                     loader._iterator = fresh
                 self.iterators.add(fresh)

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ddp_profile.profiler.settings import window_index
-from ddp_profile.profiler.store.record import dumps, read_jsonl
+from ddp_profile.profiler.store.record import WORKER_DIR, dumps, read_jsonl
+from ddp_profile.profiler.store.results import read_worker_dir
 
 # Facts about the script, true for every window whenever they were recorded.
 STATIC_EVENTS = frozenset({"ddp", "data_parallel", "process_group", "ddp_unused_parameters",
@@ -139,7 +140,7 @@ class _RankScreen:
             elif kind == "end":
                 if not complete:
                     out.append(record)
-            elif kind in ("event", "sample", "error"):
+            elif kind in ("event", "sample", "error", "batch_cost"):
                 if low <= record.get("t_ns", 0) < high:
                     out.append(record)
             else:
@@ -164,6 +165,7 @@ def split_screen(launch_dir: str, out_dirs: list[str], starts: list[int], length
         if name.endswith(".jsonl"):
             records, _torn = read_jsonl(os.path.join(launch_dir, name))
             ranks.append((name, _RankScreen(records, starts, lengths)))
+    ranks_by_id = [(r.rank, r) for _, r in ranks]
     results = []
     stopped = False  # the launch ended in an earlier window: this one never ran
     for index, out_dir in enumerate(out_dirs):
@@ -187,6 +189,24 @@ def split_screen(launch_dir: str, out_dirs: list[str], starts: list[int], length
             if steps:
                 first_ns.append(min(s["t_ns"] for s in steps))
                 last_ns.append(max(_step_end_ns(s) for s in steps))
+        _split_workers(launch_dir, out_dir, dict(ranks_by_id), index)
         split.span_s = (max(last_ns) - min(first_ns)) / 1e9 if first_ns else 0.0
         stopped = not complete
     return results
+
+
+def _split_workers(launch_dir: str, out_dir: str, ranks: dict[Any, _RankScreen],
+                   window: int) -> None:
+    """Each DataLoader worker's batch records of ``window`` (by its rank's window bounds)."""
+    for name, records in read_worker_dir(os.path.join(launch_dir, WORKER_DIR)):
+        kept = []
+        for record in records:
+            rank = ranks.get(record.get("rank"))
+            if rank is not None:
+                low, high = rank.bounds(window)
+                if low <= record.get("t_ns", 0) < high:
+                    kept.append(record)
+        if kept:
+            os.makedirs(os.path.join(out_dir, WORKER_DIR), exist_ok=True)
+            with open(os.path.join(out_dir, WORKER_DIR, name), "w", encoding="utf-8") as handle:
+                handle.write("".join(dumps(r) + "\n" for r in kept))
