@@ -6,6 +6,7 @@ import platform
 from typing import Any, Optional
 
 from ddp_profile.profiler.store.record import SCHEMA_VERSION
+from ddp_profile.profiler.sweep.capacity import capacity_model
 
 SETTINGS = ("num_workers", "pin_memory", "prefetch_factor", "batch_size")
 
@@ -21,6 +22,24 @@ def latest_ceiling(entries: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     the recommended batch size)."""
     return next((e for e in reversed(entries) if e.get("kind") == "ceiling"
                  and e.get("status") == "ok"), None)
+
+
+def run_capacity(probes: list[dict[str, Any]], context: dict[str, Any],
+                 nproc_per_node: Optional[int], ceiling: Optional[float]
+                 ) -> Optional[dict[str, Any]]:
+    """The input pipeline's capacity model of the run (``sweep.capacity``), or None."""
+    ranks = int(context.get("world_size") or 1)
+    local = int(nproc_per_node or ranks or 1)
+    cpus = context.get("cpus_available") or context.get("cpu_count") or 1
+    model = capacity_model(probes, cpus / max(local, 1), ranks,
+                           context.get("memory_available"), ceiling=ceiling)
+    if model is None:
+        return None
+    return {**model.to_dict(), "demand_source": "ceiling" if ceiling else "loop",
+            "measured": [{"probe": p["id"], "num_workers": (p.get("config") or {}).get(
+                "num_workers"), "throughput": p.get("throughput")} for p in probes
+                if p.get("status") == "ok" and p.get("throughput")
+                and p.get("kind") in ("baseline", "sweep")]}
 
 
 def build_summary(meta: dict[str, Any], entries: list[dict[str, Any]],
@@ -75,6 +94,7 @@ def build_summary(meta: dict[str, Any], entries: list[dict[str, Any]],
         "expected_speedup": speedup,
         "expected_speedup_interval": None,
         "ceiling_throughput": ceiling_tp,
+        "capacity": run_capacity(probes, context, meta.get("nproc_per_node"), ceiling_tp),
         "probes": probes,
         "findings": [],
         "recommendation": None,
