@@ -25,7 +25,8 @@ from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import (Thresholds, as_int, baseline_probe, ceiling_probe,
                                     cpus_available, data_wait, finite, ok_probes, pct,
                                     probe_steps)
-from ddp_profile.rules.data import cpu_load
+from ddp_profile.rules.data import (CPU_FIX, IO_FIX, capacity_of, cpu_load, loading_evidence,
+                                    predicted_workers)
 
 CONFIG_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "batch_size")
 
@@ -168,20 +169,43 @@ def speedup_interval(run: Run, chosen: str, base: str, point: float,
 
 def _ceiling_notes(run: Run, chosen: pd.Series, share: float,
                    thresholds: Thresholds) -> list[str]:
+    """Why the best configuration stays below the compute-only ceiling, blaming loading only
+    where its data wait explains the gap (without the wait it would reach the target)."""
     if share >= thresholds.ceiling_share_target:
         return []
     cpus = cpus_available(run, chosen["id"])
-    load = cpu_load(run, chosen)
     head = (f"The best measured configuration reaches only {pct(share)} of the compute-only "
             f"ceiling with {cpus or 'the'} CPUs available.")
-    cpu_fix = ("more CPU cores per GPU, or less CPU work per sample (preprocess offline, "
-               "cache decoded samples, decode on the GPU)")
-    io_fix = "faster or local storage (NVMe, RAM) and fewer, larger files"
+    waited = data_wait(run, chosen)
+    if waited is not None and waited[0] < 1 and \
+            share / (1 - waited[0]) < thresholds.ceiling_share_target:
+        return [f"{head} Its data wait ({pct(waited[0])} of each step) does not explain the "
+                "gap: the steps themselves are slower than in the compute-only probe (on a "
+                "shared host, loading and training compete for the CPUs and memory)."]
+    capacity = capacity_of(run)
+    if capacity is None:
+        return _ceiling_notes_from_cpu_load(run, chosen, head, thresholds)
+    evidence = f"Loading explains the gap: {loading_evidence(capacity)}."
+    if capacity["bound"] == "cpu":
+        return [f"{head} {evidence} What would close it: {CPU_FIX}."]
+    more = capacity["workers_for_demand"]
+    if capacity["bound"] == "wait":
+        if more > (as_int(chosen.get("num_workers"), 0) or 0):
+            return [f"{head} {evidence} What would close it: {predicted_workers(capacity)}; "
+                    f"or, {IO_FIX}."]
+        return [f"{head} {evidence} What would close it: {IO_FIX}."]
+    return [f"{head} {evidence} What would close it: {CPU_FIX}; or, {IO_FIX}."]
+
+
+def _ceiling_notes_from_cpu_load(run: Run, chosen: pd.Series, head: str,
+                                 thresholds: Thresholds) -> list[str]:
+    """Runs recorded without batch costs: the host's CPU load is all there is."""
+    load = cpu_load(run, chosen)
     if load.saturated(thresholds):
-        return [f"{head} The CPUs are saturated: what would close the gap is {cpu_fix}."]
+        return [f"{head} The CPUs are saturated: what would close the gap is {CPU_FIX}."]
     if load.idle(thresholds):
-        return [f"{head} The CPUs are not busy: what would close the gap is {io_fix}."]
-    return [f"{head} What would close the gap: {cpu_fix}; or {io_fix}."]
+        return [f"{head} The CPUs are not busy: what would close the gap is {IO_FIX}."]
+    return [f"{head} What would close the gap: {CPU_FIX}; or, {IO_FIX}."]
 
 
 def _notes(run: Run, base: pd.Series, chosen: pd.Series, thresholds: Thresholds,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -13,6 +15,7 @@ from ddp_profile.profiler.rank import loadcost, patches
 from ddp_profile.profiler.rank.instrument import Instrumentation
 from ddp_profile.profiler.settings import ProbePlan
 from ddp_profile.profiler.store.results import read_probe_dir
+from tests.conftest import REPO
 
 
 class Costly(Dataset):
@@ -59,12 +62,24 @@ def _run(tmp_path, loader_kwargs: dict, dataset: Dataset) -> list:
     return sorted(data.batch_costs, key=lambda r: r["t_ns"])
 
 
+SPAWNED = """
+import sys
+from tests.profiler.test_loadcost import Costly, _run
+_run(sys.argv[1], {"batch_size": 4, "num_workers": 2, "multiprocessing_context": "spawn"},
+     Costly(24, sleep_s=0.004, spin_s=0.002))
+"""
+
+
 @pytest.mark.parametrize("workers,context", [(0, None), (2, "fork"), (2, "spawn")])
 def test_each_batch_is_timed_where_it_is_made(tmp_path, workers, context):
-    kwargs = {"batch_size": 4, "num_workers": workers}
-    if context:
-        kwargs["multiprocessing_context"] = context
-    records = _run(tmp_path, kwargs, Costly(24, sleep_s=0.004, spin_s=0.002))
+    if context == "spawn":  # in a child process: spawn leaves a resource tracker behind
+        subprocess.run([sys.executable, "-c", SPAWNED, str(tmp_path)], check=True,
+                       timeout=120, env={**os.environ, "PYTHONPATH": REPO})
+        (data,) = read_probe_dir(str(tmp_path))
+        records = data.batch_costs
+    else:
+        kwargs = {"batch_size": 4, "num_workers": workers, "multiprocessing_context": context}
+        records = _run(tmp_path, kwargs, Costly(24, sleep_s=0.004, spin_s=0.002))
     assert len(records) == 6
     assert {r["worker"] for r in records} == ({None} if workers == 0 else {0, 1})
     for record in records:

@@ -130,3 +130,33 @@ def test_recommendation_to_dict_is_plain():
                                             .build(), T))
     assert isinstance(data["expected_speedup_interval"], list)
     assert data["config"]["num_workers"] == 4
+
+
+def _ceiling_run(wait: float, cpu_ms: float, wait_ms: float, ceiling_compute: float):
+    from tests.rules.tables import RunBuilder
+
+    return (RunBuilder(world_size=2, cpus=2)
+            .probe("base", kind="baseline", num_workers=0).steps(data_wait=wait, compute=0.02)
+            .loading(cpu_ms, wait_ms)
+            .probe("ceil", kind="ceiling", num_workers=0)
+            .steps(data_wait=0.0, compute=ceiling_compute).build())
+
+
+def test_ceiling_gap_is_not_blamed_on_loading_that_hardly_waits():
+    from ddp_profile.rules.recommend import recommend
+
+    # 3 % data wait, 28 % of a ceiling whose steps compute 4x faster
+    rec = recommend(_ceiling_run(wait=0.0006, cpu_ms=0.1, wait_ms=3.0, ceiling_compute=0.005))
+    (note,) = [n for n in rec.notes if "ceiling" in n]
+    assert "does not explain the gap" in note
+    assert "storage" not in note and "NVMe" not in note and "num_workers" not in note
+
+
+def test_ceiling_gap_from_cpu_bound_loading_names_the_cpu_not_storage():
+    from ddp_profile.rules.recommend import recommend
+
+    # the same compute as the ceiling's: the 74 % data wait is the whole gap
+    rec = recommend(_ceiling_run(wait=0.06, cpu_ms=3.4, wait_ms=0.1, ceiling_compute=0.02))
+    (note,) = [n for n in rec.notes if "ceiling" in n]
+    assert "Loading explains the gap" in note and "3.4 ms of CPU" in note
+    assert "NVMe" not in note and "storage" not in note
