@@ -90,23 +90,21 @@ def head_to_head(scenario_args: list[str], configs: list[dict], reps: int, steps
     from ddp_profile.profiler.settings import LoaderSettings
     from ddp_profile.profiler.sweep.launch import LaunchSpec
     from ddp_profile.profiler.store.rundir import RunDir
-    from ddp_profile.profiler.sweep.space import SearchSpace
-    from ddp_profile.profiler.sweep.search import Sweep, SweepOptions
+    from ddp_profile.profiler.sweep.measure import LedgerMeasurer
 
     work = _bench.scratch("h2h-")
     try:
         run_dir = RunDir(os.path.join(work, "run"))
         run_dir.create({"benchmark": "head_to_head"})
-        sweep = Sweep(run_dir, LaunchSpec(_bench.DEMO, tuple(scenario_args),
-                                          nproc_per_node=_bench.NPROC),
-                      SearchSpace(), SweepOptions(steps=steps, warmup=warmup))
-        sweep.timeout_s = 300.0
+        measurer = LedgerMeasurer(run_dir, LaunchSpec(_bench.DEMO, tuple(scenario_args),
+                                                      nproc_per_node=_bench.NPROC),
+                                  steps=steps, warmup=warmup, timeout_s=300.0)
         settings = [LoaderSettings.from_dict(c) for c in configs]
         results: list[list[float]] = [[] for _ in configs]
         for rep in range(reps):
             order = range(len(settings)) if rep % 2 == 0 else reversed(range(len(settings)))
             for index in order:
-                entry = sweep.measure(settings[index])
+                entry = measurer.measure(settings[index])
                 if entry["status"] == "ok" and entry.get("throughput"):
                     results[index].append(entry["throughput"])
         return results

@@ -1,7 +1,8 @@
 """``ddp-profile run``, ``demo`` and ``report``: thin orchestration over the parts.
 
-The measurements land on disk before anything interprets them: each probe's ledger line and a
-summary are written first; rules and the report run after, so a failure there loses nothing.
+The measurements land on disk before anything interprets them: each probe's ledger line is
+written as the probe ends; summary.json is written once at the end, also when the rules fail,
+and the report is rendered after it, so a failure there loses nothing.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from ddp_profile.errors import (BadRunDir, Interrupted, ScriptInvalid, ScriptNot
 from ddp_profile.profiler.sweep import allocation
 from ddp_profile.profiler.sweep.coordinate import Coordinator, coordinator_address
 from ddp_profile.profiler.sweep.launch import LaunchSpec
-from ddp_profile.profiler.store.results import load_run, read_probe_dir
+from ddp_profile.profiler.store.results import Run, load_run, read_probe_dir
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.sweep.space import SearchSpace
 from ddp_profile.profiler.store.summary import build_summary
-from ddp_profile.profiler.sweep.search import Sweep, SweepOptions, follow
+from ddp_profile.profiler.sweep.measure import follow
+from ddp_profile.profiler.sweep.search import Sweep, SweepOptions
 from ddp_profile.reports.console import ConsoleProgress, print_summary
 
 
@@ -197,18 +199,31 @@ def _gpu_status() -> dict[str, Any]:
 
 def finalize(run_dir: RunDir, meta: dict[str, Any], sweep: Sweep, gpu: dict[str, Any],
              state: str, report: bool) -> dict[str, Any]:
-    """Write the summary from the ledger; then add the rules' findings and the report."""
+    """The summary from the ledger and, for a finished run, the rules' findings and
+    recommendation: the run is loaded once and evaluated once, summary.json written once (also
+    when the rules fail), and the report rendered from the same loaded run."""
     entries = sweep.entries or run_dir.ledger()
-    context = _first_context(run_dir, entries)
-    summary = build_summary(meta, entries, context, gpu, state)
+    summary = build_summary(meta, entries, _first_context(run_dir, entries), gpu, state)
     summary["search"].update({"axes": sweep.axes.to_dict() if sweep.axes else None,
                               "timeout_s": sweep.timeout_s})
-    run_dir.write_summary(summary)
-    if state != "complete" or not any(e["status"] == "ok" for e in entries):
-        return summary
+    run: Optional[Run] = None
+    try:
+        if state == "complete" and any(e["status"] == "ok" for e in entries):
+            run = load_run(run_dir.path, summary=summary)
+            add_rules(summary, run)
+    finally:
+        run_dir.write_summary(summary)
+    if report and run is not None:
+        render_report(run, os.path.join(run_dir.path, "report.html"))
+    return summary
+
+
+def add_rules(summary: dict[str, Any], run: Run) -> None:
+    """Evaluate the rules on ``run`` and write their findings and recommendation into
+    ``summary`` (the same dict as ``run.summary``)."""
     from ddp_profile.rules import evaluate, finding_to_dict, recommendation_to_dict
 
-    findings, recommendation = evaluate(load_run(run_dir.path))
+    findings, recommendation = evaluate(run)
     summary["findings"] = [finding_to_dict(f) for f in findings]
     summary["recommendation"] = recommendation_to_dict(recommendation)
     if recommendation.probe_id is not None:
@@ -217,10 +232,6 @@ def finalize(run_dir: RunDir, meta: dict[str, Any], sweep: Sweep, gpu: dict[str,
         summary["expected_speedup"] = recommendation.expected_speedup
         interval = recommendation.expected_speedup_interval
         summary["expected_speedup_interval"] = list(interval) if interval else None
-    run_dir.write_summary(summary)
-    if report:
-        write_report(run_dir.path, os.path.join(run_dir.path, "report.html"))
-    return summary
 
 
 def _first_context(run_dir: RunDir, entries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -232,9 +243,13 @@ def _first_context(run_dir: RunDir, entries: list[dict[str, Any]]) -> dict[str, 
 
 
 def write_report(run_path: str, out_path: str) -> str:
+    """``ddp-profile report``: load a run directory and render its report to ``out_path``."""
+    return render_report(load_run(run_path), out_path)
+
+
+def render_report(run: Run, out_path: str) -> str:
     from ddp_profile.reports.html import write_report as write_html
 
-    run = load_run(run_path)
     if not run.summary.get("probes"):
-        raise BadRunDir(f"{run_path} has no probes to report")
+        raise BadRunDir(f"{run.path} has no probes to report")
     return write_html(run, out_path)

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Optional
 import pandas as pd
 
 from ddp_profile.profiler.store.results import Run
+from ddp_profile.profiler.sweep.choose import ChoiceThresholds
 
 SEVERITIES = ("high", "medium", "low")
 
@@ -52,10 +53,14 @@ class Finding:
 
 
 @dataclass(frozen=True)
-class Thresholds:
-    """Every number the rules and the recommendation decide with: ``Thresholds(**overrides)``."""
+class Thresholds(ChoiceThresholds):
+    """Every number the rules and the recommendation decide with: ``Thresholds(**overrides)``.
 
-    data_wait_fraction: float = 0.2  # data-bound at or above this share of step time
+    The recommendation's own (``data_wait_fraction``, ``noise_floor``, ``noise_sigmas``,
+    ``clear_gain``) are inherited from ``profiler.sweep.choose.ChoiceThresholds``: one set,
+    which the sweep uses too.
+    """
+
     data_wait_severe: float = 0.5  # ... and "high" severity at or above this
     cpu_saturated_percent: float = 85.0  # host cpu_percent median: CPUs saturated
     worker_cpu_saturated_share: float = 0.85  # worker CPU / cores available to the rank
@@ -76,9 +81,6 @@ class Thresholds:
     spike_min_s: float = 0.02  # ... and above this many seconds
     spike_share: float = 0.05  # spikes costing this share of the run trigger frequent-io
     spike_severe_share: float = 0.2
-    noise_floor: float = 0.02  # throughputs within this relative gap are a tie at least
-    noise_sigmas: float = 2.0  # ... or within this many combined standard errors
-    clear_gain: float = 0.05  # a compute-bound script moves only for a gain above this
     ceiling_share_target: float = 0.8  # below this share of the ceiling, say what would help
     bootstrap_resamples: int = 1000
     bootstrap_seed: int = 0

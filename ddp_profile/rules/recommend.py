@@ -1,15 +1,14 @@
 """The recommended DataLoader configuration: the best measured probe, with its uncertainty.
 
-``recommend(run, thresholds) -> Recommendation`` picks, among the ok probes of kind baseline
-or sweep, the one with the highest global throughput. Probes within noise of the best are a
-tie, won by the cheapest setting (fewer workers, pinning off, smaller prefetch, batch size
-closest to the baseline's). Noise between two probes is ``max(noise_floor, noise_sigmas x
-sqrt(se_a^2 + se_b^2))`` where ``se = cv / sqrt(n)`` is the relative standard error of a
-probe's mean step time (cv of its global step times, n measured steps): the uncertainty of a
-throughput, not the spread of single steps. A compute-bound baseline (data-wait fraction
-below ``data_wait_fraction``) is kept unless another probe is faster by more than both the
-noise and ``clear_gain``. The expected speedup's interval is a seeded bootstrap over the
-global steps of both probes.
+``recommend(run, thresholds) -> Recommendation`` builds a ``Candidate`` of each ok probe of
+kind baseline or sweep and asks ``profiler.sweep.choose.choose``, the one author of the
+choice (the sweep asks the same function what to confirm and what to ``--repeat``): the
+highest global throughput; probes within noise of it are a tie, won by the cheapest setting;
+a compute-bound baseline is kept unless another probe is faster by more than both the noise
+and ``clear_gain``. A probe's relative standard error is its own batch-means estimate when
+recorded, else ``cv / sqrt(n)`` of its global step times. This module adds what the choice
+does not decide: the expected speedup and its interval (a seeded bootstrap over the global
+steps of both probes), the ceiling share, the notes and the snippet.
 """
 
 from __future__ import annotations
@@ -21,7 +20,10 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 
+from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.results import Run
+from ddp_profile.profiler.sweep.choose import Candidate, compute_bound
+from ddp_profile.profiler.sweep.choose import choose as choose_candidate
 from ddp_profile.rules.base import (Thresholds, as_int, baseline_probe, ceiling_probe,
                                     cpus_available, data_wait, finite, ok_probes, pct,
                                     probe_steps)
@@ -112,37 +114,25 @@ def relative_error(run: Run, probe_id: str) -> float:
     return 0.0
 
 
-def noise(run: Run, a: str, b: str, thresholds: Thresholds) -> float:
-    """Relative throughput gap below which probes ``a`` and ``b`` are a tie."""
-    combined = math.hypot(relative_error(run, a), relative_error(run, b))
-    return max(thresholds.noise_floor, thresholds.noise_sigmas * combined)
-
-
-def cost_key(probe: pd.Series, baseline_batch: Optional[int]) -> tuple:
-    """Cheaper first: fewer workers, pinning off, smaller prefetch, batch near the baseline's."""
-    batch = as_int(probe.get("batch_size"))
-    distance = abs(batch - baseline_batch) if batch is not None and baseline_batch else 0
-    return (as_int(probe.get("num_workers"), 0), bool(probe.get("pin_memory") or False),
-            as_int(probe.get("prefetch_factor"), 0), distance)
+def candidate(run: Run, probe: pd.Series) -> Candidate:
+    """A probe row as the one chooser (``profiler.sweep.choose``) sees it."""
+    waited = data_wait(run, probe)
+    return Candidate(id=str(probe["id"]), config=LoaderSettings.from_dict(config_of(probe)),
+                     throughput=float(probe["throughput"]), rse=relative_error(run, probe["id"]),
+                     data_wait_fraction=waited[0] if waited is not None else None,
+                     kind=str(probe.get("kind") or "sweep"))
 
 
 def choose(run: Run, base: pd.Series, thresholds: Thresholds) -> pd.Series:
-    """The recommended probe row (see the module docstring)."""
+    """The recommended probe row: ``profiler.sweep.choose.choose`` over the ok probes."""
     probes = ok_probes(run)
     probes = probes[probes["throughput"].apply(finite) & (probes["throughput"] > 0)]
     if probes.empty or not finite(base.get("throughput")):
         return base
-    best = probes.loc[probes["throughput"].idxmax()]
-    waited = data_wait(run, base)
-    if waited is not None and waited[0] < thresholds.data_wait_fraction:
-        needed = max(noise(run, best["id"], base["id"], thresholds), thresholds.clear_gain)
-        if best["throughput"] <= base["throughput"] * (1 + needed):
-            return base
-    tied = [row for _, row in probes.iterrows()
-            if row["throughput"] >= best["throughput"]
-            * (1 - noise(run, row["id"], best["id"], thresholds))]
-    batch = as_int(base.get("batch_size"))
-    return min(tied, key=lambda row: cost_key(row, batch))
+    rows = {str(row["id"]): row for _, row in probes.iterrows()}
+    chosen = choose_candidate([candidate(run, row) for row in rows.values()],
+                              candidate(run, base), thresholds)
+    return rows.get(chosen.id, base) if chosen is not None else base
 
 
 def speedup_interval(run: Run, chosen: str, base: str, point: float,
@@ -211,10 +201,11 @@ def _ceiling_notes_from_cpu_load(run: Run, chosen: pd.Series, head: str,
 def _notes(run: Run, base: pd.Series, chosen: pd.Series, thresholds: Thresholds,
            share: Optional[float]) -> tuple[str, ...]:
     notes = []
-    waited = data_wait(run, base)
-    if waited is not None and waited[0] < thresholds.data_wait_fraction:
-        notes.append(f"The baseline waits only {pct(waited[0])} of each step for data: it is "
-                     "compute-bound, and DataLoader settings cannot speed it up much.")
+    own = candidate(run, base)
+    if compute_bound(own, thresholds):
+        notes.append(f"The baseline waits only {pct(own.data_wait_fraction)} of each step for "
+                     "data: it is compute-bound, and DataLoader settings cannot speed it up "
+                     "much.")
     old, new = as_int(base.get("batch_size")), as_int(chosen.get("batch_size"))
     if old and new and old != new:
         notes.append(f"The batch size changes from {old} to {new}: scale the learning rate "

@@ -100,6 +100,27 @@ def test_oom_at_a_batch_size_skips_larger_ones(cli, run_dir):
     assert "allocate" in ledger[-1]["error"]
 
 
+@pytest.mark.parametrize("search", ["grid", "adaptive"])
+def test_repeat_launches_exactly_the_recommended_configuration(cli, run_dir, search):
+    # compute-bound: the loop sleeps 40 ms a step and hardly waits for data, so workers cannot
+    # win clearly and the recommendation (and with it the repeats) stays on the baseline's
+    result = cli(["run", DEMO, "--out", run_dir, "--search", search, "--num-workers", "0,1",
+                  "--prefetch-factor", "2", "--no-ceiling", "--repeat", "2", *QUICK, "--",
+                  "--batch-size", "8", "--hidden", "32", "--layers", "1",
+                  "--step-sleep-ms", "40"], out=run_dir)
+    assert result.returncode == 0, result.stderr
+    summary = result.summary()
+    assert summary["probes"][0]["data_wait_fraction"] < 0.2  # compute-bound indeed
+    recommended = summary["recommended"]
+    chosen = next(p for p in summary["probes"] if p["id"] == summary["recommended_probe"])
+    assert chosen["config"] == recommended
+    repeats = [p for p in summary["probes"] if p["kind"] == "repeat"]
+    assert repeats and all(p["config"] == recommended for p in repeats)
+    launches = [p for p in summary["probes"] if p["status"] == "ok"
+                and p["kind"] != "ceiling" and p["config"] == recommended]
+    assert len(launches) == 2
+
+
 def _start(args: list[str]) -> subprocess.Popen:
     env = dict(os.environ, **{TEST_ID_VAR: _current_test_id[0]})
     # A suite started in the background by a non-interactive shell (`pytest &`) inherits

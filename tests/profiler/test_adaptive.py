@@ -1,66 +1,77 @@
-"""Adaptive search on modelled workloads: close to the grid's best, with fewer probes."""
+"""The search over an injected measurer: modelled workloads answer each probe from a small
+model of a loader, so the adaptive search, the grid and ``--repeat`` are tested as decisions,
+without launching anything."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import pytest
 
 from ddp_profile.profiler.settings import LoaderSettings
-from ddp_profile.profiler.sweep.launch import LaunchSpec
-from ddp_profile.profiler.store.rundir import RunDir
-from ddp_profile.profiler.sweep.space import SearchSpace, grid
-from ddp_profile.profiler.sweep.search import Sweep, SweepOptions, Window
+from ddp_profile.profiler.sweep.choose import candidate_of, choose
+from ddp_profile.profiler.sweep.measure import Measurer, Window
+from ddp_profile.profiler.sweep.search import Search, SweepOptions
+from ddp_profile.profiler.sweep.space import Axes, SearchSpace, grid
 
 Model = Callable[[LoaderSettings], tuple[float, float]]  # -> (samples/s, data-wait share)
+OWN = LoaderSettings(0, False, None, 32)  # the modelled script's own settings
 
 
-class ModelSweep(Sweep):
-    """A sweep whose probes are answered by a throughput model instead of a launch."""
+class ModelMeasurer:
+    """A ``Measurer`` whose probes are answered by a throughput model instead of a launch."""
 
-    def __init__(self, tmp_path, model: Model, space: SearchSpace, screens: bool = True,
-                 repeat: int = 1, fail_after: Optional[int] = None):
-        run_dir = RunDir(str(tmp_path / "run"))
-        run_dir.create({"script": "model.py"})
-        super().__init__(run_dir, LaunchSpec(script="model.py"), space,
-                         SweepOptions(search="adaptive", ceiling=False, repeat=repeat))
-        self.fail_after = fail_after  # launches after which every probe crashes
-        self.model = model
-        self.screens = screens
-        self.launches_made = 0
+    def __init__(self, model: Model, screens: bool = True, fail_after: Optional[int] = None,
+                 own: LoaderSettings = OWN):
+        self.model, self.screens, self.fail_after, self.own = model, screens, fail_after, own
+        self.entries: list[dict[str, Any]] = []
+        self.screen_unsupported: Optional[str] = None
+        self.launches = 0
         self.measured: list[LoaderSettings] = []
 
-    def _entry(self, requested: LoaderSettings, kind: str, **extra) -> dict:
-        config = requested.merged_over(LoaderSettings(0, False, None, 32))
+    def _entry(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        config = requested.merged_over(self.own)
         if not config.num_workers:
             config = LoaderSettings(0, config.pin_memory, None, config.batch_size)
         self.measured.append(config)
         throughput, wait = self.model(config)
-        status = "ok" if self.fail_after is None or self.launches_made <= self.fail_after \
-            else "crash"
-        entry = {"id": f"p{len(self.entries):03d}", "kind": kind, "status": status,
-                 "config": config.to_dict(), "requested": requested.to_dict(),
-                 "throughput": throughput, "data_wait_fraction": wait, "throughput_rse": 0.01,
-                 "steps_measured": 30, "wall_s": 5.0, **extra}
+        failed = self.fail_after is not None and self.launches > self.fail_after
+        entry = {"id": f"p{len(self.entries):03d}", "kind": kind,
+                 "status": "crash" if failed else "ok", "config": config.to_dict(),
+                 "requested": requested.to_dict(), "throughput": throughput,
+                 "data_wait_fraction": wait, "throughput_rse": 0.01, "steps_measured": 30,
+                 "wall_s": 5.0, **extra}
         self.entries.append(entry)
         return entry
 
     def measure(self, requested: LoaderSettings, kind: str = "sweep",
-                steps: Optional[int] = None, mode: str = "normal") -> dict:
-        self.launches_made += 1
+                steps: Optional[int] = None, mode: str = "normal") -> dict[str, Any]:
+        self.launches += 1
         return self._entry(requested, kind)
 
-    def measure_screen(self, windows: list[Window]) -> list[dict]:
+    def measure_screen(self, windows: list[Window]) -> list[dict[str, Any]]:
         if not windows:
             return []
         if not self.screens:
             self.screen_unsupported = "modelled: no screens"
             return []
-        self.launches_made += 1
+        self.launches += 1
         return [self._entry(w.config, w.kind, screened=True) for w in windows]
 
-    def _baseline_context(self) -> dict:
+    def context(self, entry: dict[str, Any]) -> dict[str, Any]:
         return {"device": "cuda", "cpus_available": 32}
+
+    def calibrate(self, baseline: dict[str, Any], axes: Axes) -> None:
+        self.axes = axes
+
+
+def search(model: Model, search: str = "adaptive", repeat: int = 1,
+           **measurer: Any) -> tuple[Search, ModelMeasurer]:
+    fake = ModelMeasurer(model, **measurer)
+    checked: Measurer = fake  # the protocol is all the search needs
+    found = Search(checked, SPACE, SweepOptions(search=search, ceiling=False, repeat=repeat))
+    found.run()
+    return found, fake
 
 
 def io_bound(config: LoaderSettings) -> tuple[float, float]:
@@ -85,57 +96,84 @@ def compute_bound(config: LoaderSettings) -> tuple[float, float]:
     return 1000.0 - 5.0 * workers, 0.01
 
 
+def mildly_bound(config: LoaderSettings) -> tuple[float, float]:
+    """The baseline waits 10 % of each step (compute-bound for the recommendation, yet enough
+    for the ladder); one worker hides it and is 4 % faster: within ``clear_gain``."""
+    workers = config.num_workers or 0
+    return (1040.0, 0.01) if workers else (1000.0, 0.1)
+
+
 SPACE = SearchSpace(num_workers=(0, 1, 2, 4, 8, 16), prefetch_factor=(2, 4),
                     pin_memory=(False, True))
 
 
 @pytest.mark.parametrize("model", [io_bound, cpu_bound])
-def test_adaptive_screens_reach_the_grid_best_in_three_launches(tmp_path, model):
-    sweep = ModelSweep(tmp_path, model, SPACE)
-    sweep.run()
-    configs = grid(sweep.axes)
+def test_adaptive_screens_reach_the_grid_best_in_three_launches(model):
+    found, fake = search(model)
+    configs = grid(found.axes)
     grid_best = max(model(c)[0] for c in configs)
-    chosen = sweep.best()
+    chosen = found.best()
     assert chosen["throughput"] >= 0.95 * grid_best
     # the baseline, the worker-ladder screen, the confirming screen; the grid launches each
-    assert sweep.launches_made == 3, sweep.launches_made
-    assert len(sweep.measured) < len(configs) + 1
+    assert fake.launches == 3, fake.launches
+    assert len(fake.measured) < len(configs) + 1
     # the choice was measured again in a fresh launch: not only inside the ladder's screen
-    confirmations = [e for e in sweep.entries if e["config"] == chosen["config"]]
+    confirmations = [e for e in found.entries if e["config"] == chosen["config"]]
     assert len(confirmations) >= 2 or not chosen.get("screened")
 
 
 @pytest.mark.parametrize("model", [io_bound, cpu_bound])
-def test_adaptive_without_screens_climbs_with_fewer_probes(tmp_path, model):
-    sweep = ModelSweep(tmp_path, model, SPACE, screens=False)
-    sweep.run()
-    configs = grid(sweep.axes)
+def test_adaptive_without_screens_climbs_with_fewer_probes(model):
+    found, fake = search(model, screens=False)
+    configs = grid(found.axes)
     grid_best = max(model(c)[0] for c in configs)
-    assert sweep.best()["throughput"] >= 0.95 * grid_best
-    assert sweep.launches_made <= 0.5 * (len(configs) + 1), (sweep.launches_made, len(configs))
+    assert found.best()["throughput"] >= 0.95 * grid_best
+    assert fake.launches <= 0.5 * (len(configs) + 1), (fake.launches, len(configs))
 
 
-def test_a_compute_bound_baseline_gets_no_worker_ladder(tmp_path):
-    sweep = ModelSweep(tmp_path, compute_bound, SPACE)
-    sweep.run()
-    assert sweep.best()["kind"] == "baseline"
-    assert {c.num_workers for c in sweep.measured} == {0}  # pinning variants only
-    assert sweep.launches_made == 2
+def test_grid_measures_every_configuration_once():
+    found, fake = search(io_bound, search="grid")
+    assert fake.measured[0] == OWN  # the baseline first
+    assert set(fake.measured[1:]) == set(grid(found.axes)) - {OWN}
+    assert found.best()["config"]["num_workers"] == 8  # the fewest workers reaching 3000/s
 
 
-def test_repeat_measures_the_recommended_configuration_in_fresh_launches(tmp_path):
-    sweep = ModelSweep(tmp_path, io_bound, SPACE, repeat=3)
-    sweep.run()
-    best = sweep.best()
-    repeats = [e for e in sweep.entries if e["kind"] == "repeat"]
-    # the adaptive run measured the choice twice (screen, then a fresh re-measure): one more
-    assert len(sweep.launches_of(LoaderSettings.from_dict(best["config"]))) == 3
-    assert len(repeats) == 1 and repeats[0]["config"] == best["config"]
-    assert sweep.best() is best  # repeats never take part in the choice
+def test_a_compute_bound_baseline_gets_no_worker_ladder():
+    found, fake = search(compute_bound)
+    assert found.best()["kind"] == "baseline"
+    assert {c.num_workers for c in fake.measured} == {0}  # pinning variants only
+    assert fake.launches == 2
 
 
-def test_repeat_stops_at_a_failed_launch(tmp_path):
-    sweep = ModelSweep(tmp_path, io_bound, SPACE, repeat=6, fail_after=4)
-    sweep.run()
-    repeats = [e for e in sweep.entries if e["kind"] == "repeat"]
+def test_the_search_best_is_the_one_choice():
+    for model in (io_bound, cpu_bound, compute_bound, mildly_bound):
+        found, _ = search(model)
+        ok = [e for e in found.entries if e["status"] == "ok"
+              and e["kind"] in ("baseline", "sweep")]
+        chosen = choose([candidate_of(e) for e in ok], candidate_of(found.baseline))
+        assert found.best()["id"] == chosen.id
+
+
+@pytest.mark.parametrize("model", [io_bound, mildly_bound])
+def test_repeat_measures_exactly_the_recommended_configuration(model):
+    found, _ = search(model, repeat=3)
+    best = found.best()
+    repeats = [e for e in found.entries if e["kind"] == "repeat"]
+    assert repeats and all(e["config"] == best["config"] for e in repeats)
+    assert len(found.launches_of(LoaderSettings.from_dict(best["config"]))) == 3
+    assert found.best() is best  # repeats never take part in the choice
+
+
+def test_repeat_keeps_a_compute_bound_baseline_against_a_small_gain():
+    found, fake = search(mildly_bound, repeat=2)
+    faster = max(found.entries, key=lambda e: e["throughput"])
+    assert faster["config"]["num_workers"] > 0  # the ladder found the 4 % faster setting...
+    assert found.best()["kind"] == "baseline"  # ...which does not clear clear_gain
+    repeats = [e for e in found.entries if e["kind"] == "repeat"]
+    assert [e["config"] for e in repeats] == [found.baseline["config"]]
+
+
+def test_repeat_stops_at_a_failed_launch():
+    found, _ = search(io_bound, repeat=6, fail_after=4)
+    repeats = [e for e in found.entries if e["kind"] == "repeat"]
     assert [e["status"] for e in repeats] == ["ok", "crash"]

@@ -8,7 +8,8 @@ import os
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.sweep.space import SearchSpace, grid, resolve_axes, worker_ladder
-from ddp_profile.profiler.sweep.search import choose_best, merge_outcomes, tie_tolerance
+from ddp_profile.profiler.sweep.choose import candidate_of, choose, noise
+from ddp_profile.profiler.sweep.measure import merge_outcomes
 from ddp_profile.profiler.sweep.launch import LaunchOutcome
 
 
@@ -38,16 +39,20 @@ def test_grid_prunes_prefetch_without_workers():
 
 
 def entry(workers, throughput, cv=0.0, steps=30, pin=False, prefetch=2):
-    return {"config": {"num_workers": workers, "pin_memory": pin,
+    return {"id": f"w{workers}-{throughput}", "config": {"num_workers": workers, "pin_memory": pin,
                        "prefetch_factor": prefetch if workers else None, "batch_size": 8},
             "throughput": throughput, "step_time_cv": cv, "steps_measured": steps}
 
 
 def test_ties_within_noise_go_to_the_cheaper_configuration():
     cheap, costly = entry(2, 1000.0, cv=0.05), entry(8, 1010.0, cv=0.05)
-    assert choose_best([costly, cheap], baseline_batch=8) is cheap
+    assert choose([candidate_of(costly), candidate_of(cheap)]).id == cheap["id"]
     clearly_faster = entry(8, 1500.0, cv=0.05)
-    assert choose_best([cheap, clearly_faster], baseline_batch=8) is clearly_faster
+    assert choose([candidate_of(cheap), candidate_of(clearly_faster)]).id == clearly_faster["id"]
+
+
+def tie_tolerance(a, b):
+    return noise(candidate_of(a), candidate_of(b))
 
 
 def test_tie_tolerance_grows_with_noise_and_shrinks_with_steps():
@@ -91,7 +96,7 @@ def test_existing_run_directory_is_not_overwritten(tmp_path):
 
 
 def test_predicted_rung_from_the_baseline_data_wait():
-    from ddp_profile.profiler.sweep.search import predicted_rung
+    from ddp_profile.profiler.sweep.climb import predicted_rung
 
     ladder = [0, 1, 2, 4, 8]
     def base(workers, wait):

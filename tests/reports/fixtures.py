@@ -1,25 +1,20 @@
-"""Synthetic run directories for the report tests and the render benchmark.
+"""Report scenarios: synthetic sweeps for the report tests and the render benchmark.
 
-``write_run_dir(path, Scenario(...))`` writes ``run.json``, ``summary.json``, ``ledger.jsonl``
-and ``probes/<id>/rank-N.jsonl`` in the formats of ``docs/internals.md``; load the result with
-``load_run``. The numbers are deterministic (seeded) and shaped like a real sweep: more
-workers shrink the data wait, a straggler rank is slower on every step, a failed probe has an
-error record and no steps.
+``write_run_dir(path, Scenario(...))`` describes a sweep (probes, step times, host and GPU
+samples, findings) and has ``tests.synthetic.write_run``, the one synthetic run-directory
+writer, lay it out; load the result with ``load_run``. The numbers are deterministic (seeded)
+and shaped like a real sweep: more workers shrink the data wait, a straggler rank is slower on
+every step, a failed probe has an error record and no steps.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
-import math
-import os
 import random
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ddp_profile.profiler.store.record import dumps
-
-SETTINGS = ("num_workers", "pin_memory", "prefetch_factor", "batch_size")
+from tests.synthetic import SampleFn, StepTimeFn, SyntheticProbe, write_run
 
 
 @dataclass(frozen=True)
@@ -74,20 +69,44 @@ def scale(probes: int = 50, ranks: int = 8, steps: int = 200) -> Scenario:
                     extra_summary={"_max_probes": max(1, probes - 2)})
 
 
-def _step_times(scenario: Scenario, config: dict[str, Any], rank: int, kind: str,
-                rng: random.Random) -> tuple[float, float, float]:
-    compute = 0.02 * config["batch_size"] / 32
-    if kind == "ceiling":
-        wait = 0.0005
-    elif scenario.data_bound:
-        wait = 0.06 * config["batch_size"] / 32 / (1 + config["num_workers"])
-    else:
-        wait = 0.002
-    other = 0.002
-    if scenario.straggler_rank == rank:
-        compute *= 1.8
-    jitter = 1 + rng.uniform(-0.05, 0.05)
-    return wait * jitter, compute * jitter, other
+def _step_time_fn(scenario: Scenario, config: dict[str, Any], kind: str) -> StepTimeFn:
+    def step_time(probe_id: str, rank: int, step: int) -> tuple[float, float, float]:
+        compute = 0.02 * config["batch_size"] / 32
+        if kind == "ceiling":
+            wait = 0.0005
+        elif scenario.data_bound:
+            wait = 0.06 * config["batch_size"] / 32 / (1 + config["num_workers"])
+        else:
+            wait = 0.002
+        if scenario.straggler_rank == rank:
+            compute *= 1.8
+        jitter = 1 + random.Random(f"{scenario.seed}:{probe_id}:{rank}:{step}").uniform(-0.05,
+                                                                                         0.05)
+        return wait * jitter, compute * jitter, 0.002
+
+    return step_time
+
+
+def _sample_fn(scenario: Scenario, config: dict[str, Any], kind: str) -> SampleFn:
+    """Host samples (and GPU ones) at ``host_samples_per_s`` over the probe's steps."""
+    def samples(probe_id: str, rank: int, t0: int, end: int) -> list[dict[str, Any]]:
+        rng = random.Random(f"{scenario.seed}:{probe_id}:{rank}:samples")
+        busy = 1 - _step_time_fn(scenario, config, kind)(probe_id, rank, 0)[0] / 0.1
+        records = []
+        count = max(2, int((end - t0) / 1e9 * scenario.host_samples_per_s))
+        for i in range(count):
+            ts = t0 + int(i * (end - t0) / count)
+            records.append({"kind": "sample", "rank": rank, "source": "host", "t_ns": ts,
+                            "cpu_percent": 30 + 10 * config["num_workers"] + rng.uniform(0, 5),
+                            "worker_cpu_percent": 20.0 * config["num_workers"]})
+            if scenario.gpu:
+                util = max(0.0, min(100.0, 100 * busy + rng.uniform(-5, 5)))
+                records.append({"kind": "sample", "rank": rank, "source": "gpu", "t_ns": ts,
+                                "gpu_util_percent": util,
+                                "gpu_mem_used_bytes": 8e9 + config["batch_size"] * 2e7})
+        return records
+
+    return samples
 
 
 def _configs(scenario: Scenario) -> list[dict[str, Any]]:
@@ -99,88 +118,23 @@ def _configs(scenario: Scenario) -> list[dict[str, Any]]:
     return configs[:limit] if limit else configs
 
 
-def _rank_records(scenario: Scenario, probe: dict[str, Any], rank: int,
-                  rng: random.Random) -> list[dict[str, Any]]:
-    config = probe["config"]
-    t0 = 1_700_000_000_000_000_000 + rank * 1_000_000
-    records: list[dict[str, Any]] = [{
-        "kind": "context", "rank": rank, "local_rank": rank, "node_rank": 0,
-        "world_size": scenario.ranks, "hostname": scenario.hostname, "pid": 1000 + rank,
-        "device": "cuda" if scenario.gpu else "cpu", "argv": [scenario.script,
-                                                              *scenario.script_args],
-        "t_ns": t0, "applied": dict(config)}]
-    if probe["status"] != "ok":
-        records.append({"kind": "error", "rank": rank, "exc_type": "OutOfMemoryError",
-                        "message": scenario.error_message, "last_line": "loss.backward()",
-                        "oom": True, "t_ns": t0})
-        return records
-    t = t0
-    for step in range(scenario.steps + scenario.warmup):
-        wait, compute, other = _step_times(scenario, config, rank, probe["kind"], rng)
-        records.append({"kind": "step", "rank": rank, "loader_id": 0, "step": step,
-                        "measured": step >= scenario.warmup, "t_ns": t, "data_wait_s": wait,
-                        "compute_s": compute, "other_s": other, "forward_s": compute / 3,
-                        "samples": config["batch_size"]})
-        t += int((wait + compute + other) * 1e9)
-    busy = 1 - _step_times(scenario, config, rank, probe["kind"], rng)[0] / 0.1
-    n_host = max(2, int((t - t0) / 1e9 * scenario.host_samples_per_s))
-    for i in range(n_host):
-        ts = t0 + int(i * (t - t0) / n_host)
-        records.append({"kind": "sample", "rank": rank, "source": "host", "t_ns": ts,
-                        "cpu_percent": 30 + 10 * config["num_workers"] + rng.uniform(0, 5),
-                        "worker_cpu_percent": 20.0 * config["num_workers"]})
-        if scenario.gpu:
-            records.append({"kind": "sample", "rank": rank, "source": "gpu", "t_ns": ts,
-                            "gpu_util_percent": max(0.0, min(100.0, 100 * busy
-                                                             + rng.uniform(-5, 5))),
-                            "gpu_mem_used_bytes": 8e9 + config["batch_size"] * 2e7})
-    records.append({"kind": "end", "rank": rank, "reason": "steps_done",
-                    "training_loader_id": 0, "steps_recorded": scenario.steps, "t_ns": t})
-    return records
+def _probe(scenario: Scenario, probe_id: str, kind: str, config: dict[str, Any]
+           ) -> SyntheticProbe:
+    return SyntheticProbe(id=probe_id, config=config, kind=kind,
+                          step_time_fn=_step_time_fn(scenario, config, kind),
+                          sample_fn=_sample_fn(scenario, config, kind))
 
 
-def _probe_summary(scenario: Scenario, probe: dict[str, Any],
-                   rank_records: dict[int, list[dict[str, Any]]]) -> None:
-    from ddp_profile.profiler.store.results import rank_step_stats
-
-    per_rank = []
-    for rank, records in rank_records.items():
-        stats = rank_step_stats([r for r in records if r["kind"] == "step"])
-        per_rank.append({"rank": rank, "node": 0, "steps": stats["steps"],
-                         "data_wait_fraction": _none(stats["data_wait_fraction"]),
-                         "step_time_median_s": _none(stats["step_time_median_s"]),
-                         "throughput": _none(stats["throughput"])})
-    probe["per_rank"] = per_rank
-    ok = probe["status"] == "ok"
-    slowest = max((r["step_time_median_s"] for r in per_rank if r["step_time_median_s"]),
-                  default=None)
-    probe["throughput"] = (probe["config"]["batch_size"] * scenario.ranks / slowest
-                           if ok and slowest else None)
-    waits = [r["data_wait_fraction"] for r in per_rank if r["data_wait_fraction"] is not None]
-    probe["data_wait_fraction"] = sum(waits) / len(waits) if waits else None
-    probe["steps_measured"] = scenario.steps if ok else 0
-
-
-def _none(value: float) -> Optional[float]:
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
-
-
-def _probes(scenario: Scenario) -> list[dict[str, Any]]:
+def _probes(scenario: Scenario) -> list[SyntheticProbe]:
     configs = _configs(scenario)
-    probes = [{"id": f"p{i:03d}", "kind": "baseline" if i == 0 else "sweep", "config": c,
-               "requested": dict(c), "status": "ok", "reason": None, "error": None,
-               "root_cause_rank": None, "wall_s": 12.5, "time_to_first_batch_s": 0.4,
-               "step_time_cv": 0.01, "skipped_overrides": []}
+    probes = [_probe(scenario, f"p{i:03d}", "baseline" if i == 0 else "sweep", c)
               for i, c in enumerate(configs)]
-    ceiling_config = dict(configs[-1])
-    probes.append({**probes[0], "id": "ceiling", "kind": "ceiling", "config": ceiling_config,
-                   "requested": dict(ceiling_config)})
+    probes.append(_probe(scenario, "ceiling", "ceiling", dict(configs[-1])))
     if scenario.failed_probe:
         big = {**configs[-1], "batch_size": max(scenario.batch_sizes) * 4}
-        probes.append({**probes[0], "id": f"p{len(configs):03d}", "kind": "sweep",
-                       "config": big, "requested": dict(big), "status": "oom",
-                       "reason": "exit_code", "error": scenario.error_message,
-                       "root_cause_rank": 0})
+        probes.append(SyntheticProbe(id=f"p{len(configs):03d}", config=big, status="oom",
+                                     steps=0, warmup=0, reason="exit_code",
+                                     error=scenario.error_message, root_cause_rank=0))
     return probes
 
 
@@ -203,68 +157,24 @@ def _findings(scenario: Scenario) -> list[dict[str, Any]]:
     return findings
 
 
-def build_summary(scenario: Scenario, probes: list[dict[str, Any]]) -> dict[str, Any]:
-    ok = [p for p in probes if p["status"] == "ok" and p["kind"] != "ceiling"]
-    best = max(ok, key=lambda p: p["throughput"] or 0)
-    ceiling = next(p for p in probes if p["kind"] == "ceiling")
-    for probe in probes:
-        if probe["throughput"] is not None and ceiling["throughput"]:
-            probe["score"] = probe["throughput"] / ceiling["throughput"]
-        else:
-            probe["score"] = None
-    speedup = best["throughput"] / probes[0]["throughput"]
-    cmd = " ".join(["ddp-profile", "run", scenario.script, *scenario.script_args])
-    recommended = dict(best["config"])
-    snippet = ("DataLoader(dataset, " + ", ".join(f"{k}={recommended[k]!r}" for k in SETTINGS)
-               + ")")
-    summary = {
-        "schema_version": 1, "script": scenario.script,
-        "script_args": list(scenario.script_args), "world_size": scenario.ranks,
-        "nproc_per_node": scenario.ranks, "device": "cuda" if scenario.gpu else "cpu",
-        "gpu_available": scenario.gpu,
-        "gpu_unavailable_reason": None if scenario.gpu else "no NVIDIA driver (libnvidia-ml.so "
-                                                            "not found)",
-        "backend": "nccl" if scenario.gpu else "gloo",
-        "environment": {"torch_version": "2.13.0", "cuda_version": "12.8" if scenario.gpu
-                        else None, "driver_version": "570.86" if scenario.gpu else None,
-                        "gpu_name": "NVIDIA H100 80GB HBM3" if scenario.gpu else None,
-                        "cpu_count": 32, "hostname": scenario.hostname, "python": "3.11.9",
-                        "command_line": cmd},
-        "baseline": dict(probes[0]["config"]), "recommended": recommended,
-        "expected_speedup": speedup,
-        "expected_speedup_interval": [speedup * 0.93, speedup * 1.06],
-        "ceiling_throughput": ceiling["throughput"], "search": {"mode": "grid"},
-        "probes": probes, "findings": _findings(scenario),
-        "recommendation": {"snippet": snippet,
-                           "notes": ["Measured on 2 ranks; re-check at full scale."],
-                           "ceiling_share": best["throughput"] / ceiling["throughput"]},
-    }
-    summary.update({k: v for k, v in scenario.extra_summary.items() if not k.startswith("_")})
-    return summary
+def _environment(scenario: Scenario) -> dict[str, Any]:
+    gpu = scenario.gpu
+    return {"torch_version": "2.13.0", "cuda_version": "12.8" if gpu else None,
+            "driver_version": "570.86" if gpu else None,
+            "gpu_name": "NVIDIA H100 80GB HBM3" if gpu else None, "cpu_count": 32,
+            "hostname": scenario.hostname, "python": "3.11.9",
+            "command_line": " ".join(["ddp-profile", "run", scenario.script,
+                                      *scenario.script_args])}
 
 
 def write_run_dir(path: str, scenario: Scenario) -> str:
     """Write a complete synthetic run directory for ``scenario`` at ``path``; return ``path``."""
-    rng = random.Random(scenario.seed)
-    probes = _probes(scenario)
-    for probe in probes:
-        probe_dir = os.path.join(path, "probes", probe["id"])
-        os.makedirs(probe_dir, exist_ok=True)
-        rank_records = {}
-        for rank in range(scenario.ranks):
-            records = _rank_records(scenario, probe, rank, rng)
-            rank_records[rank] = records
-            with open(os.path.join(probe_dir, f"rank-{rank}.jsonl"), "w",
-                      encoding="utf-8") as handle:
-                handle.write("\n".join(dumps(r) for r in records) + "\n")
-        _probe_summary(scenario, probe, rank_records)
-    summary = build_summary(scenario, probes)
-    meta = {"script": scenario.script, "script_args": list(scenario.script_args),
-            "launcher": "torchrun", "nproc_per_node": scenario.ranks}
-    with open(os.path.join(path, "run.json"), "w", encoding="utf-8") as handle:
-        json.dump(meta, handle)
-    with open(os.path.join(path, "summary.json"), "w", encoding="utf-8") as handle:
-        handle.write(dumps(summary))
-    with open(os.path.join(path, "ledger.jsonl"), "w", encoding="utf-8") as handle:
-        handle.write("\n".join(dumps(p) for p in probes) + "\n")
-    return path
+    extra = {k: v for k, v in scenario.extra_summary.items() if not k.startswith("_")}
+    reason = None if scenario.gpu else "no NVIDIA driver (libnvidia-ml.so not found)"
+    return write_run(
+        path, _probes(scenario), world_size=scenario.ranks, steps=scenario.steps,
+        warmup=scenario.warmup, device="cuda" if scenario.gpu else "cpu",
+        hostname=scenario.hostname, script=scenario.script, script_args=scenario.script_args,
+        notes=["Measured on 2 ranks; re-check at full scale."],
+        summary_extra={"environment": _environment(scenario), "findings": _findings(scenario),
+                       "gpu_unavailable_reason": reason, **extra})

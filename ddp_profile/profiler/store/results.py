@@ -257,15 +257,20 @@ def _rank_rows(probe_id: str, data: RankData, out: dict[str, list]) -> None:
                               "name": event.get("name"), "data": event.get("data") or {}})
 
 
-def load_run(run_dir: str) -> Run:
-    """Load a run directory; raise ``BadRunDir`` with a one-line reason if it is unusable."""
+def load_run(run_dir: str, summary: Optional[dict[str, Any]] = None) -> Run:
+    """Load a run directory; raise ``BadRunDir`` with a one-line reason if it is unusable.
+
+    ``summary``: the run's summary when the caller holds it (the sweep that has just built
+    it), instead of reading ``summary.json``."""
     if not os.path.isdir(run_dir):
         raise BadRunDir(f"run directory not found: {run_dir}")
     meta_path = os.path.join(run_dir, "run.json")
     meta = read_json(meta_path, "run metadata") if os.path.exists(meta_path) else {}
     summary_path = os.path.join(run_dir, "summary.json")
     ledger, torn = read_ledger(run_dir)
-    if os.path.exists(summary_path):
+    if summary is not None:
+        pass
+    elif os.path.exists(summary_path):
         summary = read_json(summary_path, "summary")
     elif ledger or meta:
         summary = {"probes": ledger}

@@ -45,7 +45,8 @@ def run_capacity(probes: list[dict[str, Any]], context: dict[str, Any],
 def build_summary(meta: dict[str, Any], entries: list[dict[str, Any]],
                   context: Optional[dict[str, Any]], gpu: dict[str, Any],
                   state: str) -> dict[str, Any]:
-    """The summary before rules ran: probes, baseline, a placeholder recommendation."""
+    """The summary before the rules ran: probes and baseline; the recommendation keys are null
+    until ``rules.recommend`` (the one author of the choice) fills them."""
     context = context or {}
     baseline = next((e for e in entries if e.get("kind") == "baseline"), None)
     ceiling = latest_ceiling(entries)
@@ -56,12 +57,6 @@ def build_summary(meta: dict[str, Any], entries: list[dict[str, Any]],
         tp = probe.get("throughput")
         probe["score"] = tp / ceiling_tp if tp and ceiling_tp else None
         probes.append(probe)
-    ok = [p for p in probes if p["status"] == "ok" and p.get("kind") in ("baseline", "sweep")
-          and p.get("throughput")]
-    best = max(ok, key=lambda p: p["throughput"]) if ok else None
-    speedup = None
-    if best and baseline and baseline.get("throughput"):
-        speedup = best["throughput"] / baseline["throughput"]
     return {
         "schema_version": SCHEMA_VERSION,
         "state": state,  # running | complete | interrupted | failed
@@ -89,9 +84,9 @@ def build_summary(meta: dict[str, Any], entries: list[dict[str, Any]],
         },
         "search": meta.get("search", {}),
         "baseline": _settings(baseline.get("config")) if baseline else None,
-        "recommended": _settings(best.get("config")) if best else None,
-        "recommended_probe": best.get("id") if best else None,
-        "expected_speedup": speedup,
+        "recommended": None,
+        "recommended_probe": None,
+        "expected_speedup": None,
         "expected_speedup_interval": None,
         "ceiling_throughput": ceiling_tp,
         "capacity": run_capacity(probes, context, meta.get("nproc_per_node"), ceiling_tp),

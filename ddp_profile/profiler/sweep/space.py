@@ -89,10 +89,3 @@ def grid(axes: Axes) -> list[LoaderSettings]:
             configs.append(config)
     return configs
 
-
-def cost_key(config: LoaderSettings, baseline_batch: Optional[int] = None) -> tuple:
-    """Order of cheapness used to break ties: fewer workers, no pinning, less prefetch, and a
-    batch size closest to the script's own."""
-    batch_distance = abs((config.batch_size or 0) - (baseline_batch or config.batch_size or 0))
-    return (config.num_workers or 0, bool(config.pin_memory), config.prefetch_factor or 0,
-            batch_distance)

@@ -1,0 +1,119 @@
+"""The one author of "which measured configuration is best": ``choose(candidates, baseline)``.
+
+Both the sweep (what to confirm, what to ``--repeat``, where to put the ceiling) and the rules
+(the recommendation written to summary.json) build ``Candidate`` values from what they hold and
+ask this module; nothing else decides.
+
+- **Noise** between two candidates is ``max(noise_floor, noise_sigmas x hypot(rse_a, rse_b))``,
+  ``rse`` being each throughput's relative standard error.
+- **Ties**: candidates within noise of the fastest are a tie, won by the cheapest setting
+  (``cost_key``: fewer workers, pinning off, smaller prefetch, batch size closest to the
+  baseline's), then by throughput.
+- **Compute-bound clause**: a baseline that waits for data less than ``data_wait_fraction`` of
+  each step is kept unless the fastest candidate beats it by more than both the noise and
+  ``clear_gain``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from ddp_profile.profiler.settings import LoaderSettings
+
+
+@dataclass(frozen=True)
+class ChoiceThresholds:
+    """The numbers the choice decides with (``rules.base.Thresholds`` extends this set)."""
+
+    data_wait_fraction: float = 0.2  # data-bound at or above this share of step time
+    noise_floor: float = 0.02  # throughputs within this relative gap are a tie at least
+    noise_sigmas: float = 2.0  # ... or within this many combined standard errors
+    clear_gain: float = 0.05  # a compute-bound script moves only for a gain above this
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One successful measurement of one configuration, as the choice sees it."""
+
+    id: str
+    config: LoaderSettings
+    throughput: float  # global samples/s
+    rse: float = 0.0  # relative standard error of ``throughput`` (0: unknown)
+    data_wait_fraction: Optional[float] = None  # share of step time spent waiting for data
+    kind: str = "sweep"  # baseline | sweep
+
+
+def noise(a: Candidate, b: Candidate, thresholds: ChoiceThresholds = ChoiceThresholds()
+          ) -> float:
+    """Relative throughput gap below which ``a`` and ``b`` are a tie."""
+    return max(thresholds.noise_floor, thresholds.noise_sigmas * math.hypot(a.rse, b.rse))
+
+
+def better(candidate: Candidate, incumbent: Candidate,
+           thresholds: ChoiceThresholds = ChoiceThresholds()) -> bool:
+    """Whether ``candidate`` is faster than ``incumbent`` beyond noise."""
+    return candidate.throughput > incumbent.throughput * (1 + noise(candidate, incumbent,
+                                                                    thresholds))
+
+
+def not_worse(candidate: Candidate, incumbent: Candidate,
+              thresholds: ChoiceThresholds = ChoiceThresholds()) -> bool:
+    """Whether ``candidate`` is at least as fast as ``incumbent``, within noise."""
+    return candidate.throughput >= incumbent.throughput * (1 - noise(candidate, incumbent,
+                                                                     thresholds))
+
+
+def cost_key(config: LoaderSettings, baseline_batch: Optional[int] = None) -> tuple:
+    """Order of cheapness used to break ties: fewer workers, no pinning, less prefetch, and a
+    batch size closest to the script's own."""
+    batch_distance = abs((config.batch_size or 0) - (baseline_batch or config.batch_size or 0))
+    return (config.num_workers or 0, bool(config.pin_memory), config.prefetch_factor or 0,
+            batch_distance)
+
+
+def compute_bound(baseline: Candidate, thresholds: ChoiceThresholds = ChoiceThresholds()
+                  ) -> bool:
+    """Whether the baseline hardly waits for data (its wait share was measured and is low)."""
+    fraction = baseline.data_wait_fraction
+    return fraction is not None and math.isfinite(fraction) \
+        and fraction < thresholds.data_wait_fraction
+
+
+def choose(candidates: Sequence[Candidate], baseline: Optional[Candidate] = None,
+           thresholds: ChoiceThresholds = ChoiceThresholds()) -> Optional[Candidate]:
+    """The best candidate (see the module docstring); ``baseline`` when nothing was measured.
+
+    ``candidates`` are successful measurements of kind baseline or sweep (``baseline`` among
+    them when it succeeded); ones without a positive, finite throughput are ignored.
+    """
+    usable = [c for c in candidates if math.isfinite(c.throughput) and c.throughput > 0]
+    if not usable:
+        return baseline
+    top = max(usable, key=lambda c: c.throughput)
+    if baseline is not None and math.isfinite(baseline.throughput) and baseline.throughput > 0 \
+            and compute_bound(baseline, thresholds):
+        needed = max(noise(top, baseline, thresholds), thresholds.clear_gain)
+        if top.throughput <= baseline.throughput * (1 + needed):
+            return baseline
+    ties = [c for c in usable if not_worse(c, top, thresholds)]
+    batch = baseline.config.batch_size if baseline is not None else None
+    return min(ties, key=lambda c: (cost_key(c.config, batch), -c.throughput))
+
+
+def relative_se(entry: dict[str, Any]) -> float:
+    """Relative standard error of a ledger entry's throughput: by batch means when recorded,
+    else from the per-step coefficient of variation."""
+    if entry.get("throughput_rse") is not None:
+        return float(entry["throughput_rse"])
+    cv = entry.get("step_time_cv") or 0.0
+    return cv / math.sqrt(max(1, entry.get("steps_measured") or 1))
+
+
+def candidate_of(entry: dict[str, Any]) -> Candidate:
+    """A ledger entry (a probe of summary.json) as a candidate."""
+    return Candidate(id=str(entry.get("id")), config=LoaderSettings.from_dict(entry.get("config")),
+                     throughput=float(entry.get("throughput") or 0.0), rse=relative_se(entry),
+                     data_wait_fraction=entry.get("data_wait_fraction"),
+                     kind=str(entry.get("kind", "sweep")))

@@ -1,0 +1,100 @@
+"""The worker climb: where on the ``num_workers`` ladder to start, and the hill-climb from there.
+
+Used by the adaptive search when the DataLoader cannot be rebuilt in place (no screens): one
+probe per rung. It starts from the rung the baseline's data-wait share predicts, steps down
+while a cheaper rung does as well and up while throughput rises beyond noise (one rung of
+patience; only while the loop still waits for data).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any, Callable, Optional
+
+from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.sweep.choose import better, candidate_of, not_worse
+from ddp_profile.profiler.sweep.space import normalise
+
+SETTLED_DATA_WAIT = 0.05  # below this share of waiting, loading settings cannot help more
+CLIMB_PATIENCE = 1  # rungs of the worker ladder tried past one that did not pay (noise)
+
+Entry = dict[str, Any]
+
+
+def waits_for_data(entry: Entry) -> bool:
+    """Whether a probe's ranks still wait for data for a measurable share of each step."""
+    fraction = entry.get("data_wait_fraction")
+    return fraction is None or fraction >= SETTLED_DATA_WAIT
+
+
+def is_ok(entry: Entry) -> bool:
+    return entry.get("status") == "ok" and bool(entry.get("throughput"))
+
+
+def beats(candidate: Entry, incumbent: Optional[Entry]) -> bool:
+    """A successful measurement faster than the incumbent beyond noise (or the first one)."""
+    if not is_ok(candidate):
+        return False
+    return incumbent is None or better(candidate_of(candidate), candidate_of(incumbent))
+
+
+def holds(candidate: Entry, incumbent: Entry) -> bool:
+    """A successful measurement at least as fast as the incumbent, within noise."""
+    return is_ok(candidate) and not_worse(candidate_of(candidate), candidate_of(incumbent))
+
+
+def predicted_rung(baseline: Optional[Entry], ladder: list[int]) -> int:
+    """The worker-ladder rung the baseline's own measurement points at.
+
+    A data-bound loop consumes one batch per step time T, of which (1 - f) is compute (f the
+    data-wait share); ``w`` workers each deliver a batch every L = T * max(w, 1). Enough
+    workers to keep up: L / ((1 - f) T) = max(w, 1) / (1 - f). Not data-bound: stay put.
+    """
+    if not baseline or baseline.get("status") != "ok":
+        return 0
+    workers = (baseline.get("config") or {}).get("num_workers") or 0
+    fraction = baseline.get("data_wait_fraction")
+    needed = workers
+    if fraction is not None and fraction >= SETTLED_DATA_WAIT:
+        needed = math.ceil(max(workers, 1) / max(1.0 - fraction, 0.05))
+    for index, rung in enumerate(ladder):
+        if rung >= needed:
+            return index
+    return len(ladder) - 1
+
+
+def climb_workers(measure: Callable[[LoaderSettings], Entry], baseline: Entry,
+                  start: LoaderSettings, ladder: list[int]) -> Optional[Entry]:
+    """Hill-climb the worker ladder from the rung the baseline predicts; the best entry.
+
+    Down while a cheaper rung is at least as fast (within noise), else up while a rung is
+    faster beyond noise (one rung of patience) and the loop still waits for data.
+    """
+    def at(index: int) -> Entry:
+        return measure(normalise(replace(start, num_workers=ladder[index])))
+
+    index = predicted_rung(baseline, ladder)
+    best, best_index = at(index), index
+    if best.get("status") != "ok":
+        best, best_index = None, -1
+    for lower in range(index - 1, -1, -1):
+        entry = at(lower)
+        if best is not None and not holds(entry, best):
+            break
+        if entry.get("status") == "ok":
+            best, best_index = entry, lower
+    if best is not None and best_index < index:
+        return best  # a cheaper rung did as well: going up will not pay
+    misses = 0
+    for upper in range(index + 1, len(ladder)):
+        if best is not None and not waits_for_data(best):
+            break  # no data wait left for more workers to hide
+        entry = at(upper)
+        if beats(entry, best):
+            best, misses = entry, 0
+        elif entry.get("status") == "ok":
+            misses += 1
+            if misses > CLIMB_PATIENCE:
+                break
+    return best

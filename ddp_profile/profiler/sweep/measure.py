@@ -1,0 +1,284 @@
+"""What the search measures through: the ``Measurer`` protocol and the real one, ``LedgerMeasurer``.
+
+The search (``profiler.sweep.search``) decides *what* to measure; a measurer turns a
+configuration into a ledger entry (a dict: id, kind, status, config, throughput,
+data_wait_fraction, throughput_rse, ...). ``LedgerMeasurer`` launches the user's script for each
+probe (or one launch for a screen of several configurations, ``profiler.sweep.screen``) and
+first looks in the ledger: a resumed run replays the same deterministic decisions and re-uses
+every probe that already finished, so ``--resume`` neither re-runs nor loses a probe.
+Tests inject a modelled measurer instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Optional, Protocol
+
+from ddp_profile.profiler.settings import LoaderSettings, ProbePlan, backlog_warmup
+from ddp_profile.profiler.store.rundir import RunDir
+from ddp_profile.profiler.sweep.coordinate import Coordinator
+from ddp_profile.profiler.sweep.launch import (LaunchOutcome, LaunchSpec, kill_tagged, launch,
+                                               new_tag)
+from ddp_profile.profiler.sweep.probe import summarise_probe
+from ddp_profile.profiler.sweep.screen import split_screen
+from ddp_profile.profiler.sweep.space import Axes
+
+DEFAULT_FIRST_TIMEOUT_S = 600.0
+MIN_TIMEOUT_S = 60.0
+TIMEOUT_FACTOR = 4.0
+FOLLOWER_GRACE_S = 120.0  # how long the leader waits for a follower's records after its own
+MIN_WINDOW_TIMEOUT_S = 30.0
+
+ProgressFn = Callable[[str, dict[str, Any]], None]
+
+
+def no_progress(_event: str, _data: dict[str, Any]) -> None:
+    """The default progress callback: reports nothing."""
+
+
+@dataclass(frozen=True)
+class Window:
+    """One configuration of a screen: what to apply, the entry's kind, the probe mode."""
+
+    config: LoaderSettings
+    kind: str = "sweep"
+    mode: str = "normal"
+
+
+class Measurer(Protocol):
+    """Turns configurations into ledger entries; the search's only way to measure."""
+
+    entries: list[dict[str, Any]]  # every measurement of this sweep, in order
+    screen_unsupported: Optional[str]  # why screens cannot run (set by ``measure_screen``)
+
+    def measure(self, requested: LoaderSettings, kind: str = "sweep",
+                steps: Optional[int] = None, mode: str = "normal") -> dict[str, Any]:
+        """One probe of ``requested`` (``None`` settings: the script's own)."""
+
+    def measure_screen(self, windows: list[Window]) -> list[dict[str, Any]]:
+        """Several configurations in as few launches as possible, one entry each (in order);
+        fewer entries than windows when a launch stopped early or screens are unsupported."""
+
+    def context(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """The rank context of a measured probe (device, cpus_available, ...), {} if none."""
+
+    def calibrate(self, baseline: dict[str, Any], axes: Axes) -> None:
+        """Told the baseline's measurement and the axes once they are known."""
+
+
+class LedgerMeasurer:
+    """The real measurer: launches probes, appends them to the ledger, re-uses finished ones."""
+
+    def __init__(self, run_dir: RunDir, spec: LaunchSpec, steps: int, warmup: int,
+                 timeout_s: Optional[float] = None, progress: ProgressFn = no_progress,
+                 coordinator: Optional[Coordinator] = None):
+        self.run_dir, self.spec, self.steps, self.warmup = run_dir, spec, steps, warmup
+        self.fixed_timeout = timeout_s is not None
+        self.timeout_s = timeout_s or DEFAULT_FIRST_TIMEOUT_S
+        self.progress = progress
+        self.coordinator = coordinator  # set on the leader of a multi-node or allocation run
+        self.launches = 0  # probes launched by this process (the coordinated probe index)
+        self.run_token = new_tag()[:12]
+        self.ledger = run_dir.ledger()
+        self.entries: list[dict[str, Any]] = []
+        self.screen_unsupported: Optional[str] = None
+        self.window_loop_s = 0.0  # estimated seconds of one screen window's loop
+
+    def measure(self, requested: LoaderSettings, kind: str = "sweep",
+                steps: Optional[int] = None, mode: str = "normal") -> dict[str, Any]:
+        probe_id = f"p{len(self.entries):03d}"
+        steps = steps or self.steps
+        done = self._finished(probe_id, requested, kind, steps, screened=False)
+        if done is not None:
+            self._record(done, reused=True)
+            return done
+        self.run_dir.discard_partial_probe(probe_id)
+        plan = ProbePlan(probe_id=probe_id, out_dir=self.run_dir.probe_dir(probe_id),
+                         overrides=requested, warmup=self.warmup, steps=steps, mode=mode,
+                         inject_local_rank=self.local_rank_flag(),
+                         rdzv_id=f"{self.run_token}-{probe_id}")
+        self.progress("start", {"probe_id": probe_id, "config": requested, "kind": kind})
+        outcome = self._launch(plan, self.timeout_s)
+        entry = summarise_probe(plan, outcome, kind, self.timeout_s)
+        self._record(entry)
+        return entry
+
+    def _finished(self, probe_id: str, requested: LoaderSettings, kind: str, steps: int,
+                  screened: bool) -> Optional[dict[str, Any]]:
+        """The ledger entry of a resumed run that measured exactly this, if any."""
+        done = next((e for e in self.ledger if e.get("id") == probe_id), None)
+        if done is None or done.get("requested") != requested.to_dict() \
+                or done.get("kind") != kind or done.get("steps") != steps \
+                or bool(done.get("screened")) != screened:
+            return None
+        return done
+
+    def _launch(self, plan: ProbePlan, timeout_s: float) -> LaunchOutcome:
+        """Launch one probe (on every node of a coordinated run) and wait for its records."""
+        tag = new_tag()
+        self.run_dir.mark_inflight(plan.probe_id, tag)
+        if self.coordinator is not None:
+            self.coordinator.publish(self.launches, {"plan": plan.to_json(),
+                                                     "timeout_s": timeout_s})
+        outcome = launch(self.spec, plan, timeout_s, tag=tag)
+        if self.coordinator is not None:
+            outcome = merge_outcomes(outcome, self.coordinator.gather(
+                self.launches, plan.out_dir, timeout_s + FOLLOWER_GRACE_S))
+        self.launches += 1
+        return outcome
+
+    def _record(self, entry: dict[str, Any], reused: bool = False) -> None:
+        if not reused:
+            self.run_dir.append(entry)
+            self.run_dir.clear_inflight()
+        self.entries.append(entry)
+        self.progress("reused" if reused else "done", {"entry": entry})
+
+    def measure_screen(self, windows: list[Window]) -> list[dict[str, Any]]:
+        """Measure several configurations in as few launches as possible (see
+        ``profiler.sweep.screen``): one launch runs them one after another; when it stops
+        early (a crash, an OOM, a hang), the window it stopped in is recorded as that failure
+        and the windows after it get a launch of their own. Each window becomes a ledger entry
+        with ``screened`` true. Sets ``screen_unsupported`` when the loader cannot be rebuilt."""
+        done: list[dict[str, Any]] = []
+        pending = list(windows)
+        while pending and not self.screen_unsupported:
+            first = len(self.entries)
+            ids = [f"p{first + i:03d}" for i in range(len(pending))]
+            reused = self._reuse_screened(pending, ids)
+            done += reused
+            pending, ids = pending[len(reused):], ids[len(reused):]
+            if not pending:
+                break
+            consumed = self._screen_launch(pending, ids, done)
+            if consumed == 0:
+                break
+            pending = pending[consumed:]
+        return done
+
+    def _screen_launch(self, pending: list[Window], ids: list[str],
+                       done: list[dict[str, Any]]) -> int:
+        """One launch running ``pending``; the windows it finished (or failed in) are appended
+        to ``done``; returns how many."""
+        launch_id = f"{ids[0]}-screen"
+        for probe_id in (launch_id, *ids):
+            self.run_dir.discard_partial_probe(probe_id)
+        plan = ProbePlan(
+            probe_id=launch_id, out_dir=self.run_dir.probe_dir(launch_id),
+            overrides=pending[0].config, warmup=self.warmup, steps=self.steps, mode="screen",
+            windows=tuple({"overrides": w.config.to_dict(), "mode": w.mode,
+                           "warmup": self._window_warmup(w)} for w in pending),
+            inject_local_rank=self.local_rank_flag(), rdzv_id=f"{self.run_token}-{launch_id}")
+        timeout_s = self.screen_timeout(len(pending))
+        self.progress("start", {"probe_id": launch_id, "config": pending[0].config,
+                                "kind": "screen", "windows": len(pending)})
+        outcome = self._launch(plan, timeout_s)
+        splits = split_screen(plan.out_dir, [self.run_dir.probe_dir(i) for i in ids],
+                              plan.window_starts(), plan.window_lengths())
+        consumed = 0
+        for split, window, probe_id in zip(splits, pending, ids):
+            if split.unsupported is not None:
+                self.screen_unsupported = split.unsupported
+                break
+            if not split.complete and not split.started and consumed:
+                break  # the launch stopped in an earlier window
+            window_outcome = outcome if not split.complete else replace(
+                outcome, returncode=0, timed_out=False, wall_s=split.span_s)
+            window_plan = ProbePlan(probe_id=probe_id, out_dir=self.run_dir.probe_dir(probe_id),
+                                    overrides=window.config, warmup=self._window_warmup(window),
+                                    steps=self.steps, mode=window.mode)
+            entry = summarise_probe(window_plan, window_outcome, window.kind, timeout_s)
+            entry.update(screened=True, launch=launch_id, launch_wall_s=round(outcome.wall_s, 3))
+            self._record(entry)
+            done.append(entry)
+            consumed += 1
+            if not split.complete:
+                break
+        self.run_dir.clear_inflight()
+        return consumed
+
+    def _window_warmup(self, window: Window) -> int:
+        if window.mode != "normal":
+            return self.warmup
+        return backlog_warmup(self.warmup, window.config.num_workers,
+                              window.config.prefetch_factor)
+
+    def _reuse_screened(self, pending: list[Window], ids: list[str]) -> list[dict[str, Any]]:
+        """The leading windows a resumed run already measured (same ids, same requests)."""
+        reused = []
+        for window, probe_id in zip(pending, ids):
+            entry = self._finished(probe_id, window.config, window.kind, self.steps,
+                                   screened=True)
+            if entry is None:
+                break
+            self._record(entry, reused=True)
+            reused.append(entry)
+        return reused
+
+    def calibrate(self, baseline: dict[str, Any], axes: Axes) -> None:
+        """Size the timeouts from the baseline: a probe gets ``TIMEOUT_FACTOR`` times the
+        baseline's wall time (unless ``--timeout`` was given), a screen window its loop's."""
+        if not self.fixed_timeout:
+            self.timeout_s = max(MIN_TIMEOUT_S, TIMEOUT_FACTOR * baseline["wall_s"])
+        medians = [r.get("step_time_median_s") or 0.0 for r in baseline.get("per_rank") or []]
+        backlog = max(axes.num_workers) * max(axes.prefetch_factor)
+        self.window_loop_s = max(medians, default=0.0) * (max(self.warmup, backlog)
+                                                          + self.steps)
+        self.window_loop_s += baseline.get("time_to_first_batch_s") or 0.0
+
+    def screen_timeout(self, windows: int) -> float:
+        """The first window gets a probe's timeout; each further one what its steps and a
+        new set of workers take, four times over, and at least ``MIN_WINDOW_TIMEOUT_S``."""
+        per_window = max(MIN_WINDOW_TIMEOUT_S, TIMEOUT_FACTOR * self.window_loop_s)
+        return self.timeout_s + (windows - 1) * per_window
+
+    def context(self, entry: dict[str, Any]) -> dict[str, Any]:
+        from ddp_profile.profiler.store.results import read_probe_dir
+
+        for data in read_probe_dir(self.run_dir.probe_dir(entry["id"])):
+            if data.context:
+                return data.context
+        return {}
+
+    def local_rank_flag(self) -> Optional[str]:
+        return dict(self.spec.extra_env).get("DDP_PROFILE_LOCAL_RANK_FLAG")
+
+    def reap_inflight(self) -> None:
+        """Kill what a killed harness left running, before anything else starts."""
+        inflight = self.run_dir.inflight()
+        if inflight and inflight.get("tag"):
+            kill_tagged(str(inflight["tag"]))
+        self.run_dir.clear_inflight()
+
+
+def merge_outcomes(leader: LaunchOutcome, followers: list[dict[str, Any]]) -> LaunchOutcome:
+    """One outcome for a probe that ran on several nodes: any timeout, the first failure."""
+    returncode = leader.returncode
+    timed_out = leader.timed_out
+    for follower in followers:
+        if follower.get("missing"):
+            returncode = returncode or 1
+            continue
+        timed_out = timed_out or bool(follower.get("timed_out"))
+        if not returncode and follower.get("returncode"):
+            returncode = follower["returncode"]
+    return replace(leader, returncode=returncode, timed_out=timed_out)
+
+
+def follow(coordinator: Coordinator, spec: LaunchSpec, run_dir: RunDir,
+           local_rank_flag: Optional[str] = None) -> int:
+    """A follower's whole sweep: launch what the leader publishes, upload the records."""
+    index = 0
+    while True:
+        message = coordinator.next_plan(index)
+        if message.get("done"):
+            return index
+        plan = ProbePlan.from_json(message["plan"])
+        plan = replace(plan, out_dir=run_dir.probe_dir(plan.probe_id),
+                       inject_local_rank=local_rank_flag)
+        run_dir.discard_partial_probe(plan.probe_id)
+        outcome = launch(spec, plan, float(message["timeout_s"]))
+        coordinator.upload(index, plan.out_dir, {"returncode": outcome.returncode,
+                                                 "timed_out": outcome.timed_out,
+                                                 "wall_s": outcome.wall_s})
+        index += 1

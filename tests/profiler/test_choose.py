@@ -1,0 +1,57 @@
+"""choose(): the one author of the best configuration (noise, ties, cost order, compute-bound)."""
+
+from __future__ import annotations
+
+from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.sweep.choose import Candidate, ChoiceThresholds, choose, noise
+from ddp_profile.rules import Thresholds
+
+
+def cand(cid: str, workers: int, throughput: float, wait: float = 0.5, rse: float = 0.0,
+         kind: str = "sweep", pin: bool = False, batch: int = 32) -> Candidate:
+    return Candidate(cid, LoaderSettings(workers, pin, 2 if workers else None, batch),
+                     throughput, rse, wait, kind)
+
+
+BASE = cand("base", 0, 100.0, kind="baseline")
+
+
+def test_nothing_measured_returns_the_baseline():
+    assert choose([], BASE) is BASE
+    assert choose([cand("x", 2, float("nan"))], None) is None
+
+
+def test_the_fastest_beyond_noise_wins():
+    assert choose([BASE, cand("w2", 2, 150.0), cand("w4", 4, 200.0)], BASE).id == "w4"
+
+
+def test_ties_go_to_the_cheapest_in_cost_order():
+    tied = [BASE, cand("w4", 4, 200.0), cand("w2", 2, 199.0), cand("w2pin", 2, 200.0, pin=True)]
+    assert choose(tied, BASE).id == "w2"  # fewer workers, then pinning off
+    by_batch = [BASE, cand("bs64", 2, 200.0, batch=64), cand("bs48", 2, 199.5, batch=48)]
+    assert choose(by_batch, BASE).id == "bs48"  # the batch size nearest the baseline's 32
+
+
+def test_noise_widens_with_the_standard_errors():
+    quiet, noisy = cand("a", 2, 1.0, rse=0.001), cand("b", 2, 1.0, rse=0.05)
+    assert noise(quiet, quiet) == 0.02  # the floor
+    assert noise(noisy, noisy) > 0.14
+    assert choose([BASE, cand("w2", 2, 200.0, rse=0.05), cand("w8", 8, 225.0, rse=0.05)],
+                  BASE).id == "w2"  # 12.5 % apart is within 2 x hypot(5 %, 5 %)
+
+
+def test_a_compute_bound_baseline_moves_only_for_a_clear_gain():
+    base = cand("base", 0, 100.0, wait=0.1, kind="baseline")
+    assert choose([base, cand("w1", 1, 104.0)], base).id == "base"  # 4 % < clear_gain
+    assert choose([base, cand("w1", 1, 106.0)], base).id == "w1"
+    data_bound = cand("base", 0, 100.0, wait=0.3, kind="baseline")
+    assert choose([data_bound, cand("w1", 1, 104.0)], data_bound).id == "w1"
+    unknown = cand("base", 0, 100.0, wait=None, kind="baseline")  # not measured: no clause
+    assert choose([unknown, cand("w1", 1, 104.0)], unknown).id == "w1"
+
+
+def test_the_rules_thresholds_are_the_same_set():
+    assert isinstance(Thresholds(), ChoiceThresholds)
+    looser = Thresholds(clear_gain=0.03)
+    base = cand("base", 0, 100.0, wait=0.1, kind="baseline")
+    assert choose([base, cand("w1", 1, 104.0)], base, looser).id == "w1"
