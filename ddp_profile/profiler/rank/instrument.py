@@ -34,7 +34,8 @@ import time
 import weakref
 from typing import Any, Callable, Optional
 
-from ddp_profile.profiler.settings import ProbePlan, backlog_warmup, window_index
+from ddp_profile.profiler.settings import (CEILING_CACHE_BATCHES, ProbePlan, backlog_warmup,
+                                           mode_warmup, window_index)
 from ddp_profile.profiler.rank.gpu_steps import GpuStepTimer, cuda_event_factory
 from ddp_profile.profiler.rank import loadcost
 from ddp_profile.profiler.rank.loadcost import batch_size_of
@@ -42,7 +43,6 @@ from ddp_profile.profiler.rank.overrides import apply_overrides, own_settings
 from ddp_profile.profiler.store.record import SCHEMA_VERSION, RankRecorder
 from ddp_profile.profiler.rank.stepclock import StepClock
 
-CEILING_CACHE_BATCHES = 4
 FLUSH_INTERVAL_S = 0.5
 STOP_BARRIER_TIMEOUT_S = 60.0
 GPU_LOOKUP_BATCHES = 16  # look this many batches for the script's first use of CUDA
@@ -200,7 +200,8 @@ class Instrumentation:
         a screen's windows carry their own."""
         loader = state["loader"]()
         if self.plan.windows or self.plan.mode != "normal" or loader is None:
-            return self.plan.warmup
+            return self.plan.warmup if self.plan.windows else \
+                mode_warmup(self.plan.warmup, self.plan.mode)
         return backlog_warmup(self.plan.warmup, getattr(loader, "num_workers", 0),
                               getattr(loader, "prefetch_factor", None))
 
@@ -215,7 +216,7 @@ class Instrumentation:
         if mode != "ceiling":
             return original_next(source)
         cache = self._ceiling_cache.setdefault(loader_id, [])
-        if len(cache) < CEILING_CACHE_BATCHES or step < self.plan.warmup:
+        if len(cache) < CEILING_CACHE_BATCHES:
             batch = original_next(source)
             if len(cache) < CEILING_CACHE_BATCHES:
                 cache.append(batch)

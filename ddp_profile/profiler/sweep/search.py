@@ -63,6 +63,7 @@ class Search:
         self.axes: Optional[Axes] = None
         self.baseline: Optional[Entry] = None
         self.oom_batch: Optional[int] = None
+        self._ceiling_skip_noted = False
 
     @property
     def entries(self) -> list[Entry]:
@@ -83,9 +84,22 @@ class Search:
         else:
             self.adaptive()
         self.repeat()
-        if self.options.ceiling:
+        if self.wants_ceiling():
             self.ceiling()
         return self.entries
+
+    def wants_ceiling(self) -> bool:
+        """The compute-only probe is worth a launch only when the baseline waits for data: a
+        loop that hardly waits is at its ceiling already (a note says so)."""
+        if not self.options.ceiling or self.baseline is None:
+            return False
+        if self.baseline.get("status") == "ok" and not waits_for_data(self.baseline):
+            if not self._ceiling_skip_noted:
+                self._ceiling_skip_noted = True
+                self.progress("note", {"text": "no compute-only ceiling probe: the baseline "
+                                               "hardly waits for data"})
+            return False
+        return True
 
     # ---- measuring ------------------------------------------------------------------------
     def measure_config(self, config: LoaderSettings) -> Entry:
@@ -195,7 +209,7 @@ class Search:
         else:  # loading settings cannot win back more than the little time spent waiting
             configs = [normalise(replace(own, pin_memory=v)) for v in self.axes.pin_memory]
         windows = [Window(c) for c in configs if self.find(c) is None]
-        if self.options.ceiling:
+        if self.wants_ceiling():
             windows.append(Window(windows[-1].config if windows else normalise(own),
                                   "ceiling", "ceiling"))
         self.measurer.measure_screen(windows)
