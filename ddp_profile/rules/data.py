@@ -295,9 +295,11 @@ def _wait_bound_from_capacity(run: Run, base: pd.Series, capacity: dict,
         return None
     fraction = data_wait(run, base)[0]
     workers = capacity["workers_for_demand"]
-    if workers in _measured_workers(run):
-        overlap = (f"Loading overlaps with more workers, past the CPU count: num_workers="
-                   f"{workers} was measured (see the recommendation)")
+    most = max(_measured_workers(run), default=0)
+    if most >= workers:
+        overlap = (f"Loading overlaps with more workers, past the CPU count: up to "
+                   f"num_workers={most} was measured; the recommendation below is the "
+                   "fastest measured")
     else:
         overlap = f"Loading overlaps with more workers, past the CPU count: " \
                   f"{predicted_workers(capacity)}"

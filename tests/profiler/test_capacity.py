@@ -121,3 +121,50 @@ def test_summary_capacity_per_rank_cpus_and_measured_points():
     assert [m["num_workers"] for m in capacity["measured"]] == [0, 2]
     assert capacity["bound"] == "wait" and capacity["workers_for_demand"] == 10
     assert run_capacity([probes[2]], context, 2, None) is None
+
+
+# ---- the climb ----------------------------------------------------------------------------
+
+from ddp_profile.profiler.sweep.capacity import ClimbPoint, next_workers  # noqa: E402
+
+
+def modelled(model: Capacity, workers: int) -> ClimbPoint:
+    """What a probe of ``workers`` would measure if the model were the truth."""
+    tp = model.throughput(workers)
+    return ClimbPoint(workers, tp, rse=0.01, waits=tp < 0.95 * model.demand,
+                      cpu_share=model.cpu_share)
+
+
+def climb(model: Capacity, first: list[int]) -> list[int]:
+    points = [modelled(model, w) for w in first]
+    while (following := next_workers(points, model.max_workers)) is not None:
+        points.append(modelled(model, following))
+    return [p.workers for p in points]
+
+
+def test_latency_bound_climbs_past_the_cpus_until_the_loop_stops_waiting():
+    model = Capacity(cpu_per_sample_s=1e-4, wait_per_sample_s=3e-3, cpus_per_rank=1.0,
+                     ranks=2, demand=6000.0, memory_workers=None)
+    assert climb(model, [0, 1, model.workers_for_demand()]) == [0, 1, 10]  # 10 meets it
+    # a prediction that fell short (the loop eats more than thought): keep doubling
+    hungry = Capacity(1e-4, 3e-3, 1.0, 2, demand=30000.0, memory_workers=None)
+    assert climb(hungry, [0, 1, 10]) == [0, 1, 10, 20, 40, 64]
+
+
+def test_memory_bounds_the_climb():
+    model = Capacity(1e-4, 3e-3, 1.0, 2, demand=30000.0, memory_workers=24)
+    assert climb(model, [0, 1, 10]) == [0, 1, 10, 20, 24]
+
+
+def test_cpu_bound_loading_does_not_climb_past_saturation():
+    model = Capacity(cpu_per_sample_s=3.4e-3, wait_per_sample_s=1e-4, cpus_per_rank=1.0,
+                     ranks=2, demand=6000.0, memory_workers=None)
+    assert climb(model, [0, 1, model.workers_for_demand()]) == [0, 1, 2]
+
+
+def test_a_flat_top_stops_the_climb():
+    points = [ClimbPoint(1, 1000.0, 0.01), ClimbPoint(2, 1010.0, 0.01)]
+    assert next_workers(points, 64) is None
+    rising = [ClimbPoint(1, 1000.0, 0.01), ClimbPoint(2, 1900.0, 0.01, cpu_share=0.1)]
+    assert next_workers(rising, 64) == 4
+    assert next_workers(rising, 3) == 3 and next_workers(rising, 2) is None

@@ -214,3 +214,42 @@ def capacity_model(probes: list[dict[str, Any]], cpus_per_rank: float, ranks: in
     return Capacity(cpu_per_sample_s=cpu, wait_per_sample_s=wait,
                     cpus_per_rank=max(cpus_per_rank, 1e-9), ranks=ranks, demand=float(demand),
                     memory_workers=memory_workers, cap=cap)
+
+
+CLIMB_STOP_CPU_SHARE = 0.5  # loading mostly CPU: more workers than the CPUs cannot help
+
+
+@dataclass(frozen=True)
+class ClimbPoint:
+    """One measured worker count, as the climb sees it."""
+
+    workers: int
+    throughput: float  # global samples/s
+    rse: float = 0.0  # relative standard error of the throughput
+    waits: bool = True  # the loop still waits for data
+    cpu_share: Optional[float] = None  # measured CPU share of producing a sample
+
+
+def next_workers(points: list[ClimbPoint], limit: int, noise_floor: float = 0.02,
+                 noise_sigmas: float = 2.0) -> Optional[int]:
+    """The next worker count to measure past the largest measured one, or None to stop.
+
+    Climb (double, up to ``limit``: memory bound and cap) while the largest count measured is
+    faster beyond noise than every smaller one, its loop still waits for data, and its loading
+    is mostly waiting rather than CPU; CPU-bound loading stops where the CPUs saturate.
+    """
+    if not points:
+        return None
+    top = max(points, key=lambda p: p.workers)
+    below = [p for p in points if p.workers < top.workers]
+    if below:
+        best_below = max(below, key=lambda p: p.throughput)
+        noise = max(noise_floor, noise_sigmas * math.hypot(top.rse, best_below.rse))
+        if top.throughput <= best_below.throughput * (1 + noise):
+            return None  # no longer rising beyond noise
+    if not top.waits:
+        return None  # nothing left to hide
+    if top.cpu_share is not None and top.cpu_share >= CLIMB_STOP_CPU_SHARE:
+        return None  # CPU-bound: the CPUs, not the worker count, limit loading
+    following = min(max(2 * top.workers, 1), limit)
+    return following if following > top.workers else None
