@@ -67,4 +67,4 @@ def test_bad_loading_is_recorded_and_the_sweep_goes_on(cli, run_dir):
     probe_dir = os.path.join(run_dir, "probes", dead["id"])
     workers = os.listdir(os.path.join(probe_dir, "workers"))
     assert workers  # the dead probe's workers left their batch records
-    assert summary["recommended"]["num_workers"] == 1
+    assert summary["recommended"]["num_workers"] in (0, 1)  # never the setting that died
