@@ -52,7 +52,8 @@ def run_screen(tmp_path, windows, steps=6, warmup=2):
     plan = ProbePlan(probe_id="p001-screen", out_dir=str(out), warmup=warmup, steps=steps,
                      mode="screen", overrides=LoaderSettings.from_dict(windows[0]["overrides"]),
                      windows=tuple(windows))
-    env = dict(os.environ, PYTHONPATH=HOOK_DIR, DDP_PROFILE="1", DDP_PROFILE_PLAN=plan.to_json(),
+    path = os.pathsep.join(p for p in (HOOK_DIR, os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONPATH=path, DDP_PROFILE="1", DDP_PROFILE_PLAN=plan.to_json(),
                DDP_PROFILE_SCRIPT=str(script), RANK="0", WORLD_SIZE="1")
     seen_path = tmp_path / "seen.json"
     proc = subprocess.run([sys.executable, str(script), str(seen_path)], env=env,
@@ -99,6 +100,12 @@ def test_each_window_runs_its_own_worker_pool_and_is_split_into_a_probe(tmp_path
         assert [s["step"] for s in rank.training_steps()] == list(range(lengths[index]))
         assert rank.end["reason"] == "steps_done"
         assert rank.context and rank.loaders
+        # each window's batches were timed where they were made: its own workers, or the rank
+        makers = {b["worker"] for b in rank.batch_costs}
+        workers = windows[index]["overrides"]["num_workers"]
+        assert makers == ({None} if workers == 0 else set(range(workers))), (index, makers)
+        assert entry["loading"]["samples"] > 0 and entry["loading"]["bound"] in (
+            "cpu", "wait", "mixed")
     # the ceiling window replays cached batches: it hardly waits for data
     ceiling = read_probe_dir(splits[3].out_dir)[0].training_steps()
     measured = [s for s in ceiling if s["measured"]]
