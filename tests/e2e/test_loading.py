@@ -68,3 +68,20 @@ def test_bad_loading_is_recorded_and_the_sweep_goes_on(cli, run_dir):
     workers = os.listdir(os.path.join(probe_dir, "workers"))
     assert workers  # the dead probe's workers left their batch records
     assert summary["recommended"]["num_workers"] in (0, 1)  # never the setting that died
+
+
+def test_a_transform_that_raises_fails_its_probe_only(cli, run_dir):
+    from tests.conftest import SCRIPTS
+
+    script = os.path.join(SCRIPTS, "raising_transform_train.py")
+    result = cli(["run", script, "--out", run_dir, "--num-workers", "0,1,2", "--no-ceiling",
+                  *QUICK], out=run_dir)
+    assert result.returncode == 0, result.stderr
+    summary = result.summary()
+    failed = [p for p in summary["probes"] if p["requested"].get("num_workers") == 2]
+    assert failed and all(p["status"] == "crash" for p in failed), failed
+    assert "corrupt sample" in failed[0]["error"]
+    ok = [p for p in summary["probes"] if p["status"] == "ok"]
+    assert {p["config"]["num_workers"] for p in ok} >= {0, 1}
+    assert all(p["loading"] and p["loading"]["samples"] > 0 for p in ok)
+    assert summary["capacity"] is not None
