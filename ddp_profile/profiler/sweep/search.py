@@ -22,8 +22,8 @@ from ddp_profile.errors import NoDataLoader, ProbeTimeout, ScriptFailed
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.store.summary import latest_ceiling
-from ddp_profile.profiler.sweep.capacity import (WORKER_CAP, Capacity, ClimbPoint,
-                                                 capacity_model, next_workers)
+from ddp_profile.profiler.sweep.capacity import (CLIMB_STOP_CPU_SHARE, WORKER_CAP, Capacity,
+                                                 ClimbPoint, capacity_model, next_workers)
 from ddp_profile.profiler.sweep.choose import candidate_of, choose, relative_se
 from ddp_profile.profiler.sweep.climb import beats, climb_workers, waits_for_data
 from ddp_profile.profiler.sweep.coordinate import Coordinator
@@ -248,18 +248,22 @@ class Search:
     def _first_workers(self) -> list[int]:
         """The worker counts of the first screen: the ones the user gave (always measured),
         else the ladder up to the CPUs and the count the capacity model predicts meets the
-        loop's demand (measured first, past the CPU count when loading mostly waits)."""
+        loop's demand (past the CPU count when loading mostly waits; then twice that too, the
+        climb's first step, in the same launch)."""
         assert self.axes is not None
         workers = set(self.axes.num_workers)
         model = self.capacity() if self.space.num_workers is None else None
         if model is not None:
             predicted = model.workers_for_demand()
             workers.add(predicted)
+            if model.cpu_share < CLIMB_STOP_CPU_SHARE and predicted < model.max_workers:
+                # a waiting loader's first climb step rides in the same launch
+                workers.add(min(2 * predicted, model.max_workers))
             self.progress("note", {"text": f"loading: {1000 * model.cpu_per_sample_s:.2f} ms "
                                            f"CPU + {1000 * model.wait_per_sample_s:.2f} ms "
                                            f"waiting per sample; {predicted} worker(s) per "
                                            "rank predicted to meet the loop's demand"})
-            self._recalibrate(predicted)
+            self._recalibrate(max(workers))
         return sorted(workers)
 
     def _recalibrate(self, workers: int) -> None:
