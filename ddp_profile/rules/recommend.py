@@ -175,10 +175,18 @@ def _ceiling_notes(run: Run, chosen: pd.Series, share: float,
     capacity = capacity_of(run)
     if capacity is None:
         return _ceiling_notes_from_cpu_load(run, chosen, head, thresholds)
-    evidence = f"Loading explains the gap: {loading_evidence(capacity)}."
+    evidence = f"The data wait explains the gap: {loading_evidence(capacity)}."
+    more = capacity["workers_for_demand"]
+    limit = capacity.get("cpu_limit")
+    if capacity["bound"] == "cpu" and (limit is None or limit >= capacity["demand"]):
+        tried = max((as_int(w, 0) or 0 for w in ok_probes(run)["num_workers"]), default=0)
+        if tried >= more:  # the CPUs could make enough, and that many workers were measured
+            return [f"{head} {evidence} The CPUs could make enough samples, but {tried} "
+                    "worker(s) per rank measured no faster: the workers and the training "
+                    "compete for the same CPUs."]
+        return [f"{head} {evidence} What would close it: {predicted_workers(capacity)}."]
     if capacity["bound"] == "cpu":
         return [f"{head} {evidence} What would close it: {CPU_FIX}."]
-    more = capacity["workers_for_demand"]
     if capacity["bound"] == "wait":
         if more > (as_int(chosen.get("num_workers"), 0) or 0):
             return [f"{head} {evidence} What would close it: {predicted_workers(capacity)}; "
