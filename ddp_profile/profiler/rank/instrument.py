@@ -227,6 +227,7 @@ class Instrumentation:
     def _switch_window(self, iterator: Any, state: dict[str, Any], window: int) -> None:
         """Rebuild the training loader's iterator with the settings of ``window``."""
         self.window = window
+        switched_ns = time.time_ns()  # the window begins here, before its workers start
         loader = state["loader"]()
         settings = self.plan.window_settings(window)
         try:
@@ -248,7 +249,7 @@ class Instrumentation:
                 self.iterators.add(fresh)
                 state.update(delegate=fresh, t_iter=started, first=True)
             self.event("window", window=window, applied=_applied_settings(loader),
-                       mode=self.plan.window_mode(window))
+                       mode=self.plan.window_mode(window), switched_ns=switched_ns)
         except Exception as exc:  # noqa: BLE001 - e.g. a DataLoader subclass that forbids it
             self.event("screen_unsupported", window=window,
                        error=f"{type(exc).__name__}: {exc}"[:500])

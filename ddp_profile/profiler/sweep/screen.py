@@ -72,6 +72,7 @@ class _RankScreen:
             if record.get("kind") == "step" and record.get("loader_id") == self.loader_id:
                 self.steps.setdefault(self.window_of(int(record["step"])), []).append(record)
         self.applied: dict[int, dict[str, Any]] = {}
+        self.switched: dict[int, int] = {}  # window -> wall clock of the switch into it
         self.unsupported: dict[int, str] = {}
         for record in records:
             if record.get("kind") != "event":
@@ -79,6 +80,8 @@ class _RankScreen:
             data = record.get("data") or {}
             if record.get("name") == "window":
                 self.applied[int(data.get("window", -1))] = dict(data.get("applied") or {})
+                self.switched[int(data.get("window", -1))] = int(
+                    data.get("switched_ns") or record.get("t_ns") or 0)
             elif record.get("name") == "screen_unsupported":
                 self.unsupported[int(data.get("window", -1))] = str(data.get("error"))
 
@@ -93,6 +96,9 @@ class _RankScreen:
         """[start, end) in wall-clock ns: window 0 from the beginning, the last to the end."""
         low = float("-inf") if window == 0 else float(self.start_ns(window) or float("inf"))
         following = [self.start_ns(w) for w in self.steps if w > window]
+        # a later window that failed before its first step still began at its switch: what
+        # happened from then on (its workers' first batches, an error) is not this window's
+        following += [t for w, t in self.switched.items() if w > window and t]
         following = [t for t in following if t is not None]
         return low, float(min(following)) if following else float("inf")
 
