@@ -4,7 +4,9 @@ Launch-to-launch noise on a shared 2-core machine (5-15 % in median step time) h
 overhead in ``overhead.py``. This benchmark measures the added cost directly: the same tight
 training loop (a tiny model, so the loop is dominated by the per-step hooks) runs with and
 without the instrumentation installed, interleaved, in one process; the difference per step,
-divided by a real step time, is the overhead ratio.
+divided by a real step time, is the overhead ratio. The rank's loop loads in-process
+(``num_workers=0``), so its per-batch meter is included; a DataLoader worker's side (the meter
+and its per-worker file) is timed the same way on a worker's fetch loop and added per step.
 
     python benchmarks/overhead_micro.py [--quick] [--step-ms 36]
 
@@ -24,7 +26,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from ddp_profile.profiler.rank import patches
+from ddp_profile.profiler.rank import loadcost, patches
 from ddp_profile.profiler.rank.instrument import Instrumentation
 from ddp_profile.profiler.settings import ProbePlan
 
@@ -57,6 +59,35 @@ def instrumented(steps: int, out_dir: str) -> float:
         instr.recorder.close()
 
 
+class _Fetcher:
+    """The shape of torch's fetchers: ``fetch(indices)`` calls ``collate_fn`` on the items."""
+
+    def __init__(self, data: torch.Tensor):
+        self.data = data
+        self.collate_fn = torch.stack
+
+    def fetch(self, indices: list) -> torch.Tensor:
+        return self.collate_fn([self.data[i] for i in indices])
+
+
+def worker_batches(batches: int, out_dir: str, metered: bool) -> float:
+    """Seconds per batch of a DataLoader worker's fetch loop, with or without the meter and
+    its per-worker file (what ``loadcost.WorkerInit`` installs in each worker)."""
+    fetcher = _Fetcher(torch.randn(64, 8))
+    sink = None
+    if metered:
+        sink = loadcost._WorkerFile(f"{out_dir}/workers/w.jsonl")
+        loadcost.CostMeter(sink.emit, 0, 0, 0).wrap(fetcher)
+    indices = [0, 1, 2, 3]
+    start = time.perf_counter()
+    for _ in range(batches):
+        fetcher.fetch(indices)
+    elapsed = time.perf_counter() - start
+    if sink is not None:
+        sink.close()
+    return elapsed / batches
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -77,12 +108,24 @@ def main() -> None:
             for name, results in order:
                 results.append(loop(steps) if name == "plain" else
                                instrumented(steps, f"{tmp}/rep{rep}"))
-    added_us = statistics.median(h - p for h, p in zip(hooked, plain)) * 1e6
+    bare, metered = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(reps):
+            bare.append(worker_batches(steps, tmp, False))
+            metered.append(worker_batches(steps, f"{tmp}/{rep}", True))
+    worker_us = statistics.median(m - b for m, b in zip(metered, bare)) * 1e6
+    step_us = statistics.median(h - p for h, p in zip(hooked, plain)) * 1e6
+    # a step consumes one batch: a worker's added time lands on the step where loading is
+    # the bottleneck, so the whole instrumentation costs the sum per step
+    added_us = step_us + worker_us
     result = {
         "benchmark": "overhead_micro", "mode": "quick" if args.quick else "full",
         "reps": reps, "steps_per_rep": steps,
         "plain_step_us": round(statistics.median(plain) * 1e6, 2),
         "instrumented_step_us": round(statistics.median(hooked) * 1e6, 2),
+        "rank_added_us_per_step": round(step_us, 2),
+        "worker_plain_batch_us": round(statistics.median(bare) * 1e6, 2),
+        "worker_added_us_per_batch": round(worker_us, 2),
         "added_us_per_step": round(added_us, 2),
         "reference_step_ms": args.step_ms,
         "overhead_ratio_at_reference_step": round(1 + added_us / (args.step_ms * 1e3), 5),

@@ -28,6 +28,16 @@ sides), *teardown* = the end of the last measured step -> the launcher has exite
 script's own loop ends and it exits; probe: ddp-profile's stop: records, barrier, exit, stray
 check).
 
+**Default runs** (``--defaults``): scenarios run with ddp-profile's defaults (no hand-set
+ladder), ``latency_bound`` (``--load-ms 3``), ``cpu_bound`` (``--cpu-ms 2``), ``mixed``
+(``--load-ms 1.5 --cpu-ms 1.5``), ``compute_bound``. Reference: the best of a wide grid of worker
+counts (``WIDE_GRID``: fresh probes of each), then the default run's choice and that best measured
+head to head (``default_vs_wide_best``, target >= 0.9 on latency-bound, within noise elsewhere);
+also the default run's launches (target <= 4), its predicted capacity against the measured best
+for CPU-bound loading (within 15 %), and a compute-bound run's wall time against a plain run of
+the same steps (target <= 1.3x).
+
+    python benchmarks/recommendation.py --defaults --quick   # latency_bound, grid 0,2,8,32
     python benchmarks/recommendation.py --quick   # io_bound, workers 0,2 x prefetch 2,4 (~3 min)
     python benchmarks/recommendation.py           # 4 scenarios, workers 0,1,2,4 x prefetch 2,4
 
@@ -55,6 +65,15 @@ SCENARIOS = {
     "compute_bound": ["--hidden", "1024", "--layers", "3", "--batch-size", "64"],
     "small_batch": ["--batch-size", "4", "--load-ms", "1"],
 }
+
+
+DEFAULT_SCENARIOS = {
+    "latency_bound": ["--load-ms", "3"],
+    "cpu_bound": ["--cpu-ms", "2"],
+    "mixed": ["--load-ms", "1.5", "--cpu-ms", "1.5"],
+    "compute_bound": ["--hidden", "1024", "--layers", "3", "--batch-size", "64"],
+}
+WIDE_GRID = (0, 1, 2, 4, 8, 16, 32)
 
 
 def run_sweep(scenario_args: list[str], search: str, axes: list[str], steps: int, warmup: int
@@ -196,6 +215,62 @@ def _head_to_head_row(name: str, row: dict, reps: int, steps: int, warmup: int) 
                              "adaptive": [round(x, 1) for x in adaptive_tp]}}
 
 
+def default_run_row(name: str, wide: tuple[int, ...], reps: int, steps: int,
+                    warmup: int) -> dict:
+    """One scenario run with defaults, against the best of a wide grid, head to head."""
+    scenario = DEFAULT_SCENARIOS[name]
+    run = run_sweep(scenario, "adaptive", [], steps, warmup)
+    if "error" in run:
+        return {"scenario": name, "error": run["error"]}
+    summary = run["summary"]
+    chosen = summary.get("recommended") or {}
+    launches = {p.get("launch") or p["id"] for p in summary["probes"]}
+    grid = head_to_head(scenario, [{"num_workers": w} for w in wide], 1, steps, warmup)
+    grid_tp = {w: tp[0] for w, tp in zip(wide, grid) if tp}
+    best_w = max(grid_tp, key=grid_tp.get)
+    row = {"scenario": name, "args": " ".join(scenario), "wall_s": round(run["wall_s"], 1),
+           "launches": len(launches), "chosen": chosen,
+           "measured_workers": sorted({p["config"]["num_workers"] for p in summary["probes"]
+                                       if p["status"] == "ok"}),
+           "wide_grid": {str(w): round(tp, 1) for w, tp in grid_tp.items()},
+           "wide_best_workers": best_w, "capacity": summary.get("capacity") and {
+               k: summary["capacity"][k] for k in ("bound", "cpu_limit", "demand",
+                                                    "workers_for_demand")}}
+    if (chosen.get("num_workers") or 0) == best_w:
+        row["default_vs_wide_best"] = 1.0
+    else:
+        pair = head_to_head(scenario, [{**chosen, "num_workers": best_w}, chosen], reps,
+                            steps, warmup)
+        if pair[0] and pair[1]:
+            row["default_vs_wide_best"] = _bench.rnd(_bench.median(pair[1])
+                                                     / _bench.median(pair[0]))
+            row["head_to_head"] = {"wide_best": [round(x, 1) for x in pair[0]],
+                                   "default": [round(x, 1) for x in pair[1]]}
+    cap = row["capacity"]
+    if cap and cap["bound"] == "cpu" and cap.get("cpu_limit"):
+        row["predicted_vs_measured_capacity"] = _bench.rnd(cap["cpu_limit"]
+                                                           / max(grid_tp.values()))
+    return row
+
+
+def defaults_main(args: argparse.Namespace) -> dict:
+    names = (args.scenarios or ("latency_bound" if args.quick
+                                else ",".join(DEFAULT_SCENARIOS))).split(",")
+    wide = (0, 2, 8, 32) if args.quick else WIDE_GRID
+    steps = args.steps or (12 if args.quick else 20)
+    warmup = args.warmup or (2 if args.quick else 3)
+    reps = args.h2h_reps if args.h2h_reps is not None else (1 if args.quick else 2)
+    rows = []
+    for name in names:
+        rows.append(default_run_row(name, wide, reps, steps, warmup))
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    result = {"benchmark": "recommendation-defaults", "mode": "quick" if args.quick else "full",
+              "wide_grid": list(wide), "steps": steps, "warmup": warmup, "ranks": _bench.NPROC,
+              "scenarios": rows, "machine": _bench.machine()}
+    print(json.dumps(result))
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -207,7 +282,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--fixed-reps", type=int, default=None)
     parser.add_argument("--h2h-reps", type=int, default=None,
                         help="head-to-head probes of each choice when they differ")
+    parser.add_argument("--defaults", action="store_true",
+                        help="default-run scenarios against a wide worker grid")
     args = parser.parse_args(argv)
+    if args.defaults:
+        return defaults_main(args)
     scenarios = (args.scenarios or ("io_bound" if args.quick else ",".join(SCENARIOS))).split(",")
     workers = args.num_workers or ("0,2" if args.quick else "0,1,2,4")
     steps = args.steps or (15 if args.quick else 30)

@@ -146,6 +146,14 @@ def window_index(starts: list[int], step: int) -> int:
     return max(0, bisect.bisect_right(starts, step) - 1)
 
 
+CEILING_CACHE_BATCHES = 4  # a ceiling probe loads this many real batches, then replays them
+
+
+def mode_warmup(warmup: int, mode: str) -> int:
+    """A ceiling probe's warm-up covers its cache fill: no real load is ever measured."""
+    return max(warmup, CEILING_CACHE_BATCHES) if mode == "ceiling" else warmup
+
+
 def backlog_warmup(warmup: int, num_workers: Optional[int],
                    prefetch_factor: Optional[int]) -> int:
     """Warm-up steps that also drain the batches prefetched while the workers started.

@@ -263,3 +263,39 @@ def workers_batch_heatmap(probes: pd.DataFrame) -> Optional[go.Figure]:
                                   xaxis=dict(title=dict(text="num_workers"), type="category"),
                                   yaxis=dict(title=dict(text="batch size"), type="category")))
 
+
+
+def capacity_by_workers(capacity: Optional[Mapping], probes: pd.DataFrame) -> Optional[go.Figure]:
+    """The input pipeline's modelled capacity and the loop's demand by worker count, with the
+    probes' measured throughput on it; None without a capacity model (see ``sweep.capacity``).
+    """
+    if not capacity or not capacity.get("curve"):
+        return None
+    curve = capacity["curve"]
+    x = [int(p["num_workers"]) for p in curve]
+    supply = [p.get("supply") for p in curve]
+    traces = [
+        dict(type="scatter", mode="lines+markers", x=x, y=supply, name="loading capacity",
+             line=dict(color="#e4572e"),
+             hovertemplate="%{x} workers: loaders deliver %{y:,.0f} samples/s<extra></extra>"),
+        dict(type="scatter", mode="lines", x=[min(x), max(x)], y=[capacity["demand"]] * 2,
+             name="loop demand", line=dict(color="#2e86ab", dash="dash"),
+             hovertemplate="the loop consumes %{y:,.0f} samples/s<extra></extra>")]
+    if capacity.get("cpu_limit"):
+        traces.append(dict(type="scatter", mode="lines", x=[min(x), max(x)],
+                           y=[capacity["cpu_limit"]] * 2, name="CPU limit",
+                           line=dict(color="#a3a3a3", dash="dot"),
+                           hovertemplate="the CPUs make at most %{y:,.0f} samples/s"
+                                         "<extra></extra>"))
+    ok = probes[(probes["status"] == "ok") & (probes["kind"].isin(["baseline", "sweep"]))
+                & probes["throughput"].notna() & probes["num_workers"].notna()]
+    if len(ok):
+        traces.append(dict(
+            type="scatter", mode="markers", x=ok["num_workers"].astype(int).tolist(),
+            y=ok["throughput"].astype(float).round(1).tolist(), name="measured",
+            text=ok["id"].tolist(), marker=dict(color="#2ca02c", size=9),
+            hovertemplate="%{text}: %{x} workers, %{y:,.1f} samples/s<extra></extra>"))
+    return _figure(traces, _layout(
+        "Loading capacity vs the loop's demand (samples/s, all ranks)",
+        xaxis=dict(title=dict(text="num_workers per rank (modelled; dots measured)")),
+        yaxis=dict(title=dict(text="samples/s"), rangemode="tozero")))

@@ -305,6 +305,9 @@ def build_report_data(run: Run, findings: Optional[list[dict[str, Any]]] = None
     heatmap = figures.workers_batch_heatmap(run.probes)
     if heatmap is not None:
         charts["heatmap"] = heatmap
+    capacity = figures.capacity_by_workers(summary.get("capacity"), run.probes)
+    if capacity is not None:
+        charts["capacity"] = capacity
     details = build_probe_details(run, roles, labels)
     gpu = has_gpu_samples(run.samples)
     script = str(summary.get("script") or run.meta.get("script") or "training script")

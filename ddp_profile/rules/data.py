@@ -86,6 +86,46 @@ def cpu_load(run: Run, probe: pd.Series) -> CpuLoad:
                    compute_on_cpu=device == "cpu")
 
 
+def capacity_of(run: Run) -> Optional[dict]:
+    """The run's measured loading capacity (``summary.capacity``, see ``sweep.capacity``)."""
+    capacity = run.summary.get("capacity")
+    return capacity if isinstance(capacity, dict) and capacity.get("bound") else None
+
+
+def _rate(value: Optional[float]) -> str:
+    return f"{value:,.0f} samples/s" if finite(value) else "an unbounded rate"
+
+
+def loading_evidence(capacity: dict) -> str:
+    """What producing a sample costs and what that allows, from the capacity model."""
+    cpu, wait = capacity["cpu_per_sample_s"], capacity["wait_per_sample_s"]
+    cpus, ranks = capacity["cpus_per_rank"], capacity["ranks"]
+    text = (f"producing a sample takes {ms(cpu)} of CPU and {ms(wait)} of waiting "
+            f"({pct(capacity['cpu_share'])} CPU); the {cpus:g} CPU(s) per rank can produce at "
+            f"most {_rate(capacity.get('cpu_limit'))} over {ranks} rank(s); the loop consumes "
+            f"{_rate(capacity['demand'])}")
+    return text
+
+
+def predicted_workers(capacity: dict) -> str:
+    """The worker count the model predicts, labelled as a prediction with its basis."""
+    workers = capacity["workers_for_demand"]
+    one = 1.0 / (capacity["cpu_per_sample_s"] + capacity["wait_per_sample_s"])
+    basis = (f"each worker makes {one:,.0f} samples/s; the loop consumes "
+             f"{_rate(capacity['demand'])} over {capacity['ranks']} rank(s)")
+    if capacity.get("cpu_limit") and capacity["cpu_limit"] < capacity["demand"]:
+        basis += f"; the CPUs saturate at {_rate(capacity['cpu_limit'])}"
+    if capacity.get("memory_workers") is not None and \
+            capacity["memory_workers"] <= workers:
+        basis += f"; memory holds at most {capacity['memory_workers']} workers per rank"
+    return f"num_workers={workers} per rank (predicted, not measured: {basis})"
+
+
+def _measured_workers(run: Run) -> set[int]:
+    probes = ok_probes(run)
+    return {int(w) for w in probes["num_workers"] if finite(w)}
+
+
 def most_workers_probe(run: Run) -> Optional[pd.Series]:
     """The ok probe with the most DataLoader workers: on a tie, one with host samples, fastest."""
     probes = ok_probes(run)
@@ -128,17 +168,22 @@ def data_loader_bound(run: Run, thresholds: Thresholds) -> Optional[Finding]:
         title="Training waits on the DataLoader",
         evidence=(f"With {describe_config(probe)} the ranks spend {pct(fraction)} of each "
                   f"measured step waiting for the next batch{seconds}."),
-        recommendation=_loading_advice(run, probe), advice=_more_workers(probe, fraction))
+        recommendation=_loading_advice(run, probe), advice=_more_workers(run, probe, fraction))
 
 
-def _more_workers(baseline: pd.Series, fraction: float) -> Advice:
+def _more_workers(run: Run, baseline: pd.Series, fraction: float) -> Advice:
+    """More workers, as many as the measured loading capacity predicts when it is known."""
     workers = as_int(baseline.get("num_workers"), 0) or 0
-    more = max(2, 2 * workers)
+    capacity = capacity_of(run)
+    more = capacity["workers_for_demand"] if capacity is not None else max(2, 2 * workers)
+    basis = f"the ranks wait {pct(fraction)} of each step for data"
+    if capacity is not None:
+        basis += f"; {predicted_workers(capacity)}"
     return Advice(
-        change=(f"load in parallel and ahead (e.g. num_workers={more}, prefetch_factor=4, "
+        change=(f"load in parallel and ahead (e.g. num_workers={more}, "
                 "persistent_workers=True)"),
         wants=lambda p: (as_int(p.get("num_workers"), 0) or 0) > workers,
-        basis=f"the ranks wait {pct(fraction)} of each step for data",
+        basis=basis,
         measure=f"--num-workers {workers},{more}",
         see=("cpu-bound-preprocessing", "io-bound-loading"))
 
@@ -154,11 +199,16 @@ def _loading_advice(run: Run, baseline: pd.Series) -> str:
                     f"script's settings; use the recommended configuration below.")
         if len(probes) > 1:
             return "None of the measured settings loaded faster than the script's own."
-    workers = as_int(baseline.get("num_workers"))
-    more = max(2, 2 * workers) if workers is not None else 4
-    return (f"Load in parallel and ahead, e.g. DataLoader(..., num_workers={more}, "
-            f"prefetch_factor=4, persistent_workers=True), and measure it: "
-            f"ddp-profile run SCRIPT --num-workers {workers or 0},{more}.")
+    workers = as_int(baseline.get("num_workers")) or 0
+    capacity = capacity_of(run)
+    if capacity is not None:
+        more = capacity["workers_for_demand"]
+        return (f"Load in parallel: {predicted_workers(capacity)}; measure it: "
+                f"ddp-profile run SCRIPT --num-workers {workers},{more}.")
+    more = max(2, 2 * workers)
+    return (f"Load in parallel and ahead (not measured in this run): e.g. "
+            f"DataLoader(..., num_workers={more}, persistent_workers=True); measure it: "
+            f"ddp-profile run SCRIPT --num-workers {workers},{more}.")
 
 
 def _workers_flattened(run: Run, probe: pd.Series, thresholds: Thresholds) -> Optional[str]:
@@ -177,17 +227,27 @@ def _workers_flattened(run: Run, probe: pd.Series, thresholds: Thresholds) -> Op
     return text
 
 
-def cpu_bound_preprocessing(run: Run, thresholds: Thresholds) -> Optional[Finding]:
-    """Data-bound, and the CPUs are saturated, so more workers stop helping.
+CPU_FIX = ("take work off the CPUs: preprocess offline (store decoded, resized tensors), "
+           "cache decoded samples, decode on the GPU (torchvision.io.decode_jpeg("
+           "device='cuda'), NVIDIA DALI), or run on more CPU cores per GPU")
 
-    Trigger: the baseline is data-bound, and in the probe with the most workers the CPUs are
-    saturated (``CpuLoad.saturated``: the workers use >= ``worker_cpu_saturated_share`` of the
-    rank's cores, or the host CPU median >= ``cpu_saturated_percent``), and that probe is still
-    data-bound or gained less than ``workers_flat_gain`` over the next smaller worker count.
+
+def cpu_bound_preprocessing(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """Data-bound, and producing a sample is mostly CPU work.
+
+    Trigger: the baseline is data-bound and the measured loading (``summary.capacity``: thread
+    CPU vs wall time of producing each batch, where it is made) is CPU-bound (CPU share >=
+    ``capacity.CPU_BOUND_SHARE``). Runs recorded without batch costs fall back to the CPU load
+    of the probe with the most workers (saturated, and more workers stopped helping).
     """
     base = baseline_probe(run)
+    if base is None or not is_data_bound(run, base, thresholds):
+        return None
+    capacity = capacity_of(run)
+    if capacity is not None:
+        return _cpu_bound_from_capacity(run, capacity)
     probe = most_workers_probe(run)
-    if base is None or probe is None or not is_data_bound(run, base, thresholds):
+    if probe is None:
         return None
     load = cpu_load(run, probe)
     if not load.saturated(thresholds):
@@ -196,30 +256,49 @@ def cpu_bound_preprocessing(run: Run, thresholds: Thresholds) -> Optional[Findin
     if flat is None:
         return None
     return Finding(
-        rule="cpu-bound-preprocessing",
-        severity="high",
+        rule="cpu-bound-preprocessing", severity="high",
         title="Preprocessing saturates the CPUs",
         evidence=(f"With {as_int(probe['num_workers'])} workers the CPUs are saturated "
                   f"({load.describe()}) and {flat}."),
-        recommendation=("Take work off the CPUs: preprocess offline (store decoded, resized "
-                        "tensors), cache decoded samples, decode on the GPU (torchvision.io."
-                        "decode_jpeg(device='cuda'), NVIDIA DALI), or run on more CPU cores "
-                        "per GPU."))
+        recommendation=CPU_FIX[0].upper() + CPU_FIX[1:] + ".")
+
+
+def _cpu_bound_from_capacity(run: Run, capacity: dict) -> Optional[Finding]:
+    if capacity["bound"] != "cpu":
+        return None
+    limit, demand = capacity.get("cpu_limit"), capacity["demand"]
+    saturated = finite(limit) and limit < demand
+    if saturated:
+        advice = f"More workers cannot help once the CPUs are full: {CPU_FIX}."
+    elif capacity["workers_for_demand"] in _measured_workers(run):
+        advice = (f"The CPUs can keep up with num_workers={capacity['workers_for_demand']} "
+                  f"(measured, see the recommendation); to need fewer cores: {CPU_FIX}.")
+    else:
+        advice = (f"The CPUs can keep up with more workers: {predicted_workers(capacity)}. "
+                  f"To need fewer cores: {CPU_FIX}.")
+    return Finding(
+        rule="cpu-bound-preprocessing", severity="high" if saturated else "medium",
+        title="Loading is CPU-bound: preprocessing, not storage, limits it",
+        evidence=f"Measured where the batches are made: {loading_evidence(capacity)}.",
+        recommendation=advice)
 
 
 def io_bound_loading(run: Run, thresholds: Thresholds) -> Optional[Finding]:
-    """Data-bound while the CPUs sit idle: the workers are waiting on storage.
+    """Data-bound, and producing a sample is mostly waiting (storage, network, sleep).
 
-    Trigger: the baseline is data-bound and the probe with the most workers is still
-    data-bound, with either workers > 0 that are not CPU-busy (``CpuLoad.idle``: workers under
-    ``worker_cpu_idle_share`` of the rank's cores, host CPU under ``cpu_idle_percent`` unless
-    the model itself runs on the CPUs) or an iowait median >= ``iowait_high_percent``.
+    Trigger: the baseline is data-bound and the measured loading (``summary.capacity``) is
+    wait-bound (CPU share <= ``capacity.WAIT_BOUND_SHARE``). Runs recorded without batch costs
+    fall back to the CPU load of the probe with the most workers (still data-bound while the
+    loading is not CPU-busy or iowait is high).
     """
     base = baseline_probe(run)
-    probe = most_workers_probe(run)
-    if base is None or probe is None or not is_data_bound(run, base, thresholds):
+    if base is None or not is_data_bound(run, base, thresholds):
         return None
-    if not is_data_bound(run, probe, thresholds):
+    capacity = capacity_of(run)
+    if capacity is not None:
+        return _wait_bound_from_capacity(run, base, capacity, thresholds)
+    probe = most_workers_probe(run)
+    if probe is None or not is_data_bound(run, probe, thresholds):
         return None
     load = cpu_load(run, probe)
     waiting = (load.iowait_percent is not None
@@ -235,16 +314,41 @@ def io_bound_loading(run: Run, thresholds: Thresholds) -> Optional[Finding]:
         title="Loading waits on storage, not on the CPUs",
         evidence=(f"With {workers} workers the ranks still wait {pct(fraction)} of each step "
                   f"for data while the loading is not CPU-busy ({load.describe()})."),
-        recommendation=(f"Overlap more reads: DataLoader(..., num_workers={max(2, 2 * workers)}, "
-                        "prefetch_factor=4); copy the data set to local NVMe or RAM, and pack "
-                        "many small files into fewer larger shards (WebDataset, tar, LMDB)."),
+        recommendation=(f"Overlap more reads (not measured in this run): measure "
+                        f"--num-workers {workers},{max(2, 2 * workers)}; " + IO_FIX + "."),
         advice=Advice(
             change=f"num_workers={max(2, 2 * workers)}, prefetch_factor=4 to overlap more reads",
             wants=lambda p: (as_int(p.get("num_workers"), 0) or 0) >= max(2, 2 * workers),
             basis=f"with {workers} workers the loading waits without using the CPUs",
             measure=f"--num-workers {workers},{max(2, 2 * workers)}",
-            extra=("Copy the data set to local NVMe or RAM, and pack many small files into "
-                   "fewer larger shards (WebDataset, tar, LMDB).")))
+            extra=f"Or, {IO_FIX}."))
+
+
+IO_FIX = ("to wait less per sample: copy the data set to local NVMe or RAM, and pack many "
+          "small files into fewer larger shards (WebDataset, tar, LMDB)")
+
+
+def _wait_bound_from_capacity(run: Run, base: pd.Series, capacity: dict,
+                              thresholds: Thresholds) -> Optional[Finding]:
+    if capacity["bound"] != "wait":
+        return None
+    fraction = data_wait(run, base)[0]
+    workers = capacity["workers_for_demand"]
+    most = max(_measured_workers(run), default=0)
+    if most >= workers:
+        overlap = (f"Loading overlaps with more workers, past the CPU count: up to "
+                   f"num_workers={most} was measured; the recommendation below is the "
+                   "fastest measured")
+    else:
+        overlap = f"Loading overlaps with more workers, past the CPU count: " \
+                  f"{predicted_workers(capacity)}"
+    return Finding(
+        rule="io-bound-loading",
+        severity="high" if fraction >= thresholds.data_wait_severe else "medium",
+        title="Loading waits (storage, network, latency), not the CPUs",
+        evidence=(f"The baseline waits {pct(fraction)} of each step for data. Measured where "
+                  f"the batches are made: {loading_evidence(capacity)}."),
+        recommendation=f"{overlap}. Or, {IO_FIX}.")
 
 
 def _restart_share(run: Run, probe: pd.Series) -> Optional[tuple[float, float, int]]:

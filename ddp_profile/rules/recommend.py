@@ -37,7 +37,14 @@ from ddp_profile.rules.base import (
     pct,
     probe_steps,
 )
-from ddp_profile.rules.data import cpu_load
+from ddp_profile.rules.data import (
+    CPU_FIX,
+    IO_FIX,
+    capacity_of,
+    cpu_load,
+    loading_evidence,
+    predicted_workers,
+)
 from ddp_profile.rules.host import thread_oversubscription
 
 CONFIG_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "batch_size")
@@ -169,6 +176,8 @@ def speedup_interval(run: Run, chosen: str, base: str, point: float,
 
 def _ceiling_notes(run: Run, chosen: pd.Series, share: float,
                    thresholds: Thresholds) -> list[str]:
+    """Why the best configuration stays below the compute-only ceiling, blaming loading only
+    where its data wait explains the gap (without the wait it would reach the target)."""
     if share > 1.0:
         return [f"The recommended configuration ran at {pct(share)} of the compute-only "
                 "ceiling: above 100 % only by measurement noise, so loading costs it nothing "
@@ -176,17 +185,46 @@ def _ceiling_notes(run: Run, chosen: pd.Series, share: float,
     if share >= thresholds.ceiling_share_target:
         return []
     cpus = cpus_available(run, chosen["id"])
-    load = cpu_load(run, chosen)
     head = (f"The best measured configuration reaches only {pct(share)} of the compute-only "
             f"ceiling with {cpus or 'the'} CPUs available.")
-    cpu_fix = ("more CPU cores per GPU, or less CPU work per sample (preprocess offline, "
-               "cache decoded samples, decode on the GPU)")
-    io_fix = "faster or local storage (NVMe, RAM) and fewer, larger files"
+    waited = data_wait(run, chosen)
+    if waited is not None and waited[0] < 1 and \
+            share / (1 - waited[0]) < thresholds.ceiling_share_target:
+        return [f"{head} Its data wait ({pct(waited[0])} of each step) does not explain the "
+                "gap: the steps themselves are slower than in the compute-only probe (on a "
+                "shared host, loading and training compete for the CPUs and memory)."]
+    capacity = capacity_of(run)
+    if capacity is None:
+        return _ceiling_notes_from_cpu_load(run, chosen, head, thresholds)
+    evidence = f"The data wait explains the gap: {loading_evidence(capacity)}."
+    more = capacity["workers_for_demand"]
+    limit = capacity.get("cpu_limit")
+    if capacity["bound"] == "cpu" and (limit is None or limit >= capacity["demand"]):
+        tried = max((as_int(w, 0) or 0 for w in ok_probes(run)["num_workers"]), default=0)
+        if tried >= more:  # the CPUs could make enough, and that many workers were measured
+            return [f"{head} {evidence} The CPUs could make enough samples, but {tried} "
+                    "worker(s) per rank measured no faster: the workers and the training "
+                    "compete for the same CPUs."]
+        return [f"{head} {evidence} What would close it: {predicted_workers(capacity)}."]
+    if capacity["bound"] == "cpu":
+        return [f"{head} {evidence} What would close it: {CPU_FIX}."]
+    if capacity["bound"] == "wait":
+        if more > (as_int(chosen.get("num_workers"), 0) or 0):
+            return [f"{head} {evidence} What would close it: {predicted_workers(capacity)}; "
+                    f"or, {IO_FIX}."]
+        return [f"{head} {evidence} What would close it: {IO_FIX}."]
+    return [f"{head} {evidence} What would close it: {CPU_FIX}; or, {IO_FIX}."]
+
+
+def _ceiling_notes_from_cpu_load(run: Run, chosen: pd.Series, head: str,
+                                 thresholds: Thresholds) -> list[str]:
+    """Runs recorded without batch costs: the host's CPU load is all there is."""
+    load = cpu_load(run, chosen)
     if load.saturated(thresholds):
-        return [f"{head} The CPUs are saturated: what would close the gap is {cpu_fix}."]
+        return [f"{head} The CPUs are saturated: what would close the gap is {CPU_FIX}."]
     if load.idle(thresholds):
-        return [f"{head} The CPUs are not busy: what would close the gap is {io_fix}."]
-    return [f"{head} What would close the gap: {cpu_fix}; or {io_fix}."]
+        return [f"{head} The CPUs are not busy: what would close the gap is {IO_FIX}."]
+    return [f"{head} What would close the gap: {CPU_FIX}; or, {IO_FIX}."]
 
 
 def _notes(run: Run, base: pd.Series, chosen: pd.Series, thresholds: Thresholds,

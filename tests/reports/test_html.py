@@ -285,3 +285,22 @@ def test_a_single_sample_is_drawn_as_a_point():
                              "cpu_percent": 40.0}])
     trace = sample_timeline(samples, "p", "host", "cpu_percent", "CPU", "%").to_dict()["data"][0]
     assert "markers" in trace["mode"]
+
+
+def test_capacity_chart_shows_the_model_and_the_measured_points(data_bound_run):
+    from ddp_profile.profiler.sweep.capacity import Capacity
+
+    assert "capacity" not in build_report_data(data_bound_run)["client"]["figures"]
+    model = Capacity(cpu_per_sample_s=1e-4, wait_per_sample_s=3e-3, cpus_per_rank=1.0,
+                     ranks=2, demand=6000.0, memory_workers=None)
+    run = dataclasses.replace(data_bound_run,
+                              summary={**data_bound_run.summary, "capacity": model.to_dict()})
+    figure = build_report_data(run)["client"]["figures"]["capacity"]
+    go.Figure(figure)  # valid plotly
+    traces = {t["name"]: t for t in figure["data"]}
+    assert set(traces) == {"loading capacity", "loop demand", "CPU limit", "measured"}
+    assert _points(traces["loop demand"]).tolist() == [6000.0, 6000.0]
+    assert max(_points(traces["loading capacity"], "x")) == 64
+    ok = run.probes[(run.probes["status"] == "ok") & (run.probes["kind"] != "ceiling")]
+    assert len(_points(traces["measured"])) == len(ok)
+    assert 'id="capacity"' in render_report(run)

@@ -19,6 +19,8 @@ import pandas as pd
 
 from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.results import PROBE_COLUMNS, STEP_COLUMNS, Run
+from ddp_profile.profiler.store.summary import run_capacity
+from ddp_profile.profiler.sweep.capacity import loading_cost, loop_demand
 
 Value = Union[float, None, Callable[[int, int], Optional[float]]]
 
@@ -39,6 +41,7 @@ class RunBuilder:
             "steps": [], "samples": [], "loader_iters": [], "events": []}
         self.contexts: dict[tuple[str, int], dict[str, Any]] = {}
         self.current: Optional[str] = None
+        self.memory: Optional[int] = None  # the host's available memory, bytes
 
     def probe(self, probe_id: str, kind: str = "sweep", status: str = "ok",
               num_workers: Optional[int] = 2, pin_memory: Optional[bool] = False,
@@ -86,6 +89,15 @@ class RunBuilder:
                     "forward_s": float("nan") if fwd is None else fwd,
                     "step_s": wait + comp + oth, "samples": batch})
                 t += wait + comp + oth
+        return self
+
+    def loading(self, cpu_ms: float, wait_ms: float, rss: Optional[int] = None
+                ) -> "RunBuilder":
+        """The current probe's measured loading: CPU and waiting per sample."""
+        cost = loading_cost([([{"pid": 1, "t_ns": i, "samples": 10, "cpu_s": cpu_ms / 100,
+                                "wall_s": (cpu_ms + wait_ms) / 100} for i in range(11)],
+                              None)], [rss] if rss else [])
+        self.probes[-1]["loading"] = cost.to_dict()
         return self
 
     def samples(self, source: str, n: int = 10, rank: int = 0, **metrics: float) -> "RunBuilder":
@@ -136,7 +148,12 @@ class RunBuilder:
         summary = {**self.summary, "probes": [
             {"id": p["id"], "kind": p["kind"], "status": p["status"],
              "config": {k: p[k] for k in SETTING_KEYS},
-             "throughput": p["throughput"], **p["entry"]} for p in probes]}
+             "throughput": p["throughput"], "loading": p.get("loading"),
+             "loop_demand": _loop_demand(steps, p["id"]), **p["entry"]} for p in probes]}
+        context = {"world_size": self.world_size, "cpus_available": self.cpus,
+                   "memory_available": self.memory}
+        summary["capacity"] = run_capacity(summary["probes"], context,
+                                           self.summary["nproc_per_node"], None)
         return Run(path="<memory>", meta={}, summary=summary,
                    probes=pd.DataFrame(rows, columns=PROBE_COLUMNS), steps=steps,
                    samples=pd.DataFrame(self.tables["samples"]),
@@ -146,6 +163,11 @@ class RunBuilder:
                    events=pd.DataFrame(self.tables["events"],
                                        columns=["probe_id", "rank", "name", "data"]),
                    contexts=dict(self.contexts))
+
+
+def _loop_demand(steps: pd.DataFrame, probe_id: str) -> Optional[float]:
+    rows = steps[steps["probe_id"] == probe_id]
+    return loop_demand(group.to_dict("records") for _, group in rows.groupby("rank"))
 
 
 def empty_run() -> Run:

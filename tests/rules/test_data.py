@@ -166,3 +166,47 @@ def test_cpu_training_with_busy_workers_is_cpu_bound():
     run = cpu_device_run(worker_cpu=95.0)
     assert cpu_bound_preprocessing(run, T) is not None
     assert io_bound_loading(run, T) is None
+
+
+# ---- decided from the measured loading (batch costs where batches are made) ---------------
+
+def loaded(cpu_ms: float, wait_ms: float, host_cpu: float = 30.0, cpus: int = 2):
+    """2 ranks on ``cpus`` CPUs; a data-bound baseline and 2 workers, both with loading."""
+    return (RunBuilder(world_size=2, cpus=cpus)
+            .probe("base", kind="baseline", num_workers=0).steps(data_wait=0.05, compute=0.01)
+            .samples("host", cpu_percent=host_cpu).loading(cpu_ms, wait_ms)
+            .probe("w2", num_workers=2).steps(data_wait=0.03, compute=0.01)
+            .samples("host", cpu_percent=host_cpu).loading(cpu_ms, wait_ms)
+            .build())
+
+
+def test_wait_bound_loading_cites_waiting_and_predicts_workers_past_the_cpus():
+    run = loaded(cpu_ms=0.1, wait_ms=3.0, host_cpu=97.0)  # a busy host does not matter
+    assert cpu_bound_preprocessing(run, T) is None
+    finding = io_bound_loading(run, T)
+    assert finding is not None and finding.rule == "io-bound-loading"
+    assert "0.1 ms of CPU and 3.0 ms of waiting" in finding.evidence, finding.evidence
+    capacity = run.summary["capacity"]
+    # 32 samples per 11 ms step: 2,909/s per rank need ceil(2909 * 3.1 ms) = 10 workers
+    assert capacity["workers_for_demand"] == 10 > capacity["cpus_per_rank"]
+    assert "num_workers=10 per rank (predicted, not measured" in finding.recommendation
+
+
+def test_cpu_heavy_loading_is_cpu_bound_and_never_told_to_buy_storage():
+    run = loaded(cpu_ms=3.4, wait_ms=0.1, host_cpu=30.0)  # an idle host does not matter
+    assert io_bound_loading(run, T) is None
+    finding = cpu_bound_preprocessing(run, T)
+    assert finding is not None and "3.4 ms of CPU" in finding.evidence
+    assert "at most 588 samples/s over 2 rank(s)" in finding.evidence  # 1 CPU / 3.4 ms x 2
+    assert "consumes 5,818 samples/s" in finding.evidence  # 2 x 32 samples per 11 ms
+    text = (finding.evidence + finding.recommendation).lower()
+    assert "nvme" not in text and "storage" not in finding.recommendation.lower()
+    assert finding.severity == "high"
+    advice = data_loader_bound(run, T).recommendation
+    assert "predicted, not measured" in advice or "Measured:" in advice
+
+
+def test_mixed_loading_gets_neither_bound_finding():
+    run = loaded(cpu_ms=1.0, wait_ms=1.0)
+    assert run.summary["capacity"]["bound"] == "mixed"
+    assert io_bound_loading(run, T) is None and cpu_bound_preprocessing(run, T) is None

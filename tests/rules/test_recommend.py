@@ -184,3 +184,50 @@ def test_a_ceiling_share_above_100_percent_is_explained():
     rec = recommend(run, T)
     assert rec.ceiling_share is not None and rec.ceiling_share > 1.0
     assert any("above 100 % only by measurement noise" in n for n in rec.notes), rec.notes
+
+
+def _ceiling_run(wait: float, cpu_ms: float, wait_ms: float, ceiling_compute: float):
+    from tests.rules.tables import RunBuilder
+
+    return (RunBuilder(world_size=2, cpus=2)
+            .probe("base", kind="baseline", num_workers=0).steps(data_wait=wait, compute=0.02)
+            .loading(cpu_ms, wait_ms)
+            .probe("ceil", kind="ceiling", num_workers=0)
+            .steps(data_wait=0.0, compute=ceiling_compute).build())
+
+
+def test_ceiling_gap_is_not_blamed_on_loading_that_hardly_waits():
+    from ddp_profile.rules.recommend import recommend
+
+    # 3 % data wait, 28 % of a ceiling whose steps compute 4x faster
+    rec = recommend(_ceiling_run(wait=0.0006, cpu_ms=0.1, wait_ms=3.0, ceiling_compute=0.005))
+    (note,) = [n for n in rec.notes if "ceiling" in n]
+    assert "does not explain the gap" in note
+    assert "storage" not in note and "NVMe" not in note and "num_workers" not in note
+
+
+def test_ceiling_gap_from_cpu_bound_loading_names_the_cpu_not_storage():
+    from ddp_profile.rules.recommend import recommend
+
+    # the same compute as the ceiling's: the 74 % data wait is the whole gap
+    rec = recommend(_ceiling_run(wait=0.06, cpu_ms=3.4, wait_ms=0.1, ceiling_compute=0.02))
+    (note,) = [n for n in rec.notes if "ceiling" in n]
+    assert "The data wait explains the gap" in note and "3.4 ms of CPU" in note
+    assert "NVMe" not in note and "storage" not in note
+
+
+def test_cheap_loading_is_not_told_to_take_work_off_the_cpus():
+    """A public script's case: MNIST-sized samples (0.02 ms of CPU each), loading in the loop
+    (7 % data wait), one worker measured slower: the CPUs could make enough samples."""
+    from ddp_profile.rules.recommend import recommend
+    from tests.rules.tables import RunBuilder
+
+    run = (RunBuilder(world_size=1, cpus=2)
+           .probe("base", kind="baseline", num_workers=0).steps(data_wait=0.0015, compute=0.02)
+           .loading(0.02, 0.0)
+           .probe("w1", num_workers=1).steps(data_wait=0.002, compute=0.022).loading(0.03, 0.03)
+           .probe("ceil", kind="ceiling", num_workers=0).steps(data_wait=0.0, compute=0.016)
+           .build())
+    (note,) = [n for n in recommend(run).notes if "ceiling" in n]
+    assert "compete for the same CPUs" in note, note
+    assert "offline" not in note and "NVMe" not in note

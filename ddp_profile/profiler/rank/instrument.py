@@ -36,12 +36,14 @@ import time
 import weakref
 from typing import Any, Callable, Optional
 
+from ddp_profile.profiler.rank import loadcost
 from ddp_profile.profiler.rank.facts import (
     FINGERPRINT_BATCHES,
     batch_fingerprint,
     worker_pids,
 )
 from ddp_profile.profiler.rank.gpu_steps import GpuStepTimer, cuda_event_factory
+from ddp_profile.profiler.rank.loadcost import batch_size_of
 from ddp_profile.profiler.rank.overrides import apply_overrides, own_settings
 from ddp_profile.profiler.rank.process import (
     barrier,
@@ -52,28 +54,21 @@ from ddp_profile.profiler.rank.process import (
 )
 from ddp_profile.profiler.rank.stepclock import StepClock
 from ddp_profile.profiler.rank.windows import applied_settings, rebuilt_iterator, shutdown_workers
-from ddp_profile.profiler.settings import ProbePlan, backlog_warmup, window_index
+from ddp_profile.profiler.settings import (
+    CEILING_CACHE_BATCHES,
+    ProbePlan,
+    backlog_warmup,
+    mode_warmup,
+    window_index,
+)
 from ddp_profile.profiler.store.record import RankRecorder
 
-CEILING_CACHE_BATCHES = 4
 FLUSH_INTERVAL_S = 0.5
 STOP_BARRIER_TIMEOUT_S = 60.0
 GPU_LOOKUP_BATCHES = 16  # look this many batches for the script's first use of CUDA
 
 
-def batch_size_of(batch: Any, default: int) -> int:
-    """Number of samples in a batch: the leading dimension of its first tensor."""
-    stack = [batch]
-    while stack:
-        item = stack.pop(0)
-        shape = getattr(item, "shape", None)
-        if shape is not None and len(shape) > 0:
-            return int(shape[0])
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-    return default
+
 
 
 class Instrumentation:
@@ -123,15 +118,22 @@ class Instrumentation:
         self.loader_count += 1
         own = own_settings(bound.arguments)
         applied, skipped = apply_overrides(bound.arguments, self.plan.overrides)
+        bound.arguments["worker_init_fn"] = loadcost.WorkerInit(
+            bound.arguments.get("worker_init_fn"), self.plan.out_dir, loader_id)
         object.__setattr__(loader, "_ddp_profile_id", loader_id)
         object.__setattr__(loader, "_ddp_profile_iters", 0)
         self.recorder.write({"kind": "loader", "loader_id": loader_id, "rank": current_rank(),
                              "own": own, "applied": applied, "skipped_overrides": skipped})
 
+    def before_iter(self, loader: Any) -> None:
+        """The loader's workers are about to start: their batch records need the rank."""
+        loadcost.before_iter(loader, current_rank())
+
     def on_iter(self, loader: Any, iterator: Any) -> None:
         loader_id = getattr(loader, "_ddp_profile_id", None)
         if loader_id is None:
             return
+        loadcost.meter_in_process(iterator, self.recorder.write_line, current_rank(), loader_id)
         index = getattr(loader, "_ddp_profile_iters", 0)
         object.__setattr__(loader, "_ddp_profile_iters", index + 1)
         iterator._ddp_profile_state = {"loader_id": loader_id, "iter_index": index,
@@ -208,7 +210,8 @@ class Instrumentation:
         a screen's windows carry their own."""
         loader = state["loader"]()
         if self.plan.windows or self.plan.mode != "normal" or loader is None:
-            return self.plan.warmup
+            return self.plan.warmup if self.plan.windows else \
+                mode_warmup(self.plan.warmup, self.plan.mode)
         return backlog_warmup(self.plan.warmup, getattr(loader, "num_workers", 0),
                               getattr(loader, "prefetch_factor", None))
 
@@ -223,7 +226,7 @@ class Instrumentation:
         if mode != "ceiling":
             return original_next(source)
         cache = self._ceiling_cache.setdefault(loader_id, [])
-        if len(cache) < CEILING_CACHE_BATCHES or step < self.plan.warmup:
+        if len(cache) < CEILING_CACHE_BATCHES:
             batch = original_next(source)
             if len(cache) < CEILING_CACHE_BATCHES:
                 cache.append(batch)
@@ -234,17 +237,20 @@ class Instrumentation:
     def _switch_window(self, iterator: Any, state: dict[str, Any], window: int) -> None:
         """Rebuild the training loader's iterator with the settings of ``window``."""
         self.window = window
+        switched_ns = time.time_ns()  # the window begins here, before its workers start
         loader = state["loader"]()
         settings = self.plan.window_settings(window)
         try:
             rebuilt = rebuilt_iterator(loader, state.get("delegate") or iterator, settings)
             if rebuilt is not None:
                 fresh, started = rebuilt
+                loadcost.meter_in_process(fresh, self.recorder.write_line, current_rank(),
+                                          state["loader_id"])
                 self.iterators.add(fresh)
                 self._add_workers(fresh)
                 state.update(delegate=fresh, t_iter=started, first=True)
             self.event("window", window=window, applied=applied_settings(loader),
-                       mode=self.plan.window_mode(window))
+                       mode=self.plan.window_mode(window), switched_ns=switched_ns)
         except Exception as exc:  # noqa: BLE001 - e.g. a DataLoader subclass that forbids it
             self.event("screen_unsupported", window=window,
                        error=f"{type(exc).__name__}: {exc}"[:500])

@@ -56,6 +56,8 @@ def apply(instr: Any) -> None:
     def make_iter(original: Any) -> Any:
         @functools.wraps(original)
         def __iter__(self: Any) -> Any:
+            if not (_in_worker() or instr.stopping):
+                instr.before_iter(self)
             iterator = original(self)
             if not (_in_worker() or instr.stopping):
                 instr.on_iter(self, iterator)

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from ddp_profile.profiler.cpus import cpus_available
 from ddp_profile.profiler.rank.facts import thread_facts
+from ddp_profile.profiler.rank.loadcost import memory_available
 from ddp_profile.profiler.settings import ProbePlan
 from ddp_profile.profiler.store.record import SCHEMA_VERSION
 
@@ -56,6 +57,7 @@ def context_record(plan: ProbePlan) -> dict[str, Any]:
         "torch_version": torch.__version__, "cuda_version": torch.version.cuda,
         "cpu_count": os.cpu_count(),
         "cpus_available": cpus_available(), "threads": thread_facts(),
+        "memory_available": memory_available(),
         "argv": list(sys.argv), "t_ns": time.time_ns(), "probe_id": plan.probe_id,
         "mode": plan.mode}
 

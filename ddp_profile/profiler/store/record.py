@@ -12,6 +12,8 @@ with a ``kind``:
 ``event``        a fact for the rules (DDP options, ``set_epoch`` calls, ``DataParallel`` ...)
 ``error``        the exception that ended the rank: type, message, last line, ``oom``
 ``end``          written when the rank stops: ``reason`` and the training loader's id
+``batch_cost``   one per batch the rank made itself (``num_workers=0``): see ``rank.loadcost``;
+                 DataLoader workers write theirs to ``<probe_dir>/workers/*.jsonl``
 
 The rank is often unknown when the first records are made (a DataLoader is commonly built
 before ``init_process_group``), so records are buffered until the first flush, which names
@@ -27,6 +29,7 @@ import threading
 from typing import Any, Callable, Optional
 
 SCHEMA_VERSION = 1
+WORKER_DIR = "workers"  # <probe_dir>/workers/: one JSON-lines file per DataLoader worker
 
 
 def clean_json(value: Any) -> Any:
@@ -68,6 +71,11 @@ class RankRecorder:
 
     def write(self, record: dict[str, Any]) -> None:
         line = dumps(record)
+        with self._lock:
+            self._pending.append(line)
+
+    def write_line(self, line: str) -> None:
+        """Queue one record already formatted as a JSON object (a hot path's own format)."""
         with self._lock:
             self._pending.append(line)
 

@@ -34,7 +34,7 @@ import pandas as pd
 
 from ddp_profile.errors import BadRunDir
 from ddp_profile.profiler.settings import SETTING_KEYS
-from ddp_profile.profiler.store.record import read_jsonl
+from ddp_profile.profiler.store.record import WORKER_DIR, read_jsonl
 
 STEP_COLUMNS = ["probe_id", "rank", "node", "loader_id", "step", "measured", "t_s",
                 "data_wait_s", "compute_s", "other_s", "forward_s", "step_s", "samples",
@@ -56,6 +56,8 @@ class RankData:
     events: list[dict[str, Any]] = field(default_factory=list)
     loaders: dict[int, dict[str, Any]] = field(default_factory=dict)
     gpu_steps: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
+    batch_costs: list[dict[str, Any]] = field(default_factory=list)  # where batches are made
+    worker_starts: list[dict[str, Any]] = field(default_factory=list)  # DataLoader workers
     error: Optional[dict[str, Any]] = None
     end: Optional[dict[str, Any]] = None
     torn_lines: int = 0
@@ -104,12 +106,38 @@ def read_probe_dir(probe_dir: str) -> list[RankData]:
                 data.loaders[int(record.get("loader_id", -1))] = record
             elif kind == "gpu_step":
                 data.gpu_steps[(record.get("loader_id"), record.get("step"))] = record
+            elif kind == "batch_cost":
+                data.batch_costs.append(record)
         rank = next((r.get("rank") for r in records if r.get("rank") is not None), None)
         data.rank = int(rank) if rank is not None else -1
         _attach_training_loader(data)
         ranks.append(data)
     ranks.sort(key=lambda r: r.rank)
+    _attach_worker_records(os.path.join(probe_dir, WORKER_DIR), ranks)
     return ranks
+
+
+def read_worker_dir(worker_dir: str) -> list[tuple[str, list[dict[str, Any]]]]:
+    """Each DataLoader worker's file (name, records) under ``worker_dir``; torn lines skipped."""
+    if not os.path.isdir(worker_dir):
+        return []
+    return [(name, read_jsonl(os.path.join(worker_dir, name))[0])
+            for name in sorted(os.listdir(worker_dir)) if name.endswith(".jsonl")]
+
+
+def _attach_worker_records(worker_dir: str, ranks: list[RankData]) -> None:
+    """Give each rank the batch records of its DataLoader workers."""
+    by_rank = {r.rank: r for r in ranks}
+    for _name, records in read_worker_dir(worker_dir):
+        for record in records:
+            rank = record.get("rank")
+            owner = by_rank.get(-1 if rank is None else rank)
+            if owner is None:
+                continue
+            if record.get("kind") == "batch_cost":
+                owner.batch_costs.append(record)
+            elif record.get("kind") == "worker_start":
+                owner.worker_starts.append(record)
 
 
 def _attach_training_loader(data: RankData) -> None:

@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.record import SCHEMA_VERSION
+from ddp_profile.profiler.sweep.capacity import capacity_model
 
 
 def _settings(config: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
@@ -20,6 +21,25 @@ def latest_ceiling(entries: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     the recommended batch size)."""
     return next((e for e in reversed(entries) if e.get("kind") == "ceiling"
                  and e.get("status") == "ok"), None)
+
+
+def run_capacity(probes: list[dict[str, Any]], context: dict[str, Any],
+                 local_ranks: Optional[int], ceiling: Optional[float]
+                 ) -> Optional[dict[str, Any]]:
+    """The input pipeline's capacity model of the run (``sweep.capacity``), or None.
+    ``local_ranks``: the ranks that shared one host's CPUs (observed, else as launched)."""
+    ranks = int(context.get("world_size") or 1)
+    local = int(local_ranks or ranks or 1)
+    cpus = context.get("cpus_available") or context.get("cpu_count") or 1
+    model = capacity_model(probes, cpus / max(local, 1), ranks,
+                           context.get("memory_available"), ceiling=ceiling)
+    if model is None:
+        return None
+    return {**model.to_dict(), "demand_source": "ceiling" if ceiling else "loop",
+            "measured": [{"probe": p["id"], "num_workers": (p.get("config") or {}).get(
+                "num_workers"), "throughput": p.get("throughput")} for p in probes
+                if p.get("status") == "ok" and p.get("throughput")
+                and p.get("kind") in ("baseline", "sweep")]}
 
 
 def build_summary(meta: dict[str, Any], entries: list[dict[str, Any]],
@@ -70,6 +90,8 @@ def build_summary(meta: dict[str, Any], entries: list[dict[str, Any]],
         "expected_speedup": None,
         "expected_speedup_interval": None,
         "ceiling_throughput": ceiling_tp,
+        "capacity": run_capacity(probes, context, (baseline or {}).get("ranks_per_host")
+                                 or meta.get("nproc_per_node"), ceiling_tp),
         "probes": probes,
         "findings": [],
         "recommendation": None,

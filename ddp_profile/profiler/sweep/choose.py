@@ -9,6 +9,9 @@ ask this module; nothing else decides.
 - **Ties**: candidates within noise of the fastest are a tie, won by the cheapest setting
   (``cost_key``: fewer workers, pinning off, smaller prefetch, batch size closest to the
   baseline's), then by throughput.
+- **Batch-size clause**: a candidate with another batch size than the baseline's wins only
+  when it beats the best candidate at the baseline's batch size by more than both the noise
+  and ``clear_gain`` (a batch size changes the training's dynamics).
 - **Compute-bound clause**: a baseline that waits for data less than ``data_wait_fraction`` of
   each step is kept unless the fastest candidate beats it by more than both the noise and
   ``clear_gain``.
@@ -103,7 +106,15 @@ def choose(candidates: Sequence[Candidate], baseline: Optional[Candidate] = None
             return baseline
     ties = [c for c in usable if not_worse(c, top, thresholds)]
     batch = baseline.config.batch_size if baseline is not None else None
-    return min(ties, key=lambda c: (cost_key(c.config, batch), -c.throughput))
+    pick = min(ties, key=lambda c: (cost_key(c.config, batch), -c.throughput))
+    if baseline is None or pick.config.batch_size == batch:
+        return pick
+    same = [c for c in usable if c.config.batch_size == batch]
+    kept = choose(same, baseline, thresholds) if same else None
+    if kept is not None and pick.throughput <= kept.throughput * (
+            1 + max(noise(pick, kept, thresholds), thresholds.clear_gain)):
+        return kept  # a batch size changes training: only for a clear gain
+    return pick
 
 
 def relative_se(entry: dict[str, Any]) -> float:

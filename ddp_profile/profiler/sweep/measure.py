@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Protocol
 
-from ddp_profile.profiler.settings import LoaderSettings, ProbePlan, backlog_warmup
+from ddp_profile.profiler.settings import LoaderSettings, ProbePlan, backlog_warmup, mode_warmup
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.sweep.coordinate import Coordinator
 from ddp_profile.profiler.sweep.launch import (
@@ -209,7 +209,7 @@ class LedgerMeasurer:
 
     def _window_warmup(self, window: Window) -> int:
         if window.mode != "normal":
-            return self.warmup
+            return mode_warmup(self.warmup, window.mode)
         return backlog_warmup(self.warmup, window.config.num_workers,
                               window.config.prefetch_factor)
 

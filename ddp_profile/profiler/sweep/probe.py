@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 from ddp_profile.profiler.settings import ProbePlan
 from ddp_profile.profiler.store.results import RankData, rank_step_stats, read_probe_dir
+from ddp_profile.profiler.sweep.capacity import loading_cost, loop_demand
 from ddp_profile.profiler.sweep.launch import LaunchOutcome
 
 OOM_PATTERNS = ("out of memory", "can't allocate memory", "cannot allocate memory",
@@ -33,6 +34,7 @@ def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: str, timeout_
         "strays_killed": outcome.strays_killed,
     }
     entry.update(_measurements(ranks))
+    entry.update(_loading(ranks))
     status, reason, error, root = _classify(ranks, outcome, plan, timeout_s)
     entry.update(status=status, reason=reason, error=error, root_cause_rank=root)
     if status != "ok":
@@ -117,6 +119,22 @@ def _ranks_per_host(ranks: list[RankData]) -> Optional[int]:
     """The most ranks that ran on one host, as observed (contexts' hostnames)."""
     hosts = [r.context.get("hostname") for r in ranks if r.context.get("hostname")]
     return max(hosts.count(h) for h in set(hosts)) if hosts else None
+def _loading(ranks: list[RankData]) -> dict[str, Any]:
+    """``loading``: what producing the training loader's samples cost (see
+    ``sweep.capacity``), and ``loop_demand``: the loop's samples/s with free data."""
+    groups, rss = [], {}
+    for data in ranks:
+        loader_id = data.training_loader_id
+        measured = [s["t_ns"] for s in data.training_steps() if s.get("measured")]
+        groups.append(([b for b in data.batch_costs if b.get("loader_id") == loader_id],
+                       min(measured) if measured else None))
+        for record in data.worker_starts + data.batch_costs:
+            if record.get("loader_id") == loader_id and record.get("private_rss"):
+                key = record.get("pid")
+                rss[key] = max(rss.get(key, 0), int(record["private_rss"]))
+    cost = loading_cost(groups, rss.values())
+    return {"loading": cost.to_dict() if cost else None,
+            "loop_demand": loop_demand(d.training_steps() for d in ranks)}
 
 
 def _global_steps(ranks: list[RankData]) -> list[tuple[float, int]]:

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ddp_profile.profiler.settings import window_index
-from ddp_profile.profiler.store.record import dumps, read_jsonl
+from ddp_profile.profiler.store.record import WORKER_DIR, dumps, read_jsonl
+from ddp_profile.profiler.store.results import read_worker_dir
 
 # Facts about the script, true for every window whenever they were recorded.
 STATIC_EVENTS = frozenset({"ddp", "data_parallel", "process_group", "ddp_unused_parameters",
@@ -71,6 +72,7 @@ class _RankScreen:
             if record.get("kind") == "step" and record.get("loader_id") == self.loader_id:
                 self.steps.setdefault(self.window_of(int(record["step"])), []).append(record)
         self.applied: dict[int, dict[str, Any]] = {}
+        self.switched: dict[int, int] = {}  # window -> wall clock of the switch into it
         self.unsupported: dict[int, str] = {}
         for record in records:
             if record.get("kind") != "event":
@@ -78,6 +80,8 @@ class _RankScreen:
             data = record.get("data") or {}
             if record.get("name") == "window":
                 self.applied[int(data.get("window", -1))] = dict(data.get("applied") or {})
+                self.switched[int(data.get("window", -1))] = int(
+                    data.get("switched_ns") or record.get("t_ns") or 0)
             elif record.get("name") == "screen_unsupported":
                 self.unsupported[int(data.get("window", -1))] = str(data.get("error"))
 
@@ -92,6 +96,9 @@ class _RankScreen:
         """[start, end) in wall-clock ns: window 0 from the beginning, the last to the end."""
         low = float("-inf") if window == 0 else float(self.start_ns(window) or float("inf"))
         following = [self.start_ns(w) for w in self.steps if w > window]
+        # a later window that failed before its first step still began at its switch: what
+        # happened from then on (its workers' first batches, an error) is not this window's
+        following += [t for w, t in self.switched.items() if w > window and t]
         following = [t for t in following if t is not None]
         return low, float(min(following)) if following else float("inf")
 
@@ -139,7 +146,7 @@ class _RankScreen:
             elif kind == "end":
                 if not complete:
                     out.append(record)
-            elif kind in ("event", "sample", "error"):
+            elif kind in ("event", "sample", "error", "batch_cost"):
                 if low <= record.get("t_ns", 0) < high:
                     out.append(record)
             else:
@@ -165,6 +172,7 @@ def split_screen(launch_dir: str, out_dirs: list[str], starts: list[int], length
         if name.endswith(".jsonl"):
             records, _torn = read_jsonl(os.path.join(launch_dir, name))
             ranks.append((name, _RankScreen(records, starts, lengths)))
+    ranks_by_id = [(r.rank, r) for _, r in ranks]
     results = []
     stopped = False  # the launch ended in an earlier window: this one never ran
     for index, out_dir in enumerate(out_dirs):
@@ -188,6 +196,24 @@ def split_screen(launch_dir: str, out_dirs: list[str], starts: list[int], length
             if steps:
                 first_ns.append(min(s["t_ns"] for s in steps))
                 last_ns.append(max(_step_end_ns(s) for s in steps))
+        _split_workers(launch_dir, out_dir, dict(ranks_by_id), index)
         split.span_s = (max(last_ns) - min(first_ns)) / 1e9 if first_ns else 0.0
         stopped = not complete
     return results
+
+
+def _split_workers(launch_dir: str, out_dir: str, ranks: dict[Any, _RankScreen],
+                   window: int) -> None:
+    """Each DataLoader worker's batch records of ``window`` (by its rank's window bounds)."""
+    for name, records in read_worker_dir(os.path.join(launch_dir, WORKER_DIR)):
+        kept = []
+        for record in records:
+            rank = ranks.get(record.get("rank"))
+            if rank is not None:
+                low, high = rank.bounds(window)
+                if low <= record.get("t_ns", 0) < high:
+                    kept.append(record)
+        if kept:
+            os.makedirs(os.path.join(out_dir, WORKER_DIR), exist_ok=True)
+            with open(os.path.join(out_dir, WORKER_DIR, name), "w", encoding="utf-8") as handle:
+                handle.write("".join(dumps(r) + "\n" for r in kept))

@@ -21,6 +21,14 @@ from ddp_profile.profiler.cpus import cpus_available, threads_to_fit
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.store.summary import latest_ceiling
+from ddp_profile.profiler.sweep.capacity import (
+    CLIMB_STOP_CPU_SHARE,
+    WORKER_CAP,
+    Capacity,
+    ClimbPoint,
+    capacity_model,
+    next_workers,
+)
 from ddp_profile.profiler.sweep.choose import candidate_of, choose, relative_se
 from ddp_profile.profiler.sweep.climb import beats, climb_workers, waits_for_data
 from ddp_profile.profiler.sweep.coordinate import Coordinator
@@ -34,6 +42,7 @@ from ddp_profile.profiler.sweep.measure import (
 )
 from ddp_profile.profiler.sweep.space import Axes, SearchSpace, grid, normalise, resolve_axes
 
+MAX_CLIMB_LAUNCHES = 3  # launches the climb may add past the first screen
 UNSTABLE_RSE = 0.05  # a probe whose throughput is this uncertain is measured again, longer
 
 Entry = dict[str, Any]
@@ -67,6 +76,7 @@ class Search:
         self.axes: Optional[Axes] = None
         self.baseline: Optional[Entry] = None
         self.oom_batch: Optional[int] = None
+        self._ceiling_skip_noted = False
 
     @property
     def entries(self) -> list[Entry]:
@@ -89,9 +99,22 @@ class Search:
             self.adaptive()
         self.threads()
         self.repeat()
-        if self.options.ceiling:
+        if self.wants_ceiling():
             self.ceiling()
         return self.entries
+
+    def wants_ceiling(self) -> bool:
+        """The compute-only probe is worth a launch only when the baseline waits for data: a
+        loop that hardly waits is at its ceiling already (a note says so)."""
+        if not self.options.ceiling or self.baseline is None:
+            return False
+        if self.baseline.get("status") == "ok" and not waits_for_data(self.baseline):
+            if not self._ceiling_skip_noted:
+                self._ceiling_skip_noted = True
+                self.progress("note", {"text": "no compute-only ceiling probe: the baseline "
+                                               "hardly waits for data"})
+            return False
+        return True
 
     # ---- measuring ------------------------------------------------------------------------
     def measure_config(self, config: LoaderSettings) -> Entry:
@@ -183,13 +206,20 @@ class Search:
                                f"{entry.get('error')}")
         raise ScriptFailed(f"the script failed with its own settings: {entry.get('error')}")
 
+    def _host(self) -> tuple[int, int]:
+        """The CPUs the baseline's ranks could use (their context's ``cpus_available``) and
+        how many ranks shared one host, as observed."""
+        assert self.baseline is not None
+        context = self.measurer.context(self.baseline)
+        return (int(context.get("cpus_available") or cpus_available()),
+                int(self.baseline.get("ranks_per_host") or self.nproc_per_node))
+
     def _axes(self) -> Axes:
         assert self.baseline is not None
         context = self.measurer.context(self.baseline)
+        cpus, local_ranks = self._host()
         return resolve_axes(self.space, settings_of(self.baseline),
-                            context.get("device", "cpu"),
-                            int(context.get("cpus_available") or cpus_available()),
-                            int(self.baseline.get("ranks_per_host") or self.nproc_per_node))
+                            context.get("device", "cpu"), cpus, local_ranks)
 
     def _requested_single(self) -> LoaderSettings:
         first = lambda values: values[0] if values else None  # noqa: E731
@@ -210,11 +240,11 @@ class Search:
         start = LoaderSettings(None, own.pin_memory if own.pin_memory is not None else False,
                                min(self.axes.prefetch_factor), own.batch_size)
         if waits_for_data(self.baseline):
-            configs = [normalise(replace(start, num_workers=w)) for w in self.axes.num_workers]
+            configs = [normalise(replace(start, num_workers=w)) for w in self._first_workers()]
         else:  # loading settings cannot win back more than the little time spent waiting
             configs = [normalise(replace(own, pin_memory=v)) for v in self.axes.pin_memory]
         windows = [Window(c) for c in configs if self.find(c) is None]
-        if self.options.ceiling:
+        if self.wants_ceiling():
             windows.append(Window(windows[-1].config if windows else normalise(own),
                                   "ceiling", "ceiling"))
         self.measurer.measure_screen(windows)
@@ -226,12 +256,79 @@ class Search:
             for axis in ("prefetch_factor", "pin_memory"):
                 best = self._try_axis(best, axis) if best is not None else None
         else:
+            if waits_for_data(self.baseline) and self.space.num_workers is None:
+                self._climb(start)
             best = self.best()
             if best is not None:
                 self.measurer.measure_screen(self._second_screen(best))
                 best = self.best()
         if best is not None:
             self._try_axis(best, "batch_size")
+
+    # ---- following the loading's capacity ---------------------------------------------------
+    def capacity(self) -> Optional[Capacity]:
+        """The capacity model from what was measured so far (``sweep.capacity``)."""
+        assert self.baseline is not None
+        context = self.measurer.context(self.baseline)
+        ranks = int(context.get("world_size") or self.nproc_per_node or 1)
+        cpus, local_ranks = self._host()
+        ceiling = latest_ceiling(self.entries)
+        return capacity_model(self.ok_entries(), cpus / max(local_ranks, 1), ranks,
+                              context.get("memory_available"),
+                              ceiling=ceiling.get("throughput") if ceiling else None)
+
+    def _first_workers(self) -> list[int]:
+        """The worker counts of the first screen: the ones the user gave (always measured),
+        else the ladder up to the CPUs and the count the capacity model predicts meets the
+        loop's demand (past the CPU count when loading mostly waits; then twice that too, the
+        climb's first step, in the same launch)."""
+        assert self.axes is not None
+        workers = set(self.axes.num_workers)
+        model = self.capacity() if self.space.num_workers is None else None
+        if model is not None:
+            predicted = model.workers_for_demand()
+            workers.add(predicted)
+            if model.cpu_share < CLIMB_STOP_CPU_SHARE and predicted < model.max_workers:
+                # a waiting loader's first climb step rides in the same launch
+                workers.add(min(2 * predicted, model.max_workers))
+            self.progress("note", {"text": f"loading: {1000 * model.cpu_per_sample_s:.2f} ms "
+                                           f"CPU + {1000 * model.wait_per_sample_s:.2f} ms "
+                                           f"waiting per sample; {predicted} worker(s) per "
+                                           "rank predicted to meet the loop's demand"})
+            self._recalibrate(max(workers))
+        return sorted(workers)
+
+    def _recalibrate(self, workers: int) -> None:
+        """Window timeouts sized for ``workers`` (their prefetch backlog is longer)."""
+        assert self.axes is not None and self.baseline is not None
+        if workers > max(self.axes.num_workers):
+            self.measurer.calibrate(self.baseline, replace(
+                self.axes, num_workers=tuple(sorted({*self.axes.num_workers, workers}))))
+
+    def _climb(self, start: LoaderSettings, launches: int = MAX_CLIMB_LAUNCHES) -> None:
+        """Past the first screen: one more worker count per launch while ``next_workers``
+        says the loop still gains (``sweep.capacity``)."""
+        for _ in range(launches):
+            model = self.capacity()
+            limit = model.max_workers if model is not None else WORKER_CAP
+            following = next_workers(self._climb_points(start), limit)
+            if following is None:
+                return
+            self._recalibrate(following)
+            self.measurer.measure_screen([Window(normalise(replace(start,
+                                                                   num_workers=following)))])
+
+    def _climb_points(self, start: LoaderSettings) -> list[ClimbPoint]:
+        points = []
+        for entry in self.ok_entries():
+            config = settings_of(entry)
+            if (config.pin_memory, config.batch_size) != (start.pin_memory, start.batch_size):
+                continue
+            loading = entry.get("loading") or {}
+            points.append(ClimbPoint(int(config.num_workers or 0), float(entry["throughput"]),
+                                     relative_se(entry), waits_for_data(entry),
+                                     loading.get("cpu_share")))
+        return points
 
     def _second_screen(self, best: Entry) -> list[Window]:
         """A fresh measurement of a screened best, then its prefetch and pinning variants."""

@@ -55,3 +55,18 @@ def test_the_rules_thresholds_are_the_same_set():
     looser = Thresholds(clear_gain=0.03)
     base = cand("base", 0, 100.0, wait=0.1, kind="baseline")
     assert choose([base, cand("w1", 1, 104.0)], base, looser).id == "w1"
+
+
+def test_a_changed_batch_size_needs_a_clear_gain():
+    from ddp_profile.profiler.settings import LoaderSettings
+    from ddp_profile.profiler.sweep.choose import Candidate, choose
+
+    base = Candidate("base", LoaderSettings(0, False, None, 32), 1000.0, rse=0.002,
+                     data_wait_fraction=0.5, kind="baseline")
+    same = Candidate("w2", LoaderSettings(2, False, 2, 32), 2000.0, rse=0.002)
+    double = Candidate("w2b64", LoaderSettings(2, False, 2, 64), 2040.0, rse=0.002)  # 1.02x
+    assert choose([base, same, double], base).id == "w2"
+    clear = Candidate("w2b64", LoaderSettings(2, False, 2, 64), 2200.0, rse=0.002)  # 1.10x
+    assert choose([base, same, clear], base).id == "w2b64"
+    noisy = Candidate("w2b64", LoaderSettings(2, False, 2, 64), 2200.0, rse=0.06)
+    assert choose([base, same, noisy], base).id == "w2"  # 10 % is within 2 x 6 % noise

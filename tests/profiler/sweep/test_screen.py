@@ -52,7 +52,8 @@ def run_screen(tmp_path, windows, steps=6, warmup=2):
     plan = ProbePlan(probe_id="p001-screen", out_dir=str(out), warmup=warmup, steps=steps,
                      mode="screen", overrides=LoaderSettings.from_dict(windows[0]["overrides"]),
                      windows=tuple(windows))
-    env = dict(os.environ, PYTHONPATH=HOOK_DIR, DDP_PROFILE="1", DDP_PROFILE_PLAN=plan.to_json(),
+    path = os.pathsep.join(p for p in (HOOK_DIR, os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONPATH=path, DDP_PROFILE="1", DDP_PROFILE_PLAN=plan.to_json(),
                DDP_PROFILE_SCRIPT=str(script), RANK="0", WORLD_SIZE="1")
     seen_path = tmp_path / "seen.json"
     proc = subprocess.run([sys.executable, str(script), str(seen_path)], env=env,
@@ -99,6 +100,12 @@ def test_each_window_runs_its_own_worker_pool_and_is_split_into_a_probe(tmp_path
         assert [s["step"] for s in rank.training_steps()] == list(range(lengths[index]))
         assert rank.end["reason"] == "steps_done"
         assert rank.context and rank.loaders
+        # each window's batches were timed where they were made: its own workers, or the rank
+        makers = {b["worker"] for b in rank.batch_costs}
+        workers = windows[index]["overrides"]["num_workers"]
+        assert makers == ({None} if workers == 0 else set(range(workers))), (index, makers)
+        assert entry["loading"]["samples"] > 0 and entry["loading"]["bound"] in (
+            "cpu", "wait", "mixed")
     # the ceiling window replays cached batches: it hardly waits for data
     ceiling = read_probe_dir(splits[3].out_dir)[0].training_steps()
     measured = [s for s in ceiling if s["measured"]]
@@ -161,3 +168,33 @@ def test_backlog_warmup_covers_the_startup_prefetch():
     assert backlog_warmup(5, 2, None) == 5
     assert backlog_warmup(5, 4, 2) == 8
     assert backlog_warmup(5, 8, 4) == 32
+
+
+def test_an_error_before_a_windows_first_step_is_not_the_previous_windows(tmp_path):
+    # window 1's workers fail on their first batch: its switch is recorded, no step of it is
+    launch = str(tmp_path / "launch")
+    ms = 1_000_000
+    for rank in (0, 1):
+        records = [{"kind": "context", "world_size": 2},
+                   {"kind": "loader", "loader_id": 0, "applied": {"num_workers": 1}}]
+        records += [_step(s, 10 * ms * (s + 1), 0) for s in range(3)]
+        records.append({"kind": "event", "name": "window", "t_ns": 42 * ms,
+                        "data": {"window": 1, "applied": {"num_workers": 2},
+                                 "switched_ns": 40 * ms}})
+        records.append({"kind": "error", "t_ns": 45 * ms, "last_line": "ValueError: corrupt"})
+        _rank_file(launch, rank, records)
+        _worker_file(launch, rank, [{"kind": "batch_cost", "rank": rank, "loader_id": 0,
+                                     "t_ns": t * ms, "samples": 4} for t in (15, 41)])
+    out_dirs = [str(tmp_path / f"w{i}") for i in range(2)]
+    splits = split_screen(launch, out_dirs, [0, 3], [3, 3])
+    assert [s.complete for s in splits] == [True, False]
+    assert [s.started for s in splits] == [True, False]
+    first = {r.rank: r for r in read_probe_dir(out_dirs[0])}
+    assert first[0].error is None and first[1].error is None
+    assert [b["t_ns"] for b in first[0].batch_costs] == [15 * ms]  # the new workers' not
+
+
+def _worker_file(directory, rank, records):
+    os.makedirs(os.path.join(directory, "workers"), exist_ok=True)
+    with open(os.path.join(directory, "workers", f"r{rank}-l0-w0-p1.jsonl"), "w") as handle:
+        handle.write("".join(json.dumps(r) + "\n" for r in records))

@@ -1,0 +1,212 @@
+"""What producing each batch costs, measured where the batch is made.
+
+A DataLoader's fetcher (``_MapDatasetFetcher`` / ``_IterableDatasetFetcher``) turns one batch
+of indices into a batch: the dataset fetch (``__getitem__`` / ``__getitems__``, or the
+iterable's ``next``) and then ``collate_fn``. :class:`CostMeter` wraps a fetcher instance and
+times both, in wall time and in the CPU time of the producing thread (``time.thread_time_ns``):
+wall - CPU is the time the producer waited (storage, network, sleep, a lock).
+
+* **Workers**: the rank replaces the loader's ``worker_init_fn`` by a picklable
+  :class:`WorkerInit` (fork and spawn alike). In the worker it wraps the fetcher class's
+  factory, then calls the script's own ``worker_init_fn``. Each worker appends one JSON line
+  per batch to ``<probe_dir>/workers/r<rank>-l<loader>-w<worker>-p<pid>.jsonl``, flushed every
+  ``FLUSH_S`` seconds and when the worker exits, so a worker that dies loses at most its last
+  ``FLUSH_S`` of records and a persistent worker keeps appending to its own file.
+* **num_workers=0**: the rank wraps its iterator's fetcher; the records go to the rank's file.
+
+Record (``kind: "batch_cost"``): rank, loader_id, worker (null in the rank), pid, t_ns (the
+batch's end, wall clock), wall_s, cpu_s (fetch + collate), collate_s, collate_cpu_s, samples,
+and, at each flush of a worker, private_rss (the worker's private resident bytes).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Optional
+
+from ddp_profile.profiler.store.record import WORKER_DIR
+
+FLUSH_S = 0.25
+
+_perf = time.perf_counter_ns
+_cpu = time.thread_time_ns
+
+
+def batch_size_of(batch: Any, default: int) -> int:
+    """Number of samples in a batch: the leading dimension of its first tensor."""
+    stack = [batch]
+    while stack:
+        item = stack.pop(0)
+        shape = getattr(item, "shape", None)
+        if shape is not None and len(shape) > 0:
+            return int(shape[0])
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return default
+
+
+def private_rss() -> Optional[int]:
+    """This process's resident memory shared with no other process (bytes): what one more
+    worker adds. Pages a forked worker still shares with its rank are not counted."""
+    try:
+        with open("/proc/self/smaps_rollup", encoding="ascii") as handle:
+            total = sum(int(line.split()[1]) for line in handle
+                        if line.startswith(("Private_Clean:", "Private_Dirty:")))
+        return total * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def memory_available() -> Optional[int]:
+    """The host's available memory (bytes, ``MemAvailable``), or None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+class CostMeter:
+    """Times the fetch and the collate of each batch of one fetcher; ``emit(line)`` gets each
+    batch's record as a JSON string (formatted here: no ``json.dumps`` per batch)."""
+
+    def __init__(self, emit: Callable[[str], None], rank: Optional[int], loader_id: int,
+                 worker: Optional[int]):
+        self.emit = emit
+        self.prefix = (f'{{"kind":"batch_cost","rank":{_json_int(rank)},'
+                       f'"loader_id":{int(loader_id)},"worker":{_json_int(worker)},'
+                       f'"pid":{os.getpid()},')
+        self.collate_wall = 0
+        self.collate_cpu = 0
+
+    def wrap(self, fetcher: Any) -> Any:
+        """Time ``fetcher.fetch`` and its ``collate_fn`` from now on; returns the fetcher."""
+        fetch, collate = fetcher.fetch, fetcher.collate_fn
+        meter = self
+
+        def timed_collate(data: Any) -> Any:
+            wall, cpu = _perf(), _cpu()
+            try:
+                return collate(data)
+            finally:
+                meter.collate_wall += _perf() - wall
+                meter.collate_cpu += _cpu() - cpu
+
+        def timed_fetch(index: Any) -> Any:
+            meter.collate_wall = meter.collate_cpu = 0
+            wall, cpu = _perf(), _cpu()
+            batch = fetch(index)  # StopIteration and the dataset's errors pass through
+            wall, cpu = _perf() - wall, _cpu() - cpu
+            meter.record(wall, cpu, batch, index)
+            return batch
+
+        fetcher.collate_fn = timed_collate
+        fetcher.fetch = timed_fetch
+        return fetcher
+
+    def record(self, wall_ns: int, cpu_ns: int, batch: Any, index: Any) -> None:
+        default = len(index) if isinstance(index, (list, tuple)) else 1
+        self.emit(f'{self.prefix}"t_ns":{time.time_ns()},"wall_s":{wall_ns / 1e9:.9f},'
+                  f'"cpu_s":{cpu_ns / 1e9:.9f},"collate_s":{self.collate_wall / 1e9:.9f},'
+                  f'"collate_cpu_s":{self.collate_cpu / 1e9:.9f},'
+                  f'"samples":{batch_size_of(batch, default)}}}')
+
+
+def _json_int(value: Optional[int]) -> str:
+    return "null" if value is None else str(int(value))
+
+
+class _WorkerFile:
+    """A worker's append-only JSON-lines file, flushed every ``FLUSH_S`` and at exit."""
+
+    def __init__(self, path: str):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self.handle = open(path, "a", encoding="utf-8")
+        self.last_flush = time.monotonic()
+
+    def emit(self, line: str) -> None:
+        now = time.monotonic()
+        if now - self.last_flush >= FLUSH_S:
+            rss = private_rss()
+            if rss is not None and line.endswith("}"):
+                line = f'{line[:-1]},"private_rss":{rss}}}'
+            self.handle.write(line + "\n")
+            self.handle.flush()
+            self.last_flush = now
+        else:
+            self.handle.write(line + "\n")
+
+    def close(self) -> None:
+        try:
+            self.handle.close()
+        except OSError:
+            pass
+
+
+class WorkerInit:
+    """A DataLoader ``worker_init_fn`` that meters the worker's batches, then runs the
+    script's own ``worker_init_fn`` (picklable: spawned workers get a copy)."""
+
+    def __init__(self, original: Optional[Callable[[int], Any]], out_dir: str, loader_id: int):
+        self.original = original
+        self.out_dir = out_dir
+        self.loader_id = loader_id
+        self.rank: Optional[int] = None  # set by the rank when it starts an iterator
+
+    def __call__(self, worker_id: int) -> Any:
+        try:
+            self._install(worker_id)
+        except Exception:  # noqa: BLE001 - metering must never break the worker
+            pass
+        if self.original is not None:
+            return self.original(worker_id)
+        return None
+
+    def _install(self, worker_id: int) -> None:
+        import multiprocessing.util
+
+        from torch.utils.data import _DatasetKind
+
+        name = f"r{_json_int(self.rank)}-l{self.loader_id}-w{worker_id}-p{os.getpid()}.jsonl"
+        sink = _WorkerFile(os.path.join(self.out_dir, WORKER_DIR, name))
+        sink.emit(f'{{"kind":"worker_start","rank":{_json_int(self.rank)},'
+                  f'"loader_id":{self.loader_id},"worker":{worker_id},"pid":{os.getpid()},'
+                  f'"t_ns":{time.time_ns()},"private_rss":{_json_int(private_rss())}}}')
+        sink.handle.flush()
+        meter = CostMeter(sink.emit, self.rank, self.loader_id, worker_id)
+        factory = _DatasetKind.__dict__["create_fetcher"].__func__
+
+        def create_fetcher(*args: Any, **kwargs: Any) -> Any:
+            return meter.wrap(factory(*args, **kwargs))
+
+        _DatasetKind.create_fetcher = staticmethod(create_fetcher)  # this worker only
+        multiprocessing.util.Finalize(sink, sink.close, exitpriority=100)
+
+
+def meter_loader(loader: Any, out_dir: str, loader_id: int) -> None:
+    """Give ``loader`` a metering ``worker_init_fn`` (idempotent)."""
+    current = getattr(loader, "worker_init_fn", None)
+    if not isinstance(current, WorkerInit):
+        loader.worker_init_fn = WorkerInit(current, out_dir, loader_id)
+
+
+def before_iter(loader: Any, rank: Optional[int]) -> None:
+    """Tell the loader's ``WorkerInit`` the rank before its workers start."""
+    current = getattr(loader, "worker_init_fn", None)
+    if isinstance(current, WorkerInit):
+        current.rank = rank
+
+
+def meter_in_process(iterator: Any, emit: Callable[[str], None], rank: Optional[int],
+                     loader_id: int) -> None:
+    """Meter a single-process (``num_workers=0``) iterator's fetcher, if it has one."""
+    fetcher = getattr(iterator, "_dataset_fetcher", None)
+    if fetcher is not None and not getattr(fetcher, "_ddp_profile_metered", False):
+        CostMeter(emit, rank, loader_id, None).wrap(fetcher)
+        fetcher._ddp_profile_metered = True

@@ -1,0 +1,255 @@
+"""The input pipeline's capacity, from what producing each batch cost (pure; no I/O).
+
+Per probe, :func:`loading_cost` turns the batch records of the training loader (see
+``profiler.rank.loadcost``) into CPU and waiting per sample; :func:`loop_demand` gives the
+samples/s the loop would consume if data were free (measured steps minus their data wait).
+
+:func:`capacity_model` then predicts, for any worker count ``w`` on a rank with ``C`` CPUs::
+
+    w = 0    the rank loads in the loop: 1 / (1 / demand + cpu + wait) per rank
+    w >= 1   min(w / (cpu + wait), C / cpu): each worker makes a sample every cpu + wait
+             seconds until the CPUs saturate (CPU-bound loading stops at C / cpu)
+
+and the throughput the loop would reach, ``min(demand, capacity)``. Workers are feasible up
+to the memory bound (``available memory / private RSS of one worker``, per rank) and the cap.
+A loader with a CPU share (cpu / (cpu + wait)) of at least ``CPU_BOUND_SHARE`` is CPU-bound;
+at most ``WAIT_BOUND_SHARE``, wait-bound; in between, mixed.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Optional
+
+CPU_BOUND_SHARE = 0.7
+WAIT_BOUND_SHARE = 0.3
+WORKER_CAP = 64  # per rank, unless the user lists worker counts
+CURVE_WORKERS = (0, 1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class LoadingCost:
+    """What producing the training loader's samples cost in one probe."""
+
+    cpu_per_sample_s: float
+    wait_per_sample_s: float  # wall - CPU of the producing thread
+    collate_per_sample_s: float  # wall time of collate_fn, part of the two above
+    samples: int
+    batches: int
+    producers: int  # processes that made batches: workers, or ranks with num_workers=0
+    worker_private_rss: Optional[int]  # bytes; median over the workers that reported it
+
+    @property
+    def per_sample_s(self) -> float:
+        return self.cpu_per_sample_s + self.wait_per_sample_s
+
+    @property
+    def cpu_share(self) -> float:
+        return self.cpu_per_sample_s / self.per_sample_s if self.per_sample_s > 0 else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(cpu_share=self.cpu_share, bound=bound_of(self.cpu_share))
+        return out
+
+
+def bound_of(cpu_share: float) -> str:
+    """"cpu", "wait" or "mixed", from the CPU share of producing a sample."""
+    if cpu_share >= CPU_BOUND_SHARE:
+        return "cpu"
+    return "wait" if cpu_share <= WAIT_BOUND_SHARE else "mixed"
+
+
+def _in_window(batches: list[dict[str, Any]], since_ns: Optional[int]) -> list[dict[str, Any]]:
+    """The batches made once measuring began; if too few, all but each producer's first."""
+    if not batches:
+        return []
+    if since_ns is not None:
+        recent = [b for b in batches if b.get("t_ns", 0) >= since_ns]
+        if len(recent) >= 2:
+            return recent
+    first: dict[Any, int] = {}
+    for batch in batches:
+        key = batch.get("pid")
+        first[key] = min(first.get(key, batch.get("t_ns", 0)), batch.get("t_ns", 0))
+    rest = [b for b in batches if b.get("t_ns", 0) > first[b.get("pid")]]
+    return rest or batches
+
+
+def loading_cost(groups: Iterable[tuple[list[dict[str, Any]], Optional[int]]],
+                 rss: Iterable[int] = ()) -> Optional[LoadingCost]:
+    """CPU and waiting per sample of one loader. ``groups``: per rank, its ``batch_cost``
+    records and the wall-clock start of its first measured step (None: unknown); ``rss``:
+    the workers' private RSS readings. None without a batch."""
+    chosen = []
+    for batches, since_ns in groups:
+        chosen += _in_window([b for b in batches if b.get("samples")], since_ns)
+    samples = sum(int(b["samples"]) for b in chosen)
+    if not samples:
+        return None
+    cpu = sum(float(b.get("cpu_s") or 0.0) for b in chosen)
+    wall = sum(float(b.get("wall_s") or 0.0) for b in chosen)
+    collate = sum(float(b.get("collate_s") or 0.0) for b in chosen)
+    rss = [int(r) for r in rss if r]
+    return LoadingCost(cpu_per_sample_s=cpu / samples,
+                       wait_per_sample_s=max(wall - cpu, 0.0) / samples,
+                       collate_per_sample_s=collate / samples, samples=samples,
+                       batches=len(chosen), producers=len({b.get("pid") for b in chosen}),
+                       worker_private_rss=int(statistics.median(rss)) if rss else None)
+
+
+def loop_demand(steps_by_rank: Iterable[list[dict[str, Any]]]) -> Optional[float]:
+    """Global samples/s of the measured steps without their data wait: what the loop
+    consumes when data is free (the slowest rank sets the pace)."""
+    samples, busiest = 0, 0.0
+    for steps in steps_by_rank:
+        measured = [s for s in steps if s.get("measured")]
+        samples += sum(int(s.get("samples") or 0) for s in measured)
+        busiest = max(busiest, sum(s["compute_s"] + s["other_s"] for s in measured))
+    return samples / busiest if busiest > 0 and samples else None
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The capacity model of one run (global samples/s: per-rank figures x ranks)."""
+
+    cpu_per_sample_s: float
+    wait_per_sample_s: float
+    cpus_per_rank: float
+    ranks: int
+    demand: float  # global samples/s the loop consumes with free data
+    memory_workers: Optional[int]  # most workers per rank that fit in memory; None: unknown
+    cap: int = WORKER_CAP
+
+    @property
+    def cpu_share(self) -> float:
+        total = self.cpu_per_sample_s + self.wait_per_sample_s
+        return self.cpu_per_sample_s / total if total > 0 else 1.0
+
+    @property
+    def bound(self) -> str:
+        return bound_of(self.cpu_share)
+
+    @property
+    def cpu_limit(self) -> float:
+        """Global samples/s the rank's CPUs can make at most (inf when loading takes no CPU)."""
+        if self.cpu_per_sample_s <= 0:
+            return math.inf
+        return self.ranks * self.cpus_per_rank / self.cpu_per_sample_s
+
+    def supply(self, workers: int) -> float:
+        """Global samples/s the loaders can deliver with ``workers`` per rank."""
+        per_sample = self.cpu_per_sample_s + self.wait_per_sample_s
+        if per_sample <= 0:
+            return math.inf
+        if workers <= 0:
+            return self.ranks / per_sample
+        return min(self.ranks * workers / per_sample, self.cpu_limit)
+
+    def throughput(self, workers: int) -> float:
+        """Predicted global samples/s of the loop with ``workers`` per rank."""
+        if workers <= 0:
+            per_sample = self.cpu_per_sample_s + self.wait_per_sample_s
+            return self.ranks / (self.ranks / self.demand + per_sample)
+        return min(self.demand, self.supply(workers))
+
+    @property
+    def max_workers(self) -> int:
+        """The most workers per rank worth considering: memory bound and cap."""
+        limit = self.cap
+        if self.memory_workers is not None:
+            limit = min(limit, max(self.memory_workers, 0))
+        return limit
+
+    def workers_for_demand(self) -> int:
+        """The fewest workers per rank whose supply meets the demand; where the CPUs cannot,
+        the fewest that saturate them. Bounded by :attr:`max_workers` (at least 1)."""
+        per_sample = self.cpu_per_sample_s + self.wait_per_sample_s
+        target = min(self.demand, self.cpu_limit)
+        needed = math.ceil(target * per_sample / self.ranks - 1e-9) if target < math.inf else 1
+        return max(1, min(needed, max(self.max_workers, 1)))
+
+    def to_dict(self) -> dict[str, Any]:
+        workers = sorted({w for w in CURVE_WORKERS if w <= max(self.max_workers, 1)}
+                         | {self.workers_for_demand()})
+        return {"cpu_per_sample_s": self.cpu_per_sample_s,
+                "wait_per_sample_s": self.wait_per_sample_s, "cpu_share": self.cpu_share,
+                "bound": self.bound, "cpus_per_rank": self.cpus_per_rank, "ranks": self.ranks,
+                "demand": self.demand, "cpu_limit": _finite(self.cpu_limit),
+                "memory_workers": self.memory_workers, "max_workers": self.max_workers,
+                "workers_for_demand": self.workers_for_demand(),
+                "curve": [{"num_workers": w, "supply": _finite(self.supply(w)),
+                           "throughput": _finite(self.throughput(w))} for w in workers]}
+
+
+def _finite(value: float) -> Optional[float]:
+    return value if math.isfinite(value) else None
+
+
+def capacity_model(probes: list[dict[str, Any]], cpus_per_rank: float, ranks: int,
+                   memory_available: Optional[int], cap: int = WORKER_CAP,
+                   ceiling: Optional[float] = None) -> Optional[Capacity]:
+    """The run's model from its ok probes' ``loading`` (median CPU and least waiting per
+    sample) and the
+    loop's demand (the compute-only ceiling when measured, else the highest ``loop_demand``
+    of a probe). None when no probe measured its loading."""
+    measured = [p for p in probes if p.get("status") == "ok" and p.get("loading")]
+    if not measured or ranks < 1:
+        return None
+    demands = [p["loop_demand"] for p in measured if p.get("loop_demand")]
+    demand = ceiling or (max(demands) if demands else None)
+    if not demand:
+        return None
+    cpu = statistics.median(p["loading"]["cpu_per_sample_s"] for p in measured)
+    # waiting includes time a producer was runnable but had no CPU: the least contended
+    # probe shows the loader's own waiting best
+    wait = min(p["loading"]["wait_per_sample_s"] for p in measured)
+    rss = [p["loading"]["worker_private_rss"] for p in measured
+           if p["loading"].get("worker_private_rss")]
+    memory_workers = None
+    if rss and memory_available:
+        memory_workers = int(memory_available / ranks // max(rss))
+    return Capacity(cpu_per_sample_s=cpu, wait_per_sample_s=wait,
+                    cpus_per_rank=max(cpus_per_rank, 1e-9), ranks=ranks, demand=float(demand),
+                    memory_workers=memory_workers, cap=cap)
+
+
+CLIMB_STOP_CPU_SHARE = 0.5  # loading mostly CPU: more workers than the CPUs cannot help
+
+
+@dataclass(frozen=True)
+class ClimbPoint:
+    """One measured worker count, as the climb sees it."""
+
+    workers: int
+    throughput: float  # global samples/s
+    rse: float = 0.0  # relative standard error of the throughput
+    waits: bool = True  # the loop still waits for data
+    cpu_share: Optional[float] = None  # measured CPU share of producing a sample
+
+
+def next_workers(points: list[ClimbPoint], limit: int, noise_floor: float = 0.02,
+                 noise_sigmas: float = 2.0) -> Optional[int]:
+    """The next worker count to measure past the largest measured one, or None to stop.
+
+    Climb (double, up to ``limit``: memory bound and cap) while the largest count measured is
+    faster beyond noise than every smaller one, its loop still waits for data, and its loading
+    is mostly waiting rather than CPU; CPU-bound loading stops where the CPUs saturate.
+    """
+    if not points:
+        return None
+    top = max(points, key=lambda p: p.workers)
+    below = [p for p in points if p.workers < top.workers]
+    if below:
+        best_below = max(below, key=lambda p: p.throughput)
+        noise = max(noise_floor, noise_sigmas * math.hypot(top.rse, best_below.rse))
+        if top.throughput <= best_below.throughput * (1 + noise):
+            return None  # no longer rising beyond noise
+    if not top.waits:
+        return None  # nothing left to hide
+    if top.cpu_share is not None and top.cpu_share >= CLIMB_STOP_CPU_SHARE:
+        return None  # CPU-bound: the CPUs, not the worker count, limit loading
+    following = min(max(2 * top.workers, 1), limit)
+    return following if following > top.workers else None

@@ -1,0 +1,121 @@
+"""Per-batch cost where the batch is made: real DataLoaders, real worker processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ddp_profile.profiler.rank import loadcost, patches
+from ddp_profile.profiler.rank.instrument import Instrumentation
+from ddp_profile.profiler.settings import ProbePlan
+from ddp_profile.profiler.store.results import read_probe_dir
+from tests.conftest import REPO
+
+
+class Costly(Dataset):
+    """Each item sleeps ``sleep_s`` and spins ``spin_s`` of CPU; item ``die_at`` kills its
+    worker (as the OOM killer would)."""
+
+    def __init__(self, n: int, sleep_s: float = 0.0, spin_s: float = 0.0, die_at: int = -1):
+        self.n, self.sleep_s, self.spin_s, self.die_at = n, sleep_s, spin_s, die_at
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == self.die_at:
+            os._exit(9)
+        time.sleep(self.sleep_s)
+        end = time.thread_time() + self.spin_s
+        while time.thread_time() < end:
+            pass
+        return torch.full((4,), float(index))
+
+
+def _worker_init_called(worker_id: int) -> None:
+    os.environ["LOADCOST_TEST_INIT"] = str(worker_id)
+
+
+def _run(tmp_path, loader_kwargs: dict, dataset: Dataset) -> list:
+    instr = Instrumentation(ProbePlan(probe_id="t", out_dir=str(tmp_path), warmup=0,
+                                      steps=10 ** 9))
+    patches.apply(instr)
+    try:
+        batches = []
+        try:
+            for batch in DataLoader(dataset, **loader_kwargs):
+                batches.append(batch)
+        except RuntimeError:
+            pass  # a killed worker
+    finally:
+        if instr.samplers is not None:
+            instr.samplers.stop()
+        patches.remove()
+        instr.recorder.close()
+    (data,) = read_probe_dir(str(tmp_path))
+    return sorted(data.batch_costs, key=lambda r: r["t_ns"])
+
+
+SPAWNED = """
+import sys
+from tests.profiler.rank.test_loadcost import Costly, _run
+_run(sys.argv[1], {"batch_size": 4, "num_workers": 2, "multiprocessing_context": "spawn"},
+     Costly(24, sleep_s=0.004, spin_s=0.002))
+"""
+
+
+@pytest.mark.parametrize("workers,context", [(0, None), (2, "fork"), (2, "spawn")])
+def test_each_batch_is_timed_where_it_is_made(tmp_path, workers, context):
+    if context == "spawn":  # in a child process: spawn leaves a resource tracker behind
+        subprocess.run([sys.executable, "-c", SPAWNED, str(tmp_path)], check=True,
+                       timeout=120, env={**os.environ, "PYTHONPATH": REPO})
+        (data,) = read_probe_dir(str(tmp_path))
+        records = data.batch_costs
+    else:
+        kwargs = {"batch_size": 4, "num_workers": workers, "multiprocessing_context": context}
+        records = _run(tmp_path, kwargs, Costly(24, sleep_s=0.004, spin_s=0.002))
+    assert len(records) == 6
+    assert {r["worker"] for r in records} == ({None} if workers == 0 else {0, 1})
+    for record in records:
+        assert record["samples"] == 4
+        assert record["loader_id"] == 0
+        # 4 samples: 16 ms asleep, 8 ms of CPU (spun on the thread's own CPU clock)
+        assert 0.0075 <= record["cpu_s"] <= 0.02, record
+        # waiting: the sleep, plus any time the worker sat runnable on this busy machine
+        assert 0.014 <= record["wall_s"] - record["cpu_s"] <= 0.15, record
+        assert 0 <= record["collate_s"] < record["wall_s"]
+
+
+def test_the_scripts_worker_init_fn_still_runs(tmp_path):
+    seen = []
+
+    class Probe(Costly):
+        def __getitem__(self, index: int) -> torch.Tensor:
+            seen.append(os.environ.get("LOADCOST_TEST_INIT"))
+            return super().__getitem__(index)
+
+    records = _run(tmp_path, {"batch_size": 2, "num_workers": 1,
+                              "worker_init_fn": _worker_init_called}, Probe(4))
+    assert len(records) == 2
+    # the dataset ran in the worker: its environment had the script's init; here, nothing
+    assert seen == [] and "LOADCOST_TEST_INIT" not in os.environ
+
+
+def test_a_worker_that_dies_keeps_the_batches_it_flushed(tmp_path):
+    # one worker; each batch takes 0.1 s; the 9th item kills it after ~0.8 s of batches
+    records = _run(tmp_path, {"batch_size": 2, "num_workers": 1},
+                   Costly(40, sleep_s=0.05, die_at=9))
+    assert 2 <= len(records) <= 4, records
+    files = os.listdir(tmp_path / "workers")
+    assert len(files) == 1 and files[0].startswith("rnull-l0-w0-")
+
+
+def test_private_rss_and_memory_available_are_read():
+    assert loadcost.private_rss() > 0
+    assert loadcost.memory_available() > 0

@@ -1,0 +1,175 @@
+"""The capacity model on modelled workloads: latency-bound, CPU-bound, mixed, memory-capped."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ddp_profile.profiler.sweep.capacity import (
+    Capacity,
+    bound_of,
+    capacity_model,
+    loading_cost,
+    loop_demand,
+)
+
+
+def batches(cpu_ms: float, wait_ms: float, count: int = 20, size: int = 16, pid: int = 1,
+            t0: int = 0) -> list[dict]:
+    """``count`` batch records of a loader whose samples cost ``cpu_ms`` + ``wait_ms``."""
+    return [{"kind": "batch_cost", "pid": pid, "t_ns": t0 + i, "samples": size,
+             "cpu_s": size * cpu_ms / 1e3, "wall_s": size * (cpu_ms + wait_ms) / 1e3,
+             "collate_s": 1e-4} for i in range(count)]
+
+
+def probe(cost, workers: int, demand: float, rss: int = 0) -> dict:
+    loading = {**cost.to_dict(), "worker_private_rss": rss or None}
+    return {"id": f"p{workers}", "status": "ok", "kind": "sweep", "loading": loading,
+            "loop_demand": demand, "config": {"num_workers": workers}}
+
+
+def test_loading_cost_separates_cpu_from_waiting():
+    cost = loading_cost([(batches(0.5, 3.0), None)])
+    assert cost.cpu_per_sample_s == pytest.approx(0.5e-3)
+    assert cost.wait_per_sample_s == pytest.approx(3.0e-3)
+    assert cost.batches == 19  # the producer's first batch (start-up) is left out
+    assert cost.to_dict()["bound"] == "wait"
+
+
+def test_loading_cost_uses_the_measured_window_when_it_has_batches():
+    early, late = batches(5.0, 0.0, count=5, t0=0), batches(1.0, 0.0, count=10, t0=100)
+    cost = loading_cost([(early + late, 100)])
+    assert cost.cpu_per_sample_s == pytest.approx(1e-3) and cost.batches == 10
+
+
+def test_no_batches_no_cost():
+    assert loading_cost([([], None)]) is None
+
+
+def test_loop_demand_is_the_slowest_ranks_pace_without_data_wait():
+    step = {"measured": True, "samples": 16, "compute_s": 0.01, "other_s": 0.0,
+            "data_wait_s": 0.5}
+    slow = {**step, "compute_s": 0.02}
+    assert loop_demand([[step] * 10, [slow] * 10]) == pytest.approx(320 / 0.2)
+    assert loop_demand([[{**step, "measured": False}]]) is None
+
+
+def test_bound_by_cpu_share():
+    assert bound_of(0.9) == "cpu" and bound_of(0.05) == "wait" and bound_of(0.5) == "mixed"
+
+
+def test_latency_bound_loading_needs_more_workers_than_cpus():
+    # 3 ms asleep, 0.1 ms CPU per sample; 2 ranks with 1 CPU each; the loop eats 6000/s
+    model = Capacity(cpu_per_sample_s=1e-4, wait_per_sample_s=3e-3, cpus_per_rank=1.0,
+                     ranks=2, demand=6000.0, memory_workers=None)
+    assert model.bound == "wait"
+    assert model.supply(1) == pytest.approx(2 / 3.1e-3)
+    assert model.supply(8) == pytest.approx(8 * 2 / 3.1e-3)
+    assert model.workers_for_demand() == math.ceil(3000 * 3.1e-3)  # 10 > 1 CPU
+    assert model.throughput(10) == pytest.approx(6000.0)
+    # in the loop: one sample costs the compute and the load, one after the other
+    assert model.throughput(0) == pytest.approx(2 / (2 / 6000 + 3.1e-3))
+
+
+def test_cpu_bound_loading_stops_where_the_cpus_saturate():
+    # 3.4 ms CPU per sample, 2 CPUs per rank: at most 2 / 3.4 ms = 588 samples/s per rank
+    model = Capacity(cpu_per_sample_s=3.4e-3, wait_per_sample_s=0.1e-3, cpus_per_rank=2.0,
+                     ranks=1, demand=29400.0, memory_workers=None)
+    assert model.bound == "cpu"
+    assert model.cpu_limit == pytest.approx(2 / 3.4e-3)
+    assert model.supply(64) == pytest.approx(model.cpu_limit)
+    assert model.workers_for_demand() == 3  # ceil(588 * 3.5 ms): the CPUs are full
+    assert model.throughput(3) == pytest.approx(model.cpu_limit)
+
+
+def test_mixed_loading_climbs_until_the_cpus_saturate():
+    model = Capacity(cpu_per_sample_s=1e-3, wait_per_sample_s=1e-3, cpus_per_rank=2.0,
+                     ranks=1, demand=10000.0, memory_workers=None)
+    assert model.bound == "mixed"
+    assert model.workers_for_demand() == 4  # 2000/s: 4 workers of 500/s each
+    assert model.supply(8) == model.supply(4) == pytest.approx(2000.0)
+
+
+def test_memory_caps_the_workers():
+    cost = loading_cost([(batches(0.1, 5.0), None)])
+    model = capacity_model([probe(cost, 2, 8000.0, rss=1 << 30)], cpus_per_rank=2.0, ranks=2,
+                           memory_available=12 << 30)
+    assert model.memory_workers == 6  # 12 GiB / 2 ranks / 1 GiB
+    assert model.max_workers == 6
+    assert model.workers_for_demand() == 6  # 4000/s per rank would need 21
+    curve = model.to_dict()["curve"]
+    assert max(p["num_workers"] for p in curve) == 6
+
+
+def test_model_from_probes_takes_the_ceiling_as_demand_when_measured():
+    cost = loading_cost([(batches(0.2, 2.0), None)])
+    probes = [probe(cost, 0, 900.0), probe(cost, 2, 1200.0)]
+    from_loop = capacity_model(probes, cpus_per_rank=1.0, ranks=2, memory_available=None)
+    assert from_loop.demand == 1200.0
+    from_ceiling = capacity_model(probes, 1.0, 2, None, ceiling=5000.0)
+    assert from_ceiling.demand == 5000.0
+    assert capacity_model([{**probes[0], "loading": None}], 1.0, 2, None) is None
+
+
+def test_summary_capacity_per_rank_cpus_and_measured_points():
+    from ddp_profile.profiler.store.summary import run_capacity
+
+    cost = loading_cost([(batches(0.1, 3.0), None)])
+    probes = [{**probe(cost, 0, 6000.0), "kind": "baseline", "throughput": 560.0},
+              {**probe(cost, 2, 1800.0), "throughput": 1150.0},
+              {**probe(cost, 4, 0.0), "status": "crash", "loading": None}]
+    context = {"world_size": 2, "cpus_available": 2, "memory_available": None}
+    capacity = run_capacity(probes, context, local_ranks=2, ceiling=None)
+    assert capacity["cpus_per_rank"] == 1.0 and capacity["ranks"] == 2
+    assert capacity["demand"] == 6000.0 and capacity["demand_source"] == "loop"
+    assert [m["num_workers"] for m in capacity["measured"]] == [0, 2]
+    assert capacity["bound"] == "wait" and capacity["workers_for_demand"] == 10
+    assert run_capacity([probes[2]], context, 2, None) is None
+
+
+# ---- the climb ----------------------------------------------------------------------------
+
+from ddp_profile.profiler.sweep.capacity import ClimbPoint, next_workers  # noqa: E402
+
+
+def modelled(model: Capacity, workers: int) -> ClimbPoint:
+    """What a probe of ``workers`` would measure if the model were the truth."""
+    tp = model.throughput(workers)
+    return ClimbPoint(workers, tp, rse=0.01, waits=tp < 0.95 * model.demand,
+                      cpu_share=model.cpu_share)
+
+
+def climb(model: Capacity, first: list[int]) -> list[int]:
+    points = [modelled(model, w) for w in first]
+    while (following := next_workers(points, model.max_workers)) is not None:
+        points.append(modelled(model, following))
+    return [p.workers for p in points]
+
+
+def test_latency_bound_climbs_past_the_cpus_until_the_loop_stops_waiting():
+    model = Capacity(cpu_per_sample_s=1e-4, wait_per_sample_s=3e-3, cpus_per_rank=1.0,
+                     ranks=2, demand=6000.0, memory_workers=None)
+    assert climb(model, [0, 1, model.workers_for_demand()]) == [0, 1, 10]  # 10 meets it
+    # a prediction that fell short (the loop eats more than thought): keep doubling
+    hungry = Capacity(1e-4, 3e-3, 1.0, 2, demand=30000.0, memory_workers=None)
+    assert climb(hungry, [0, 1, 10]) == [0, 1, 10, 20, 40, 64]
+
+
+def test_memory_bounds_the_climb():
+    model = Capacity(1e-4, 3e-3, 1.0, 2, demand=30000.0, memory_workers=24)
+    assert climb(model, [0, 1, 10]) == [0, 1, 10, 20, 24]
+
+
+def test_cpu_bound_loading_does_not_climb_past_saturation():
+    model = Capacity(cpu_per_sample_s=3.4e-3, wait_per_sample_s=1e-4, cpus_per_rank=1.0,
+                     ranks=2, demand=6000.0, memory_workers=None)
+    assert climb(model, [0, 1, model.workers_for_demand()]) == [0, 1, 2]
+
+
+def test_a_flat_top_stops_the_climb():
+    points = [ClimbPoint(1, 1000.0, 0.01), ClimbPoint(2, 1010.0, 0.01)]
+    assert next_workers(points, 64) is None
+    rising = [ClimbPoint(1, 1000.0, 0.01), ClimbPoint(2, 1900.0, 0.01, cpu_share=0.1)]
+    assert next_workers(rising, 64) == 4
+    assert next_workers(rising, 3) == 3 and next_workers(rising, 2) is None
