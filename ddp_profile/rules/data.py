@@ -32,6 +32,7 @@ from ddp_profile.rules.base import (
     probe_context,
     probe_steps,
 )
+from ddp_profile.rules.host import thread_oversubscription
 
 
 @dataclass(frozen=True)
@@ -289,11 +290,14 @@ def io_bound_loading(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     Trigger: the baseline is data-bound and the measured loading (``summary.capacity``) is
     wait-bound (CPU share <= ``capacity.WAIT_BOUND_SHARE``). Runs recorded without batch costs
     fall back to the CPU load of the probe with the most workers (still data-bound while the
-    loading is not CPU-busy or iowait is high).
+    loading is not CPU-busy or iowait is high). No finding beside ``thread-oversubscription``:
+    on oversubscribed CPUs the waiting (wall - CPU) includes waiting for a CPU.
     """
     base = baseline_probe(run)
     if base is None or not is_data_bound(run, base, thresholds):
         return None
+    if thread_oversubscription(run, thresholds) is not None:
+        return None  # waiting for a CPU cannot be told from waiting on storage
     capacity = capacity_of(run)
     if capacity is not None:
         return _wait_bound_from_capacity(run, base, capacity, thresholds)

@@ -193,6 +193,10 @@ def _ceiling_notes(run: Run, chosen: pd.Series, share: float,
         return [f"{head} Its data wait ({pct(waited[0])} of each step) does not explain the "
                 "gap: the steps themselves are slower than in the compute-only probe (on a "
                 "shared host, loading and training compete for the CPUs and memory)."]
+    if thread_oversubscription(run, thresholds) is not None:
+        return [f"{head} The ranks' torch thread pools oversubscribe the CPUs, so loading "
+                "that waits may be waiting for a CPU: see the thread-oversubscription finding "
+                "before blaming storage."]
     capacity = capacity_of(run)
     if capacity is None:
         return _ceiling_notes_from_cpu_load(run, chosen, head, thresholds)

@@ -210,3 +210,23 @@ def test_mixed_loading_gets_neither_bound_finding():
     run = loaded(cpu_ms=1.0, wait_ms=1.0)
     assert run.summary["capacity"]["bound"] == "mixed"
     assert io_bound_loading(run, T) is None and cpu_bound_preprocessing(run, T) is None
+
+
+def test_waiting_under_oversubscribed_threads_is_not_blamed_on_storage():
+    """Wall - CPU of a worker on oversubscribed CPUs includes waiting for a CPU: beside a
+    thread-oversubscription finding the loading's waiting is no evidence of slow storage."""
+    from ddp_profile.rules.host import thread_oversubscription
+
+    builder = (RunBuilder(world_size=2, cpus=2)
+               .probe("base", kind="baseline", num_workers=0,
+                      entry={"intra_op_threads": 2, "ranks_per_host": 2, "cpus_available": 2})
+               .steps(data_wait=0.05, compute=0.01).loading(0.1, 3.0)
+               .probe("threads", kind="threads", num_workers=0)
+               .steps(data_wait=0.01, compute=0.005))
+    builder.summary["launcher"] = "torchrun"
+    run = builder.build()
+    assert run.summary["capacity"]["bound"] == "wait"
+    assert thread_oversubscription(run, T) is not None
+    assert io_bound_loading(run, T) is None
+    without = loaded(cpu_ms=0.1, wait_ms=3.0)  # the same loading, threads that fit: a finding
+    assert io_bound_loading(without, T) is not None

@@ -231,3 +231,26 @@ def test_cheap_loading_is_not_told_to_take_work_off_the_cpus():
     (note,) = [n for n in recommend(run).notes if "ceiling" in n]
     assert "compete for the same CPUs" in note, note
     assert "offline" not in note and "NVMe" not in note
+
+
+def test_ceiling_gap_under_oversubscribed_threads_does_not_blame_storage():
+    """The same wait-bound loading as a storage note would cite, but the ranks' thread pools
+    oversubscribe the CPUs (measured): the ceiling note names the threads, not storage."""
+    from ddp_profile.rules.recommend import recommend
+    from tests.rules.tables import RunBuilder
+
+    builder = (RunBuilder(world_size=2, cpus=2)
+               .probe("base", kind="baseline", num_workers=0,
+                      entry={"intra_op_threads": 2, "ranks_per_host": 2, "cpus_available": 2})
+               .steps(data_wait=0.06, compute=0.02).loading(0.1, 3.0)
+               .probe("threads", kind="threads", num_workers=0)
+               .steps(data_wait=0.01, compute=0.01)
+               .probe("ceil", kind="ceiling", num_workers=0)
+               .steps(data_wait=0.0, compute=0.02))
+    builder.summary["launcher"] = "torchrun"
+    rec = recommend(builder.build())
+    (note,) = [n for n in rec.notes if "ceiling" in n]
+    assert "thread-oversubscription" in note, note
+    assert "NVMe" not in note and "shards" not in note
+    plain = recommend(_ceiling_run(wait=0.06, cpu_ms=0.1, wait_ms=3.0, ceiling_compute=0.02))
+    assert any("NVMe" in n for n in plain.notes)  # threads that fit: storage may be blamed
