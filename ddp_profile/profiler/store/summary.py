@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.record import SCHEMA_VERSION
-from ddp_profile.profiler.sweep.capacity import capacity_model
+from ddp_profile.profiler.sweep.capacity import run_model
 
 
 def _settings(config: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
@@ -28,11 +28,7 @@ def run_capacity(probes: list[dict[str, Any]], context: dict[str, Any],
                  ) -> Optional[dict[str, Any]]:
     """The input pipeline's capacity model of the run (``sweep.capacity``), or None.
     ``local_ranks``: the ranks that shared one host's CPUs (observed, else as launched)."""
-    ranks = int(context.get("world_size") or 1)
-    local = int(local_ranks or ranks or 1)
-    cpus = context.get("cpus_available") or context.get("cpu_count") or 1
-    model = capacity_model(probes, cpus / max(local, 1), ranks,
-                           context.get("memory_available"), ceiling=ceiling)
+    model = run_model(probes, context, local_ranks, ceiling)
     if model is None:
         return None
     return {**model.to_dict(), "demand_source": "ceiling" if ceiling else "loop",

@@ -216,6 +216,19 @@ def capacity_model(probes: list[dict[str, Any]], cpus_per_rank: float, ranks: in
                     memory_workers=memory_workers, cap=cap)
 
 
+def run_model(probes: list[dict[str, Any]], context: dict[str, Any],
+              local_ranks: Optional[int], ceiling: Optional[float] = None
+              ) -> Optional[Capacity]:
+    """THE capacity model of a run (the search reads it while it runs, the summary at the
+    end): each rank's CPUs are the rank context's ``cpus_available`` (else ``cpu_count``)
+    shared by the ``local_ranks`` that ran on one host (as observed, else as launched)."""
+    ranks = int(context.get("world_size") or local_ranks or 1)
+    local = int(local_ranks or ranks)
+    cpus = context.get("cpus_available") or context.get("cpu_count") or 1
+    return capacity_model(probes, cpus / max(local, 1), ranks, context.get("memory_available"),
+                          ceiling=ceiling)
+
+
 CLIMB_STOP_CPU_SHARE = 0.5  # loading mostly CPU: more workers than the CPUs cannot help
 
 

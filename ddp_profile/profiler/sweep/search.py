@@ -26,8 +26,8 @@ from ddp_profile.profiler.sweep.capacity import (
     WORKER_CAP,
     Capacity,
     ClimbPoint,
-    capacity_model,
     next_workers,
+    run_model,
 )
 from ddp_profile.profiler.sweep.choose import candidate_of, choose, relative_se
 from ddp_profile.profiler.sweep.climb import beats, climb_workers, waits_for_data
@@ -269,13 +269,11 @@ class Search:
     def capacity(self) -> Optional[Capacity]:
         """The capacity model from what was measured so far (``sweep.capacity``)."""
         assert self.baseline is not None
-        context = self.measurer.context(self.baseline)
-        ranks = int(context.get("world_size") or self.nproc_per_node or 1)
         cpus, local_ranks = self._host()
+        context = {**self.measurer.context(self.baseline), "cpus_available": cpus}
         ceiling = latest_ceiling(self.entries)
-        return capacity_model(self.ok_entries(), cpus / max(local_ranks, 1), ranks,
-                              context.get("memory_available"),
-                              ceiling=ceiling.get("throughput") if ceiling else None)
+        return run_model(self.ok_entries(), context, local_ranks,
+                         ceiling.get("throughput") if ceiling else None)
 
     def _first_workers(self) -> list[int]:
         """The worker counts of the first screen: the ones the user gave (always measured),
