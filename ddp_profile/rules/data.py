@@ -339,13 +339,12 @@ def _wait_bound_from_capacity(run: Run, base: pd.Series, capacity: dict,
     fraction = data_wait(run, base)[0]
     workers = capacity["workers_for_demand"]
     most = max(_measured_workers(run), default=0)
+    past = ", past the CPU count" if max(most, workers) > capacity["cpus_per_rank"] else ""
     if most >= workers:
-        overlap = (f"Loading overlaps with more workers, past the CPU count: up to "
-                   f"num_workers={most} was measured; the recommendation below is the "
-                   "fastest measured")
+        overlap = (f"Loading overlaps with more workers{past}: up to num_workers={most} was "
+                   "measured; the recommendation below is the fastest measured")
     else:
-        overlap = f"Loading overlaps with more workers, past the CPU count: " \
-                  f"{predicted_workers(capacity)}"
+        overlap = f"Loading overlaps with more workers{past}: {predicted_workers(capacity)}"
     return Finding(
         rule="io-bound-loading",
         severity="high" if fraction >= thresholds.data_wait_severe else "medium",

@@ -230,3 +230,10 @@ def test_waiting_under_oversubscribed_threads_is_not_blamed_on_storage():
     assert io_bound_loading(run, T) is None
     without = loaded(cpu_ms=0.1, wait_ms=3.0)  # the same loading, threads that fit: a finding
     assert io_bound_loading(without, T) is not None
+
+
+def test_wait_bound_loading_says_past_the_cpu_count_only_when_it_is():
+    many = io_bound_loading(loaded(cpu_ms=0.1, wait_ms=3.0, cpus=2), T)  # 10 workers, 1 CPU
+    assert "past the CPU count" in many.recommendation
+    few = io_bound_loading(loaded(cpu_ms=0.1, wait_ms=3.0, cpus=64), T)  # 10 workers, 32 CPUs
+    assert few is not None and "past the CPU count" not in few.recommendation, few
