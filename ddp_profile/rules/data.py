@@ -169,7 +169,16 @@ def data_loader_bound(run: Run, thresholds: Thresholds) -> Optional[Finding]:
         title="Training waits on the DataLoader",
         evidence=(f"With {describe_config(probe)} the ranks spend {pct(fraction)} of each "
                   f"measured step waiting for the next batch{seconds}."),
-        recommendation=_loading_advice(run, probe), advice=_more_workers(run, probe, fraction))
+        recommendation=_loading_advice(run, probe),
+        advice=None if _enough_workers(run, probe) else _more_workers(run, probe, fraction))
+
+
+def _enough_workers(run: Run, baseline: pd.Series) -> bool:
+    """The capacity model predicts no more workers than the baseline already runs (the CPUs
+    or the memory are the limit): advising more workers would contradict it."""
+    capacity = capacity_of(run)
+    return capacity is not None and \
+        capacity["workers_for_demand"] <= (as_int(baseline.get("num_workers"), 0) or 0)
 
 
 def _more_workers(run: Run, baseline: pd.Series, fraction: float) -> Advice:
@@ -202,6 +211,10 @@ def _loading_advice(run: Run, baseline: pd.Series) -> str:
             return "None of the measured settings loaded faster than the script's own."
     workers = as_int(baseline.get("num_workers")) or 0
     capacity = capacity_of(run)
+    if capacity is not None and _enough_workers(run, baseline):
+        return (f"More workers are not predicted to help: {predicted_workers(capacity)}, and "
+                f"the script runs {workers} already. What limits the loading is the cost of "
+                f"each sample: {loading_evidence(capacity)}.")
     if capacity is not None:
         more = capacity["workers_for_demand"]
         return (f"Load in parallel: {predicted_workers(capacity)}; measure it: "

@@ -237,3 +237,16 @@ def test_wait_bound_loading_says_past_the_cpu_count_only_when_it_is():
     assert "past the CPU count" in many.recommendation
     few = io_bound_loading(loaded(cpu_ms=0.1, wait_ms=3.0, cpus=64), T)  # 10 workers, 32 CPUs
     assert few is not None and "past the CPU count" not in few.recommendation, few
+
+
+def test_data_loader_bound_never_advises_fewer_workers_as_more():
+    """CPU-bound loading whose CPUs saturate at 2 workers per rank, the script runs 4: the
+    finding must not say "load in parallel: num_workers=2" (fewer than it has)."""
+    run = (RunBuilder(world_size=2, cpus=2)
+           .probe("base", kind="baseline", num_workers=4).steps(data_wait=0.05, compute=0.01)
+           .loading(3.4, 0.1).build())
+    assert run.summary["capacity"]["workers_for_demand"] <= 4
+    finding = data_loader_bound(run, T)
+    assert finding is not None and finding.advice is None
+    assert "not predicted to help" in finding.recommendation, finding.recommendation
+    assert "Load in parallel" not in finding.recommendation
