@@ -5,7 +5,7 @@ Each rule is ``rule(run, thresholds) -> Finding | None`` (see ``rules.base``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import pandas as pd
@@ -259,7 +259,7 @@ def cpu_bound_preprocessing(run: Run, thresholds: Thresholds) -> Optional[Findin
         return None
     capacity = capacity_of(run)
     if capacity is not None:
-        return _cpu_bound_from_capacity(run, capacity)
+        return _cpu_bound_from_capacity(run, base, capacity)
     probe = most_workers_probe(run)
     if probe is None:
         return None
@@ -277,24 +277,30 @@ def cpu_bound_preprocessing(run: Run, thresholds: Thresholds) -> Optional[Findin
         recommendation=CPU_FIX[0].upper() + CPU_FIX[1:] + ".")
 
 
-def _cpu_bound_from_capacity(run: Run, capacity: dict) -> Optional[Finding]:
+def _cpu_bound_from_capacity(run: Run, base: pd.Series, capacity: dict) -> Optional[Finding]:
     if capacity["bound"] != "cpu":
         return None
     limit, demand = capacity.get("cpu_limit"), capacity["demand"]
     saturated = finite(limit) and limit < demand
-    if saturated:
-        advice = f"More workers cannot help once the CPUs are full: {CPU_FIX}."
-    elif capacity["workers_for_demand"] in _measured_workers(run):
-        advice = (f"The CPUs can keep up with num_workers={capacity['workers_for_demand']} "
-                  f"(measured, see the recommendation); to need fewer cores: {CPU_FIX}.")
-    else:
-        advice = (f"The CPUs can keep up with more workers: {predicted_workers(capacity)}. "
-                  f"To need fewer cores: {CPU_FIX}.")
-    return Finding(
+    finding = Finding(
         rule="cpu-bound-preprocessing", severity="high" if saturated else "medium",
         title="Loading is CPU-bound: preprocessing, not storage, limits it",
         evidence=f"Measured where the batches are made: {loading_evidence(capacity)}.",
-        recommendation=advice)
+        recommendation=f"More workers cannot help once the CPUs are full: {CPU_FIX}.")
+    if saturated:
+        return finding
+    workers = as_int(base.get("num_workers"), 0) or 0
+    more = capacity["workers_for_demand"]
+    if more <= workers:
+        return finding
+    # the CPUs can keep up with more workers: worded from the recommendation (rules.voice)
+    return replace(finding, recommendation=(
+        f"The CPUs can keep up with more workers: {predicted_workers(capacity)}. To need "
+        f"fewer cores: {CPU_FIX}."), advice=Advice(
+        change=f"num_workers={more}",
+        wants=lambda p: (as_int(p.get("num_workers"), 0) or 0) >= more,
+        basis=loading_evidence(capacity),
+        measure=f"--num-workers {workers},{more}", extra=f"To need fewer cores: {CPU_FIX}."))
 
 
 def io_bound_loading(run: Run, thresholds: Thresholds) -> Optional[Finding]:

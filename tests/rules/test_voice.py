@@ -69,3 +69,22 @@ def test_measured_gain_is_cited_with_the_recommended_snippet():
     advice = findings["data-loader-bound"].recommendation
     assert advice.startswith("Measured: probe p1") and "1.98x" in advice  # 0.101 / 0.051 s
     assert rec.snippet in advice
+
+
+def test_cpu_bound_finding_never_cites_a_worker_count_the_recommendation_did_not_choose():
+    """CPU-bound loading the CPUs can keep up with at num_workers=4 (predicted), measured, but
+    2 workers ran faster: the finding must not send the reader to num_workers=4."""
+    run = (RunBuilder(world_size=2, cpus=8)
+           .probe("p0", kind="baseline", num_workers=0).steps(data_wait=0.05, compute=0.01)
+           .loading(1.0, 0.1)
+           .probe("w2", num_workers=2).steps(data_wait=0.0, compute=0.01, seed=1)
+           .loading(1.0, 0.1)
+           .probe("w4", num_workers=4).steps(data_wait=0.004, compute=0.01, seed=2)
+           .loading(1.0, 0.1)
+           .build())
+    assert run.summary["capacity"]["workers_for_demand"] == 4
+    findings, rec = _by_rule(run)
+    assert rec.probe_id == "w2"
+    text = findings["cpu-bound-preprocessing"].recommendation
+    assert "recommendation stays" in text and "probe w4" in text, text
+    assert "keep up with num_workers=4 (measured" not in text
