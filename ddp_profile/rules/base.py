@@ -245,12 +245,6 @@ def world_size(run: Run, probe_id: Optional[str] = None) -> int:
     return as_int(ctx.get("world_size"), 1) or 1
 
 
-def capacity_of(run: Run) -> Optional[dict]:
-    """The run's measured loading capacity (``summary.capacity``, see ``sweep.capacity``)."""
-    capacity = run.summary.get("capacity")
-    return capacity if isinstance(capacity, dict) and capacity.get("bound") else None
-
-
 def cpus_available(run: Run, probe_id: str) -> Optional[int]:
     ctx = probe_context(run, probe_id)
     env = run.summary.get("environment") or {}

@@ -17,7 +17,6 @@ from ddp_profile.rules.base import (
     Thresholds,
     as_int,
     baseline_probe,
-    capacity_of,
     cpus_available,
     data_wait,
     describe_config,
@@ -86,6 +85,12 @@ def cpu_load(run: Run, probe: pd.Series) -> CpuLoad:
     return CpuLoad(metric_median(run, probe_id, "host", "cpu_percent"), share,
                    metric_median(run, probe_id, "host", "iowait_percent"),
                    compute_on_cpu=device == "cpu")
+
+
+def capacity_of(run: Run) -> Optional[dict]:
+    """The run's measured loading capacity (``summary.capacity``, see ``sweep.capacity``)."""
+    capacity = run.summary.get("capacity")
+    return capacity if isinstance(capacity, dict) and capacity.get("bound") else None
 
 
 def _rate(value: Optional[float]) -> str:

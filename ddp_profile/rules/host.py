@@ -17,7 +17,6 @@ from ddp_profile.rules.base import (
     Thresholds,
     as_int,
     baseline_probe,
-    capacity_of,
     cpus_available,
     finite,
     local_ranks,
@@ -34,12 +33,10 @@ def worker_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Findin
 
     Trigger: the baseline probe's ``num_workers`` x local ranks (``nproc_per_node``, else the
     ranks sharing a hostname) > ``cpus_available`` of the rank's context (else ``cpu_count``);
-    "high" when more than twice the CPUs. No finding when the measured loading is wait-bound
-    (``summary.capacity``): workers that mostly wait do not compete for the CPUs.
+    "high" when more than twice the CPUs.
     """
     probe = baseline_probe(run)
-    capacity = capacity_of(run)
-    if probe is None or (capacity is not None and capacity["bound"] == "wait"):
+    if probe is None:
         return None
     workers = as_int(probe.get("num_workers"))
     cpus = cpus_available(run, probe["id"])

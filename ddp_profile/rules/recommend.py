@@ -28,7 +28,6 @@ from ddp_profile.rules.base import (
     Thresholds,
     as_int,
     baseline_probe,
-    capacity_of,
     ceiling_probe,
     cpus_available,
     data_wait,
@@ -41,6 +40,7 @@ from ddp_profile.rules.base import (
 from ddp_profile.rules.data import (
     CPU_FIX,
     IO_FIX,
+    capacity_of,
     cpu_load,
     loading_evidence,
     predicted_workers,

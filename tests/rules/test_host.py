@@ -147,20 +147,3 @@ def test_the_recommendation_says_how_to_set_the_measured_threads():
     notes = recommend(threads_run(threads_tp=1000.0), T).notes
     assert any("Measured in probe p1: 1 thread(s) per rank" in n for n in notes), notes
     assert not any("thread" in n for n in recommend(threads_run(), T).notes)
-
-
-def _workers_with_loading(cpu_ms: float, wait_ms: float):
-    return (RunBuilder(world_size=2, cpus=2)
-            .probe("p0", kind="baseline", num_workers=8).steps(data_wait=0.05, compute=0.01)
-            .loading(cpu_ms, wait_ms).build())
-
-
-def test_workers_that_mostly_wait_do_not_oversubscribe_the_cpus():
-    """8 workers x 2 ranks on 2 CPUs whose loading is measured 97 % waiting: they sleep, the
-    CPUs are not contended, and the capacity model wants more workers, not fewer."""
-    waiting = _workers_with_loading(cpu_ms=0.1, wait_ms=3.0)
-    assert waiting.summary["capacity"]["bound"] == "wait"
-    assert worker_oversubscription(waiting, T) is None
-    busy = _workers_with_loading(cpu_ms=3.0, wait_ms=0.1)
-    assert busy.summary["capacity"]["bound"] == "cpu"
-    assert worker_oversubscription(busy, T) is not None
