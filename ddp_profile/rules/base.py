@@ -224,9 +224,13 @@ def events_named(run: Run, name: str, probe_id: Optional[str] = None) -> pd.Data
 
 
 def local_ranks(run: Run, probe_id: str) -> int:
-    """Ranks sharing one machine, as observed: the most contexts of the probe on one hostname;
-    without contexts the summary's ``ranks_per_host`` or ``nproc_per_node``, else the world
-    size."""
+    """Ranks sharing one machine, as observed: the probe's ``ranks_per_host`` (decided by
+    ``sweep.probe`` from the ranks' contexts), else the most contexts of the probe on one
+    hostname; without either the summary's ``ranks_per_host`` or ``nproc_per_node``, else the
+    world size."""
+    decided = as_int(probe_entry(run, probe_id).get("ranks_per_host"))
+    if decided:
+        return decided
     hosts = [ctx.get("hostname") for (pid, _), ctx in run.contexts.items()
              if pid == probe_id and ctx.get("hostname")]
     if hosts:
@@ -246,9 +250,12 @@ def world_size(run: Run, probe_id: Optional[str] = None) -> int:
 
 
 def cpus_available(run: Run, probe_id: str) -> Optional[int]:
+    """The CPUs a rank of the probe could use: the probe's ``cpus_available`` (the fewest of
+    its ranks, ``sweep.probe``), else its context's (``profiler.cpus``), else ``cpu_count``."""
     ctx = probe_context(run, probe_id)
     env = run.summary.get("environment") or {}
-    for value in (ctx.get("cpus_available"), ctx.get("cpu_count"), env.get("cpu_count")):
+    for value in (probe_entry(run, probe_id).get("cpus_available"), ctx.get("cpus_available"),
+                  ctx.get("cpu_count"), env.get("cpu_count")):
         if as_int(value):
             return as_int(value)
     return None

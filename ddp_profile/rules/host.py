@@ -100,8 +100,7 @@ def thread_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Findin
     if base is None:
         return None
     entry = probe_entry(run, base["id"])
-    ranks = entry.get("ranks_per_host") or local_ranks(run, base["id"])
-    cpus = entry.get("cpus_available") or cpus_available(run, base["id"])
+    ranks, cpus = local_ranks(run, base["id"]), cpus_available(run, base["id"])
     threads, workers = entry.get("intra_op_threads"), entry.get("worker_cores") or 0.0
     fit = threads_to_fit(threads, ranks, workers, cpus)
     if fit is None:

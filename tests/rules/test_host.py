@@ -147,3 +147,18 @@ def test_the_recommendation_says_how_to_set_the_measured_threads():
     notes = recommend(threads_run(threads_tp=1000.0), T).notes
     assert any("Measured in probe p1: 1 thread(s) per rank" in n for n in notes), notes
     assert not any("thread" in n for n in recommend(threads_run(), T).notes)
+
+
+def test_rules_read_the_ranks_per_host_and_cpus_the_probe_decided():
+    """One author: sweep.probe decides ranks_per_host and cpus_available (the fewest of the
+    ranks'); every host rule reads that, the contexts only when the entry lacks it."""
+    from ddp_profile.rules.base import cpus_available, local_ranks
+
+    run = (RunBuilder(world_size=2, cpus=16)
+           .probe("p0", kind="baseline", num_workers=5,
+                  entry={"ranks_per_host": 1, "cpus_available": 4}).steps(n=5).build())
+    assert local_ranks(run, "p0") == 1 and cpus_available(run, "p0") == 4
+    finding = worker_oversubscription(run, T)
+    assert finding is not None and "1 rank(s) per machine" in finding.evidence
+    plain = RunBuilder(world_size=2, cpus=16).probe("p0", kind="baseline").steps(n=5).build()
+    assert local_ranks(plain, "p0") == 2 and cpus_available(plain, "p0") == 16
