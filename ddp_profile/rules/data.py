@@ -361,7 +361,7 @@ def _wait_bound_from_capacity(run: Run, base: pd.Series, capacity: dict,
     past = ", past the CPU count" if max(most, workers) > capacity["cpus_per_rank"] else ""
     if most >= workers:
         overlap = (f"Loading overlaps with more workers{past}: up to num_workers={most} was "
-                   "measured; the recommendation below is the fastest measured")
+                   "measured; the recommendation below chooses among what was measured")
     else:
         overlap = f"Loading overlaps with more workers{past}: {predicted_workers(capacity)}"
     return Finding(
