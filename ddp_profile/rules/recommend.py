@@ -203,8 +203,8 @@ def _ceiling_notes(run: Run, chosen: pd.Series, share: float,
     evidence = f"The data wait explains the gap: {loading_evidence(capacity)}."
     more = capacity["workers_for_demand"]
     limit = capacity.get("cpu_limit")
+    tried = max((as_int(w, 0) or 0 for w in ok_probes(run)["num_workers"]), default=0)
     if capacity["bound"] == "cpu" and (limit is None or limit >= capacity["demand"]):
-        tried = max((as_int(w, 0) or 0 for w in ok_probes(run)["num_workers"]), default=0)
         if tried >= more:  # the CPUs could make enough, and that many workers were measured
             return [f"{head} {evidence} The CPUs could make enough samples, but {tried} "
                     "worker(s) per rank measured no faster: the workers and the training "
@@ -213,6 +213,9 @@ def _ceiling_notes(run: Run, chosen: pd.Series, share: float,
     if capacity["bound"] == "cpu":
         return [f"{head} {evidence} What would close it: {CPU_FIX}."]
     if capacity["bound"] == "wait":
+        if tried >= more > (as_int(chosen.get("num_workers"), 0) or 0):
+            return [f"{head} {evidence} {tried} worker(s) per rank were measured and ran no "
+                    f"faster than the recommendation; what would close it: {IO_FIX}."]
         if more > (as_int(chosen.get("num_workers"), 0) or 0):
             return [f"{head} {evidence} What would close it: {predicted_workers(capacity)}; "
                     f"or, {IO_FIX}."]

@@ -254,3 +254,24 @@ def test_ceiling_gap_under_oversubscribed_threads_does_not_blame_storage():
     assert "NVMe" not in note and "shards" not in note
     plain = recommend(_ceiling_run(wait=0.06, cpu_ms=0.1, wait_ms=3.0, ceiling_compute=0.02))
     assert any("NVMe" in n for n in plain.notes)  # threads that fit: storage may be blamed
+
+
+def test_ceiling_note_never_predicts_a_worker_count_already_measured():
+    """Wait-bound loading; the model wants 5 workers a rank; 8 were measured and tied the
+    chosen 4: the note must not offer 5 as 'predicted, not measured'."""
+    from ddp_profile.rules.recommend import recommend
+    from tests.rules.tables import RunBuilder
+
+    run = (RunBuilder(world_size=2, cpus=2)
+           .probe("base", kind="baseline", num_workers=0).steps(data_wait=0.06, compute=0.02)
+           .loading(0.1, 3.0)
+           .probe("w4", num_workers=4).steps(data_wait=0.02, compute=0.02).loading(0.1, 3.0)
+           .probe("w8", num_workers=8).steps(data_wait=0.02, compute=0.02).loading(0.1, 3.0)
+           .probe("ceil", kind="ceiling", num_workers=0).steps(data_wait=0.0, compute=0.02)
+           .build())
+    assert 4 < run.summary["capacity"]["workers_for_demand"] <= 8
+    rec = recommend(run)
+    assert rec.probe_id == "w4"
+    (note,) = [n for n in rec.notes if "ceiling" in n]
+    assert "predicted, not measured" not in note, note
+    assert "8 worker(s) per rank" in note, note
