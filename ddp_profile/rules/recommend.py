@@ -200,6 +200,12 @@ def _ceiling_notes(run: Run, chosen: pd.Series, share: float,
     capacity = capacity_of(run)
     if capacity is None:
         return _ceiling_notes_from_cpu_load(run, chosen, head, thresholds)
+    return _ceiling_notes_from_capacity(run, chosen, head, capacity)
+
+
+def _ceiling_notes_from_capacity(run: Run, chosen: pd.Series, head: str,
+                                 capacity: dict[str, Any]) -> list[str]:
+    """The data wait explains the gap: what would close it, from the measured loading."""
     evidence = f"The data wait explains the gap: {loading_evidence(capacity)}."
     more = capacity["workers_for_demand"]
     limit = capacity.get("cpu_limit")
