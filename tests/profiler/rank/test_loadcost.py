@@ -88,7 +88,7 @@ def test_each_batch_is_timed_where_it_is_made(tmp_path, workers, context):
         # 4 samples: 16 ms asleep, 8 ms of CPU (spun on the thread's own CPU clock)
         assert 0.0075 <= record["cpu_s"] <= 0.02, record
         # waiting: the sleep, plus any time the worker sat runnable on this busy machine
-        assert 0.014 <= record["wall_s"] - record["cpu_s"] <= 0.15, record
+        assert 0.014 <= record["wall_s"] - record["cpu_s"] <= 0.5, record
         assert 0 <= record["collate_s"] < record["wall_s"]
 
 
