@@ -93,7 +93,8 @@ def choose(candidates: Sequence[Candidate], baseline: Optional[Candidate] = None
     them when it succeeded); ones without a positive, finite throughput are ignored, and short
     ones (fewer measured steps than asked) too unless every one is short.
     """
-    usable = [c for c in candidates if math.isfinite(c.throughput) and c.throughput > 0]
+    usable = most_certain([c for c in candidates
+                           if math.isfinite(c.throughput) and c.throughput > 0])
     full = [c for c in usable if not c.short]
     usable = full or usable  # a short probe is chosen only when every probe is short
     if not usable:
@@ -115,6 +116,22 @@ def choose(candidates: Sequence[Candidate], baseline: Optional[Candidate] = None
             1 + max(noise(pick, kept, thresholds), thresholds.clear_gain)):
         return kept  # a batch size changes training: only for a clear gain
     return pick
+
+
+def most_certain(candidates: Sequence[Candidate]) -> list[Candidate]:
+    """One candidate per configuration: of several measurements of one configuration (a
+    screened window and its longer re-measurement), the one with the smallest known relative
+    standard error speaks for it; order kept."""
+    kept: dict[LoaderSettings, Candidate] = {}
+    for c in candidates:
+        held = kept.get(c.config)
+        if held is None or _certainty(c) < _certainty(held):
+            kept[c.config] = c
+    return [c for c in candidates if kept[c.config] is c]
+
+
+def _certainty(candidate: Candidate) -> float:
+    return candidate.rse if candidate.rse > 0 else math.inf
 
 
 def relative_se(entry: dict[str, Any]) -> float:

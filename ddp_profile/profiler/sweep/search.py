@@ -258,6 +258,7 @@ class Search:
         else:
             if waits_for_data(self.baseline) and self.space.num_workers is None:
                 self._climb(start)
+            self._settle_contender()
             best = self.best()
             if best is not None:
                 self.measurer.measure_screen(self._second_screen(best))
@@ -327,6 +328,18 @@ class Search:
                                      relative_se(entry), waits_for_data(entry),
                                      loading.get("cpu_share")))
         return points
+
+    def _settle_contender(self) -> None:
+        """A screened window faster than the choice, but tied with it only because its
+        throughput is uncertain (relative SE above ``UNSTABLE_RSE``: a window's few steps of a
+        bursty loader), is measured again in a probe of its own, twice as long, so that the
+        choice rests on a measurement that can tell them apart."""
+        best = self.best()
+        top = max(self.ok_entries(), key=lambda e: e["throughput"], default=None)
+        if best is None or top is None or top is best or not top.get("screened") \
+                or top["throughput"] <= best["throughput"] or relative_se(top) <= UNSTABLE_RSE:
+            return
+        self.measurer.measure(normalise(settings_of(top)), steps=self.options.steps * 2)
 
     def _second_screen(self, best: Entry) -> list[Window]:
         """A fresh measurement of a screened best, then its prefetch and pinning variants."""

@@ -22,8 +22,10 @@ class ModelMeasurer:
     """A ``Measurer`` whose probes are answered by a throughput model instead of a launch."""
 
     def __init__(self, model: Model, screens: bool = True, fail_after: Optional[int] = None,
-                 own: LoaderSettings = OWN):
+                 own: LoaderSettings = OWN, screen_rse: float = 0.01):
         self.model, self.screens, self.fail_after, self.own = model, screens, fail_after, own
+        self.screen_rse = screen_rse  # a screen window's few steps: its throughput's RSE
+        self.steps_asked: list[Optional[int]] = []
         self.entries: list[dict[str, Any]] = []
         self.screen_unsupported: Optional[str] = None
         self.launches = 0
@@ -40,13 +42,15 @@ class ModelMeasurer:
                  "status": "crash" if failed else "ok", "config": config.to_dict(),
                  "requested": requested.to_dict(), "throughput": throughput,
                  "data_wait_fraction": wait, "throughput_rse": 0.01, "steps_measured": 30,
-                 "wall_s": 5.0, **extra}
+                 "wall_s": 5.0}
+        entry.update(extra)
         self.entries.append(entry)
         return entry
 
     def measure(self, requested: LoaderSettings, kind: str = "sweep",
                 steps: Optional[int] = None, mode: str = "normal") -> dict[str, Any]:
         self.launches += 1
+        self.steps_asked.append(steps)
         return self._entry(requested, kind)
 
     def measure_screen(self, windows: list[Window]) -> list[dict[str, Any]]:
@@ -56,7 +60,8 @@ class ModelMeasurer:
             self.screen_unsupported = "modelled: no screens"
             return []
         self.launches += 1
-        return [self._entry(w.config, w.kind, screened=True) for w in windows]
+        return [self._entry(w.config, w.kind, screened=True, throughput_rse=self.screen_rse)
+                for w in windows]
 
     def context(self, entry: dict[str, Any]) -> dict[str, Any]:
         return {"device": "cuda", "cpus_available": 32}
@@ -177,3 +182,26 @@ def test_repeat_stops_at_a_failed_launch():
     found, _ = search(io_bound, repeat=6, fail_after=4)
     repeats = [e for e in found.entries if e["kind"] == "repeat"]
     assert [e["status"] for e in repeats] == ["ok", "crash"]
+
+
+def cpu_bound_two_workers(config: LoaderSettings) -> tuple[float, float]:
+    """Two CPUs: the loop alone at 900 samples/s; 2 workers 12 % faster, more a little slower."""
+    workers = config.num_workers or 0
+    throughput = {0: 900.0, 1: 680.0, 2: 1008.0}.get(workers, 990.0)
+    return throughput, 0.9 if workers == 0 else 0.45
+
+
+def test_an_uncertain_faster_window_is_measured_again_longer_and_then_chosen():
+    # screened windows are uncertain (RSE 15 %): 12 % faster is within their noise alone
+    found, fake = search(cpu_bound_two_workers, screen_rse=0.15)
+    fresh = [e for e in fake.entries if not e.get("screened") and e["kind"] == "sweep"]
+    assert fresh and fresh[0]["config"]["num_workers"] >= 2, fake.entries
+    assert SweepOptions().steps * 2 in fake.steps_asked
+    assert (found.best()["config"]["num_workers"] or 0) >= 2
+
+
+def test_certain_windows_are_not_measured_again():
+    found, fake = search(cpu_bound_two_workers, screen_rse=0.01)
+    assert not [e for e in fake.entries if not e.get("screened") and e["kind"] == "sweep"]
+    assert SweepOptions().steps * 2 not in fake.steps_asked
+    assert found.best()["config"]["num_workers"] == 2

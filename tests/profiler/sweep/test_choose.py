@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from ddp_profile.profiler.settings import LoaderSettings
-from ddp_profile.profiler.sweep.choose import Candidate, ChoiceThresholds, choose, noise
+from ddp_profile.profiler.sweep.choose import (
+    Candidate,
+    ChoiceThresholds,
+    choose,
+    most_certain,
+    noise,
+)
 from ddp_profile.rules import Thresholds
 
 
@@ -70,3 +76,17 @@ def test_a_changed_batch_size_needs_a_clear_gain():
     assert choose([base, same, clear], base).id == "w2b64"
     noisy = Candidate("w2b64", LoaderSettings(2, False, 2, 64), 2200.0, rse=0.06)
     assert choose([base, same, noisy], base).id == "w2"  # 10 % is within 2 x 6 % noise
+
+
+def test_the_most_certain_measurement_of_a_configuration_speaks_for_it():
+    base = cand("base", 0, 100.0, rse=0.01, kind="baseline")
+    # the screened window alone: 15 % uncertain, so 12 % faster is a tie won by the baseline
+    window = cand("w2-screened", 2, 112.0, rse=0.15)
+    assert choose([base, window], base).id == "base"
+    # its longer re-measurement (1 % uncertain) replaces it: now 12 % is beyond noise
+    again = cand("w2-again", 2, 112.0, rse=0.01)
+    assert choose([base, window, again], base).id == "w2-again"
+    assert [c.id for c in most_certain([base, window, again])] == ["base", "w2-again"]
+    # an unknown RSE (0) never outranks a known one
+    unknown = cand("w2-unknown", 2, 113.0, rse=0.0)
+    assert [c.id for c in most_certain([window, unknown])] == ["w2-screened"]
