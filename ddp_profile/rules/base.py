@@ -71,6 +71,7 @@ class Thresholds(ChoiceThresholds):
     worker_cpu_saturated_share: float = 0.85  # worker CPU / cores available to the rank
     cpu_idle_percent: float = 50.0  # host cpu_percent median below this: CPUs mostly idle
     worker_cpu_idle_share: float = 0.5  # workers using less of the rank's cores: not CPU-busy
+    busy_worker_cores: float = 0.5  # workers busy on fewer cores compete for no CPU
     iowait_high_percent: float = 20.0  # iowait median at or above this: waiting on storage
     workers_flat_gain: float = 1.10  # more workers gaining less than this: gain has flattened
     pin_speedup: float = 1.03  # pinned probe this much faster than its unpinned twin

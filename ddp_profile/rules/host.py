@@ -32,8 +32,11 @@ def worker_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Findin
     """More DataLoader workers on a machine than it has CPUs.
 
     Trigger: the baseline probe's ``num_workers`` x local ranks (``nproc_per_node``, else the
-    ranks sharing a hostname) > ``cpus_available`` of the rank's context (else ``cpu_count``);
-    "high" when more than twice the CPUs.
+    ranks sharing a hostname) > ``cpus_available`` of the rank's context (else ``cpu_count``),
+    and the workers were measured busy: the CPU their batches cost (``loading``, per sample x
+    samples/s of this machine's ranks; else the sampler's ``worker_cores``) is at least
+    ``busy_worker_cores`` cores. Workers that mostly sit idle compete for nothing. "high" when
+    more than twice the CPUs.
     """
     probe = baseline_probe(run)
     if probe is None:
@@ -46,13 +49,17 @@ def worker_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Findin
     total = workers * nproc
     if total <= cpus:
         return None
+    busy = _busy_worker_cores(run, probe, nproc)
+    if busy is not None and busy < thresholds.busy_worker_cores:
+        return None
     fitting = max(1, cpus // nproc - 1)
+    measured = f" (measured busy on {busy:.1f} cores)" if busy is not None else ""
     return Finding(
         rule="worker-oversubscription",
         severity="high" if total > 2 * cpus else "medium",
         title="More DataLoader workers than CPUs",
         evidence=(f"{nproc} rank(s) per machine x num_workers={workers} = {total} worker "
-                  f"processes compete for {cpus} available CPUs."),
+                  f"processes{measured} compete for {cpus} available CPUs."),
         recommendation=(f"Use at most one worker per free core: DataLoader(..., "
                         f"num_workers={fitting}) (CPUs // ranks per machine - 1 for the main "
                         "process), or measure a few values with --num-workers."),
@@ -61,6 +68,19 @@ def worker_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Findin
             wants=lambda p: (as_int(p.get("num_workers"), 0) or 0) * nproc <= cpus,
             basis=f"{total} worker processes compete for {cpus} CPUs",
             measure=f"--num-workers {fitting},{workers}"))
+
+
+def _busy_worker_cores(run: Run, probe: pd.Series, local: int) -> Optional[float]:
+    """Cores this machine's DataLoader workers were busy on in ``probe``: the measured CPU per
+    sample x the samples/s of its ranks, else the sampler's ``worker_cores``; None unknown."""
+    entry = probe_entry(run, probe["id"])
+    loading = entry.get("loading") or {}
+    per_sample, throughput = loading.get("cpu_per_sample_s"), probe.get("throughput")
+    world = as_int(run.summary.get("world_size")) or local
+    if finite(per_sample) and finite(throughput):
+        return float(per_sample) * float(throughput) * local / max(world, 1)
+    cores = entry.get("worker_cores")
+    return float(cores) if finite(cores) else None
 
 
 def _how_to_set_threads(launcher: str, fit: int) -> str:

@@ -46,12 +46,14 @@ def test_batch_sampler_that_does_not_shard_is_flagged_from_the_data(cli, run_dir
 
 
 def test_one_rank_with_launcher_none_is_counted_as_one(cli, run_dir):
-    """The script starts one rank itself: evidence and sizing use 1 rank, not the default 2."""
+    """The script starts one rank itself: evidence and sizing use 1 rank, not the default 2.
+    Its workers spend 1 ms of CPU per sample, so they are busy and do compete."""
     cpus = len(os.sched_getaffinity(0))
     workers = cpus + 1  # oversubscribed by one rank alone
     result = cli(["run", DEMO, "--launcher", "none", "--out", run_dir,
                   "--num-workers", str(workers), "--no-ceiling", "--steps", "6", "--warmup", "2",
-                  "--no-report", "--quiet", "--", "--num-workers", str(workers)], out=run_dir)
+                  "--no-report", "--quiet", "--", "--num-workers", str(workers), "--cpu-ms", "1"],
+                 out=run_dir)
     findings = _findings(result)
     summary = result.summary()
     assert summary["world_size"] == 1 and summary["ranks_per_host"] == 1

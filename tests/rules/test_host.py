@@ -162,3 +162,21 @@ def test_rules_read_the_ranks_per_host_and_cpus_the_probe_decided():
     assert finding is not None and "1 rank(s) per machine" in finding.evidence
     plain = RunBuilder(world_size=2, cpus=16).probe("p0", kind="baseline").steps(n=5).build()
     assert local_ranks(plain, "p0") == 2 and cpus_available(plain, "p0") == 16
+
+
+def test_idle_workers_beyond_the_cpus_compete_for_nothing():
+    """A public script's case (imagenet --dummy): 2 ranks x 2 workers on 2 CPUs, but making a
+    sample costs 2 ms of CPU at ~15 samples/s: the workers are busy on 0.03 cores."""
+    run = (RunBuilder(world_size=2, cpus=2).probe("p", kind="baseline", num_workers=2)
+           .steps(n=5, data_wait=0.0, compute=2.0).loading(2.0, 2.0).build())
+    assert run.probes.iloc[0]["throughput"] < 50
+    assert worker_oversubscription(run, T) is None
+
+
+def test_busy_workers_beyond_the_cpus_are_flagged_with_the_cores_they_use():
+    run = (RunBuilder(world_size=2, cpus=2).probe("p", kind="baseline", num_workers=2)
+           .steps(n=5, data_wait=0.01, compute=0.01).loading(2.0, 0.1).build())
+    finding = worker_oversubscription(run, T)
+    assert finding is not None
+    assert "measured busy on" in finding.evidence and "compete for 2 available CPUs" in \
+        finding.evidence
