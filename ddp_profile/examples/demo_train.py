@@ -26,7 +26,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampl
 
 
 class SyntheticDataset(Dataset):
-    """Random features and labels; each item costs ``load_ms`` asleep and ``cpu_ms`` busy."""
+    """Random features and labels; each item costs ``load_ms`` asleep and ``cpu_ms`` of CPU."""
 
     def __init__(self, samples: int, features: int, load_ms: float, cpu_ms: float):
         self.samples, self.features = samples, features
@@ -38,9 +38,9 @@ class SyntheticDataset(Dataset):
     def __getitem__(self, index: int):
         if self.load_s:
             time.sleep(self.load_s)
-        if self.cpu_s:
-            end = time.perf_counter() + self.cpu_s
-            while time.perf_counter() < end:
+        if self.cpu_s:  # busy for cpu_ms of this thread's CPU time, however long that takes
+            end = time.thread_time() + self.cpu_s
+            while time.thread_time() < end:
                 pass
         generator = torch.Generator().manual_seed(index)
         x = torch.randn(self.features, generator=generator)
