@@ -74,10 +74,20 @@ def config_args(config: dict) -> list[str]:
 
 
 def measure_config(args: list[str], config: dict, nproc: int, steps: int) -> Optional[float]:
-    """Global samples/s of one fresh plain launch of the script with ``config``."""
+    """Global samples/s of one fresh plain launch of the script with ``config``.
+
+    The warm-up drains the batches prefetched while the workers started (``num_workers x
+    prefetch_factor``) and the measured steps span at least five rounds of the workers: with
+    32 workers and 40 steps, the steps measured would all come from the start-up backlog or
+    from one burst of a round, and the configuration would look faster than it runs.
+    """
     work = _bench.scratch("peers-h2h-")
     try:
-        argv = [*args, *config_args(config), "--steps", str(steps)]
+        workers = int(config.get("num_workers") or 0)
+        warmup = max(5, workers * int(config.get("prefetch_factor") or 2))
+        measured = max(steps, 5 * workers)
+        argv = [*args, *config_args(config), "--warmup", str(warmup),
+                "--steps", str(warmup + measured)]
         command = [sys.executable, SCRIPT] if nproc == 1 else None
         result = _bench.run_plain(argv, work, timeout_s=300, script=SCRIPT, nproc=nproc,
                                   command=command)

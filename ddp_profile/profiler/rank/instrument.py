@@ -58,6 +58,7 @@ from ddp_profile.profiler.settings import (
     CEILING_CACHE_BATCHES,
     ProbePlan,
     backlog_warmup,
+    burst_steps,
     mode_warmup,
     window_index,
 )
@@ -78,6 +79,7 @@ class Instrumentation:
         self.plan = plan
         self.recorder = RankRecorder(plan.out_dir, current_rank)
         self.clocks: dict[int, StepClock] = {}
+        self._steps: dict[int, int] = {}  # measured steps per loader (burst_steps)
         self.current: Optional[StepClock] = None
         self.loader_count = 0
         self.training_loader_id: Optional[int] = None
@@ -169,6 +171,7 @@ class Instrumentation:
         clock = self.clocks.get(loader_id)
         if clock is None:
             clock = self.clocks[loader_id] = StepClock(loader_id, self._warmup_for(state))
+            self._steps[loader_id] = self._steps_for(state)
         record = clock.next_called()
         if record is not None:
             record["rank"] = current_rank()
@@ -182,7 +185,7 @@ class Instrumentation:
             if self.gpu_timer is not None:
                 self.gpu_timer.poll()
             if clock.steps_closed >= (self._total_steps if self.plan.windows
-                                      else clock.warmup + self.plan.steps):
+                                      else clock.warmup + self._steps[loader_id]):
                 self.training_loader_id = loader_id
                 self.stop("steps_done")
             elif self.plan.windows and clock.steps_closed in self._starts \
@@ -214,6 +217,13 @@ class Instrumentation:
                 mode_warmup(self.plan.warmup, self.plan.mode)
         return backlog_warmup(self.plan.warmup, getattr(loader, "num_workers", 0),
                               getattr(loader, "prefetch_factor", None))
+
+    def _steps_for(self, state: dict[str, Any]) -> int:
+        """A probe with workers measures several rounds of them (``config.burst_steps``)."""
+        loader = state["loader"]()
+        if self.plan.windows or loader is None:
+            return self.plan.steps
+        return burst_steps(self.plan.steps, getattr(loader, "num_workers", 0), self.plan.mode)
 
     def _fetch(self, state: dict[str, Any], iterator: Any, original_next: Callable[[Any], Any],
                loader_id: int, step: int) -> Any:

@@ -6,14 +6,19 @@ ask this module; nothing else decides.
 
 - **Noise** between two candidates is ``max(noise_floor, noise_sigmas x hypot(rse_a, rse_b))``,
   ``rse`` being each throughput's relative standard error.
-- **Ties**: candidates within noise of the fastest are a tie, won by the cheapest setting
+- **Reference**: of the candidates no other beats beyond noise, the one surest to be fast:
+  the highest lower bound ``throughput x (1 - noise_sigmas x rse)``. The plain fastest would
+  not do: one short, noisy window that happened to run fast makes every candidate "within
+  noise" of it, and the cheapest of them (often the baseline) would win against candidates
+  measured clearly faster.
+- **Ties**: candidates within noise of the reference are a tie, won by the cheapest setting
   (``cost_key``: fewer workers, pinning off, smaller prefetch, batch size closest to the
   baseline's), then by throughput.
 - **Batch-size clause**: a candidate with another batch size than the baseline's wins only
   when it beats the best candidate at the baseline's batch size by more than both the noise
   and ``clear_gain`` (a batch size changes the training's dynamics).
 - **Compute-bound clause**: a baseline that waits for data less than ``data_wait_fraction`` of
-  each step is kept unless the fastest candidate beats it by more than both the noise and
+  each step is kept unless the reference beats it by more than both the noise and
   ``clear_gain``.
 """
 
@@ -99,13 +104,13 @@ def choose(candidates: Sequence[Candidate], baseline: Optional[Candidate] = None
     usable = full or usable  # a short probe is chosen only when every probe is short
     if not usable:
         return baseline
-    top = max(usable, key=lambda c: c.throughput)
+    top = reference(usable, thresholds)
     if baseline is not None and math.isfinite(baseline.throughput) and baseline.throughput > 0 \
             and compute_bound(baseline, thresholds):
         needed = max(noise(top, baseline, thresholds), thresholds.clear_gain)
         if top.throughput <= baseline.throughput * (1 + needed):
             return baseline
-    ties = [c for c in usable if not_worse(c, top, thresholds)]
+    ties = [c for c in undominated(usable, thresholds) if not_worse(c, top, thresholds)]
     batch = baseline.config.batch_size if baseline is not None else None
     pick = min(ties, key=lambda c: (cost_key(c.config, batch), -c.throughput))
     if baseline is None or pick.config.batch_size == batch:
@@ -116,6 +121,21 @@ def choose(candidates: Sequence[Candidate], baseline: Optional[Candidate] = None
             1 + max(noise(pick, kept, thresholds), thresholds.clear_gain)):
         return kept  # a batch size changes training: only for a clear gain
     return pick
+
+
+def undominated(candidates: Sequence[Candidate],
+                thresholds: ChoiceThresholds = ChoiceThresholds()) -> list[Candidate]:
+    """The candidates that no other candidate beats beyond noise."""
+    return [c for c in candidates if not any(better(d, c, thresholds) for d in candidates)]
+
+
+def reference(candidates: Sequence[Candidate],
+              thresholds: ChoiceThresholds = ChoiceThresholds()) -> Candidate:
+    """Of the undominated candidates, the one surest to be fast: the highest
+    ``throughput x (1 - noise_sigmas x rse)``."""
+    front = undominated(candidates, thresholds) or list(candidates)
+    return max(front, key=lambda c: (c.throughput * (1 - thresholds.noise_sigmas * c.rse),
+                                     c.throughput))
 
 
 def most_certain(candidates: Sequence[Candidate]) -> list[Candidate]:

@@ -14,7 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Protocol
 
-from ddp_profile.profiler.settings import LoaderSettings, ProbePlan, backlog_warmup, mode_warmup
+from ddp_profile.profiler.settings import (
+    LoaderSettings,
+    ProbePlan,
+    backlog_warmup,
+    burst_steps,
+    mode_warmup,
+)
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.sweep.coordinate import Coordinator
 from ddp_profile.profiler.sweep.launch import (
@@ -177,7 +183,9 @@ class LedgerMeasurer:
             probe_id=launch_id, out_dir=self.run_dir.probe_dir(launch_id),
             overrides=pending[0].config, warmup=self.warmup, steps=self.steps, mode="screen",
             windows=tuple({"overrides": w.config.to_dict(), "mode": w.mode,
-                           "warmup": self._window_warmup(w)} for w in pending),
+                           "warmup": self._window_warmup(w),
+                           "steps": burst_steps(self.steps, w.config.num_workers, w.mode)}
+                          for w in pending),
             inject_local_rank=self.local_rank_flag(), rdzv_id=f"{self.run_token}-{launch_id}")
         timeout_s = self.screen_timeout(len(pending))
         self.progress("start", {"probe_id": launch_id, "config": pending[0].config,
@@ -231,9 +239,10 @@ class LedgerMeasurer:
         if not self.fixed_timeout:
             self.timeout_s = max(MIN_TIMEOUT_S, TIMEOUT_FACTOR * baseline["wall_s"])
         medians = [r.get("step_time_median_s") or 0.0 for r in baseline.get("per_rank") or []]
-        backlog = max(axes.num_workers) * max(axes.prefetch_factor)
-        self.window_loop_s = max(medians, default=0.0) * (max(self.warmup, backlog)
-                                                          + self.steps)
+        workers = max(axes.num_workers)
+        self.window_loop_s = max(medians, default=0.0) * (
+            max(self.warmup, workers * max(axes.prefetch_factor))
+            + burst_steps(self.steps, workers))
         self.window_loop_s += baseline.get("time_to_first_batch_s") or 0.0
 
     def screen_timeout(self, windows: int) -> float:

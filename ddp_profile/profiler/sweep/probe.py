@@ -7,7 +7,7 @@ import re
 import statistics
 from typing import Any, Optional
 
-from ddp_profile.profiler.settings import ProbePlan
+from ddp_profile.profiler.settings import BURST_ROUNDS, ProbePlan
 from ddp_profile.profiler.store.results import RankData, rank_step_stats, read_probe_dir
 from ddp_profile.profiler.sweep.capacity import loading_cost, loop_demand
 from ddp_profile.profiler.sweep.launch import LaunchOutcome
@@ -33,7 +33,7 @@ def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: str, timeout_
         "skipped_overrides": list(loader.get("skipped_overrides") or []),
         "strays_killed": outcome.strays_killed,
     }
-    entry.update(_measurements(ranks))
+    entry.update(_measurements(ranks, (loader.get("applied") or {}).get("num_workers")))
     entry.update(_loading(ranks))
     status, reason, error, root = _classify(ranks, outcome, plan, timeout_s)
     entry.update(status=status, reason=reason, error=error, root_cause_rank=root)
@@ -68,7 +68,7 @@ def _training_loader(ranks: list[RankData]) -> dict[str, Any]:
     return {}
 
 
-def _measurements(ranks: list[RankData]) -> dict[str, Any]:
+def _measurements(ranks: list[RankData], workers: Optional[int] = None) -> dict[str, Any]:
     per_rank, samples, elapsed, first_batch = [], 0, 0.0, []
     for data in ranks:
         stats = rank_step_stats(data.training_steps())
@@ -89,7 +89,7 @@ def _measurements(ranks: list[RankData]) -> dict[str, Any]:
         "data_wait_fraction": statistics.fmean(fractions) if fractions else None,
         "steps_measured": min((r["steps"] for r in per_rank), default=0),
         "step_time_cv": _step_time_cv(ranks),
-        "throughput_rse": _throughput_rse(ranks),
+        "throughput_rse": _throughput_rse(ranks, workers),
         "gpu_idle_fraction": _gpu_idle_fraction(ranks),
         "time_to_first_batch_s": max(first_batch) if first_batch else None,
         "ranks_per_host": _ranks_per_host(ranks),
@@ -150,7 +150,7 @@ def _global_steps(ranks: list[RankData]) -> list[tuple[float, int]]:
     return [(t, int(n)) for _, (t, n) in sorted(by_step.items())]
 
 
-BLOCKS = 5
+BLOCKS = BURST_ROUNDS  # a probe with workers measures this many rounds of them
 
 
 def _gpu_idle_fraction(ranks: list[RankData]) -> Optional[float]:
@@ -165,15 +165,17 @@ def _gpu_idle_fraction(ranks: list[RankData]) -> Optional[float]:
     return idle / total if total > 0 else None
 
 
-def _throughput_rse(ranks: list[RankData]) -> Optional[float]:
+def _throughput_rse(ranks: list[RankData], workers: Optional[int] = None) -> Optional[float]:
     """Relative standard error of the probe's throughput, by batch means.
 
     Step times of a loader with workers are bursty (a step that waits, then several that do
-    not), so single steps are poor samples; the throughputs of ``BLOCKS`` contiguous blocks
-    of steps are close to independent, and their spread gives the uncertainty of the mean.
+    not), so single steps are poor samples; the throughputs of up to ``BLOCKS`` contiguous
+    blocks of steps, each at least one round of the workers (``workers`` steps) long, are
+    close to independent, and their spread gives the uncertainty of the mean. Blocks shorter
+    than a round would measure where the bursts fall and overstate it several times.
     """
     steps = _global_steps(ranks)
-    blocks = min(BLOCKS, len(steps) // 2)
+    blocks = min(BLOCKS, len(steps) // max(2, workers or 0))
     if blocks < 2:
         return None
     size = len(steps) // blocks

@@ -70,6 +70,25 @@ def test_bursty_but_steady_steps_give_a_small_throughput_error(tmp_path):
     assert entry["throughput_rse"] < 0.01  # the throughput does not
 
 
+def test_the_error_of_a_workers_loader_is_taken_over_whole_rounds(tmp_path):
+    # 6 workers started together: 6 batches arrive at once, then the loop waits for the next
+    # round, the same every round. Blocks of 6 steps all run at the same rate; blocks of 4
+    # (5 blocks of these 20 steps) catch 1 or 2 waits and differ by 1.8x.
+    pattern = [0.060, 0.002, 0.002, 0.002, 0.002, 0.002]
+    records = [{"kind": "step", "loader_id": 0, "step": i, "measured": True, "t_ns": i,
+                "data_wait_s": pattern[i % 6], "compute_s": 0.01, "other_s": 0.0,
+                "samples": 8} for i in range(20)]
+    write_rank(tmp_path, 0, [{"kind": "loader", "loader_id": 0,
+                              "applied": {"num_workers": 6}}, *records])
+    plan = ProbePlan(probe_id="p006", out_dir=str(tmp_path), warmup=0)
+    entry = summarise_probe(plan, outcome(tmp_path, returncode=0), "sweep", 60)
+    assert entry["throughput_rse"] < 0.01
+    write_rank(tmp_path, 0, [{"kind": "loader", "loader_id": 0,
+                              "applied": {"num_workers": 2}}, *records])
+    assert summarise_probe(plan, outcome(tmp_path, returncode=0), "sweep",
+                           60)["throughput_rse"] > 0.05  # what rounds cut in blocks look like
+
+
 def test_when_only_symptoms_were_recorded_the_log_names_the_cause(tmp_path):
     (tmp_path / "launcher.log").write_text(
         "[rank0]: RuntimeError: DataLoader worker (pid 123) is killed by signal: Killed.\n"

@@ -8,7 +8,12 @@ import subprocess
 import sys
 
 from ddp_profile.profiler.rank.hook import HOOK_DIR
-from ddp_profile.profiler.settings import LoaderSettings, ProbePlan, backlog_warmup
+from ddp_profile.profiler.settings import (
+    LoaderSettings,
+    ProbePlan,
+    backlog_warmup,
+    burst_steps,
+)
 from ddp_profile.profiler.store.record import read_jsonl
 from ddp_profile.profiler.store.results import read_probe_dir
 from ddp_profile.profiler.sweep.launch import LaunchOutcome
@@ -168,6 +173,20 @@ def test_backlog_warmup_covers_the_startup_prefetch():
     assert backlog_warmup(5, 2, None) == 5
     assert backlog_warmup(5, 4, 2) == 8
     assert backlog_warmup(5, 8, 4) == 32
+
+
+def test_a_probe_with_workers_measures_several_rounds_of_them():
+    assert burst_steps(15, 0) == 15 and burst_steps(15, None) == 15
+    assert burst_steps(15, 2) == 15  # 7 rounds already
+    assert burst_steps(15, 12) == 60  # 5 rounds of 12 batches
+    assert burst_steps(15, 12, "ceiling") == 15  # replayed batches come at once
+    plan = ProbePlan(probe_id="s", out_dir="x", warmup=2, steps=15, windows=(
+        {"overrides": {"num_workers": 1}, "warmup": 2},
+        {"overrides": {"num_workers": 12}, "warmup": 24, "steps": 60},
+        {"overrides": {"num_workers": 12}, "mode": "ceiling", "warmup": 4}))
+    assert plan.window_starts() == [0, 17, 101]
+    assert plan.window_lengths() == [17, 84, 19]
+    assert plan.total_steps == 120
 
 
 def test_an_error_before_a_windows_first_step_is_not_the_previous_windows(tmp_path):
