@@ -246,11 +246,34 @@ def default_run_row(name: str, wide: tuple[int, ...], reps: int, steps: int,
                                                      / _bench.median(pair[0]))
             row["head_to_head"] = {"wide_best": [round(x, 1) for x in pair[0]],
                                    "default": [round(x, 1) for x in pair[1]]}
+    if name == "compute_bound":
+        plain = [plain_wall(scenario, warmup + steps) for _ in range(2)]
+        plain = [w for w in plain if w is not None]
+        if plain:
+            row["plain_wall_s"] = round(_bench.median(plain), 1)
+            row["wall_vs_plain"] = _bench.rnd(run["wall_s"] / _bench.median(plain))
     cap = row["capacity"]
     if cap and cap["bound"] == "cpu" and cap.get("cpu_limit"):
         row["predicted_vs_measured_capacity"] = _bench.rnd(cap["cpu_limit"]
                                                            / max(grid_tp.values()))
     return row
+
+
+def plain_wall(scenario_args: list[str], steps: int) -> float | None:
+    """Wall time of a plain torchrun of the demo for ``steps`` steps (one epoch of exactly
+    that many batches per rank), launch to exit; None when it failed."""
+    batch = int(scenario_args[scenario_args.index("--batch-size") + 1]) \
+        if "--batch-size" in scenario_args else 16
+    work = _bench.scratch("plain-")
+    try:
+        args = [*scenario_args, "--epochs", "1", "--samples", str(steps * batch * _bench.NPROC)]
+        started = time.monotonic()
+        proc = subprocess.run(_bench.torchrun_command(_bench.DEMO, args), cwd=work,
+                              capture_output=True, timeout=600, stdin=subprocess.DEVNULL)
+        wall = time.monotonic() - started
+        return wall if proc.returncode == 0 else None
+    finally:
+        _bench.cleanup(work)
 
 
 def defaults_main(args: argparse.Namespace) -> dict:
