@@ -33,10 +33,9 @@ def worker_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Findin
 
     Trigger: the baseline probe's ``num_workers`` x local ranks (``nproc_per_node``, else the
     ranks sharing a hostname) > ``cpus_available`` of the rank's context (else ``cpu_count``),
-    and the workers were measured busy: the CPU their batches cost (``loading``, per sample x
-    samples/s of this machine's ranks; else the sampler's ``worker_cores``) is at least
-    ``busy_worker_cores`` cores. Workers that mostly sit idle compete for nothing. "high" when
-    more than twice the CPUs.
+    and the workers were measured busy: the probe's ``worker_cores`` (``sweep.probe``: the CPU
+    their batches cost on this machine) is at least ``busy_worker_cores`` cores. Workers that
+    mostly sit idle compete for nothing. "high" when more than twice the CPUs.
     """
     probe = baseline_probe(run)
     if probe is None:
@@ -49,7 +48,8 @@ def worker_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Findin
     total = workers * nproc
     if total <= cpus:
         return None
-    busy = _busy_worker_cores(run, probe, nproc)
+    busy = probe_entry(run, probe["id"]).get("worker_cores")
+    busy = float(busy) if finite(busy) else None
     if busy is not None and busy < thresholds.busy_worker_cores:
         return None
     fitting = max(1, cpus // nproc - 1)
@@ -68,19 +68,6 @@ def worker_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Findin
             wants=lambda p: (as_int(p.get("num_workers"), 0) or 0) * nproc <= cpus,
             basis=f"{total} worker processes compete for {cpus} CPUs",
             measure=f"--num-workers {fitting},{workers}"))
-
-
-def _busy_worker_cores(run: Run, probe: pd.Series, local: int) -> Optional[float]:
-    """Cores this machine's DataLoader workers were busy on in ``probe``: the measured CPU per
-    sample x the samples/s of its ranks, else the sampler's ``worker_cores``; None unknown."""
-    entry = probe_entry(run, probe["id"])
-    loading = entry.get("loading") or {}
-    per_sample, throughput = loading.get("cpu_per_sample_s"), probe.get("throughput")
-    world = as_int(run.summary.get("world_size")) or local
-    if finite(per_sample) and finite(throughput):
-        return float(per_sample) * float(throughput) * local / max(world, 1)
-    cores = entry.get("worker_cores")
-    return float(cores) if finite(cores) else None
 
 
 def _how_to_set_threads(launcher: str, fit: int) -> str:

@@ -33,8 +33,10 @@ def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: str, timeout_
         "skipped_overrides": list(loader.get("skipped_overrides") or []),
         "strays_killed": outcome.strays_killed,
     }
-    entry.update(_measurements(ranks, (loader.get("applied") or {}).get("num_workers")))
+    workers = (loader.get("applied") or {}).get("num_workers")
+    entry.update(_measurements(ranks, workers))
     entry.update(_loading(ranks))
+    entry["worker_cores"] = _worker_cores(ranks, workers, entry)
     status, reason, error, root = _classify(ranks, outcome, plan, timeout_s)
     entry.update(status=status, reason=reason, error=error, root_cause_rank=root)
     if status != "ok":
@@ -97,14 +99,29 @@ def _measurements(ranks: list[RankData], workers: Optional[int] = None) -> dict[
                                if r.context.get("cpus_available")), default=None),
         "intra_op_threads": max(((r.context.get("threads") or {}).get("intra_op") or 0
                                  for r in ranks), default=0) or None,
-        "worker_cores": _worker_cores(ranks),
         "per_rank": per_rank,
     }
 
 
-def _worker_cores(ranks: list[RankData]) -> Optional[float]:
-    """Cores the ranks' DataLoader workers were busy on: the sum over ranks of the median
-    ``worker_cpu_percent`` / 100 (None when no rank sampled it)."""
+def _worker_cores(ranks: list[RankData], workers: Optional[int], entry: dict[str, Any]
+                  ) -> Optional[float]:
+    """The one author of "cores one machine's DataLoader workers were busy on" (read by the
+    threads probe of the search and by the host rules).
+
+    0 without workers. Else the CPU their batches cost, measured where they were made: the
+    loading's CPU per sample x the probe's samples/s x the machine's share of the ranks. A
+    worker that mostly sleeps (storage latency) is busy on almost nothing, however many there
+    are. Without batch costs, the host sampler's ``worker_cpu_percent`` (median per rank,
+    summed, scaled to one machine); None when neither was recorded.
+    """
+    if workers == 0:
+        return 0.0
+    per_host, world = entry.get("ranks_per_host") or 1, max(1, len(ranks))
+    share = min(1.0, per_host / world)
+    per_sample = (entry.get("loading") or {}).get("cpu_per_sample_s")
+    throughput = entry.get("throughput")
+    if workers and _finite(per_sample) is not None and _finite(throughput) is not None:
+        return round(float(per_sample) * float(throughput) * share, 3)
     medians = []
     for data in ranks:
         values = [s["worker_cpu_percent"] for s in data.samples
@@ -112,7 +129,7 @@ def _worker_cores(ranks: list[RankData]) -> Optional[float]:
                   and math.isfinite(s["worker_cpu_percent"])]
         if values:
             medians.append(statistics.median(values) / 100.0)
-    return round(sum(medians), 3) if medians else None
+    return round(sum(medians) * share, 3) if medians else None
 
 
 def _ranks_per_host(ranks: list[RankData]) -> Optional[int]:

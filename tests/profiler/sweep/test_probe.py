@@ -89,6 +89,38 @@ def test_the_error_of_a_workers_loader_is_taken_over_whole_rounds(tmp_path):
                            60)["throughput_rse"] > 0.05  # what rounds cut in blocks look like
 
 
+def _worker_costs(directory, rank, cpu_s_per_sample, n=12):
+    os.makedirs(os.path.join(directory, "workers"), exist_ok=True)
+    with open(os.path.join(directory, "workers", f"r{rank}-l0-w0-p1.jsonl"), "w") as handle:
+        for i in range(n):
+            handle.write(json.dumps({"kind": "batch_cost", "rank": rank, "loader_id": 0,
+                                     "pid": 1, "t_ns": i, "samples": 8,
+                                     "cpu_s": 8 * cpu_s_per_sample,
+                                     "wall_s": 8 * cpu_s_per_sample}) + "\n")
+
+
+def test_worker_cores_are_what_the_batches_cost_on_one_machine(tmp_path):
+    """The one author of the busy worker cores: a public script's case (imagenet --dummy), 2
+    ranks x 2 workers, 2 ms of CPU per sample at ~16 samples/s: busy on 0.03 cores."""
+    plan = ProbePlan(probe_id="p007", out_dir=str(tmp_path), warmup=0)
+    for rank in (0, 1):
+        steps = [{"kind": "step", "loader_id": 0, "step": i, "measured": True, "t_ns": i,
+                  "data_wait_s": 0.0, "compute_s": 1.0, "other_s": 0.0, "samples": 8}
+                 for i in range(10)]
+        write_rank(tmp_path, rank, [{"kind": "context", "hostname": "h"},
+                                    {"kind": "loader", "loader_id": 0,
+                                     "applied": {"num_workers": 2}}, *steps])
+        _worker_costs(tmp_path, rank, 0.002)
+    entry = summarise_probe(plan, outcome(tmp_path, returncode=0), "sweep", 60)
+    assert entry["throughput"] == 16.0 and entry["ranks_per_host"] == 2
+    assert abs(entry["worker_cores"] - 0.032) < 0.002
+    for rank in (0, 1):  # no workers: nothing busy, whatever the main process spends
+        write_rank(tmp_path, rank, [{"kind": "loader", "loader_id": 0,
+                                     "applied": {"num_workers": 0}}, *steps])
+    assert summarise_probe(plan, outcome(tmp_path, returncode=0), "sweep",
+                           60)["worker_cores"] == 0.0
+
+
 def test_when_only_symptoms_were_recorded_the_log_names_the_cause(tmp_path):
     (tmp_path / "launcher.log").write_text(
         "[rank0]: RuntimeError: DataLoader worker (pid 123) is killed by signal: Killed.\n"
