@@ -78,6 +78,7 @@ class Instrumentation:
     def __init__(self, plan: ProbePlan):
         self.plan = plan
         self.recorder = RankRecorder(plan.out_dir, current_rank)
+        self.pin_meter = loadcost.PinMeter(self.recorder.write_line, current_rank)
         self.clocks: dict[int, StepClock] = {}
         self._steps: dict[int, int] = {}  # measured steps per loader (burst_steps)
         self.current: Optional[StepClock] = None
@@ -136,6 +137,7 @@ class Instrumentation:
         if loader_id is None:
             return
         loadcost.meter_in_process(iterator, self.recorder.write_line, current_rank(), loader_id)
+        self.pin_meter.track(iterator, loader_id)
         index = getattr(loader, "_ddp_profile_iters", 0)
         object.__setattr__(loader, "_ddp_profile_iters", index + 1)
         iterator._ddp_profile_state = {"loader_id": loader_id, "iter_index": index,
@@ -193,6 +195,7 @@ class Instrumentation:
                 self.training_loader_id = loader_id
                 self._switch_window(iterator, state, self._starts.index(clock.steps_closed))
             self.maybe_flush()
+        self.pin_meter.fetching = loader_id  # pinning in this thread (no workers) is its
         try:
             batch = self._fetch(state, iterator, original_next, loader_id, clock.steps_closed)
         except StopIteration:
@@ -256,6 +259,7 @@ class Instrumentation:
                 fresh, started = rebuilt
                 loadcost.meter_in_process(fresh, self.recorder.write_line, current_rank(),
                                           state["loader_id"])
+                self.pin_meter.track(fresh, state["loader_id"])
                 self.iterators.add(fresh)
                 self._add_workers(fresh)
                 state.update(delegate=fresh, t_iter=started, first=True)

@@ -22,6 +22,7 @@ and, at each flush of a worker, private_rss (the worker's private resident bytes
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any, Callable, Optional
 
@@ -210,3 +211,58 @@ def meter_in_process(iterator: Any, emit: Callable[[str], None], rank: Optional[
     if fetcher is not None and not getattr(fetcher, "_ddp_profile_metered", False):
         CostMeter(emit, rank, loader_id, None).wrap(fetcher)
         fetcher._ddp_profile_metered = True
+
+
+class PinMeter:
+    """Times the pinning of each batch (``pin_memory=True`` on an accelerator): in the
+    loader's pin-memory thread with workers, in the loop's own thread without. One thread per
+    rank pins every batch, so its time per sample bounds the loader whatever the workers do.
+
+    Record (``kind: "pin_cost"``): rank, loader_id, thread ("pin" or "main"), t_ns (the end),
+    wall_s, cpu_s (that thread's CPU time), samples. The wrapped function recurses into
+    containers by its module name; only the outermost call of a thread is timed.
+    """
+
+    def __init__(self, emit: Callable[[str], None], rank_of: Callable[[], Optional[int]]):
+        self.emit = emit
+        self.rank_of = rank_of
+        self.threads: dict[int, int] = {}  # pin-memory thread ident -> loader id
+        self.fetching: Optional[int] = None  # the loader the loop is taking a batch from
+        self._local = threading.local()
+
+    def track(self, iterator: Any, loader_id: int) -> None:
+        """Remember which loader ``iterator``'s pin-memory thread (if any) pins for."""
+        thread = getattr(iterator, "_pin_memory_thread", None)
+        if thread is not None and thread.ident is not None:
+            self.threads[thread.ident] = loader_id
+
+    def wrap(self, pin: Callable[..., Any]) -> Callable[..., Any]:
+        meter = self
+
+        def pin_memory(data: Any, *args: Any, **kwargs: Any) -> Any:
+            local = meter._local
+            if getattr(local, "busy", False):
+                return pin(data, *args, **kwargs)
+            local.busy = True
+            wall, cpu = _perf(), _cpu()
+            try:
+                return pin(data, *args, **kwargs)
+            finally:
+                local.busy = False
+                meter.record(_perf() - wall, _cpu() - cpu, data)
+
+        pin_memory.__wrapped__ = pin  # type: ignore[attr-defined]
+        return pin_memory
+
+    def record(self, wall_ns: int, cpu_ns: int, data: Any) -> None:
+        try:
+            loader_id = self.threads.get(threading.get_ident())
+            thread = "pin" if loader_id is not None else "main"
+            if loader_id is None:
+                loader_id = self.fetching
+            self.emit(f'{{"kind":"pin_cost","rank":{_json_int(self.rank_of())},'
+                      f'"loader_id":{_json_int(loader_id)},"thread":"{thread}",'
+                      f'"t_ns":{time.time_ns()},"wall_s":{wall_ns / 1e9:.9f},'
+                      f'"cpu_s":{cpu_ns / 1e9:.9f},"samples":{batch_size_of(data, 0)}}}')
+        except Exception:  # noqa: BLE001 - metering must never break the pinning
+            pass

@@ -37,6 +37,7 @@ def apply(instr: Any) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DataParallel, DistributedDataParallel
     from torch.utils.data import DataLoader
+    from torch.utils.data._utils import pin_memory as pin_module
     from torch.utils.data.dataloader import _BaseDataLoaderIter
     from torch.utils.data.distributed import DistributedSampler
 
@@ -121,6 +122,7 @@ def apply(instr: Any) -> None:
     _patch(DistributedDataParallel, "__init__", make_ddp_init)
     _patch(DataParallel, "__init__", make_dp_init)
     _patch(DistributedSampler, "set_epoch", make_set_epoch)
+    _patch(pin_module, "pin_memory", instr.pin_meter.wrap)  # pin thread and loop alike
     if dist.is_available():
         _patch(dist, "init_process_group", make_init_pg)
         _patch_collectives(instr, dist)

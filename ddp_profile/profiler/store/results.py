@@ -57,6 +57,7 @@ class RankData:
     loaders: dict[int, dict[str, Any]] = field(default_factory=dict)
     gpu_steps: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
     batch_costs: list[dict[str, Any]] = field(default_factory=list)  # where batches are made
+    pin_costs: list[dict[str, Any]] = field(default_factory=list)  # where batches are pinned
     worker_starts: list[dict[str, Any]] = field(default_factory=list)  # DataLoader workers
     error: Optional[dict[str, Any]] = None
     end: Optional[dict[str, Any]] = None
@@ -108,6 +109,8 @@ def read_probe_dir(probe_dir: str) -> list[RankData]:
                 data.gpu_steps[(record.get("loader_id"), record.get("step"))] = record
             elif kind == "batch_cost":
                 data.batch_costs.append(record)
+            elif kind == "pin_cost":
+                data.pin_costs.append(record)
         rank = next((r.get("rank") for r in records if r.get("rank") is not None), None)
         data.rank = int(rank) if rank is not None else -1
         _attach_training_loader(data)

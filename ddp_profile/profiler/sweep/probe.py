@@ -150,8 +150,30 @@ def _loading(ranks: list[RankData]) -> dict[str, Any]:
                 key = record.get("pid")
                 rss[key] = max(rss.get(key, 0), int(record["private_rss"]))
     cost = loading_cost(groups, rss.values())
-    return {"loading": cost.to_dict() if cost else None,
+    loading = cost.to_dict() if cost else None
+    if loading is not None:
+        loading.update(_pinning(ranks))
+    return {"loading": loading,
             "loop_demand": loop_demand(d.training_steps() for d in ranks)}
+
+
+def _pinning(ranks: list[RankData]) -> dict[str, Any]:
+    """Wall and CPU time per sample of pinning the training loader's measured batches (one
+    thread per rank pins them all); empty when nothing was pinned."""
+    wall = cpu = 0.0
+    samples = 0
+    for data in ranks:
+        measured = [s["t_ns"] for s in data.training_steps() if s.get("measured")]
+        since = min(measured) if measured else 0
+        for record in data.pin_costs:
+            if record.get("loader_id") == data.training_loader_id \
+                    and record.get("t_ns", 0) >= since and record.get("samples"):
+                wall += float(record.get("wall_s") or 0.0)
+                cpu += float(record.get("cpu_s") or 0.0)
+                samples += int(record["samples"])
+    if not samples:
+        return {}
+    return {"pin_per_sample_s": wall / samples, "pin_cpu_per_sample_s": cpu / samples}
 
 
 def _global_steps(ranks: list[RankData]) -> list[tuple[float, int]]:

@@ -146,7 +146,7 @@ class _RankScreen:
             elif kind == "end":
                 if not complete:
                     out.append(record)
-            elif kind in ("event", "sample", "error", "batch_cost"):
+            elif kind in ("event", "sample", "error", "batch_cost", "pin_cost"):
                 if low <= record.get("t_ns", 0) < high:
                     out.append(record)
             else:
