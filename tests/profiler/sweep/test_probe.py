@@ -121,6 +121,23 @@ def test_worker_cores_are_what_the_batches_cost_on_one_machine(tmp_path):
                            60)["worker_cores"] == 0.0
 
 
+def test_pinning_per_sample_counts_the_measured_batches_of_the_training_loader(tmp_path):
+    plan = ProbePlan(probe_id="p008", out_dir=str(tmp_path), warmup=0)
+    steps = [{"kind": "step", "loader_id": 0, "step": i, "measured": i >= 2, "t_ns": 100 + i,
+              "data_wait_s": 0.0, "compute_s": 0.01, "other_s": 0.0, "samples": 8}
+             for i in range(10)]
+    pins = [{"kind": "pin_cost", "loader_id": loader, "thread": "pin", "t_ns": t,
+             "wall_s": wall, "cpu_s": wall / 2, "samples": 8}
+            for loader, t, wall in ((0, 50, 9.0),  # before the measured steps: warm-up
+                                    (0, 103, 0.004), (0, 104, 0.004), (1, 104, 5.0))]
+    write_rank(tmp_path, 0, [{"kind": "loader", "loader_id": 0,
+                              "applied": {"num_workers": 2}}, *steps, *pins])
+    _worker_costs(tmp_path, 0, 0.001)
+    loading = summarise_probe(plan, outcome(tmp_path, returncode=0), "sweep", 60)["loading"]
+    assert abs(loading["pin_per_sample_s"] - 0.0005) < 1e-9
+    assert abs(loading["pin_cpu_per_sample_s"] - 0.00025) < 1e-9
+
+
 def test_when_only_symptoms_were_recorded_the_log_names_the_cause(tmp_path):
     (tmp_path / "launcher.log").write_text(
         "[rank0]: RuntimeError: DataLoader worker (pid 123) is killed by signal: Killed.\n"
