@@ -182,12 +182,13 @@ class Instrumentation:
                 record["window"] = window
                 record["measured"] = (record["step"] - self._starts[window]
                                       >= self.plan.window_warmup(window)
-                                      and not record.get("loader_start"))
+                                      and not record.get("loader_start")
+                                      and not record.get("loader_backlog"))
             self.recorder.write(record)
             if self.gpu_timer is not None:
                 self.gpu_timer.poll()
-            if clock.steps_closed >= (self._total_steps if self.plan.windows
-                                      else clock.warmup + self._steps[loader_id]):
+            if (clock.steps_closed >= self._total_steps if self.plan.windows
+                    else clock.measured_steps >= self._steps[loader_id]):
                 self.training_loader_id = loader_id
                 self.stop("steps_done")
             elif self.plan.windows and clock.steps_closed in self._starts \
@@ -207,7 +208,7 @@ class Instrumentation:
         self._gpu_step_started(loader_id, clock.steps_closed)
         if state["first"]:
             state["first"] = False
-            clock.loader_started()
+            clock.loader_started(self._backlog_of(state))
             self._on_first_batch(state)
         return batch
 
@@ -220,6 +221,19 @@ class Instrumentation:
                 mode_warmup(self.plan.warmup, self.plan.mode)
         return backlog_warmup(self.plan.warmup, getattr(loader, "num_workers", 0),
                               getattr(loader, "prefetch_factor", None))
+
+    def _backlog_of(self, state: dict[str, Any]) -> int:
+        """Batches a fresh iterator of this loader queues before its first one is taken; at
+        most half an epoch, so that an epoch shorter than the stock still gets measured."""
+        loader = state["loader"]()
+        if loader is None:
+            return 0
+        backlog = backlog_warmup(0, getattr(loader, "num_workers", 0),
+                                 getattr(loader, "prefetch_factor", None))
+        try:
+            return min(backlog, len(loader) // 2)
+        except TypeError:  # an iterable dataset without a length
+            return backlog
 
     def _steps_for(self, state: dict[str, Any]) -> int:
         """A probe with workers measures several rounds of them (``config.burst_steps``)."""

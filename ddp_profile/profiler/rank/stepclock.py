@@ -35,6 +35,8 @@ class StepClock:
         self._opt_done: Optional[int] = None
         self._samples = 0
         self._loader_start = False
+        self._backlog_left = 0  # steps still served by a fresh iterator's start-up backlog
+        self.measured_steps = 0
 
     @property
     def in_step(self) -> bool:
@@ -60,11 +62,17 @@ class StepClock:
         self._backward = None
         self._opt_done = None
 
-    def loader_started(self) -> None:
-        """The open step's batch came from a fresh iterator (a new epoch's workers starting):
-        it is recorded with ``loader_start`` and never measured, so where an epoch boundary
-        falls does not tilt a comparison; the start-up cost is in ``loader_iter`` records."""
+    def loader_started(self, backlog: int = 0) -> None:
+        """The open step's batch came from a fresh iterator (a new epoch's workers starting).
+
+        It is recorded with ``loader_start`` and never measured, and neither are the next
+        ``backlog - 1`` steps (``loader_backlog``): while the loop waited for the first batch
+        the workers made up to ``num_workers x prefetch_factor`` batches, and steps served
+        from that stock would show a rate the loader cannot keep (32 CPU-bound workers on 2
+        CPUs measured 1.7x what the CPUs can make across an epoch boundary). Where an epoch
+        boundary falls then tilts no comparison; the start-up cost is in ``loader_iter``."""
         self._loader_start = True
+        self._backlog_left = max(1, int(backlog))
 
     def backward_called(self) -> None:
         if self._returned is not None and self._backward is None:
@@ -77,11 +85,15 @@ class StepClock:
     def _close(self, end_ns: int) -> dict[str, Any]:
         assert self._called is not None and self._returned is not None
         compute_end = self._opt_done if self._opt_done is not None else end_ns
+        in_backlog = self._backlog_left > 0
+        self._backlog_left = max(0, self._backlog_left - 1)
+        measured = self.steps_closed >= self.warmup and not in_backlog
+        self.measured_steps += measured
         record = {
             "kind": "step",
             "loader_id": self.loader_id,
             "step": self.steps_closed,
-            "measured": self.steps_closed >= self.warmup and not self._loader_start,
+            "measured": measured,
             "t_ns": self._called + self._wall_offset_ns,
             "data_wait_s": (self._returned - self._called) / 1e9,
             "compute_s": (compute_end - self._returned) / 1e9,
@@ -92,6 +104,8 @@ class StepClock:
         }
         if self._loader_start:
             record["loader_start"] = True
+        elif in_backlog:
+            record["loader_backlog"] = True
         self.steps_closed += 1
         self._returned = None
         self._loader_start = False

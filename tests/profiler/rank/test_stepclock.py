@@ -118,3 +118,23 @@ def test_a_step_that_starts_a_new_pass_over_the_loader_is_recorded_but_not_measu
     clock.advance(2)
     after = step_clock.next_called()
     assert after["measured"] and "loader_start" not in after
+
+
+def test_steps_served_from_a_fresh_iterators_stock_are_not_measured(clock):
+    """4 workers x prefetch 2 queue 8 batches while the loop waits for the first: those
+    batches come at once, and measured they would show a rate the loader cannot keep."""
+    step_clock = make(clock, warmup=0)
+    records = []
+    for index in range(12):
+        record = step_clock.next_called()
+        if record is not None:
+            records.append(record)
+        clock.advance(400 if index == 0 else 1)  # the start-up wait, then the stock
+        step_clock.batch_returned(samples=32)
+        if index == 0:
+            step_clock.loader_started(backlog=8)
+        clock.advance(5)
+    records.append(step_clock.next_called())
+    assert [r["measured"] for r in records] == [False] * 8 + [True] * 4
+    assert records[0]["loader_start"] and all(r.get("loader_backlog") for r in records[1:8])
+    assert step_clock.measured_steps == 4
