@@ -230,6 +230,7 @@ def run_model(probes: list[dict[str, Any]], context: dict[str, Any],
 
 
 CLIMB_STOP_CPU_SHARE = 0.5  # loading mostly CPU: more workers than the CPUs cannot help
+CPU_SATURATED = 0.9  # share of the available CPUs busy at which more workers cannot help
 
 
 @dataclass(frozen=True)
@@ -241,6 +242,7 @@ class ClimbPoint:
     rse: float = 0.0  # relative standard error of the throughput
     waits: bool = True  # the loop still waits for data
     cpu_share: Optional[float] = None  # measured CPU share of producing a sample
+    cpu_busy: Optional[float] = None  # share of the available CPUs busy while measured
 
 
 def next_workers(points: list[ClimbPoint], limit: int, noise_floor: float = 0.02,
@@ -248,8 +250,10 @@ def next_workers(points: list[ClimbPoint], limit: int, noise_floor: float = 0.02
     """The next worker count to measure past the largest measured one, or None to stop.
 
     Climb (double, up to ``limit``: memory bound and cap) while the largest count measured is
-    faster beyond noise than every smaller one, its loop still waits for data, and its loading
-    is mostly waiting rather than CPU; CPU-bound loading stops where the CPUs saturate.
+    faster beyond noise than every smaller one, its loop still waits for data, and the CPUs
+    are not saturated: measured, less than ``CPU_SATURATED`` of the available CPUs busy while
+    its steps ran (whoever kept them busy); where CPU use was not sampled, loading that is
+    mostly CPU (``CLIMB_STOP_CPU_SHARE``) counts as saturated.
     """
     if not points:
         return None
@@ -262,7 +266,10 @@ def next_workers(points: list[ClimbPoint], limit: int, noise_floor: float = 0.02
             return None  # no longer rising beyond noise
     if not top.waits:
         return None  # nothing left to hide
-    if top.cpu_share is not None and top.cpu_share >= CLIMB_STOP_CPU_SHARE:
-        return None  # CPU-bound: the CPUs, not the worker count, limit loading
+    if top.cpu_busy is not None:
+        if top.cpu_busy >= CPU_SATURATED:
+            return None  # the CPUs are saturated: more workers only queue for them
+    elif top.cpu_share is not None and top.cpu_share >= CLIMB_STOP_CPU_SHARE:
+        return None  # CPU-bound (CPU use not sampled): the CPUs limit loading
     following = min(max(2 * top.workers, 1), limit)
     return following if following > top.workers else None

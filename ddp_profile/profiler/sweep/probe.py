@@ -37,6 +37,7 @@ def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: str, timeout_
     entry.update(_measurements(ranks, workers))
     entry.update(_loading(ranks))
     entry["worker_cores"] = _worker_cores(ranks, workers, entry)
+    entry["cpu_busy"] = _cpu_busy(ranks, entry.get("cpus_available"))
     status, reason, error, root = _classify(ranks, outcome, plan, timeout_s)
     entry.update(status=status, reason=reason, error=error, root_cause_rank=root)
     if status != "ok":
@@ -155,6 +156,26 @@ def _loading(ranks: list[RankData]) -> dict[str, Any]:
         loading.update(_pinning(ranks))
     return {"loading": loading,
             "loop_demand": loop_demand(d.training_steps() for d in ranks)}
+
+
+def _cpu_busy(ranks: list[RankData], cpus: Optional[float]) -> Optional[float]:
+    """Share of the CPUs available to a rank (``cpus_available``: affinity and cgroup quota)
+    that were busy while the steps were measured, whoever kept them busy: the median of the
+    host samples' busy cores (``cpu_percent`` x the cores sampled). None without samples."""
+    if not cpus:
+        return None
+    busy = []
+    for data in ranks:
+        measured = [s["t_ns"] for s in data.training_steps() if s.get("measured")]
+        if not measured:
+            continue
+        low, high = min(measured), max(measured)
+        for sample in data.samples:
+            percent, cores = sample.get("cpu_percent"), sample.get("cpu_per_core")
+            if sample.get("source") == "host" and low <= sample.get("t_ns", 0) <= high \
+                    and _finite(percent) is not None and cores:
+                busy.append(percent / 100.0 * len(cores))
+    return round(min(1.0, statistics.median(busy) / cpus), 3) if busy else None
 
 
 def _pinning(ranks: list[RankData]) -> dict[str, Any]:

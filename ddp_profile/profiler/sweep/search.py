@@ -326,7 +326,7 @@ class Search:
             loading = entry.get("loading") or {}
             points.append(ClimbPoint(int(config.num_workers or 0), float(entry["throughput"]),
                                      relative_se(entry), waits_for_data(entry),
-                                     loading.get("cpu_share")))
+                                     loading.get("cpu_share"), entry.get("cpu_busy")))
         return points
 
     def _settle_contender(self) -> None:

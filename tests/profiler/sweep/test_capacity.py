@@ -173,3 +173,18 @@ def test_a_flat_top_stops_the_climb():
     rising = [ClimbPoint(1, 1000.0, 0.01), ClimbPoint(2, 1900.0, 0.01, cpu_share=0.1)]
     assert next_workers(rising, 64) == 4
     assert next_workers(rising, 3) == 3 and next_workers(rising, 2) is None
+
+
+def test_measured_cpu_saturation_decides_where_the_climb_stops():
+    # half CPU, half waiting, and 2 CPUs still 60 % idle: more workers hide more waiting
+    mixed = [ClimbPoint(1, 500.0, 0.01, cpu_share=0.5, cpu_busy=0.4),
+             ClimbPoint(3, 1200.0, 0.01, cpu_share=0.5, cpu_busy=0.6)]
+    assert next_workers(mixed, 64) == 6
+    saturated = [*mixed[:1], ClimbPoint(3, 1200.0, 0.01, cpu_share=0.5, cpu_busy=0.95)]
+    assert next_workers(saturated, 64) is None  # the CPUs are the limit now
+    # mostly waiting, yet the CPUs are full (other work on the host): no more workers
+    waiting = [ClimbPoint(1, 500.0, 0.01, cpu_share=0.1),
+               ClimbPoint(3, 1200.0, 0.01, cpu_share=0.1, cpu_busy=0.97)]
+    assert next_workers(waiting, 64) is None
+    # CPU use not sampled: the loading's CPU share stands in
+    assert next_workers([*mixed[:1], ClimbPoint(3, 1200.0, 0.01, cpu_share=0.5)], 64) is None

@@ -138,6 +138,27 @@ def test_pinning_per_sample_counts_the_measured_batches_of_the_training_loader(t
     assert abs(loading["pin_cpu_per_sample_s"] - 0.00025) < 1e-9
 
 
+def test_cpu_busy_is_the_share_of_the_available_cpus_busy_while_measured(tmp_path):
+    # a 4-core affinity mask under a 2-CPU quota: 50 % of 4 cores busy is both CPUs
+    plan = ProbePlan(probe_id="p009", out_dir=str(tmp_path), warmup=0)
+    steps = [{"kind": "step", "loader_id": 0, "step": i, "measured": i >= 2, "t_ns": 100 * i,
+              "data_wait_s": 0.0, "compute_s": 0.01, "other_s": 0.0, "samples": 8}
+             for i in range(10)]
+    samples = [{"kind": "sample", "source": "host", "t_ns": t, "cpu_percent": percent,
+                "cpu_per_core": [percent] * 4}
+               for t, percent in ((50, 5.0), (300, 45.0), (500, 50.0), (700, 55.0))]
+    write_rank(tmp_path, 0, [{"kind": "context", "cpus_available": 2},
+                             {"kind": "loader", "loader_id": 0, "applied": {}},
+                             *steps, *samples])
+    entry = summarise_probe(plan, outcome(tmp_path, returncode=0), "sweep", 60)
+    assert entry["cpu_busy"] == 1.0  # median 50 % x 4 cores = 2 of 2; the warm-up's 5 % not
+    write_rank(tmp_path, 0, [{"kind": "context", "cpus_available": 4},
+                             {"kind": "loader", "loader_id": 0, "applied": {}},
+                             *steps, *samples])
+    assert summarise_probe(plan, outcome(tmp_path, returncode=0), "sweep",
+                           60)["cpu_busy"] == 0.5
+
+
 def test_when_only_symptoms_were_recorded_the_log_names_the_cause(tmp_path):
     (tmp_path / "launcher.log").write_text(
         "[rank0]: RuntimeError: DataLoader worker (pid 123) is killed by signal: Killed.\n"
