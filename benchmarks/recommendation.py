@@ -253,7 +253,8 @@ def default_run_row(name: str, wide: tuple[int, ...], reps: int, steps: int,
             row["plain_wall_s"] = round(_bench.median(plain), 1)
             row["wall_vs_plain"] = _bench.rnd(run["wall_s"] / _bench.median(plain))
     cap = row["capacity"]
-    if cap and cap["bound"] == "cpu" and cap.get("cpu_limit"):
+    if cap and cap["bound"] == "cpu" and cap.get("cpu_limit") \
+            and cap["cpu_limit"] < (cap.get("demand") or 0):  # loading is the limit
         row["predicted_vs_measured_capacity"] = _bench.rnd(cap["cpu_limit"]
                                                            / max(grid_tp.values()))
     return row
