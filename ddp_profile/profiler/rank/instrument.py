@@ -181,9 +181,7 @@ class Instrumentation:
                 window = window_index(self._starts, record["step"])
                 record["window"] = window
                 record["measured"] = (record["step"] - self._starts[window]
-                                      >= self.plan.window_warmup(window)
-                                      and not record.get("loader_start")
-                                      and not record.get("loader_backlog"))
+                                      >= self.plan.window_warmup(window))
             self.recorder.write(record)
             if self.gpu_timer is not None:
                 self.gpu_timer.poll()
@@ -208,7 +206,7 @@ class Instrumentation:
         self._gpu_step_started(loader_id, clock.steps_closed)
         if state["first"]:
             state["first"] = False
-            clock.loader_started(self._backlog_of(state))
+            clock.loader_started()
             self._on_first_batch(state)
         return batch
 
@@ -221,19 +219,6 @@ class Instrumentation:
                 mode_warmup(self.plan.warmup, self.plan.mode)
         return backlog_warmup(self.plan.warmup, getattr(loader, "num_workers", 0),
                               getattr(loader, "prefetch_factor", None))
-
-    def _backlog_of(self, state: dict[str, Any]) -> int:
-        """Batches a fresh iterator of this loader queues before its first one is taken; at
-        most half an epoch, so that an epoch shorter than the stock still gets measured."""
-        loader = state["loader"]()
-        if loader is None:
-            return 0
-        backlog = backlog_warmup(0, getattr(loader, "num_workers", 0),
-                                 getattr(loader, "prefetch_factor", None))
-        try:
-            return min(backlog, len(loader) // 2)
-        except TypeError:  # an iterable dataset without a length
-            return backlog
 
     def _steps_for(self, state: dict[str, Any]) -> int:
         """A probe with workers measures several rounds of them (``config.burst_steps``)."""

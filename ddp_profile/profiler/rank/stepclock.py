@@ -35,7 +35,6 @@ class StepClock:
         self._opt_done: Optional[int] = None
         self._samples = 0
         self._loader_start = False
-        self._backlog_left = 0  # steps still served by a fresh iterator's start-up backlog
         self.measured_steps = 0
 
     @property
@@ -62,17 +61,16 @@ class StepClock:
         self._backward = None
         self._opt_done = None
 
-    def loader_started(self, backlog: int = 0) -> None:
+    def loader_started(self) -> None:
         """The open step's batch came from a fresh iterator (a new epoch's workers starting).
 
-        It is recorded with ``loader_start`` and never measured, and neither are the next
-        ``backlog - 1`` steps (``loader_backlog``): while the loop waited for the first batch
-        the workers made up to ``num_workers x prefetch_factor`` batches, and steps served
-        from that stock would show a rate the loader cannot keep (32 CPU-bound workers on 2
-        CPUs measured 1.7x what the CPUs can make across an epoch boundary). Where an epoch
-        boundary falls then tilts no comparison; the start-up cost is in ``loader_iter``."""
+        It is recorded with ``loader_start`` and measured like any other step: the loop pays
+        that wait every epoch, and leaving it out flatters many workers twice over. Their
+        start-up wait is gone from the figure, and so is the time the workers spent making the
+        stock (``num_workers x prefetch_factor`` batches) that the following steps then take
+        without waiting: 32 CPU-bound workers per rank on 2 CPUs measured 6x what the CPUs
+        can make that way. The start-up cost alone is in ``loader_iter`` records."""
         self._loader_start = True
-        self._backlog_left = max(1, int(backlog))
 
     def backward_called(self) -> None:
         if self._returned is not None and self._backward is None:
@@ -85,9 +83,7 @@ class StepClock:
     def _close(self, end_ns: int) -> dict[str, Any]:
         assert self._called is not None and self._returned is not None
         compute_end = self._opt_done if self._opt_done is not None else end_ns
-        in_backlog = self._backlog_left > 0
-        self._backlog_left = max(0, self._backlog_left - 1)
-        measured = self.steps_closed >= self.warmup and not in_backlog
+        measured = self.steps_closed >= self.warmup
         self.measured_steps += measured
         record = {
             "kind": "step",
@@ -104,8 +100,6 @@ class StepClock:
         }
         if self._loader_start:
             record["loader_start"] = True
-        elif in_backlog:
-            record["loader_backlog"] = True
         self.steps_closed += 1
         self._returned = None
         self._loader_start = False
