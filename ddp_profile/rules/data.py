@@ -105,7 +105,19 @@ def loading_evidence(capacity: dict) -> str:
             f"({pct(capacity['cpu_share'])} CPU); the {cpus:g} CPU(s) per rank can produce at "
             f"most {_rate(capacity.get('cpu_limit'))} over {ranks} rank(s); the loop consumes "
             f"{_rate(capacity['demand'])}")
-    return text
+    return text + _runnable_evidence(capacity)
+
+
+def _runnable_evidence(capacity: dict) -> str:
+    """The time producers sat runnable without a CPU, where notable: the CPUs were busy."""
+    runq = capacity.get("runq") or {}
+    if not runq.get("notable"):
+        return ""
+    where = (f"with {runq['workers']} worker(s) per rank" if runq.get("workers")
+             else "loading in the ranks' loops")
+    return (f"; {where}, the producers also sat {ms(runq['per_sample_s'])} per sample "
+            f"runnable, waiting for a CPU ({pct(runq['share'])} of their time): the CPUs "
+            "were saturated (not counted as waiting)")
 
 
 def predicted_workers(capacity: dict) -> str:
