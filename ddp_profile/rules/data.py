@@ -262,7 +262,8 @@ def cpu_bound_preprocessing(run: Run, thresholds: Thresholds) -> Optional[Findin
     """Data-bound, and producing a sample is mostly CPU work.
 
     Trigger: the baseline is data-bound and the measured loading (``summary.capacity``: thread
-    CPU vs wall time of producing each batch, where it is made) is CPU-bound (CPU share >=
+    CPU vs CPU + blocked waiting of producing each batch, where it is made; time runnable
+    without a CPU is contention, not waiting) is CPU-bound (CPU share >=
     ``capacity.CPU_BOUND_SHARE``). Runs recorded without batch costs fall back to the CPU load
     of the probe with the most workers (saturated, and more workers stopped helping).
     """
@@ -322,7 +323,8 @@ def io_bound_loading(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     wait-bound (CPU share <= ``capacity.WAIT_BOUND_SHARE``). Runs recorded without batch costs
     fall back to the CPU load of the probe with the most workers (still data-bound while the
     loading is not CPU-busy or iowait is high). No finding beside ``thread-oversubscription``:
-    on oversubscribed CPUs the waiting (wall - CPU) includes waiting for a CPU.
+    on oversubscribed CPUs the waiting can include waiting for a CPU (where the run queue was
+    not recorded, and a producer blocked on its own busy intra-op threads).
     """
     base = baseline_probe(run)
     if base is None or not is_data_bound(run, base, thresholds):
