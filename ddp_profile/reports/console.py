@@ -8,6 +8,7 @@ import time
 from typing import Any, Optional
 
 from ddp_profile.profiler.settings import config_label
+from ddp_profile.profiler.sweep.capacity import loading_line
 
 
 def _fmt_tp(value: Optional[float]) -> str:
@@ -102,6 +103,9 @@ class ConsoleProgress:
             self._bar = None
 
 
+BOUNDS = {"cpu": "CPU-bound", "wait": "wait-bound", "mixed": "CPU and waiting mixed"}
+
+
 def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
     """The concise end-of-run text (plain lines; tested directly)."""
     probes = summary.get("probes", [])
@@ -124,6 +128,10 @@ def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
                      f"recommended {config_label(summary['recommended'])}")
     if summary.get("ceiling_throughput"):
         lines.append(f"compute-only ceiling: {_fmt_tp(summary['ceiling_throughput'])}")
+    capacity = summary.get("capacity")
+    if isinstance(capacity, dict) and capacity.get("bound"):
+        kind = BOUNDS.get(capacity["bound"], capacity["bound"])
+        lines.append(f"loading: {loading_line(capacity)} ({kind})")
     for finding in summary.get("findings", [])[:8]:
         lines.append(f"  [{finding['severity']}] {finding['rule']}: {finding['title']}")
     failed = [p for p in probes if p.get("status") != "ok"]

@@ -105,7 +105,19 @@ def loading_evidence(capacity: dict) -> str:
             f"({pct(capacity['cpu_share'])} CPU); the {cpus:g} CPU(s) per rank can produce at "
             f"most {_rate(capacity.get('cpu_limit'))} over {ranks} rank(s); the loop consumes "
             f"{_rate(capacity['demand'])}")
-    return text
+    return text + _runnable_evidence(capacity)
+
+
+def _runnable_evidence(capacity: dict) -> str:
+    """The time producers sat runnable without a CPU, where notable: the CPUs were busy."""
+    runq = capacity.get("runq") or {}
+    if not runq.get("notable"):
+        return ""
+    where = (f"with {runq['workers']} worker(s) per rank" if runq.get("workers")
+             else "loading in the ranks' loops")
+    return (f"; {where}, the producers also sat {ms(runq['per_sample_s'])} per sample "
+            f"runnable, waiting for a CPU ({pct(runq['share'])} of their time): the CPUs "
+            "were saturated (not counted as waiting)")
 
 
 def predicted_workers(capacity: dict) -> str:
@@ -250,7 +262,8 @@ def cpu_bound_preprocessing(run: Run, thresholds: Thresholds) -> Optional[Findin
     """Data-bound, and producing a sample is mostly CPU work.
 
     Trigger: the baseline is data-bound and the measured loading (``summary.capacity``: thread
-    CPU vs wall time of producing each batch, where it is made) is CPU-bound (CPU share >=
+    CPU vs CPU + blocked waiting of producing each batch, where it is made; time runnable
+    without a CPU is contention, not waiting) is CPU-bound (CPU share >=
     ``capacity.CPU_BOUND_SHARE``). Runs recorded without batch costs fall back to the CPU load
     of the probe with the most workers (saturated, and more workers stopped helping).
     """
@@ -310,7 +323,8 @@ def io_bound_loading(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     wait-bound (CPU share <= ``capacity.WAIT_BOUND_SHARE``). Runs recorded without batch costs
     fall back to the CPU load of the probe with the most workers (still data-bound while the
     loading is not CPU-busy or iowait is high). No finding beside ``thread-oversubscription``:
-    on oversubscribed CPUs the waiting (wall - CPU) includes waiting for a CPU.
+    on oversubscribed CPUs the waiting can include waiting for a CPU (where the run queue was
+    not recorded, and a producer blocked on its own busy intra-op threads).
     """
     base = baseline_probe(run)
     if base is None or not is_data_bound(run, base, thresholds):

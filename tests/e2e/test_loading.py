@@ -85,3 +85,36 @@ def test_a_transform_that_raises_fails_its_probe_only(cli, run_dir):
     assert {p["config"]["num_workers"] for p in ok} >= {0, 1}
     assert all(p["loading"] and p["loading"]["samples"] > 0 for p in ok)
     assert summary["capacity"] is not None
+
+
+def test_cpu_heavy_workers_on_busy_cpus_are_runnable_not_waiting(cli, run_dir):
+    from ddp_profile.profiler.rank.loadcost import RunQueueClock
+    from ddp_profile.profiler.store.results import read_probe_dir
+
+    if RunQueueClock()() is None:
+        pytest.skip("no scheduler statistics (/proc/thread-self/schedstat) here")
+    workers = 3 * len(os.sched_getaffinity(0))  # 6 on 2 CPUs: each sits runnable 2/3 of time
+    result = cli(["run", DEMO, "--out", run_dir, "--nproc-per-node", "1", "--num-workers",
+                  str(workers), "--no-ceiling", "--steps", "12", "--warmup", "2", "--no-report",
+                  "--", "--cpu-ms", "2", "--num-workers", str(workers)], out=run_dir)
+    assert result.returncode == 0, result.stderr
+    summary = result.summary()
+    baseline = summary["probes"][0]
+    loading = baseline["loading"]
+    assert baseline["config"]["num_workers"] == workers and loading["producers"] == workers
+    cpu, wait, runq = (loading[k] for k in ("cpu_per_sample_s", "wait_per_sample_s",
+                                            "runq_per_sample_s"))
+    assert 1.5e-3 < cpu < 4e-3, loading  # the 2 ms spin on the thread's CPU clock
+    assert runq > 1e-3 and loading["runq_share"] > 0.4, loading  # queued for a CPU
+    assert wait < 0.25 * cpu, loading  # blocked: hardly at all (no sleep, no storage)
+    assert loading["bound"] == "cpu" and summary["capacity"]["bound"] == "cpu"
+    # wall - CPU alone would have been waiting: under half CPU, not CPU-bound, still climbing
+    assert cpu / (cpu + wait + runq) < 0.5
+    assert summary["capacity"]["runq"]["notable"]
+    findings = {f["rule"]: f for f in summary["findings"]}
+    assert "io-bound-loading" not in findings
+    assert "runnable, waiting for a CPU" in findings["cpu-bound-preprocessing"]["evidence"]
+    assert "ms runnable (CPUs busy" in result.stderr + result.stdout
+    # the raw records, as the workers wrote them
+    (rank,) = read_probe_dir(os.path.join(run_dir, "probes", baseline["id"]))
+    assert rank.batch_costs and all(b["runq_s"] >= 0 for b in rank.batch_costs)

@@ -44,3 +44,14 @@ def test_adaptive_progress_shows_no_made_up_total():
     progress("axes", {"grid": [1, 2, 3, 4, 5], "counted": True})
     progress("done", {"entry": {**SHORT, "short": False}})
     assert stream.getvalue().startswith("[1/7] p000")
+
+
+def test_summary_shows_the_loading_and_runnable_time_only_where_notable():
+    capacity = {"bound": "cpu", "cpu_per_sample_s": 2e-3, "wait_per_sample_s": 5e-5,
+                "runq": {"per_sample_s": 6e-3, "share": 0.75, "workers": 6, "notable": True}}
+    summary = {"script": "train.py", "probes": [], "findings": [], "capacity": capacity}
+    assert ("loading: 2.00 ms CPU + 0.05 ms waiting + 6.00 ms runnable (CPUs busy, 6 workers) "
+            "per sample (CPU-bound)") in summary_lines(summary, "out")
+    capacity["runq"] = {**capacity["runq"], "share": 0.05, "notable": False}
+    assert "loading: 2.00 ms CPU + 0.05 ms waiting per sample (CPU-bound)" in summary_lines(
+        summary, "out")

@@ -91,11 +91,14 @@ class RunBuilder:
                 t += wait + comp + oth
         return self
 
-    def loading(self, cpu_ms: float, wait_ms: float, rss: Optional[int] = None
-                ) -> "RunBuilder":
-        """The current probe's measured loading: CPU and waiting per sample."""
+    def loading(self, cpu_ms: float, wait_ms: float, rss: Optional[int] = None,
+                runq_ms: Optional[float] = None) -> "RunBuilder":
+        """The current probe's measured loading: CPU, blocked waiting and (where given)
+        time runnable without a CPU, per sample."""
+        runq = None if runq_ms is None else runq_ms / 100
         cost = loading_cost([([{"pid": 1, "t_ns": i, "samples": 10, "cpu_s": cpu_ms / 100,
-                                "wall_s": (cpu_ms + wait_ms) / 100} for i in range(11)],
+                                "wall_s": (cpu_ms + wait_ms + (runq_ms or 0.0)) / 100,
+                                "runq_s": runq} for i in range(11)],
                               None)], [rss] if rss else [])
         self.probes[-1]["loading"] = cost.to_dict()
         return self

@@ -192,6 +192,31 @@ def test_wait_bound_loading_cites_waiting_and_predicts_workers_past_the_cpus():
     assert "num_workers=10 per rank (predicted, not measured" in finding.recommendation
 
 
+def test_cpu_heavy_loading_on_saturated_cpus_is_cpu_bound_and_says_so():
+    # 8 workers of a 2 ms transform on 2 CPUs: 6 ms of each sample runnable, waiting for a CPU
+    run = (RunBuilder(world_size=2, cpus=2)
+           .probe("base", kind="baseline", num_workers=0).steps(data_wait=0.05, compute=0.01)
+           .loading(2.0, 0.1, runq_ms=0.1)
+           .probe("w8", num_workers=8).steps(data_wait=0.03, compute=0.01)
+           .loading(2.0, 0.1, runq_ms=6.0).build())
+    assert io_bound_loading(run, T) is None
+    finding = cpu_bound_preprocessing(run, T)
+    assert finding is not None and "2.0 ms of CPU and 0.1 ms of waiting" in finding.evidence
+    assert ("with 8 worker(s) per rank, the producers also sat 6.0 ms per sample runnable, "
+            "waiting for a CPU (74 % of their time): the CPUs were saturated"
+            in finding.evidence), finding.evidence
+
+
+def test_runnable_time_is_cited_only_where_notable():
+    run = loaded(cpu_ms=0.1, wait_ms=3.0)  # no runq recorded
+    assert "runnable" not in io_bound_loading(run, T).evidence
+    run = (RunBuilder(world_size=2, cpus=2)
+           .probe("base", kind="baseline", num_workers=0).steps(data_wait=0.05, compute=0.01)
+           .loading(0.1, 3.0, runq_ms=0.05).build())
+    finding = io_bound_loading(run, T)
+    assert finding is not None and "runnable" not in finding.evidence
+
+
 def test_cpu_heavy_loading_is_cpu_bound_and_never_told_to_buy_storage():
     run = loaded(cpu_ms=3.4, wait_ms=0.1, host_cpu=30.0)  # an idle host does not matter
     assert io_bound_loading(run, T) is None

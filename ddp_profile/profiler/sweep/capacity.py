@@ -1,8 +1,11 @@
 """The input pipeline's capacity, from what producing each batch cost (pure; no I/O).
 
 Per probe, :func:`loading_cost` turns the batch records of the training loader (see
-``profiler.rank.loadcost``) into CPU and waiting per sample; :func:`loop_demand` gives the
-samples/s the loop would consume if data were free (measured steps minus their data wait).
+``profiler.rank.loadcost``) into CPU, runnable time and waiting per sample: a producer off its
+CPU was either runnable, waiting on a run queue for a CPU (``runq``: CPU contention, as when
+workers outnumber the CPUs), or blocked (the waiting: storage, network, sleep, a lock).
+:func:`loop_demand` gives the samples/s the loop would consume if data were free (measured
+steps minus their data wait).
 
 :func:`capacity_model` then predicts, for any worker count ``w`` on a rank with ``C`` CPUs::
 
@@ -12,8 +15,11 @@ samples/s the loop would consume if data were free (measured steps minus their d
 
 and the throughput the loop would reach, ``min(demand, capacity)``. Workers are feasible up
 to the memory bound (``available memory / private RSS of one worker``, per rank) and the cap.
-A loader with a CPU share (cpu / (cpu + wait)) of at least ``CPU_BOUND_SHARE`` is CPU-bound;
-at most ``WAIT_BOUND_SHARE``, wait-bound; in between, mixed.
+``wait`` is the blocked waiting only (wall - CPU - runq; wall - CPU where the run queue was not
+recorded): time on a run queue is what the CPU limit already accounts for, and would otherwise
+make a CPU-bound loader with many workers look wait-bound. A loader with a CPU share
+(cpu / (cpu + wait)) of at least ``CPU_BOUND_SHARE`` is CPU-bound; at most
+``WAIT_BOUND_SHARE``, wait-bound; in between, mixed.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any, Iterable, Optional
 CPU_BOUND_SHARE = 0.7
 WAIT_BOUND_SHARE = 0.3
 WORKER_CAP = 64  # per rank, unless the user lists worker counts
+RUNQ_NOTABLE_SHARE = 0.2  # producers runnable this share of their wall time: the CPUs were busy
 CURVE_WORKERS = (0, 1, 2, 4, 8, 16, 32, 64)
 
 
@@ -34,24 +41,35 @@ class LoadingCost:
     """What producing the training loader's samples cost in one probe."""
 
     cpu_per_sample_s: float
-    wait_per_sample_s: float  # wall - CPU of the producing thread
-    collate_per_sample_s: float  # wall time of collate_fn, part of the two above
+    wait_per_sample_s: float  # blocked: wall - CPU - runq (wall - CPU where runq is unknown)
+    collate_per_sample_s: float  # wall time of collate_fn, part of the three
     samples: int
     batches: int
     producers: int  # processes that made batches: workers, or ranks with num_workers=0
     worker_private_rss: Optional[int]  # bytes; median over the workers that reported it
+    runq_per_sample_s: Optional[float] = None  # runnable, waiting for a CPU; None: unknown
 
     @property
     def per_sample_s(self) -> float:
+        """A producer's own time per sample without CPU contention: CPU + blocked waiting."""
         return self.cpu_per_sample_s + self.wait_per_sample_s
 
     @property
     def cpu_share(self) -> float:
         return self.cpu_per_sample_s / self.per_sample_s if self.per_sample_s > 0 else 1.0
 
+    @property
+    def runq_share(self) -> Optional[float]:
+        """The share of the producers' wall time spent runnable without a CPU."""
+        if self.runq_per_sample_s is None:
+            return None
+        wall = self.per_sample_s + self.runq_per_sample_s
+        return self.runq_per_sample_s / wall if wall > 0 else 0.0
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out.update(cpu_share=self.cpu_share, bound=bound_of(self.cpu_share))
+        out.update(cpu_share=self.cpu_share, bound=bound_of(self.cpu_share),
+                   runq_share=self.runq_share)
         return out
 
 
@@ -80,9 +98,10 @@ def _in_window(batches: list[dict[str, Any]], since_ns: Optional[int]) -> list[d
 
 def loading_cost(groups: Iterable[tuple[list[dict[str, Any]], Optional[int]]],
                  rss: Iterable[int] = ()) -> Optional[LoadingCost]:
-    """CPU and waiting per sample of one loader. ``groups``: per rank, its ``batch_cost``
-    records and the wall-clock start of its first measured step (None: unknown); ``rss``:
-    the workers' private RSS readings. None without a batch."""
+    """CPU, runnable time and blocked waiting per sample of one loader. ``groups``: per rank,
+    its ``batch_cost`` records and the wall-clock start of its first measured step (None:
+    unknown); ``rss``: the workers' private RSS readings. None without a batch. The runnable
+    time is that of the batches that recorded ``runq_s`` (None when none did)."""
     chosen = []
     for batches, since_ns in groups:
         chosen += _in_window([b for b in batches if b.get("samples")], since_ns)
@@ -92,12 +111,15 @@ def loading_cost(groups: Iterable[tuple[list[dict[str, Any]], Optional[int]]],
     cpu = sum(float(b.get("cpu_s") or 0.0) for b in chosen)
     wall = sum(float(b.get("wall_s") or 0.0) for b in chosen)
     collate = sum(float(b.get("collate_s") or 0.0) for b in chosen)
+    runqs = [float(b["runq_s"]) for b in chosen if b.get("runq_s") is not None]
+    runq = min(sum(runqs), max(wall - cpu, 0.0)) if runqs else None
     rss = [int(r) for r in rss if r]
     return LoadingCost(cpu_per_sample_s=cpu / samples,
-                       wait_per_sample_s=max(wall - cpu, 0.0) / samples,
+                       wait_per_sample_s=max(wall - cpu - (runq or 0.0), 0.0) / samples,
                        collate_per_sample_s=collate / samples, samples=samples,
                        batches=len(chosen), producers=len({b.get("pid") for b in chosen}),
-                       worker_private_rss=int(statistics.median(rss)) if rss else None)
+                       worker_private_rss=int(statistics.median(rss)) if rss else None,
+                       runq_per_sample_s=runq / samples if runq is not None else None)
 
 
 def loop_demand(steps_by_rank: Iterable[list[dict[str, Any]]]) -> Optional[float]:
@@ -112,6 +134,20 @@ def loop_demand(steps_by_rank: Iterable[list[dict[str, Any]]]) -> Optional[float
 
 
 @dataclass(frozen=True)
+class RunQueue:
+    """Time a probe's producers sat runnable without a CPU: direct evidence of busy CPUs."""
+
+    per_sample_s: float
+    share: float  # of the producers' wall time
+    workers: int  # per rank, in that probe (0: the ranks loaded in their loops)
+
+    @property
+    def notable(self) -> bool:
+        """Large enough to say the CPUs were busy (``RUNQ_NOTABLE_SHARE``)."""
+        return self.share >= RUNQ_NOTABLE_SHARE
+
+
+@dataclass(frozen=True)
 class Capacity:
     """The capacity model of one run (global samples/s: per-rank figures x ranks)."""
 
@@ -122,6 +158,7 @@ class Capacity:
     demand: float  # global samples/s the loop consumes with free data
     memory_workers: Optional[int]  # most workers per rank that fit in memory; None: unknown
     cap: int = WORKER_CAP
+    contention: Optional[RunQueue] = None  # the probe whose producers waited most for a CPU
 
     @property
     def cpu_share(self) -> float:
@@ -180,8 +217,39 @@ class Capacity:
                 "demand": self.demand, "cpu_limit": _finite(self.cpu_limit),
                 "memory_workers": self.memory_workers, "max_workers": self.max_workers,
                 "workers_for_demand": self.workers_for_demand(),
+                "runq": _runq_dict(self.contention),
                 "curve": [{"num_workers": w, "supply": _finite(self.supply(w)),
                            "throughput": _finite(self.throughput(w))} for w in workers]}
+
+
+def loading_line(capacity: dict[str, Any]) -> str:
+    """"X ms CPU + Y ms waiting per sample" of a model (:meth:`Capacity.to_dict`), with the
+    time its producers sat runnable, waiting for a CPU, where that is notable."""
+    text = (f"{1000 * capacity['cpu_per_sample_s']:.2f} ms CPU + "
+            f"{1000 * capacity['wait_per_sample_s']:.2f} ms waiting")
+    runq = capacity.get("runq") or {}
+    if runq.get("notable"):
+        text += f" + {1000 * runq['per_sample_s']:.2f} ms runnable (CPUs busy"
+        text += f", {runq['workers']} workers)" if runq.get("workers") else ")"
+    return text + " per sample"
+
+
+def _runq_dict(runq: Optional[RunQueue]) -> Optional[dict[str, Any]]:
+    if runq is None:
+        return None
+    return {**asdict(runq), "notable": runq.notable}
+
+
+def most_contended(probes: list[dict[str, Any]]) -> Optional[RunQueue]:
+    """The run-queue time of the probe whose producers were runnable the largest share of
+    their wall time (None when no probe recorded it)."""
+    known = [p for p in probes if (p.get("loading") or {}).get("runq_share") is not None]
+    if not known:
+        return None
+    top = max(known, key=lambda p: p["loading"]["runq_share"])
+    return RunQueue(per_sample_s=float(top["loading"]["runq_per_sample_s"]),
+                    share=float(top["loading"]["runq_share"]),
+                    workers=int((top.get("config") or {}).get("num_workers") or 0))
 
 
 def _finite(value: float) -> Optional[float]:
@@ -203,8 +271,8 @@ def capacity_model(probes: list[dict[str, Any]], cpus_per_rank: float, ranks: in
     if not demand:
         return None
     cpu = statistics.median(p["loading"]["cpu_per_sample_s"] for p in measured)
-    # waiting includes time a producer was runnable but had no CPU: the least contended
-    # probe shows the loader's own waiting best
+    # blocked waiting (runnable time apart where recorded; where not, the waiting includes
+    # it): the least contended probe shows the loader's own waiting best
     wait = min(p["loading"]["wait_per_sample_s"] for p in measured)
     rss = [p["loading"]["worker_private_rss"] for p in measured
            if p["loading"].get("worker_private_rss")]
@@ -213,7 +281,7 @@ def capacity_model(probes: list[dict[str, Any]], cpus_per_rank: float, ranks: in
         memory_workers = int(memory_available / ranks // max(rss))
     return Capacity(cpu_per_sample_s=cpu, wait_per_sample_s=wait,
                     cpus_per_rank=max(cpus_per_rank, 1e-9), ranks=ranks, demand=float(demand),
-                    memory_workers=memory_workers, cap=cap)
+                    memory_workers=memory_workers, cap=cap, contention=most_contended(measured))
 
 
 def run_model(probes: list[dict[str, Any]], context: dict[str, Any],
@@ -252,7 +320,8 @@ def next_workers(points: list[ClimbPoint], limit: int, noise_floor: float = 0.02
     Climb (double, up to ``limit``: memory bound and cap) while the largest count measured is
     faster beyond noise than every smaller one, its loop still waits for data, and the CPUs
     are not saturated: measured, less than ``CPU_SATURATED`` of the available CPUs busy while
-    its steps ran (whoever kept them busy); where CPU use was not sampled, loading that is
+    its steps ran (whoever kept them busy), and loading is not CPU-bound (``CPU_BOUND_SHARE``,
+    runnable time not counted as waiting); where CPU use was not sampled, loading that is
     mostly CPU (``CLIMB_STOP_CPU_SHARE``) counts as saturated.
     """
     if not points:
@@ -266,10 +335,11 @@ def next_workers(points: list[ClimbPoint], limit: int, noise_floor: float = 0.02
             return None  # no longer rising beyond noise
     if not top.waits:
         return None  # nothing left to hide
-    if top.cpu_busy is not None:
-        if top.cpu_busy >= CPU_SATURATED:
-            return None  # the CPUs are saturated: more workers only queue for them
-    elif top.cpu_share is not None and top.cpu_share >= CLIMB_STOP_CPU_SHARE:
-        return None  # CPU-bound (CPU use not sampled): the CPUs limit loading
+    if top.cpu_busy is not None and top.cpu_busy >= CPU_SATURATED:
+        return None  # the CPUs are saturated: more workers only queue for them
+    share = top.cpu_share
+    if share is not None and share >= (CPU_BOUND_SHARE if top.cpu_busy is not None
+                                       else CLIMB_STOP_CPU_SHARE):
+        return None  # CPU-bound loading: the CPUs, not the worker count, limit it
     following = min(max(2 * top.workers, 1), limit)
     return following if following > top.workers else None

@@ -26,6 +26,7 @@ from ddp_profile.profiler.sweep.capacity import (
     WORKER_CAP,
     Capacity,
     ClimbPoint,
+    loading_line,
     next_workers,
     run_model,
 )
@@ -290,10 +291,9 @@ class Search:
             if model.cpu_share < CLIMB_STOP_CPU_SHARE and predicted < model.max_workers:
                 # a waiting loader's first climb step rides in the same launch
                 workers.add(min(2 * predicted, model.max_workers))
-            self.progress("note", {"text": f"loading: {1000 * model.cpu_per_sample_s:.2f} ms "
-                                           f"CPU + {1000 * model.wait_per_sample_s:.2f} ms "
-                                           f"waiting per sample; {predicted} worker(s) per "
-                                           "rank predicted to meet the loop's demand"})
+            self.progress("note", {"text": f"loading: {loading_line(model.to_dict())}; {predicted} "
+                                           "worker(s) per rank predicted to meet the loop's "
+                                           "demand"})
             self._recalibrate(max(workers))
         return sorted(workers)
 

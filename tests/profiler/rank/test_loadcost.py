@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -87,8 +89,12 @@ def test_each_batch_is_timed_where_it_is_made(tmp_path, workers, context):
         assert record["loader_id"] == 0
         # 4 samples: 16 ms asleep, 8 ms of CPU (spun on the thread's own CPU clock)
         assert 0.0075 <= record["cpu_s"] <= 0.02, record
-        # waiting: the sleep, plus any time the worker sat runnable on this busy machine
+        # off the CPU: the sleep, plus any time the worker sat runnable on this busy machine
         assert 0.014 <= record["wall_s"] - record["cpu_s"] <= 0.5, record
+        # the runnable part apart (this Linux keeps scheduler statistics): blocked = the sleep
+        runq = record["runq_s"]
+        assert 0 <= runq <= record["wall_s"] - record["cpu_s"], record
+        assert 0.014 <= record["wall_s"] - record["cpu_s"] - runq <= 0.1, record
         assert 0 <= record["collate_s"] < record["wall_s"]
 
 
@@ -119,3 +125,63 @@ def test_a_worker_that_dies_keeps_the_batches_it_flushed(tmp_path):
 def test_private_rss_and_memory_available_are_read():
     assert loadcost.private_rss() > 0
     assert loadcost.memory_available() > 0
+
+
+# ---- the run-queue clock -------------------------------------------------------------------
+
+def _target(clock: loadcost.RunQueueClock) -> str:
+    """The file the calling thread's kept descriptor reads."""
+    clock()
+    return os.readlink(f"/proc/self/fd/{clock._local.state[1]}")
+
+
+def test_run_queue_clock_reads_the_calling_threads_own_schedstat():
+    if loadcost.RunQueueClock()() is None:
+        pytest.skip("no /proc/thread-self/schedstat with scheduler statistics here")
+    clock = loadcost.RunQueueClock()
+    before = clock()
+    with open(loadcost.SCHEDSTAT, "rb") as handle:
+        direct = int(handle.read().split()[1])
+    assert before <= direct <= clock()
+    here = f"/proc/{os.getpid()}/task/{threading.get_native_id()}/schedstat"
+    assert _target(clock) == here
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(
+        (_target(clock), threading.get_native_id())))
+    thread.start()
+    thread.join()
+    assert seen == [(f"/proc/{os.getpid()}/task/{seen[0][1]}/schedstat", seen[0][1])]
+    assert seen[0][1] != threading.get_native_id()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a forked child reopens: the inherited descriptor names the parent's thread
+        os.write(write, _target(clock).encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 200).decode() == f"/proc/{pid}/task/{pid}/schedstat"
+    assert _target(clock) == here
+
+
+@pytest.mark.parametrize("content,expected", [(b"123 456 7\n", 456), (b"0 0 0\n", None),
+                                              (b"garbage\n", None)])
+def test_run_queue_clock_without_scheduler_statistics(tmp_path, content, expected):
+    path = tmp_path / "schedstat"
+    path.write_bytes(content)
+    assert loadcost.RunQueueClock(str(path))() == expected
+    assert loadcost.RunQueueClock(str(tmp_path / "missing"))() is None  # not Linux
+
+
+def test_a_batch_without_the_clock_records_runq_null():
+    lines = []
+    meter = loadcost.CostMeter(lines.append, 0, 0, None)
+    meter.runq = loadcost.RunQueueClock("/nonexistent/schedstat")
+
+    class Fetcher:
+        collate_fn = staticmethod(torch.stack)
+
+        def fetch(self, index):
+            return self.collate_fn([torch.zeros(2) for _ in index])
+
+    meter.wrap(Fetcher()).fetch([0, 1])
+    record = json.loads(lines[0])
+    assert record["runq_s"] is None and record["samples"] == 2 and record["cpu_s"] >= 0

@@ -3,23 +3,31 @@
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import pytest
 
 from ddp_profile.profiler.sweep.capacity import (
+    CLIMB_STOP_CPU_SHARE,
     Capacity,
+    ClimbPoint,
     bound_of,
     capacity_model,
     loading_cost,
+    loading_line,
     loop_demand,
+    next_workers,
 )
 
 
 def batches(cpu_ms: float, wait_ms: float, count: int = 20, size: int = 16, pid: int = 1,
-            t0: int = 0) -> list[dict]:
-    """``count`` batch records of a loader whose samples cost ``cpu_ms`` + ``wait_ms``."""
+            t0: int = 0, runq_ms: Optional[float] = None) -> list[dict]:
+    """``count`` batch records of a loader whose samples cost ``cpu_ms`` + ``wait_ms`` (+
+    ``runq_ms`` runnable without a CPU, recorded as ``runq_s``; None: not recorded)."""
+    runq = runq_ms or 0.0
     return [{"kind": "batch_cost", "pid": pid, "t_ns": t0 + i, "samples": size,
-             "cpu_s": size * cpu_ms / 1e3, "wall_s": size * (cpu_ms + wait_ms) / 1e3,
+             "cpu_s": size * cpu_ms / 1e3, "wall_s": size * (cpu_ms + wait_ms + runq) / 1e3,
+             "runq_s": None if runq_ms is None else size * runq_ms / 1e3,
              "collate_s": 1e-4} for i in range(count)]
 
 
@@ -130,9 +138,6 @@ def test_summary_capacity_per_rank_cpus_and_measured_points():
 
 # ---- the climb ----------------------------------------------------------------------------
 
-from ddp_profile.profiler.sweep.capacity import ClimbPoint, next_workers  # noqa: E402
-
-
 def modelled(model: Capacity, workers: int) -> ClimbPoint:
     """What a probe of ``workers`` would measure if the model were the truth."""
     tp = model.throughput(workers)
@@ -186,5 +191,68 @@ def test_measured_cpu_saturation_decides_where_the_climb_stops():
     waiting = [ClimbPoint(1, 500.0, 0.01, cpu_share=0.1),
                ClimbPoint(3, 1200.0, 0.01, cpu_share=0.1, cpu_busy=0.97)]
     assert next_workers(waiting, 64) is None
+    # CPU-bound loading stops even where the samples caught idle CPUs
+    assert next_workers([*mixed[:1], ClimbPoint(3, 1200.0, 0.01, cpu_share=0.9,
+                                                cpu_busy=0.6)], 64) is None
     # CPU use not sampled: the loading's CPU share stands in
     assert next_workers([*mixed[:1], ClimbPoint(3, 1200.0, 0.01, cpu_share=0.5)], 64) is None
+
+
+# ---- runnable time (CPU contention) apart from waiting ------------------------------------
+
+def test_cpu_bound_loading_on_busy_cpus_is_cpu_bound_not_waiting():
+    # 8 workers of a 2 ms CPU transform on 2 CPUs: each sample sits 6 ms runnable, blocked 0.05
+    contended = batches(2.0, 0.05, runq_ms=6.0)
+    cost = loading_cost([(contended, None)])
+    assert cost.runq_per_sample_s == pytest.approx(6e-3)
+    assert cost.wait_per_sample_s == pytest.approx(0.05e-3)
+    assert cost.to_dict()["bound"] == "cpu" and cost.cpu_share >= CLIMB_STOP_CPU_SHARE
+    assert cost.runq_share == pytest.approx(6.0 / 8.05)
+    # the same batches without the run queue: wall - CPU alone called it waiting
+    blind = loading_cost([([{**b, "runq_s": None} for b in contended], None)])
+    assert blind.runq_per_sample_s is None
+    assert blind.wait_per_sample_s == pytest.approx(6.05e-3)
+    assert blind.to_dict()["bound"] == "wait"
+
+
+def test_sleep_bound_loading_without_runq_stays_wait_bound():
+    cost = loading_cost([(batches(0.1, 3.0, runq_ms=0.0), None)])
+    assert cost.runq_per_sample_s == 0.0 and cost.runq_share == 0.0
+    assert cost.wait_per_sample_s == pytest.approx(3e-3)
+    assert cost.to_dict()["bound"] == "wait"
+
+
+def test_runq_never_exceeds_the_time_off_cpu():
+    # clocks read a few ns apart: a runq a hair above wall - CPU leaves no negative waiting
+    record = {"pid": 1, "t_ns": 1, "samples": 1, "cpu_s": 1e-3, "wall_s": 2e-3,
+              "runq_s": 1.0001e-3}
+    cost = loading_cost([([dict(record), {**record, "t_ns": 2}], None)])
+    assert cost.wait_per_sample_s == 0.0 and cost.runq_per_sample_s == pytest.approx(1e-3)
+
+
+def test_model_keeps_the_blocked_waiting_and_the_most_contended_probe():
+    calm = loading_cost([(batches(2.0, 0.05, runq_ms=0.1), None)])
+    busy = loading_cost([(batches(2.0, 0.05, runq_ms=6.0), None)])
+    probes = [probe(calm, 0, 2000.0), probe(busy, 8, 2000.0)]
+    model = capacity_model(probes, cpus_per_rank=1.0, ranks=2, memory_available=None)
+    assert model.bound == "cpu" and model.wait_per_sample_s == pytest.approx(0.05e-3)
+    assert model.contention.workers == 8 and model.contention.notable
+    out = model.to_dict()
+    assert out["runq"]["per_sample_s"] == pytest.approx(6e-3) and out["runq"]["notable"]
+    assert loading_line(out) == ("2.00 ms CPU + 0.05 ms waiting + 6.00 ms runnable (CPUs "
+                                 "busy, 8 workers) per sample")
+    quiet = capacity_model(probes[:1], 1.0, 2, None).to_dict()
+    assert not quiet["runq"]["notable"]
+    assert loading_line(quiet) == "2.00 ms CPU + 0.05 ms waiting per sample"
+    unknown = loading_cost([(batches(2.0, 0.05), None)])
+    assert capacity_model([probe(unknown, 0, 2000.0)], 1.0, 2, None).to_dict()["runq"] is None
+
+
+def test_the_climb_stops_for_cpu_bound_loading_however_long_it_sat_runnable():
+    busy = loading_cost([(batches(2.0, 0.05, runq_ms=6.0), None)]).to_dict()
+    blind = loading_cost([(batches(2.0, 6.05), None)]).to_dict()  # wall - CPU only
+    points = [ClimbPoint(4, 1000.0, 0.01, cpu_share=0.9),
+              ClimbPoint(8, 1500.0, 0.01, cpu_share=busy["cpu_share"])]
+    assert next_workers(points, 64) is None
+    points[-1] = ClimbPoint(8, 1500.0, 0.01, cpu_share=blind["cpu_share"])
+    assert next_workers(points, 64) == 16  # what the blind figure would have done
