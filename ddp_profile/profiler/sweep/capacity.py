@@ -159,6 +159,13 @@ class Capacity:
     memory_workers: Optional[int]  # most workers per rank that fit in memory; None: unknown
     cap: int = WORKER_CAP
     contention: Optional[RunQueue] = None  # the probe whose producers waited most for a CPU
+    pin_per_sample_s: Optional[float] = None  # one thread per rank pins every batch
+
+    @property
+    def pin_limit(self) -> float:
+        """Global samples/s the ranks' pinning threads can keep up with (inf: no pinning)."""
+        pin = self.pin_per_sample_s or 0.0
+        return self.ranks / pin if pin > 0 else math.inf
 
     @property
     def cpu_share(self) -> float:
@@ -182,13 +189,14 @@ class Capacity:
         if per_sample <= 0:
             return math.inf
         if workers <= 0:
-            return self.ranks / per_sample
-        return min(self.ranks * workers / per_sample, self.cpu_limit)
+            return self.ranks / (per_sample + (self.pin_per_sample_s or 0.0))
+        return min(self.ranks * workers / per_sample, self.cpu_limit, self.pin_limit)
 
     def throughput(self, workers: int) -> float:
         """Predicted global samples/s of the loop with ``workers`` per rank."""
-        if workers <= 0:
-            per_sample = self.cpu_per_sample_s + self.wait_per_sample_s
+        if workers <= 0:  # the loop loads (and pins) its batches itself
+            per_sample = (self.cpu_per_sample_s + self.wait_per_sample_s
+                          + (self.pin_per_sample_s or 0.0))
             return self.ranks / (self.ranks / self.demand + per_sample)
         return min(self.demand, self.supply(workers))
 
@@ -204,7 +212,7 @@ class Capacity:
         """The fewest workers per rank whose supply meets the demand; where the CPUs cannot,
         the fewest that saturate them. Bounded by :attr:`max_workers` (at least 1)."""
         per_sample = self.cpu_per_sample_s + self.wait_per_sample_s
-        target = min(self.demand, self.cpu_limit)
+        target = min(self.demand, self.cpu_limit, self.pin_limit)
         needed = math.ceil(target * per_sample / self.ranks - 1e-9) if target < math.inf else 1
         return max(1, min(needed, max(self.max_workers, 1)))
 
@@ -218,6 +226,7 @@ class Capacity:
                 "memory_workers": self.memory_workers, "max_workers": self.max_workers,
                 "workers_for_demand": self.workers_for_demand(),
                 "runq": _runq_dict(self.contention),
+                "pin_per_sample_s": self.pin_per_sample_s, "pin_limit": _finite(self.pin_limit),
                 "curve": [{"num_workers": w, "supply": _finite(self.supply(w)),
                            "throughput": _finite(self.throughput(w))} for w in workers]}
 
@@ -281,7 +290,15 @@ def capacity_model(probes: list[dict[str, Any]], cpus_per_rank: float, ranks: in
         memory_workers = int(memory_available / ranks // max(rss))
     return Capacity(cpu_per_sample_s=cpu, wait_per_sample_s=wait,
                     cpus_per_rank=max(cpus_per_rank, 1e-9), ranks=ranks, demand=float(demand),
-                    memory_workers=memory_workers, cap=cap, contention=most_contended(measured))
+                    memory_workers=memory_workers, cap=cap, contention=most_contended(measured),
+                    pin_per_sample_s=_median_pinning(measured))
+
+
+def _median_pinning(probes: list[dict[str, Any]]) -> Optional[float]:
+    """Median pinning time per sample of the probes that pinned (None: none did)."""
+    pins = [p["loading"]["pin_per_sample_s"] for p in probes
+            if p["loading"].get("pin_per_sample_s")]
+    return statistics.median(pins) if pins else None
 
 
 def run_model(probes: list[dict[str, Any]], context: dict[str, Any],

@@ -256,3 +256,21 @@ def test_the_climb_stops_for_cpu_bound_loading_however_long_it_sat_runnable():
     assert next_workers(points, 64) is None
     points[-1] = ClimbPoint(8, 1500.0, 0.01, cpu_share=blind["cpu_share"])
     assert next_workers(points, 64) == 16  # what the blind figure would have done
+
+
+def test_one_pinning_thread_per_rank_bounds_the_loaders():
+    # 0.5 ms to pin a sample: 2,000 samples/s per rank whatever the workers make
+    model = Capacity(cpu_per_sample_s=1e-4, wait_per_sample_s=3e-3, cpus_per_rank=8.0,
+                     ranks=2, demand=10000.0, memory_workers=None, pin_per_sample_s=5e-4)
+    assert model.pin_limit == pytest.approx(4000.0)
+    assert model.supply(32) == pytest.approx(4000.0)
+    assert model.workers_for_demand() == 7  # 4,000/s x 3.1 ms / 2 ranks: more cannot help
+    assert model.to_dict()["pin_limit"] == pytest.approx(4000.0)
+    # without workers the loop pins its own batches too
+    unpinned = Capacity(1e-4, 3e-3, 8.0, 2, demand=10000.0, memory_workers=None)
+    assert model.throughput(0) < unpinned.throughput(0)
+    probes = [{"status": "ok", "loop_demand": 10000.0, "config": {"num_workers": w},
+               "loading": {"cpu_per_sample_s": 1e-4, "wait_per_sample_s": 3e-3,
+                           "pin_per_sample_s": pin}}
+              for w, pin in ((0, 4e-4), (4, 5e-4), (8, 6e-4))]
+    assert capacity_model(probes, 8.0, 2, None).pin_per_sample_s == pytest.approx(5e-4)
