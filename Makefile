@@ -27,7 +27,7 @@ browser:
 
 test: setup browser
 	$(BIN)/ruff check ddp_profile tests benchmarks
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 # The peers install beside the pinned CPU torch. Only loadtune requires torch (traceml-ai,
 # gpuprof and datapath-doctor name it in optional extras only); the constraints file holds it
