@@ -28,6 +28,34 @@ def waits_for_data(entry: Entry) -> bool:
     return fraction is None or fraction >= SETTLED_DATA_WAIT
 
 
+def winnable_share(entry: Entry) -> Optional[float]:
+    """Share of each step that loading settings could win back, from direct evidence.
+
+    With workers, the loop's data wait. Without, the time the loop spent making its own
+    batches, measured where they were made (CPU, runnable and blocked time per sample x each
+    rank's samples/s), at most its data wait: the rest of that wait (the iterator's own
+    bookkeeping) stays whatever the workers do, and workers add a transfer per batch.
+    """
+    fraction = entry.get("data_wait_fraction")
+    workers = (entry.get("config") or {}).get("num_workers") or 0
+    loading, throughput = entry.get("loading") or {}, entry.get("throughput")
+    ranks = len(entry.get("per_rank") or []) or 1
+    if workers or not loading or not throughput:
+        return fraction
+    per_sample = sum(loading.get(key) or 0.0 for key in
+                     ("cpu_per_sample_s", "wait_per_sample_s", "runq_per_sample_s",
+                      "pin_per_sample_s"))
+    share = per_sample * float(throughput) / ranks
+    return min(share, fraction) if fraction is not None else share
+
+
+def worth_tuning(entry: Entry) -> bool:
+    """Whether loading settings could win back a measurable share of the baseline's steps
+    (``winnable_share`` at least ``SETTLED_DATA_WAIT``); unknown counts as yes."""
+    share = winnable_share(entry)
+    return share is None or share >= SETTLED_DATA_WAIT
+
+
 def is_ok(entry: Entry) -> bool:
     return entry.get("status") == "ok" and bool(entry.get("throughput"))
 

@@ -31,7 +31,7 @@ from ddp_profile.profiler.sweep.capacity import (
     run_model,
 )
 from ddp_profile.profiler.sweep.choose import candidate_of, choose, relative_se
-from ddp_profile.profiler.sweep.climb import beats, climb_workers, waits_for_data
+from ddp_profile.profiler.sweep.climb import beats, climb_workers, waits_for_data, worth_tuning
 from ddp_profile.profiler.sweep.coordinate import Coordinator
 from ddp_profile.profiler.sweep.launch import LaunchSpec, ignore_hangup, restore_hangup
 from ddp_profile.profiler.sweep.measure import (
@@ -105,15 +105,17 @@ class Search:
         return self.entries
 
     def wants_ceiling(self) -> bool:
-        """The compute-only probe is worth a launch only when the baseline waits for data: a
-        loop that hardly waits is at its ceiling already (a note says so)."""
+        """The compute-only probe is worth a launch only when loading settings could win back
+        a measurable share of the baseline's steps (``climb.worth_tuning``): otherwise the
+        loop is at its ceiling already (a note says so)."""
         if not self.options.ceiling or self.baseline is None:
             return False
-        if self.baseline.get("status") == "ok" and not waits_for_data(self.baseline):
+        if self.baseline.get("status") == "ok" and not worth_tuning(self.baseline):
             if not self._ceiling_skip_noted:
                 self._ceiling_skip_noted = True
-                self.progress("note", {"text": "no compute-only ceiling probe: the baseline "
-                                               "hardly waits for data"})
+                self.progress("note", {"text": "no compute-only ceiling probe: loading takes "
+                                               "too little of the baseline's steps to win "
+                                               "back"})
             return False
         return True
 
@@ -233,14 +235,15 @@ class Search:
         """Two screens, then the batch sizes. The first screen runs the whole worker ladder
         (and the ceiling) in one launch; the second confirms the best screened configuration
         in a fresh launch and, in the same launch, tries its prefetch and pinning variants.
-        A baseline that hardly waits for data gets no ladder, only its pinning variants.
+        A baseline whose loading could win back little (``climb.worth_tuning``) gets no
+        ladder, only its pinning variants.
         Batch sizes need launches of their own. A loader that cannot be rebuilt falls back to
         climbing the ladder with one probe per configuration."""
         assert self.axes is not None and self.baseline is not None
         own = settings_of(self.baseline)
         start = LoaderSettings(None, own.pin_memory if own.pin_memory is not None else False,
                                min(self.axes.prefetch_factor), own.batch_size)
-        if waits_for_data(self.baseline):
+        if worth_tuning(self.baseline):
             configs = [normalise(replace(start, num_workers=w)) for w in self._first_workers()]
         else:  # loading settings cannot win back more than the little time spent waiting
             configs = [normalise(replace(own, pin_memory=v)) for v in self.axes.pin_memory]
@@ -257,7 +260,7 @@ class Search:
             for axis in ("prefetch_factor", "pin_memory"):
                 best = self._try_axis(best, axis) if best is not None else None
         else:
-            if waits_for_data(self.baseline) and self.space.num_workers is None:
+            if worth_tuning(self.baseline) and self.space.num_workers is None:
                 self._climb(start)
             self._settle_contender()
             best = self.best()
