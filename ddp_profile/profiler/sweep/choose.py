@@ -13,7 +13,9 @@ ask this module; nothing else decides.
   measured clearly faster.
 - **Ties**: candidates within noise of the reference are a tie, won by the cheapest setting
   (``cost_key``: fewer workers, pinning off, smaller prefetch, batch size closest to the
-  baseline's), then by throughput.
+  baseline's), then by throughput. Only a measurement at most ``tie_rse`` uncertain (or no
+  more than the reference) claims a tie: a cheap window measured ±15 % is "within noise" of
+  almost anything, which says nothing about it being as fast.
 - **Batch-size clause**: a candidate with another batch size than the baseline's wins only
   when it beats the best candidate at the baseline's batch size by more than both the noise
   and ``clear_gain`` (a batch size changes the training's dynamics).
@@ -39,6 +41,7 @@ class ChoiceThresholds:
     noise_floor: float = 0.02  # throughputs within this relative gap are a tie at least
     noise_sigmas: float = 2.0  # ... or within this many combined standard errors
     clear_gain: float = 0.05  # a compute-bound script moves only for a gain above this
+    tie_rse: float = 0.05  # a tie is claimed only by a measurement at most this uncertain
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,8 @@ def choose(candidates: Sequence[Candidate], baseline: Optional[Candidate] = None
         needed = max(noise(top, baseline, thresholds), thresholds.clear_gain)
         if top.throughput <= baseline.throughput * (1 + needed):
             return baseline
-    ties = [c for c in undominated(usable, thresholds) if not_worse(c, top, thresholds)]
+    ties = [c for c in undominated(usable, thresholds) if not_worse(c, top, thresholds)
+            and (c is top or c.rse <= max(thresholds.tie_rse, top.rse))]
     batch = baseline.config.batch_size if baseline is not None else None
     pick = min(ties, key=lambda c: (cost_key(c.config, batch), -c.throughput))
     if baseline is None or pick.config.batch_size == batch:

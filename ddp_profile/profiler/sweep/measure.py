@@ -54,6 +54,7 @@ class Window:
     config: LoaderSettings
     kind: str = "sweep"
     mode: str = "normal"
+    steps: Optional[int] = None  # measured steps asked (None: the run's ``--steps``)
 
 
 class Measurer(Protocol):
@@ -184,7 +185,8 @@ class LedgerMeasurer:
             overrides=pending[0].config, warmup=self.warmup, steps=self.steps, mode="screen",
             windows=tuple({"overrides": w.config.to_dict(), "mode": w.mode,
                            "warmup": self._window_warmup(w),
-                           "steps": burst_steps(self.steps, w.config.num_workers, w.mode)}
+                           "steps": burst_steps(w.steps or self.steps, w.config.num_workers,
+                                                w.mode)}
                           for w in pending),
             inject_local_rank=self.local_rank_flag(), rdzv_id=f"{self.run_token}-{launch_id}")
         timeout_s = self.screen_timeout(len(pending))
@@ -204,7 +206,7 @@ class LedgerMeasurer:
                 outcome, returncode=0, timed_out=False, wall_s=split.span_s)
             window_plan = ProbePlan(probe_id=probe_id, out_dir=self.run_dir.probe_dir(probe_id),
                                     overrides=window.config, warmup=self._window_warmup(window),
-                                    steps=self.steps, mode=window.mode)
+                                    steps=window.steps or self.steps, mode=window.mode)
             entry = summarise_probe(window_plan, window_outcome, window.kind, timeout_s)
             entry.update(screened=True, launch=launch_id, launch_wall_s=round(outcome.wall_s, 3))
             self._record(entry)
@@ -225,7 +227,8 @@ class LedgerMeasurer:
         """The leading windows a resumed run already measured (same ids, same requests)."""
         reused = []
         for window, probe_id in zip(pending, ids):
-            entry = self._finished(probe_id, window.config, window.kind, self.steps,
+            entry = self._finished(probe_id, window.config, window.kind,
+                                   window.steps or self.steps,
                                    screened=True)
             if entry is None:
                 break

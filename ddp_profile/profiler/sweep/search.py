@@ -262,7 +262,6 @@ class Search:
         else:
             if worth_tuning(self.baseline) and self.space.num_workers is None:
                 self._climb(start)
-            self._settle_contender()
             best = self.best()
             if best is not None:
                 self.measurer.measure_screen(self._second_screen(best))
@@ -332,20 +331,20 @@ class Search:
                                      loading.get("cpu_share"), entry.get("cpu_busy")))
         return points
 
-    def _settle_contender(self) -> None:
+    def _contender(self, best: Entry) -> Optional[Window]:
         """A screened window faster than the choice, but tied with it only because its
         throughput is uncertain (relative SE above ``UNSTABLE_RSE``: a window's few steps of a
-        bursty loader), is measured again in a probe of its own, twice as long, so that the
+        bursty loader): measured again, twice as long, in the second screen, so that the
         choice rests on a measurement that can tell them apart."""
-        best = self.best()
         top = max(self.ok_entries(), key=lambda e: e["throughput"], default=None)
-        if best is None or top is None or top is best or not top.get("screened") \
+        if top is None or top is best or not top.get("screened") \
                 or top["throughput"] <= best["throughput"] or relative_se(top) <= UNSTABLE_RSE:
-            return
-        self.measurer.measure(normalise(settings_of(top)), steps=self.options.steps * 2)
+            return None
+        return Window(normalise(settings_of(top)), steps=self.options.steps * 2)
 
     def _second_screen(self, best: Entry) -> list[Window]:
-        """A fresh measurement of a screened best, then its prefetch and pinning variants."""
+        """A fresh measurement of a screened best, an uncertain contender twice as long, then
+        the best's prefetch and pinning variants."""
         assert self.axes is not None
         current = normalise(settings_of(best))
         configs = [current] if best.get("screened") else []
@@ -358,7 +357,11 @@ class Search:
             if config not in unique and (config == current and best.get("screened")
                                          or self.find(config) is None):
                 unique.append(config)
-        return [Window(c) for c in unique]
+        windows = [Window(c) for c in unique]
+        contender = self._contender(best)
+        if contender is not None and contender.config not in unique:
+            windows.insert(1 if best.get("screened") else 0, contender)
+        return windows
 
     def _try_axis(self, best: Entry, axis: str) -> Entry:
         assert self.axes is not None

@@ -60,6 +60,17 @@ def test_a_noisy_fast_window_does_not_make_everything_a_tie():
     assert choose([base, measured[-1]], base).id == "p006"
 
 
+def test_only_a_certain_measurement_claims_a_tie():
+    # 2 workers settled at 1,008 +- 1 %; a second-screen window without workers but pinned ran
+    # 900 +- 15 %: within noise of 1,008, and cheaper, yet too uncertain to say it is as fast
+    base = cand("base", 0, 900.0, wait=0.9, rse=0.01, kind="baseline")
+    settled = cand("w2", 2, 1008.0, rse=0.01)
+    noisy_cheap = cand("pin", 0, 900.0, rse=0.15, pin=True)
+    assert choose([base, settled, noisy_cheap], base).id == "w2"
+    quiet_cheap = cand("w1", 1, 995.0, rse=0.02)  # a tie it can claim
+    assert choose([base, settled, quiet_cheap], base).id == "w1"
+
+
 def test_a_compute_bound_baseline_moves_only_for_a_clear_gain():
     base = cand("base", 0, 100.0, wait=0.1, kind="baseline")
     assert choose([base, cand("w1", 1, 104.0)], base).id == "base"  # 4 % < clear_gain
