@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -249,10 +250,18 @@ def datapath_doctor(workload: dict, steps: int) -> dict:
         code, text, wall = _run(cmd, work, 900, _torchrun_env(workload), keep=None)
         verdicts = _verdicts.datapath_doctor_verdicts(text)
         if code != 0 or verdicts is None:
-            return {"status": f"exit {code}: {text[-300:]}", "wall_s": wall}
+            return {"status": f"exit {code}: {_first_error(text)}", "wall_s": wall}
         return {"status": "ok", "wall_s": wall, "verdicts": verdicts}
     finally:
         _bench.cleanup(work)
+
+
+def _first_error(text: str) -> str:
+    """The first line of a failed launch's output that says what failed, else its tail."""
+    for line in text.splitlines():
+        if re.search(r"Error|Exception|terminate called", line):
+            return line.strip()[:300]
+    return text[-300:]
 
 
 def overhead(quick: bool, have: dict) -> dict[str, Any]:

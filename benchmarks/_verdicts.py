@@ -55,6 +55,9 @@ VOCABULARY: dict[str, dict[str, Optional[str]]] = {
         "input-bound, CPU saturated": "loading_cpu", "input-bound": "loading",
         "compute-bound": "compute", "mildly contended": "loading",
     },
+    # fournex's labels: launch_bound names kernel-launch overhead (its fixes: torch.compile,
+    # CUDA graphs), a cause none of the workloads has; without a GPU its utilisation reads 0 %,
+    # so it fires wherever no input, copy or sync stall dominates
     "fournex": {
         "input_bound": "loading", "copy_bound": "other", "sync_bound": "other",
         "underutilized_gpu": "other", "memory_pressure": "other",

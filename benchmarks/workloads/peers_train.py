@@ -156,17 +156,17 @@ def datapath_doctor_report(samples: list, world: int, rank: int) -> None:
         gathered: list = [None] * world
         dist.all_gather_object(gathered, samples)
         samples = [sample for part in gathered for sample in part]
-    if rank != 0:
-        return
     if world == 1:
         print(render_findings(RuleEngine.with_default_rules().run(samples), len(samples)))
         return
-    analysis = analyze_distributed(samples)
-    for each, findings in analysis.per_rank_findings.items():
-        count = sum(1 for sample in samples if sample.rank == each)
-        print(f"== datapath-doctor rank {each} ==\n{render_findings(findings, count)}")
-    straggler = analysis.straggler.message if analysis.straggler else "none"
-    print(f"== datapath-doctor straggler: {straggler}", flush=True)
+    if rank == 0:
+        analysis = analyze_distributed(samples)
+        for each, findings in analysis.per_rank_findings.items():
+            count = sum(1 for sample in samples if sample.rank == each)
+            print(f"== datapath-doctor rank {each} ==\n{render_findings(findings, count)}")
+        straggler = analysis.straggler.message if analysis.straggler else "none"
+        print(f"== datapath-doctor straggler: {straggler}", flush=True)
+    dist.barrier()  # the ranks leave together
 
 
 def step(model, optimizer, loss_fn, x, y, straggle_s: float) -> None:
