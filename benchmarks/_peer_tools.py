@@ -4,6 +4,13 @@ Every runner returns a dict with ``status`` ("ok", or why not), ``wall_s`` (laun
 and, where the tool gives them, ``recommended`` (a configuration of ``peers_train.py``'s
 settings: num_workers, prefetch_factor, batch_size, threads) and ``verdicts`` (the tool's own
 words, mapped to causes by ``_verdicts``). Each run gets its own scratch directory.
+
+How each is run: ddp-profile on the unmodified script (its CLI); loadtune on
+``workloads/peers_loadtune.py``; the SDK peers on ``workloads/peers_train.py`` with their
+own lines switched on, 2 ranks under torchrun: traceml-ai (``--traceml``) through
+``traceml run``, read from its ``final_summary.json``; fournex (``--fournex``) with each rank
+inside its own ``frx collect``, read from ``frx analyze --json`` of each rank's bundle;
+datapath-doctor (``--datapath-doctor``), read from the report rank 0 prints.
 """
 
 from __future__ import annotations

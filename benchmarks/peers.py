@@ -8,7 +8,18 @@ cause), each handed over as the tool needs it:
 * **loadtune**: ``benchmarks/workloads/peers_loadtune.py`` (``get_workload()`` over the same
   dataset, model and step; it builds its own DataLoader; one process), ``loadtune tune``;
 * **traceml-ai**: the script with its two lines (``--traceml``) through ``traceml run``;
-* **fournex**: the unmodified script under ``frx collect``, then ``frx analyze``.
+* **fournex**: the script with its SDK lines (``--fournex``: ``frx.init``, the DataLoader
+  wrapped in ``frx.instrument_dataloader``, each step in ``frx.step_context``) under torchrun,
+  every rank inside its own ``frx collect`` (fournex knows one process: under one ``frx
+  collect`` the ranks would share one trace file); then ``frx analyze --json`` on each rank's
+  bundle, the labels of both read;
+* **datapath-doctor**: the script with its SDK lines (``--datapath-doctor``: the DataLoader
+  wrapped in its ``DataLoaderProfiler``, ``record_compute_done()`` after each step; at the end
+  the ranks' samples gathered and ``analyze_distributed`` run, as its README shows) under
+  torchrun; the report rank 0 prints (``render_findings`` per rank, the rank-skew check) read.
+
+The SDK peers run 2 ranks under torchrun; the in-place workload (``threads``) keeps torch's
+default thread count there (``OMP_NUM_THREADS`` = all CPUs), as its ranks have it in place.
 
 Rows:
 
@@ -24,10 +35,12 @@ Rows:
   between-launch ratio (``benchmarks/overhead.py``'s functions), traceml-ai's between-launch
   ratio (its two lines and ``traceml run`` against plain torchrun, same workload).
 
-A peer that is not installed is reported ``"not installed"``, never a failure.
+A peer that is not installed is reported ``"not installed"``, never a failure; ``--tools``
+runs only some tools' rows (the others are left out of the rows, the JSON keeps its shape).
 
     python benchmarks/peers.py --quick   # ~15 min on 2 cores
     python benchmarks/peers.py
+    python benchmarks/peers.py --quick --tools fournex,datapath_doctor --skip-overhead  # ~2 min
 
 The last line printed is a JSON object.
 """

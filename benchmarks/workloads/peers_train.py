@@ -12,9 +12,15 @@ The costs are parameters, so every peer gets the same dataset and model:
 
 Under torchrun (``WORLD_SIZE`` set) it is one DDP rank; with neither torchrun nor ``--spawn``
 it is one process without DDP. ``--traceml`` adds traceml-ai's two lines
-(``traceml_ai.init()``, ``with traceml_ai.trace_step(model):``); without it the script is
-plain PyTorch. Each rank times its own steps with ``time.perf_counter`` (the period between
-the starts of consecutive iterations) and writes ``{"median_step_s", "mean_step_s",
+(``traceml_ai.init()``, ``with traceml_ai.trace_step(model):``); ``--fournex`` fournex's
+(``frx.init``, ``frx.instrument_dataloader(loader)``, ``with frx.step_context(...)``; its
+trace is written under ``frx collect``); ``--datapath-doctor`` datapath-doctor's (its
+``DataLoaderProfiler`` around the loader, ``record_compute_done()`` after each step, and at the
+end every rank's samples through ``analyze_distributed``, its report printed by rank 0).
+Without them the script is plain PyTorch: each tool is imported only under its flag.
+
+Each rank times its own steps with ``time.perf_counter`` (the period between the starts of
+consecutive iterations) and writes ``{"median_step_s", "mean_step_s",
 "throughput", ...}`` to ``--out`` (``{rank}`` replaced); ``throughput`` is global samples/s
 (batch size x ranks / mean step).
 """

@@ -177,3 +177,14 @@ def test_fournex_labels_come_from_the_scope_its_report_shows():
                                   "bottlenecks": []}}}
     assert _verdicts.fournex_verdicts(nothing) == ["inconclusive"]
     assert _verdicts.diagnosis_row("fournex", ["inconclusive"], "compute")["score"] == "nothing"
+
+
+def test_tools_option_picks_rows_and_refuses_unknown_names(capsys):
+    import peers
+
+    assert peers.parse([]).tools == list(peers.TOOLS)
+    assert peers.parse(["--tools", "fournex,datapath_doctor"]).tools == \
+        ["fournex", "datapath_doctor"]
+    with pytest.raises(SystemExit):
+        peers.parse(["--tools", "fournex,frx"])
+    assert "unknown workload or tool: frx" in capsys.readouterr().err
