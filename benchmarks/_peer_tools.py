@@ -4,6 +4,13 @@ Every runner returns a dict with ``status`` ("ok", or why not), ``wall_s`` (laun
 and, where the tool gives them, ``recommended`` (a configuration of ``peers_train.py``'s
 settings: num_workers, prefetch_factor, batch_size, threads) and ``verdicts`` (the tool's own
 words, mapped to causes by ``_verdicts``). Each run gets its own scratch directory.
+
+How each is run: ddp-profile on the unmodified script (its CLI); loadtune on
+``workloads/peers_loadtune.py``; the SDK peers on ``workloads/peers_train.py`` with their
+own lines switched on, 2 ranks under torchrun: traceml-ai (``--traceml``) through
+``traceml run``, read from its ``final_summary.json``; fournex (``--fournex``) with each rank
+inside its own ``frx collect``, read from ``frx analyze --json`` of each rank's bundle;
+datapath-doctor (``--datapath-doctor``), read from the report rank 0 prints.
 """
 
 from __future__ import annotations
@@ -24,7 +31,6 @@ LOADTUNE_FILE = os.path.join(_bench.REPO, "benchmarks", "workloads", "peers_load
 FLAGS = {"num_workers": "--num-workers", "prefetch_factor": "--prefetch-factor",
          "batch_size": "--batch-size", "threads": "--threads"}
 NOT_APPLICABLE = {
-    "datapath_doctor": "SDK-based (its DataLoaderProfiler inside the loop); not wired here",
     "gpuprof": "a GPU profiler (kernels, NVML); it names no host-side cause",
 }
 
@@ -36,12 +42,16 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _run(cmd: list[str], work: str, timeout_s: float, env: Optional[dict] = None) -> tuple:
+def _run(cmd: list[str], work: str, timeout_s: float, env: Optional[dict] = None,
+         keep: Optional[int] = 600) -> tuple:
+    """Exit code, the last ``keep`` characters of stdout then stderr (None: all of them) and
+    the wall time of one command."""
     started = time.monotonic()
     try:
         proc = subprocess.run(cmd, cwd=work, env=env or _env(), capture_output=True, text=True,
                               timeout=timeout_s, stdin=subprocess.DEVNULL)
-        code, tail = proc.returncode, (proc.stdout + proc.stderr)[-600:]
+        text = proc.stdout + proc.stderr
+        code, tail = proc.returncode, text if keep is None else text[-keep:]
     except subprocess.TimeoutExpired:
         code, tail = -9, f"timed out after {timeout_s:.0f} s"
     return code, tail, round(time.monotonic() - started, 1)
@@ -181,14 +191,11 @@ def traceml(workload: dict, steps: int) -> dict:
     """``traceml run`` (torchrun, 2 ranks) on the script with its two lines; its verdicts."""
     work = _bench.scratch("peers-traceml-")
     try:
-        extra = {}
-        if workload.get("in_place"):  # default threads, as the in-place ranks have them
-            extra["OMP_NUM_THREADS"] = str(len(os.sched_getaffinity(0)))
         cmd = [sys.executable, "-c", "import sys; from traceml_ai.launcher.cli import main; "
                "sys.exit(main())", "run", SCRIPT, "--nproc-per-node", "2", "--logs-dir",
                os.path.join(work, "logs"), "--run-name", "peers", "--args",
                *workload["args"], "--traceml", "--steps", str(steps)]
-        code, tail, wall = _run(cmd, work, 900, _env(**extra))
+        code, tail, wall = _run(cmd, work, 900, _torchrun_env(workload))
         path = os.path.join(work, "logs", "peers", "final_summary.json")
         if not os.path.exists(path):
             return {"status": f"exit {code}: {tail[-300:]}", "wall_s": wall}
@@ -199,27 +206,69 @@ def traceml(workload: dict, steps: int) -> dict:
         _bench.cleanup(work)
 
 
+def _torchrun_env(workload: dict) -> dict[str, str]:
+    """The environment of a peer's torchrun launch; the in-place workload's ranks keep torch's
+    default thread count (all CPUs), as they have it when started without a launcher."""
+    if workload.get("in_place"):
+        return _env(OMP_NUM_THREADS=str(len(os.sched_getaffinity(0))))
+    return _env()
+
+
 def fournex(workload: dict, steps: int) -> dict:
-    """``frx collect`` around the unmodified script under torchrun, then ``frx analyze``."""
+    """The script with fournex's SDK lines (``--fournex``), every torchrun rank under its own
+    ``frx collect``; then ``frx analyze --json`` on each rank's run bundle."""
     work = _bench.scratch("peers-fournex-")
     try:
-        frx = [sys.executable, "-c", "import sys; from fournex.cli import main; "
-               "sys.exit(main())"]
-        extra = {"OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))} \
-            if workload.get("in_place") else {}
-        collect = [*frx, "collect", "--name", "peers", "--out", "runs", "--run-id", "r", "--",
-                   *_bench.torchrun_command(SCRIPT, [*workload["args"], "--steps", str(steps)])]
-        _, _, wall = _run(collect, work, 900, _env(**extra))
-        code, text, more = _run([*frx, "analyze", os.path.join("runs", "r")], work, 300)
-        labels = [label for label in _verdicts.VOCABULARY["fournex"]
-                  if re.search(rf"\b{label}\b", text)]
-        if "No trace data" in text:
-            return {"status": "ok", "wall_s": wall + more, "verdicts": [],
-                    "said": "no trace data (fournex reads what its SDK records in the script)"}
-        return {"status": "ok" if code == 0 else f"exit {code}", "wall_s": wall + more,
-                "verdicts": labels}
+        frx = ["-m", "fournex"]
+        script = [sys.executable, SCRIPT, *workload["args"], "--fournex", "--steps", str(steps)]
+        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                  "--nproc-per-node=2", "--max-restarts=0", *frx, "collect", "--name", "peers",
+                  "--out", "runs", "--no-zip", "--", *script]
+        code, tail, wall = _run(launch, work, 900, _torchrun_env(workload))
+        runs = os.path.join(work, "runs")
+        bundles = sorted(os.listdir(runs)) if os.path.isdir(runs) else []
+        per_run, verdicts = {}, []
+        for bundle in bundles:
+            got, text, more = _run([sys.executable, *frx, "analyze", "--json",
+                                    os.path.join(runs, bundle)], work, 300, keep=None)
+            wall = round(wall + more, 1)
+            try:
+                start = text.index("{")
+                per_run[bundle] = _verdicts.fournex_verdicts(
+                    json.JSONDecoder().raw_decode(text[start:])[0])
+            except ValueError:
+                per_run[bundle] = f"analyze exit {got}: {text[-200:]}"
+                continue
+            verdicts += [v for v in per_run[bundle] if v not in verdicts]
+        if code != 0 or len(bundles) != 2 or any(isinstance(v, str) for v in per_run.values()):
+            return {"status": f"exit {code}: {tail[-300:]}", "wall_s": wall, "per_run": per_run}
+        return {"status": "ok", "wall_s": wall, "verdicts": verdicts, "per_run": per_run}
     finally:
         _bench.cleanup(work)
+
+
+def datapath_doctor(workload: dict, steps: int) -> dict:
+    """The script with datapath-doctor's SDK lines (``--datapath-doctor``) under torchrun (2
+    ranks); rank 0 prints the tool's report of every rank and its straggler check, read here."""
+    work = _bench.scratch("peers-datapath-doctor-")
+    try:
+        cmd = _bench.torchrun_command(SCRIPT, [*workload["args"], "--datapath-doctor",
+                                               "--steps", str(steps)])
+        code, text, wall = _run(cmd, work, 900, _torchrun_env(workload), keep=None)
+        verdicts = _verdicts.datapath_doctor_verdicts(text)
+        if code != 0 or verdicts is None:
+            return {"status": f"exit {code}: {_first_error(text)}", "wall_s": wall}
+        return {"status": "ok", "wall_s": wall, "verdicts": verdicts}
+    finally:
+        _bench.cleanup(work)
+
+
+def _first_error(text: str) -> str:
+    """The first line of a failed launch's output that says what failed, else its tail."""
+    for line in text.splitlines():
+        if re.search(r"Error|Exception|terminate called", line):
+            return line.strip()[:300]
+    return text[-300:]
 
 
 def overhead(quick: bool, have: dict) -> dict[str, Any]:

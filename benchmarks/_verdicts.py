@@ -2,8 +2,9 @@
 
 Every tool speaks its own vocabulary: ddp-profile's finding rules (and the recommendation's
 "compute-bound" note), traceml-ai's ``*_BOUND`` / ``*_STRAGGLER`` kinds, loadtune's narrative,
-fournex's bottleneck labels, datapath-doctor's rule ids. ``VOCABULARY`` maps each verdict to
-one of the ``CAUSES`` below (or to ``None``: a verdict that names no cause, e.g. "NORMAL").
+fournex's bottleneck labels, datapath-doctor's rule ids and correlated diagnoses.
+``VOCABULARY`` maps each verdict to one of the ``CAUSES`` below (or to ``None``: a verdict
+that names no cause, e.g. "NORMAL").
 
 A workload has one known cause; what a tool said about it scores
 
@@ -54,11 +55,27 @@ VOCABULARY: dict[str, dict[str, Optional[str]]] = {
         "input-bound, CPU saturated": "loading_cpu", "input-bound": "loading",
         "compute-bound": "compute", "mildly contended": "loading",
     },
+    # fournex's labels: launch_bound names kernel-launch overhead (its fixes: torch.compile,
+    # CUDA graphs), a cause none of the workloads has; without a GPU its utilisation reads 0 %,
+    # so it fires wherever no input, copy or sync stall dominates
     "fournex": {
         "input_bound": "loading", "copy_bound": "other", "sync_bound": "other",
         "underutilized_gpu": "other", "memory_pressure": "other",
         "shape_instability": "other", "launch_bound": "other",
-        "insufficient_telemetry": None,
+        "insufficient_telemetry": None, "inconclusive": None,
+    },
+    "datapath_doctor": {  # its rule ids, its correlated diagnoses, its rank-skew check
+        "DPD-001": "loading", "DPD-002": "loading_wait", "DPD-003": "loading_wait",
+        "DPD-004": "loading", "DPD-005": "loading_cpu", "DPD-006": "loading_wait",
+        "DPD-007": "loading_wait", "DPD-008": "loading", "DPD-009": "other",
+        "DPD-010": "other",
+        "CPU-bound input preprocessing is starving the training loop": "loading_cpu",
+        "remote input-storage latency is starving the training loop": "loading_wait",
+        "small-file I/O overhead is starving the training loop": "loading_wait",
+        "block-storage saturation is starving the training loop": "loading_wait",
+        "synchronous checkpoint I/O is blocking training progress": "other",
+        "DataLoader worker instability is disrupting batch delivery": "other",
+        "input-straggler": "straggler", "healthy": None,
     },
 }
 
@@ -109,10 +126,48 @@ def traceml_verdicts(summary: dict) -> list[str]:
         part = summary.get(section) or {}
         kinds.append((part.get("diagnosis") or {}).get("kind"))
         kinds += [issue.get("kind") for issue in part.get("issues") or []]
+    return _once(kinds)
+
+
+def fournex_verdicts(analysis: dict) -> list[str]:
+    """The bottleneck labels of ``frx analyze --json`` on one run bundle, from the scope its
+    own report shows (steady state where it has one), the one it puts to the user first."""
+    result = analysis.get("result", analysis)
+    scope = result.get("steady_state") or result.get("run") or result
+    diagnosis = scope.get("diagnosis") or {}
+    labels = [diagnosis.get("user_facing_bottleneck"), diagnosis.get("primary_bottleneck")]
+    labels += [b.get("label") for b in scope.get("bottlenecks") or []]
+    return _once(labels)
+
+
+_DPD_HEADINGS = ("LIKELY ROOT CAUSE", "LIKELY CONTRIBUTING FACTOR", "DIAGNOSTIC SIGNAL")
+
+
+def datapath_doctor_verdicts(text: str) -> Optional[list[str]]:
+    """What datapath-doctor's printed reports say (``render_findings`` of every rank, then the
+    rank-skew line ``peers_train.py`` prints): correlated diagnoses, rule ids, "healthy",
+    "input-straggler". None where no report was printed."""
+    lines = (text or "").splitlines()
+    if not any(line.startswith("datapath-doctor: ") for line in lines):
+        return None
+    said: list[Optional[str]] = []
+    for before, line in zip(lines, lines[1:]):
+        if before.strip() in _DPD_HEADINGS:
+            said.append(line.strip())
+    said += re.findall(r"^\[(?:CRITICAL|WARNING|INFO)\]\s+(DPD-\d{3})", text, re.MULTILINE)
+    if any("no issues found" in line for line in lines):
+        said.append("healthy")
+    skew = re.search(r"^== datapath-doctor straggler: (.*)$", text, re.MULTILINE)
+    if skew and skew.group(1).strip() != "none":
+        said.append("input-straggler")
+    return _once(said)
+
+
+def _once(values: Iterable[Optional[str]]) -> list[str]:
     seen: list[str] = []
-    for kind in kinds:
-        if kind and kind not in seen:
-            seen.append(kind)
+    for value in values:
+        if value and value not in seen:
+            seen.append(value)
     return seen
 
 

@@ -8,7 +8,18 @@ cause), each handed over as the tool needs it:
 * **loadtune**: ``benchmarks/workloads/peers_loadtune.py`` (``get_workload()`` over the same
   dataset, model and step; it builds its own DataLoader; one process), ``loadtune tune``;
 * **traceml-ai**: the script with its two lines (``--traceml``) through ``traceml run``;
-* **fournex**: the unmodified script under ``frx collect``, then ``frx analyze``.
+* **fournex**: the script with its SDK lines (``--fournex``: ``frx.init``, the DataLoader
+  wrapped in ``frx.instrument_dataloader``, each step in ``frx.step_context``) under torchrun,
+  every rank inside its own ``frx collect`` (fournex knows one process: under one ``frx
+  collect`` the ranks would share one trace file); then ``frx analyze --json`` on each rank's
+  bundle, the labels of both read;
+* **datapath-doctor**: the script with its SDK lines (``--datapath-doctor``: the DataLoader
+  wrapped in its ``DataLoaderProfiler``, ``record_compute_done()`` after each step; at the end
+  the ranks' samples gathered and ``analyze_distributed`` run, as its README shows) under
+  torchrun; the report rank 0 prints (``render_findings`` per rank, the rank-skew check) read.
+
+The SDK peers run 2 ranks under torchrun; the in-place workload (``threads``) keeps torch's
+default thread count there (``OMP_NUM_THREADS`` = all CPUs), as its ranks have it in place.
 
 Rows:
 
@@ -24,10 +35,12 @@ Rows:
   between-launch ratio (``benchmarks/overhead.py``'s functions), traceml-ai's between-launch
   ratio (its two lines and ``traceml run`` against plain torchrun, same workload).
 
-A peer that is not installed is reported ``"not installed"``, never a failure.
+A peer that is not installed is reported ``"not installed"``, never a failure; ``--tools``
+runs only some tools' rows (the others are left out of the rows, the JSON keeps its shape).
 
     python benchmarks/peers.py --quick   # ~15 min on 2 cores
     python benchmarks/peers.py
+    python benchmarks/peers.py --quick --tools fournex,datapath_doctor --skip-overhead  # ~2 min
 
 The last line printed is a JSON object.
 """
@@ -51,6 +64,7 @@ PEERS = {"loadtune": "loadtune", "traceml": "traceml-ai", "fournex": "fournex",
          "datapath_doctor": "datapath-doctor", "gpuprof": "gpuprof"}
 PINS = {"loadtune": "0.3.0", "traceml-ai": "0.5.0", "fournex": "0.3.1",
         "datapath-doctor": "0.2.1", "gpuprof": "0.7.1"}
+TOOLS = ("ddp_profile", *PEERS)
 WORKLOADS = {  # name -> script arguments, the known cause, whether its loading is tuned
     "latency_bound": {"args": ["--load-ms", "2"], "cause": "loading_wait", "tune": True},
     "cpu_bound": {"args": ["--cpu-ms", "1"], "cause": "loading_cpu", "tune": True},
@@ -89,7 +103,9 @@ def head_to_head(workload: dict, configs: dict[str, dict], nproc: int, reps: int
 def recommendation_row(name: str, workload: dict, nproc: int, opts: argparse.Namespace,
                        have: dict) -> dict:
     """Each tool's answer on one workload, then every answer and the grid head to head."""
-    answers = {"ddp_profile": tools.ddp_profile(workload, nproc, opts.steps, opts.warmup)}
+    answers = {}
+    if have["ddp_profile"]:
+        answers["ddp_profile"] = tools.ddp_profile(workload, nproc, opts.steps, opts.warmup)
     if nproc == 1 and have["loadtune"]:
         answers["loadtune"] = tools.loadtune(workload, opts.steps, opts.warmup)
     configs = {f"workers={w}": {"num_workers": w} for w in WIDE_GRID}
@@ -114,29 +130,35 @@ def recommendation_row(name: str, workload: dict, nproc: int, opts: argparse.Nam
     return row
 
 
+SDK_RUNNERS = {"traceml": tools.traceml, "fournex": tools.fournex,
+               "datapath_doctor": tools.datapath_doctor}
+
+
 def diagnosis_row(name: str, workload: dict, opts: argparse.Namespace, have: dict,
                   known: dict) -> dict:
     """What every tool says about one workload (``known``: answers already in hand)."""
     cause = workload["cause"]
     cells = {}
-    dp = known.get("ddp_profile") or tools.ddp_profile(workload, 2, opts.steps, opts.warmup)
-    cells["ddp_profile"] = _verdicts.diagnosis_row("ddp_profile", dp.get("verdicts"), cause,
-                                                   dp["status"])
+    if have["ddp_profile"]:
+        dp = known.get("ddp_profile") or tools.ddp_profile(workload, 2, opts.steps, opts.warmup)
+        cells["ddp_profile"] = _verdicts.diagnosis_row("ddp_profile", dp.get("verdicts"), cause,
+                                                       dp["status"])
     if have["loadtune"]:
         lt = known.get("loadtune")
         cells["loadtune"] = _verdicts.diagnosis_row(
             "loadtune", lt.get("verdicts") if lt else None, cause,
             lt["status"] if lt else "n/a")
-    for tool, runner in (("traceml", tools.traceml), ("fournex", tools.fournex)):
+    for tool, runner in SDK_RUNNERS.items():
         if have[tool]:
             answer = runner(workload, opts.diag_steps)
             cells[tool] = _verdicts.diagnosis_row(tool, answer.get("verdicts"), cause,
                                                   answer["status"])
             cells[tool]["wall_s"] = answer.get("wall_s")
-    for tool in ("datapath_doctor", "gpuprof"):
-        if have[tool]:
-            cells[tool] = {"score": "n/a", "status": "n/a", "verdicts": [], "causes": [],
-                           "why": tools.NOT_APPLICABLE[tool]}
+            if answer.get("per_run"):
+                cells[tool]["per_run"] = answer["per_run"]
+    if have["gpuprof"]:
+        cells["gpuprof"] = {"score": "n/a", "status": "n/a", "verdicts": [], "causes": [],
+                            "why": tools.NOT_APPLICABLE["gpuprof"]}
     return {"workload": name, "cause": cause, "tools": cells}
 
 
@@ -152,9 +174,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--two-rank-workloads", default=None,
                         help="workloads whose 2-rank recommendation is measured head to head")
     parser.add_argument("--skip-overhead", action="store_true")
+    parser.add_argument("--tools", default=None, help="comma list of the tools whose rows run: "
+                        + ",".join(TOOLS) + " (default: all)")
     opts = parser.parse_args(argv)
     quick = opts.quick
     opts.workloads = (opts.workloads or ",".join(WORKLOADS)).split(",")
+    opts.tools = (opts.tools or ",".join(TOOLS)).split(",")
+    unknown = [name for name in [*opts.workloads, *opts.tools]
+               if name not in WORKLOADS and name not in TOOLS]
+    if unknown:
+        parser.error(f"unknown workload or tool: {', '.join(unknown)}")
     opts.steps = opts.steps or (15 if quick else 30)
     opts.warmup = opts.warmup or (3 if quick else 5)
     opts.reps = opts.reps or (2 if quick else 4)
@@ -169,18 +198,20 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     opts = parse(argv)
     started = time.monotonic()
-    have = {tool: _bench.package_version(dist) is not None for tool, dist in PEERS.items()}
+    have = {tool: tool in opts.tools and _bench.package_version(dist) is not None
+            for tool, dist in PEERS.items()}
+    have["ddp_profile"] = "ddp_profile" in opts.tools
     info = _bench.machine()
     recommendation, diagnosis = [], []
     for name in opts.workloads:
         workload = WORKLOADS[name]
         known = {}
-        if workload["tune"]:
+        if workload["tune"] and (have["ddp_profile"] or have["loadtune"]):
             row = recommendation_row(name, workload, 1, opts, have)
             recommendation.append(row)
             known["loadtune"] = row["answers"].get("loadtune")
             _log(row)
-            if name in opts.two_rank:
+            if name in opts.two_rank and have["ddp_profile"]:
                 row2 = recommendation_row(name, workload, 2, opts, have)
                 recommendation.append(row2)
                 known["ddp_profile"] = row2["answers"]["ddp_profile"]
@@ -188,7 +219,7 @@ def main(argv: list[str] | None = None) -> dict:
         diagnosis.append(diagnosis_row(name, workload, opts, have, known))
         _log(diagnosis[-1])
     overhead = None
-    if not opts.skip_overhead:
+    if not opts.skip_overhead and (have["ddp_profile"] or have["traceml"] or have["gpuprof"]):
         try:
             overhead = tools.overhead(opts.quick, have)
         except Exception as exc:  # noqa: BLE001 -- a failed row never takes the others down
@@ -203,7 +234,7 @@ def main(argv: list[str] | None = None) -> dict:
         "overhead": overhead, "machine": info,
         "wall_s": round(time.monotonic() - started, 1),
         "settings": {k: getattr(opts, k) for k in ("steps", "warmup", "reps", "h2h_steps",
-                                                     "diag_steps", "two_rank")},
+                                                     "diag_steps", "two_rank", "tools")},
     }
     print(json.dumps(result))
     return result

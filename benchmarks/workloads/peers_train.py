@@ -12,9 +12,15 @@ The costs are parameters, so every peer gets the same dataset and model:
 
 Under torchrun (``WORLD_SIZE`` set) it is one DDP rank; with neither torchrun nor ``--spawn``
 it is one process without DDP. ``--traceml`` adds traceml-ai's two lines
-(``traceml_ai.init()``, ``with traceml_ai.trace_step(model):``); without it the script is
-plain PyTorch. Each rank times its own steps with ``time.perf_counter`` (the period between
-the starts of consecutive iterations) and writes ``{"median_step_s", "mean_step_s",
+(``traceml_ai.init()``, ``with traceml_ai.trace_step(model):``); ``--fournex`` fournex's
+(``frx.init``, ``frx.instrument_dataloader(loader)``, ``with frx.step_context(...)``; its
+trace is written under ``frx collect``); ``--datapath-doctor`` datapath-doctor's (its
+``DataLoaderProfiler`` around the loader, ``record_compute_done()`` after each step, and at the
+end every rank's samples through ``analyze_distributed``, its report printed by rank 0).
+Without them the script is plain PyTorch: each tool is imported only under its flag.
+
+Each rank times its own steps with ``time.perf_counter`` (the period between the starts of
+consecutive iterations) and writes ``{"median_step_s", "mean_step_s",
 "throughput", ...}`` to ``--out`` (``{rank}`` replaced); ``throughput`` is global samples/s
 (batch size x ranks / mean step).
 """
@@ -56,6 +62,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--unsharded", action="store_true", help="no DistributedSampler")
     add("--spawn", type=int, default=0, help="start this many ranks in place")
     add("--traceml", action="store_true", help="traceml-ai's two lines")
+    add("--fournex", action="store_true", help="fournex's SDK lines")
+    add("--datapath-doctor", action="store_true", help="datapath-doctor's SDK lines")
     add("--out", default="", help="JSON result path; {rank} is replaced")
     return parser.parse_args(argv)
 
@@ -91,6 +99,17 @@ def train(args: argparse.Namespace, world: int, rank: int) -> dict:
         import traceml_ai
 
         traceml_ai.init()
+    frx = doctor = None
+    if args.fournex:
+        import fournex as frx
+
+        frx.init(job_name="peers")
+        loader = frx.instrument_dataloader(loader)
+    if args.datapath_doctor:
+        from datapath_doctor.collectors.dataloader_profiler import DataLoaderProfiler
+
+        loader = doctor = DataLoaderProfiler(loader, num_workers=args.num_workers,
+                                             prefetch_factor=loader.prefetch_factor)
     if world > 1:
         model = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -116,13 +135,44 @@ def train(args: argparse.Namespace, world: int, rank: int) -> dict:
 
             with traceml_ai.trace_step(model):
                 step(model, optimizer, loss_fn, x, y, straggle_s)
+        elif frx is not None:
+            with frx.step_context(step=len(starts) - 1, batch=(x, y), model=model):
+                step(model, optimizer, loss_fn, x, y, straggle_s)
         else:
             step(model, optimizer, loss_fn, x, y, straggle_s)
+        if doctor is not None:
+            doctor.record_compute_done()
+    if doctor is not None:
+        datapath_doctor_report(doctor.samples, world, rank)
     steps = [b - a for a, b in zip(starts, starts[1:])][args.warmup:]
     mean = statistics.fmean(steps)
     return {"rank": rank, "world_size": world, "steps": len(steps),
             "median_step_s": statistics.median(steps), "mean_step_s": mean,
             "throughput": args.batch_size * world / mean, "threads": torch.get_num_threads()}
+
+
+def datapath_doctor_report(samples: list, world: int, rank: int) -> None:
+    """datapath-doctor's documented analysis: every rank's samples on rank 0, its rules per rank,
+    its cross-rank straggler check, its report printed."""
+    from datapath_doctor.distributed import analyze_distributed
+    from datapath_doctor.engine import RuleEngine
+    from datapath_doctor.report import render_findings
+
+    if world > 1:
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, samples)
+        samples = [sample for part in gathered for sample in part]
+    if world == 1:
+        print(render_findings(RuleEngine.with_default_rules().run(samples), len(samples)))
+        return
+    if rank == 0:
+        analysis = analyze_distributed(samples)
+        for each, findings in analysis.per_rank_findings.items():
+            count = sum(1 for sample in samples if sample.rank == each)
+            print(f"== datapath-doctor rank {each} ==\n{render_findings(findings, count)}")
+        straggler = analysis.straggler.message if analysis.straggler else "none"
+        print(f"== datapath-doctor straggler: {straggler}", flush=True)
+    dist.barrier()  # the ranks leave together
 
 
 def step(model, optimizer, loss_fn, x, y, straggle_s: float) -> None:

@@ -105,3 +105,86 @@ def test_configuration_labels_leave_defaults_out_so_equal_choices_meet():
     assert _peer_tools.config_args({"num_workers": 2, "prefetch_factor": None,
                                     "threads": 1}) == ["--num-workers", "2", "--threads", "1"]
     assert _peer_tools.default_batch(["--hidden", "8", "--batch-size", "64"]) == 64
+
+
+# datapath-doctor 0.2.1's report as peers_train.py --datapath-doctor printed it (2 ranks,
+# --load-ms 2), the fix lines shortened
+DPD_LATENCY = """\
+== datapath-doctor rank 0 ==
+datapath-doctor: 40 samples analyzed, 1 finding(s):
+
+[CRITICAL] DPD-001  Data pipeline is the training bottleneck
+           The GPU spent 93.5% of step time waiting on the data pipeline across 40 steps \
+(mean 34.7 ms/step of pure wait). Compute is starved.
+           Fix: This step time is dominated by waiting, not computing.
+
+== datapath-doctor rank 1 ==
+datapath-doctor: 40 samples analyzed, 1 finding(s):
+
+[CRITICAL] DPD-001  Data pipeline is the training bottleneck
+           The GPU spent 93.8% of step time waiting on the data pipeline across 40 steps \
+(mean 34.7 ms/step of pure wait). Compute is starved.
+           Fix: This step time is dominated by waiting, not computing.
+
+== datapath-doctor straggler: none
+"""
+
+
+def test_datapath_doctor_report_gives_its_rule_ids_once():
+    verdicts = _verdicts.datapath_doctor_verdicts("W1124 torchrun warning\n" + DPD_LATENCY)
+    assert verdicts == ["DPD-001"]
+    assert _verdicts.diagnosis_row("datapath_doctor", verdicts, "loading_wait")["score"] == \
+        "partial"
+
+
+def test_datapath_doctor_correlated_diagnosis_healthy_ranks_and_straggler_are_read():
+    pytest.importorskip("datapath_doctor")
+    from datapath_doctor.models import Finding, Severity
+    from datapath_doctor.report import render_findings
+
+    starved = Finding(rule_id="DPD-001", severity=Severity.CRITICAL, title="starved",
+                      message="m", evidence={"data_wait_fraction": 0.6})
+    cpu = Finding(rule_id="DPD-005", severity=Severity.CRITICAL, title="cpu", message="m",
+                  evidence={"mean_worker_cpu_pct": 99.0})
+    text = (f"== datapath-doctor rank 0 ==\n{render_findings([starved, cpu], 40)}\n"
+            f"== datapath-doctor rank 1 ==\n{render_findings([], 40)}\n"
+            "== datapath-doctor straggler: rank 1 waits 60.0 ms per step for input\n")
+    verdicts = _verdicts.datapath_doctor_verdicts(text)
+    assert verdicts == ["CPU-bound input preprocessing is starving the training loop",
+                        "DPD-001", "DPD-005", "healthy", "input-straggler"]
+    assert _verdicts.causes("datapath_doctor", verdicts) == ["loading_cpu", "loading",
+                                                             "straggler"]
+    assert _verdicts.datapath_doctor_verdicts("Traceback: boom") is None
+    healthy = _verdicts.datapath_doctor_verdicts(render_findings([], 40))
+    assert _verdicts.diagnosis_row("datapath_doctor", healthy, "compute")["score"] == "nothing"
+
+
+def test_fournex_labels_come_from_the_scope_its_report_shows():
+    # frx analyze --json of one rank's bundle (fournex 0.3.1, --load-ms 2), trimmed; its whole-run
+    # scope changed to another label, to tell which scope is read
+    analysis = {"mode": "run_bundle", "result": {
+        "run": {"diagnosis": {"primary_bottleneck": "copy_bound",
+                              "user_facing_bottleneck": "copy_bound"},
+                "bottlenecks": [{"label": "copy_bound", "score": 0.3}]},
+        "steady_state": {"diagnosis": {"primary_bottleneck": "input_bound",
+                                       "user_facing_bottleneck": "input_bound",
+                                       "secondary_bottlenecks": []},
+                         "bottlenecks": [{"label": "input_bound", "score": 1.0}]}}}
+    assert _verdicts.fournex_verdicts(analysis) == ["input_bound"]
+    assert _verdicts.diagnosis_row("fournex", ["input_bound"], "loading_cpu")["score"] == \
+        "partial"
+    nothing = {"result": {"run": {"diagnosis": {"primary_bottleneck": "inconclusive"},
+                                  "bottlenecks": []}}}
+    assert _verdicts.fournex_verdicts(nothing) == ["inconclusive"]
+    assert _verdicts.diagnosis_row("fournex", ["inconclusive"], "compute")["score"] == "nothing"
+
+
+def test_tools_option_picks_rows_and_refuses_unknown_names(capsys):
+    import peers
+
+    assert peers.parse([]).tools == list(peers.TOOLS)
+    assert peers.parse(["--tools", "fournex,datapath_doctor"]).tools == \
+        ["fournex", "datapath_doctor"]
+    with pytest.raises(SystemExit):
+        peers.parse(["--tools", "fournex,frx"])
+    assert "unknown workload or tool: frx" in capsys.readouterr().err
