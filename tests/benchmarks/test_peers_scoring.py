@@ -137,8 +137,19 @@ def test_datapath_doctor_report_gives_its_rule_ids_once():
         "partial"
 
 
-def test_datapath_doctor_correlated_diagnosis_healthy_ranks_and_straggler_are_read():
-    pytest.importorskip("datapath_doctor")
+# datapath-doctor 0.2.1's render_findings() for [DPD-001 starved, DPD-005 cpu] and for no
+# finding, over 40 samples (recorded; checked against the package below where it is installed)
+DPD_CORRELATED = (
+    "datapath-doctor: 40 samples analyzed, 2 finding(s):\n\nLIKELY ROOT CAUSE\n"
+    "  CPU-bound input preprocessing is starving the training loop\n  Confidence: medium\n"
+    "  Evidence chain:\n    1. training waits on input for 60.0% of step time\n"
+    "    2. DataLoader workers average 99.0% CPU\n  Supporting rules: DPD-001, DPD-005\n\n"
+    "[CRITICAL] DPD-001  starved\n           m\n\n[CRITICAL] DPD-005  cpu\n           m\n")
+DPD_HEALTHY = "datapath-doctor: 40 samples analyzed, no issues found. Input path looks healthy."
+
+
+def test_the_recorded_datapath_doctor_reports_are_what_the_package_renders():
+    pytest.importorskip("datapath_doctor", reason="the bench extra (make bench) is not installed")
     from datapath_doctor.models import Finding, Severity
     from datapath_doctor.report import render_findings
 
@@ -146,8 +157,13 @@ def test_datapath_doctor_correlated_diagnosis_healthy_ranks_and_straggler_are_re
                       message="m", evidence={"data_wait_fraction": 0.6})
     cpu = Finding(rule_id="DPD-005", severity=Severity.CRITICAL, title="cpu", message="m",
                   evidence={"mean_worker_cpu_pct": 99.0})
-    text = (f"== datapath-doctor rank 0 ==\n{render_findings([starved, cpu], 40)}\n"
-            f"== datapath-doctor rank 1 ==\n{render_findings([], 40)}\n"
+    assert render_findings([starved, cpu], 40) == DPD_CORRELATED
+    assert render_findings([], 40) == DPD_HEALTHY
+
+
+def test_datapath_doctor_correlated_diagnosis_healthy_ranks_and_straggler_are_read():
+    text = (f"== datapath-doctor rank 0 ==\n{DPD_CORRELATED}\n"
+            f"== datapath-doctor rank 1 ==\n{DPD_HEALTHY}\n"
             "== datapath-doctor straggler: rank 1 waits 60.0 ms per step for input\n")
     verdicts = _verdicts.datapath_doctor_verdicts(text)
     assert verdicts == ["CPU-bound input preprocessing is starving the training loop",
@@ -155,7 +171,7 @@ def test_datapath_doctor_correlated_diagnosis_healthy_ranks_and_straggler_are_re
     assert _verdicts.causes("datapath_doctor", verdicts) == ["loading_cpu", "loading",
                                                              "straggler"]
     assert _verdicts.datapath_doctor_verdicts("Traceback: boom") is None
-    healthy = _verdicts.datapath_doctor_verdicts(render_findings([], 40))
+    healthy = _verdicts.datapath_doctor_verdicts(DPD_HEALTHY)
     assert _verdicts.diagnosis_row("datapath_doctor", healthy, "compute")["score"] == "nothing"
 
 
