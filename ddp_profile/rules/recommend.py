@@ -137,7 +137,14 @@ def candidate(run: Run, probe: pd.Series) -> Candidate:
     return Candidate(id=str(probe["id"]), config=LoaderSettings.from_dict(config_of(probe)),
                      throughput=float(probe["throughput"]), rse=relative_error(run, probe["id"]),
                      data_wait_fraction=waited[0] if waited is not None else None,
-                     kind=str(probe.get("kind") or "sweep"), short=is_short(probe))
+                     kind=str(probe.get("kind") or "sweep"), short=is_short(probe),
+                     launch=launch_of(probe))
+
+
+def launch_of(probe: pd.Series) -> str:
+    """The launch that measured a probe: its screen's, else its own."""
+    launch = probe.get("launch")
+    return launch if isinstance(launch, str) and launch else str(probe["id"])
 
 
 def choose(run: Run, base: pd.Series, thresholds: Thresholds) -> pd.Series:

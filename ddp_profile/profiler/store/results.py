@@ -41,7 +41,7 @@ STEP_COLUMNS = ["probe_id", "rank", "node", "loader_id", "step", "measured", "t_
                 "gpu_busy_s", "gpu_gap_s"]
 PROBE_COLUMNS = ["id", "kind", "status", *SETTING_KEYS, "throughput", "data_wait_fraction",
                  "score", "wall_s", "error", "root_cause_rank", "steps_measured", "short",
-                 "short_reason"]
+                 "short_reason", "launch"]
 
 
 @dataclass
@@ -228,7 +228,8 @@ def _probe_row(probe: dict[str, Any]) -> dict[str, Any]:
             "score": _nan(probe.get("score")), "wall_s": _nan(probe.get("wall_s")),
             "error": probe.get("error"), "root_cause_rank": probe.get("root_cause_rank"),
             "steps_measured": probe.get("steps_measured"), "short": probe.get("short") is True,
-            "short_reason": probe.get("short_reason")}
+            "short_reason": probe.get("short_reason"),
+            "launch": probe.get("launch") or probe.get("id")}
 
 
 def _rank_rows(probe_id: str, data: RankData, out: dict[str, list]) -> None:

@@ -4,8 +4,9 @@ Both the sweep (what to confirm, what to ``--repeat``, where to put the ceiling)
 (the recommendation written to summary.json) build ``Candidate`` values from what they hold and
 ask this module; nothing else decides.
 
-- **Noise** between two candidates is ``max(noise_floor, noise_sigmas x hypot(rse_a, rse_b))``,
-  ``rse`` being each throughput's relative standard error.
+- **Noise** between two candidates is ``max(noise_floor, noise_sigmas x sqrt(rse_a² + rse_b²
+  + launch_sd²))``, ``rse`` being each throughput's relative standard error and ``launch_sd``
+  counted only when they were measured in different launches (a screen's windows share one).
 - **Reference**: of the candidates no other beats beyond noise, the one surest to be fast:
   the highest lower bound ``throughput x (1 - noise_sigmas x rse)``. The plain fastest would
   not do: one short, noisy window that happened to run fast makes every candidate "within
@@ -42,6 +43,7 @@ class ChoiceThresholds:
     noise_sigmas: float = 2.0  # ... or within this many combined standard errors
     clear_gain: float = 0.05  # a compute-bound script moves only for a gain above this
     tie_rse: float = 0.05  # a tie is claimed only by a measurement at most this uncertain
+    launch_sd: float = 0.025  # relative SD between launches of one configuration (measured)
 
 
 @dataclass(frozen=True)
@@ -55,12 +57,18 @@ class Candidate:
     data_wait_fraction: Optional[float] = None  # share of step time spent waiting for data
     kind: str = "sweep"  # baseline | sweep
     short: bool = False  # measured fewer steps than asked (the script ended first)
+    launch: Optional[str] = None  # the launch that measured it (None: unknown)
 
 
 def noise(a: Candidate, b: Candidate, thresholds: ChoiceThresholds = ChoiceThresholds()
           ) -> float:
-    """Relative throughput gap below which ``a`` and ``b`` are a tie."""
-    return max(thresholds.noise_floor, thresholds.noise_sigmas * math.hypot(a.rse, b.rse))
+    """Relative throughput gap below which ``a`` and ``b`` are a tie. Measured in two
+    different launches, they also differ by how launches differ (``launch_sd``): each launch
+    of a script runs at a level of its own, which no spread within one launch shows."""
+    between = thresholds.launch_sd if a.launch is not None and b.launch is not None \
+        and a.launch != b.launch else 0.0
+    return max(thresholds.noise_floor,
+               thresholds.noise_sigmas * math.sqrt(a.rse ** 2 + b.rse ** 2 + between ** 2))
 
 
 def better(candidate: Candidate, incumbent: Candidate,
@@ -193,4 +201,5 @@ def candidate_of(entry: dict[str, Any]) -> Candidate:
     return Candidate(id=str(entry.get("id")), config=LoaderSettings.from_dict(entry.get("config")),
                      throughput=float(entry.get("throughput") or 0.0), rse=relative_se(entry),
                      data_wait_fraction=entry.get("data_wait_fraction"),
-                     kind=str(entry.get("kind", "sweep")), short=entry.get("short") is True)
+                     kind=str(entry.get("kind", "sweep")), short=entry.get("short") is True,
+                     launch=str(entry.get("launch") or entry.get("id")))

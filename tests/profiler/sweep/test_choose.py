@@ -71,6 +71,23 @@ def test_only_a_certain_measurement_claims_a_tie():
     assert choose([base, settled, quiet_cheap], base).id == "w1"
 
 
+def test_two_launches_differ_by_more_than_their_own_spread():
+    # a compute-bound peer workload at 1 rank: the baseline waits 11 %, in its own launch; a
+    # screen window of 2 workers ran faster and was recommended at 1.11x, yet head to head in
+    # fresh launches 2 workers ran 0.86x the baseline. 7 % apart at +-2 % each is beyond the
+    # spread within the launches, not beyond how launches differ
+    base = Candidate("p000", LoaderSettings(0, False, None, 64), 6102.0, 0.02, 0.11,
+                     "baseline", launch="p000")
+    window = Candidate("p002", LoaderSettings(2, False, 2, 64), 6529.0, 0.02, 0.15,
+                       launch="p001-screen")
+    assert choose([base, window], base).id == "p000"
+    unlabelled = [Candidate(**{**c.__dict__, "launch": None}) for c in (base, window)]
+    assert choose(unlabelled, unlabelled[0]).id == "p002"  # the spread within alone
+    assert noise(base, window) > noise(base, Candidate(**{**window.__dict__, "launch": None}))
+    same = Candidate("p001", LoaderSettings(1, False, 2, 64), 6100.0, 0.01, launch="p001-screen")
+    assert noise(window, same) == noise(window, Candidate(**{**same.__dict__, "launch": None}))
+
+
 def test_a_compute_bound_baseline_moves_only_for_a_clear_gain():
     base = cand("base", 0, 100.0, wait=0.1, kind="baseline")
     assert choose([base, cand("w1", 1, 104.0)], base).id == "base"  # 4 % < clear_gain
