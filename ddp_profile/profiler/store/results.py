@@ -12,7 +12,8 @@ Tables (all times in seconds; ``t_s`` is relative to the probe's first record):
 
 ``probes``        id, kind (baseline|sweep|ceiling), status, num_workers, pin_memory,
                   prefetch_factor, batch_size, throughput, data_wait_fraction, score, wall_s,
-                  error, root_cause_rank
+                  error, root_cause_rank, steps_measured, short, short_reason, launch (the
+                  launch that measured it: its screen's, else its own id)
 ``steps``         probe_id, rank, node, loader_id, step, measured, t_s, data_wait_s, compute_s,
                   other_s, forward_s, step_s, samples, gpu_busy_s, gpu_gap_s (CUDA events;
                   NaN without CUDA)  (training loader only)
