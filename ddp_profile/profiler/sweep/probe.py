@@ -143,9 +143,9 @@ def _loading(ranks: list[RankData]) -> dict[str, Any]:
     groups, rss = [], {}
     for data in ranks:
         loader_id = data.training_loader_id
-        measured = [s["t_ns"] for s in data.training_steps() if s.get("measured")]
+        span = _measured_span(data)
         groups.append(([b for b in data.batch_costs if b.get("loader_id") == loader_id],
-                       min(measured) if measured else None))
+                       span[0] if span else None))
         for record in data.worker_starts + data.batch_costs:
             if record.get("loader_id") == loader_id and record.get("private_rss"):
                 key = record.get("pid")
@@ -158,6 +158,12 @@ def _loading(ranks: list[RankData]) -> dict[str, Any]:
             "loop_demand": loop_demand(d.training_steps() for d in ranks)}
 
 
+def _measured_span(data: RankData) -> Optional[tuple[int, int]]:
+    """Wall-clock starts (ns) of a rank's first and last measured training steps."""
+    measured = [s["t_ns"] for s in data.training_steps() if s.get("measured")]
+    return (min(measured), max(measured)) if measured else None
+
+
 def _cpu_busy(ranks: list[RankData], cpus: Optional[float]) -> Optional[float]:
     """Share of the CPUs available to a rank (``cpus_available``: affinity and cgroup quota)
     that were busy while the steps were measured, whoever kept them busy: the median of the
@@ -166,10 +172,10 @@ def _cpu_busy(ranks: list[RankData], cpus: Optional[float]) -> Optional[float]:
         return None
     busy = []
     for data in ranks:
-        measured = [s["t_ns"] for s in data.training_steps() if s.get("measured")]
-        if not measured:
+        span = _measured_span(data)
+        if span is None:
             continue
-        low, high = min(measured), max(measured)
+        low, high = span
         for sample in data.samples:
             percent, cores = sample.get("cpu_percent"), sample.get("cpu_per_core")
             if sample.get("source") == "host" and low <= sample.get("t_ns", 0) <= high \
@@ -184,8 +190,8 @@ def _pinning(ranks: list[RankData]) -> dict[str, Any]:
     wall = cpu = 0.0
     samples = 0
     for data in ranks:
-        measured = [s["t_ns"] for s in data.training_steps() if s.get("measured")]
-        since = min(measured) if measured else 0
+        span = _measured_span(data)
+        since = span[0] if span else 0
         for record in data.pin_costs:
             if record.get("loader_id") == data.training_loader_id \
                     and record.get("t_ns", 0) >= since and record.get("samples"):
