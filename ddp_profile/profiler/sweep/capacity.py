@@ -189,15 +189,18 @@ class Capacity:
         if per_sample <= 0:
             return math.inf
         if workers <= 0:
-            return self.ranks / (per_sample + (self.pin_per_sample_s or 0.0))
+            return self.ranks / self.in_loop_per_sample_s
         return min(self.ranks * workers / per_sample, self.cpu_limit, self.pin_limit)
+
+    @property
+    def in_loop_per_sample_s(self) -> float:
+        """Time per sample a loop without workers spends loading and pinning its batches."""
+        return self.cpu_per_sample_s + self.wait_per_sample_s + (self.pin_per_sample_s or 0.0)
 
     def throughput(self, workers: int) -> float:
         """Predicted global samples/s of the loop with ``workers`` per rank."""
         if workers <= 0:  # the loop loads (and pins) its batches itself
-            per_sample = (self.cpu_per_sample_s + self.wait_per_sample_s
-                          + (self.pin_per_sample_s or 0.0))
-            return self.ranks / (self.ranks / self.demand + per_sample)
+            return self.ranks / (self.ranks / self.demand + self.in_loop_per_sample_s)
         return min(self.demand, self.supply(workers))
 
     @property
