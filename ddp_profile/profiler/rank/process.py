@@ -73,7 +73,28 @@ def error_record(exc_type: type, exc: BaseException) -> dict[str, Any]:
     return {"kind": "error", "rank": current_rank(), "t_ns": time.time_ns(),
             "exc_type": exc_type.__name__, "message": message[:2000],
             "last_line": (lines[-1].strip() if lines else exc_type.__name__)[:500],
-            "causes": _causes(exc), "oom": oom}
+            "causes": _causes(exc), "oom": oom, "origin": error_origin(exc)}
+
+
+def error_origin(exc: BaseException) -> Optional[str]:
+    """Which part of torch raised ``exc``: ``"data_loader"`` (fetching a batch, its workers
+    included), ``"distributed"`` (a collective or DDP), or None (the script itself, or torch
+    elsewhere).
+
+    Read from the innermost torch frame of the traceback. It tells a rank's own loader losing a
+    worker's connection (a cause) from a collective losing a dead peer's (a symptom): both raise
+    ``ConnectionResetError``.
+    """
+    import traceback
+
+    origin = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        path = frame.filename.replace(os.sep, "/")
+        if "/torch/utils/data/" in path:
+            origin = "data_loader"
+        elif "/torch/distributed/" in path or "/torch/nn/parallel/" in path:
+            origin = "distributed"
+    return origin
 
 
 def _causes(exc: BaseException, limit: int = 3) -> list[str]:

@@ -281,6 +281,9 @@ def _classify(ranks: list[RankData], outcome: LaunchOutcome, plan: ProbePlan,
         oom = first.get("oom") or _looks_oom(first.get("last_line", ""))
         causes = first.get("causes") or []
         during = f" (raised while handling: {causes[-1]})" if causes else ""
+        if first.get("origin") == "data_loader" and _lost_connection(first):
+            during += " (raised by the DataLoader: a DataLoader worker process died, killed " \
+                      "or out of memory, while sending a batch)"
         text = f"rank {first.get('rank')}: {first.get('last_line')}{during}"
         if _needs_cuda(first, ranks):
             return ("crash", "needs_cuda", "the script needs CUDA (it hard-codes nccl or "
@@ -308,7 +311,13 @@ SYMPTOM_PATTERNS = ("connection closed by peer", "connection reset", "broken pip
 
 
 def _is_symptom(error: dict[str, Any]) -> bool:
-    """A collective failing because a peer died is a symptom; the peer's error is the cause."""
+    """A collective failing because a peer died is a symptom; the peer's error is the cause.
+
+    A connection the rank's own DataLoader lost (to a worker that died) is a cause."""
+    return error.get("origin") != "data_loader" and _lost_connection(error)
+
+
+def _lost_connection(error: dict[str, Any]) -> bool:
     text = f"{error.get('exc_type', '')} {error.get('message', '')}".lower()
     return any(p in text for p in SYMPTOM_PATTERNS)
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+from torch.utils.data import DataLoader, Dataset
+
+from ddp_profile.profiler.rank.process import error_record
 from ddp_profile.profiler.settings import LoaderSettings, ProbePlan
 from ddp_profile.profiler.sweep.launch import LaunchOutcome
 from ddp_profile.profiler.sweep.probe import summarise_probe
@@ -32,6 +36,37 @@ def test_root_cause_is_the_failing_rank_not_its_disconnected_peer(tmp_path):
     entry = summarise_probe(plan, outcome(tmp_path), "sweep", 60)
     assert entry["status"] == "crash" and entry["root_cause_rank"] == 1
     assert "ValueError: bad sample" in entry["error"] and "KeyError" in entry["error"]
+
+
+class _ResetDataset(Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, index):
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+
+def _raised(fn):
+    with pytest.raises(Exception) as info:
+        fn()
+    return error_record(info.type, info.value)
+
+
+def test_a_connection_the_ranks_own_loader_lost_is_a_cause_not_a_peers_symptom(tmp_path):
+    # rank 0's loader lost a worker (ConnectionResetError raised inside torch.utils.data);
+    # rank 1's collective lost rank 0, and said so first
+    loader_error = _raised(lambda: next(iter(DataLoader(_ResetDataset()))))
+    script_error = _raised(lambda: (_ for _ in ()).throw(ConnectionResetError("reset")))
+    assert loader_error["origin"] == "data_loader" and script_error["origin"] is None
+    write_rank(tmp_path, 0, [{**loader_error, "rank": 0, "t_ns": 2}])
+    write_rank(tmp_path, 1, [{"kind": "error", "t_ns": 1, "exc_type": "RuntimeError",
+                              "origin": "distributed",
+                              "message": "[pair.cc:553] Connection reset by peer [127.0.0.1]:1",
+                              "last_line": "RuntimeError: Connection reset by peer"}])
+    plan = ProbePlan(probe_id="p006", out_dir=str(tmp_path))
+    entry = summarise_probe(plan, outcome(tmp_path), "sweep", 60)
+    assert entry["root_cause_rank"] == 0
+    assert "ConnectionResetError" in entry["error"] and "DataLoader worker" in entry["error"]
 
 
 def test_oom_and_timeout_are_told_apart(tmp_path):
