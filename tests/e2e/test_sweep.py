@@ -80,7 +80,9 @@ def test_a_screen_records_a_crashed_window_and_relaunches_the_rest(cli, run_dir)
     by_workers = {p["requested"]["num_workers"]: p for p in ledger[1:4]}
     assert by_workers[1]["status"] == "crash" and by_workers[1]["root_cause_rank"] == 1
     assert "injected failure" in by_workers[1]["error"]
-    assert by_workers[2]["status"] == "ok" and by_workers[2]["steps_measured"] == 20
+    # the window after the crash measured in full (at least --steps; a fast window longer)
+    assert by_workers[2]["status"] == "ok" and by_workers[2]["steps_measured"] >= 20
+    assert by_workers[2]["short"] is False
     assert by_workers[3]["status"] == "crash" and "DataLoader worker" in by_workers[3]["error"]
     # 1 crashed its launch; 2 and 3 shared the next one
     assert by_workers[1]["launch"] != by_workers[2]["launch"] == by_workers[3]["launch"]

@@ -225,7 +225,8 @@ class Instrumentation:
         loader = state["loader"]()
         if self.plan.windows or loader is None:
             return self.plan.steps
-        return burst_steps(self.plan.steps, getattr(loader, "num_workers", 0), self.plan.mode)
+        return burst_steps(self.plan.steps, getattr(loader, "num_workers", 0), self.plan.mode,
+                           self.plan.steps_per_s)
 
     def _fetch(self, state: dict[str, Any], iterator: Any, original_next: Callable[[Any], Any],
                loader_id: int, step: int) -> Any:

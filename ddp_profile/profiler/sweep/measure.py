@@ -55,6 +55,7 @@ class Window:
     kind: str = "sweep"
     mode: str = "normal"
     steps: Optional[int] = None  # measured steps asked (None: the run's ``--steps``)
+    steps_per_s: Optional[float] = None  # predicted steps/s of a rank (``burst_steps``)
 
 
 class Measurer(Protocol):
@@ -65,9 +66,12 @@ class Measurer(Protocol):
 
     def measure(self, requested: LoaderSettings, kind: str = "sweep",
                 steps: Optional[int] = None, mode: str = "normal",
-                threads: Optional[int] = None) -> dict[str, Any]:
+                threads: Optional[int] = None,
+                steps_per_s: Optional[float] = None) -> dict[str, Any]:
         """One probe of ``requested`` (``None`` settings: the script's own); ``threads``
-        sets torch's intra-op threads in every rank."""
+        sets torch's intra-op threads in every rank; ``steps_per_s``, the steps a rank is
+        predicted to make per second, lengthens a fast probe's measurement
+        (``settings.burst_steps``)."""
 
     def measure_screen(self, windows: list[Window]) -> list[dict[str, Any]]:
         """Several configurations in as few launches as possible, one entry each (in order);
@@ -100,7 +104,8 @@ class LedgerMeasurer:
 
     def measure(self, requested: LoaderSettings, kind: str = "sweep",
                 steps: Optional[int] = None, mode: str = "normal",
-                threads: Optional[int] = None) -> dict[str, Any]:
+                threads: Optional[int] = None,
+                steps_per_s: Optional[float] = None) -> dict[str, Any]:
         probe_id = f"p{len(self.entries):03d}"
         steps = steps or self.steps
         done = self._finished(probe_id, requested, kind, steps, screened=False)
@@ -113,7 +118,8 @@ class LedgerMeasurer:
         plan = ProbePlan(probe_id=probe_id, out_dir=self.run_dir.probe_dir(probe_id),
                          overrides=requested, warmup=self.warmup, steps=steps, mode=mode,
                          inject_local_rank=self.local_rank_flag(),
-                         rdzv_id=f"{self.run_token}-{probe_id}", threads=threads)
+                         rdzv_id=f"{self.run_token}-{probe_id}", threads=threads,
+                         steps_per_s=steps_per_s)
         self.progress("start", {"probe_id": probe_id, "config": requested, "kind": kind})
         outcome = self._launch(plan, self.timeout_s)
         entry = summarise_probe(plan, outcome, kind, self.timeout_s)
@@ -186,7 +192,7 @@ class LedgerMeasurer:
             windows=tuple({"overrides": w.config.to_dict(), "mode": w.mode,
                            "warmup": self._window_warmup(w),
                            "steps": burst_steps(w.steps or self.steps, w.config.num_workers,
-                                                w.mode)}
+                                                w.mode, w.steps_per_s)}
                           for w in pending),
             inject_local_rank=self.local_rank_flag(), rdzv_id=f"{self.run_token}-{launch_id}")
         timeout_s = self.screen_timeout(len(pending))

@@ -13,6 +13,7 @@ re-measures exactly that configuration.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
@@ -127,9 +128,10 @@ class Search:
             return known
         if self.oom_batch is not None and (config.batch_size or 0) > self.oom_batch:
             return {"status": "skipped", "config": config.to_dict(), "throughput": None}
-        entry = self.measurer.measure(config)
+        rate = self.steps_per_s(config)
+        entry = self.measurer.measure(config, steps_per_s=rate)
         if entry["status"] == "ok" and relative_se(entry) > UNSTABLE_RSE:
-            entry = self.measurer.measure(config, steps=self.options.steps * 2)
+            entry = self.measurer.measure(config, steps=self.options.steps * 2, steps_per_s=rate)
         if entry["status"] == "oom" and config.batch_size is not None:
             self.oom_batch = min(self.oom_batch or config.batch_size, config.batch_size - 1)
         return entry
@@ -195,7 +197,8 @@ class Search:
         best = self.best() or self.baseline
         ceiling = latest_ceiling(self.entries)
         if ceiling is None or settings_of(ceiling).batch_size != settings_of(best).batch_size:
-            self.measurer.measure(settings_of(best), kind="ceiling", mode="ceiling")
+            self.measurer.measure(settings_of(best), kind="ceiling", mode="ceiling",
+                                  steps_per_s=self.steps_per_s(settings_of(best), "ceiling"))
 
     # ---- the baseline ---------------------------------------------------------------------
     def _check_baseline(self, entry: Entry) -> None:
@@ -247,10 +250,10 @@ class Search:
             configs = [normalise(replace(start, num_workers=w)) for w in self._first_workers()]
         else:  # loading settings cannot win back more than the little time spent waiting
             configs = [normalise(replace(own, pin_memory=v)) for v in self.axes.pin_memory]
-        windows = [Window(c) for c in configs if self.find(c) is None]
+        windows = [self.window(c) for c in configs if self.find(c) is None]
         if self.wants_ceiling():
-            windows.append(Window(windows[-1].config if windows else normalise(own),
-                                  "ceiling", "ceiling"))
+            windows.append(self.window(windows[-1].config if windows else normalise(own),
+                                       "ceiling", "ceiling"))
         self.measurer.measure_screen(windows)
         if self.measurer.screen_unsupported:
             self.progress("note", {"text": "the DataLoader cannot be rebuilt in place "
@@ -268,6 +271,22 @@ class Search:
                 best = self.best()
         if best is not None:
             self._try_axis(best, "batch_size")
+
+    def window(self, config: LoaderSettings, kind: str = "sweep", mode: str = "normal",
+               steps: Optional[int] = None) -> Window:
+        return Window(config, kind, mode, steps, self.steps_per_s(config, mode))
+
+    def steps_per_s(self, config: LoaderSettings, mode: str = "normal") -> Optional[float]:
+        """Training steps per second one rank is predicted to make with ``config``, from the
+        capacity model (the compute-only demand for a ceiling window); None where unknown.
+        It lengthens the measurement of a fast window (``settings.burst_steps``)."""
+        model = self.capacity() if self.baseline is not None else None
+        batch = config.batch_size or (settings_of(self.baseline).batch_size
+                                      if self.baseline is not None else None)
+        if model is None or not batch:
+            return None
+        samples = model.demand if mode == "ceiling" else model.throughput(config.num_workers or 0)
+        return samples / model.ranks / batch if math.isfinite(samples) and samples > 0 else None
 
     # ---- following the loading's capacity ---------------------------------------------------
     def capacity(self) -> Optional[Capacity]:
@@ -316,8 +335,8 @@ class Search:
             if following is None:
                 return
             self._recalibrate(following)
-            self.measurer.measure_screen([Window(normalise(replace(start,
-                                                                   num_workers=following)))])
+            self.measurer.measure_screen([self.window(normalise(replace(
+                start, num_workers=following)))])
 
     def _climb_points(self, start: LoaderSettings) -> list[ClimbPoint]:
         points = []
@@ -340,7 +359,7 @@ class Search:
         if top is None or top is best or not top.get("screened") \
                 or top["throughput"] <= best["throughput"] or relative_se(top) <= UNSTABLE_RSE:
             return None
-        return Window(normalise(settings_of(top)), steps=self.options.steps * 2)
+        return self.window(normalise(settings_of(top)), steps=self.options.steps * 2)
 
     def _second_screen(self, best: Entry) -> list[Window]:
         """A fresh measurement of a screened best, an uncertain contender twice as long, then
@@ -357,7 +376,7 @@ class Search:
             if config not in unique and (config == current and best.get("screened")
                                          or self.find(config) is None):
                 unique.append(config)
-        windows = [Window(c) for c in unique]
+        windows = [self.window(c) for c in unique]
         contender = self._contender(best)
         if contender is not None and contender.config not in unique:
             windows.insert(1 if best.get("screened") else 0, contender)

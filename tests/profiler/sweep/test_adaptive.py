@@ -48,7 +48,9 @@ class ModelMeasurer:
         return entry
 
     def measure(self, requested: LoaderSettings, kind: str = "sweep",
-                steps: Optional[int] = None, mode: str = "normal") -> dict[str, Any]:
+                steps: Optional[int] = None, mode: str = "normal",
+                threads: Optional[int] = None,
+                steps_per_s: Optional[float] = None) -> dict[str, Any]:
         self.launches += 1
         self.steps_asked.append(steps)
         return self._entry(requested, kind)
@@ -230,3 +232,32 @@ def test_what_loading_could_win_back_is_measured_where_batches_are_made():
     workers = {**baseline, "config": {"num_workers": 2}}
     assert winnable_share(workers) == 0.055 and worth_tuning(workers)
     assert worth_tuning({"config": {}, "data_wait_fraction": None})
+
+
+class LoadingMeasurer(ModelMeasurer):
+    """Entries carry what loading cost (2.1 ms a sample, mostly waiting) and the loop's
+    demand (6,000 samples/s), as real probes do, so the search has a capacity model."""
+
+    def __init__(self, model: Model, **kwargs: Any):
+        super().__init__(model, **kwargs)
+        self.windows: list[Window] = []
+
+    def _entry(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        return super()._entry(requested, kind, loop_demand=6000.0, **{
+            "loading": {"cpu_per_sample_s": 1e-4, "wait_per_sample_s": 2e-3,
+                        "runq_per_sample_s": None, "worker_private_rss": None}, **extra})
+
+    def measure_screen(self, windows: list[Window]) -> list[dict[str, Any]]:
+        self.windows += windows
+        return super().measure_screen(windows)
+
+
+def test_fast_windows_are_told_their_predicted_step_rate():
+    fake = LoadingMeasurer(io_bound, own=LoaderSettings(0, False, None, 16))
+    Search(fake, SPACE, SweepOptions(ceiling=True)).run()
+    rates = {(w.config.num_workers, w.mode): w.steps_per_s for w in fake.windows}
+    # the capacity model: w / 2.1 ms a sample per rank, at most the demand, in 16-sample steps
+    assert rates[(4, "normal")] == pytest.approx(4 / 2.1e-3 / 16)
+    assert rates[(16, "normal")] == pytest.approx(6000.0 / 16)
+    ceiling = next(rate for (_, mode), rate in rates.items() if mode == "ceiling")
+    assert ceiling == pytest.approx(6000.0 / 16)

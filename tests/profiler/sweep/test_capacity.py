@@ -185,11 +185,14 @@ def test_measured_cpu_saturation_decides_where_the_climb_stops():
     mixed = [ClimbPoint(1, 500.0, 0.01, cpu_share=0.5, cpu_busy=0.4),
              ClimbPoint(3, 1200.0, 0.01, cpu_share=0.5, cpu_busy=0.6)]
     assert next_workers(mixed, 64) == 6
-    saturated = [*mixed[:1], ClimbPoint(3, 1200.0, 0.01, cpu_share=0.5, cpu_busy=0.95)]
+    saturated = [*mixed[:1], ClimbPoint(3, 600.0, 0.01, cpu_share=0.5, cpu_busy=0.95)]
     assert next_workers(saturated, 64) is None  # the CPUs are the limit now
+    # ... unless the last step still paid strongly: then the next one is measured
+    strong = [*mixed[:1], ClimbPoint(3, 1200.0, 0.01, cpu_share=0.5, cpu_busy=0.95)]
+    assert next_workers(strong, 64) == 6
     # mostly waiting, yet the CPUs are full (other work on the host): no more workers
     waiting = [ClimbPoint(1, 500.0, 0.01, cpu_share=0.1),
-               ClimbPoint(3, 1200.0, 0.01, cpu_share=0.1, cpu_busy=0.97)]
+               ClimbPoint(3, 610.0, 0.01, cpu_share=0.1, cpu_busy=0.97)]
     assert next_workers(waiting, 64) is None
     # CPU-bound loading stops even where the samples caught idle CPUs
     assert next_workers([*mixed[:1], ClimbPoint(3, 1200.0, 0.01, cpu_share=0.9,
