@@ -175,7 +175,7 @@ def backlog_warmup(warmup: int, num_workers: Optional[int],
 
 BURST_ROUNDS = 5  # a probe with workers measures at least this many rounds of them
 MIN_MEASURE_S = 1.0  # ... and, where that is predicted to take less, about this long
-MAX_BURST_ROUNDS = 20  # ... but no more rounds than this for the sake of time
+MAX_BURST_ROUNDS = 10  # ... but no more rounds than this for the sake of time
 
 
 def burst_steps(steps: int, num_workers: Optional[int], mode: str = "normal",
@@ -189,9 +189,11 @@ def burst_steps(steps: int, num_workers: Optional[int], mode: str = "normal",
     where the bursts happen to fall, not the rate (8 workers measured 4,080 samples/s with
     prefetch 2 and 2,890 with prefetch 4 over 15 steps); several rounds average them out.
     Five rounds of a fast loop still last a fraction of a second: 16 latency-bound workers
-    measured 80 steps in 0.24 s, ±15 %, and 300 steps (1 s) ±4-7 %. Uncertain windows lose
-    the choice to cheaper, steadier ones, so the fast ones measure longer; a slow loop's
-    windows are long already. A ceiling window (cached batches replayed) measures about
+    measured 80 steps in 0.24 s, ±15 %, 150 steps ±4-11 % and 300 steps (1 s) ±4-7 %.
+    Uncertain windows lose the choice to cheaper, steadier ones, so the fast ones measure
+    longer; a slow loop's windows are long already. The rounds are capped because the
+    prediction can be several times too fast (38 workers per rank on 2 CPUs: predicted 377
+    steps/s, measured 100). A ceiling window (cached batches replayed) measures about
     ``MIN_MEASURE_S`` too, within ``MAX_BURST_ROUNDS`` times ``steps``: 15 replayed steps of a
     small model lasted 16 ms and measured 38,000 samples/s in one run, 4,500 in the next.
     """

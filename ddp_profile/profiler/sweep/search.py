@@ -277,15 +277,22 @@ class Search:
         return Window(config, kind, mode, steps, self.steps_per_s(config, mode))
 
     def steps_per_s(self, config: LoaderSettings, mode: str = "normal") -> Optional[float]:
-        """Training steps per second one rank is predicted to make with ``config``, from the
-        capacity model (the compute-only demand for a ceiling window); None where unknown.
-        It lengthens the measurement of a fast window (``settings.burst_steps``)."""
+        """Training steps per second one rank is predicted to make with ``config``: as measured
+        where this configuration was measured before, else from the capacity model (the
+        compute-only demand for a ceiling window); None where unknown. It lengthens the
+        measurement of a fast window (``settings.burst_steps``)."""
         model = self.capacity() if self.baseline is not None else None
         batch = config.batch_size or (settings_of(self.baseline).batch_size
                                       if self.baseline is not None else None)
         if model is None or not batch:
             return None
-        samples = model.demand if mode == "ceiling" else model.throughput(config.num_workers or 0)
+        known = self.find(config) if mode == "normal" else None
+        if known is not None:
+            samples = float(known["throughput"])
+        elif mode == "ceiling":
+            samples = model.demand
+        else:
+            samples = model.throughput(config.num_workers or 0)
         return samples / model.ranks / batch if math.isfinite(samples) and samples > 0 else None
 
     # ---- following the loading's capacity ---------------------------------------------------

@@ -241,6 +241,7 @@ class LoadingMeasurer(ModelMeasurer):
     def __init__(self, model: Model, **kwargs: Any):
         super().__init__(model, **kwargs)
         self.windows: list[Window] = []
+        self.screens_asked: list[list[Window]] = []
 
     def _entry(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
         return super()._entry(requested, kind, loop_demand=6000.0, **{
@@ -249,6 +250,7 @@ class LoadingMeasurer(ModelMeasurer):
 
     def measure_screen(self, windows: list[Window]) -> list[dict[str, Any]]:
         self.windows += windows
+        self.screens_asked.append(list(windows))
         return super().measure_screen(windows)
 
 
@@ -261,3 +263,8 @@ def test_fast_windows_are_told_their_predicted_step_rate():
     assert rates[(16, "normal")] == pytest.approx(6000.0 / 16)
     ceiling = next(rate for (_, mode), rate in rates.items() if mode == "ceiling")
     assert ceiling == pytest.approx(6000.0 / 16)
+    # measured once, a configuration's own rate predicts its next measurement
+    again = fake.screens_asked[-1][0]
+    first = next(e for e in fake.entries if e.get("screened")
+                 and LoaderSettings.from_dict(e["config"]) == again.config)
+    assert again.steps_per_s == pytest.approx(first["throughput"] / 16)
