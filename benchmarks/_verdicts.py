@@ -19,6 +19,7 @@ A workload has one known cause; what a tool said about it scores
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Iterable, Optional
 
@@ -210,19 +211,44 @@ def quality(candidates: dict[str, list[float]], grid: Iterable[str],
 
     ``candidates``: configuration label -> throughputs of its fresh launches; ``grid``: the
     labels of the wide grid; ``tools``: tool -> the label of its recommendation (None: none).
+
+    The grid's best is the largest of several noisy medians, so it reads high when launches
+    differ a lot. ``launch_sd`` is the relative SD between launches of one configuration,
+    pooled over the configurations measured more than once; a tool's ``within_noise`` says
+    whether its gap to the grid's best is within two standard errors of the difference of two
+    such medians (each of ``n`` launches: ``2 x launch_sd x sqrt(2 / n)``).
     """
     medians = {label: _median(values) for label, values in candidates.items()}
     grid_medians = {label: medians.get(label) for label in grid if medians.get(label)}
     if not grid_medians:
         return {"grid_best": None, "tools": {t: None for t in tools}}
     best = max(grid_medians, key=lambda label: grid_medians[label])
+    spread = launch_sd(candidates)
     out = {}
     for tool, label in tools.items():
         value = medians.get(label) if label else None
-        out[tool] = {"config": label, "throughput": _round(value, 1),
-                     "vs_grid_best": _round(value / grid_medians[best], 4) if value else None}
+        ratio = value / grid_medians[best] if value else None
+        cell = {"config": label, "throughput": _round(value, 1),
+                "vs_grid_best": _round(ratio, 4)}
+        if ratio is not None and spread is not None:
+            n = min(len(candidates[label]), len(candidates[best]))
+            cell["within_noise"] = 1 - ratio <= 2 * spread * math.sqrt(2 / max(n, 1))
+        out[tool] = cell
     return {"grid_best": {"config": best, "throughput": _round(grid_medians[best], 1)},
-            "medians": {k: _round(v, 1) for k, v in medians.items()}, "tools": out}
+            "medians": {k: _round(v, 1) for k, v in medians.items()},
+            "launch_sd": _round(spread, 4), "tools": out}
+
+
+def launch_sd(candidates: dict[str, list[float]]) -> Optional[float]:
+    """Relative SD between launches of one configuration, pooled (root mean square) over the
+    configurations with at least two launches; None when none has."""
+    variances = []
+    for values in candidates.values():
+        values = [v for v in values if v]
+        if len(values) >= 2:
+            mean = sum(values) / len(values)
+            variances.append(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / mean ** 2)
+    return math.sqrt(sum(variances) / len(variances)) if variances else None
 
 
 def _median(values: list[float]) -> Optional[float]:

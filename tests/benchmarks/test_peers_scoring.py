@@ -93,6 +93,19 @@ def test_quality_is_each_choice_median_over_the_best_grid_median():
     assert out["tools"]["x"]["vs_grid_best"] == 0.625
     assert out["tools"]["y"]["vs_grid_best"] == 1.0
     assert out["tools"]["z"] == {"config": None, "throughput": None, "vs_grid_best": None}
+    # launches of one configuration differ by ~5 % here: 0.625 is far outside that
+    assert 0.04 < out["launch_sd"] < 0.07 and out["tools"]["x"]["within_noise"] is False
+    assert out["tools"]["y"]["within_noise"] is True
+
+
+def test_a_choice_within_the_launch_noise_of_the_grid_best_says_so():
+    # compute-bound, 2 launches each, launches ~15 % apart: the grid's best is a lucky median
+    measured = {"workers=0": [4000.0, 5000.0], "workers=1": [5800.0, 4600.0],
+                "workers=2": [4400.0, 5200.0]}
+    out = _verdicts.quality(measured, list(measured), {"t": "workers=0"})
+    assert out["tools"]["t"]["vs_grid_best"] == pytest.approx(4500 / 5200, abs=1e-4)
+    assert 0.12 < out["launch_sd"] < 0.17
+    assert out["tools"]["t"]["within_noise"] is True
 
 
 def test_configuration_labels_leave_defaults_out_so_equal_choices_meet():
