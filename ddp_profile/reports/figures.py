@@ -287,6 +287,12 @@ def capacity_by_workers(capacity: Optional[Mapping], probes: pd.DataFrame) -> Op
                            line=dict(color="#a3a3a3", dash="dot"),
                            hovertemplate="the CPUs make at most %{y:,.0f} samples/s"
                                          "<extra></extra>"))
+    if capacity.get("pin_limit"):
+        traces.append(dict(type="scatter", mode="lines", x=[min(x), max(x)],
+                           y=[capacity["pin_limit"]] * 2, name="pinning limit",
+                           line=dict(color="#7b2cbf", dash="dot"),
+                           hovertemplate="one pinning thread per rank keeps up with at most "
+                                         "%{y:,.0f} samples/s<extra></extra>"))
     ok = probes[(probes["status"] == "ok") & (probes["kind"].isin(["baseline", "sweep"]))
                 & probes["throughput"].notna() & probes["num_workers"].notna()]
     if len(ok):
@@ -295,7 +301,12 @@ def capacity_by_workers(capacity: Optional[Mapping], probes: pd.DataFrame) -> Op
             y=ok["throughput"].astype(float).round(1).tolist(), name="measured",
             text=ok["id"].tolist(), marker=dict(color="#2ca02c", size=9),
             hovertemplate="%{text}: %{x} workers, %{y:,.1f} samples/s<extra></extra>"))
+    title = "Loading capacity vs the loop's demand (samples/s, all ranks)"
+    runq = capacity.get("runq") or {}
+    if runq.get("notable"):  # the producers queued for CPUs: the model's supply is optimistic
+        where = f" with {runq['workers']} workers" if runq.get("workers") else ""
+        title += (f"<br><sup>producers sat {1000 * runq['per_sample_s']:.2f} ms per sample "
+                  f"runnable, waiting for a CPU{where}: the CPUs were busy</sup>")
     return _figure(traces, _layout(
-        "Loading capacity vs the loop's demand (samples/s, all ranks)",
-        xaxis=dict(title=dict(text="num_workers per rank (modelled; dots measured)")),
+        title, xaxis=dict(title=dict(text="num_workers per rank (modelled; dots measured)")),
         yaxis=dict(title=dict(text="samples/s"), rangemode="tozero")))

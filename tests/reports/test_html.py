@@ -304,3 +304,16 @@ def test_capacity_chart_shows_the_model_and_the_measured_points(data_bound_run):
     ok = run.probes[(run.probes["status"] == "ok") & (run.probes["kind"] != "ceiling")]
     assert len(_points(traces["measured"])) == len(ok)
     assert 'id="capacity"' in render_report(run)
+    assert "runnable" not in figure["layout"]["title"]["text"]
+    # pinning that limits, and producers that queued for busy CPUs, are shown too
+    from ddp_profile.profiler.sweep.capacity import RunQueue
+
+    busy = dataclasses.replace(model, pin_per_sample_s=2e-4,
+                               contention=RunQueue(per_sample_s=1.7e-3, share=0.35, workers=38))
+    run = dataclasses.replace(data_bound_run,
+                              summary={**data_bound_run.summary, "capacity": busy.to_dict()})
+    figure = build_report_data(run)["client"]["figures"]["capacity"]
+    traces = {t["name"]: t for t in figure["data"]}
+    assert _points(traces["pinning limit"]).tolist() == [10000.0, 10000.0]  # 2 ranks / 0.2 ms
+    assert "1.70 ms per sample runnable" in figure["layout"]["title"]["text"]
+    assert "38 workers" in figure["layout"]["title"]["text"]
