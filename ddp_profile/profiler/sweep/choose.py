@@ -12,15 +12,11 @@ ask this module; nothing else decides.
   not do: one short, noisy window that happened to run fast makes every candidate "within
   noise" of it, and the cheapest of them (often the baseline) would win against candidates
   measured clearly faster.
-- **Ties**: candidates within ``tie_sigmas`` (one) combined standard error of the reference,
-  or the noise floor, are a tie, won by the cheapest setting (``cost_key``: fewer workers,
-  pinning off, smaller prefetch, batch size closest to the baseline's), then by throughput.
-  One, not two: a tie gives the cheaper setting the benefit of the doubt, and at two the
-  doubt was most of the gain (10 workers tied with 20 that measured 21 % faster, ahead in
-  both launches that measured the pair). Only a measurement at most ``tie_rse`` uncertain (or
-  no more than the reference) claims a tie: a cheap window measured ±15 % is "within noise"
-  of almost anything, which says nothing about it being as fast. Beating (the reference's
-  front, the compute-bound and batch-size clauses) stays at ``noise_sigmas``.
+- **Ties**: candidates within noise of the reference are a tie, won by the cheapest setting
+  (``cost_key``: fewer workers, pinning off, smaller prefetch, batch size closest to the
+  baseline's), then by throughput. Only a measurement at most ``tie_rse`` uncertain (or no
+  more than the reference) claims a tie: a cheap window measured ±15 % is "within noise" of
+  almost anything, which says nothing about it being as fast.
 - **Batch-size clause**: a candidate with another batch size than the baseline's wins only
   when it beats the best candidate at the baseline's batch size by more than both the noise
   and ``clear_gain`` (a batch size changes the training's dynamics).
@@ -45,7 +41,6 @@ class ChoiceThresholds:
     data_wait_fraction: float = 0.2  # data-bound at or above this share of step time
     noise_floor: float = 0.02  # throughputs within this relative gap are a tie at least
     noise_sigmas: float = 2.0  # ... or within this many combined standard errors
-    tie_sigmas: float = 1.0  # a tie with the reference: within this many (and the floor)
     clear_gain: float = 0.05  # a compute-bound script moves only for a gain above this
     tie_rse: float = 0.05  # a tie is claimed only by a measurement at most this uncertain
     launch_sd: float = 0.025  # relative SD between launches of one configuration (measured)
@@ -65,17 +60,15 @@ class Candidate:
     launch: Optional[str] = None  # the launch that measured it (None: unknown)
 
 
-def noise(a: Candidate, b: Candidate, thresholds: ChoiceThresholds = ChoiceThresholds(),
-          sigmas: Optional[float] = None) -> float:
-    """Relative throughput gap below which ``a`` and ``b`` are a tie (``sigmas`` combined
-    standard errors, ``noise_sigmas`` unless given). Measured in two different launches, they
-    also differ by how launches differ (``launch_sd``): each launch of a script runs at a
-    level of its own, which no spread within one launch shows."""
+def noise(a: Candidate, b: Candidate, thresholds: ChoiceThresholds = ChoiceThresholds()
+          ) -> float:
+    """Relative throughput gap below which ``a`` and ``b`` are a tie. Measured in two
+    different launches, they also differ by how launches differ (``launch_sd``): each launch
+    of a script runs at a level of its own, which no spread within one launch shows."""
     between = thresholds.launch_sd if a.launch is not None and b.launch is not None \
         and a.launch != b.launch else 0.0
-    sigmas = thresholds.noise_sigmas if sigmas is None else sigmas
     return max(thresholds.noise_floor,
-               sigmas * math.sqrt(a.rse ** 2 + b.rse ** 2 + between ** 2))
+               thresholds.noise_sigmas * math.sqrt(a.rse ** 2 + b.rse ** 2 + between ** 2))
 
 
 def better(candidate: Candidate, incumbent: Candidate,
@@ -86,11 +79,10 @@ def better(candidate: Candidate, incumbent: Candidate,
 
 
 def not_worse(candidate: Candidate, incumbent: Candidate,
-              thresholds: ChoiceThresholds = ChoiceThresholds(),
-              sigmas: Optional[float] = None) -> bool:
+              thresholds: ChoiceThresholds = ChoiceThresholds()) -> bool:
     """Whether ``candidate`` is at least as fast as ``incumbent``, within noise."""
     return candidate.throughput >= incumbent.throughput * (1 - noise(candidate, incumbent,
-                                                                     thresholds, sigmas))
+                                                                     thresholds))
 
 
 def cost_key(config: LoaderSettings, baseline_batch: Optional[int] = None) -> tuple:
@@ -129,8 +121,7 @@ def choose(candidates: Sequence[Candidate], baseline: Optional[Candidate] = None
         needed = max(noise(top, baseline, thresholds), thresholds.clear_gain)
         if top.throughput <= baseline.throughput * (1 + needed):
             return baseline
-    ties = [c for c in undominated(usable, thresholds)
-            if not_worse(c, top, thresholds, thresholds.tie_sigmas)
+    ties = [c for c in undominated(usable, thresholds) if not_worse(c, top, thresholds)
             and (c is top or c.rse <= max(thresholds.tie_rse, top.rse))]
     batch = baseline.config.batch_size if baseline is not None else None
     pick = min(ties, key=lambda c: (cost_key(c.config, batch), -c.throughput))
