@@ -308,8 +308,8 @@ class Search:
     def _first_workers(self) -> list[int]:
         """The worker counts of the first screen: the ones the user gave (always measured),
         else the ladder up to the CPUs and the count the capacity model predicts meets the
-        loop's demand (past the CPU count when loading mostly waits; then twice that too, the
-        climb's first step, in the same launch)."""
+        loop's demand (past the CPU count when loading mostly waits; then half and twice that
+        too, in the same launch)."""
         assert self.axes is not None
         workers = set(self.axes.num_workers)
         model = self.capacity() if self.space.num_workers is None else None
@@ -317,8 +317,12 @@ class Search:
             predicted = model.workers_for_demand()
             workers.add(predicted)
             if model.cpu_share < CLIMB_STOP_CPU_SHARE and predicted < model.max_workers:
-                # a waiting loader's first climb step rides in the same launch
+                # a waiting loader's first climb step rides in the same launch, and so does
+                # half the prediction, which rests on the compute-only demand: on 2 CPUs, 2
+                # ranks of 16 latency-bound workers each ran 0.77x 8 workers, never measured
                 workers.add(min(2 * predicted, model.max_workers))
+                if predicted // 2 > max(workers - {predicted, 2 * predicted}, default=0):
+                    workers.add(predicted // 2)
             self.progress("note", {"text": f"loading: {loading_line(model.to_dict())}; {predicted} "
                                            "worker(s) per rank predicted to meet the loop's "
                                            "demand"})

@@ -238,10 +238,14 @@ class LoadingMeasurer(ModelMeasurer):
     """Entries carry what loading cost (2.1 ms a sample, mostly waiting) and the loop's
     demand (6,000 samples/s), as real probes do, so the search has a capacity model."""
 
-    def __init__(self, model: Model, **kwargs: Any):
+    def __init__(self, model: Model, cpus: int = 32, **kwargs: Any):
         super().__init__(model, **kwargs)
+        self.cpus = cpus
         self.windows: list[Window] = []
         self.screens_asked: list[list[Window]] = []
+
+    def context(self, entry: dict[str, Any]) -> dict[str, Any]:
+        return {"device": "cpu", "cpus_available": self.cpus}
 
     def _entry(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
         return super()._entry(requested, kind, loop_demand=6000.0, **{
@@ -268,3 +272,13 @@ def test_fast_windows_are_told_their_predicted_step_rate():
     first = next(e for e in fake.entries if e.get("screened")
                  and LoaderSettings.from_dict(e["config"]) == again.config)
     assert again.steps_per_s == pytest.approx(first["throughput"] / 16)
+
+
+def test_the_first_screen_brackets_the_predicted_worker_count():
+    # 2.1 ms a sample, a loop demand of 6,000 samples/s: 13 workers predicted; the prediction
+    # rests on the compute-only demand, so half and twice it ride in the same launch
+    fake = LoadingMeasurer(io_bound, cpus=2, own=LoaderSettings(0, False, None, 16))
+    Search(fake, SearchSpace(prefetch_factor=(2, 4), pin_memory=(False, True)),
+           SweepOptions(ceiling=False)).run()
+    first = [w.config.num_workers or 0 for w in fake.screens_asked[0]]
+    assert {6, 13, 26} <= set(first) and max(first) == 26
