@@ -127,6 +127,24 @@ def test_private_rss_and_memory_available_are_read():
     assert loadcost.memory_available() > 0
 
 
+def test_a_workers_private_rss_is_read_at_its_first_flush_then_seldom(tmp_path, monkeypatch):
+    # reading it walks every mapping (ms of CPU): at every 0.25 s flush it cost 16 workers on
+    # 2 CPUs 12 % of the CPUs
+    now = [100.0]
+    monkeypatch.setattr(loadcost.time, "monotonic", lambda: now[0])
+    reads = []
+    monkeypatch.setattr(loadcost, "private_rss", lambda: reads.append(now[0]) or 4096)
+    sink = loadcost._WorkerFile(str(tmp_path / "w" / "f.jsonl"))
+    for _ in range(200):  # 0.1 s a batch: 20 s, 80 flushes
+        now[0] += 0.1
+        sink.emit('{"kind":"batch_cost"}')
+    sink.close()
+    lines = (tmp_path / "w" / "f.jsonl").read_text().splitlines()
+    with_rss = [line for line in lines if "private_rss" in line]
+    assert len(reads) == len(with_rss) == 2  # the first flush (0.3 s), then 10 s later
+    assert reads[1] - reads[0] >= loadcost.RSS_EVERY_S
+
+
 # ---- the run-queue clock -------------------------------------------------------------------
 
 def _target(clock: loadcost.RunQueueClock) -> str:
