@@ -265,6 +265,12 @@ def workers_batch_heatmap(probes: pd.DataFrame) -> Optional[go.Figure]:
 
 
 
+def _level(x: list[int], value: float, name: str, color: str, dash: str, hover: str) -> dict:
+    """A horizontal line across the worker counts ``x``: a rate the capacity chart compares."""
+    return dict(type="scatter", mode="lines", x=[min(x), max(x)], y=[value] * 2, name=name,
+                line=dict(color=color, dash=dash), hovertemplate=hover + "<extra></extra>")
+
+
 def capacity_by_workers(capacity: Optional[Mapping], probes: pd.DataFrame) -> Optional[go.Figure]:
     """The input pipeline's modelled capacity and the loop's demand by worker count, with the
     probes' measured throughput on it; None without a capacity model (see ``sweep.capacity``).
@@ -278,21 +284,15 @@ def capacity_by_workers(capacity: Optional[Mapping], probes: pd.DataFrame) -> Op
         dict(type="scatter", mode="lines+markers", x=x, y=supply, name="loading capacity",
              line=dict(color="#e4572e"),
              hovertemplate="%{x} workers: loaders deliver %{y:,.0f} samples/s<extra></extra>"),
-        dict(type="scatter", mode="lines", x=[min(x), max(x)], y=[capacity["demand"]] * 2,
-             name="loop demand", line=dict(color="#2e86ab", dash="dash"),
-             hovertemplate="the loop consumes %{y:,.0f} samples/s<extra></extra>")]
+        _level(x, capacity["demand"], "loop demand", "#2e86ab", "dash",
+               "the loop consumes %{y:,.0f} samples/s")]
     if capacity.get("cpu_limit"):
-        traces.append(dict(type="scatter", mode="lines", x=[min(x), max(x)],
-                           y=[capacity["cpu_limit"]] * 2, name="CPU limit",
-                           line=dict(color="#a3a3a3", dash="dot"),
-                           hovertemplate="the CPUs make at most %{y:,.0f} samples/s"
-                                         "<extra></extra>"))
+        traces.append(_level(x, capacity["cpu_limit"], "CPU limit", "#a3a3a3", "dot",
+                             "the CPUs make at most %{y:,.0f} samples/s"))
     if capacity.get("pin_limit"):
-        traces.append(dict(type="scatter", mode="lines", x=[min(x), max(x)],
-                           y=[capacity["pin_limit"]] * 2, name="pinning limit",
-                           line=dict(color="#7b2cbf", dash="dot"),
-                           hovertemplate="one pinning thread per rank keeps up with at most "
-                                         "%{y:,.0f} samples/s<extra></extra>"))
+        traces.append(_level(x, capacity["pin_limit"], "pinning limit", "#7b2cbf", "dot",
+                             "one pinning thread per rank keeps up with at most "
+                             "%{y:,.0f} samples/s"))
     ok = probes[(probes["status"] == "ok") & (probes["kind"].isin(["baseline", "sweep"]))
                 & probes["throughput"].notna() & probes["num_workers"].notna()]
     if len(ok):
