@@ -239,6 +239,35 @@ def quality(candidates: dict[str, list[float]], grid: Iterable[str],
             "launch_sd": _round(spread, 4), "tools": out}
 
 
+def confirm(fresh: dict[str, list[float]], best: str, tools: dict[str, Optional[str]]
+            ) -> dict:
+    """Each tool's choice against the grid's best again, from launches made after the grid.
+
+    The grid's best is the largest of several noisy medians, so on the launches that chose it
+    it reads high (the winner's curse: of seven configurations equally fast, the highest median
+    of three launches is about one standard error above their level). ``fresh``: label ->
+    throughputs of new launches of the grid's best (``best``) and of every tool's choice,
+    alternating, which did not take part in choosing anything; their ratio is unbiased.
+    ``within_noise_fresh`` as ``quality``'s ``within_noise``, from the spread of these
+    launches. Returns their medians, ``launch_sd`` and a cell per tool that chose.
+    """
+    base = _median(fresh.get(best) or [])
+    spread = launch_sd(fresh)
+    out: dict[str, dict] = {}
+    for tool, label in tools.items():
+        if label is None:
+            continue
+        value = _median(fresh.get(label) or []) if label != best else base
+        ratio = value / base if value and base else None
+        cell = {"vs_best_fresh": _round(ratio, 4), "launches": len(fresh.get(label) or [])}
+        if ratio is not None and spread is not None:
+            n = min(len(fresh[label]), len(fresh[best]))
+            cell["within_noise_fresh"] = 1 - ratio <= 2 * spread * math.sqrt(2 / max(n, 1))
+        out[tool] = cell
+    return {"medians": {k: _round(_median(v), 1) for k, v in fresh.items()},
+            "launch_sd": _round(spread, 4), "tools": out}
+
+
 def launch_sd(candidates: dict[str, list[float]]) -> Optional[float]:
     """Relative SD between launches of one configuration, pooled (root mean square) over the
     configurations with at least two launches; None when none has."""

@@ -26,9 +26,11 @@ Rows:
 * ``recommendation``: on the loading and compute workloads, every tool's recommended
   configuration and a wide grid (``num_workers`` 0,1,2,4,8,16,32) measured **head to head**:
   fresh launches of the plain script, alternating order, each timing its own steps; the
-  figure is a configuration's median throughput over the grid's best median. ddp-profile
-  and loadtune at one rank (loadtune has no DDP), ddp-profile also at 2 ranks. Plus each
-  tool's wall time to its answer.
+  figure is a configuration's median throughput over the grid's best median. Then the
+  grid's best and every choice again in new launches (``--final-reps``, alternating):
+  ``vs_best_fresh`` is their ratio there, free of the winner's curse that lifts the grid's
+  best on the launches that chose it. ddp-profile and loadtune at one rank (loadtune has no
+  DDP), ddp-profile also at 2 ranks. Plus each tool's wall time to its answer.
 * ``diagnosis``: the causes each tool names per workload, raw and scored
   (``benchmarks/_verdicts.py``: right / partial / wrong / nothing / n/a).
 * ``overhead``: ddp-profile's in-process A/B and between-launch ratio, gpuprof's
@@ -121,6 +123,19 @@ def recommendation_row(name: str, workload: dict, nproc: int, opts: argparse.Nam
     measured = head_to_head(workload, configs, nproc, opts.reps, opts.h2h_steps)
     row = {"workload": name, "ranks": nproc,
            **_verdicts.quality(measured, [f"workers={w}" for w in WIDE_GRID], chosen)}
+    best = (row.get("grid_best") or {}).get("config")
+    finalists = sorted({best, *(label for label in chosen.values() if label)} - {None})
+    if best is not None and len(finalists) > 1 and opts.final_reps > 0:
+        # the grid chose its best on the launches above; new launches judge the choices
+        fresh = head_to_head(workload, {label: configs[label] for label in finalists}, nproc,
+                             opts.final_reps, opts.h2h_steps)
+        row["fresh"] = _verdicts.confirm(fresh, best, chosen)
+        confirmed = row["fresh"].pop("tools")
+    else:  # every tool chose the grid's best, or no tool chose: nothing to judge again
+        confirmed = {tool: {"vs_best_fresh": 1.0 if label == best else None}
+                     for tool, label in chosen.items() if label}
+    for tool, cell in confirmed.items():
+        row["tools"][tool].update(cell)
     for tool, answer in answers.items():
         cell = row["tools"].get(tool) or {}
         cell.update({"wall_s": answer.get("wall_s"), "status": answer.get("status"),
@@ -170,6 +185,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--reps", type=int, default=None, help="head-to-head launches each")
     parser.add_argument("--h2h-steps", type=int, default=None)
+    parser.add_argument("--final-reps", type=int, default=None,
+                        help="new launches each of the grid's best and every tool's choice, "
+                             "after the grid (0: none)")
     parser.add_argument("--diag-steps", type=int, default=None, help="steps of a peer's run")
     parser.add_argument("--two-rank-workloads", default=None,
                         help="workloads whose 2-rank recommendation is measured head to head")
@@ -188,6 +206,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     opts.warmup = opts.warmup or (3 if quick else 5)
     opts.reps = opts.reps or (2 if quick else 4)
     opts.h2h_steps = opts.h2h_steps or (40 if quick else 100)
+    opts.final_reps = opts.final_reps if opts.final_reps is not None else (3 if quick else 5)
     opts.diag_steps = opts.diag_steps or (60 if quick else 150)
     opts.two_rank = (opts.two_rank_workloads or ("latency_bound" if quick else
                                                  "latency_bound,cpu_bound,compute_bound")
@@ -233,8 +252,9 @@ def main(argv: list[str] | None = None) -> dict:
                                                               for t in r["tools"]})),
         "overhead": overhead, "machine": info,
         "wall_s": round(time.monotonic() - started, 1),
-        "settings": {k: getattr(opts, k) for k in ("steps", "warmup", "reps", "h2h_steps",
-                                                     "diag_steps", "two_rank", "tools")},
+        "settings": {k: getattr(opts, k) for k in (
+            "steps", "warmup", "reps", "h2h_steps", "final_reps", "diag_steps", "two_rank",
+            "tools")},
     }
     print(json.dumps(result))
     return result

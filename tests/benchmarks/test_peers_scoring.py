@@ -108,6 +108,25 @@ def test_a_choice_within_the_launch_noise_of_the_grid_best_says_so():
     assert out["tools"]["t"]["within_noise"] is True
 
 
+def test_choices_are_judged_again_on_launches_that_chose_nothing():
+    # the grid named workers=16 best; new launches of it and of each choice decide the ratio
+    fresh = {"workers=16": [5000.0, 5200.0, 5100.0], "workers=32": [5150.0, 4950.0, 5050.0],
+             "workers=2": [900.0, 880.0, 910.0]}
+    out = _verdicts.confirm(fresh, "workers=16",
+                            {"a": "workers=32", "b": "workers=2", "c": "workers=16", "d": None})
+    assert out["medians"] == {"workers=16": 5100.0, "workers=32": 5050.0, "workers=2": 900.0}
+    assert out["tools"]["a"]["vs_best_fresh"] == pytest.approx(5050 / 5100, abs=1e-4)
+    assert out["tools"]["a"]["within_noise_fresh"] is True
+    assert out["tools"]["b"]["vs_best_fresh"] == pytest.approx(900 / 5100, abs=1e-4)
+    assert out["tools"]["b"]["within_noise_fresh"] is False
+    assert out["tools"]["c"] == {"vs_best_fresh": 1.0, "launches": 3, "within_noise_fresh": True}
+    assert "d" not in out["tools"] and out["launch_sd"] < 0.03
+    # a choice that ran faster than the grid's best in the new launches reads above 1
+    faster = _verdicts.confirm({"workers=2": [1000.0, 1010.0], "workers=3": [1100.0, 1090.0]},
+                               "workers=2", {"t": "workers=3"})
+    assert faster["tools"]["t"]["vs_best_fresh"] > 1.05
+
+
 def test_configuration_labels_leave_defaults_out_so_equal_choices_meet():
     assert _peer_tools.config_label({"num_workers": 4, "prefetch_factor": 2,
                                      "batch_size": 16}) == "workers=4"
