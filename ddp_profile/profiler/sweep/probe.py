@@ -299,6 +299,10 @@ def _classify(ranks: list[RankData], outcome: LaunchOutcome, plan: ProbePlan,
         return ("crash", "no_dataloader",
                 "the script finished without iterating a DataLoader", None)
     steps = max((len(r.training_steps()) for r in ranks), default=0)
+    if steps == 0:
+        return ("crash", "no_dataloader",
+                "the script built a DataLoader but finished without taking a batch from it",
+                None)
     if not any(s.get("measured") for r in ranks for s in r.training_steps()):
         return ("crash", "too_few_steps",
                 f"the script ended after {steps} step(s), before the {plan.warmup} warm-up "

@@ -205,7 +205,8 @@ class Search:
         if entry["status"] == "ok":
             return
         if entry.get("reason") == "no_dataloader":
-            raise NoDataLoader(f"{self.script} finished without iterating a DataLoader; "
+            raise NoDataLoader(f"{self.script}: "
+                               f"{entry.get('error') or 'no DataLoader was iterated'}; "
                                f"nothing to measure")
         if entry["status"] == "timeout":
             raise ProbeTimeout(f"the script's own settings did not finish a probe: "

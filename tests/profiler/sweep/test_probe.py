@@ -91,6 +91,21 @@ def test_crash_without_records_reads_the_launcher_log(tmp_path):
     assert "ZeroDivisionError: division by zero" in entry["error"]
 
 
+def test_a_loader_built_but_never_iterated_is_told_from_a_short_run(tmp_path):
+    plan = ProbePlan(probe_id="p007", out_dir=str(tmp_path), warmup=5)
+    write_rank(tmp_path, 0, [{"kind": "context", "t_ns": 1},
+                             {"kind": "loader", "loader_id": 0, "t_ns": 2}])
+    entry = summarise_probe(plan, outcome(tmp_path, returncode=0), "baseline", 60)
+    assert (entry["status"], entry["reason"]) == ("crash", "no_dataloader")
+    assert "without taking a batch" in entry["error"] and "--warmup" not in entry["error"]
+    steps = [{"kind": "step", "loader_id": 0, "step": i, "t_ns": 10 + i, "wall_s": 0.01,
+              "data_wait_s": 0.0, "measured": False} for i in range(3)]
+    write_rank(tmp_path, 0, [{"kind": "context", "t_ns": 1},
+                             {"kind": "loader", "loader_id": 0, "t_ns": 2}, *steps])
+    short = summarise_probe(plan, outcome(tmp_path, returncode=0), "baseline", 60)
+    assert short["reason"] == "too_few_steps" and "after 3 step(s)" in short["error"]
+
+
 def test_bursty_but_steady_steps_give_a_small_throughput_error(tmp_path):
     plan = ProbePlan(probe_id="p004", out_dir=str(tmp_path), warmup=0)
     # a loader with workers: one long wait every 4 steps, the same pattern throughout
