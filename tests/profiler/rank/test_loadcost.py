@@ -143,6 +143,13 @@ def test_a_workers_private_rss_is_read_at_its_first_flush_then_seldom(tmp_path, 
     with_rss = [line for line in lines if "private_rss" in line]
     assert len(reads) == len(with_rss) == 2  # the first flush (0.3 s), then 10 s later
     assert reads[1] - reads[0] >= loadcost.RSS_EVERY_S
+    # the loader's other workers never read it: all of them at once fell inside the window
+    other = loadcost._WorkerFile(str(tmp_path / "w" / "g.jsonl"), reads_rss=False)
+    for _ in range(200):
+        now[0] += 0.1
+        other.emit('{"kind":"batch_cost"}')
+    other.close()
+    assert len(reads) == 2 and "private_rss" not in (tmp_path / "w" / "g.jsonl").read_text()
 
 
 # ---- the run-queue clock -------------------------------------------------------------------
