@@ -18,6 +18,7 @@ from ddp_profile.rules.base import (
     as_int,
     baseline_probe,
     cpus_available,
+    describe_config,
     finite,
     local_ranks,
     ms,
@@ -87,53 +88,86 @@ def _how_to_set_threads(launcher: str, fit: int) -> str:
             "get torch's default of one thread per core each.")
 
 
-def _threads_counterfactual(run: Run, base_id: str) -> Optional[pd.Series]:
+def _threads_counterfactuals(run: Run) -> list[tuple[pd.Series, pd.Series]]:
+    """Each ``threads`` probe with the probe it is the counterfactual of: the baseline or the
+    sweep probe of the same settings (the latest), latest counterfactual first."""
     probes = ok_probes(run, kinds=("threads",))
     probes = probes[probes["throughput"].apply(finite)] if not probes.empty else probes
-    return None if probes.empty else probes.iloc[-1]
+    measured = ok_probes(run)
+    pairs = []
+    for _, probe in probes.iloc[::-1].iterrows():
+        same = measured[measured.apply(describe_config, axis=1) == describe_config(probe)] \
+            if not measured.empty else measured
+        if not same.empty:
+            pairs.append((probe, same.iloc[-1]))
+    return pairs
 
 
 def thread_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     """The ranks' torch thread pools oversubscribe the CPUs, and that measurably costs.
 
-    Trigger (baseline probe, its summary entry): intra-op threads (the most of any rank) x
+    Trigger (a measured probe, its summary entry): intra-op threads (the most of any rank) x
     local ranks + the cores its DataLoader workers were busy on > ``cpus_available``
-    (``profiler.cpus.threads_to_fit``, the sweep's own test), and the ``threads`` probe, the
-    script's own settings with the threads that fit, ran >= ``threads_gain`` x the baseline's
-    samples/s ("high" at or above ``threads_severe_gain``). Without that probe (not measured)
-    the finding is "low" and labelled a prediction; with it and no gain there is no finding.
+    (``profiler.cpus.threads_to_fit``, the sweep's own test), and a ``threads`` probe, the
+    same settings with the threads that fit, ran >= ``threads_gain`` x that probe's samples/s
+    ("high" at or above ``threads_severe_gain``). The sweep measures the counterfactual of the
+    baseline and of the best configuration it found (more workers can be what tips the CPUs
+    over); the largest measured gain is the finding. Where the baseline oversubscribes and
+    nothing was measured, the finding is "low" and labelled a prediction; measured without a
+    gain, there is no finding.
     """
     base = baseline_probe(run)
     if base is None:
         return None
-    entry = probe_entry(run, base["id"])
-    ranks, cpus = local_ranks(run, base["id"]), cpus_available(run, base["id"])
+    launcher = str(run.summary.get("launcher") or "torchrun")
+    measured = []
+    for probe, subject in _threads_counterfactuals(run):
+        test = _oversubscribed(run, subject)
+        if test is None or subject["throughput"] <= 0:
+            continue
+        gain = float(probe["throughput"] / subject["throughput"])
+        measured.append((gain, probe, subject, test))
+    if not measured:
+        test = _oversubscribed(run, base)
+        if test is None:
+            return None
+        fit, demand = test
+        return Finding(
+            rule="thread-oversubscription", severity="low",
+            title="Torch thread pools oversubscribe the CPUs",
+            evidence=f"{demand}; no probe with fewer threads was measured.",
+            recommendation=f"Prediction (not measured): {fit} thread(s) per rank. "
+                           f"{_how_to_set_threads(launcher, fit)}")
+    gain, probe, subject, (fit, demand) = max(measured, key=lambda item: item[0])
+    if gain < thresholds.threads_gain:
+        return None
+    own = subject["id"] == base["id"]
+    settings = "the script's own settings" if own else describe_config(subject)
+    where = "" if own else f" with {describe_config(subject)}"
+    return Finding(
+        rule="thread-oversubscription",
+        severity="high" if gain >= thresholds.threads_severe_gain else "medium",
+        title="Torch thread pools oversubscribe the CPUs",
+        evidence=(f"{demand}{where}. Measured: with {fit} thread(s) per rank {settings} ran "
+                  f"{probe['throughput']:,.1f} samples/s (probe {probe['id']}) against "
+                  f"{subject['throughput']:,.1f} ({subject['kind']} {subject['id']}), "
+                  f"{gain:.2f}x."),
+        recommendation=(f"Measured in probe {probe['id']}: {fit} thread(s) per rank"
+                        f"{where}. {_how_to_set_threads(launcher, fit)}"))
+
+
+def _oversubscribed(run: Run, probe: pd.Series) -> Optional[tuple[int, str]]:
+    """The threads that fit and what competes for the CPUs, where ``probe``'s ranks
+    oversubscribe them (``threads_to_fit``); else None."""
+    entry = probe_entry(run, probe["id"])
+    ranks, cpus = local_ranks(run, probe["id"]), cpus_available(run, probe["id"])
     threads, workers = entry.get("intra_op_threads"), entry.get("worker_cores") or 0.0
     fit = threads_to_fit(threads, ranks, workers, cpus)
     if fit is None:
         return None
     busy = f" + DataLoader workers busy on {workers:.1f} cores" if workers else ""
-    demand = (f"{ranks} rank(s) per machine x {threads} intra-op threads{busy} compete for "
-              f"{cpus} available CPUs")
-    advice = _how_to_set_threads(str(run.summary.get("launcher") or "torchrun"), fit)
-    probe = _threads_counterfactual(run, base["id"])
-    if probe is None:
-        return Finding(
-            rule="thread-oversubscription", severity="low",
-            title="Torch thread pools oversubscribe the CPUs",
-            evidence=f"{demand}; no probe with fewer threads was measured.",
-            recommendation=f"Prediction (not measured): {fit} thread(s) per rank. {advice}")
-    gain = float(probe["throughput"] / base["throughput"]) if base["throughput"] > 0 else 0.0
-    if gain < thresholds.threads_gain:
-        return None
-    return Finding(
-        rule="thread-oversubscription",
-        severity="high" if gain >= thresholds.threads_severe_gain else "medium",
-        title="Torch thread pools oversubscribe the CPUs",
-        evidence=(f"{demand}. Measured: with {fit} thread(s) per rank the script's own "
-                  f"settings ran {probe['throughput']:,.1f} samples/s (probe {probe['id']}) "
-                  f"against {base['throughput']:,.1f} (baseline {base['id']}), {gain:.2f}x."),
-        recommendation=f"Measured in probe {probe['id']}: {fit} thread(s) per rank. {advice}")
+    return fit, (f"{ranks} rank(s) per machine x {threads} intra-op threads{busy} compete "
+                 f"for {cpus} available CPUs")
 
 
 def _rank_spikes(steps: pd.DataFrame, thresholds: Thresholds) -> Optional[dict]:

@@ -236,3 +236,21 @@ def test_tools_option_picks_rows_and_refuses_unknown_names(capsys):
     with pytest.raises(SystemExit):
         peers.parse(["--tools", "fournex,frx"])
     assert "unknown workload or tool: frx" in capsys.readouterr().err
+
+
+def test_ddp_profiles_answer_carries_the_threads_its_measured_finding_gives():
+    recommended = {"num_workers": 16, "prefetch_factor": 2, "batch_size": 16}
+    probes = [{"id": "p4", "kind": "sweep", "status": "ok", "config": recommended},
+              {"id": "p9", "kind": "threads", "status": "ok", "threads": 1,
+               "config": recommended}]
+
+    def summary(severity):
+        return {"recommended_probe": "p4", "probes": probes,
+                "findings": [{"rule": "thread-oversubscription", "severity": severity}]}
+
+    assert _peer_tools._ddp_profile_config(summary("medium"), recommended) == \
+        {**recommended, "threads": 1}
+    # a prediction (nothing measured) is not what the tool tells the user to run
+    assert "threads" not in _peer_tools._ddp_profile_config(summary("low"), recommended)
+    other = {**recommended, "num_workers": 8}
+    assert "threads" not in _peer_tools._ddp_profile_config(summary("medium"), other)

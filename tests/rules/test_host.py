@@ -181,3 +181,30 @@ def test_busy_workers_beyond_the_cpus_are_flagged_with_the_cores_they_use():
     assert finding is not None
     assert "measured busy on 1.6 cores" in finding.evidence and "compete for 2 available CPUs" in \
         finding.evidence
+
+
+def test_threads_are_judged_at_the_best_configuration_where_its_workers_tip_the_cpus_over():
+    # one rank of 2 threads fits 2 CPUs alone; with 16 workers busy on 0.4 cores it does not
+    def run_with(threads_tp):
+        builder = (RunBuilder(world_size=1, cpus=2)
+                   .probe("p0", kind="baseline", num_workers=0, throughput=400.0,
+                          entry={"intra_op_threads": 2, "ranks_per_host": 1,
+                                 "cpus_available": 2, "worker_cores": 0.0}).steps(n=5)
+                   .probe("p1", kind="sweep", num_workers=16, throughput=5000.0,
+                          entry={"intra_op_threads": 2, "ranks_per_host": 1,
+                                 "cpus_available": 2, "worker_cores": 0.4}).steps(n=5)
+                   .probe("p2", kind="threads", num_workers=16, throughput=threads_tp)
+                   .steps(n=5))
+        builder.summary["launcher"] = "torchrun"
+        return builder.build()
+
+    finding = thread_oversubscription(run_with(6300.0), T)
+    assert finding is not None and finding.severity == "medium"  # 1.26x
+    assert "1 rank(s) per machine x 2 intra-op threads + DataLoader workers busy on 0.4 " \
+           "cores compete for 2 available CPUs with num_workers=16," in finding.evidence
+    assert "6,300.0 samples/s (probe p2) against 5,000.0 (sweep p1), 1.26x" in finding.evidence
+    assert finding.recommendation.startswith("Measured in probe p2: 1 thread(s) per rank "
+                                             "with num_workers=16,")
+    assert "OMP_NUM_THREADS=1 torchrun" in finding.recommendation
+    # measured without a gain: no finding, and the baseline alone predicts nothing
+    assert thread_oversubscription(run_with(5050.0), T) is None

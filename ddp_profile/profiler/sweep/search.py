@@ -180,17 +180,29 @@ class Search:
                 break  # a crash or an OOM would only repeat itself
 
     def threads(self) -> None:
-        """The threads counterfactual: when the baseline's ranks oversubscribe the CPUs with
-        intra-op threads (``cpus.threads_to_fit``), measure the script's own settings again
-        with the threads that fit (kind ``threads``; it never competes in the choice)."""
+        """The threads counterfactuals (kind ``threads``; they never compete in the choice):
+        where a measured configuration's ranks oversubscribe the CPUs with intra-op threads
+        (``cpus.threads_to_fit``), the same settings again with the threads that fit. Measured
+        for the baseline (the script as it is) and for the best configuration found, whose
+        DataLoader workers can be what tips the CPUs over: one rank of 16 latency-bound
+        workers with torch's 2 threads on 2 CPUs ran 1.26x faster with 1 thread (5 alternating
+        launches each), a gain no worker count finds."""
         base = self.baseline
         if base is None or base.get("status") != "ok":
             return
-        fit = threads_to_fit(base.get("intra_op_threads"),
-                             base.get("ranks_per_host") or self.nproc_per_node,
-                             base.get("worker_cores") or 0.0, base.get("cpus_available"))
-        if fit is not None:
-            self.measurer.measure(LoaderSettings(), kind="threads", threads=fit)
+        best = self.best()
+        subjects = [(base, LoaderSettings())]
+        if best is not None and best is not base \
+                and normalise(settings_of(best)) != normalise(settings_of(base)):
+            subjects.append((best, normalise(settings_of(best))))
+        for entry, config in subjects:
+            fit = threads_to_fit(entry.get("intra_op_threads"),
+                                 entry.get("ranks_per_host") or self.nproc_per_node,
+                                 entry.get("worker_cores") or 0.0, entry.get("cpus_available"))
+            if fit is not None:
+                self.measurer.measure(config, kind="threads", threads=fit,
+                                      steps_per_s=self.steps_per_s(config) if entry is best
+                                      else None)
 
     def ceiling(self) -> None:
         """The compute-only probe, at the recommended configuration's batch size."""

@@ -282,3 +282,45 @@ def test_the_first_screen_brackets_the_predicted_worker_count():
            SweepOptions(ceiling=False)).run()
     first = [w.config.num_workers or 0 for w in fake.screens_asked[0]]
     assert {6, 13, 26} <= set(first) and max(first) == 26
+
+
+class ThreadsMeasurer(ModelMeasurer):
+    """One rank of torch's 2 intra-op threads on 3 CPUs, each worker busy on 0.15 of a core:
+    more than 6 workers tip the CPUs over; the threads each launch was given are kept."""
+
+    def __init__(self, model: Model):
+        super().__init__(model)
+        self.threads: list[tuple[str, Optional[int], LoaderSettings]] = []
+
+    def _entry(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        entry = super()._entry(requested, kind, **extra)
+        workers = entry["config"].get("num_workers") or 0
+        entry.update(intra_op_threads=2, ranks_per_host=1, cpus_available=3,
+                     worker_cores=0.15 * workers)
+        return entry
+
+    def measure(self, requested: LoaderSettings, kind: str = "sweep",
+                steps: Optional[int] = None, mode: str = "normal",
+                threads: Optional[int] = None,
+                steps_per_s: Optional[float] = None) -> dict[str, Any]:
+        entry = super().measure(requested, kind, steps, mode, threads, steps_per_s)
+        self.threads.append((kind, threads, LoaderSettings.from_dict(entry["config"])))
+        return entry
+
+
+def test_the_best_configurations_threads_are_measured_where_its_workers_tip_the_cpus_over():
+    fake = ThreadsMeasurer(io_bound)
+    found = Search(fake, SPACE, SweepOptions(ceiling=False))
+    found.run()
+    best = LoaderSettings.from_dict(found.best()["config"])
+    assert best.num_workers >= 8  # 2 threads + 1.2 busy cores > 3 CPUs
+    counterfactuals = [(t, c) for kind, t, c in fake.threads if kind == "threads"]
+    # the baseline (no workers) fits its 2 CPUs: only the best configuration is measured again
+    assert counterfactuals == [(1, best)]
+    assert found.best()["kind"] == "sweep"  # a threads probe never competes in the choice
+
+
+def test_no_threads_counterfactual_where_the_best_configuration_fits():
+    fake = ThreadsMeasurer(cpu_bound)  # its best is 3 or 4 workers: 0.6 busy cores at most
+    Search(fake, SPACE, SweepOptions(ceiling=False)).run()
+    assert not [kind for kind, _, _ in fake.threads if kind == "threads"]
