@@ -11,6 +11,7 @@ import pandas as pd
 
 from ddp_profile.profiler.cpus import threads_to_fit
 from ddp_profile.profiler.store.results import Run
+from ddp_profile.profiler.sweep.choose import better
 from ddp_profile.rules.base import (
     Advice,
     Finding,
@@ -110,7 +111,8 @@ def thread_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Findin
     local ranks + the cores its DataLoader workers were busy on > ``cpus_available``
     (``profiler.cpus.threads_to_fit``, the sweep's own test), and a ``threads`` probe, the
     same settings with the threads that fit, ran >= ``threads_gain`` x that probe's samples/s
-    ("high" at or above ``threads_severe_gain``). The sweep measures the counterfactual of the
+    ("high" at or above ``threads_severe_gain``) and beyond the noise of the two launches
+    (``choose.better``, the chooser's own test). The sweep measures the counterfactual of the
     baseline and of the best configuration it found (more workers can be what tips the CPUs
     over); the largest measured gain is the finding. Where the baseline oversubscribes and
     nothing was measured, the finding is "low" and labelled a prediction; measured without a
@@ -139,8 +141,11 @@ def thread_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Findin
             recommendation=f"Prediction (not measured): {fit} thread(s) per rank. "
                            f"{_how_to_set_threads(launcher, fit)}")
     gain, probe, subject, (fit, demand) = max(measured, key=lambda item: item[0])
-    if gain < thresholds.threads_gain:
-        return None
+    from ddp_profile.rules.recommend import candidate  # recommend cites this finding
+
+    if gain < thresholds.threads_gain or not better(candidate(run, probe),
+                                                    candidate(run, subject), thresholds):
+        return None  # no gain, or one within the noise of two launches
     own = subject["id"] == base["id"]
     settings = "the script's own settings" if own else describe_config(subject)
     where = "" if own else f" with {describe_config(subject)}"
