@@ -18,6 +18,7 @@ from ddp_profile.rules.base import (
     Thresholds,
     as_int,
     baseline_probe,
+    candidate,
     cpus_available,
     describe_config,
     finite,
@@ -141,8 +142,6 @@ def thread_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Findin
             recommendation=f"Prediction (not measured): {fit} thread(s) per rank. "
                            f"{_how_to_set_threads(launcher, fit)}")
     gain, probe, subject, (fit, demand) = max(measured, key=lambda item: item[0])
-    from ddp_profile.rules.recommend import candidate  # recommend cites this finding
-
     if gain < thresholds.threads_gain or not better(candidate(run, probe),
                                                     candidate(run, subject), thresholds):
         return None  # no gain, or one within the noise of two launches

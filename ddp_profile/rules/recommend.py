@@ -20,22 +20,24 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 
-from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.profiler.sweep.choose import Candidate, compute_bound
 from ddp_profile.profiler.sweep.choose import choose as choose_candidate
+from ddp_profile.profiler.sweep.choose import compute_bound
 from ddp_profile.rules.base import (
     Thresholds,
     as_int,
     baseline_probe,
+    candidate,
     ceiling_probe,
+    config_of,
     cpus_available,
     data_wait,
     finite,
+    global_steps,
     is_short,
     ok_probes,
     pct,
-    probe_steps,
+    relative_error,
 )
 from ddp_profile.rules.data import (
     CPU_FIX,
@@ -74,17 +76,6 @@ def recommendation_to_dict(rec: Recommendation) -> dict[str, Any]:
     return data
 
 
-def config_of(probe: pd.Series) -> dict[str, Any]:
-    config = {}
-    for key in CONFIG_KEYS:
-        value = probe.get(key)
-        if key == "pin_memory":
-            config[key] = None if value is None else bool(value)
-        else:
-            config[key] = as_int(value)
-    return config
-
-
 def snippet_for(config: dict[str, Any]) -> str:
     """``DataLoader(dataset, ...)`` with the settings; no prefetch/persistence without workers."""
     parts = ["dataset"]
@@ -99,52 +90,6 @@ def snippet_for(config: dict[str, Any]) -> str:
             parts.append(f"prefetch_factor={config['prefetch_factor']}")
         parts.append("persistent_workers=True")
     return f"DataLoader({', '.join(parts)})"
-
-
-def global_steps(run: Run, probe_id: str) -> pd.DataFrame:
-    """One row per measured step complete on every rank: step_s = slowest rank, samples = sum."""
-    steps = probe_steps(run, probe_id)
-    if steps.empty:
-        return pd.DataFrame(columns=["step_s", "samples"])
-    if "samples" not in steps:
-        steps = steps.assign(samples=0)
-    ranks = steps["rank"].nunique()
-    grouped = steps.groupby("step").agg(step_s=("step_s", "max"), samples=("samples", "sum"),
-                                        ranks=("rank", "nunique"))
-    grouped = grouped[(grouped["ranks"] == ranks) & (grouped["step_s"] > 0)]
-    return grouped[["step_s", "samples"]]
-
-
-def relative_error(run: Run, probe_id: str) -> float:
-    """Relative standard error of a probe's throughput (0 if unknown): the probe's own
-    batch-means estimate when recorded, else from its per-step times."""
-    for probe in run.summary.get("probes", []):
-        if probe.get("id") == probe_id and finite(probe.get("throughput_rse")):
-            return float(probe["throughput_rse"])
-    times = global_steps(run, probe_id)["step_s"]
-    if len(times) >= 2 and times.mean() > 0:
-        return float(times.std(ddof=1) / times.mean() / math.sqrt(len(times)))
-    for probe in run.summary.get("probes", []):
-        if probe.get("id") == probe_id and finite(probe.get("step_time_cv")):
-            steps = max(1, as_int(probe.get("steps_measured"), 1) or 1)
-            return float(probe["step_time_cv"]) / math.sqrt(steps)
-    return 0.0
-
-
-def candidate(run: Run, probe: pd.Series) -> Candidate:
-    """A probe row as the one chooser (``profiler.sweep.choose``) sees it."""
-    waited = data_wait(run, probe)
-    return Candidate(id=str(probe["id"]), config=LoaderSettings.from_dict(config_of(probe)),
-                     throughput=float(probe["throughput"]), rse=relative_error(run, probe["id"]),
-                     data_wait_fraction=waited[0] if waited is not None else None,
-                     kind=str(probe.get("kind") or "sweep"), short=is_short(probe),
-                     launch=launch_of(probe))
-
-
-def launch_of(probe: pd.Series) -> str:
-    """The launch that measured a probe: its screen's, else its own."""
-    launch = probe.get("launch")
-    return launch if isinstance(launch, str) and launch else str(probe["id"])
 
 
 def choose(run: Run, base: pd.Series, thresholds: Thresholds) -> pd.Series:

@@ -13,7 +13,8 @@ from dataclasses import replace
 from typing import Any, Callable, Optional
 
 from ddp_profile.profiler.settings import LoaderSettings
-from ddp_profile.profiler.sweep.choose import better, candidate_of, not_worse
+from ddp_profile.profiler.sweep.capacity import ClimbPoint
+from ddp_profile.profiler.sweep.choose import better, candidate_of, not_worse, relative_se
 from ddp_profile.profiler.sweep.space import normalise
 
 SETTLED_DATA_WAIT = 0.05  # below this share of waiting, loading settings cannot help more
@@ -126,3 +127,18 @@ def climb_workers(measure: Callable[[LoaderSettings], Entry], baseline: Entry,
             if misses > CLIMB_PATIENCE:
                 break
     return best
+
+
+def climb_points(entries: list[Entry], start: LoaderSettings) -> list[ClimbPoint]:
+    """The measured worker counts of ``start``'s pinning and batch size, as
+    ``capacity.next_workers`` sees them."""
+    points = []
+    for entry in entries:
+        config = LoaderSettings.from_dict(entry.get("config"))
+        if (config.pin_memory, config.batch_size) != (start.pin_memory, start.batch_size):
+            continue
+        loading = entry.get("loading") or {}
+        points.append(ClimbPoint(int(config.num_workers or 0), float(entry["throughput"]),
+                                 relative_se(entry), waits_for_data(entry),
+                                 loading.get("cpu_share"), entry.get("cpu_busy")))
+    return points

@@ -26,13 +26,18 @@ from ddp_profile.profiler.sweep.capacity import (
     CLIMB_STOP_CPU_SHARE,
     WORKER_CAP,
     Capacity,
-    ClimbPoint,
     loading_line,
     next_workers,
     run_model,
 )
 from ddp_profile.profiler.sweep.choose import candidate_of, choose, relative_se
-from ddp_profile.profiler.sweep.climb import beats, climb_workers, waits_for_data, worth_tuning
+from ddp_profile.profiler.sweep.climb import (
+    beats,
+    climb_points,
+    climb_workers,
+    waits_for_data,
+    worth_tuning,
+)
 from ddp_profile.profiler.sweep.coordinate import Coordinator
 from ddp_profile.profiler.sweep.launch import LaunchSpec, ignore_hangup, restore_hangup
 from ddp_profile.profiler.sweep.measure import (
@@ -180,29 +185,24 @@ class Search:
                 break  # a crash or an OOM would only repeat itself
 
     def threads(self) -> None:
-        """The threads counterfactuals (kind ``threads``; they never compete in the choice):
-        where a measured configuration's ranks oversubscribe the CPUs with intra-op threads
-        (``cpus.threads_to_fit``), the same settings again with the threads that fit. Measured
-        for the baseline (the script as it is) and for the best configuration found, whose
-        DataLoader workers can be what tips the CPUs over: one rank of 16 latency-bound
-        workers with torch's 2 threads on 2 CPUs ran 1.26x faster with 1 thread (5 alternating
-        launches each), a gain no worker count finds."""
-        base = self.baseline
+        """The threads counterfactuals (kind ``threads``, never in the choice): where the
+        baseline, or the best configuration found (its workers can tip the CPUs over: one rank
+        of 16 latency-bound workers and torch's 2 threads on 2 CPUs ran 1.26x with 1 thread),
+        oversubscribes the CPUs with intra-op threads (``cpus.threads_to_fit``), the same
+        settings again with the threads that fit."""
+        base, best = self.baseline, self.best()
         if base is None or base.get("status") != "ok":
             return
-        best = self.best()
-        subjects = [(base, LoaderSettings())]
-        if best is not None and best is not base \
-                and normalise(settings_of(best)) != normalise(settings_of(base)):
-            subjects.append((best, normalise(settings_of(best))))
-        for entry, config in subjects:
+        subjects = [(base, LoaderSettings(), None)]
+        if best is not None and normalise(settings_of(best)) != normalise(settings_of(base)):
+            config = normalise(settings_of(best))
+            subjects.append((best, config, self.steps_per_s(config)))
+        for entry, config, rate in subjects:
             fit = threads_to_fit(entry.get("intra_op_threads"),
                                  entry.get("ranks_per_host") or self.nproc_per_node,
                                  entry.get("worker_cores") or 0.0, entry.get("cpus_available"))
             if fit is not None:
-                self.measurer.measure(config, kind="threads", threads=fit,
-                                      steps_per_s=self.steps_per_s(config) if entry is best
-                                      else None)
+                self.measurer.measure(config, kind="threads", threads=fit, steps_per_s=rate)
 
     def ceiling(self) -> None:
         """The compute-only probe, at the recommended configuration's batch size."""
@@ -355,24 +355,12 @@ class Search:
         for _ in range(launches):
             model = self.capacity()
             limit = model.max_workers if model is not None else WORKER_CAP
-            following = next_workers(self._climb_points(start), limit)
+            following = next_workers(climb_points(self.ok_entries(), start), limit)
             if following is None:
                 return
             self._recalibrate(following)
             self.measurer.measure_screen([self.window(normalise(replace(
                 start, num_workers=following)))])
-
-    def _climb_points(self, start: LoaderSettings) -> list[ClimbPoint]:
-        points = []
-        for entry in self.ok_entries():
-            config = settings_of(entry)
-            if (config.pin_memory, config.batch_size) != (start.pin_memory, start.batch_size):
-                continue
-            loading = entry.get("loading") or {}
-            points.append(ClimbPoint(int(config.num_workers or 0), float(entry["throughput"]),
-                                     relative_se(entry), waits_for_data(entry),
-                                     loading.get("cpu_share"), entry.get("cpu_busy")))
-        return points
 
     def _contender(self, best: Entry) -> Optional[Window]:
         """A screened window faster than the choice, but tied with it only because its
