@@ -32,7 +32,7 @@ from ddp_profile.rules.base import (
     probe_context,
     probe_steps,
 )
-from ddp_profile.rules.host import thread_oversubscription
+from ddp_profile.rules.host import baseline_oversubscribed
 
 
 @dataclass(frozen=True)
@@ -322,14 +322,15 @@ def io_bound_loading(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     Trigger: the baseline is data-bound and the measured loading (``summary.capacity``) is
     wait-bound (CPU share <= ``capacity.WAIT_BOUND_SHARE``). Runs recorded without batch costs
     fall back to the CPU load of the probe with the most workers (still data-bound while the
-    loading is not CPU-busy or iowait is high). No finding beside ``thread-oversubscription``:
-    on oversubscribed CPUs the waiting can include waiting for a CPU (where the run queue was
-    not recorded, and a producer blocked on its own busy intra-op threads).
+    loading is not CPU-busy or iowait is high). No finding beside ``thread-oversubscription``
+    of the baseline's own ranks (``host.baseline_oversubscribed``): on oversubscribed CPUs the
+    waiting can include waiting for a CPU (where the run queue was not recorded, and a
+    producer blocked on its own busy intra-op threads).
     """
     base = baseline_probe(run)
     if base is None or not is_data_bound(run, base, thresholds):
         return None
-    if thread_oversubscription(run, thresholds) is not None:
+    if baseline_oversubscribed(run, thresholds):
         return None  # waiting for a CPU cannot be told from waiting on storage
     capacity = capacity_of(run)
     if capacity is not None:

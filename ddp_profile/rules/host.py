@@ -160,6 +160,16 @@ def thread_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Findin
                         f"{where}. {_how_to_set_threads(launcher, fit)}"))
 
 
+def baseline_oversubscribed(run: Run, thresholds: Thresholds) -> bool:
+    """The ``thread-oversubscription`` finding stands and the baseline's own ranks
+    oversubscribe the CPUs: what the baseline measured as waiting can be waiting for a CPU.
+    (Where only the best configuration's workers tip the CPUs over, the baseline's loading
+    was measured on CPUs its threads fit.)"""
+    base = baseline_probe(run)
+    return base is not None and _oversubscribed(run, base) is not None \
+        and thread_oversubscription(run, thresholds) is not None
+
+
 def _oversubscribed(run: Run, probe: pd.Series) -> Optional[tuple[int, str]]:
     """The threads that fit and what competes for the CPUs, where ``probe``'s ranks
     oversubscribe them (``threads_to_fit``); else None."""

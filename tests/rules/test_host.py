@@ -208,3 +208,9 @@ def test_threads_are_judged_at_the_best_configuration_where_its_workers_tip_the_
     assert "OMP_NUM_THREADS=1 torchrun" in finding.recommendation
     # measured without a gain: no finding, and the baseline alone predicts nothing
     assert thread_oversubscription(run_with(5050.0), T) is None
+    # the baseline's threads fit its CPUs: what it measured as waiting is not CPU waiting, so
+    # the loading rules still speak (io-bound-loading keeps its finding)
+    from ddp_profile.rules.host import baseline_oversubscribed
+
+    assert not baseline_oversubscribed(run_with(6300.0), T)
+    assert baseline_oversubscribed(threads_run(threads_tp=1000.0), T)
