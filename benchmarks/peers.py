@@ -40,7 +40,7 @@ Rows:
 A peer that is not installed is reported ``"not installed"``, never a failure; ``--tools``
 runs only some tools' rows (the others are left out of the rows, the JSON keeps its shape).
 
-    python benchmarks/peers.py --quick   # ~15 min on 2 cores
+    python benchmarks/peers.py --quick   # ~17 min on 2 cores
     python benchmarks/peers.py
     python benchmarks/peers.py --quick --tools fournex,datapath_doctor --skip-overhead  # ~2 min
 
