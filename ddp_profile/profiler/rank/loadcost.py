@@ -19,8 +19,8 @@ busy) and the rest blocked (storage, network, sleep, a lock).
 Record (``kind: "batch_cost"``): rank, loader_id, worker (null in the rank), pid, t_ns (the
 batch's end, wall clock), wall_s, cpu_s (fetch + collate), runq_s (of the fetch's wall time,
 runnable on a run queue without a CPU; null where ``/proc/thread-self/schedstat`` cannot be
-read), collate_s, collate_cpu_s, samples, and, in worker 0's records, at its first flush and
-then every ``RSS_EVERY_S``, private_rss (the worker's private resident bytes).
+read), collate_s, collate_cpu_s, samples, and, in worker 0's records, at its start, its first
+flush and then every ``RSS_EVERY_S``, private_rss (the worker's private resident bytes).
 """
 
 from __future__ import annotations
@@ -268,11 +268,12 @@ class WorkerInit:
         from torch.utils.data import _DatasetKind
 
         name = f"r{_json_int(self.rank)}-l{self.loader_id}-w{worker_id}-p{os.getpid()}.jsonl"
-        sink = _WorkerFile(os.path.join(self.out_dir, WORKER_DIR, name),
-                           reads_rss=worker_id == RSS_WORKER)
+        reads_rss = worker_id == RSS_WORKER
+        sink = _WorkerFile(os.path.join(self.out_dir, WORKER_DIR, name), reads_rss=reads_rss)
+        rss = private_rss() if reads_rss else None
         sink.emit(f'{{"kind":"worker_start","rank":{_json_int(self.rank)},'
                   f'"loader_id":{self.loader_id},"worker":{worker_id},"pid":{os.getpid()},'
-                  f'"t_ns":{time.time_ns()},"private_rss":{_json_int(private_rss())}}}')
+                  f'"t_ns":{time.time_ns()},"private_rss":{_json_int(rss)}}}')
         sink.handle.flush()
         meter = CostMeter(sink.emit, self.rank, self.loader_id, worker_id)
         factory = _DatasetKind.__dict__["create_fetcher"].__func__

@@ -122,6 +122,18 @@ def test_a_worker_that_dies_keeps_the_batches_it_flushed(tmp_path):
     assert len(files) == 1 and files[0].startswith("rnull-l0-w0-")
 
 
+def test_worker_0_alone_reads_its_private_rss_for_the_loader(tmp_path):
+    # each read walks every mapping (3.8 ms with torch loaded): all workers reading at once
+    # fell inside the first measured window
+    _run(tmp_path, {"batch_size": 4, "num_workers": 3, "multiprocessing_context": "fork"},
+         Costly(24, sleep_s=0.001))
+    (data,) = read_probe_dir(str(tmp_path))
+    starts = {r["worker"]: r.get("private_rss") for r in data.worker_starts}
+    assert set(starts) == {0, 1, 2}
+    assert starts[0] > 0 and starts[1] is None and starts[2] is None
+    assert not any(r.get("private_rss") for r in data.batch_costs if r["worker"] != 0)
+
+
 def test_private_rss_and_memory_available_are_read():
     assert loadcost.private_rss() > 0
     assert loadcost.memory_available() > 0
