@@ -140,7 +140,8 @@ def _ddp_profile_config(summary: dict, recommended: dict) -> dict:
     """What ddp-profile tells the user to run: the recommended DataLoader settings, and the
     threads its measured thread-oversubscription finding gives them (the ``threads`` probe of
     those same settings)."""
-    config = {k: recommended.get(k) for k in ("num_workers", "prefetch_factor", "batch_size")}
+    keys = ("num_workers", "prefetch_factor", "batch_size")
+    config = {k: recommended.get(k) for k in keys}
     threads = recommended.get("threads")
     probes = summary.get("probes") or []
     if threads is None:
@@ -150,7 +151,6 @@ def _ddp_profile_config(summary: dict, recommended: dict) -> dict:
     measured = any(f.get("rule") == "thread-oversubscription" and f.get("severity") != "low"
                    for f in summary.get("findings") or [])
     if threads is None and measured:
-        keys = ("num_workers", "prefetch_factor", "batch_size")
         same = [p for p in probes if p.get("kind") == "threads" and p.get("status") == "ok"
                 and all((p.get("config") or {}).get(k) == recommended.get(k) for k in keys)]
         threads = same[-1].get("threads") if same else None

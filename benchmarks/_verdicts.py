@@ -232,7 +232,7 @@ def quality(candidates: dict[str, list[float]], grid: Iterable[str],
                 "vs_grid_best": _round(ratio, 4)}
         if ratio is not None and spread is not None:
             n = min(len(candidates[label]), len(candidates[best]))
-            cell["within_noise"] = 1 - ratio <= 2 * spread * math.sqrt(2 / max(n, 1))
+            cell["within_noise"] = within_noise(ratio, spread, n)
         out[tool] = cell
     return {"grid_best": {"config": best, "throughput": _round(grid_medians[best], 1)},
             "medians": {k: _round(v, 1) for k, v in medians.items()},
@@ -262,10 +262,16 @@ def confirm(fresh: dict[str, list[float]], best: str, tools: dict[str, Optional[
         cell = {"vs_best_fresh": _round(ratio, 4), "launches": len(fresh.get(label) or [])}
         if ratio is not None and spread is not None:
             n = min(len(fresh[label]), len(fresh[best]))
-            cell["within_noise_fresh"] = 1 - ratio <= 2 * spread * math.sqrt(2 / max(n, 1))
+            cell["within_noise_fresh"] = within_noise(ratio, spread, n)
         out[tool] = cell
     return {"medians": {k: _round(_median(v), 1) for k, v in fresh.items()},
             "launch_sd": _round(spread, 4), "tools": out}
+
+
+def within_noise(ratio: float, spread: float, n: int) -> bool:
+    """Whether a choice's shortfall ``1 - ratio`` is within two standard errors of the
+    difference of two medians of ``n`` launches each, launches ``spread`` apart (relative)."""
+    return 1 - ratio <= 2 * spread * math.sqrt(2 / max(n, 1))
 
 
 def launch_sd(candidates: dict[str, list[float]]) -> Optional[float]:
