@@ -20,6 +20,7 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 
+from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.profiler.sweep.choose import choose as choose_candidate
 from ddp_profile.profiler.sweep.choose import compute_bound
@@ -48,8 +49,6 @@ from ddp_profile.rules.data import (
     predicted_workers,
 )
 from ddp_profile.rules.host import thread_oversubscription
-
-CONFIG_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "batch_size")
 
 
 @dataclass(frozen=True)
@@ -230,7 +229,7 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None) -> Recommendati
     thresholds = thresholds or Thresholds()
     base = baseline_probe(run)
     if base is None:
-        config = {k: (run.summary.get("baseline") or {}).get(k) for k in CONFIG_KEYS}
+        config = {k: (run.summary.get("baseline") or {}).get(k) for k in SETTING_KEYS}
         return Recommendation(config=config, probe_id=None, expected_speedup=None,
                               expected_speedup_interval=None, snippet=snippet_for(config),
                               notes=("No probe finished: nothing was measured to recommend.",))
