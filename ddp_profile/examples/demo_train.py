@@ -13,6 +13,7 @@ Run it directly with ``torchrun --nproc-per-node 2 demo_train.py`` or through
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import tempfile
@@ -72,6 +73,10 @@ def parse_args() -> argparse.Namespace:
     add("--no-optimizer", action="store_true")
     add("--no-ddp", action="store_true", help="join the process group but never wrap the model")
     add("--validate", action="store_true", help="iterate a validation loader every epoch")
+    add("--accumulate", type=int, default=1, help="micro-batches per optimizer step")
+    add("--no-sync", action="store_true", help="skip the all-reduce of all but the last "
+        "micro-batch of an accumulation (DDP.no_sync)")
+    add("--reduce-loss", action="store_true", help="all-reduce the loss and read it every step")
     # fault injection, for the tests
     # each fault can be limited to probes whose loader runs with a given number of workers
     add("--crash-at-step", type=int, default=-1)
@@ -137,15 +142,23 @@ def main() -> None:
             config_step += 1
             if rank == args.straggler_rank and args.straggler_ms:
                 time.sleep(args.straggler_ms / 1000.0)
-            loss = loss_fn(model(x), y)
-            if args.step_sleep_ms:
-                time.sleep(args.step_sleep_ms / 1000.0)
-            loss.backward()
-            if optimizer is not None:
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            else:
-                model.zero_grad(set_to_none=True)
+            last = (step + 1) % args.accumulate == 0
+            skip_sync = args.no_sync and not last and isinstance(model, DistributedDataParallel)
+            with model.no_sync() if skip_sync else contextlib.nullcontext():
+                loss = loss_fn(model(x), y)
+                if args.step_sleep_ms:
+                    time.sleep(args.step_sleep_ms / 1000.0)
+                (loss / args.accumulate).backward()
+            if args.reduce_loss and world > 1:
+                reduced = loss.detach().clone()
+                dist.all_reduce(reduced)
+                reduced.item()
+            if last:
+                if optimizer is not None:
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                else:
+                    model.zero_grad(set_to_none=True)
             step += 1
             if args.checkpoint_every and step % args.checkpoint_every == 0 and rank == 0:
                 torch.save(model.state_dict(), checkpoint)

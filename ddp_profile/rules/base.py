@@ -90,6 +90,10 @@ class Thresholds(ChoiceThresholds):
     threads_gain: float = 1.05  # fewer intra-op threads this much faster: oversubscription costs
     threads_severe_gain: float = 1.5  # ... "high" at or above this
     ceiling_share_target: float = 0.8  # below this share of the ceiling, say what would help
+    comm_exposed_severe: float = 0.3  # exposed communication share of a step: "high"
+    micro_batch_syncs: float = 1.5  # passes and gradient syncs per optimizer step: accumulation
+    collective_share: float = 0.02  # the script's own collectives at this share of a step
+    collective_severe_share: float = 0.1  # ... "medium" at or above this
     bootstrap_resamples: int = 1000
     bootstrap_seed: int = 0
     interval_confidence: float = 0.9
@@ -277,6 +281,9 @@ def pct(share: float) -> str:
 
 
 def ms(seconds: float) -> str:
+    """A duration in ms, or in us where ms would read "0.0 ms"."""
+    if abs(seconds) < 5e-5:
+        return f"{1e6 * seconds:.0f} us"
     return f"{1000 * seconds:.1f} ms"
 
 

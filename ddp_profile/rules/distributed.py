@@ -32,11 +32,16 @@ def _per_rank_table(steps: pd.DataFrame, column: str) -> pd.DataFrame:
 
 
 def _presync_steps(run: Run, probe_id: str) -> pd.DataFrame:
-    """Measured steps with ``presync_s`` = data wait + forward + the previous step's other."""
+    """Measured steps with ``presync_s`` = data wait + forward + the previous step's other
+    (less the time spent in the script's own collectives, ``coll_s``)."""
     steps = probe_steps(run, probe_id, measured_only=False).sort_values(["rank", "step"])
     if steps.empty or "forward_s" not in steps:
         return steps.iloc[0:0]
-    previous_other = steps.groupby("rank")["other_s"].shift(1).fillna(0.0)
+    # a rank's own work after its step, less the time it sat in the script's collectives
+    # (waiting there for a slower rank is the other rank's lag, not its own)
+    own_other = (steps["other_s"] - steps["coll_s"].fillna(0.0)).clip(lower=0.0) \
+        if "coll_s" in steps else steps["other_s"]
+    previous_other = own_other.groupby(steps["rank"]).shift(1).fillna(0.0)
     steps = steps.assign(presync_s=steps["data_wait_s"] + steps["forward_s"] + previous_other)
     return steps[steps["measured"].astype(bool)] if "measured" in steps else steps
 

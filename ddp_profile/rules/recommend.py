@@ -38,6 +38,7 @@ from ddp_profile.rules.base import (
     is_short,
     ok_probes,
     pct,
+    probe_entry,
     relative_error,
 )
 from ddp_profile.rules.data import (
@@ -195,7 +196,13 @@ def _notes(run: Run, base: pd.Series, chosen: pd.Series, thresholds: Thresholds,
            share: Optional[float]) -> tuple[str, ...]:
     notes = []
     own = candidate(run, base)
-    if compute_bound(own, thresholds):
+    comm = probe_entry(run, base["id"]).get("comm_fraction")
+    if compute_bound(own, thresholds) and comm is not None \
+            and comm >= thresholds.comm_exposed_share:
+        notes.append(f"The baseline waits only {pct(own.data_wait_fraction)} of each step for "
+                     f"data, and spends {pct(comm)} of it in gradient communication that "
+                     "backward did not cover (see the exposed-communication finding).")
+    elif compute_bound(own, thresholds):
         notes.append(f"The baseline waits only {pct(own.data_wait_fraction)} of each step for "
                      "data: it is compute-bound, and DataLoader settings cannot speed it up "
                      "much.")

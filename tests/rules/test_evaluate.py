@@ -13,7 +13,8 @@ RULE_IDS = {"data-loader-bound", "cpu-bound-preprocessing", "io-bound-loading", 
             "persistent-workers", "worker-oversubscription", "batch-size-headroom",
             "low-gpu-utilization", "straggler", "frequent-io", "missing-distributed-sampler",
             "missing-set-epoch", "data-parallel", "backend-mismatch", "find-unused-parameters",
-            "no-ddp", "thread-oversubscription"}
+            "no-ddp", "thread-oversubscription", "exposed-communication",
+            "allreduce-per-micro-batch", "per-step-collectives", "sync-batchnorm"}
 
 
 def test_registry_has_every_rule_once():

@@ -37,6 +37,7 @@ import weakref
 from typing import Any, Callable, Optional
 
 from ddp_profile.profiler.rank import loadcost
+from ddp_profile.profiler.rank.comm import CommMeter
 from ddp_profile.profiler.rank.facts import (
     FINGERPRINT_BATCHES,
     batch_fingerprint,
@@ -86,6 +87,7 @@ class Instrumentation:
         self.training_loader_id: Optional[int] = None
         self.iterators: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self.ddp_modules: list[weakref.ref] = []
+        self.comm = CommMeter()  # DDP's reducer timers and the script's collectives per step
         self.worker_pids: tuple[int, ...] = ()  # the DataLoaders' own workers (rebound, not
         # mutated: the host sampler's thread reads it)
         self.context_written = False
@@ -177,6 +179,8 @@ class Instrumentation:
         record = clock.next_called()
         if record is not None:
             record["rank"] = current_rank()
+            self.comm.close_step(record, record["data_wait_s"] + record["compute_s"]
+                                 + record["other_s"])
             if self.plan.windows:
                 window = window_index(self._starts, record["step"])
                 record["window"] = window
@@ -316,6 +320,7 @@ class Instrumentation:
 
     # ---- compute boundaries --------------------------------------------------------------
     def on_optimizer_step(self) -> None:
+        self.comm.optimizer_stepped()
         if self.current is not None:
             self.current.optimizer_stepped()
             if self.gpu_timer is not None:
@@ -367,6 +372,10 @@ class Instrumentation:
     def _final_events(self) -> None:
         if not self._unused_checked and self.ddp_modules:
             self._check_unused_parameters()  # a loop without an optimizer
+        for facts in self.comm.module_facts():
+            self.event("ddp_config", **facts)
+        for site in self.comm.site_facts():
+            self.event("collective_site", **site)
         try:
             import torch
 

@@ -11,6 +11,8 @@ import inspect
 import sys
 from typing import Any, Callable
 
+from ddp_profile.profiler.rank.comm import SCRIPT_COLLECTIVES
+
 _originals: list[tuple[Any, str, Any]] = []
 _handles: list[Any] = []
 
@@ -84,13 +86,25 @@ def apply(instr: Any) -> None:
         @functools.wraps(original)
         def __init__(self: Any, module: Any, *args: Any, **kwargs: Any) -> None:
             original(self, module, *args, **kwargs)
+            if instr.stopping:
+                return
             first = next(iter(module.parameters()), None)
             instr.event("ddp", find_unused_parameters=bool(self.find_unused_parameters),
                         broadcast_buffers=bool(getattr(self, "broadcast_buffers", True)),
-                        device_type=first.device.type if first is not None else None)
+                        device_type=first.device.type if first is not None else None,
+                        module=len(instr.comm.modules))
             import weakref
             instr.ddp_modules.append(weakref.ref(self))
+            instr.comm.track(self)
         return __init__
+
+    def make_ddp_forward(original: Any) -> Any:
+        @functools.wraps(original)
+        def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not instr.stopping:
+                instr.comm.forward(self)
+            return original(self, *args, **kwargs)
+        return forward
 
     def make_dp_init(original: Any) -> Any:
         @functools.wraps(original)
@@ -120,6 +134,7 @@ def apply(instr: Any) -> None:
     _patch(_BaseDataLoaderIter, "__next__", make_next)
     _patch(torch.Tensor, "backward", make_backward)
     _patch(DistributedDataParallel, "__init__", make_ddp_init)
+    _patch(DistributedDataParallel, "forward", make_ddp_forward)
     _patch(DataParallel, "__init__", make_dp_init)
     _patch(DistributedSampler, "set_epoch", make_set_epoch)
     _patch(pin_module, "pin_memory", instr.pin_meter.wrap)  # pin thread and loop alike
@@ -137,22 +152,28 @@ GRADIENT_COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_reduce_coale
 
 
 def _patch_collectives(instr: Any, dist: Any) -> None:
-    """Record, once per process, that the script calls a collective that can sum gradients
-    (event ``collective`` {op}), and that it builds an FSDP module (event ``fsdp``)."""
+    """Time and count the script's collectives per step, with their call sites
+    (``rank.comm.CommMeter``); record, once per process, that the script calls a collective
+    that can sum gradients (event ``collective`` {op}), and that it builds an FSDP module
+    (event ``fsdp``)."""
     reported: set[str] = set()
+    instr.comm.active = lambda: not instr.stopping and not _in_worker()
 
     def make(op: str) -> Callable[[Any], Any]:
         def wrap(original: Any) -> Any:
+            timed = instr.comm.wrap_collective(op, original)
+
             @functools.wraps(original)
             def collective(*args: Any, **kwargs: Any) -> Any:
-                if op not in reported and not instr.stopping and not _in_worker():
+                if op in GRADIENT_COLLECTIVES and op not in reported and not instr.stopping \
+                        and not _in_worker():
                     reported.add(op)
                     instr.event("collective", op=op)
-                return original(*args, **kwargs)
+                return timed(*args, **kwargs)
             return collective
         return wrap
 
-    for op in GRADIENT_COLLECTIVES:
+    for op in SCRIPT_COLLECTIVES:
         if hasattr(dist, op):
             _patch(dist, op, make(op))
     try:

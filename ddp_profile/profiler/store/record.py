@@ -30,7 +30,7 @@ import os
 import threading
 from typing import Any, Callable, Optional
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: steps carry communication (ddp_n, ddp_t, coll_*); 1 reads as none
 WORKER_DIR = "workers"  # <probe_dir>/workers/: one JSON-lines file per DataLoader worker
 
 

@@ -16,7 +16,10 @@ Tables (all times in seconds; ``t_s`` is relative to the probe's first record):
                   launch that measured it: its screen's, else its own id)
 ``steps``         probe_id, rank, node, loader_id, step, measured, t_s, data_wait_s, compute_s,
                   other_s, forward_s, step_s, samples, gpu_busy_s, gpu_gap_s (CUDA events;
-                  NaN without CUDA)  (training loader only)
+                  NaN without CUDA), comm_s (exposed communication, part of compute_s: NaN
+                  where DDP's timers were not read for the step, see ``store.comm``), coll_s
+                  and coll_n (the script's own collectives in the step), syncs (gradient
+                  synchronisations in the step)  (training loader only)
 ``samples``       probe_id, rank, source, t_s, then one float column per metric (NaN if absent)
 ``loader_iters``  probe_id, rank, loader_id, iter_index, first_batch_s
 ``events``        probe_id, rank, name, data (dict)
@@ -35,11 +38,12 @@ import pandas as pd
 
 from ddp_profile.errors import BadRunDir
 from ddp_profile.profiler.settings import SETTING_KEYS
+from ddp_profile.profiler.store.comm import step_comm
 from ddp_profile.profiler.store.record import WORKER_DIR, read_jsonl
 
 STEP_COLUMNS = ["probe_id", "rank", "node", "loader_id", "step", "measured", "t_s",
                 "data_wait_s", "compute_s", "other_s", "forward_s", "step_s", "samples",
-                "gpu_busy_s", "gpu_gap_s"]
+                "gpu_busy_s", "gpu_gap_s", "comm_s", "coll_s", "coll_n", "syncs"]
 PROBE_COLUMNS = ["id", "kind", "status", *SETTING_KEYS, "throughput", "data_wait_fraction",
                  "score", "wall_s", "error", "root_cause_rank", "steps_measured", "short",
                  "short_reason", "launch"]
@@ -236,8 +240,11 @@ def _probe_row(probe: dict[str, Any]) -> dict[str, Any]:
 def _rank_rows(probe_id: str, data: RankData, out: dict[str, list]) -> None:
     node = data.context.get("node_rank", 0)
     t0 = min([s["t_ns"] for s in data.steps if s.get("t_ns")] or [0])
-    for step in data.training_steps():
+    training = data.training_steps()
+    comm = step_comm(training)
+    for step in training:
         gpu = data.gpu_steps.get((step.get("loader_id"), step.get("step")), {})
+        timed = comm.get(step.get("step"), {})
         out["steps"].append({
             "probe_id": probe_id, "rank": data.rank, "node": node,
             "loader_id": step.get("loader_id"), "step": step.get("step"),
@@ -246,7 +253,9 @@ def _rank_rows(probe_id: str, data: RankData, out: dict[str, list]) -> None:
             "other_s": step["other_s"], "forward_s": _nan(step.get("forward_s")),
             "step_s": step["data_wait_s"] + step["compute_s"] + step["other_s"],
             "samples": step.get("samples") or 0,
-            "gpu_busy_s": _nan(gpu.get("gpu_busy_s")), "gpu_gap_s": _nan(gpu.get("gpu_gap_s"))})
+            "gpu_busy_s": _nan(gpu.get("gpu_busy_s")), "gpu_gap_s": _nan(gpu.get("gpu_gap_s")),
+            "comm_s": _nan(timed.get("exposed_s")), "coll_s": float(step.get("coll_s") or 0.0),
+            "coll_n": int(step.get("coll_n") or 0), "syncs": _nan(step.get("syncs"))})
     for sample in data.samples:
         row = {k: v for k, v in sample.items() if k not in ("kind", "t_ns", "rank")}
         row.update(probe_id=probe_id, rank=data.rank, node=node,

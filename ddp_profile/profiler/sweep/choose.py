@@ -44,6 +44,8 @@ class ChoiceThresholds:
     clear_gain: float = 0.05  # a compute-bound script moves only for a gain above this
     tie_rse: float = 0.05  # a tie is claimed only by a measurement at most this uncertain
     launch_sd: float = 0.025  # relative SD between launches of one configuration (measured)
+    comm_exposed_share: float = 0.10  # exposed communication at or above this share of a
+    # step: the sweep measures larger per-rank batches and the exposed-communication rule fires
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,14 @@ class Candidate:
     kind: str = "sweep"  # baseline | sweep
     short: bool = False  # measured fewer steps than asked (the script ended first)
     launch: Optional[str] = None  # the launch that measured it (None: unknown)
+
+
+def comm_bound(entry: dict[str, Any],
+               thresholds: ChoiceThresholds = ChoiceThresholds()) -> bool:
+    """Whether a probe's exposed communication (``comm_fraction``: the all-reduce backward did
+    not cover, ``store.comm``) takes at least ``comm_exposed_share`` of its steps."""
+    share = entry.get("comm_fraction")
+    return share is not None and share >= thresholds.comm_exposed_share
 
 
 def noise(a: Candidate, b: Candidate, thresholds: ChoiceThresholds = ChoiceThresholds()

@@ -8,6 +8,7 @@ import statistics
 from typing import Any, Optional
 
 from ddp_profile.profiler.settings import BURST_ROUNDS, ProbePlan
+from ddp_profile.profiler.store.comm import probe_comm
 from ddp_profile.profiler.store.results import RankData, rank_step_stats, read_probe_dir
 from ddp_profile.profiler.sweep.capacity import loading_cost, loop_demand
 from ddp_profile.profiler.sweep.launch import LaunchOutcome
@@ -36,6 +37,7 @@ def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: str, timeout_
     workers = (loader.get("applied") or {}).get("num_workers")
     entry.update(_measurements(ranks, workers))
     entry.update(_loading(ranks))
+    entry.update(_communication(ranks, entry["per_rank"]))
     entry["worker_cores"] = _worker_cores(ranks, workers, entry)
     entry["cpu_busy"] = _cpu_busy(ranks, entry.get("cpus_available"))
     status, reason, error, root = _classify(ranks, outcome, plan, timeout_s)
@@ -102,6 +104,17 @@ def _measurements(ranks: list[RankData], workers: Optional[int] = None) -> dict[
                                  for r in ranks), default=0) or None,
         "per_rank": per_rank,
     }
+
+
+def _communication(ranks: list[RankData], per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """``comm`` (``store.comm.probe_comm``) and ``comm_fraction``: the share of each step
+    spent in communication backward did not cover, the step's fourth part; each rank's own
+    in ``per_rank``."""
+    comm = probe_comm(ranks)
+    shares = {r["rank"]: r["exposed_fraction"] for r in (comm or {}).get("per_rank") or []}
+    for row in per_rank:
+        row["comm_fraction"] = _finite(shares.get(row["rank"]))
+    return {"comm": comm, "comm_fraction": _finite((comm or {}).get("exposed_fraction"))}
 
 
 def _worker_cores(ranks: list[RankData], workers: Optional[int], entry: dict[str, Any]

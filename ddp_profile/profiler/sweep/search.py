@@ -30,7 +30,7 @@ from ddp_profile.profiler.sweep.capacity import (
     next_workers,
     run_model,
 )
-from ddp_profile.profiler.sweep.choose import candidate_of, choose, relative_se
+from ddp_profile.profiler.sweep.choose import candidate_of, choose, comm_bound, relative_se
 from ddp_profile.profiler.sweep.climb import (
     beats,
     climb_points,
@@ -104,6 +104,7 @@ class Search:
                 self.measure_config(config)
         else:
             self.adaptive()
+            self.communication()
         self.threads()
         self.repeat()
         if self.wants_ceiling():
@@ -183,6 +184,26 @@ class Search:
             entry = self.measurer.measure(config, kind="repeat")
             if entry["status"] != "ok":
                 break  # a crash or an OOM would only repeat itself
+
+    def communication(self) -> None:
+        """Where exposed communication takes a meaningful share of the baseline's steps
+        (``choose.comm_bound``) and the batch-size axis was left to the search: the best
+        configuration with 2x, then 4x the per-rank batch (the all-reduce moves the same
+        gradients per step whatever the batch). They compete in the choice under its
+        batch-size clause; the finding says that a batch size changes the optimisation."""
+        assert self.baseline is not None
+        if self.space.batch_size is not None or not comm_bound(self.baseline):
+            return
+        best = self.best() or self.baseline
+        current = normalise(settings_of(best))
+        batch = current.batch_size or settings_of(self.baseline).batch_size
+        if not batch:
+            return
+        for factor in (2, 4):
+            entry = self.measure_config(replace(current, batch_size=batch * factor))
+            if not beats(entry, best):
+                return
+            best = entry
 
     def threads(self) -> None:
         """The threads counterfactuals (kind ``threads``, never in the choice): where the

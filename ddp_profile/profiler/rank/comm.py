@@ -1,0 +1,223 @@
+"""Communication as a rank sees it: DDP's own reducer timers and the script's collectives.
+
+Read by ``profiler.rank.instrument``; patched in by ``profiler.rank.patches``.
+
+**DDP's reducer timers.** Every DDP the script builds gets the runtime logging sample rate 1
+(``_set_ddp_runtime_logging_sample_rate``): its reducer then times every synchronised
+iteration itself (host timers on gloo, CUDA events on nccl): forward compute, backward compute,
+backward communication (first bucket's all-reduce launched -> all done) and the part of that
+communication that overlapped backward compute. Torch computes iteration N's figures at the
+start of forward N+1 and keeps only the latest, tagged ``iteration`` = N+1 (the number of
+synchronised forwards before it). Nothing is timed under ``no_sync()`` or without grad.
+
+Reading them (``_get_ddp_logging_data()``) costs 40-110 us on the host, so a step reads them
+only every ``every`` steps, sized so the reads stay within ``READ_BUDGET`` of the step time.
+Each synchronised forward is counted here (``DDP.forward`` is wrapped), so every step record
+carries ``ddp_n``, the synchronised forwards per DDP module so far; the loader matches a step
+with the figures tagged with its ``ddp_n`` (``profiler.store.comm``).
+
+**The script's collectives** (``dist.all_reduce``, ``barrier``, ...): counted and timed per
+step, each call site (file:line, function) once with its total calls and time.
+
+Step record fields added here (absent when zero / without DDP): ``ddp_n`` [per module],
+``syncs`` and ``unsynced`` (forwards with grad, synchronised or under ``no_sync``),
+``opt_steps``, ``ddp_t`` [[module, iteration, forward_ns, backward_ns, comm_ns, overlap_ns]],
+``coll_n``, ``coll_s``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+import weakref
+from typing import Any, Callable, Optional
+
+READ_BUDGET = 0.005  # share of the step time the reads of DDP's timers may take
+TIMER_KEYS = ("forward_compute_time", "backward_compute_time", "backward_comm_time",
+              "backward_compute_comm_overlap_time")
+# what a DDP module's logging data says of its configuration (recorded once, at the end)
+CONFIG_KEYS = ("backend_name", "bucket_cap_bytes", "bucket_sizes", "rebuilt_bucket_sizes",
+               "total_parameter_size_bytes", "num_parameter_tensors", "find_unused_parameters",
+               "gradient_as_bucket_view", "static_graph", "can_set_static_graph",
+               "has_sync_bn", "comm_hook", "broadcast_buffers", "dtypes", "world_size",
+               "unused_parameter_size", "is_multi_device_module")
+ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_DEBUG")
+SCRIPT_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
+                      "reduce_scatter", "reduce_scatter_tensor", "broadcast",
+                      "broadcast_object_list", "barrier", "reduce", "gather", "scatter",
+                      "all_to_all", "all_to_all_single", "all_reduce_coalesced")
+
+
+_PROFILER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _caller() -> Any:
+    """The first frame outside ddp_profile's profiler: where the script issued the call."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PROFILER_DIR):
+        frame = frame.f_back
+    return frame
+
+
+def comm_environment() -> dict[str, str]:
+    """The NCCL_* / GLOO_* variables of this process (what explains a slow all-reduce)."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+
+
+class CommMeter:
+    """Per-step communication counters of one rank (no lock: the training thread only)."""
+
+    def __init__(self, clock: Callable[[], int] = time.perf_counter_ns):
+        self._clock = clock
+        self.modules: list[weakref.ref] = []
+        self.synced: list[int] = []  # synchronised forwards per module, cumulative
+        self._last_iteration: list[int] = []
+        self.step_syncs = self.step_unsynced = self.step_opt = 0
+        self.coll_n, self.coll_ns = 0, 0
+        self.sites: dict[tuple[str, int], list[Any]] = {}  # (file, line) -> [op, fn, n, ns]
+        self.every, self._since_read = 1, 0
+        self._inside = False  # a collective implemented with another is counted once
+
+    # ---- DDP -------------------------------------------------------------------------------
+    def track(self, ddp: Any) -> None:
+        """A DDP module was built: time every synchronised iteration from now on."""
+        object.__setattr__(ddp, "_ddp_profile_index", len(self.modules))
+        self.modules.append(weakref.ref(ddp))
+        self.synced.append(0)
+        self._last_iteration.append(0)
+        try:
+            ddp._set_ddp_runtime_logging_sample_rate(1)
+        except Exception:  # noqa: BLE001 - an older or a python reducer: no timers
+            pass
+
+    def forward(self, ddp: Any) -> None:
+        """``DDP.forward`` is about to run: count it as torch's reducer will."""
+        import torch
+
+        if not torch.is_grad_enabled():
+            return
+        index = getattr(ddp, "_ddp_profile_index", None)
+        if getattr(ddp, "require_backward_grad_sync", True):
+            self.step_syncs += 1
+            if index is not None:
+                self.synced[index] += 1
+        else:
+            self.step_unsynced += 1
+
+    def optimizer_stepped(self) -> None:
+        self.step_opt += 1
+
+    # ---- the script's collectives -----------------------------------------------------------
+    def wrap_collective(self, op: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``original`` timed and counted, with its call site (``stopping`` checked by the
+        caller's ``active``)."""
+        meter = self
+
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            if meter._inside or not meter.active():
+                return original(*args, **kwargs)
+            meter._inside = True
+            start = meter._clock()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                meter._inside = False
+                meter.collective_done(op, meter._clock() - start, _caller())
+        return collective
+
+    def active(self) -> bool:  # replaced by the instrumentation (stopping, worker process)
+        return True
+
+    def collective_done(self, op: str, elapsed_ns: int, frame: Any) -> None:
+        self.coll_n += 1
+        self.coll_ns += elapsed_ns
+        key = (frame.f_code.co_filename, frame.f_lineno)
+        site = self.sites.get(key)
+        if site is None:
+            site = self.sites[key] = [op, frame.f_code.co_name, 0, 0]
+        site[2] += 1
+        site[3] += elapsed_ns
+
+    # ---- per step ----------------------------------------------------------------------------
+    def close_step(self, record: dict[str, Any], step_s: float) -> None:
+        """Add this step's counters (and, every ``every`` steps, DDP's timers) to ``record``."""
+        if self.modules:
+            record["ddp_n"] = list(self.synced)
+            record["syncs"], record["unsynced"] = self.step_syncs, self.step_unsynced
+            record["opt_steps"] = self.step_opt
+            self._since_read += 1
+            if self._since_read >= self.every:
+                self._since_read = 0
+                timed = self._read_timers(step_s)
+                if timed:
+                    record["ddp_t"] = timed
+        if self.coll_n:
+            record["coll_n"], record["coll_s"] = self.coll_n, self.coll_ns / 1e9
+        self.step_syncs = self.step_unsynced = self.step_opt = 0
+        self.coll_n, self.coll_ns = 0, 0
+
+    def _read_timers(self, step_s: float) -> list[list[int]]:
+        start = self._clock()
+        timed = []
+        for index, ref in enumerate(self.modules):
+            module = ref()
+            if module is None:
+                continue
+            try:
+                data = module._get_ddp_logging_data()
+            except Exception:  # noqa: BLE001 - the timers are evidence, never a failure
+                continue
+            iteration = int(data.get("iteration") or 0)
+            values = [data.get(key) for key in TIMER_KEYS]
+            if iteration > self._last_iteration[index] and all(
+                    isinstance(v, int) for v in values):
+                self._last_iteration[index] = iteration
+                timed.append([index, iteration, *values])
+        cost_s = (self._clock() - start) / 1e9
+        if step_s > 0:
+            self.every = max(1, min(100, math.ceil(cost_s / (READ_BUDGET * step_s))))
+        return timed
+
+    # ---- at the end ---------------------------------------------------------------------------
+    def module_facts(self) -> list[dict[str, Any]]:
+        """Each live DDP module's configuration as its logging data states it, plus the
+        environment that sizes its communication."""
+        facts = []
+        for index, ref in enumerate(self.modules):
+            module = ref()
+            if module is None:
+                continue
+            try:
+                data = module._get_ddp_logging_data()
+            except Exception:  # noqa: BLE001
+                continue
+            fact = {key: data[key] for key in CONFIG_KEYS if key in data}
+            hook = data.get("comm_hook") or getattr(module, "_comm_hooks", None)
+            fact["comm_hook"] = _hook_name(hook)
+            fact["static_graph"] = bool(getattr(module, "static_graph", False))
+            fact.update(module=index, env=comm_environment())
+            facts.append(fact)
+        return facts
+
+    def site_facts(self) -> list[dict[str, Any]]:
+        """Every call site of a collective the script issued: op, file, line, calls, time."""
+        return [{"op": op, "file": path, "line": line, "function": function, "calls": calls,
+                 "seconds": ns / 1e9}
+                for (path, line), (op, function, calls, ns) in sorted(
+                    self.sites.items(), key=lambda item: -item[1][3])][:20]
+
+
+def _hook_name(hook: Any) -> Optional[str]:
+    """A registered comm hook's name (``_comm_hooks`` holds (hook, state) pairs), or None."""
+    if not hook:
+        return None
+    if isinstance(hook, str):
+        return hook
+    try:
+        first = hook[0][0] if isinstance(hook, (list, tuple)) else hook
+        return getattr(first, "__qualname__", None) or getattr(first, "__name__", None) \
+            or type(first).__name__
+    except (IndexError, TypeError):
+        return str(hook)[:80]

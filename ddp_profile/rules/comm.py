@@ -1,0 +1,215 @@
+"""Rules on communication: the all-reduce backward did not cover, gradients synchronised per
+micro-batch, the script's own collectives per step, SyncBatchNorm.
+
+Each reads the baseline probe's ``comm`` (``profiler.store.comm.probe_comm``: DDP's own reducer
+timers and the script's collectives, measured per step) and decides on it alone.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from ddp_profile.profiler.store.results import Run
+from ddp_profile.rules.base import (
+    Advice,
+    Finding,
+    Thresholds,
+    as_int,
+    baseline_probe,
+    ms,
+    pct,
+    probe_entry,
+)
+
+# NCCL settings that route an all-reduce the slow way, and what they do
+SLOW_ENV = {"NCCL_IB_DISABLE": ("1", "InfiniBand is disabled: the all-reduce goes over TCP "
+                                     "sockets"),
+            "NCCL_P2P_DISABLE": ("1", "peer-to-peer transfers between GPUs are disabled"),
+            "NCCL_SHM_DISABLE": ("1", "shared-memory transfers are disabled"),
+            "NCCL_NET": ("Socket", "NCCL is forced onto TCP sockets")}
+TORCH_DIR = os.sep + "torch" + os.sep
+
+
+def baseline_comm(run: Run) -> tuple[Optional[Any], dict[str, Any]]:
+    """The baseline probe and its ``comm`` record ({} when none was measured)."""
+    base = baseline_probe(run)
+    if base is None:
+        return None, {}
+    return base, probe_entry(run, base["id"]).get("comm") or {}
+
+
+def _mb(value: Optional[float]) -> str:
+    return f"{value / 1e6:,.1f} MB" if value else "? MB"
+
+
+def _environment(comm: dict[str, Any]) -> list[str]:
+    env = comm.get("env") or {}
+    return [f"{name}={env[name]}: {why}" for name, (value, why) in SLOW_ENV.items()
+            if str(env.get(name, "")).lower() == value.lower()]
+
+
+def _transfer(comm: dict[str, Any]) -> str:
+    """Bytes, buckets, ranks, backend and the bandwidth achieved, as far as recorded."""
+    parts = [f"{_mb(comm.get('gradient_bytes'))} of gradients"]
+    if comm.get("buckets"):
+        cap = comm.get("bucket_cap_bytes")
+        parts.append(f"in {comm['buckets']} bucket(s)"
+                     + (f" of at most {cap / 2 ** 20:.0f} MiB" if cap else ""))
+    where = f"{comm.get('world_size') or '?'} ranks over {comm.get('backend') or '?'}"
+    rate = comm.get("bandwidth_bytes_per_s")
+    achieved = f", {rate / 1e9:.2f} GB/s achieved (bus bandwidth)" if rate else ""
+    return " ".join(parts) + f", {where}{achieved}"
+
+
+def exposed_communication(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """The gradient all-reduce that backward did not cover takes a large share of each step.
+
+    Read from DDP's own reducer timers (communication minus its overlap with backward compute),
+    on the rank that reached the all-reduce last (the others also wait there for it).
+    Trigger (baseline probe, >= 3 timed steps): exposed communication >= ``comm_exposed_share``
+    of the step; "high" at or above ``comm_exposed_severe``. The advice, a larger per-rank
+    batch (the all-reduce costs the same per step whatever the batch), is worded from the
+    probes that ran it (``rules.voice``).
+    """
+    base, comm = baseline_comm(run)
+    share = comm.get("exposed_fraction")
+    if base is None or share is None or (comm.get("timed_steps") or 0) < 3 \
+            or share < thresholds.comm_exposed_share:
+        return None
+    batch = as_int(base.get("batch_size"))
+    evidence = (f"{ms(comm['exposed_s'])} of each {ms(comm['step_s'])} step ({pct(share)}) is "
+                f"gradient all-reduce that backward did not cover: DDP's reducer timed "
+                f"{ms(comm['comm_s'])} of communication per step, {ms(comm['overlap_s'])} of it "
+                f"overlapping backward; {_transfer(comm)}.")
+    slow = _environment(comm)
+    if slow:
+        evidence += " The environment explains part of it: " + "; ".join(slow) + "."
+    unmeasured = ("Not measured in this run (their effect depends on the machine and the "
+                  "network: measure before adopting): DDP(..., bucket_cap_mb=...) larger than "
+                  f"{(comm.get('bucket_cap_bytes') or 25 * 2 ** 20) / 2 ** 20:.0f}, "
+                  "gradient_as_bucket_view=True, a compression hook (fp16_compress_hook, "
+                  "changes numerics).")
+    advice = None
+    if batch:
+        advice = Advice(
+            change=f"a per-rank batch_size above {batch}",
+            wants=lambda p: (as_int(p.get("batch_size"), 0) or 0) > batch,
+            basis=("the all-reduce moves the same gradients per step whatever the batch, so a "
+                   "larger batch spreads it over more samples"),
+            measure=f"--batch-size {batch},{2 * batch},{4 * batch}",
+            extra=("A larger batch changes the optimisation: scale the learning rate with the "
+                   "global batch size and check convergence. " + unmeasured))
+    return Finding(
+        rule="exposed-communication",
+        severity="high" if share >= thresholds.comm_exposed_severe else "medium",
+        title="Gradient communication is exposed",
+        evidence=evidence,
+        recommendation=("A larger per-rank batch (fewer all-reduces per sample); " + unmeasured)
+        if advice is None else "A larger per-rank batch.",
+        advice=advice)
+
+
+def allreduce_per_micro_batch(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """Gradient accumulation that all-reduces after every micro-batch.
+
+    Trigger (baseline probe): several forward/backward passes per optimizer step
+    (``forwards_per_optimizer_step`` >= ``micro_batch_syncs``) and as many gradient
+    synchronisations (``syncs_per_optimizer_step`` >= ``micro_batch_syncs``): none ran under
+    ``no_sync()``. The saving is a prediction from the exposed communication measured per
+    synchronisation.
+    """
+    base, comm = baseline_comm(run)
+    syncs = comm.get("syncs_per_optimizer_step")
+    passes = comm.get("forwards_per_optimizer_step")
+    if base is None or syncs is None or passes is None \
+            or passes < thresholds.micro_batch_syncs or syncs < thresholds.micro_batch_syncs:
+        return None
+    evidence = (f"Each optimizer step ran {passes:.1f} forward/backward passes and DDP "
+                f"all-reduced the gradients after {syncs:.1f} of them "
+                f"({_mb(comm.get('gradient_bytes'))} each time), where one all-reduce per "
+                "optimizer step gives the same gradients.")
+    saving = ""
+    exposed, step = comm.get("exposed_s"), comm.get("step_s")
+    if exposed is not None and step:
+        saved = (syncs - 1) * exposed
+        saving = (f" Prediction (not measured): about {ms(saved)} less per optimizer step "
+                  f"({pct(saved / (passes * step))} of its time), the exposed all-reduce "
+                  f"measured per micro-batch ({ms(exposed)}) times the {syncs - 1:.0f} "
+                  "synchronisations no_sync() removes.")
+    return Finding(
+        rule="allreduce-per-micro-batch", severity="medium" if syncs < 4 else "high",
+        title="Gradients are all-reduced after every micro-batch",
+        evidence=evidence,
+        recommendation=("Run the backward of every micro-batch but the last under "
+                        "model.no_sync(): `ctx = model.no_sync() if not last else "
+                        "contextlib.nullcontext()`; `with ctx: loss.backward()` (Lightning "
+                        "and accelerate's accumulate() do this for you)." + saving))
+
+
+def _script_sites(comm: dict[str, Any]) -> list[dict[str, Any]]:
+    """Call sites in the script (or its libraries), not inside torch itself."""
+    return [s for s in comm.get("sites") or [] if TORCH_DIR not in str(s.get("file"))]
+
+
+def _site_text(site: dict[str, Any]) -> str:
+    return (f"{site.get('op')} at {os.path.basename(str(site.get('file')))}:{site.get('line')} "
+            f"in {site.get('function')} ({site.get('calls')} calls)")
+
+
+def per_step_collectives(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """The script issues its own collectives (a loss all-reduce, a barrier) in most steps,
+    and they cost a measurable share of the step.
+
+    Trigger (baseline probe): collectives in at least half the measured steps, taking
+    >= ``collective_share`` of the step time (counting only call sites outside torch); "medium"
+    at or above ``collective_severe_share``. Every call site is named with file:line.
+    """
+    base, comm = baseline_comm(run)
+    calls = comm.get("collectives") or {}
+    fraction = calls.get("fraction")
+    sites = _script_sites(comm)
+    if base is None or fraction is None or not sites \
+            or (calls.get("steps_with_calls") or 0) < 0.5:
+        return None
+    total = sum(float(s.get("seconds") or 0.0) for s in comm.get("sites") or [])
+    mine = sum(float(s.get("seconds") or 0.0) for s in sites)
+    fraction *= mine / total if total > 0 else 1.0
+    if fraction < thresholds.collective_share:
+        return None
+    return Finding(
+        rule="per-step-collectives",
+        severity="medium" if fraction >= thresholds.collective_severe_share else "low",
+        title="The script synchronises the ranks every step",
+        evidence=(f"{calls['per_step']:.1f} collective call(s) per step took "
+                  f"{ms(calls['seconds_per_step'])} ({pct(fraction)} of the step): "
+                  + "; ".join(_site_text(s) for s in sites[:3]) + ". Each waits for the "
+                  "slowest rank, and reading its result (.item()) blocks the host on CUDA."),
+        recommendation=("Keep metrics on the device and reduce them every N steps (at log "
+                        "time) instead of every step, or issue the call with async_op=True and "
+                        "wait on it when the value is needed."))
+
+
+def sync_batchnorm(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """A DDP module holds SyncBatchNorm layers: every forward gathers their statistics across
+    ranks. Trigger: ``has_sync_bn`` in the baseline's DDP configuration; the cost is quoted
+    where its collectives were timed (call sites inside torch's batch-norm function), else the
+    finding is informational ("low")."""
+    base, comm = baseline_comm(run)
+    if base is None or not comm.get("has_sync_bn"):
+        return None
+    bn = [s for s in comm.get("sites") or [] if "_functions" in str(s.get("file"))
+          and TORCH_DIR in str(s.get("file"))]
+    seconds = sum(float(s.get("seconds") or 0.0) for s in bn)
+    calls = sum(int(s.get("calls") or 0) for s in bn)
+    cost = (f" Its collectives were timed at {seconds:.2f} s over {calls} calls in this probe."
+            if calls else " Its collectives were not timed separately in this run.")
+    return Finding(
+        rule="sync-batchnorm", severity="low", title="SyncBatchNorm synchronises every forward",
+        evidence="The DDP model contains SyncBatchNorm layers: each of their forwards "
+                 "all-gathers batch statistics from every rank." + cost,
+        recommendation=("Keep SyncBatchNorm only where the per-rank batch is too small for "
+                        "stable statistics; plain BatchNorm needs no communication."))
+
+
+RULES = [exposed_communication, allreduce_per_micro_batch, per_step_collectives, sync_batchnorm]

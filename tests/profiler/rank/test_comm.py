@@ -1,0 +1,137 @@
+"""The rank's communication meter: DDP's reducer timers per step and the script's collectives,
+with a twin of DDP's logging interface and with a real one-rank DDP."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddp_profile.profiler.rank.comm import CommMeter
+from ddp_profile.profiler.store.comm import step_comm
+
+
+class TwinDDP:
+    """DDP's logging interface as torch implements it: the figures of iteration N are set at
+    the start of forward N+1, tagged with the synchronised forwards before it."""
+
+    def __init__(self) -> None:
+        self.require_backward_grad_sync = True
+        self.rate = None
+        self.forwards = 0
+        self.data = {"iteration": 0}
+
+    def _set_ddp_runtime_logging_sample_rate(self, rate: int) -> None:
+        self.rate = rate
+
+    def forward(self) -> None:
+        if self.require_backward_grad_sync:
+            if self.forwards:
+                n = self.forwards  # the backward of forward n-1 (0-based) took n ms of comm
+                self.data = {"iteration": n, "forward_compute_time": 1, "backward_compute_time": 2,
+                             "backward_comm_time": n * 1_000_000,
+                             "backward_compute_comm_overlap_time": 0}
+            self.forwards += 1
+
+    def _get_ddp_logging_data(self) -> dict:
+        return dict(self.data)
+
+
+def run_steps(meter: CommMeter, ddp: TwinDDP, steps: int, sync_every: int = 1) -> list[dict]:
+    records = []
+    for step in range(steps):
+        ddp.require_backward_grad_sync = (step + 1) % sync_every == 0
+        with torch.enable_grad():
+            meter.forward(ddp)
+        ddp.forward()
+        if (step + 1) % sync_every == 0:
+            meter.optimizer_stepped()
+        record = {"step": step, "measured": True, "data_wait_s": 0.0, "compute_s": 0.05,
+                  "other_s": 0.0}
+        meter.close_step(record, 0.05)
+        records.append(record)
+    return records
+
+
+def test_each_step_is_matched_with_the_timers_of_its_own_backward():
+    meter, ddp = CommMeter(), TwinDDP()
+    meter.track(ddp)
+    assert ddp.rate == 1
+    records = run_steps(meter, ddp, 6)
+    assert [r["ddp_n"] for r in records] == [[1], [2], [3], [4], [5], [6]]
+    timed = step_comm(records)
+    # step k's backward is iteration k (0-based), whose figures arrive with forward k+1
+    assert sorted(timed) == [0, 1, 2, 3, 4]
+    assert [round(timed[k]["exposed_s"] * 1000) for k in range(5)] == [1, 2, 3, 4, 5]
+
+
+def test_no_sync_micro_batches_are_counted_apart():
+    meter, ddp = CommMeter(), TwinDDP()
+    meter.track(ddp)
+    records = run_steps(meter, ddp, 8, sync_every=4)
+    assert sum(r["syncs"] for r in records) == 2
+    assert sum(r["unsynced"] for r in records) == 6
+    assert sum(r["opt_steps"] for r in records) == 2
+
+
+def test_reads_are_spaced_to_stay_within_budget():
+    ticks = iter(range(0, 10**12, 1_000_000))  # every clock read advances 1 ms
+    meter, ddp = CommMeter(clock=lambda: next(ticks)), TwinDDP()
+    meter.track(ddp)
+    records = run_steps(meter, ddp, 30)
+    read = [r for r in records if "ddp_t" in r]
+    assert meter.every > 1 and 1 <= len(read) < 30
+
+
+def test_collectives_are_timed_per_step_with_their_call_site():
+    meter = CommMeter()
+    calls = []
+    wrapped = meter.wrap_collective("all_reduce", lambda *a, **k: calls.append(a))
+    for _ in range(3):
+        wrapped("tensor")  # this line is the call site
+    record = {}
+    meter.close_step(record, 0.01)
+    assert record["coll_n"] == 3 and record["coll_s"] >= 0 and len(calls) == 3
+    [site] = meter.site_facts()
+    assert site["op"] == "all_reduce" and site["file"] == __file__ and site["calls"] == 3
+    assert site["function"] == "test_collectives_are_timed_per_step_with_their_call_site"
+    after = {}
+    meter.close_step(after, 0.01)
+    assert "coll_n" not in after  # counters reset at each step
+
+
+def test_nested_collective_is_counted_once():
+    meter = CommMeter()
+    inner = meter.wrap_collective("all_gather", lambda: None)
+    outer = meter.wrap_collective("all_gather_object", lambda: inner())
+    outer()
+    record = {}
+    meter.close_step(record, 0.01)
+    assert record["coll_n"] == 1
+
+
+def test_real_ddp_timers_reach_the_steps(tmp_path):
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        meter = CommMeter()
+        model = nn.parallel.DistributedDataParallel(nn.Linear(64, 64))
+        meter.track(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        records = []
+        for step in range(6):
+            meter.forward(model)
+            model(torch.randn(4, 64)).sum().backward()
+            optimizer.step()
+            meter.optimizer_stepped()
+            record = {"step": step, "measured": True, "data_wait_s": 0.0, "compute_s": 0.05,
+                      "other_s": 0.0}
+            meter.close_step(record, 0.05)
+            records.append(record)
+        timed = step_comm(records)
+        assert timed and all(v["comm_s"] >= v["exposed_s"] >= 0 for v in timed.values())
+        [facts] = meter.module_facts()
+        assert facts["total_parameter_size_bytes"] == (64 * 64 + 64) * 4
+        assert facts["backend_name"] == "gloo" and facts["comm_hook"] is None
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,136 @@
+"""Communication rules on hand-built runs: each fires on its evidence, and only then."""
+
+from __future__ import annotations
+
+from ddp_profile.rules import evaluate
+from ddp_profile.rules.base import Thresholds
+from ddp_profile.rules.comm import (
+    allreduce_per_micro_batch,
+    exposed_communication,
+    per_step_collectives,
+    sync_batchnorm,
+)
+from ddp_profile.rules.distributed import straggler
+from tests.rules.tables import RunBuilder
+
+T = Thresholds()
+
+
+def comm(exposed_s: float = 0.03, step_s: float = 0.1, **extra) -> dict:
+    return {"comm": {"exposed_fraction": exposed_s / step_s, "exposed_s": exposed_s,
+                     "comm_s": 2 * exposed_s, "overlap_s": exposed_s, "step_s": step_s,
+                     "timed_steps": 10, "gradient_bytes": 67e6, "buckets": 3,
+                     "bucket_cap_bytes": 25 * 2 ** 20, "backend": "gloo", "world_size": 2,
+                     "bandwidth_bytes_per_s": 1.1e9, "syncs_per_optimizer_step": 1.0,
+                     "forwards_per_optimizer_step": 1.0, "env": {}, "sites": [], **extra},
+            "comm_fraction": exposed_s / step_s}
+
+
+def run_with(entry: dict, larger: float = 0.0):
+    builder = (RunBuilder(world_size=2).probe("base", kind="baseline", num_workers=0,
+                                              batch_size=8, entry=entry)
+               .steps(data_wait=0.001, compute=0.09, other=0.009))
+    if larger:
+        builder.probe("b32", num_workers=0, batch_size=32).steps(
+            data_wait=0.001, compute=0.099 * 4 / larger, other=0.0, samples=32)
+    return builder.build()
+
+
+def test_exposed_communication_cites_the_reducer_timers_and_the_measured_batch():
+    run = run_with(comm(0.031), larger=3.3)
+    finding = exposed_communication(run, T)
+    assert finding is not None and finding.severity == "high"
+    assert "31.0 ms of each 100.0 ms step (31 %)" in finding.evidence
+    assert "67.0 MB of gradients in 3 bucket(s)" in finding.evidence
+    assert "1.10 GB/s" in finding.evidence
+    findings, rec = evaluate(run)
+    voiced = next(f for f in findings if f.rule == "exposed-communication")
+    assert rec.config["batch_size"] == 32
+    assert voiced.recommendation.startswith("Measured: probe b32")
+    assert "scale the learning rate" in voiced.recommendation
+    assert "Not measured in this run" in voiced.recommendation  # bucket_cap_mb etc.
+
+
+def test_exposed_communication_unmeasured_batch_is_a_labelled_prediction():
+    findings, _ = evaluate(run_with(comm(0.015)))
+    finding = next(f for f in findings if f.rule == "exposed-communication")
+    assert finding.severity == "medium"
+    assert finding.recommendation.startswith("Prediction (not measured)")
+    assert "--batch-size 8,16,32" in finding.recommendation
+
+
+def test_little_exposed_communication_is_no_finding():
+    assert exposed_communication(run_with(comm(0.005)), T) is None
+    assert exposed_communication(run_with({}), T) is None
+    few = comm(0.05)
+    few["comm"]["timed_steps"] = 2
+    assert exposed_communication(run_with(few), T) is None
+
+
+def test_slow_nccl_environment_is_named():
+    finding = exposed_communication(run_with(comm(0.03, env={"NCCL_IB_DISABLE": "1"})), T)
+    assert finding is not None and "NCCL_IB_DISABLE=1: InfiniBand is disabled" in finding.evidence
+
+
+def test_allreduce_per_micro_batch_predicts_the_saving():
+    entry = comm(0.01, syncs_per_optimizer_step=4.0, forwards_per_optimizer_step=4.0)
+    finding = allreduce_per_micro_batch(run_with(entry), T)
+    assert finding is not None and finding.severity == "high"
+    assert "after 4.0 of them" in finding.evidence
+    assert "model.no_sync()" in finding.recommendation
+    assert "Prediction (not measured): about 30.0 ms less per optimizer step" in \
+        finding.recommendation
+
+
+def test_accumulation_under_no_sync_is_no_finding():
+    entry = comm(0.01, syncs_per_optimizer_step=1.0, forwards_per_optimizer_step=4.0)
+    assert allreduce_per_micro_batch(run_with(entry), T) is None
+    assert allreduce_per_micro_batch(run_with(comm(0.01)), T) is None  # no accumulation
+
+
+def site(file: str, seconds: float, line: int = 88) -> dict:
+    return {"op": "all_reduce", "file": file, "line": line, "function": "reduce_value",
+            "calls": 40, "seconds": seconds}
+
+
+def test_per_step_collectives_name_the_call_site():
+    entry = comm(0.001, collectives={"per_step": 1.0, "seconds_per_step": 0.006,
+                                     "steps_with_calls": 1.0, "fraction": 0.06},
+                 sites=[site("/home/u/train.py", 0.24)])
+    finding = per_step_collectives(run_with(entry), T)
+    assert finding is not None and finding.severity == "low"
+    assert "all_reduce at train.py:88 in reduce_value (40 calls)" in finding.evidence
+    assert "every N steps" in finding.recommendation
+
+
+def test_cheap_or_torch_internal_collectives_are_no_finding():
+    cheap = comm(0.001, collectives={"per_step": 1.0, "seconds_per_step": 0.001,
+                                     "steps_with_calls": 1.0, "fraction": 0.01},
+                 sites=[site("/home/u/train.py", 0.04)])
+    assert per_step_collectives(run_with(cheap), T) is None
+    internal = comm(0.001, collectives={"per_step": 2.0, "seconds_per_step": 0.01,
+                                        "steps_with_calls": 1.0, "fraction": 0.1},
+                    sites=[site("/venv/torch/nn/modules/_functions.py", 0.4)])
+    assert per_step_collectives(run_with(internal), T) is None
+
+
+def test_sync_batchnorm_quotes_its_timed_collectives():
+    entry = comm(0.001, has_sync_bn=True,
+                 sites=[site("/venv/torch/nn/modules/_functions.py", 0.4)])
+    finding = sync_batchnorm(run_with(entry), T)
+    assert finding is not None and "0.40 s over 40 calls" in finding.evidence
+    assert sync_batchnorm(run_with(comm(0.001)), T) is None
+
+
+def test_waiting_in_a_collective_is_not_straggling():
+    """Rank 0 is slow before the loss all-reduce; rank 1 waits there for it, in its other
+    time. The waiting rank is not the straggler."""
+    def other(rank, step):
+        return 0.030 if rank == 1 else 0.002
+    run = (RunBuilder(world_size=2).probe("base", kind="baseline", num_workers=0)
+           .steps(data_wait=0.001, compute=0.05, other=other, forward=0.01).build())
+    assert straggler(run, T) is not None  # without knowing it waited, rank 1 looks slow
+    steps = run.steps
+    steps.loc[steps["rank"] == 1, "coll_s"] = 0.028
+    steps.loc[steps["rank"] == 0, "coll_s"] = 0.0
+    assert straggler(run, T) is None
