@@ -8,6 +8,7 @@ import time
 from typing import Any, Optional
 
 from ddp_profile.profiler.settings import config_label
+from ddp_profile.profiler.store.probes import counts_for_choice
 from ddp_profile.profiler.sweep.capacity import loading_line
 
 
@@ -69,9 +70,8 @@ class ConsoleProgress:
 
     def _finished(self, entry: dict[str, Any], reused: bool) -> None:
         self.count += 1
-        if entry.get("status") == "ok" and entry.get("kind") != "ceiling" and entry.get(
-                "throughput") and (self.best is None or entry["throughput"] > self.best[
-                    "throughput"]):
+        if counts_for_choice(entry) and entry.get("throughput") and (
+                self.best is None or entry["throughput"] > self.best["throughput"]):
             self.best = entry
         result = _fmt_tp(entry.get("throughput")) if entry.get("status") == "ok" else \
             f"{entry.get('status')}: {entry.get('error')}"

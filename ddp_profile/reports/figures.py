@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from ddp_profile.profiler.store.probes import GATE_KINDS
+
 MAX_POINTS = 500
 PART_COLOURS = {"data_wait_s": "#e4572e", "compute_s": "#2e86ab", "other_s": "#a3a3a3"}
 PART_NAMES = {"data_wait_s": "data wait", "compute_s": "compute", "other_s": "other"}
@@ -238,8 +240,9 @@ def cpu_by_probe(samples: pd.DataFrame, labels: Mapping[str, str]) -> go.Figure:
 
 
 def swept_values(probes: pd.DataFrame, column: str) -> list:
-    """The distinct values of a setting among successful non-ceiling probes, sorted."""
-    ok = probes[(probes["status"] == "ok") & (probes["kind"] != "ceiling")]
+    """The distinct values of a setting among the probes that ran the script as the user
+    would (``store.probes.GATE_KINDS``), sorted."""
+    ok = probes[(probes["status"] == "ok") & probes["kind"].isin(GATE_KINDS)]
     return sorted(ok[column].dropna().unique().tolist())
 
 
@@ -248,7 +251,7 @@ def workers_batch_heatmap(probes: pd.DataFrame) -> Optional[go.Figure]:
     workers, batches = swept_values(probes, "num_workers"), swept_values(probes, "batch_size")
     if len(workers) < 2 or len(batches) < 2:
         return None
-    ok = probes[(probes["status"] == "ok") & (probes["kind"] != "ceiling")]
+    ok = probes[(probes["status"] == "ok") & probes["kind"].isin(GATE_KINDS)]
     grid = ok.pivot_table(index="batch_size", columns="num_workers", values="throughput",
                           aggfunc="max").reindex(index=batches, columns=workers)
     z = [[None if pd.isna(v) else round(float(v), 1) for v in row] for row in grid.to_numpy()]

@@ -25,6 +25,7 @@ import plotly.offline
 
 from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.atomic import write_text_atomic
+from ddp_profile.profiler.store.probes import GATE_KINDS
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.reports import figures
 from ddp_profile.rules.base import SEVERITIES
@@ -103,7 +104,7 @@ def probe_roles(run: Run) -> dict[str, str]:
     if chosen is not None and chosen in set(probes["id"].astype(str)):
         roles[str(chosen)] = "recommended"  # the probe the recommendation was measured by
     elif recommended:
-        ok = probes[(probes["status"] == "ok") & (probes["kind"] != "ceiling")]
+        ok = probes[(probes["status"] == "ok") & probes["kind"].isin(GATE_KINDS)]
         matches = [row for row in ok.to_dict("records")
                    if all(_same(row.get(k), recommended.get(k)) for k in recommended
                           if k in SETTING_KEYS)]

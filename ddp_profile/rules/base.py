@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Optional
 import pandas as pd
 
 from ddp_profile.profiler.settings import SETTING_KEYS, LoaderSettings
+from ddp_profile.profiler.store.probes import CHOICE_KINDS
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.profiler.sweep.choose import Candidate, ChoiceThresholds
 
@@ -104,7 +105,7 @@ Rule = Callable[[Run, Thresholds], Optional[Finding]]
 
 # ---- probes ------------------------------------------------------------------------------
 
-def ok_probes(run: Run, kinds: Iterable[str] = ("baseline", "sweep")) -> pd.DataFrame:
+def ok_probes(run: Run, kinds: Iterable[str] = CHOICE_KINDS) -> pd.DataFrame:
     """The probes that finished with status ok, of the given kinds, in run order."""
     probes = run.probes
     if probes is None or probes.empty or "status" not in probes or "kind" not in probes:

@@ -98,6 +98,20 @@ def test_default_side_is_the_recommended_probe_never_the_ceiling(runs):
         load_side(runs["base"], {"num_workers": 8})  # only the ceiling probe has it
 
 
+@pytest.mark.parametrize("kind", ["threads", "ddp"])
+def test_gate_never_picks_or_pools_a_counterfactual_probe(tmp_path, kind):
+    """A threads or DDP counterfactual runs the recommended settings faster than the user's
+    script would; the gate compares and pools only what the user runs."""
+    fast = lognormal_step_time(0.01, 0.05, 7)
+    run_dir = write_run(tmp_path / "run", [
+        probe("baseline", kind="baseline", steps=30), probe("w2", steps=30, **FAST),
+        probe("w2-repeat", kind="repeat", steps=30, **FAST),
+        probe("w2-cf", kind=kind, step_time_fn=fast, steps=30, **FAST)], recommended=FAST)
+    side = load_side(run_dir)
+    assert side.probe_ids == ["w2", "w2-repeat"] and len(side.samples) == 60
+    assert load_side(run_dir, {"num_workers": 2}).probe_ids == ["w2", "w2-repeat"]
+
+
 def test_a_a_gate_passes_and_regression_fails(runs, tmp_path):
     assert run_gate(runs["base"], runs["same"], console=_quiet()) == ExitCode.OK
     junit = tmp_path / "out" / "junit.xml"

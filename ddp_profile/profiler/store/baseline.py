@@ -33,6 +33,7 @@ from typing import Any, Mapping, Optional
 
 from ddp_profile.errors import BadRunDir, Incomparable
 from ddp_profile.profiler.settings import config_label
+from ddp_profile.profiler.store.probes import counts_for_gate
 from ddp_profile.profiler.store.results import Run, load_run, read_json
 
 BASELINE_KIND = "ddp-profile-baseline"
@@ -115,9 +116,9 @@ def _throughput(probe: Mapping[str, Any]) -> float:
 
 
 def choose_probe(run: Run, config: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
-    """The successful, non-ceiling probe to compare (see the module docstring)."""
-    candidates = [p for p in run.summary.get("probes", [])
-                  if p.get("status") == "ok" and p.get("kind") != "ceiling"]
+    """The probe to compare (see the module docstring), among those that count for the gate
+    (``store.probes.counts_for_gate``: never a ceiling, threads or DDP counterfactual)."""
+    candidates = [p for p in run.summary.get("probes", []) if counts_for_gate(p)]
     if not candidates:
         raise BadRunDir(f"no successful probe to compare in {run.path}")
     if config is not None:
@@ -135,12 +136,11 @@ def choose_probe(run: Run, config: Optional[Mapping[str, Any]] = None) -> dict[s
 
 
 def same_config_probes(run: Run, probe: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Every successful, non-ceiling probe measuring exactly ``probe``'s configuration, in order
-    (``probe`` among them): the launches of one side."""
+    """Every probe that counts for the gate measuring exactly ``probe``'s configuration, in
+    order (``probe`` among them): the launches of one side."""
     config = probe.get("config") or {}
     return [p for p in run.summary.get("probes", [])
-            if p.get("status") == "ok" and p.get("kind") != "ceiling"
-            and (p.get("config") or {}) == config] or [dict(probe)]
+            if counts_for_gate(p) and (p.get("config") or {}) == config] or [dict(probe)]
 
 
 def _side_from_run(run: Run, config: Optional[Mapping[str, Any]]) -> GateSide:

@@ -6,6 +6,7 @@ import platform
 from typing import Any, Optional
 
 from ddp_profile.profiler.settings import SETTING_KEYS
+from ddp_profile.profiler.store.probes import counts_for_choice
 from ddp_profile.profiler.store.record import SCHEMA_VERSION
 from ddp_profile.profiler.sweep.capacity import run_model
 
@@ -34,8 +35,7 @@ def run_capacity(probes: list[dict[str, Any]], context: dict[str, Any],
     return {**model.to_dict(), "demand_source": "ceiling" if ceiling else "loop",
             "measured": [{"probe": p["id"], "num_workers": (p.get("config") or {}).get(
                 "num_workers"), "throughput": p.get("throughput")} for p in probes
-                if p.get("status") == "ok" and p.get("throughput")
-                and p.get("kind") in ("baseline", "sweep")]}
+                if counts_for_choice(p) and p.get("throughput")]}
 
 
 def build_summary(meta: dict[str, Any], entries: list[dict[str, Any]],

@@ -20,6 +20,7 @@ from typing import Any, Optional
 from ddp_profile.errors import NoDataLoader, ProbeTimeout, ScriptFailed
 from ddp_profile.profiler.cpus import cpus_available, threads_to_fit
 from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.store.probes import counts_for_choice, counts_for_gate
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.store.summary import latest_ceiling
 from ddp_profile.profiler.sweep.capacity import (
@@ -145,20 +146,19 @@ class Search:
     def find(self, config: LoaderSettings) -> Optional[Entry]:
         """The latest ok measurement of exactly this configuration, if any."""
         for entry in reversed(self.entries):
-            if entry.get("kind") in ("baseline", "sweep") and entry["status"] == "ok" and \
-                    normalise(settings_of(entry)) == config:
+            if counts_for_choice(entry) and normalise(settings_of(entry)) == config:
                 return entry
         return None
 
     def launches_of(self, config: LoaderSettings) -> list[Entry]:
-        """The successful, non-ceiling measurements of exactly ``config``."""
-        return [e for e in self.entries if e.get("kind") != "ceiling" and e["status"] == "ok"
+        """The launches of exactly ``config`` that the gate may pool (``counts_for_gate``: a
+        threads or DDP counterfactual runs the script otherwise, and is none of them)."""
+        return [e for e in self.entries if counts_for_gate(e)
                 and normalise(settings_of(e)) == normalise(config)]
 
     # ---- choosing -------------------------------------------------------------------------
     def ok_entries(self) -> list[Entry]:
-        return [e for e in self.entries if e.get("status") == "ok" and e.get("kind") in
-                ("baseline", "sweep") and e.get("throughput")]
+        return [e for e in self.entries if counts_for_choice(e) and e.get("throughput")]
 
     def best(self) -> Optional[Entry]:
         """The entry ``choose`` picks among the baseline and sweep measurements so far."""

@@ -1,0 +1,61 @@
+"""What a probe is and which probes count for what: ``Status``, ``Kind`` and the predicates.
+
+A ledger entry (``profiler.sweep.probe.summarise_probe``; the ``probes[]`` items of
+summary.json) stores ``status`` and ``kind`` as plain strings; the enums here are ``str``
+subclasses, so ``entry["kind"] == Kind.THREADS`` and JSON both work unchanged.
+
+Which probes count is decided here alone:
+
+* ``counts_for_choice``: what the recommendation may pick (``sweep.choose``): the script's
+  own settings (``baseline``) and the searched ones (``sweep``), measured ok.
+* ``counts_for_gate``: what the CI gate may compare or pool: those, and the ``repeat``
+  launches of the recommended configuration. Never a counterfactual that runs the script
+  other than the user does (``threads``: fewer intra-op threads; ``ddp``: other DDP options)
+  nor the compute-only ``ceiling``.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Mapping
+
+
+class Status(str, Enum):
+    OK = "ok"
+    OOM = "oom"
+    CRASH = "crash"
+    TIMEOUT = "timeout"
+    SKIPPED = "skipped"  # not launched (a smaller batch size already ran out of memory)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Kind(str, Enum):
+    BASELINE = "baseline"  # the script's own settings
+    SWEEP = "sweep"  # a searched DataLoader configuration
+    CEILING = "ceiling"  # cached batches replayed: compute-only throughput
+    REPEAT = "repeat"  # the recommended configuration again, in a fresh launch (--repeat)
+    THREADS = "threads"  # counterfactual: the same settings with the intra-op threads that fit
+    DDP = "ddp"  # counterfactual: the same settings with other DDP options (bucket_cap_mb ...)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+CHOICE_KINDS = (Kind.BASELINE, Kind.SWEEP)
+GATE_KINDS = (Kind.BASELINE, Kind.SWEEP, Kind.REPEAT)
+
+
+def is_ok(entry: Mapping[str, Any]) -> bool:
+    return entry.get("status") == Status.OK
+
+
+def counts_for_choice(entry: Mapping[str, Any]) -> bool:
+    """A measurement the recommendation may choose (see the module docstring)."""
+    return is_ok(entry) and entry.get("kind", Kind.SWEEP) in CHOICE_KINDS
+
+
+def counts_for_gate(entry: Mapping[str, Any]) -> bool:
+    """A measurement the CI gate may compare or pool (see the module docstring)."""
+    return is_ok(entry) and entry.get("kind", Kind.SWEEP) in GATE_KINDS
