@@ -91,6 +91,8 @@ class ProbePlan:
     rdzv_id: Optional[str] = None  # multi-node: the rendezvous id shared by every node
     windows: tuple[dict[str, Any], ...] = ()
     threads: Optional[int] = None  # torch intra-op threads per rank (None: the script's own)
+    ddp: Optional[dict[str, Any]] = None  # DDP constructor options applied to every DDP the
+    # script builds, e.g. {"bucket_cap_mb": 100} (None: the script's own)
     steps_per_s: Optional[float] = None  # predicted steps/s of a rank (``burst_steps``)
 
     def window_warmup(self, index: int) -> int:
@@ -127,7 +129,7 @@ class ProbePlan:
     def to_json(self) -> str:
         data = asdict(self)
         data["overrides"] = self.overrides.to_dict()
-        for key in ("threads", "steps_per_s"):
+        for key in ("threads", "steps_per_s", "ddp"):
             if data.get(key) is None:
                 data.pop(key)  # what every reader of a plan without it understands
         return json.dumps(data)

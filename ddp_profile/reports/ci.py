@@ -171,6 +171,21 @@ def _rows(result: GateResult) -> list[dict[str, str]]:
             for c in [result.comparison]]
 
 
+SPLIT_NAMES = {"data_wait_s": "data wait", "compute_s": "compute", "comm_s": "exposed comm",
+               "other_s": "other"}
+
+
+def split_rows(result: GateResult) -> list[list[str]]:
+    """Where a step's time goes on each side: [part, baseline ms, current ms, change ms];
+    empty unless both sides recorded their split."""
+    base, current = result.baseline.get("split"), result.current.get("split")
+    if not base or not current:
+        return []
+    return [[name, f"{base[key] * 1000:.2f}", f"{current[key] * 1000:.2f}",
+             f"{(current[key] - base[key]) * 1000:+.2f}"]
+            for key, name in SPLIT_NAMES.items() if key in base and key in current]
+
+
 def _confidence(result: GateResult) -> float:
     return result.comparison.verdict.confidence
 
@@ -201,6 +216,10 @@ def render_console(result: GateResult, console: Optional[Console] = None) -> Non
                       row["detectable"],
                       f"[{_STATUS_STYLE[status]}]{_STATUS_WORD[status]}[/]")
     console.print(table)
+    split = split_rows(result)
+    if split:
+        console.print("ms per step, baseline -> current: " + ", ".join(
+            f"{name} {b} -> {c}" for name, b, c, _ in split), markup=False, highlight=False)
     comparison = result.comparison
     console.print(f"{comparison.label}: {reason(comparison.verdict)}", markup=False,
                   highlight=False)
@@ -299,6 +318,10 @@ def markdown(result: GateResult, limit_bytes: int = GITHUB_SUMMARY_LIMIT - 4096)
     comparison = result.comparison
     tail = ["", f"- **{_md_cell(comparison.label)}**: {_md_cell(reason(comparison.verdict))}"]
     tail += [f"- warning: {_md_cell(w)}" for w in result.warnings]
+    split = split_rows(result)
+    if split:
+        tail += ["", "Where a step's time goes (mean ms per measured step):", ""]
+        tail += _md_table(["Part", "Baseline", "Current", "Change"], split)
     tail += [""] + _environment_lines(result) + [""]
     text = "\n".join(lines + _md_table(header, rows) + tail)
     kept = len(rows)

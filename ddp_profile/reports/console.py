@@ -75,13 +75,15 @@ class ConsoleProgress:
             self.best = entry
         result = _fmt_tp(entry.get("throughput")) if entry.get("status") == "ok" else \
             f"{entry.get('status')}: {entry.get('error')}"
-        wait = entry.get("data_wait_fraction")
-        wait_text = f", data wait {wait:.0%}" if wait is not None and entry["status"] == "ok" \
-            else ""
+        wait_text = step_parts(entry) if entry["status"] == "ok" else ""
+        options = {**({"threads": entry["threads"]} if entry.get("threads") else {}),
+                   **(entry.get("ddp_options") or {})}
+        option_text = "".join(f" {k}={v}" for k, v in options.items())
         total = f"/{max(self.total, self.count)}" if self.total else ""
         short = f" SHORT: {entry.get('short_reason')}" if entry.get("short") else ""
         line = (f"[{self.count}{total}] {entry.get('id')} {entry.get('kind')} "
-                f"{config_label(entry.get('config') or entry.get('requested'))}: {result}"
+                f"{config_label(entry.get('config') or entry.get('requested'))}{option_text}: "
+                f"{result}"
                 f"{wait_text}{' (from the ledger)' if reused else ''}{short}")
         if self._bar is not None:
             self._bar.console.print(line, highlight=False, markup=False)
@@ -106,6 +108,13 @@ class ConsoleProgress:
 BOUNDS = {"cpu": "CPU-bound", "wait": "wait-bound", "mixed": "CPU and waiting mixed"}
 
 
+def step_parts(entry: dict[str, Any]) -> str:
+    """", data wait 12%, exposed comm 31%": the measured parts of a probe's steps."""
+    wait, comm = entry.get("data_wait_fraction"), entry.get("comm_fraction")
+    text = f", data wait {wait:.0%}" if wait is not None else ""
+    return text + (f", exposed comm {comm:.0%}" if comm is not None else "")
+
+
 def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
     """The concise end-of-run text (plain lines; tested directly)."""
     probes = summary.get("probes", [])
@@ -117,8 +126,8 @@ def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
         lines.append(f"GPU metrics unavailable: {summary.get('gpu_unavailable_reason')}")
     if baseline and baseline.get("status") == "ok":
         lines.append(f"baseline  {config_label(summary.get('baseline'))}: "
-                     f"{_fmt_tp(baseline.get('throughput'))}, data wait "
-                     f"{(baseline.get('data_wait_fraction') or 0):.0%}")
+                     f"{_fmt_tp(baseline.get('throughput'))}"
+                     f"{step_parts({'data_wait_fraction': 0, **baseline})}")
     if summary.get("recommended"):
         speedup = summary.get("expected_speedup")
         interval = summary.get("expected_speedup_interval")

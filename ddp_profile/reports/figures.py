@@ -16,10 +16,13 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ddp_profile.profiler.store.probes import GATE_KINDS
+from ddp_profile.profiler.store.results import step_split
 
 MAX_POINTS = 500
-PART_COLOURS = {"data_wait_s": "#e4572e", "compute_s": "#2e86ab", "other_s": "#a3a3a3"}
-PART_NAMES = {"data_wait_s": "data wait", "compute_s": "compute", "other_s": "other"}
+PART_COLOURS = {"data_wait_s": "#e4572e", "compute_s": "#2e86ab", "comm_s": "#f2a541",
+                "other_s": "#a3a3a3"}
+PART_NAMES = {"data_wait_s": "data wait", "compute_s": "compute", "comm_s": "exposed comm",
+              "other_s": "other"}
 KIND_COLOURS = {"baseline": "#7f7f7f", "recommended": "#2ca02c", "ceiling": "#9467bd",
                 "sweep": "#2e86ab"}
 RANK_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
@@ -124,8 +127,8 @@ def throughput_by_config(probes: pd.DataFrame, highlight: Mapping[str, str]) -> 
 
 
 def _mean_parts(steps: pd.DataFrame, by: str) -> pd.DataFrame:
-    measured = steps[steps["measured"]]
-    return measured.groupby(by)[list(PART_NAMES)].mean() * 1000.0
+    """Mean ms per step of each part (``store.results.step_split``)."""
+    return step_split(steps, by)[list(PART_NAMES)] * 1000.0
 
 
 def _category_layout(title: str, barmode: str, unit: str) -> dict:
@@ -135,14 +138,16 @@ def _category_layout(title: str, barmode: str, unit: str) -> dict:
 
 
 def _part_bars(names: list[str], parts: pd.DataFrame) -> list[dict]:
+    """One stacked trace per part; exposed communication only where it was measured."""
     return [dict(type="bar", name=PART_NAMES[col], x=names, y=parts[col].round(3).tolist(),
                  marker=dict(color=PART_COLOURS[col]),
                  hovertemplate="%{x}<br>" + PART_NAMES[col] + ": %{y:.2f} ms<extra></extra>")
-            for col in PART_NAMES]
+            for col in PART_NAMES if col != "comm_s" or bool((parts[col] > 0).any())]
 
 
 def time_split_by_config(steps: pd.DataFrame, labels: Mapping[str, str]) -> go.Figure:
-    """Stacked bars: mean data wait / compute / other per step (ms) for each probe."""
+    """Stacked bars: mean data wait / compute / exposed comm / other per step (ms) for each
+    probe."""
     title = "Where a step's time goes, per configuration (ms per step, mean over ranks)"
     if steps.empty or not steps["measured"].any():
         return _empty(title, "no measured steps")
@@ -154,7 +159,8 @@ def time_split_by_config(steps: pd.DataFrame, labels: Mapping[str, str]) -> go.F
 
 
 def time_split_by_rank(steps: pd.DataFrame, probe_id: str) -> go.Figure:
-    """Stacked bars per rank of one probe: mean data wait / compute / other per step (ms)."""
+    """Stacked bars per rank of one probe: mean data wait / compute / exposed comm / other per
+    step (ms)."""
     title = "Per rank: ms per step"
     probe_steps = steps[steps["probe_id"] == probe_id]
     if probe_steps.empty or not probe_steps["measured"].any():

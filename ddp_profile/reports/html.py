@@ -188,7 +188,7 @@ def _cell(text: str, sort: Any = None) -> dict[str, Any]:
 def build_table(run: Run, roles: dict[str, str]) -> dict[str, Any]:
     """Every probe as a row of display text plus a sort key per column."""
     columns = ["probe", "role", "status", *SETTING_KEYS, "samples/s", "% of ceiling",
-               "data wait", "wall s"]
+               "data wait", "exposed comm", "wall s"]
     rows = []
     for row in run.probes.to_dict("records"):
         pid = str(row["id"])
@@ -200,6 +200,7 @@ def build_table(run: Run, roles: dict[str, str]) -> dict[str, Any]:
             _cell(fmt(row["throughput"], ",.1f"), row["throughput"]),
             _cell(fmt(row["score"], ".0%"), row["score"]),
             _cell(fmt(row["data_wait_fraction"], ".0%"), row["data_wait_fraction"]),
+            _cell(fmt(row["comm_fraction"], ".0%"), row["comm_fraction"]),
             _cell(fmt(row["wall_s"], ".1f"), row["wall_s"])]})
     return {"columns": columns, "rows": rows}
 

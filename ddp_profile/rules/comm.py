@@ -10,14 +10,19 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
+from ddp_profile.profiler.store.probes import Kind
 from ddp_profile.profiler.store.results import Run
+from ddp_profile.profiler.sweep.choose import better, not_worse
 from ddp_profile.rules.base import (
     Advice,
     Finding,
     Thresholds,
     as_int,
     baseline_probe,
+    candidate,
+    finite,
     ms,
+    ok_probes,
     pct,
     probe_entry,
 )
@@ -85,11 +90,16 @@ def exposed_communication(run: Run, thresholds: Thresholds) -> Optional[Finding]
     slow = _environment(comm)
     if slow:
         evidence += " The environment explains part of it: " + "; ".join(slow) + "."
-    unmeasured = ("Not measured in this run (their effect depends on the machine and the "
-                  "network: measure before adopting): DDP(..., bucket_cap_mb=...) larger than "
-                  f"{(comm.get('bucket_cap_bytes') or 25 * 2 ** 20) / 2 ** 20:.0f}, "
-                  "gradient_as_bucket_view=True, a compression hook (fp16_compress_hook, "
-                  "changes numerics).")
+    measured, tried = _ddp_counterfactuals(run, base, thresholds)
+    untried = [f"DDP(..., bucket_cap_mb=...) larger than "
+               f"{(comm.get('bucket_cap_bytes') or 25 * 2 ** 20) / 2 ** 20:.0f}"
+               if "bucket_cap_mb" not in tried else "",
+               "gradient_as_bucket_view=True" if "gradient_as_bucket_view" not in tried
+               and not comm.get("gradient_as_bucket_view") else "",
+               "a compression hook (fp16_compress_hook: changes numerics)"]
+    knobs = (measured + " " if measured else "") + (
+        "Not measured in this run (their effect depends on the machine and the network: "
+        "measure before adopting): " + ", ".join(u for u in untried if u) + ".")
     advice = None
     if batch:
         advice = Advice(
@@ -99,15 +109,42 @@ def exposed_communication(run: Run, thresholds: Thresholds) -> Optional[Finding]
                    "larger batch spreads it over more samples"),
             measure=f"--batch-size {batch},{2 * batch},{4 * batch}",
             extra=("A larger batch changes the optimisation: scale the learning rate with the "
-                   "global batch size and check convergence. " + unmeasured))
+                   "global batch size and check convergence. " + knobs))
     return Finding(
         rule="exposed-communication",
         severity="high" if share >= thresholds.comm_exposed_severe else "medium",
         title="Gradient communication is exposed",
         evidence=evidence,
-        recommendation=("A larger per-rank batch (fewer all-reduces per sample); " + unmeasured)
+        recommendation=("A larger per-rank batch (fewer all-reduces per sample). " + knobs)
         if advice is None else "A larger per-rank batch.",
         advice=advice)
+
+
+def _options_text(options: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(options.items()))
+
+
+def _ddp_counterfactuals(run: Run, base: Any, thresholds: Thresholds) -> tuple[str, set[str]]:
+    """"Measured: ..." for the DDP-option probes (kind ``ddp``: the script's settings with
+    other DDP options) against the baseline, and the option names they tried."""
+    probes = ok_probes(run, kinds=(Kind.DDP,))
+    parts, tried = [], set()
+    for _, probe in probes.iterrows():
+        options = probe_entry(run, probe["id"]).get("ddp_options") or {}
+        if not options or not finite(probe["throughput"]) or not base["throughput"] > 0:
+            continue
+        tried.update(options)
+        mine, theirs = candidate(run, probe), candidate(run, base)
+        ratio = float(probe["throughput"] / base["throughput"])
+        verdict = ("faster beyond noise: use DDP(model, ..., " + _options_text(options) + ")"
+                   if better(mine, theirs, thresholds) else
+                   "within noise" if not_worse(mine, theirs, thresholds) else "slower")
+        parts.append(f"{_options_text(options)} ran {ratio:.2f}x (probe {probe['id']}, "
+                     f"{verdict})")
+    if not parts:
+        return "", tried
+    return (f"Measured against the script's own DDP options (probe {base['id']}): "
+            + "; ".join(parts) + ".", tried)
 
 
 def allreduce_per_micro_batch(run: Run, thresholds: Thresholds) -> Optional[Finding]:

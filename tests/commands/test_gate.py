@@ -146,6 +146,11 @@ def test_markdown_json_and_github_summary(runs, tmp_path, monkeypatch):
     assert "| w=2 pin=false pf=2 bs=32 |" in text and "regression" in text
     assert "Hodges-Lehmann" in text and "| Detectable |" in text
     assert summary_file.read_text(encoding="utf-8").strip() == text.strip()
+    # the slowdown's part: synthetic steps split 10 / 80 / 10 % (data wait / compute / other)
+    assert "| Part | Baseline | Current | Change |" in text
+    compute = next(line for line in text.splitlines() if line.startswith("| compute |"))
+    base_ms, current_ms = (float(v) for v in compute.split("|")[2:4])
+    assert current_ms > base_ms * 1.1
     data = json.loads(json_path.read_text(encoding="utf-8"))
     assert data["status"] == "regression"
     verdict = data["comparisons"][0]["verdict"]
@@ -226,6 +231,11 @@ def test_exported_baseline_round_trips(runs, tmp_path):
     assert set(data["environment"]) >= {"device", "world_size", "torch_version", "cpu_model",
                                         "gpu_name", "hostname"}
     assert path.stat().st_size < 10_000
+    assert set(data["split"]) == {"data_wait_s", "compute_s", "comm_s", "other_s"}
+    assert load_side(str(path)).split == pytest.approx(data["split"])
+    old = {k: v for k, v in data.items() if k != "split"}  # a file written before the split
+    (tmp_path / "old.json").write_text(json.dumps(old), encoding="utf-8")
+    assert load_side(str(tmp_path / "old.json")).split is None
     assert run_gate(str(path), runs["same"], console=_quiet()) == ExitCode.OK
     assert run_gate(str(path), runs["slow"], console=_quiet()) == ExitCode.REGRESSION
     # the baseline file fixes the configuration; the current side is read at the same one

@@ -257,6 +257,25 @@ def test_ranks_are_labelled_by_node_when_they_span_nodes():
     assert step_timeline(one_node, "p0").to_dict()["data"][0]["name"] == "rank 0"
 
 
+def test_exposed_communication_is_the_fourth_part_of_a_step():
+    import pandas as pd
+
+    from ddp_profile.reports.figures import time_split_by_config
+
+    rows = [{"probe_id": "p0", "rank": r, "node": 0, "step": s, "measured": True,
+             "t_s": s * 0.1, "data_wait_s": 0.01, "compute_s": 0.08, "other_s": 0.01,
+             "step_s": 0.1, "comm_s": 0.03 if s % 2 else float("nan")}  # read every 2nd step
+            for r in range(2) for s in range(6)]
+    steps = pd.DataFrame(rows)
+    parts = {t["name"]: t["y"][0] for t in time_split_by_config(steps, {"p0": "base"})
+             .to_dict()["data"]}
+    assert list(parts) == ["data wait", "compute", "exposed comm", "other"]
+    assert parts["compute"] == pytest.approx(50.0) and parts["exposed comm"] == pytest.approx(30.0)
+    without = steps.assign(comm_s=float("nan"))
+    names = [t["name"] for t in time_split_by_config(without, {"p0": "base"}).to_dict()["data"]]
+    assert names == ["data wait", "compute", "other"]
+
+
 def test_headline_keeps_the_baseline_when_it_is_also_the_recommended_probe(tmp_path):
     from ddp_profile.reports.html import build_headline, probe_roles
     from tests.synthetic import probe, write_run

@@ -82,9 +82,14 @@ def apply(instr: Any) -> None:
             return original(self, *args, **kwargs)
         return backward
 
+    ddp_signature = inspect.signature(DistributedDataParallel.__init__)
+
     def make_ddp_init(original: Any) -> Any:
         @functools.wraps(original)
         def __init__(self: Any, module: Any, *args: Any, **kwargs: Any) -> None:
+            if instr.plan.ddp and not instr.stopping:
+                args, kwargs = (), _ddp_options(ddp_signature, self, module, args, kwargs,
+                                                instr)
             original(self, module, *args, **kwargs)
             if instr.stopping:
                 return
@@ -146,6 +151,26 @@ def apply(instr: Any) -> None:
 
     _handles.append(register_optimizer_step_post_hook(lambda *_: instr.on_optimizer_step()))
     _install_excepthook(instr)
+
+
+def _ddp_options(signature: inspect.Signature, ddp: Any, module: Any, args: tuple,
+                 kwargs: dict[str, Any], instr: Any) -> dict[str, Any]:
+    """The script's DDP arguments with the probe's DDP options over them (those this torch's
+    DDP accepts); the applied and skipped ones recorded (event ``ddp_overrides``)."""
+    bound = signature.bind(ddp, module, *args, **kwargs)
+    arguments = dict(bound.arguments)
+    arguments.pop("self", None)
+    arguments.pop("module", None)
+    extra = arguments.pop("kwargs", {})
+    applied, skipped = {}, []
+    for key, value in instr.plan.ddp.items():
+        if key in signature.parameters:
+            applied[key] = {"own": arguments.get(key), "probe": value}
+            arguments[key] = value
+        else:
+            skipped.append(key)
+    instr.event("ddp_overrides", applied=applied, skipped=skipped)
+    return {**arguments, **extra}
 
 
 GRADIENT_COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_reduce_coalesced")

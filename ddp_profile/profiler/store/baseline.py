@@ -31,10 +31,12 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+import pandas as pd
+
 from ddp_profile.errors import BadRunDir, Incomparable
 from ddp_profile.profiler.settings import config_label
 from ddp_profile.profiler.store.probes import counts_for_gate
-from ddp_profile.profiler.store.results import Run, load_run, read_json
+from ddp_profile.profiler.store.results import STEP_PARTS, Run, load_run, read_json, step_split
 
 BASELINE_KIND = "ddp-profile-baseline"
 BASELINE_SCHEMA_VERSION = 2
@@ -60,6 +62,7 @@ class GateSide:
     warnings: list[str] = field(default_factory=list)
     launches: list[list[float]] = field(default_factory=list)  # the same steps, per launch
     probe_ids: list[str] = field(default_factory=list)  # one per launch, when known
+    split: Optional[dict[str, float]] = None  # mean s per step of each part (STEP_PARTS)
 
     def describe(self) -> dict[str, Any]:
         """Plain data for reports: everything but the samples."""
@@ -67,7 +70,7 @@ class GateSide:
                 "config": dict(self.config), "probe_id": self.probe_id,
                 "throughput": self.throughput, "n_samples": len(self.samples),
                 "launches": len(self.launches) or 1, "probe_ids": list(self.probe_ids),
-                "warnings": list(self.warnings)}
+                "warnings": list(self.warnings), "split": self.split}
 
 
 def step_throughput_samples(run: Run, probe_id: str) -> list[float]:
@@ -169,7 +172,14 @@ def _side_from_run(run: Run, config: Optional[Mapping[str, Any]]) -> GateSide:
                     probe_id=",".join(probe_ids) or str(probe.get("id")),
                     throughput=statistics.median(throughputs) if throughputs else None,
                     samples=[v for launch in launches for v in launch], warnings=warnings,
-                    launches=launches, probe_ids=probe_ids)
+                    launches=launches, probe_ids=probe_ids,
+                    split=_split(run.steps[run.steps["probe_id"].isin(probe_ids)]))
+
+
+def _split(steps: pd.DataFrame) -> Optional[dict[str, float]]:
+    """The side's step split (``results.step_split``), None without measured steps."""
+    table = step_split(steps)
+    return None if table.empty else {k: round(float(v), 6) for k, v in table.iloc[0].items()}
 
 
 def export_baseline(run: Run, config: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
@@ -185,6 +195,7 @@ def export_baseline(run: Run, config: Optional[Mapping[str, Any]] = None) -> dic
             "samples": [round(s, 6) for s in side.samples],
             "launches": [{"probe_id": pid, "samples": [round(s, 6) for s in launch]}
                          for pid, launch in zip(side.probe_ids, side.launches)],
+            "split": side.split,
             "source": {"run_dir": os.path.abspath(run.path),
                        "script": run.summary.get("script")}}
 
@@ -217,7 +228,14 @@ def _side_from_file(path: str, config: Optional[Mapping[str, Any]]) -> GateSide:
                     config=dict(stored_config), probe_id=data.get("probe_id"),
                     throughput=float(throughput) if _number(throughput) else None,
                     samples=[float(s) for s in samples], launches=launches,
-                    probe_ids=probe_ids)
+                    probe_ids=probe_ids, split=_split_from_file(data.get("split")))
+
+
+def _split_from_file(split: Any) -> Optional[dict[str, float]]:
+    """A baseline file's step split; None where absent (files written before it) or bad."""
+    if not isinstance(split, dict) or not all(_number(split.get(k)) for k in STEP_PARTS):
+        return None
+    return {k: float(split[k]) for k in STEP_PARTS}
 
 
 def _launches_from_file(data: Mapping[str, Any], samples: list[Any],

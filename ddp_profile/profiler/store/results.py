@@ -10,8 +10,9 @@ A run directory is the single source of truth; ``report`` and ``gate`` only read
 
 Tables (all times in seconds; ``t_s`` is relative to the probe's first record):
 
-``probes``        id, kind (baseline|sweep|ceiling), status, num_workers, pin_memory,
-                  prefetch_factor, batch_size, throughput, data_wait_fraction, score, wall_s,
+``probes``        id, kind (``store.probes.Kind``), status, num_workers, pin_memory,
+                  prefetch_factor, batch_size, throughput, data_wait_fraction, comm_fraction
+                  (exposed communication's share of a step; NaN without DDP), score, wall_s,
                   error, root_cause_rank, steps_measured, short, short_reason, launch (the
                   launch that measured it: its screen's, else its own id)
 ``steps``         probe_id, rank, node, loader_id, step, measured, t_s, data_wait_s, compute_s,
@@ -34,6 +35,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import numpy as np
 import pandas as pd
 
 from ddp_profile.errors import BadRunDir
@@ -45,8 +47,8 @@ STEP_COLUMNS = ["probe_id", "rank", "node", "loader_id", "step", "measured", "t_
                 "data_wait_s", "compute_s", "other_s", "forward_s", "step_s", "samples",
                 "gpu_busy_s", "gpu_gap_s", "comm_s", "coll_s", "coll_n", "syncs"]
 PROBE_COLUMNS = ["id", "kind", "status", *SETTING_KEYS, "throughput", "data_wait_fraction",
-                 "score", "wall_s", "error", "root_cause_rank", "steps_measured", "short",
-                 "short_reason", "launch"]
+                 "comm_fraction", "score", "wall_s", "error", "root_cause_rank", "steps_measured",
+                 "short", "short_reason", "launch"]
 
 
 @dataclass
@@ -159,6 +161,24 @@ def _attach_training_loader(data: RankData) -> None:
         data.context["skipped_overrides"] = loader.get("skipped_overrides") or []
 
 
+STEP_PARTS = ("data_wait_s", "compute_s", "comm_s", "other_s")  # they add up to step_s
+
+
+def step_split(steps: pd.DataFrame, by: Optional[str] = None) -> pd.DataFrame:
+    """Mean seconds per measured step of each of ``STEP_PARTS``, per ``by`` group (one row,
+    index 0, without). Exposed communication lies inside ``compute_s``: it is taken out of
+    compute, averaged over the steps DDP's timers were read for (0 where none were)."""
+    measured = steps[steps["measured"].astype(bool)] if not steps.empty else steps
+    if measured.empty:
+        return pd.DataFrame(columns=list(STEP_PARTS))
+    grouped = measured.groupby(by if by is not None else np.zeros(len(measured), dtype=int))
+    parts = grouped[["data_wait_s", "compute_s", "other_s"]].mean()
+    comm = grouped["comm_s"].mean().fillna(0.0) if "comm_s" in measured else 0.0
+    parts["comm_s"] = np.minimum(comm, parts["compute_s"])
+    parts["compute_s"] = parts["compute_s"] - parts["comm_s"]
+    return parts[list(STEP_PARTS)]
+
+
 def _nan(value: Any) -> float:
     return float("nan") if value is None else float(value)
 
@@ -230,6 +250,7 @@ def _probe_row(probe: dict[str, Any]) -> dict[str, Any]:
             **{k: config.get(k) for k in SETTING_KEYS},
             "throughput": _nan(probe.get("throughput")),
             "data_wait_fraction": _nan(probe.get("data_wait_fraction")),
+            "comm_fraction": _nan(probe.get("comm_fraction")),
             "score": _nan(probe.get("score")), "wall_s": _nan(probe.get("wall_s")),
             "error": probe.get("error"), "root_cause_rank": probe.get("root_cause_rank"),
             "steps_measured": probe.get("steps_measured"), "short": probe.get("short") is True,

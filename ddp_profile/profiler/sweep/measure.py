@@ -67,11 +67,13 @@ class Measurer(Protocol):
     def measure(self, requested: LoaderSettings, kind: str = "sweep",
                 steps: Optional[int] = None, mode: str = "normal",
                 threads: Optional[int] = None,
-                steps_per_s: Optional[float] = None) -> dict[str, Any]:
+                steps_per_s: Optional[float] = None,
+                ddp: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         """One probe of ``requested`` (``None`` settings: the script's own); ``threads``
         sets torch's intra-op threads in every rank; ``steps_per_s``, the steps a rank is
         predicted to make per second, lengthens a fast probe's measurement
-        (``settings.burst_steps``)."""
+        (``settings.burst_steps``); ``ddp``, DDP constructor options for every DDP the script
+        builds."""
 
     def measure_screen(self, windows: list[Window]) -> list[dict[str, Any]]:
         """Several configurations in as few launches as possible, one entry each (in order);
@@ -105,11 +107,13 @@ class LedgerMeasurer:
     def measure(self, requested: LoaderSettings, kind: str = "sweep",
                 steps: Optional[int] = None, mode: str = "normal",
                 threads: Optional[int] = None,
-                steps_per_s: Optional[float] = None) -> dict[str, Any]:
+                steps_per_s: Optional[float] = None,
+                ddp: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         probe_id = f"p{len(self.entries):03d}"
         steps = steps or self.steps
         done = self._finished(probe_id, requested, kind, steps, screened=False)
-        if done is not None and done.get("threads") != threads:
+        if done is not None and (done.get("threads") != threads
+                                 or done.get("ddp_options") != ddp):
             done = None
         if done is not None:
             self._record(done, reused=True)
@@ -119,7 +123,7 @@ class LedgerMeasurer:
                          overrides=requested, warmup=self.warmup, steps=steps, mode=mode,
                          inject_local_rank=self.local_rank_flag(),
                          rdzv_id=f"{self.run_token}-{probe_id}", threads=threads,
-                         steps_per_s=steps_per_s)
+                         steps_per_s=steps_per_s, ddp=ddp)
         self.progress("start", {"probe_id": probe_id, "config": requested, "kind": kind})
         outcome = self._launch(plan, self.timeout_s)
         entry = summarise_probe(plan, outcome, kind, self.timeout_s)

@@ -31,6 +31,7 @@ def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: str, timeout_
         "config": dict(loader.get("applied") or {}), "status": "ok", "reason": None, "error": None,
         "root_cause_rank": None, "wall_s": round(outcome.wall_s, 3),
         "warmup": plan.warmup, "steps": plan.steps, "threads": plan.threads,
+        "ddp_options": plan.ddp,
         "skipped_overrides": list(loader.get("skipped_overrides") or []),
         "strays_killed": outcome.strays_killed,
     }

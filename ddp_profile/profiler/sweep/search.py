@@ -54,6 +54,23 @@ MAX_CLIMB_LAUNCHES = 3  # launches the climb may add past the first screen
 UNSTABLE_RSE = 0.05  # a probe whose throughput is this uncertain is measured again, longer
 
 Entry = dict[str, Any]
+DEFAULT_BUCKET_CAP_MB = 25  # DDP's bucket_cap_mb when the script gives none
+
+
+def ddp_counterfactuals(baseline: Entry) -> list[dict[str, Any]]:
+    """The DDP options measured where communication is exposed: 4x the bucket cap (fewer,
+    larger all-reduces: the 25 MB default is often too small for fast links, and on a slow
+    one larger buckets can overlap less), and ``gradient_as_bucket_view=True`` (gradients are
+    views into the buckets: no copy in and out) where the script leaves it off. Compression
+    hooks are not tried: they change numerics, and registering one would make the script's
+    own ``register_comm_hook`` fail."""
+    comm = baseline.get("comm") or {}
+    cap = comm.get("bucket_cap_bytes")
+    cap_mb = cap / 2 ** 20 if cap else DEFAULT_BUCKET_CAP_MB
+    options: list[dict[str, Any]] = [{"bucket_cap_mb": int(round(4 * cap_mb))}]
+    if not comm.get("gradient_as_bucket_view"):
+        options.append({"gradient_as_bucket_view": True})
+    return options
 
 
 @dataclass(frozen=True)
@@ -187,13 +204,25 @@ class Search:
 
     def communication(self) -> None:
         """Where exposed communication takes a meaningful share of the baseline's steps
-        (``choose.comm_bound``) and the batch-size axis was left to the search: the best
-        configuration with 2x, then 4x the per-rank batch (the all-reduce moves the same
-        gradients per step whatever the batch). They compete in the choice under its
-        batch-size clause; the finding says that a batch size changes the optimisation."""
+        (``choose.comm_bound``): unless the batch-size axis was given, the best configuration
+        with 2x, then 4x the per-rank batch (the all-reduce moves the same gradients per step
+        whatever the batch; they compete in the choice under its batch-size clause, and the
+        finding says that a batch size changes the optimisation); then the script's own
+        settings with other DDP options (kind ``ddp``, never in the choice:
+        ``ddp_counterfactuals``), each judged against the baseline by the
+        exposed-communication rule."""
         assert self.baseline is not None
-        if self.space.batch_size is not None or not comm_bound(self.baseline):
+        if not comm_bound(self.baseline):
             return
+        if self.space.batch_size is None:
+            self._larger_batches()
+        for options in ddp_counterfactuals(self.baseline):
+            self.measurer.measure(LoaderSettings(), kind="ddp", ddp=options,
+                                  steps_per_s=self.steps_per_s(normalise(settings_of(
+                                      self.baseline))))
+
+    def _larger_batches(self) -> None:
+        assert self.baseline is not None
         best = self.best() or self.baseline
         current = normalise(settings_of(best))
         batch = current.batch_size or settings_of(self.baseline).batch_size
@@ -202,7 +231,7 @@ class Search:
         for factor in (2, 4):
             entry = self.measure_config(replace(current, batch_size=batch * factor))
             if not beats(entry, best):
-                return
+                break
             best = entry
 
     def threads(self) -> None:

@@ -50,7 +50,8 @@ class ModelMeasurer:
     def measure(self, requested: LoaderSettings, kind: str = "sweep",
                 steps: Optional[int] = None, mode: str = "normal",
                 threads: Optional[int] = None,
-                steps_per_s: Optional[float] = None) -> dict[str, Any]:
+                steps_per_s: Optional[float] = None,
+                ddp: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         self.launches += 1
         self.steps_asked.append(steps)
         return self._entry(requested, kind)
@@ -302,7 +303,8 @@ class ThreadsMeasurer(ModelMeasurer):
     def measure(self, requested: LoaderSettings, kind: str = "sweep",
                 steps: Optional[int] = None, mode: str = "normal",
                 threads: Optional[int] = None,
-                steps_per_s: Optional[float] = None) -> dict[str, Any]:
+                steps_per_s: Optional[float] = None,
+                ddp: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         entry = super().measure(requested, kind, steps, mode, threads, steps_per_s)
         self.threads.append((kind, threads, LoaderSettings.from_dict(entry["config"])))
         return entry
