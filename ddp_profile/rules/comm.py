@@ -126,12 +126,16 @@ def _options_text(options: dict[str, Any]) -> str:
 
 def _ddp_counterfactuals(run: Run, base: Any, thresholds: Thresholds) -> tuple[str, set[str]]:
     """"Measured: ..." for the DDP-option probes (kind ``ddp``: the script's settings with
-    other DDP options) against the baseline, and the option names they tried."""
-    probes = ok_probes(run, kinds=(Kind.DDP,))
-    parts, tried = [], set()
-    for _, probe in probes.iterrows():
+    other DDP options; of several of the same options the last, measured longest) against the
+    baseline, and the option names they tried."""
+    latest: dict[str, tuple[dict[str, Any], Any]] = {}
+    for _, probe in ok_probes(run, kinds=(Kind.DDP,)).iterrows():
         options = probe_entry(run, probe["id"]).get("ddp_options") or {}
-        if not options or not finite(probe["throughput"]) or not base["throughput"] > 0:
+        if options and finite(probe["throughput"]):
+            latest[_options_text(options)] = (options, probe)
+    parts, tried = [], set()
+    for options, probe in latest.values():
+        if not base["throughput"] > 0:
             continue
         tried.update(options)
         mine, theirs = candidate(run, probe), candidate(run, base)

@@ -31,6 +31,8 @@ def test_compute_bound_script_gets_no_data_loading_advice(cli, run_dir):
     result = cli(["run", DEMO, "--out", run_dir, *ONE_PROBE, "--",
                   "--hidden", "1024", "--layers", "3", "--batch-size", "64"], out=run_dir)
     assert result.returncode == 0, result.stderr
-    rules = {f["rule"] for f in result.summary()["findings"]}
+    summary = result.summary()
+    rules = {f["rule"] for f in summary["findings"]}
     assert not DATA_RULES & rules, rules
     assert "straggler" not in rules and "frequent-io" not in rules
+    assert summary["probes"][0]["comm"]["timed_steps"] >= 3  # its all-reduce is timed

@@ -35,6 +35,11 @@ def test_io_bound_script_gets_more_workers(cli, run_dir, search):
     kinds = [p["kind"] for p in summary["probes"]]
     assert kinds[0] == "baseline"
     assert any(f["rule"] == "data-loader-bound" for f in summary["findings"])
+    # the data-bound demo's small all-reduce is timed and gets no communication finding
+    assert summary["probes"][0]["comm"]["timed_steps"] >= 3
+    assert not {"exposed-communication", "allreduce-per-micro-batch", "per-step-collectives",
+                "sync-batchnorm"} & {f["rule"] for f in summary["findings"]}
+    assert not [p for p in summary["probes"] if p["kind"] == "ddp"]
     assert len(result.ledger()) == len(summary["probes"])
     if search == "adaptive":  # the ladder and the ceiling in one launch, then a confirmation
         assert "ceiling" in kinds

@@ -209,17 +209,20 @@ class Search:
         whatever the batch; they compete in the choice under its batch-size clause, and the
         finding says that a batch size changes the optimisation); then the script's own
         settings with other DDP options (kind ``ddp``, never in the choice:
-        ``ddp_counterfactuals``), each judged against the baseline by the
-        exposed-communication rule."""
+        ``ddp_counterfactuals``; an unstable one measured again, twice as long), each judged
+        against the baseline by the exposed-communication rule."""
         assert self.baseline is not None
         if not comm_bound(self.baseline):
             return
         if self.space.batch_size is None:
             self._larger_batches()
+        rate = self.steps_per_s(normalise(settings_of(self.baseline)))
         for options in ddp_counterfactuals(self.baseline):
-            self.measurer.measure(LoaderSettings(), kind="ddp", ddp=options,
-                                  steps_per_s=self.steps_per_s(normalise(settings_of(
-                                      self.baseline))))
+            entry = self.measurer.measure(LoaderSettings(), kind="ddp", ddp=options,
+                                          steps_per_s=rate)
+            if entry["status"] == "ok" and relative_se(entry) > UNSTABLE_RSE:
+                self.measurer.measure(LoaderSettings(), kind="ddp", ddp=options,
+                                      steps=self.options.steps * 2, steps_per_s=rate)
 
     def _larger_batches(self) -> None:
         assert self.baseline is not None

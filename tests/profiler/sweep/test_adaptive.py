@@ -326,3 +326,55 @@ def test_no_threads_counterfactual_where_the_best_configuration_fits():
     fake = ThreadsMeasurer(cpu_bound)  # its best is 3 or 4 workers: 0.6 busy cores at most
     Search(fake, SPACE, SweepOptions(ceiling=False)).run()
     assert not [kind for kind, _, _ in fake.threads if kind == "threads"]
+
+
+class CommMeasurer(ModelMeasurer):
+    """A comm-bound loop: each step all-reduces the same gradients (30 ms exposed) after
+    20 ms of compute per 32 samples; DDP options are recorded as asked."""
+
+    def __init__(self, exposed_s: float = 0.03):
+        super().__init__(self.model)
+        self.exposed_s = exposed_s
+        self.ddp_asked: list[Optional[dict[str, Any]]] = []
+
+    def model(self, config: LoaderSettings) -> tuple[float, float]:
+        batch = config.batch_size or 32
+        step = 0.02 * batch / 32 + self.exposed_s
+        return 2 * batch / step, 0.01
+
+    def _entry(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        entry = super()._entry(requested, kind, **extra)
+        batch = entry["config"]["batch_size"]
+        entry["comm_fraction"] = self.exposed_s / (0.02 * batch / 32 + self.exposed_s)
+        entry["comm"] = {"bucket_cap_bytes": 25 * 2 ** 20, "gradient_as_bucket_view": False}
+        return entry
+
+    def measure(self, requested: LoaderSettings, kind: str = "sweep",
+                steps: Optional[int] = None, mode: str = "normal",
+                threads: Optional[int] = None,
+                steps_per_s: Optional[float] = None,
+                ddp: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        if kind == "ddp":
+            self.ddp_asked.append(ddp)
+        return super().measure(requested, kind, steps, mode, threads, steps_per_s, ddp)
+
+
+def test_exposed_communication_measures_larger_batches_and_ddp_options():
+    fake = CommMeasurer()
+    found = Search(fake, SPACE, SweepOptions(ceiling=False))
+    found.run()
+    batches = {c.batch_size for c in fake.measured}
+    assert {32, 64, 128} <= batches
+    assert found.best()["config"]["batch_size"] == 128
+    assert fake.ddp_asked == [{"bucket_cap_mb": 100}, {"gradient_as_bucket_view": True}]
+    assert found.best()["kind"] == "sweep"  # a DDP probe never competes in the choice
+
+
+def test_a_given_batch_axis_is_kept_and_little_communication_adds_nothing():
+    fake = CommMeasurer()
+    Search(fake, SearchSpace(batch_size=(32,)), SweepOptions(ceiling=False)).run()
+    assert {c.batch_size for c in fake.measured} == {32}
+    assert len(fake.ddp_asked) == 2
+    quiet = CommMeasurer(exposed_s=0.001)  # 5 % of a step: below comm_exposed_share
+    Search(quiet, SPACE, SweepOptions(ceiling=False)).run()
+    assert {c.batch_size for c in quiet.measured} == {32} and quiet.ddp_asked == []
