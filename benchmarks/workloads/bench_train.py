@@ -40,6 +40,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from ddp_profile.examples.demo_train import SyntheticDataset
 
+DDP_DEFAULT_SAMPLE_RATE = 100  # torch's kDDPRuntimeLoggingSampleRate
+
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -85,7 +87,8 @@ class Toggle:
     Blocks come in pairs, one patched (``on``) and one unpatched (``off``), in the order
     on-off, off-on, on-off ... (ABBA): a slow drift of the machine, or anything that favours the
     first or second block of a pair, reaches both kinds alike. The samplers and the rest of the
-    probe keep running through both kinds of block.
+    probe keep running through both kinds of block. DDP's reducer timers run at ddp-profile's
+    sample rate (every iteration) in the patched blocks only.
 
     While patched, the time spent inside ddp-profile's step hooks (``on_next`` without the
     DataLoader's own ``__next__``, ``on_backward``, ``on_optimizer_step``) is also clocked: the
@@ -175,8 +178,17 @@ class Toggle:
                 patches.apply(self.instr)
             else:
                 patches.remove()
+            self._ddp_timers(want)
             self.on = want
         self.states.append(want)
+
+    def _ddp_timers(self, on: bool) -> None:
+        """DDP's reducer times every iteration under ddp-profile (sample rate 1) and one in
+        ``DDP_DEFAULT_SAMPLE_RATE`` plainly: the unpatched blocks go back to the default."""
+        for ref in self.instr.comm.modules:
+            module = ref()
+            if module is not None:
+                module._set_ddp_runtime_logging_sample_rate(1 if on else DDP_DEFAULT_SAMPLE_RATE)
 
     def summary(self, steps: list[float]) -> dict:
         """Per pair of neighbouring on/off blocks, the ratio of their median step times."""
