@@ -57,6 +57,8 @@ def parse_args() -> argparse.Namespace:
     add("--step-sleep-ms", type=float, default=0.0, help="sleep inside each step (compute)")
     add("--hidden", type=int, default=256)
     add("--layers", type=int, default=2)
+    add("--no-ddp", action="store_true",
+        help="never wrap the model: the same step without DDP's gradient all-reduce")
     add("--profiler", choices=("none", "torch", "gpuprof"), default="none")
     add("--gpuprof-db", default="gpuprof-{rank}.db")
     add("--out", default="", help="JSON result path; {rank} is replaced")
@@ -251,7 +253,7 @@ def main() -> None:
     for _ in range(args.layers - 1):
         layers += [nn.Linear(args.hidden, args.hidden), nn.ReLU()]
     model: nn.Module = nn.Sequential(*layers, nn.Linear(args.hidden, 2))
-    if world > 1:
+    if world > 1 and not args.no_ddp:
         model = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
