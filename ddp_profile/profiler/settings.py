@@ -67,6 +67,15 @@ def config_label(config: Optional[Mapping[str, Any]]) -> str:
     return " ".join([label] + extra) if extra else label
 
 
+GRADIENT_SYNC = "gradient_sync"  # a probe's DDP option: False runs every forward as under
+# no_sync(), the gradients never all-reduced: the step without communication (a measurement only)
+
+
+def constructor_options(ddp: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """A probe's DDP options that are DDP constructor arguments (all but ``GRADIENT_SYNC``)."""
+    return {k: v for k, v in (ddp or {}).items() if k != GRADIENT_SYNC}
+
+
 @dataclass(frozen=True)
 class ProbePlan:
     """What every rank of one probe does: which settings, how many steps, which mode.

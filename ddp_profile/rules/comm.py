@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
+from ddp_profile.profiler.settings import GRADIENT_SYNC
 from ddp_profile.profiler.store.probes import Kind
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.profiler.sweep.choose import better, not_worse
+from ddp_profile.profiler.sweep.choose import better, not_worse, sync_share
 from ddp_profile.rules.base import (
     Advice,
     Finding,
@@ -68,25 +69,42 @@ def _transfer(comm: dict[str, Any]) -> str:
 
 
 def exposed_communication(run: Run, thresholds: Thresholds) -> Optional[Finding]:
-    """The gradient all-reduce that backward did not cover takes a large share of each step.
+    """Gradient communication costs a large share of each step.
 
-    Read from DDP's own reducer timers (communication minus its overlap with backward compute),
-    on the rank that reached the all-reduce last (the others also wait there for it).
-    Trigger (baseline probe, >= 3 timed steps): exposed communication >= ``comm_exposed_share``
-    of the step; "high" at or above ``comm_exposed_severe``. The advice, a larger per-rank
-    batch (the all-reduce costs the same per step whatever the batch), is worded from the
-    probes that ran it (``rules.voice``).
+    Measured where the sweep ran the script's settings without gradient synchronisation (a
+    ``ddp`` probe with ``gradient_sync`` false: every forward as under ``no_sync()``): the
+    share of the step it saves (``choose.sync_share``: 0 unless faster beyond noise). Else
+    DDP's own reducer timers (communication minus its overlap with backward compute, on the
+    rank that reached the all-reduce last: the others also wait there for it; >= 3 timed
+    steps). Trigger (baseline probe): that share >= ``comm_exposed_share``; "high" at or above
+    ``comm_exposed_severe``. The timers explain it (ms exposed and overlapped, bytes, buckets,
+    bandwidth). The advice, a larger per-rank batch (the all-reduce costs the same per step
+    whatever the batch), is worded from the probes that ran it (``rules.voice``).
     """
     base, comm = baseline_comm(run)
-    share = comm.get("exposed_fraction")
-    if base is None or share is None or (comm.get("timed_steps") or 0) < 3 \
-            or share < thresholds.comm_exposed_share:
+    if base is None:
         return None
+    unsynced = _unsynced_probe(run)
+    timed = comm.get("exposed_fraction") is not None and (comm.get("timed_steps") or 0) >= 3
+    if unsynced is not None:
+        share = sync_share(candidate(run, base), candidate(run, unsynced), thresholds)
+        evidence = (f"Measured: without gradient synchronisation (probe {unsynced['id']}: the "
+                    "script's settings with every backward as under no_sync(), a measurement "
+                    f"only) the steps ran {unsynced['throughput'] / base['throughput']:.2f}x as "
+                    f"fast: synchronising the gradients costs {pct(share)} of each step. ")
+    elif timed:
+        share, evidence = comm["exposed_fraction"], ""
+    else:
+        return None
+    if share < thresholds.comm_exposed_share:
+        return None
+    if timed:
+        evidence += (f"DDP's reducer timers: {ms(comm['exposed_s'])} of each "
+                     f"{ms(comm['step_s'])} step ({pct(comm['exposed_fraction'])}) is gradient "
+                     f"all-reduce that backward did not cover, of {ms(comm['comm_s'])} of "
+                     f"communication ({ms(comm['overlap_s'])} overlapping backward); "
+                     f"{_transfer(comm)}.")
     batch = as_int(base.get("batch_size"))
-    evidence = (f"{ms(comm['exposed_s'])} of each {ms(comm['step_s'])} step ({pct(share)}) is "
-                f"gradient all-reduce that backward did not cover: DDP's reducer timed "
-                f"{ms(comm['comm_s'])} of communication per step, {ms(comm['overlap_s'])} of it "
-                f"overlapping backward; {_transfer(comm)}.")
     slow = _environment(comm)
     if slow:
         evidence += " The environment explains part of it: " + "; ".join(slow) + "."
@@ -120,6 +138,23 @@ def exposed_communication(run: Run, thresholds: Thresholds) -> Optional[Finding]
         advice=advice)
 
 
+def _latest_ddp_probes(run: Run) -> dict[str, tuple[dict[str, Any], Any]]:
+    """options text -> (options, probe row) of the last ok ``ddp`` probe with those options
+    (a re-measurement, twice as long, comes last)."""
+    latest: dict[str, tuple[dict[str, Any], Any]] = {}
+    for _, probe in ok_probes(run, kinds=(Kind.DDP,)).iterrows():
+        options = probe_entry(run, probe["id"]).get("ddp_options") or {}
+        if options and finite(probe["throughput"]):
+            latest[_options_text(options)] = (options, probe)
+    return latest
+
+
+def _unsynced_probe(run: Run) -> Optional[Any]:
+    """The probe of the script's settings without gradient synchronisation, if one ran ok."""
+    found = _latest_ddp_probes(run).get(_options_text({GRADIENT_SYNC: False}))
+    return found[1] if found is not None else None
+
+
 def _options_text(options: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(options.items()))
 
@@ -128,14 +163,9 @@ def _ddp_counterfactuals(run: Run, base: Any, thresholds: Thresholds) -> tuple[s
     """"Measured: ..." for the DDP-option probes (kind ``ddp``: the script's settings with
     other DDP options; of several of the same options the last, measured longest) against the
     baseline, and the option names they tried."""
-    latest: dict[str, tuple[dict[str, Any], Any]] = {}
-    for _, probe in ok_probes(run, kinds=(Kind.DDP,)).iterrows():
-        options = probe_entry(run, probe["id"]).get("ddp_options") or {}
-        if options and finite(probe["throughput"]):
-            latest[_options_text(options)] = (options, probe)
     parts, tried = [], set()
-    for options, probe in latest.values():
-        if not base["throughput"] > 0:
+    for options, probe in _latest_ddp_probes(run).values():
+        if GRADIENT_SYNC in options or not base["throughput"] > 0:
             continue
         tried.update(options)
         mine, theirs = candidate(run, probe), candidate(run, base)
@@ -171,8 +201,15 @@ def allreduce_per_micro_batch(run: Run, thresholds: Thresholds) -> Optional[Find
                 f"({_mb(comm.get('gradient_bytes'))} each time), where one all-reduce per "
                 "optimizer step gives the same gradients.")
     saving = ""
+    unsynced = _unsynced_probe(run)
     exposed, step = comm.get("exposed_s"), comm.get("step_s")
-    if exposed is not None and step:
+    if unsynced is not None:
+        share = sync_share(candidate(run, base), candidate(run, unsynced), thresholds)
+        saving = (f" Prediction (not measured): about {pct(share * (syncs - 1) / passes)} of "
+                  f"each optimizer step saved: without synchronisation (probe {unsynced['id']}) "
+                  f"a micro-batch took {pct(share)} less time, and no_sync() removes "
+                  f"{syncs - 1:.0f} of every {passes:.0f} synchronisations.")
+    elif exposed is not None and step:
         saved = (syncs - 1) * exposed
         saving = (f" Prediction (not measured): about {ms(saved)} less per optimizer step "
                   f"({pct(saved / (passes * step))} of its time), the exposed all-reduce "

@@ -26,13 +26,19 @@ def comm(exposed_s: float = 0.03, step_s: float = 0.1, **extra) -> dict:
             "comm_fraction": exposed_s / step_s}
 
 
-def run_with(entry: dict, larger: float = 0.0):
+def run_with(entry: dict, larger: float = 0.0, unsynced: float = 0.0):
+    """The baseline (100 ms steps of 8 samples); ``larger``: a batch-32 probe this many times
+    as fast; ``unsynced``: the baseline without gradient synchronisation, as fast."""
     builder = (RunBuilder(world_size=2).probe("base", kind="baseline", num_workers=0,
                                               batch_size=8, entry=entry)
                .steps(data_wait=0.001, compute=0.09, other=0.009))
     if larger:
         builder.probe("b32", num_workers=0, batch_size=32).steps(
             data_wait=0.001, compute=0.099 * 4 / larger, other=0.0, samples=32)
+    if unsynced:
+        builder.probe("nosync", kind="ddp", num_workers=0, batch_size=8,
+                      entry={"ddp_options": {"gradient_sync": False}}).steps(
+            data_wait=0.001, compute=0.099 / unsynced, other=0.0)
     return builder.build()
 
 
@@ -67,6 +73,24 @@ def test_little_exposed_communication_is_no_finding():
     assert exposed_communication(run_with(few), T) is None
 
 
+def test_the_step_without_synchronisation_decides_and_the_timers_explain():
+    run = run_with(comm(0.03), unsynced=1.5)  # the timers see 30 %, the probe says 33 %
+    finding = exposed_communication(run, T)
+    assert finding is not None and finding.severity == "high"
+    assert finding.evidence.startswith("Measured: without gradient synchronisation (probe "
+                                       "nosync")
+    assert "1.49x as fast: synchronising the gradients costs 33 % of each step" in \
+        finding.evidence
+    assert "DDP's reducer timers: 30.0 ms of each 100.0 ms step" in finding.evidence
+    # the timers miss part of it (contention, DDP's own work): the measurement decides
+    hidden = exposed_communication(run_with(comm(0.006), unsynced=1.4), T)
+    assert hidden is not None and "costs 28 % of each step" in hidden.evidence
+
+
+def test_timers_without_a_measured_cost_are_no_finding():
+    assert exposed_communication(run_with(comm(0.03), unsynced=1.01), T) is None
+
+
 def test_slow_nccl_environment_is_named():
     finding = exposed_communication(run_with(comm(0.03, env={"NCCL_IB_DISABLE": "1"})), T)
     assert finding is not None and "NCCL_IB_DISABLE=1: InfiniBand is disabled" in finding.evidence
@@ -80,6 +104,14 @@ def test_allreduce_per_micro_batch_predicts_the_saving():
     assert "model.no_sync()" in finding.recommendation
     assert "Prediction (not measured): about 30.0 ms less per optimizer step" in \
         finding.recommendation
+
+
+def test_accumulation_saving_rests_on_the_measured_synchronisation():
+    entry = comm(0.01, syncs_per_optimizer_step=4.0, forwards_per_optimizer_step=4.0)
+    finding = allreduce_per_micro_batch(run_with(entry, unsynced=1.25), T)
+    assert finding is not None
+    assert "about 15 % of each optimizer step saved" in finding.recommendation  # 0.2 x 3/4
+    assert "(probe nosync) a micro-batch took 20 % less time" in finding.recommendation
 
 
 def test_accumulation_under_no_sync_is_no_finding():

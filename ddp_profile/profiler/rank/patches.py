@@ -12,6 +12,7 @@ import sys
 from typing import Any, Callable
 
 from ddp_profile.profiler.rank.comm import SCRIPT_COLLECTIVES
+from ddp_profile.profiler.settings import GRADIENT_SYNC, constructor_options
 
 _originals: list[tuple[Any, str, Any]] = []
 _handles: list[Any] = []
@@ -87,7 +88,7 @@ def apply(instr: Any) -> None:
     def make_ddp_init(original: Any) -> Any:
         @functools.wraps(original)
         def __init__(self: Any, module: Any, *args: Any, **kwargs: Any) -> None:
-            if instr.plan.ddp and not instr.stopping:
+            if constructor_options(instr.plan.ddp) and not instr.stopping:
                 args, kwargs = (), _ddp_options(ddp_signature, self, module, args, kwargs,
                                                 instr)
             original(self, module, *args, **kwargs)
@@ -103,10 +104,14 @@ def apply(instr: Any) -> None:
             instr.comm.track(self)
         return __init__
 
+    unsynced = (instr.plan.ddp or {}).get(GRADIENT_SYNC) is False
+
     def make_ddp_forward(original: Any) -> Any:
         @functools.wraps(original)
         def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
             if not instr.stopping:
+                if unsynced:  # the communication counterfactual: as under no_sync()
+                    self.require_backward_grad_sync = False
                 instr.comm.forward(self)
             return original(self, *args, **kwargs)
         return forward
@@ -163,7 +168,7 @@ def _ddp_options(signature: inspect.Signature, ddp: Any, module: Any, args: tupl
     arguments.pop("module", None)
     extra = arguments.pop("kwargs", {})
     applied, skipped = {}, []
-    for key, value in instr.plan.ddp.items():
+    for key, value in constructor_options(instr.plan.ddp).items():
         if key in signature.parameters:
             applied[key] = {"own": arguments.get(key), "probe": value}
             arguments[key] = value

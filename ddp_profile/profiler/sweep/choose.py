@@ -44,8 +44,11 @@ class ChoiceThresholds:
     clear_gain: float = 0.05  # a compute-bound script moves only for a gain above this
     tie_rse: float = 0.05  # a tie is claimed only by a measurement at most this uncertain
     launch_sd: float = 0.025  # relative SD between launches of one configuration (measured)
-    comm_exposed_share: float = 0.10  # exposed communication at or above this share of a
-    # step: the sweep measures larger per-rank batches and the exposed-communication rule fires
+    comm_probe_share: float = 0.05  # DDP's timers show this share of a step exposed: the
+    # sweep measures the step without gradient synchronisation
+    comm_exposed_share: float = 0.10  # communication costs this share of a step (measured
+    # without synchronisation, else by DDP's timers): larger batches and DDP options are
+    # measured, and the exposed-communication rule fires
 
 
 @dataclass(frozen=True)
@@ -62,10 +65,34 @@ class Candidate:
     launch: Optional[str] = None  # the launch that measured it (None: unknown)
 
 
-def comm_bound(entry: dict[str, Any],
+def exposed_share(entry: dict[str, Any], thresholds: ChoiceThresholds = ChoiceThresholds()
+                  ) -> bool:
+    """Whether DDP's timers show a probe's exposed communication (``comm_fraction``: the
+    all-reduce backward did not cover, ``store.comm``) at ``comm_probe_share`` of its steps
+    or more: worth measuring the step without it."""
+    share = entry.get("comm_fraction")
+    return share is not None and share >= thresholds.comm_probe_share
+
+
+def sync_share(synced: Candidate, unsynced: Candidate,
+               thresholds: ChoiceThresholds = ChoiceThresholds()) -> float:
+    """The share of a step that gradient synchronisation costs, measured: the same settings
+    with (``synced``) and without it (``unsynced``: every forward as under ``no_sync()``);
+    0 unless the unsynchronised run is faster beyond noise."""
+    if not better(unsynced, synced, thresholds):
+        return 0.0
+    return 1.0 - synced.throughput / unsynced.throughput
+
+
+def comm_bound(entry: dict[str, Any], unsynced: Optional[dict[str, Any]],
                thresholds: ChoiceThresholds = ChoiceThresholds()) -> bool:
-    """Whether a probe's exposed communication (``comm_fraction``: the all-reduce backward did
-    not cover, ``store.comm``) takes at least ``comm_exposed_share`` of its steps."""
+    """Whether communication costs ``comm_exposed_share`` of a probe's steps or more: as
+    measured against ``unsynced`` (its settings without gradient synchronisation) where that
+    ran ok, else as DDP's timers show it."""
+    if unsynced is not None and unsynced.get("status") == "ok" and unsynced.get("throughput") \
+            and entry.get("throughput"):
+        return sync_share(candidate_of(entry), candidate_of(unsynced), thresholds) \
+            >= thresholds.comm_exposed_share
     share = entry.get("comm_fraction")
     return share is not None and share >= thresholds.comm_exposed_share
 

@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from ddp_profile.errors import NoDataLoader, ProbeTimeout, ScriptFailed
 from ddp_profile.profiler.cpus import cpus_available, threads_to_fit
-from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.settings import GRADIENT_SYNC, LoaderSettings
 from ddp_profile.profiler.store.probes import counts_for_choice, counts_for_gate
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.store.summary import latest_ceiling
@@ -31,7 +31,13 @@ from ddp_profile.profiler.sweep.capacity import (
     next_workers,
     run_model,
 )
-from ddp_profile.profiler.sweep.choose import candidate_of, choose, comm_bound, relative_se
+from ddp_profile.profiler.sweep.choose import (
+    candidate_of,
+    choose,
+    comm_bound,
+    exposed_share,
+    relative_se,
+)
 from ddp_profile.profiler.sweep.climb import (
     beats,
     climb_points,
@@ -122,7 +128,8 @@ class Search:
                 self.measure_config(config)
         else:
             self.adaptive()
-            self.communication()
+        self.communication(larger_batches=not self.options.single
+                           and self.options.search == "adaptive")
         self.threads()
         self.repeat()
         if self.wants_ceiling():
@@ -202,27 +209,40 @@ class Search:
             if entry["status"] != "ok":
                 break  # a crash or an OOM would only repeat itself
 
-    def communication(self) -> None:
-        """Where exposed communication takes a meaningful share of the baseline's steps
-        (``choose.comm_bound``): unless the batch-size axis was given, the best configuration
-        with 2x, then 4x the per-rank batch (the all-reduce moves the same gradients per step
-        whatever the batch; they compete in the choice under its batch-size clause, and the
-        finding says that a batch size changes the optimisation); then the script's own
-        settings with other DDP options (kind ``ddp``, never in the choice:
-        ``ddp_counterfactuals``; an unstable one measured again, twice as long), each judged
-        against the baseline by the exposed-communication rule."""
+    def communication(self, larger_batches: bool = True) -> None:
+        """The communication counterfactuals (kind ``ddp``: the script's own settings with
+        other DDP options; never in the choice), where DDP's timers show exposed communication
+        (``choose.exposed_share``). First the step without gradient synchronisation (every
+        forward as under ``no_sync()``): what communication costs, measured. Where it costs
+        ``comm_exposed_share`` or more (``choose.comm_bound``): unless the batch-size axis was
+        given (or the search is not adaptive), the best configuration with 2x, then 4x the
+        per-rank batch (the all-reduce moves the same gradients per step whatever the batch;
+        they compete in the choice under its batch-size clause, and the finding says that a
+        batch size changes the optimisation); then other DDP options
+        (``ddp_counterfactuals``). Each is judged against the baseline by the
+        exposed-communication rule; an unstable one is measured again, twice as long."""
         assert self.baseline is not None
-        if not comm_bound(self.baseline):
+        if self.baseline.get("status") != "ok" or not exposed_share(self.baseline):
             return
-        if self.space.batch_size is None:
+        unsynced = self._ddp_probe({GRADIENT_SYNC: False})
+        if not comm_bound(self.baseline, unsynced):
+            return
+        if larger_batches and self.space.batch_size is None:
             self._larger_batches()
-        rate = self.steps_per_s(normalise(settings_of(self.baseline)))
         for options in ddp_counterfactuals(self.baseline):
+            self._ddp_probe(options)
+
+    def _ddp_probe(self, options: dict[str, Any]) -> Entry:
+        """The script's own settings with DDP ``options``; measured again, twice as long,
+        when unstable."""
+        assert self.baseline is not None
+        rate = self.steps_per_s(normalise(settings_of(self.baseline)))
+        entry = self.measurer.measure(LoaderSettings(), kind="ddp", ddp=options,
+                                      steps_per_s=rate)
+        if entry["status"] == "ok" and relative_se(entry) > UNSTABLE_RSE:
             entry = self.measurer.measure(LoaderSettings(), kind="ddp", ddp=options,
-                                          steps_per_s=rate)
-            if entry["status"] == "ok" and relative_se(entry) > UNSTABLE_RSE:
-                self.measurer.measure(LoaderSettings(), kind="ddp", ddp=options,
-                                      steps=self.options.steps * 2, steps_per_s=rate)
+                                          steps=self.options.steps * 2, steps_per_s=rate)
+        return entry
 
     def _larger_batches(self) -> None:
         assert self.baseline is not None

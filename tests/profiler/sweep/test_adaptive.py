@@ -329,23 +329,27 @@ def test_no_threads_counterfactual_where_the_best_configuration_fits():
 
 
 class CommMeasurer(ModelMeasurer):
-    """A comm-bound loop: each step all-reduces the same gradients (30 ms exposed) after
-    20 ms of compute per 32 samples; DDP options are recorded as asked."""
+    """A comm-bound loop: each step all-reduces the same gradients (``exposed_s``, as DDP's
+    timers see it; ``hidden_s`` more that they miss) after 20 ms of compute per 32 samples.
+    Without gradient synchronisation both are gone. DDP options are recorded as asked."""
 
-    def __init__(self, exposed_s: float = 0.03):
+    def __init__(self, exposed_s: float = 0.03, hidden_s: float = 0.0, costs: bool = True):
         super().__init__(self.model)
-        self.exposed_s = exposed_s
+        self.exposed_s, self.hidden_s, self.costs = exposed_s, hidden_s, costs
         self.ddp_asked: list[Optional[dict[str, Any]]] = []
+        self.synced = True
 
     def model(self, config: LoaderSettings) -> tuple[float, float]:
         batch = config.batch_size or 32
-        step = 0.02 * batch / 32 + self.exposed_s
+        comm = self.exposed_s + self.hidden_s
+        step = 0.02 * batch / 32 + (comm if self.synced or not self.costs else 0.0)
         return 2 * batch / step, 0.01
 
     def _entry(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
         entry = super()._entry(requested, kind, **extra)
         batch = entry["config"]["batch_size"]
-        entry["comm_fraction"] = self.exposed_s / (0.02 * batch / 32 + self.exposed_s)
+        step = 0.02 * batch / 32 + self.exposed_s + self.hidden_s
+        entry["comm_fraction"] = self.exposed_s / step if self.synced else None
         entry["comm"] = {"bucket_cap_bytes": 25 * 2 ** 20, "gradient_as_bucket_view": False}
         return entry
 
@@ -356,25 +360,42 @@ class CommMeasurer(ModelMeasurer):
                 ddp: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         if kind == "ddp":
             self.ddp_asked.append(ddp)
-        return super().measure(requested, kind, steps, mode, threads, steps_per_s, ddp)
+        self.synced = (ddp or {}).get("gradient_sync") is not False
+        try:
+            return super().measure(requested, kind, steps, mode, threads, steps_per_s, ddp)
+        finally:
+            self.synced = True
 
 
-def test_exposed_communication_measures_larger_batches_and_ddp_options():
+def test_exposed_communication_is_measured_then_tuned():
     fake = CommMeasurer()
     found = Search(fake, SPACE, SweepOptions(ceiling=False))
     found.run()
-    batches = {c.batch_size for c in fake.measured}
-    assert {32, 64, 128} <= batches
+    assert fake.ddp_asked == [{"gradient_sync": False}, {"bucket_cap_mb": 100},
+                              {"gradient_as_bucket_view": True}]
+    assert {32, 64, 128} <= {c.batch_size for c in fake.measured}
     assert found.best()["config"]["batch_size"] == 128
-    assert fake.ddp_asked == [{"bucket_cap_mb": 100}, {"gradient_as_bucket_view": True}]
     assert found.best()["kind"] == "sweep"  # a DDP probe never competes in the choice
 
 
-def test_a_given_batch_axis_is_kept_and_little_communication_adds_nothing():
+def test_what_the_timers_miss_is_measured_and_what_costs_nothing_is_not_tuned():
+    # the timers see 3 % (below comm_probe_share): no probe at all
+    quiet = CommMeasurer(exposed_s=0.0006)
+    Search(quiet, SPACE, SweepOptions(ceiling=False)).run()
+    assert quiet.ddp_asked == [] and {c.batch_size for c in quiet.measured} == {32}
+    # the timers see 7 %, the step without synchronisation runs 2x: tuned
+    hidden = CommMeasurer(exposed_s=0.003, hidden_s=0.018)
+    Search(hidden, SPACE, SweepOptions(ceiling=False)).run()
+    assert len(hidden.ddp_asked) == 3 and 64 in {c.batch_size for c in hidden.measured}
+    # the timers see 13 %, but without synchronisation the step is no faster: nothing tuned
+    costless = CommMeasurer(exposed_s=0.003, costs=False)
+    Search(costless, SPACE, SweepOptions(ceiling=False)).run()
+    assert costless.ddp_asked == [{"gradient_sync": False}]
+    assert {c.batch_size for c in costless.measured} == {32}
+
+
+def test_a_given_batch_axis_is_kept():
     fake = CommMeasurer()
     Search(fake, SearchSpace(batch_size=(32,)), SweepOptions(ceiling=False)).run()
     assert {c.batch_size for c in fake.measured} == {32}
-    assert len(fake.ddp_asked) == 2
-    quiet = CommMeasurer(exposed_s=0.001)  # 5 % of a step: below comm_exposed_share
-    Search(quiet, SPACE, SweepOptions(ceiling=False)).run()
-    assert {c.batch_size for c in quiet.measured} == {32} and quiet.ddp_asked == []
+    assert len(fake.ddp_asked) == 3
