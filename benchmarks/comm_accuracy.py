@@ -7,12 +7,16 @@ times:
 * **with DDP**, plain torchrun: the step's median time by the script's own ``perf_counter``;
 * **without DDP** (``--no-ddp``), plain torchrun: the same step with no gradient all-reduce;
 * **ddp-profile** (``run --num-workers 0 --no-ceiling``): the baseline probe's
-  ``comm.exposed_s`` and ``comm_fraction``, from DDP's own reducer timers.
+  ``comm.exposed_s`` and ``comm_fraction``, from DDP's own reducer timers, and the share of
+  the step its probe without gradient synchronisation saved (``1 - baseline / unsynced``
+  throughput: what the exposed-communication finding decides on).
 
-The construction's exposed communication is what DDP adds to a step: median step with DDP
-minus median step without (it also holds DDP's own bookkeeping: bucket copies, hooks, so it
-reads a little above the all-reduce alone). The error is ddp-profile's exposed ms per step
-against it, and its share of the step against the construction's share.
+The construction's cost of communication is what DDP adds to a step: median step with DDP
+minus median step without, as a share of the step with DDP (it also holds DDP's own
+bookkeeping, bucket copies and hooks, and on shared CPUs the gloo threads' contention with
+compute). The headline error is the unsynchronised probe's share against it; the timers'
+exposed share against it is reported beside (``timers_max_abs_error_pp``): they see the
+all-reduce backward did not cover, not what DDP costs around it.
 
     python benchmarks/comm_accuracy.py --quick   # 2 workloads, 1 repetition (~2 min)
     python benchmarks/comm_accuracy.py           # 3 workloads, 3 repetitions
@@ -66,11 +70,15 @@ def profiled(args: list[str], warmup: int, steps: int) -> dict:
         if proc.returncode != 0 or not os.path.exists(path):
             return {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}"}
         with open(path) as handle:
-            probe = json.load(handle)["probes"][0]
+            probes = json.load(handle)["probes"]
+        probe = probes[0]
         comm = probe.get("comm") or {}
+        unsynced = [p for p in probes if p.get("status") == "ok"
+                    and p.get("ddp_options") == {"gradient_sync": False}]
+        cost = 1.0 - probe["throughput"] / unsynced[-1]["throughput"] if unsynced else None
         return {"exposed_s": comm.get("exposed_s"), "comm_s": comm.get("comm_s"),
                 "fraction": probe.get("comm_fraction"), "step_s": comm.get("step_s"),
-                "timed_steps": comm.get("timed_steps")}
+                "timed_steps": comm.get("timed_steps"), "unsynced_share": cost}
     finally:
         _bench.cleanup(work)
 
@@ -101,6 +109,8 @@ def main(argv: list[str] | None = None) -> dict:
                                      for r in ok])
         exposed = _bench.median([r["exposed_s"] for r in ok])
         share = _bench.median([r["fraction"] for r in ok])
+        cost = _bench.median([r["unsynced_share"] for r in ok
+                              if r.get("unsynced_share") is not None])
         rows.append({"workload": name, "hidden": hidden, "layers": layers, "batch": batch,
                      "construction_exposed_ms": _bench.rnd(built * 1e3 if built is not None
                                                            else None, 2),
@@ -110,11 +120,17 @@ def main(argv: list[str] | None = None) -> dict:
                      "measured_share": _bench.rnd(share),
                      "error_pp": _bench.rnd((share - built_share) * 100, 2)
                      if share is not None and built_share is not None else None,
+                     "measured_sync_share": _bench.rnd(cost),
+                     "sync_error_pp": _bench.rnd((cost - built_share) * 100, 2)
+                     if cost is not None and built_share is not None else None,
                      "runs": runs})
     errors = [abs(r["error_pp"]) for r in rows if r["error_pp"] is not None]
+    sync_errors = [abs(r["sync_error_pp"]) for r in rows if r["sync_error_pp"] is not None]
     result = {"benchmark": "comm_accuracy", "machine": _bench.machine(), "reps": reps,
               "steps": opts.steps, "workloads": rows,
-              "max_abs_error_pp": max(errors) if errors else None, "target_pp": TARGET_PP}
+              "max_abs_error_pp": max(sync_errors) if sync_errors else None,
+              "timers_max_abs_error_pp": max(errors) if errors else None,
+              "target_pp": TARGET_PP}
     print(json.dumps(result))
     return result
 

@@ -71,6 +71,10 @@ def run(
     search: Optional[str] = typer.Option(None, help="adaptive | grid (default adaptive)."),
     ceiling: Optional[bool] = typer.Option(None, "--ceiling/--no-ceiling", help="Measure the "
                                            "compute-only ceiling (default: yes)."),
+    comm: Optional[bool] = typer.Option(None, "--comm/--no-comm", help="Where DDP's timers "
+                                        "show exposed communication, measure the step without "
+                                        "gradient synchronisation, larger per-rank batches and "
+                                        "other DDP options (default: yes)."),
     repeat: Optional[int] = typer.Option(None, help="Launches of the recommended configuration "
                                          "in all (default 1); the gate uses 3 or more to "
                                          "tell a slow launch from a slowdown."),
@@ -90,7 +94,8 @@ def run(
         script=script, args=script_args or None, nproc_per_node=nproc_per_node,
         launcher=launcher, num_workers=num_workers, pin_memory=pin_memory,
         prefetch_factor=prefetch_factor, batch_size=batch_size, steps=steps, warmup=warmup,
-        timeout=timeout, out=out, search=search, ceiling=ceiling, repeat=repeat), resume=resume,
+        timeout=timeout, out=out, search=search, ceiling=ceiling, comm=comm, repeat=repeat),
+        resume=resume,
         quiet=quiet)
     out = given["out"]
     if resume:
@@ -103,7 +108,8 @@ def run(
                                                           space.prefetch_factor, space.batch_size))
         options = SweepOptions(search=given["search"], steps=given["steps"],
                                warmup=given["warmup"], timeout_s=given["timeout"],
-                               ceiling=given["ceiling"], repeat=given["repeat"],
+                               ceiling=given["ceiling"], comm=given["comm"],
+                               repeat=given["repeat"],
                                single=single and any(
                                    v is not None for v in space.to_dict().values()))
         out = start_run(RunRequest(script=given["script"],

@@ -13,6 +13,7 @@ Keys and types::
     num_workers = [0, 2, 4]             pin_memory = [true, false]     (or "0,2,4", "true,false")
     prefetch_factor = [2, 4]            batch_size = [32, 64]          (a single value is fine)
     steps = 30    warmup = 5    timeout = 120.0    search = "adaptive" | "grid"   ceiling = true
+    comm = true                         (communication counterfactuals where DDP's timers call)
     repeat = 3                          (launches of the recommended configuration)
     out = "ddp-profile-current"         baseline = "baseline.json"     max_regression = 0.05
 
@@ -35,7 +36,8 @@ PYPROJECT_FILE = "pyproject.toml"
 TOOL_TABLE = "ddp-profile"
 
 RUN_DEFAULTS: Mapping[str, Any] = {"launcher": "torchrun", "steps": 30, "warmup": 5,
-                                   "search": "adaptive", "ceiling": True, "repeat": 1}
+                                   "search": "adaptive", "ceiling": True, "comm": True,
+                                   "repeat": 1}
 _CHOICES = {"launcher": ("torchrun", "none"), "search": ("adaptive", "grid")}
 _PATH_KEYS = ("script", "out", "baseline")
 # Signs of a [tool.ddp-profile] table, for deciding without a TOML parser (Python < 3.11).
@@ -181,7 +183,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "num_workers": _axis_text, "pin_memory": _axis_text, "prefetch_factor": _axis_text,
     "batch_size": _axis_text, "steps": _int(1), "warmup": _int(0), "timeout": _timeout,
     "repeat": _int(1),
-    "search": _choice, "ceiling": _bool, "out": _text, "max_regression": _fraction,
+    "search": _choice, "ceiling": _bool, "comm": _bool, "out": _text, "max_regression": _fraction,
     "baseline": _text,
 }
 KNOWN_KEYS = tuple(_CHECKS)

@@ -43,13 +43,18 @@ def test_comm_bound_script_gets_measured_larger_batches_and_ddp_options(cli, run
     assert comm["collectives"]["per_step"] == pytest.approx(1.0)
     findings = {f["rule"]: f for f in summary["findings"]}
     exposed = findings["exposed-communication"]
-    assert "DDP's reducer timed" in exposed["evidence"] and "gloo" in exposed["evidence"]
+    assert "DDP's reducer timers" in exposed["evidence"] and "gloo" in exposed["evidence"]
     # the larger per-rank batch was measured, and it is what the recommendation runs
     assert summary["recommended"]["batch_size"] > 4 and summary["expected_speedup"] > 1.5
     assert exposed["recommendation"].startswith("Measured: probe")
     ddp = [p for p in summary["probes"] if p["kind"] == "ddp"]
-    assert {tuple(p["ddp_options"]) for p in ddp} == {("bucket_cap_mb",),
+    assert {tuple(p["ddp_options"]) for p in ddp} == {("gradient_sync",), ("bucket_cap_mb",),
                                                       ("gradient_as_bucket_view",)}
+    # measured first: the same steps without gradient synchronisation
+    unsynced = next(p for p in ddp if p["ddp_options"] == {"gradient_sync": False})
+    assert unsynced["comm"]["syncs_per_optimizer_step"] == 0
+    assert unsynced["throughput"] > 1.3 * baseline["throughput"]
+    assert exposed["evidence"].startswith("Measured: without gradient synchronisation")
     capped = next(p for p in ddp if "bucket_cap_mb" in p["ddp_options"])
     assert capped["comm"]["bucket_cap_bytes"] == 100 * 2 ** 20  # applied in the ranks
     assert "bucket_cap_mb=100 ran" in exposed["recommendation"]

@@ -10,8 +10,9 @@ import pytest
 from tests.conftest import DEMO, SCRIPTS
 
 pytestmark = pytest.mark.e2e
+LEAN = ["--no-ceiling", "--no-comm"]  # no compute-only or communication probes
 
-ONE_PROBE = ["--num-workers", "0", "--no-ceiling", "--steps", "10", "--warmup", "2",
+ONE_PROBE = ["--num-workers", "0", *LEAN, "--steps", "10", "--warmup", "2",
              "--no-report", "--quiet"]
 BATCHES = os.path.join(SCRIPTS, "batch_sampler_train.py")
 
@@ -51,7 +52,7 @@ def test_one_rank_with_launcher_none_is_counted_as_one(cli, run_dir):
     cpus = len(os.sched_getaffinity(0))
     workers = cpus + 1  # oversubscribed by one rank alone
     result = cli(["run", DEMO, "--launcher", "none", "--out", run_dir,
-                  "--num-workers", str(workers), "--no-ceiling", "--steps", "6", "--warmup", "2",
+                  "--num-workers", str(workers), *LEAN, "--steps", "6", "--warmup", "2",
                   "--no-report", "--quiet", "--", "--num-workers", str(workers), "--cpu-ms", "1"],
                  out=run_dir)
     findings = _findings(result)
@@ -67,7 +68,7 @@ def test_script_that_ends_early_is_marked_short(cli, run_dir):
     ``--no-ddp``: a DDP model freed as the script returns can deadlock torch's gloo teardown
     (the main thread joins gloo's run loop while holding the GIL, the run loop waits for the GIL
     to free a finished all-reduce): a race in torch that hung this test twice under load."""
-    result = cli(["run", DEMO, "--out", run_dir, "--num-workers", "0", "--no-ceiling",
+    result = cli(["run", DEMO, "--out", run_dir, "--num-workers", "0", *LEAN,
                   "--steps", "10", "--warmup", "1", "--no-report", "--",
                   "--samples", "96", "--epochs", "1", "--batch-size", "16", "--no-ddp"],
                  out=run_dir)

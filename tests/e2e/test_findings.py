@@ -8,7 +8,7 @@ from tests.conftest import DEMO
 
 pytestmark = pytest.mark.e2e
 
-ONE_PROBE = ["--num-workers", "0", "--no-ceiling", "--steps", "20", "--warmup", "3",
+ONE_PROBE = ["--num-workers", "0", "--no-ceiling", "--no-comm", "--steps", "20", "--warmup", "3",
              "--no-report", "--quiet"]
 DATA_RULES = {"data-loader-bound", "io-bound-loading", "cpu-bound-preprocessing",
               "persistent-workers", "pin-memory"}

@@ -17,7 +17,7 @@ from tests.conftest import SCRIPTS
 
 pytestmark = pytest.mark.e2e
 
-ONE_PROBE = ["--num-workers", "0", "--no-ceiling", "--steps", "10", "--warmup", "2",
+ONE_PROBE = ["--num-workers", "0", "--no-ceiling", "--no-comm", "--steps", "10", "--warmup", "2",
              "--no-report", "--quiet"]
 FALSE_HERE = {"missing-distributed-sampler", "no-ddp", "worker-oversubscription",
               "thread-oversubscription", "straggler"}
@@ -30,6 +30,9 @@ def _measured_on_both_ranks(result) -> dict:
     assert summary["world_size"] == 2 and base["status"] == "ok", base
     assert sorted(r["rank"] for r in base["per_rank"]) == [0, 1]
     assert all(r["steps"] >= 10 for r in base["per_rank"]), base["per_rank"]
+    # the framework's DDP is timed by its own reducer, matched step by step
+    assert base["comm"]["timed_steps"] >= 1 and base["comm"]["backend"] == "gloo", base["comm"]
+    assert base["comm"]["syncs_per_optimizer_step"] == 1.0
     return summary
 
 

@@ -18,7 +18,7 @@ from tests.conftest import DEMO, SCRIPTS, TEST_ID_VAR, _current_test_id
 
 pytestmark = pytest.mark.e2e
 
-ONE_PROBE = ["--num-workers", "0", "--no-ceiling", "--steps", "20", "--warmup", "2",
+ONE_PROBE = ["--num-workers", "0", "--no-ceiling", "--no-comm", "--steps", "20", "--warmup", "2",
              "--no-report", "--quiet"]
 
 

@@ -10,6 +10,7 @@ import pytest
 from tests.conftest import DEMO
 
 pytestmark = pytest.mark.e2e
+LEAN = ["--no-ceiling", "--no-comm"]  # no compute-only or communication probes
 
 QUICK = ["--steps", "12", "--warmup", "2", "--no-report", "--quiet"]
 
@@ -53,7 +54,7 @@ def test_cpu_heavy_transform_is_cpu_bound_and_gets_no_storage_advice(cli, run_di
 
 def test_bad_loading_is_recorded_and_the_sweep_goes_on(cli, run_dir):
     # 2 workers kill one of their workers mid-probe; every other setting runs
-    result = cli(["run", DEMO, "--out", run_dir, "--num-workers", "0,1,2", "--no-ceiling",
+    result = cli(["run", DEMO, "--out", run_dir, "--num-workers", "0,1,2", *LEAN,
                   *QUICK, "--", "--load-ms", "1", "--kill-worker-at-step", "6",
                   "--kill-worker-workers", "2"], out=run_dir)
     assert result.returncode == 0, result.stderr
@@ -74,7 +75,7 @@ def test_a_transform_that_raises_fails_its_probe_only(cli, run_dir):
     from tests.conftest import SCRIPTS
 
     script = os.path.join(SCRIPTS, "raising_transform_train.py")
-    result = cli(["run", script, "--out", run_dir, "--num-workers", "0,1,2", "--no-ceiling",
+    result = cli(["run", script, "--out", run_dir, "--num-workers", "0,1,2", *LEAN,
                   *QUICK], out=run_dir)
     assert result.returncode == 0, result.stderr
     summary = result.summary()
@@ -95,7 +96,7 @@ def test_cpu_heavy_workers_on_busy_cpus_are_runnable_not_waiting(cli, run_dir):
         pytest.skip("no scheduler statistics (/proc/thread-self/schedstat) here")
     workers = 3 * len(os.sched_getaffinity(0))  # 6 on 2 CPUs: each sits runnable 2/3 of time
     result = cli(["run", DEMO, "--out", run_dir, "--nproc-per-node", "1", "--num-workers",
-                  str(workers), "--no-ceiling", "--steps", "12", "--warmup", "2", "--no-report",
+                  str(workers), *LEAN, "--steps", "12", "--warmup", "2", "--no-report",
                   "--", "--cpu-ms", "2", "--num-workers", str(workers)], out=run_dir)
     assert result.returncode == 0, result.stderr
     summary = result.summary()

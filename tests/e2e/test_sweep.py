@@ -15,6 +15,7 @@ from ddp_profile.errors import ExitCode
 from tests.conftest import DEMO, TEST_ID_VAR, _current_test_id, probe_processes
 
 pytestmark = pytest.mark.e2e
+LEAN = ["--no-ceiling", "--no-comm"]  # no compute-only or communication probes
 
 QUICK = ["--steps", "20", "--warmup", "3", "--no-report", "--quiet"]
 IO_BOUND = ["--", "--load-ms", "3", "--batch-size", "8"]
@@ -35,11 +36,13 @@ def test_io_bound_script_gets_more_workers(cli, run_dir, search):
     kinds = [p["kind"] for p in summary["probes"]]
     assert kinds[0] == "baseline"
     assert any(f["rule"] == "data-loader-bound" for f in summary["findings"])
-    # the data-bound demo's small all-reduce is timed and gets no communication finding
+    # the data-bound demo's small all-reduce is timed and gets no communication finding (its
+    # timers may read near 5 %, where the step without synchronisation is measured: no more)
     assert summary["probes"][0]["comm"]["timed_steps"] >= 3
     assert not {"exposed-communication", "allreduce-per-micro-batch", "per-step-collectives",
                 "sync-batchnorm"} & {f["rule"] for f in summary["findings"]}
-    assert not [p for p in summary["probes"] if p["kind"] == "ddp"]
+    assert all(p["ddp_options"] == {"gradient_sync": False}
+               for p in summary["probes"] if p["kind"] == "ddp")
     assert len(result.ledger()) == len(summary["probes"])
     if search == "adaptive":  # the ladder and the ceiling in one launch, then a confirmation
         assert "ceiling" in kinds
@@ -54,7 +57,7 @@ def test_io_bound_script_gets_more_workers(cli, run_dir, search):
 
 def test_crash_hang_and_killed_worker_do_not_stop_the_sweep(cli, run_dir):
     result = cli(["run", DEMO, "--out", run_dir, "--search", "grid", "--num-workers", "0,1,2,3",
-                  "--prefetch-factor", "2", "--timeout", "20", "--no-ceiling", *QUICK, "--",
+                  "--prefetch-factor", "2", "--timeout", "20", *LEAN, *QUICK, "--",
                   "--crash-at-step", "4", "--crash-rank", "1", "--crash-workers", "1",
                   "--hang-at-step", "4", "--hang-rank", "1", "--hang-workers", "2",
                   "--kill-worker-at-step", "4", "--kill-worker-workers", "3"], out=run_dir)
@@ -76,7 +79,7 @@ def test_crash_hang_and_killed_worker_do_not_stop_the_sweep(cli, run_dir):
 
 def test_a_screen_records_a_crashed_window_and_relaunches_the_rest(cli, run_dir):
     result = cli(["run", DEMO, "--out", run_dir, "--num-workers", "0,1,2,3",
-                  "--prefetch-factor", "2", "--timeout", "40", "--no-ceiling", *QUICK, "--",
+                  "--prefetch-factor", "2", "--timeout", "40", *LEAN, *QUICK, "--",
                   "--load-ms", "3", "--batch-size", "8",
                   "--crash-at-step", "4", "--crash-rank", "1", "--crash-workers", "1",
                   "--kill-worker-at-step", "4", "--kill-worker-workers", "3"], out=run_dir)
@@ -97,7 +100,7 @@ def test_a_screen_records_a_crashed_window_and_relaunches_the_rest(cli, run_dir)
 
 def test_oom_at_a_batch_size_skips_larger_ones(cli, run_dir):
     result = cli(["run", DEMO, "--out", run_dir, "--search", "grid", "--num-workers", "0",
-                  "--batch-size", "8,16,32", "--no-ceiling", *QUICK, "--",
+                  "--batch-size", "8,16,32", *LEAN, *QUICK, "--",
                   "--batch-size", "8", "--oom-above-batch", "8"], out=run_dir)
     assert result.returncode == 0, result.stderr
     ledger = result.ledger()
@@ -112,7 +115,7 @@ def test_repeat_launches_exactly_the_recommended_configuration(cli, run_dir, sea
     # compute-bound: the loop sleeps 40 ms a step and hardly waits for data, so workers cannot
     # win clearly and the recommendation (and with it the repeats) stays on the baseline's
     result = cli(["run", DEMO, "--out", run_dir, "--search", search, "--num-workers", "0,1",
-                  "--prefetch-factor", "2", "--no-ceiling", "--repeat", "2", *QUICK, "--",
+                  "--prefetch-factor", "2", *LEAN, "--repeat", "2", *QUICK, "--",
                   "--batch-size", "8", "--hidden", "32", "--layers", "1",
                   "--step-sleep-ms", "40"], out=run_dir)
     assert result.returncode == 0, result.stderr
@@ -157,7 +160,7 @@ def _wait_until_gone(timeout: float = 15) -> None:
 
 def test_sigkilled_sweep_resumes_without_rerunning_or_losing_a_probe(cli, run_dir):
     args = ["run", DEMO, "--out", run_dir, "--search", "grid", "--num-workers", "0,1",
-            "--prefetch-factor", "2", "--no-ceiling", *QUICK, *IO_BOUND]
+            "--prefetch-factor", "2", *LEAN, *QUICK, *IO_BOUND]
     proc = _start(args)
     _wait_for_ledger(run_dir, 1)
     time.sleep(1.5)  # the second probe is in flight
@@ -179,7 +182,7 @@ def test_sigkilled_sweep_resumes_without_rerunning_or_losing_a_probe(cli, run_di
 
 
 def test_ctrl_c_stops_cleanly_and_leaves_a_resumable_run(cli, run_dir):
-    args = ["run", DEMO, "--out", run_dir, "--num-workers", "0,2", "--no-ceiling", *QUICK,
+    args = ["run", DEMO, "--out", run_dir, "--num-workers", "0,2", *LEAN, *QUICK,
             *IO_BOUND]
     proc = _start(args)
     _wait_for_ledger(run_dir, 1)
@@ -195,7 +198,7 @@ def test_ctrl_c_stops_cleanly_and_leaves_a_resumable_run(cli, run_dir):
 
 
 def test_sighup_does_not_stop_the_sweep(run_dir):
-    proc = _start(["run", DEMO, "--out", run_dir, "--num-workers", "0", "--no-ceiling", *QUICK,
+    proc = _start(["run", DEMO, "--out", run_dir, "--num-workers", "0", *LEAN, *QUICK,
                    *IO_BOUND])
     deadline = time.monotonic() + 30
     while not os.path.exists(os.path.join(run_dir, "run.json")) and time.monotonic() < deadline:

@@ -10,8 +10,10 @@ communication that overlapped backward compute. Torch computes iteration N's fig
 start of forward N+1 and keeps only the latest, tagged ``iteration`` = N+1 (the number of
 synchronised forwards before it). Nothing is timed under ``no_sync()`` or without grad.
 
-Reading them (``_get_ddp_logging_data()``) costs 40-110 us on the host, so a step reads them
-only every ``every`` steps, sized so the reads stay within ``READ_BUDGET`` of the step time.
+Reading them (``_get_ddp_logging_data()``) costs 40-110 us on the host, so they are read at
+the steps whose index is divisible by ``every``, a power of two sized so the reads stay within
+``READ_BUDGET`` of the step time: ranks that size it differently still read common steps,
+where the loader can tell communication from waiting for a late rank.
 Each synchronised forward is counted here (``DDP.forward`` is wrapped), so every step record
 carries ``ddp_n``, the synchronised forwards per DDP module so far; the loader matches a step
 with the figures tagged with its ``ddp_n`` (``profiler.store.comm``).
@@ -35,6 +37,7 @@ import weakref
 from typing import Any, Callable, Optional
 
 READ_BUDGET = 0.005  # share of the step time the reads of DDP's timers may take
+MAX_EVERY = 64
 TIMER_KEYS = ("forward_compute_time", "backward_compute_time", "backward_comm_time",
               "backward_compute_comm_overlap_time")
 # what a DDP module's logging data says of its configuration (recorded once, at the end)
@@ -77,7 +80,7 @@ class CommMeter:
         self.step_syncs = self.step_unsynced = self.step_opt = 0
         self.coll_n, self.coll_ns = 0, 0
         self.sites: dict[tuple[str, int], list[Any]] = {}  # (file, line) -> [op, fn, n, ns]
-        self.every, self._since_read = 1, 0
+        self.every, self._closed = 1, 0  # read the timers at steps divisible by ``every``
         self._inside = False  # a collective implemented with another is counted once
 
     # ---- DDP -------------------------------------------------------------------------------
@@ -147,9 +150,8 @@ class CommMeter:
             record["ddp_n"] = list(self.synced)
             record["syncs"], record["unsynced"] = self.step_syncs, self.step_unsynced
             record["opt_steps"] = self.step_opt
-            self._since_read += 1
-            if self._since_read >= self.every:
-                self._since_read = 0
+            self._closed += 1
+            if self._closed % self.every == 0:
                 timed = self._read_timers(step_s)
                 if timed:
                     record["ddp_t"] = timed
@@ -177,7 +179,8 @@ class CommMeter:
                 timed.append([index, iteration, *values])
         cost_s = (self._clock() - start) / 1e9
         if step_s > 0:
-            self.every = max(1, min(100, math.ceil(cost_s / (READ_BUDGET * step_s))))
+            wanted = max(1, math.ceil(cost_s / (READ_BUDGET * step_s)))
+            self.every = min(MAX_EVERY, 1 << (wanted - 1).bit_length())  # a power of two
         return timed
 
     # ---- at the end ---------------------------------------------------------------------------

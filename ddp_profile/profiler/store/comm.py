@@ -6,9 +6,10 @@ the step's *exposed* communication: the all-reduce time backward did not cover
 (``comm - overlap``). It lies inside the step's ``compute_s`` (backward returns once every
 bucket is reduced), so a step splits into data wait / compute / exposed comm / other.
 
-``probe_comm(ranks)`` is the ledger entry's ``comm``: per-step figures (those of the least
-exposed rank: a rank that reaches the all-reduce early also waits there for its peers, which
-is imbalance, not communication; ``per_rank`` keeps each), the gradient bytes and buckets, the
+``probe_comm(ranks)`` is the ledger entry's ``comm``: per-step figures (at each step timed on
+every rank, those of the least exposed rank: a rank that reaches the all-reduce early also
+waits there for its peers, which is imbalance, not communication; ``per_rank`` keeps each
+rank's own), the gradient bytes and buckets, the
 achieved all-reduce bandwidth, how often gradients were synchronised per optimizer step, and
 the script's own collectives with their call sites. It is the one author of these figures;
 the rules and reports read them.
@@ -77,6 +78,31 @@ def rank_comm(steps: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     rows = [(timed[int(s["step"])], _step_time(s)) for s in measured if int(s["step"]) in timed]
     if not rows:
         return None
+    step_mean = statistics.fmean(t for _, t in rows)
+    exposed = statistics.fmean(c["exposed_s"] for c, _ in rows)
+    return {"timed_steps": len(rows), "exposed_s": exposed,
+            "comm_s": statistics.fmean(c["comm_s"] for c, _ in rows),
+            "overlap_s": statistics.fmean(c["overlap_s"] for c, _ in rows),
+            "step_s": step_mean,
+            "exposed_fraction": exposed / step_mean if step_mean > 0 else None}
+
+
+def common_comm(ranks: list[Any]) -> Optional[dict[str, Any]]:
+    """Per measured step timed on every rank, the figures of the rank that reached the
+    all-reduce last (the least exposed: the others also waited there for it, which is
+    imbalance, not communication), over the step's time on the slowest rank; None when no
+    step was timed on every rank."""
+    per_rank = []
+    for data in ranks:
+        steps = data.training_steps()
+        timed = step_comm(steps)
+        per_rank.append({int(s["step"]): (timed[int(s["step"])], _step_time(s)) for s in steps
+                         if s.get("measured") and int(s["step"]) in timed})
+    common = sorted(set.intersection(*(set(r) for r in per_rank))) if per_rank else []
+    if not common:
+        return None
+    rows = [(min((r[k][0] for r in per_rank), key=lambda c: c["exposed_s"]),
+             max(r[k][1] for r in per_rank)) for k in common]
     step_mean = statistics.fmean(t for _, t in rows)
     exposed = statistics.fmean(c["exposed_s"] for c, _ in rows)
     return {"timed_steps": len(rows), "exposed_s": exposed,
@@ -186,8 +212,8 @@ def probe_comm(ranks: list[Any]) -> Optional[dict[str, Any]]:
     if not per_rank and not config and collectives is None:
         return None
     # the rank that reaches the all-reduce last waits for the transfer alone; the others also
-    # wait for it: the least exposed rank's figures are the communication's own cost
-    least = min(per_rank, key=lambda r: r["exposed_s"], default=None)
+    # wait for it: per step where every rank was timed, else the least exposed rank's means
+    least = common_comm(ranks) or min(per_rank, key=lambda r: r["exposed_s"], default=None)
     comm_s = least["comm_s"] if least else None
     return {
         "exposed_fraction": least["exposed_fraction"] if least else None,
@@ -195,7 +221,7 @@ def probe_comm(ranks: list[Any]) -> Optional[dict[str, Any]]:
         "comm_s": comm_s,
         "overlap_s": least["overlap_s"] if least else None,
         "step_s": least["step_s"] if least else None,
-        "timed_steps": min((r["timed_steps"] for r in per_rank), default=0),
+        "timed_steps": least["timed_steps"] if least else 0,
         "bandwidth_bytes_per_s": bandwidth(config.get("gradient_bytes"), comm_s,
                                            config.get("world_size")),
         **_sync_counts(counts_steps),

@@ -86,6 +86,7 @@ class SweepOptions:
     warmup: int = 5
     timeout_s: Optional[float] = None
     ceiling: bool = True
+    comm: bool = True  # the communication counterfactuals (``Search.communication``)
     single: bool = False  # measure the requested settings only (no search)
     repeat: int = 1  # launches of the recommended configuration in all (the gate's repeats)
 
@@ -128,8 +129,9 @@ class Search:
                 self.measure_config(config)
         else:
             self.adaptive()
-        self.communication(larger_batches=not self.options.single
-                           and self.options.search == "adaptive")
+        if self.options.comm:
+            self.communication(larger_batches=not self.options.single
+                               and self.options.search == "adaptive")
         self.threads()
         self.repeat()
         if self.wants_ceiling():

@@ -81,6 +81,9 @@ def test_reads_are_spaced_to_stay_within_budget():
     records = run_steps(meter, ddp, 30)
     read = [r for r in records if "ddp_t" in r]
     assert meter.every > 1 and 1 <= len(read) < 30
+    # a power of two, read at step counts it divides: ranks that size it apart share steps
+    assert meter.every & (meter.every - 1) == 0
+    assert all((r["step"] + 1) % 2 == 0 for r in read[1:])
 
 
 def test_collectives_are_timed_per_step_with_their_call_site():

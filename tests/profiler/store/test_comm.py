@@ -67,3 +67,16 @@ def test_no_ddp_and_no_collectives_is_none():
 def test_bandwidth_needs_two_ranks_and_a_time():
     assert bandwidth(1e6, 0.01, 1) is None and bandwidth(1e6, None, 2) is None
     assert bandwidth(1e6, 0.01, 4) == pytest.approx(1e6 * 1.5 / 0.01)
+
+
+def test_waiting_for_a_late_rank_is_not_communication():
+    """Each step one rank arrives late: the other waits 20 ms on top of the 10 ms transfer.
+    Per rank, the means are alike (20 ms); per step, the late rank shows the transfer alone."""
+    ranks = [rank_data(0, exposed_ms=10.0), rank_data(1, exposed_ms=10.0)]
+    for data in ranks:
+        for record in data.steps:
+            if "ddp_t" in record and (record["step"] + data.rank) % 2:
+                record["ddp_t"][0][5] -= int(20e6)  # 20 ms less overlap: 20 ms more exposed
+    comm = probe_comm(ranks)
+    assert [r["exposed_s"] for r in comm["per_rank"]] == pytest.approx([0.020, 0.020], rel=0.3)
+    assert comm["exposed_s"] == pytest.approx(0.010)
