@@ -35,6 +35,7 @@ warmup = 3
 timeout = 90
 search = "grid"
 ceiling = false
+comm = false
 repeat = 3
 out = "runs/current"
 max_regression = 0.1
@@ -57,6 +58,7 @@ def test_dedicated_file_gives_every_key_in_command_line_form(tmp_path):
     assert config.values["batch_size"] == "64"
     assert config.values["timeout"] == 90.0 and config.values["max_regression"] == 0.1
     assert config.values["ceiling"] is False and config.values["launcher"] == "none"
+    assert config.values["comm"] is False
     assert config.values["repeat"] == 3
 
 

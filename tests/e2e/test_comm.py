@@ -12,7 +12,7 @@ from tests.conftest import DEMO
 
 pytestmark = pytest.mark.e2e
 
-ONE_PROBE = ["--num-workers", "0", "--no-ceiling", "--steps", "12", "--warmup", "3",
+ONE_PROBE = ["--num-workers", "0", "--no-ceiling", "--no-comm", "--steps", "12", "--warmup", "3",
              "--no-report", "--quiet"]
 COMM_RULES = {"exposed-communication", "allreduce-per-micro-batch", "per-step-collectives",
               "sync-batchnorm"}

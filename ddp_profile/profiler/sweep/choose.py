@@ -33,6 +33,8 @@ from typing import Any, Optional, Sequence
 
 from ddp_profile.profiler.settings import LoaderSettings
 
+UNSTABLE_RSE = 0.05  # a probe whose throughput is this uncertain is measured again, longer
+
 
 @dataclass(frozen=True)
 class ChoiceThresholds:

@@ -19,10 +19,11 @@ from typing import Any, Optional
 
 from ddp_profile.errors import NoDataLoader, ProbeTimeout, ScriptFailed
 from ddp_profile.profiler.cpus import cpus_available, threads_to_fit
-from ddp_profile.profiler.settings import GRADIENT_SYNC, LoaderSettings
+from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.probes import counts_for_choice, counts_for_gate
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.store.summary import latest_ceiling
+from ddp_profile.profiler.sweep import communication
 from ddp_profile.profiler.sweep.capacity import (
     CLIMB_STOP_CPU_SHARE,
     WORKER_CAP,
@@ -31,13 +32,7 @@ from ddp_profile.profiler.sweep.capacity import (
     next_workers,
     run_model,
 )
-from ddp_profile.profiler.sweep.choose import (
-    candidate_of,
-    choose,
-    comm_bound,
-    exposed_share,
-    relative_se,
-)
+from ddp_profile.profiler.sweep.choose import UNSTABLE_RSE, candidate_of, choose, relative_se
 from ddp_profile.profiler.sweep.climb import (
     beats,
     climb_points,
@@ -57,28 +52,8 @@ from ddp_profile.profiler.sweep.measure import (
 from ddp_profile.profiler.sweep.space import Axes, SearchSpace, grid, normalise, resolve_axes
 
 MAX_CLIMB_LAUNCHES = 3  # launches the climb may add past the first screen
-UNSTABLE_RSE = 0.05  # a probe whose throughput is this uncertain is measured again, longer
 
 Entry = dict[str, Any]
-DEFAULT_BUCKET_CAP_MB = 25  # DDP's bucket_cap_mb when the script gives none
-
-
-def ddp_counterfactuals(baseline: Entry) -> list[dict[str, Any]]:
-    """The DDP options measured where communication is exposed: 4x the bucket cap (fewer,
-    larger all-reduces: the 25 MB default is often too small for fast links, and on a slow
-    one larger buckets can overlap less), and ``gradient_as_bucket_view=True`` (gradients are
-    views into the buckets: no copy in and out) where the script leaves it off. Compression
-    hooks are not tried: they change numerics, and registering one would make the script's
-    own ``register_comm_hook`` fail."""
-    comm = baseline.get("comm") or {}
-    cap = comm.get("bucket_cap_bytes")
-    cap_mb = cap / 2 ** 20 if cap else DEFAULT_BUCKET_CAP_MB
-    options: list[dict[str, Any]] = [{"bucket_cap_mb": int(round(4 * cap_mb))}]
-    if not comm.get("gradient_as_bucket_view"):
-        options.append({"gradient_as_bucket_view": True})
-    return options
-
-
 @dataclass(frozen=True)
 class SweepOptions:
     search: str = "adaptive"  # grid | adaptive
@@ -130,8 +105,8 @@ class Search:
         else:
             self.adaptive()
         if self.options.comm:
-            self.communication(larger_batches=not self.options.single
-                               and self.options.search == "adaptive")
+            communication.measure(self, larger_batches=not self.options.single
+                                  and self.options.search == "adaptive")
         self.threads()
         self.repeat()
         if self.wants_ceiling():
@@ -210,54 +185,6 @@ class Search:
             entry = self.measurer.measure(config, kind="repeat")
             if entry["status"] != "ok":
                 break  # a crash or an OOM would only repeat itself
-
-    def communication(self, larger_batches: bool = True) -> None:
-        """The communication counterfactuals (kind ``ddp``: the script's own settings with
-        other DDP options; never in the choice), where DDP's timers show exposed communication
-        (``choose.exposed_share``). First the step without gradient synchronisation (every
-        forward as under ``no_sync()``): what communication costs, measured. Where it costs
-        ``comm_exposed_share`` or more (``choose.comm_bound``): unless the batch-size axis was
-        given (or the search is not adaptive), the best configuration with 2x, then 4x the
-        per-rank batch (the all-reduce moves the same gradients per step whatever the batch;
-        they compete in the choice under its batch-size clause, and the finding says that a
-        batch size changes the optimisation); then other DDP options
-        (``ddp_counterfactuals``). Each is judged against the baseline by the
-        exposed-communication rule; an unstable one is measured again, twice as long."""
-        assert self.baseline is not None
-        if self.baseline.get("status") != "ok" or not exposed_share(self.baseline):
-            return
-        unsynced = self._ddp_probe({GRADIENT_SYNC: False})
-        if not comm_bound(self.baseline, unsynced):
-            return
-        if larger_batches and self.space.batch_size is None:
-            self._larger_batches()
-        for options in ddp_counterfactuals(self.baseline):
-            self._ddp_probe(options)
-
-    def _ddp_probe(self, options: dict[str, Any]) -> Entry:
-        """The script's own settings with DDP ``options``; measured again, twice as long,
-        when unstable."""
-        assert self.baseline is not None
-        rate = self.steps_per_s(normalise(settings_of(self.baseline)))
-        entry = self.measurer.measure(LoaderSettings(), kind="ddp", ddp=options,
-                                      steps_per_s=rate)
-        if entry["status"] == "ok" and relative_se(entry) > UNSTABLE_RSE:
-            entry = self.measurer.measure(LoaderSettings(), kind="ddp", ddp=options,
-                                          steps=self.options.steps * 2, steps_per_s=rate)
-        return entry
-
-    def _larger_batches(self) -> None:
-        assert self.baseline is not None
-        best = self.best() or self.baseline
-        current = normalise(settings_of(best))
-        batch = current.batch_size or settings_of(self.baseline).batch_size
-        if not batch:
-            return
-        for factor in (2, 4):
-            entry = self.measure_config(replace(current, batch_size=batch * factor))
-            if not beats(entry, best):
-                break
-            best = entry
 
     def threads(self) -> None:
         """The threads counterfactuals (kind ``threads``, never in the choice): where the

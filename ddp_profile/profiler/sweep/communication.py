@@ -1,0 +1,90 @@
+"""The communication counterfactuals of a sweep: ``measure(search)``, called by ``Search.run``.
+
+Each is a probe of kind ``ddp`` (``store.probes.Kind.DDP``): the script's own settings with
+other DDP options (``ProbePlan.ddp``, applied by the rank hook), never in the choice; the
+exposed-communication rule judges each against the baseline. Larger per-rank batches are
+ordinary sweep probes, which the choice weighs under its batch-size clause.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ddp_profile.profiler.settings import GRADIENT_SYNC, LoaderSettings
+from ddp_profile.profiler.sweep.choose import (
+    UNSTABLE_RSE,
+    comm_bound,
+    exposed_share,
+    relative_se,
+)
+from ddp_profile.profiler.sweep.climb import beats
+from ddp_profile.profiler.sweep.space import normalise
+
+Entry = dict[str, Any]
+DEFAULT_BUCKET_CAP_MB = 25  # DDP's bucket_cap_mb when the script gives none
+
+
+def ddp_counterfactuals(baseline: Entry) -> list[dict[str, Any]]:
+    """The DDP options measured where communication costs: 4x the bucket cap (fewer, larger
+    all-reduces: the 25 MB default is often too small for fast links, and on a slow one larger
+    buckets can overlap less), and ``gradient_as_bucket_view=True`` (gradients are views into
+    the buckets: no copy in and out) where the script leaves it off. Compression hooks are
+    not tried: they change numerics, and registering one would make the script's own
+    ``register_comm_hook`` fail."""
+    comm = baseline.get("comm") or {}
+    cap = comm.get("bucket_cap_bytes")
+    cap_mb = cap / 2 ** 20 if cap else DEFAULT_BUCKET_CAP_MB
+    options: list[dict[str, Any]] = [{"bucket_cap_mb": int(round(4 * cap_mb))}]
+    if not comm.get("gradient_as_bucket_view"):
+        options.append({"gradient_as_bucket_view": True})
+    return options
+
+
+def measure(search: Any, larger_batches: bool = True) -> None:
+    """Where DDP's timers show exposed communication (``choose.exposed_share``), first the
+    step without gradient synchronisation (every forward as under ``no_sync()``): what
+    communication costs, measured. Where it costs ``comm_exposed_share`` or more
+    (``choose.comm_bound``): unless the batch-size axis was given (or ``larger_batches`` is
+    off: not an adaptive search), the best configuration with 2x, then 4x the per-rank batch
+    (the all-reduce moves the same gradients per step whatever the batch; the finding says
+    that a batch size changes the optimisation); then other DDP options
+    (``ddp_counterfactuals``). An unstable probe is measured again, twice as long.
+    ``search``: the ``sweep.search.Search`` that calls in (not imported: no cycle)."""
+    baseline = search.baseline
+    if baseline is None or baseline.get("status") != "ok" or not exposed_share(baseline):
+        return
+    unsynced = _ddp_probe(search, {GRADIENT_SYNC: False})
+    if not comm_bound(baseline, unsynced):
+        return
+    if larger_batches and search.space.batch_size is None:
+        _larger_batches(search)
+    for options in ddp_counterfactuals(baseline):
+        _ddp_probe(search, options)
+
+
+def _ddp_probe(search: Any, options: dict[str, Any]) -> Entry:
+    """The script's own settings with DDP ``options``."""
+    assert search.baseline is not None
+    rate = search.steps_per_s(normalise(LoaderSettings.from_dict(search.baseline.get("config"))))
+    entry = search.measurer.measure(LoaderSettings(), kind="ddp", ddp=options, steps_per_s=rate)
+    if entry["status"] == "ok" and relative_se(entry) > UNSTABLE_RSE:
+        entry = search.measurer.measure(LoaderSettings(), kind="ddp", ddp=options,
+                                        steps=search.options.steps * 2, steps_per_s=rate)
+    return entry
+
+
+def _larger_batches(search: Any) -> None:
+    """The best configuration so far with 2x, then 4x its per-rank batch, while it gains."""
+    assert search.baseline is not None
+    best = search.best() or search.baseline
+    current = normalise(LoaderSettings.from_dict(best.get("config")))
+    batch = current.batch_size or LoaderSettings.from_dict(search.baseline.get("config")
+                                                           ).batch_size
+    if not batch:
+        return
+    for factor in (2, 4):
+        entry = search.measure_config(replace(current, batch_size=batch * factor))
+        if not beats(entry, best):
+            break
+        best = entry
