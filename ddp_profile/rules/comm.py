@@ -138,24 +138,24 @@ def exposed_communication(run: Run, thresholds: Thresholds) -> Optional[Finding]
         advice=advice)
 
 
-def _latest_ddp_probes(run: Run) -> dict[str, tuple[dict[str, Any], Any]]:
+def latest_ddp_probes(run: Run) -> dict[str, tuple[dict[str, Any], Any]]:
     """options text -> (options, probe row) of the last ok ``ddp`` probe with those options
     (a re-measurement, twice as long, comes last)."""
     latest: dict[str, tuple[dict[str, Any], Any]] = {}
     for _, probe in ok_probes(run, kinds=(Kind.DDP,)).iterrows():
         options = probe_entry(run, probe["id"]).get("ddp_options") or {}
         if options and finite(probe["throughput"]):
-            latest[_options_text(options)] = (options, probe)
+            latest[options_text(options)] = (options, probe)
     return latest
 
 
 def _unsynced_probe(run: Run) -> Optional[Any]:
     """The probe of the script's settings without gradient synchronisation, if one ran ok."""
-    found = _latest_ddp_probes(run).get(_options_text({GRADIENT_SYNC: False}))
+    found = latest_ddp_probes(run).get(options_text({GRADIENT_SYNC: False}))
     return found[1] if found is not None else None
 
 
-def _options_text(options: dict[str, Any]) -> str:
+def options_text(options: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(options.items()))
 
 
@@ -164,16 +164,16 @@ def _ddp_counterfactuals(run: Run, base: Any, thresholds: Thresholds) -> tuple[s
     other DDP options; of several of the same options the last, measured longest) against the
     baseline, and the option names they tried."""
     parts, tried = [], set()
-    for options, probe in _latest_ddp_probes(run).values():
+    for options, probe in latest_ddp_probes(run).values():
         if GRADIENT_SYNC in options or not base["throughput"] > 0:
             continue
         tried.update(options)
         mine, theirs = candidate(run, probe), candidate(run, base)
         ratio = float(probe["throughput"] / base["throughput"])
-        verdict = ("faster beyond noise: use DDP(model, ..., " + _options_text(options) + ")"
+        verdict = ("faster beyond noise: use DDP(model, ..., " + options_text(options) + ")"
                    if better(mine, theirs, thresholds) else
                    "within noise" if not_worse(mine, theirs, thresholds) else "slower")
-        parts.append(f"{_options_text(options)} ran {ratio:.2f}x (probe {probe['id']}, "
+        parts.append(f"{options_text(options)} ran {ratio:.2f}x (probe {probe['id']}, "
                      f"{verdict})")
     if not parts:
         return "", tried

@@ -10,10 +10,12 @@ from typing import Any, Optional
 import pandas as pd
 
 from ddp_profile.profiler.store.results import Run
+from ddp_profile.profiler.sweep.choose import better
 from ddp_profile.rules.base import (
     Finding,
     Thresholds,
     baseline_probe,
+    candidate,
     events_named,
     loader_info,
     ms,
@@ -23,6 +25,7 @@ from ddp_profile.rules.base import (
     probe_steps,
     world_size,
 )
+from ddp_profile.rules.comm import latest_ddp_probes, options_text
 
 
 def _per_rank_table(steps: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -306,14 +309,31 @@ def find_unused_parameters(run: Run, thresholds: Thresholds) -> Optional[Finding
     if not checks or any(d.get("params_without_grad") != 0 for d in checks):
         return None
     total = max((d.get("params_total") or 0 for d in checks), default=0)
+    measured, severity = _measured_without_search(run, thresholds)
     return Finding(
-        rule="find-unused-parameters", severity="low",
+        rule="find-unused-parameters", severity=severity,
         title="find_unused_parameters=True without unused parameters",
         evidence=("DDP searches the autograd graph for unused parameters every step, yet all "
                   f"{total} parameters received gradients in the {len(checks)} checked "
-                  "step(s)."),
+                  "step(s)." + measured),
         recommendation="DDP(model, ..., find_unused_parameters=False) (the default).",
         ranks=_event_ranks(ddp))
+
+
+def _measured_without_search(run: Run, thresholds: Thresholds) -> tuple[str, str]:
+    """" Measured: ..." where a ``ddp`` probe ran the script's settings with
+    ``find_unused_parameters=False``, and the severity: "medium" when it was faster than the
+    baseline beyond noise, else "low"."""
+    base = baseline_probe(run)
+    found = latest_ddp_probes(run).get(options_text({"find_unused_parameters": False}))
+    if base is None or found is None or not base["throughput"] > 0:
+        return "", "low"
+    probe = found[1]
+    faster = better(candidate(run, probe), candidate(run, base), thresholds)
+    return (f" Measured: with find_unused_parameters=False the script's settings ran "
+            f"{probe['throughput'] / base['throughput']:.2f}x (probe {probe['id']}, "
+            f"{'faster beyond noise' if faster else 'not faster beyond noise'}).",
+            "medium" if faster else "low")
 
 
 RULES = [straggler, missing_distributed_sampler, no_ddp, missing_set_epoch, data_parallel,

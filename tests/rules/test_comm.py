@@ -166,3 +166,21 @@ def test_waiting_in_a_collective_is_not_straggling():
     steps.loc[steps["rank"] == 1, "coll_s"] = 0.028
     steps.loc[steps["rank"] == 0, "coll_s"] = 0.0
     assert straggler(run, T) is None
+
+
+def test_find_unused_parameters_cites_its_measured_counterfactual():
+    from ddp_profile.rules.distributed import find_unused_parameters
+
+    def run(speedup: float):
+        return (RunBuilder(world_size=2).probe("base", kind="baseline", num_workers=0)
+                .steps(compute=0.1)
+                .event("ddp", find_unused_parameters=True, device_type="cpu")
+                .event("ddp_unused_parameters", params_without_grad=0, params_total=8)
+                .probe("fup", kind="ddp", num_workers=0,
+                       entry={"ddp_options": {"find_unused_parameters": False}})
+                .steps(compute=0.1 / speedup).build())
+    faster = find_unused_parameters(run(1.3), T)
+    assert faster.severity == "medium" and "ran 1.26x (probe fup, faster beyond noise)" in \
+        faster.evidence
+    same = find_unused_parameters(run(1.0), T)
+    assert same.severity == "low" and "not faster beyond noise" in same.evidence

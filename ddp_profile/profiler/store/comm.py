@@ -167,6 +167,7 @@ def _configuration(ranks: list[Any]) -> dict[str, Any]:
             "backend": first.get("backend_name"),
             "world_size": first.get("world_size"),
             "find_unused_parameters": bool(first.get("find_unused_parameters")),
+            "unused_parameter_size": first.get("unused_parameter_size"),
             "gradient_as_bucket_view": bool(first.get("gradient_as_bucket_view")),
             "static_graph": bool(first.get("static_graph")),
             "can_set_static_graph": first.get("can_set_static_graph"),

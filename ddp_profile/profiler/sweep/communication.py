@@ -29,8 +29,10 @@ def ddp_counterfactuals(baseline: Entry) -> list[dict[str, Any]]:
     """The DDP options measured where communication costs: 4x the bucket cap (fewer, larger
     all-reduces: the 25 MB default is often too small for fast links, and on a slow one larger
     buckets can overlap less), and ``gradient_as_bucket_view=True`` (gradients are views into
-    the buckets: no copy in and out) where the script leaves it off. Compression hooks are
-    not tried: they change numerics, and registering one would make the script's own
+    the buckets: no copy in and out) where the script leaves it off, and
+    ``find_unused_parameters=False`` where the script sets it and DDP found no unused
+    parameter (it then searches the autograd graph every step for nothing). Compression hooks
+    are not tried: they change numerics, and registering one would make the script's own
     ``register_comm_hook`` fail."""
     comm = baseline.get("comm") or {}
     cap = comm.get("bucket_cap_bytes")
@@ -38,6 +40,8 @@ def ddp_counterfactuals(baseline: Entry) -> list[dict[str, Any]]:
     options: list[dict[str, Any]] = [{"bucket_cap_mb": int(round(4 * cap_mb))}]
     if not comm.get("gradient_as_bucket_view"):
         options.append({"gradient_as_bucket_view": True})
+    if comm.get("find_unused_parameters") and comm.get("unused_parameter_size") == 0:
+        options.append({"find_unused_parameters": False})
     return options
 
 
