@@ -13,7 +13,7 @@ from typing import Any, Optional
 from ddp_profile.profiler.settings import GRADIENT_SYNC
 from ddp_profile.profiler.store.probes import Kind
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.profiler.sweep.choose import better, not_worse, sync_share
+from ddp_profile.profiler.sweep.choose import Candidate, better, not_worse, pool, sync_share
 from ddp_profile.rules.base import (
     Advice,
     Finding,
@@ -87,11 +87,13 @@ def exposed_communication(run: Run, thresholds: Thresholds) -> Optional[Finding]
     unsynced = _unsynced_probe(run)
     timed = comm.get("exposed_fraction") is not None and (comm.get("timed_steps") or 0) >= 3
     if unsynced is not None:
-        share = sync_share(candidate(run, base), candidate(run, unsynced), thresholds)
+        ref, name = reference(run, base)
+        share = sync_share(ref, candidate(run, unsynced), thresholds)
         evidence = (f"Measured: without gradient synchronisation (probe {unsynced['id']}: the "
                     "script's settings with every backward as under no_sync(), a measurement "
-                    f"only) the steps ran {unsynced['throughput'] / base['throughput']:.2f}x as "
-                    f"fast: synchronising the gradients costs {pct(share)} of each step. ")
+                    f"only) the steps ran {unsynced['throughput'] / ref.throughput:.2f}x as "
+                    f"fast as with it ({name}): synchronising the gradients costs "
+                    f"{pct(share)} of each step. ")
     elif timed:
         share, evidence = comm["exposed_fraction"], ""
     else:
@@ -143,10 +145,21 @@ def latest_ddp_probes(run: Run) -> dict[str, tuple[dict[str, Any], Any]]:
     (a re-measurement, twice as long, comes last)."""
     latest: dict[str, tuple[dict[str, Any], Any]] = {}
     for _, probe in ok_probes(run, kinds=(Kind.DDP,)).iterrows():
-        options = probe_entry(run, probe["id"]).get("ddp_options") or {}
-        if options and finite(probe["throughput"]):
+        options = probe_entry(run, probe["id"]).get("ddp_options")
+        if isinstance(options, dict) and finite(probe["throughput"]):
             latest[options_text(options)] = (options, probe)
     return latest
+
+
+def reference(run: Run, base: Any) -> tuple[Candidate, str]:
+    """What the DDP counterfactuals are judged against: the baseline pooled with its twin (the
+    script's settings and DDP options measured again beside them: ``ddp_options`` {}), and
+    how to name it."""
+    twin = latest_ddp_probes(run).get(options_text({}))
+    if twin is None:
+        return candidate(run, base), f"probe {base['id']}"
+    return (pool([candidate(run, base), candidate(run, twin[1])]),
+            f"probes {base['id']} and {twin[1]['id']}, pooled")
 
 
 def _unsynced_probe(run: Run) -> Optional[Any]:
@@ -164,12 +177,13 @@ def _ddp_counterfactuals(run: Run, base: Any, thresholds: Thresholds) -> tuple[s
     other DDP options; of several of the same options the last, measured longest) against the
     baseline, and the option names they tried."""
     parts, tried = [], set()
+    theirs, name = reference(run, base)
     for options, probe in latest_ddp_probes(run).values():
-        if GRADIENT_SYNC in options or not base["throughput"] > 0:
+        if not options or GRADIENT_SYNC in options or not theirs.throughput > 0:
             continue
         tried.update(options)
-        mine, theirs = candidate(run, probe), candidate(run, base)
-        ratio = float(probe["throughput"] / base["throughput"])
+        mine = candidate(run, probe)
+        ratio = float(probe["throughput"] / theirs.throughput)
         verdict = ("faster beyond noise: use DDP(model, ..., " + options_text(options) + ")"
                    if better(mine, theirs, thresholds) else
                    "within noise" if not_worse(mine, theirs, thresholds) else "slower")
@@ -177,7 +191,7 @@ def _ddp_counterfactuals(run: Run, base: Any, thresholds: Thresholds) -> tuple[s
                      f"{verdict})")
     if not parts:
         return "", tried
-    return (f"Measured against the script's own DDP options (probe {base['id']}): "
+    return (f"Measured against the script's own DDP options ({name}): "
             + "; ".join(parts) + ".", tried)
 
 
@@ -204,7 +218,7 @@ def allreduce_per_micro_batch(run: Run, thresholds: Thresholds) -> Optional[Find
     unsynced = _unsynced_probe(run)
     exposed, step = comm.get("exposed_s"), comm.get("step_s")
     if unsynced is not None:
-        share = sync_share(candidate(run, base), candidate(run, unsynced), thresholds)
+        share = sync_share(reference(run, base)[0], candidate(run, unsynced), thresholds)
         saving = (f" Prediction (not measured): about {pct(share * (syncs - 1) / passes)} of "
                   f"each optimizer step saved: without synchronisation (probe {unsynced['id']}) "
                   f"a micro-batch took {pct(share)} less time, and no_sync() removes "

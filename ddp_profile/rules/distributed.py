@@ -25,7 +25,7 @@ from ddp_profile.rules.base import (
     probe_steps,
     world_size,
 )
-from ddp_profile.rules.comm import latest_ddp_probes, options_text
+from ddp_profile.rules.comm import latest_ddp_probes, options_text, reference
 
 
 def _per_rank_table(steps: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -329,10 +329,11 @@ def _measured_without_search(run: Run, thresholds: Thresholds) -> tuple[str, str
     if base is None or found is None or not base["throughput"] > 0:
         return "", "low"
     probe = found[1]
-    faster = better(candidate(run, probe), candidate(run, base), thresholds)
+    ref, name = reference(run, base)
+    faster = better(candidate(run, probe), ref, thresholds)
     return (f" Measured: with find_unused_parameters=False the script's settings ran "
-            f"{probe['throughput'] / base['throughput']:.2f}x (probe {probe['id']}, "
-            f"{'faster beyond noise' if faster else 'not faster beyond noise'}).",
+            f"{probe['throughput'] / ref.throughput:.2f}x their own ({name}; probe "
+            f"{probe['id']}, {'faster beyond noise' if faster else 'not faster beyond noise'}).",
             "medium" if faster else "low")
 
 

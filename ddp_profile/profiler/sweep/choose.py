@@ -86,14 +86,21 @@ def sync_share(synced: Candidate, unsynced: Candidate,
     return 1.0 - synced.throughput / unsynced.throughput
 
 
+def _measured(entry: Optional[dict[str, Any]]) -> bool:
+    return entry is not None and entry.get("status") == "ok" and bool(entry.get("throughput"))
+
+
 def comm_bound(entry: dict[str, Any], unsynced: Optional[dict[str, Any]],
+               twin: Optional[dict[str, Any]] = None,
                thresholds: ChoiceThresholds = ChoiceThresholds()) -> bool:
     """Whether communication costs ``comm_exposed_share`` of a probe's steps or more: as
     measured against ``unsynced`` (its settings without gradient synchronisation) where that
-    ran ok, else as DDP's timers show it."""
-    if unsynced is not None and unsynced.get("status") == "ok" and unsynced.get("throughput") \
-            and entry.get("throughput"):
-        return sync_share(candidate_of(entry), candidate_of(unsynced), thresholds) \
+    ran ok, the probe pooled with its ``twin`` (the same settings measured again beside the
+    counterfactuals: one launch of a script can run at a level of its own); else as DDP's
+    timers show it."""
+    if _measured(unsynced) and _measured(entry):
+        reference = pool([candidate_of(e) for e in (entry, twin) if _measured(e)])
+        return sync_share(reference, candidate_of(unsynced), thresholds) \
             >= thresholds.comm_exposed_share
     share = entry.get("comm_fraction")
     return share is not None and share >= thresholds.comm_exposed_share
@@ -200,11 +207,12 @@ def most_certain(candidates: Sequence[Candidate]) -> list[Candidate]:
     groups: dict[LoaderSettings, list[Candidate]] = {}
     for c in candidates:
         groups.setdefault(c.config, []).append(c)
-    pooled = {config: _pool(group) for config, group in groups.items()}
+    pooled = {config: pool(group) for config, group in groups.items()}
     return [pooled[c.config] for c in candidates if pooled[c.config].id == c.id]
 
 
-def _pool(group: list[Candidate]) -> Candidate:
+def pool(group: list[Candidate]) -> Candidate:
+    """Several measurements of one configuration as one (see ``most_certain``)."""
     best = min(group, key=_certainty)
     if len(group) == 1:
         return best

@@ -47,19 +47,22 @@ def ddp_counterfactuals(baseline: Entry) -> list[dict[str, Any]]:
 
 def measure(search: Any, larger_batches: bool = True) -> None:
     """Where DDP's timers show exposed communication (``choose.exposed_share``), first the
-    step without gradient synchronisation (every forward as under ``no_sync()``): what
-    communication costs, measured. Where it costs ``comm_exposed_share`` or more
-    (``choose.comm_bound``): unless the batch-size axis was given (or ``larger_batches`` is
-    off: not an adaptive search), the best configuration with 2x, then 4x the per-rank batch
-    (the all-reduce moves the same gradients per step whatever the batch; the finding says
-    that a batch size changes the optimisation); then other DDP options
-    (``ddp_counterfactuals``). An unstable probe is measured again, twice as long.
-    ``search``: the ``sweep.search.Search`` that calls in (not imported: no cycle)."""
+    script's own settings and DDP options again (a twin: a launch can run at a level of its
+    own, and the baseline was the first), then the step without gradient synchronisation
+    (every forward as under ``no_sync()``): what communication costs, measured against both.
+    Where it costs ``comm_exposed_share`` or more (``choose.comm_bound``): unless the
+    batch-size axis was given (or ``larger_batches`` is off: not an adaptive search), the best
+    configuration with 2x, then 4x the per-rank batch (the all-reduce moves the same gradients
+    per step whatever the batch; the finding says that a batch size changes the
+    optimisation); then other DDP options (``ddp_counterfactuals``). An unstable probe is
+    measured again, twice as long. ``search``: the ``sweep.search.Search`` that calls in (not
+    imported: no cycle)."""
     baseline = search.baseline
     if baseline is None or baseline.get("status") != "ok" or not exposed_share(baseline):
         return
+    twin = _ddp_probe(search, {})  # the script as it is, beside its counterfactuals
     unsynced = _ddp_probe(search, {GRADIENT_SYNC: False})
-    if not comm_bound(baseline, unsynced):
+    if not comm_bound(baseline, unsynced, twin):
         return
     if larger_batches and search.space.batch_size is None:
         _larger_batches(search)
