@@ -48,7 +48,7 @@ def test_comm_bound_script_gets_measured_larger_batches_and_ddp_options(cli, run
     assert summary["recommended"]["batch_size"] > 4 and summary["expected_speedup"] > 1.5
     assert exposed["recommendation"].startswith("Measured: probe")
     ddp = [p for p in summary["probes"] if p["kind"] == "ddp"]
-    assert {tuple(p["ddp_options"]) for p in ddp} == {("gradient_sync",), ("bucket_cap_mb",),
+    assert {tuple(p["ddp_options"]) for p in ddp} == {(), ("gradient_sync",), ("bucket_cap_mb",),
                                                       ("gradient_as_bucket_view",)}
     # measured first: the same steps without gradient synchronisation
     unsynced = next(p for p in ddp if p["ddp_options"] == {"gradient_sync": False})

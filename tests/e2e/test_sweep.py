@@ -37,11 +37,12 @@ def test_io_bound_script_gets_more_workers(cli, run_dir, search):
     assert kinds[0] == "baseline"
     assert any(f["rule"] == "data-loader-bound" for f in summary["findings"])
     # the data-bound demo's small all-reduce is timed and gets no communication finding (its
-    # timers may read near 5 %, where the step without synchronisation is measured: no more)
+    # timers may read 3 % or more, where the step is measured again with and without gradient
+    # synchronisation: no more)
     assert summary["probes"][0]["comm"]["timed_steps"] >= 3
     assert not {"exposed-communication", "allreduce-per-micro-batch", "per-step-collectives",
                 "sync-batchnorm"} & {f["rule"] for f in summary["findings"]}
-    assert all(p["ddp_options"] == {"gradient_sync": False}
+    assert all(p["ddp_options"] in ({}, {"gradient_sync": False})
                for p in summary["probes"] if p["kind"] == "ddp")
     assert len(result.ledger()) == len(summary["probes"])
     if search == "adaptive":  # the ladder and the ceiling in one launch, then a confirmation
