@@ -8,8 +8,9 @@ times:
 * **without DDP** (``--no-ddp``), plain torchrun: the same step with no gradient all-reduce;
 * **ddp-profile** (``run --num-workers 0 --no-ceiling``): the baseline probe's
   ``comm.exposed_s`` and ``comm_fraction``, from DDP's own reducer timers, and the share of
-  the step its probe without gradient synchronisation saved (``1 - baseline / unsynced``
-  throughput: what the exposed-communication finding decides on).
+  the step its probe without gradient synchronisation saved (``1 - reference / unsynced``
+  throughput, the reference being the baseline pooled with its twin: what the
+  exposed-communication finding decides on).
 
 The construction's cost of communication is what DDP adds to a step: median step with DDP
 minus median step without, as a share of the step with DDP (it also holds DDP's own
@@ -73,14 +74,29 @@ def profiled(args: list[str], warmup: int, steps: int) -> dict:
             probes = json.load(handle)["probes"]
         probe = probes[0]
         comm = probe.get("comm") or {}
-        unsynced = [p for p in probes if p.get("status") == "ok"
-                    and p.get("ddp_options") == {"gradient_sync": False}]
-        cost = 1.0 - probe["throughput"] / unsynced[-1]["throughput"] if unsynced else None
+        cost = _sync_cost(probes)
         return {"exposed_s": comm.get("exposed_s"), "comm_s": comm.get("comm_s"),
                 "fraction": probe.get("comm_fraction"), "step_s": comm.get("step_s"),
                 "timed_steps": comm.get("timed_steps"), "unsynced_share": cost}
     finally:
         _bench.cleanup(work)
+
+
+def _sync_cost(probes: list[dict]) -> float | None:
+    """1 - (the baseline pooled with its twin) / (the probe without synchronisation), as the
+    exposed-communication rule reads them (not floored at the noise)."""
+    from ddp_profile.profiler.sweep.choose import candidate_of, pool
+
+    def last(options: dict) -> dict | None:
+        found = [p for p in probes if p.get("status") == "ok" and p.get("kind") == "ddp"
+                 and p.get("ddp_options") == options]
+        return found[-1] if found else None
+
+    unsynced, twin = last({"gradient_sync": False}), last({})
+    if unsynced is None:
+        return None
+    reference = pool([candidate_of(p) for p in (probes[0], twin) if p is not None])
+    return 1.0 - reference.throughput / unsynced["throughput"]
 
 
 def main(argv: list[str] | None = None) -> dict:
