@@ -4,7 +4,8 @@ Each workload (``benchmarks/workloads/bench_train.py``, 2 ranks, gloo on CPU, an
 width sets the gradient bytes, free loading) runs three ways, interleaved, each ``--reps``
 times:
 
-* **with DDP**, plain torchrun: the step's median time by the script's own ``perf_counter``;
+* **with DDP**, plain torchrun: the step's mean time by the script's own ``perf_counter``
+  (slowest rank);
 * **without DDP** (``--no-ddp``), plain torchrun: the same step with no gradient all-reduce;
 * **ddp-profile** (``run --num-workers 0 --no-ceiling``): the baseline probe's
   ``comm.exposed_s`` and ``comm_fraction``, from DDP's own reducer timers, and the share of
@@ -12,8 +13,8 @@ times:
   throughput, the reference being the baseline pooled with its twin: what the
   exposed-communication finding decides on).
 
-The construction's cost of communication is what DDP adds to a step: median step with DDP
-minus median step without, as a share of the step with DDP (it also holds DDP's own
+The construction's cost of communication is what DDP adds to a step: mean step with DDP
+minus mean step without, as a share of the step with DDP (it also holds DDP's own
 bookkeeping, bucket copies and hooks, and on shared CPUs the gloo threads' contention with
 compute). The headline error is the unsynchronised probe's share against it; the timers'
 exposed share against it is reported beside (``timers_max_abs_error_pp``): they see the
@@ -49,12 +50,13 @@ def workload_args(hidden: int, layers: int, batch: int) -> list[str]:
 
 
 def plain_step(args: list[str], warmup: int, steps: int) -> float | None:
-    """The slowest rank's median step (s) of a plain torchrun of the workload."""
+    """The slowest rank's mean step (s) of a plain torchrun of the workload: the mean, as
+    throughput is (a DDP step's tail of slow all-reduces is part of its cost)."""
     work = _bench.scratch("comm-accuracy-plain-")
     try:
         result = _bench.run_plain([*args, "--steps", str(warmup + steps), "--warmup",
                                    str(warmup)], work)
-        return _bench.slowest_median(result)
+        return _bench.slowest(result, "mean_step_s")
     finally:
         _bench.cleanup(work)
 
