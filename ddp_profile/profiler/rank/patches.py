@@ -105,6 +105,7 @@ def apply(instr: Any) -> None:
         return __init__
 
     unsynced = (instr.plan.ddp or {}).get(GRADIENT_SYNC) is False
+    lockstep = _lockstep(dist.all_reduce) if unsynced else None
 
     def make_ddp_forward(original: Any) -> Any:
         @functools.wraps(original)
@@ -112,6 +113,8 @@ def apply(instr: Any) -> None:
             if not instr.stopping:
                 if unsynced:  # the communication counterfactual: as under no_sync()
                     self.require_backward_grad_sync = False
+                    if torch.is_grad_enabled():
+                        lockstep(self)
                 instr.comm.forward(self)
             return original(self, *args, **kwargs)
         return forward
@@ -156,6 +159,24 @@ def apply(instr: Any) -> None:
 
     _handles.append(register_optimizer_step_post_hook(lambda *_: instr.on_optimizer_step()))
     _install_excepthook(instr)
+
+
+def _lockstep(all_reduce: Any) -> Callable[[Any], None]:
+    """Without gradient synchronisation the ranks would drift apart, and on shared CPUs one
+    that runs alone runs faster: a one-element all-reduce per forward keeps them in step, as
+    synchronisation does, so the counterfactual differs in the gradients' transfer alone. The
+    all-reduce is torch's own (not counted as the script's)."""
+    tensors: dict[int, Any] = {}
+
+    def lockstep(ddp: Any) -> None:
+        import torch
+
+        key = id(ddp)
+        if key not in tensors:
+            first = next(iter(ddp.parameters()), None)
+            tensors[key] = torch.zeros(1, device=first.device if first is not None else "cpu")
+        all_reduce(tensors[key], group=getattr(ddp, "process_group", None))
+    return lockstep
 
 
 def _ddp_options(signature: inspect.Signature, ddp: Any, module: Any, args: tuple,
