@@ -163,19 +163,23 @@ def apply(instr: Any) -> None:
 
 def _lockstep(all_reduce: Any) -> Callable[[Any], None]:
     """Without gradient synchronisation the ranks would drift apart, and on shared CPUs one
-    that runs alone runs faster: a one-element all-reduce per forward keeps them in step, as
-    synchronisation does, so the counterfactual differs in the gradients' transfer alone. The
+    that runs alone runs faster: a one-element all-reduce every ``LOCKSTEP_FORWARDS`` forwards
+    keeps them within a few steps of each other (each costs an all-reduce's latency, hence
+    not every forward), so the counterfactual differs in the gradients' transfer alone. The
     all-reduce is torch's own (not counted as the script's)."""
-    tensors: dict[int, Any] = {}
+    tensors: dict[int, list[Any]] = {}
 
     def lockstep(ddp: Any) -> None:
         import torch
 
-        key = id(ddp)
-        if key not in tensors:
+        slot = tensors.get(id(ddp))
+        if slot is None:
             first = next(iter(ddp.parameters()), None)
-            tensors[key] = torch.zeros(1, device=first.device if first is not None else "cpu")
-        all_reduce(tensors[key], group=getattr(ddp, "process_group", None))
+            slot = tensors[id(ddp)] = [torch.zeros(
+                1, device=first.device if first is not None else "cpu"), 0]
+        slot[1] += 1
+        if slot[1] % LOCKSTEP_FORWARDS == 0:
+            all_reduce(slot[0], group=getattr(ddp, "process_group", None))
     return lockstep
 
 
@@ -199,6 +203,7 @@ def _ddp_options(signature: inspect.Signature, ddp: Any, module: Any, args: tupl
     return {**arguments, **extra}
 
 
+LOCKSTEP_FORWARDS = 4
 GRADIENT_COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_reduce_coalesced")
 
 
