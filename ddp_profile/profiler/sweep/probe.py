@@ -342,7 +342,8 @@ def _lost_connection(error: dict[str, Any]) -> bool:
 
 NEEDS_CUDA_PATTERNS = ("doesn't have nccl built in", "nccl", "torch not compiled with cuda",
                        "no cuda gpus are available", "found no nvidia driver",
-                       "cuda driver initialization failed", "cuda is not available")
+                       "cuda driver initialization failed", "cuda is not available",
+                       "has no attribute '_cuda_")  # torch.cuda.set_device on a CPU build
 
 
 def _needs_cuda(error: dict[str, Any], ranks: list[RankData]) -> bool:

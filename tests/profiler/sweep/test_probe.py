@@ -219,3 +219,18 @@ def test_when_only_symptoms_were_recorded_the_log_names_the_cause(tmp_path):
     plan = ProbePlan(probe_id="p005", out_dir=str(tmp_path))
     entry = summarise_probe(plan, outcome(tmp_path), "sweep", 60)
     assert entry["root_cause_rank"] == 0 and "DataLoader worker" in entry["error"]
+
+
+@pytest.mark.parametrize("message", [
+    "AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'",
+    "RuntimeError: Distributed package doesn't have NCCL built in",
+    "AssertionError: Torch not compiled with CUDA enabled"])
+def test_a_cuda_only_script_on_a_machine_without_cuda_is_named(message):
+    from ddp_profile.profiler.store.results import RankData
+    from ddp_profile.profiler.sweep.probe import _needs_cuda
+
+    cpu = RankData(rank=0, context={"device": "cpu"})
+    assert _needs_cuda({"message": message, "last_line": message}, [cpu])
+    gpu = RankData(rank=0, context={"device": "cuda"})
+    assert not _needs_cuda({"message": message, "last_line": message}, [gpu])
+    assert not _needs_cuda({"message": "ValueError: bad shape", "last_line": ""}, [cpu])
