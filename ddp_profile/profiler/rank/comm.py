@@ -163,14 +163,7 @@ class CommMeter:
     def _read_timers(self, step_s: float) -> list[list[int]]:
         start = self._clock()
         timed = []
-        for index, ref in enumerate(self.modules):
-            module = ref()
-            if module is None:
-                continue
-            try:
-                data = module._get_ddp_logging_data()
-            except Exception:  # noqa: BLE001 - the timers are evidence, never a failure
-                continue
+        for index, _module, data in self._logging_data():
             iteration = int(data.get("iteration") or 0)
             values = [data.get(key) for key in TIMER_KEYS]
             if iteration > self._last_iteration[index] and all(
@@ -183,19 +176,25 @@ class CommMeter:
             self.every = min(MAX_EVERY, 1 << (wanted - 1).bit_length())  # a power of two
         return timed
 
-    # ---- at the end ---------------------------------------------------------------------------
-    def module_facts(self) -> list[dict[str, Any]]:
-        """Each live DDP module's configuration as its logging data states it, plus the
-        environment that sizes its communication."""
-        facts = []
+    def _logging_data(self) -> list[tuple[int, Any, dict[str, Any]]]:
+        """(index, module, its logging data) of each live DDP module that gives it."""
+        found = []
         for index, ref in enumerate(self.modules):
             module = ref()
             if module is None:
                 continue
             try:
-                data = module._get_ddp_logging_data()
-            except Exception:  # noqa: BLE001
+                found.append((index, module, module._get_ddp_logging_data()))
+            except Exception:  # noqa: BLE001 - the timers are evidence, never a failure
                 continue
+        return found
+
+    # ---- at the end ---------------------------------------------------------------------------
+    def module_facts(self) -> list[dict[str, Any]]:
+        """Each live DDP module's configuration as its logging data states it, plus the
+        environment that sizes its communication."""
+        facts = []
+        for index, module, data in self._logging_data():
             fact = {key: data[key] for key in CONFIG_KEYS if key in data}
             hook = data.get("comm_hook") or getattr(module, "_comm_hooks", None)
             fact["comm_hook"] = _hook_name(hook)

@@ -76,6 +76,11 @@ def rank_comm(steps: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     measured = [s for s in steps if s.get("measured")]
     timed = step_comm(steps)
     rows = [(timed[int(s["step"])], _step_time(s)) for s in measured if int(s["step"]) in timed]
+    return _means(rows)
+
+
+def _means(rows: list[tuple[dict[str, float], float]]) -> Optional[dict[str, Any]]:
+    """Mean figures of (step_comm figures, step time) rows; None without rows."""
     if not rows:
         return None
     step_mean = statistics.fmean(t for _, t in rows)
@@ -99,17 +104,8 @@ def common_comm(ranks: list[Any]) -> Optional[dict[str, Any]]:
         per_rank.append({int(s["step"]): (timed[int(s["step"])], _step_time(s)) for s in steps
                          if s.get("measured") and int(s["step"]) in timed})
     common = sorted(set.intersection(*(set(r) for r in per_rank))) if per_rank else []
-    if not common:
-        return None
-    rows = [(min((r[k][0] for r in per_rank), key=lambda c: c["exposed_s"]),
-             max(r[k][1] for r in per_rank)) for k in common]
-    step_mean = statistics.fmean(t for _, t in rows)
-    exposed = statistics.fmean(c["exposed_s"] for c, _ in rows)
-    return {"timed_steps": len(rows), "exposed_s": exposed,
-            "comm_s": statistics.fmean(c["comm_s"] for c, _ in rows),
-            "overlap_s": statistics.fmean(c["overlap_s"] for c, _ in rows),
-            "step_s": step_mean,
-            "exposed_fraction": exposed / step_mean if step_mean > 0 else None}
+    return _means([(min((r[k][0] for r in per_rank), key=lambda c: c["exposed_s"]),
+                    max(r[k][1] for r in per_rank)) for k in common])
 
 
 def _sync_counts(steps: list[dict[str, Any]]) -> dict[str, Optional[float]]:
@@ -200,16 +196,15 @@ def bandwidth(gradient_bytes: Optional[float], comm_s: Optional[float],
 
 def probe_comm(ranks: list[Any]) -> Optional[dict[str, Any]]:
     """The ledger entry's ``comm`` (None when the probe had no DDP and no collectives)."""
-    per_rank, counts_steps, coll_steps = [], [], []
+    per_rank, every_step = [], []
     for data in ranks:
         steps = data.training_steps()
-        counts_steps += steps
-        coll_steps += steps
+        every_step += steps
         figures = rank_comm(steps)
         if figures is not None:
             per_rank.append({"rank": data.rank, **figures})
     config = _configuration(ranks)
-    collectives = _collectives(coll_steps)
+    collectives = _collectives(every_step)
     if not per_rank and not config and collectives is None:
         return None
     # the rank that reaches the all-reduce last waits for the transfer alone; the others also
@@ -225,7 +220,7 @@ def probe_comm(ranks: list[Any]) -> Optional[dict[str, Any]]:
         "timed_steps": least["timed_steps"] if least else 0,
         "bandwidth_bytes_per_s": bandwidth(config.get("gradient_bytes"), comm_s,
                                            config.get("world_size")),
-        **_sync_counts(counts_steps),
+        **_sync_counts(every_step),
         **config,
         "collectives": collectives,
         "sites": _sites(ranks),
