@@ -70,13 +70,12 @@ def _mean(values: list[float]) -> Optional[float]:
     return statistics.fmean(values) if values else None
 
 
-def rank_comm(steps: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
-    """One rank's measured steps: exposed comm per step and its share of the step, over the
-    steps whose backward was timed; None when none was."""
-    measured = [s for s in steps if s.get("measured")]
+def timed_rows(steps: list[dict[str, Any]]) -> dict[int, tuple[dict[str, float], float]]:
+    """One rank's measured steps whose backward was timed: step -> (``step_comm`` figures,
+    the step's time)."""
     timed = step_comm(steps)
-    rows = [(timed[int(s["step"])], _step_time(s)) for s in measured if int(s["step"]) in timed]
-    return _means(rows)
+    return {int(s["step"]): (timed[int(s["step"])], _step_time(s)) for s in steps
+            if s.get("measured") and int(s["step"]) in timed}
 
 
 def _means(rows: list[tuple[dict[str, float], float]]) -> Optional[dict[str, Any]]:
@@ -92,17 +91,12 @@ def _means(rows: list[tuple[dict[str, float], float]]) -> Optional[dict[str, Any
             "exposed_fraction": exposed / step_mean if step_mean > 0 else None}
 
 
-def common_comm(ranks: list[Any]) -> Optional[dict[str, Any]]:
-    """Per measured step timed on every rank, the figures of the rank that reached the
-    all-reduce last (the least exposed: the others also waited there for it, which is
-    imbalance, not communication), over the step's time on the slowest rank; None when no
-    step was timed on every rank."""
-    per_rank = []
-    for data in ranks:
-        steps = data.training_steps()
-        timed = step_comm(steps)
-        per_rank.append({int(s["step"]): (timed[int(s["step"])], _step_time(s)) for s in steps
-                         if s.get("measured") and int(s["step"]) in timed})
+def common_comm(per_rank: list[dict[int, tuple[dict[str, float], float]]]
+                ) -> Optional[dict[str, Any]]:
+    """Per measured step timed on every rank (``timed_rows`` of each), the figures of the rank
+    that reached the all-reduce last (the least exposed: the others also waited there for it,
+    which is imbalance, not communication), over the step's time on the slowest rank; None
+    when no step was timed on every rank."""
     common = sorted(set.intersection(*(set(r) for r in per_rank))) if per_rank else []
     return _means([(min((r[k][0] for r in per_rank), key=lambda c: c["exposed_s"]),
                     max(r[k][1] for r in per_rank)) for k in common])
@@ -196,11 +190,12 @@ def bandwidth(gradient_bytes: Optional[float], comm_s: Optional[float],
 
 def probe_comm(ranks: list[Any]) -> Optional[dict[str, Any]]:
     """The ledger entry's ``comm`` (None when the probe had no DDP and no collectives)."""
-    per_rank, every_step = [], []
+    per_rank, rows, every_step = [], [], []
     for data in ranks:
         steps = data.training_steps()
         every_step += steps
-        figures = rank_comm(steps)
+        rows.append(timed_rows(steps))
+        figures = _means(list(rows[-1].values()))  # the rank's own means
         if figures is not None:
             per_rank.append({"rank": data.rank, **figures})
     config = _configuration(ranks)
@@ -209,7 +204,7 @@ def probe_comm(ranks: list[Any]) -> Optional[dict[str, Any]]:
         return None
     # the rank that reaches the all-reduce last waits for the transfer alone; the others also
     # wait for it: per step where every rank was timed, else the least exposed rank's means
-    least = common_comm(ranks) or min(per_rank, key=lambda r: r["exposed_s"], default=None)
+    least = common_comm(rows) or min(per_rank, key=lambda r: r["exposed_s"], default=None)
     comm_s = least["comm_s"] if least else None
     return {
         "exposed_fraction": least["exposed_fraction"] if least else None,
