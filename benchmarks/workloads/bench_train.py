@@ -64,6 +64,8 @@ def parse_args() -> argparse.Namespace:
     add("--out", default="", help="JSON result path; {rank} is replaced")
     add("--toggle-instrumentation", type=int, default=0, metavar="K",
         help="under ddp-profile: remove and re-apply its patches every K steps (in-process A/B)")
+    add("--device", choices=("cpu", "cuda"), default="cpu",
+        help="cuda: the model and batches on this rank's GPU, DDP over nccl (one rank too)")
     add("--pin-core", action="store_true",
         help="pin each rank to the core of its local rank (less scheduling noise)")
     return parser.parse_args()
@@ -185,12 +187,16 @@ class Toggle:
         self.states.append(want)
 
     def _ddp_timers(self, on: bool) -> None:
-        """DDP's reducer times every iteration under ddp-profile (sample rate 1) and one in
-        ``DDP_DEFAULT_SAMPLE_RATE`` plainly: the unpatched blocks go back to the default."""
+        """DDP's reducer times iterations at ddp-profile's sample rate (``comm.sample_rate``)
+        and one in ``DDP_DEFAULT_SAMPLE_RATE`` plainly: the unpatched blocks go back to the
+        default."""
+        from ddp_profile.profiler.rank.comm import sample_rate
+
         for ref in self.instr.comm.modules:
             module = ref()
             if module is not None:
-                module._set_ddp_runtime_logging_sample_rate(1 if on else DDP_DEFAULT_SAMPLE_RATE)
+                module._set_ddp_runtime_logging_sample_rate(
+                    sample_rate(module) if on else DDP_DEFAULT_SAMPLE_RATE)
 
     def summary(self, steps: list[float]) -> dict:
         """Per pair of neighbouring on/off blocks, the ratio of their median step times."""
@@ -236,9 +242,15 @@ class Toggle:
 def main() -> None:
     args = parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1:
-        dist.init_process_group("gloo")
-    rank = dist.get_rank() if world > 1 else 0
+    cuda = args.device == "cuda"
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda \
+        else torch.device("cpu")
+    distributed = world > 1 or cuda  # on a GPU, DDP over nccl with one rank too
+    if cuda:
+        torch.cuda.set_device(device)
+    if distributed:
+        dist.init_process_group("nccl" if cuda else "gloo")
+    rank = dist.get_rank() if distributed else 0
     if args.pin_core and hasattr(os, "sched_setaffinity"):
         cores = sorted(os.sched_getaffinity(0))
         local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -252,9 +264,9 @@ def main() -> None:
     layers: list[nn.Module] = [nn.Linear(args.features, args.hidden), nn.ReLU()]
     for _ in range(args.layers - 1):
         layers += [nn.Linear(args.hidden, args.hidden), nn.ReLU()]
-    model: nn.Module = nn.Sequential(*layers, nn.Linear(args.hidden, 2))
-    if world > 1 and not args.no_ddp:
-        model = DistributedDataParallel(model)
+    model: nn.Module = nn.Sequential(*layers, nn.Linear(args.hidden, 2)).to(device)
+    if distributed and not args.no_ddp:
+        model = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
     sleep_s = args.step_sleep_ms / 1000.0
@@ -283,6 +295,8 @@ def main() -> None:
                 iterator = iter(loader)
                 x, y = next(iterator)
             waits.append(time.perf_counter() - starts[-1])
+            if cuda:
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             loss = loss_fn(model(x), y)
             if sleep_s:
                 time.sleep(sleep_s)
@@ -292,6 +306,8 @@ def main() -> None:
             if args.profiler == "torch":
                 prof.step()
         loop_end_ns = time.time_ns()
+    if cuda:
+        torch.cuda.synchronize(device)
     steps = [b - a for a, b in zip(starts, starts[1:])][args.warmup:]
     measured_waits = waits[args.warmup:]
     cpu_steps = [b - a for a, b in zip(cpu, cpu[1:])][args.warmup:]
@@ -309,7 +325,7 @@ def main() -> None:
     if args.out:
         with open(args.out.format(rank=rank), "w") as handle:
             json.dump(result, handle)
-    if world > 1:
+    if distributed:
         dist.destroy_process_group()
 
 

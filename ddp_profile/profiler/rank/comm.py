@@ -2,13 +2,17 @@
 
 Read by ``profiler.rank.instrument``; patched in by ``profiler.rank.patches``.
 
-**DDP's reducer timers.** Every DDP the script builds gets the runtime logging sample rate 1
-(``_set_ddp_runtime_logging_sample_rate``): its reducer then times every synchronised
-iteration itself (host timers on gloo, CUDA events on nccl): forward compute, backward compute,
-backward communication (first bucket's all-reduce launched -> all done) and the part of that
-communication that overlapped backward compute. Torch computes iteration N's figures at the
-start of forward N+1 and keeps only the latest, tagged ``iteration`` = N+1 (the number of
-synchronised forwards before it). Nothing is timed under ``no_sync()`` or without grad.
+**DDP's reducer timers.** Every DDP the script builds gets a runtime logging sample rate
+(``_set_ddp_runtime_logging_sample_rate``; ``sample_rate``): 1 on the CPU, where its reducer
+then times every synchronised iteration with host timers; ``CUDA_SAMPLE_RATE`` on a GPU, where
+it times with CUDA events and, to compute them, waits at the next forward for the timed
+iteration's events (torch's default is 100, plus the first 10 iterations): a wait every
+iteration would stop the host from running ahead of the GPU. It times forward compute,
+backward compute, backward communication (first bucket's all-reduce launched -> all done) and
+the part of that communication that overlapped backward compute. Torch computes iteration
+N's figures at the start of forward N+1 and keeps only the latest, tagged ``iteration`` = N+1
+(the number of synchronised forwards before it). Nothing is timed under ``no_sync()`` or
+without grad.
 
 Reading them (``_get_ddp_logging_data()``) costs 40-110 us on the host, so they are read at
 the steps whose index is divisible by ``every``, a power of two sized so the reads stay within
@@ -37,6 +41,7 @@ import weakref
 from typing import Any, Callable, Optional
 
 READ_BUDGET = 0.005  # share of the step time the reads of DDP's timers may take
+CUDA_SAMPLE_RATE = 16  # a GPU's DDP timed every 16th iteration (a host-GPU wait at each)
 MAX_EVERY = 64
 TIMER_KEYS = ("forward_compute_time", "backward_compute_time", "backward_comm_time",
               "backward_compute_comm_overlap_time")
@@ -91,7 +96,7 @@ class CommMeter:
         self.synced.append(0)
         self._last_iteration.append(0)
         try:
-            ddp._set_ddp_runtime_logging_sample_rate(1)
+            ddp._set_ddp_runtime_logging_sample_rate(sample_rate(ddp))
         except Exception:  # noqa: BLE001 - an older or a python reducer: no timers
             pass
 
@@ -209,6 +214,11 @@ class CommMeter:
                  "seconds": ns / 1e9}
                 for (path, line), (op, function, calls, ns) in sorted(
                     self.sites.items(), key=lambda item: -item[1][3])][:20]
+
+
+def sample_rate(ddp: Any) -> int:
+    """The runtime logging sample rate ddp-profile gives a DDP module (module docstring)."""
+    return CUDA_SAMPLE_RATE if getattr(ddp, "device_type", "cpu") == "cuda" else 1
 
 
 def _hook_name(hook: Any) -> Optional[str]:
