@@ -25,7 +25,12 @@ sys.path.insert(0, REPO)
 
 WORKLOAD = os.path.join(REPO, "benchmarks", "workloads", "bench_train.py")
 DEMO = os.path.join(REPO, "ddp_profile", "examples", "demo_train.py")
-NPROC = 2
+NPROC = 2  # ranks per launch; ``use_ranks`` changes it (one per GPU on a GPU machine)
+
+
+def use_ranks(nproc: int) -> None:
+    global NPROC
+    NPROC = nproc
 
 
 def machine() -> dict[str, Any]:
@@ -52,14 +57,14 @@ def scratch(prefix: str) -> str:
     return tempfile.mkdtemp(prefix=prefix, dir=base)
 
 
-def torchrun_command(script: str, args: list[str], nproc: int = NPROC) -> list[str]:
+def torchrun_command(script: str, args: list[str], nproc: Optional[int] = None) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc}", "--max-restarts=0", script, *args]
+            f"--nproc-per-node={nproc or NPROC}", "--max-restarts=0", script, *args]
 
 
-def _read_ranks(out_pattern: str, nproc: int = NPROC) -> list[dict[str, Any]]:
+def _read_ranks(out_pattern: str, nproc: Optional[int] = None) -> list[dict[str, Any]]:
     results = []
-    for rank in range(nproc):
+    for rank in range(nproc or NPROC):
         path = out_pattern.format(rank=rank)
         if os.path.exists(path):
             with open(path) as handle:
@@ -68,7 +73,7 @@ def _read_ranks(out_pattern: str, nproc: int = NPROC) -> list[dict[str, Any]]:
 
 
 def run_plain(args: list[str], work: str, timeout_s: float = 600.0,
-              script: str = WORKLOAD, nproc: int = NPROC,
+              script: str = WORKLOAD, nproc: Optional[int] = None,
               command: Optional[list[str]] = None) -> dict[str, Any]:
     """The workload under plain torchrun (``nproc`` ranks), or ``command`` followed by the
     script's arguments (e.g. a peer's launcher); the per-rank self-measurements and the launch

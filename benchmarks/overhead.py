@@ -38,6 +38,11 @@ samplers.
 
     python benchmarks/overhead.py --in-process-only --reps 6    # the A/B alone, ~4 min
 
+``--device cuda`` runs the workload on the GPU (one rank per GPU, DDP over nccl, batches copied
+with ``non_blocking=True``; ``benchmarks/gpu_check.py`` runs it so); ``--workload "ARGS"``
+replaces the workload's arguments (e.g. a model large enough that the GPU, not the host, sets
+the pace).
+
 The last line printed is a JSON object; ``in_process.with_samplers`` is the headline
 (target <= 1.01); ``ratio_vs_plain.ddp_profile`` is the same between launches.
 ``cpu_ratio_vs_plain`` is the same ratio for the median CPU time per step (every thread of the
@@ -61,6 +66,27 @@ import _bench  # noqa: E402
 TARGET = 1.01
 IN_PROCESS_BLOCK = 20  # steps per patched or unpatched block of the in-process A/B
 WORKLOAD_ARGS = ["--hidden", "1024", "--layers", "3", "--batch-size", "64"]
+
+
+WORKLOAD = {"args": list(WORKLOAD_ARGS), "device": "cpu"}  # set once by main()
+
+
+def workload_args() -> list[str]:
+    return [*WORKLOAD["args"], "--device", WORKLOAD["device"]]
+
+
+def use_workload(device: str, args: str | None) -> None:
+    """The workload's arguments and device for this run; on CUDA one rank per GPU (nccl
+    allows one rank per device), as many as are visible, 2 at most."""
+    if args is not None:
+        WORKLOAD["args"] = args.split()
+    WORKLOAD["device"] = device
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("overhead.py --device cuda: this machine has no CUDA device")
+        _bench.use_ranks(min(2, torch.cuda.device_count()))
 
 
 def sampler_share() -> dict:
@@ -95,7 +121,7 @@ def gpuprof_status() -> tuple[bool, str]:
 
 def run_variant(variant: str, steps: int, warmup: int, pin_core: bool = False) -> dict:
     work = _bench.scratch(f"overhead-{variant}-")
-    args = [*WORKLOAD_ARGS, "--steps", str(steps), "--warmup", str(warmup),
+    args = [*workload_args(), "--steps", str(steps), "--warmup", str(warmup),
             *(["--pin-core"] if pin_core else [])]
     try:
         if variant == "ddp_profile":
@@ -123,7 +149,7 @@ def run_in_process(steps: int, warmup: int, every: int, pin_core: bool) -> dict:
     patched step, the mean over the ranks.
     """
     work = _bench.scratch("overhead-inproc-")
-    args = [*WORKLOAD_ARGS, "--steps", str(steps), "--warmup", str(warmup),
+    args = [*workload_args(), "--steps", str(steps), "--warmup", str(warmup),
             "--toggle-instrumentation", str(every), *(["--pin-core"] if pin_core else [])]
     try:
         result = _bench.run_instrumented(args, work, warmup=warmup)
@@ -138,6 +164,7 @@ def run_in_process(steps: int, warmup: int, every: int, pin_core: bool) -> dict:
                 "pair_on_first": toggles[0]["pair_on_first"][:pairs],
                 "hook_us_per_step": _bench.rnd(statistics.fmean(
                     t["hook_us_per_step"] for t in toggles), 2),
+                "hook_cpu_us_by_hook": toggles[0].get("hook_cpu_us_by_hook"),
                 "hook_share": statistics.fmean(t["hook_share"] for t in toggles)}
     finally:
         _bench.cleanup(work)
@@ -201,7 +228,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--pin-core", action="store_true",
                         help="pin each rank to one core in every variant (less scheduling "
                              "noise; the samplers then share the rank's core)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--workload", default=None,
+                        help=f"the workload's arguments (default: {' '.join(WORKLOAD_ARGS)})")
     args = parser.parse_args(argv)
+    use_workload(args.device, args.workload)
     reps = args.reps or (2 if args.quick else 5)
     steps = args.steps or (40 if args.quick else 200)
     variants = [v for v in args.variants.split(",") if v]
@@ -262,7 +293,7 @@ def main(argv: list[str] | None = None) -> dict:
                   "block_steps": IN_PROCESS_BLOCK, "steps_per_launch": inproc_steps}
     result = {"in_process": in_process, "benchmark": "overhead",
               "mode": "quick" if args.quick else "full",
-              "workload": "benchmarks/workloads/bench_train.py " + " ".join(WORKLOAD_ARGS),
+              "workload": "benchmarks/workloads/bench_train.py " + " ".join(workload_args()),
               "ranks": _bench.NPROC, "reps": reps, "pin_core": args.pin_core,
               "target_ddp_profile": TARGET, "machine": info}
     if not args.in_process_only:

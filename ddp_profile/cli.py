@@ -191,7 +191,8 @@ def demo(
     steps: int = typer.Option(20, help="Measured steps per probe."),
     quiet: bool = typer.Option(False, help="No progress output."),
 ) -> int:
-    """Profile the built-in workload (an IO-bound DDP script), end to end; no GPU needed."""
+    """Profile the built-in workload (an IO-bound DDP script), end to end; no GPU needed (on a
+    machine with GPUs it trains there, one rank per GPU)."""
     _survive_hangup()
     from ddp_profile.commands.run import RunRequest, execute, start_run
     from ddp_profile.examples import DEMO_SCRIPT
@@ -200,7 +201,7 @@ def demo(
 
     out = start_run(RunRequest(
         script=DEMO_SCRIPT, script_args=("--load-ms", "2", "--batch-size", "16"), out=out,
-        launcher="torchrun", nproc_per_node=2, space=SearchSpace(num_workers=(0, 1, 2, 4)),
+        launcher="torchrun", nproc_per_node=None, space=SearchSpace(num_workers=(0, 1, 2, 4)),
         options=SweepOptions(steps=steps, warmup=5)))
     summary = execute(out, quiet=quiet)
     return _exit_for(summary)

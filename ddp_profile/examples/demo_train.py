@@ -4,7 +4,9 @@ It is an ordinary, unmodified DDP script — torchrun environment-variable init,
 DistributedSampler, a DataLoader, an MLP wrapped in DistributedDataParallel — used by
 ``ddp-profile demo``, the tests and the benchmarks. Its knobs set the per-sample loading cost
 (``--load-ms``: sleeping, like slow storage; ``--cpu-ms``: busy, like decoding), the model cost
-(``--hidden``, ``--layers``) and inject the problems ddp-profile should recognise.
+(``--hidden``, ``--layers``) and inject the problems ddp-profile should recognise. On a machine
+with a GPU the model trains there (``--device auto``: one GPU per rank, nccl; ``--device cpu``
+keeps it on the CPU with gloo).
 
 Run it directly with ``torchrun --nproc-per-node 2 demo_train.py`` or through
 ``ddp-profile run demo_train.py -- --load-ms 2``.
@@ -89,6 +91,8 @@ def parse_args() -> argparse.Namespace:
     add("--kill-worker-workers", type=int, default=-1)
     add("--oom-above-batch", type=int, default=0)
     add("--no-dataloader", action="store_true")
+    add("--device", choices=("auto", "cpu", "cuda"), default="auto",
+        help="auto: a GPU per rank where CUDA is available")
     return parser.parse_args()
 
 
@@ -108,9 +112,16 @@ def build_loader(args: argparse.Namespace, dataset: Dataset, rank: int, world: i
 def main() -> None:
     args = parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1:
-        dist.init_process_group("gloo")
-    rank = dist.get_rank() if world > 1 else 0
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cpu")
+    if cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    # a GPU job under a launcher is DDP over nccl even on one GPU; on the CPU, 2 ranks or more
+    distributed = world > 1 or (cuda and "RANK" in os.environ)
+    if distributed:
+        dist.init_process_group("nccl" if cuda else "gloo")
+    rank = dist.get_rank() if distributed else 0
     torch.manual_seed(0)
     if args.no_dataloader:
         print("this script never builds a DataLoader")
@@ -122,9 +133,9 @@ def main() -> None:
     layers: list[nn.Module] = [nn.Linear(args.features, args.hidden), nn.ReLU()]
     for _ in range(args.layers - 1):
         layers += [nn.Linear(args.hidden, args.hidden), nn.ReLU()]
-    model: nn.Module = nn.Sequential(*layers, nn.Linear(args.hidden, 2))
-    if world > 1 and not args.no_ddp:
-        model = DistributedDataParallel(model)
+    model: nn.Module = nn.Sequential(*layers, nn.Linear(args.hidden, 2)).to(device)
+    if distributed and not args.no_ddp:
+        model = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
     optimizer = None if args.no_optimizer else torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
     step = 0
@@ -136,6 +147,7 @@ def main() -> None:
         if sampler is not None and not args.no_set_epoch:
             sampler.set_epoch(epoch)
         for x, y in loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             if loader.num_workers != workers_seen:
                 config_step, workers_seen = 0, loader.num_workers
             inject_faults(args, config_step, rank, loader, x.shape[0])
@@ -149,7 +161,7 @@ def main() -> None:
                 if args.step_sleep_ms:
                     time.sleep(args.step_sleep_ms / 1000.0)
                 (loss / args.accumulate).backward()
-            if args.reduce_loss and world > 1:
+            if args.reduce_loss and distributed:
                 reduced = loss.detach().clone()
                 dist.all_reduce(reduced)
                 reduced.item()
@@ -166,10 +178,10 @@ def main() -> None:
         if val_loader is not None:
             with torch.no_grad():
                 for x, _ in val_loader:
-                    model(x)
+                    model(x.to(device))
     if os.path.exists(checkpoint):
         os.remove(checkpoint)
-    if world > 1:
+    if distributed:
         dist.destroy_process_group()
 
 
