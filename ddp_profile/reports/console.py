@@ -109,9 +109,13 @@ BOUNDS = {"cpu": "CPU-bound", "wait": "wait-bound", "mixed": "CPU and waiting mi
 
 
 def step_parts(entry: dict[str, Any]) -> str:
-    """", data wait 12%, exposed comm 31%": the measured parts of a probe's steps."""
+    """", data wait 12%, exposed comm 31%": the measured parts of a probe's steps; on CUDA
+    ", data wait 25% (GPU idle for it 0%)": what the wait cost the GPU."""
     wait, comm = entry.get("data_wait_fraction"), entry.get("comm_fraction")
+    starved = entry.get("gpu_starved_fraction")
     text = f", data wait {wait:.0%}" if wait is not None else ""
+    if text and starved is not None:
+        text += f" (GPU idle for it {starved:.0%})"
     return text + (f", exposed comm {comm:.0%}" if comm is not None else "")
 
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Optional
 import pandas as pd
 
 from ddp_profile.profiler.settings import SETTING_KEYS, LoaderSettings
-from ddp_profile.profiler.store.probes import CHOICE_KINDS
+from ddp_profile.profiler.store.probes import CHOICE_KINDS, data_wait_share
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.profiler.sweep.choose import Candidate, ChoiceThresholds
 
@@ -170,19 +170,36 @@ def probe_steps(run: Run, probe_id: str, measured_only: bool = True) -> pd.DataF
 
 
 def data_wait(run: Run, probe: pd.Series) -> Optional[tuple[float, float]]:
-    """(data-wait fraction, mean data wait per step in s) of a probe; None if unmeasured.
+    """(the share of each step that waiting for data costs, its mean seconds per step) of a
+    probe; None if unmeasured.
 
-    The fraction is the probe's own (``probes.data_wait_fraction``) when recorded, else the
-    share of data wait in the measured steps of all ranks.
+    The share is the probe's own (``store.probes.data_wait_share``: on CUDA the GPU's idle
+    time while its host waited, else the host's wait) when recorded, else the same from the
+    measured steps of all ranks.
     """
     steps = probe_steps(run, probe["id"])
-    per_step = float(steps["data_wait_s"].mean()) if not steps.empty else math.nan
-    fraction = probe.get("data_wait_fraction")
-    if not finite(fraction) and not steps.empty and steps["step_s"].sum() > 0:
-        fraction = steps["data_wait_s"].sum() / steps["step_s"].sum()
+    waited = steps["data_wait_s"] if not steps.empty else None
+    on_gpu = gpu_timed(run, probe)
+    if waited is not None and on_gpu:  # a step without a timed gap: its wait
+        waited = pd.concat([waited, steps["gpu_gap_s"]], axis=1).min(axis=1)
+    per_step = float(waited.mean()) if waited is not None else math.nan
+    # the probe's own share; a run recorded before the GPU's share was: from its steps
+    fraction = data_wait_share(probe) if finite(probe.get("gpu_starved_fraction")) \
+        or not on_gpu else None
+    if fraction is None and waited is not None and steps["step_s"].sum() > 0:
+        fraction = waited.sum() / steps["step_s"].sum()
     if not finite(fraction):
         return None
     return float(fraction), per_step
+
+
+def gpu_timed(run: Run, probe: pd.Series) -> bool:
+    """Whether the probe's GPU gaps were timed (CUDA events): its data wait then counts as
+    what the GPU lost to it, not as what the host waited."""
+    if finite(probe.get("gpu_starved_fraction")):
+        return True
+    steps = probe_steps(run, probe["id"])
+    return not steps.empty and bool(steps["gpu_gap_s"].notna().any())
 
 
 def is_data_bound(run: Run, probe: pd.Series, thresholds: Thresholds) -> bool:

@@ -21,6 +21,7 @@ from ddp_profile.rules.base import (
     data_wait,
     describe_config,
     finite,
+    gpu_timed,
     is_data_bound,
     loader_info,
     local_ranks,
@@ -166,8 +167,10 @@ def fewer_workers_probe(run: Run, probe: pd.Series) -> Optional[pd.Series]:
 def data_loader_bound(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     """The baseline probe waits on the DataLoader for a significant share of each step.
 
-    Trigger: the baseline probe's data-wait fraction (data wait / step time over the measured
-    steps of all ranks) >= ``data_wait_fraction``; "high" at or above ``data_wait_severe``.
+    Trigger: the share of each step that the baseline's data wait costs (``base.data_wait``:
+    the ranks' wait / step time over the measured steps of all ranks; on CUDA the GPU's idle
+    time while its host waited) >= ``data_wait_fraction``; "high" at or above
+    ``data_wait_severe``.
     """
     probe = baseline_probe(run)
     measured = data_wait(run, probe) if probe is not None else None
@@ -175,12 +178,18 @@ def data_loader_bound(run: Run, thresholds: Thresholds) -> Optional[Finding]:
         return None
     fraction, per_step = measured
     seconds = f" ({ms(per_step)} per step)" if finite(per_step) else ""
+    evidence = (f"With {describe_config(probe)} the ranks spend {pct(fraction)} of each "
+                f"measured step waiting for the next batch{seconds}.")
+    if gpu_timed(run, probe):
+        evidence = (f"With {describe_config(probe)} the GPU sits idle {pct(fraction)} of each "
+                    f"measured step while its rank waits for the next batch{seconds}, timed "
+                    f"on the GPU (CUDA events); the ranks wait {pct(probe['data_wait_fraction'])}"
+                    " of each step in all.")
     return Finding(
         rule="data-loader-bound",
         severity="high" if fraction >= thresholds.data_wait_severe else "medium",
         title="Training waits on the DataLoader",
-        evidence=(f"With {describe_config(probe)} the ranks spend {pct(fraction)} of each "
-                  f"measured step waiting for the next batch{seconds}."),
+        evidence=evidence,
         recommendation=_loading_advice(run, probe),
         advice=None if _enough_workers(run, probe) else _more_workers(run, probe, fraction))
 

@@ -42,6 +42,27 @@ def test_data_loader_bound_not_when_compute_bound():
     assert data_loader_bound(run, T) is None
 
 
+def test_data_loader_bound_silent_when_the_gpu_worked_through_the_wait():
+    """On CUDA the host may wait for a batch while the GPU still runs queued steps (measured
+    on an H100: the host waited 63 % of each step, the GPU was idle 0 %): the loader does not
+    bound the job, and the finding must not say it does."""
+    run = (RunBuilder(device="cuda").probe("p", kind="baseline")
+           .steps(data_wait=0.03, compute=0.05, gpu_gap=0.0).build())
+    assert data_loader_bound(run, T) is None
+    host_only = (RunBuilder(device="cuda").probe("p", kind="baseline")
+                 .steps(data_wait=0.03, compute=0.05).build())
+    assert data_loader_bound(host_only, T) is not None  # no GPU gaps timed: the host's wait
+
+
+def test_data_loader_bound_on_cuda_cites_the_gpu_idle_time_the_wait_cost():
+    run = (RunBuilder(device="cuda").probe("p", kind="baseline")
+           .steps(data_wait=0.04, compute=0.05, other=0.01, gpu_gap=0.03).build())
+    finding = data_loader_bound(run, T)
+    assert finding is not None
+    assert "GPU sits idle 30 %" in finding.evidence and "30.0 ms per step" in finding.evidence
+    assert "wait 40 % of each step in all" in finding.evidence
+
+
 def test_data_loader_bound_uses_first_ok_probe_without_baseline_kind():
     run = (RunBuilder().probe("crashed", status="crash")
            .probe("p", kind="sweep").steps(data_wait=0.05, compute=0.05).build())

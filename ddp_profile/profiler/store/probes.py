@@ -17,7 +17,7 @@ Which probes count is decided here alone:
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 
 class Status(str, Enum):
@@ -45,6 +45,21 @@ class Kind(str, Enum):
 
 CHOICE_KINDS = (Kind.BASELINE, Kind.SWEEP)
 GATE_KINDS = (Kind.BASELINE, Kind.SWEEP, Kind.REPEAT)
+
+
+def data_wait_share(entry: Mapping[str, Any]) -> Optional[float]:
+    """The share of each step that waiting for data costs the job: on CUDA, where each step's
+    GPU gap was timed, the time the GPU sat idle while its host waited for data
+    (``gpu_starved_fraction``); else the host's own wait (``data_wait_fraction``).
+
+    A CUDA host that waits for a batch while the GPU still works through queued steps loses
+    nothing: the host's wait says the loader is slow, only the GPU's says it bounds the job.
+    """
+    starved = entry.get("gpu_starved_fraction")
+    if isinstance(starved, (int, float)) and starved == starved:
+        return float(starved)
+    wait = entry.get("data_wait_fraction")
+    return float(wait) if isinstance(wait, (int, float)) and wait == wait else None
 
 
 def is_ok(entry: Mapping[str, Any]) -> bool:

@@ -47,8 +47,8 @@ STEP_COLUMNS = ["probe_id", "rank", "node", "loader_id", "step", "measured", "t_
                 "data_wait_s", "compute_s", "other_s", "forward_s", "step_s", "samples",
                 "gpu_busy_s", "gpu_gap_s", "comm_s", "coll_s", "coll_n", "syncs"]
 PROBE_COLUMNS = ["id", "kind", "status", *SETTING_KEYS, "throughput", "data_wait_fraction",
-                 "comm_fraction", "score", "wall_s", "error", "root_cause_rank", "steps_measured",
-                 "short", "short_reason", "launch"]
+                 "gpu_idle_fraction", "gpu_starved_fraction", "comm_fraction", "score", "wall_s",
+                 "error", "root_cause_rank", "steps_measured", "short", "short_reason", "launch"]
 
 
 @dataclass
@@ -250,6 +250,8 @@ def _probe_row(probe: dict[str, Any]) -> dict[str, Any]:
             **{k: config.get(k) for k in SETTING_KEYS},
             "throughput": _nan(probe.get("throughput")),
             "data_wait_fraction": _nan(probe.get("data_wait_fraction")),
+            "gpu_idle_fraction": _nan(probe.get("gpu_idle_fraction")),
+            "gpu_starved_fraction": _nan(probe.get("gpu_starved_fraction")),
             "comm_fraction": _nan(probe.get("comm_fraction")),
             "score": _nan(probe.get("score")), "wall_s": _nan(probe.get("wall_s")),
             "error": probe.get("error"), "root_cause_rank": probe.get("root_cause_rank"),

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence
 
 from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.store.probes import data_wait_share
 
 UNSTABLE_RSE = 0.05  # a probe whose throughput is this uncertain is measured again, longer
 
@@ -61,7 +62,8 @@ class Candidate:
     config: LoaderSettings
     throughput: float  # global samples/s
     rse: float = 0.0  # relative standard error of ``throughput`` (0: unknown)
-    data_wait_fraction: Optional[float] = None  # share of step time spent waiting for data
+    data_wait_fraction: Optional[float] = None  # share of step time waiting for data costs
+    # (``store.probes.data_wait_share``: on CUDA the GPU's idle time while its host waited)
     kind: str = "sweep"  # baseline | sweep
     short: bool = False  # measured fewer steps than asked (the script ended first)
     launch: Optional[str] = None  # the launch that measured it (None: unknown)
@@ -247,6 +249,6 @@ def candidate_of(entry: dict[str, Any]) -> Candidate:
     """A ledger entry (a probe of summary.json) as a candidate."""
     return Candidate(id=str(entry.get("id")), config=LoaderSettings.from_dict(entry.get("config")),
                      throughput=float(entry.get("throughput") or 0.0), rse=relative_se(entry),
-                     data_wait_fraction=entry.get("data_wait_fraction"),
+                     data_wait_fraction=data_wait_share(entry),
                      kind=str(entry.get("kind", "sweep")), short=entry.get("short") is True,
                      launch=str(entry.get("launch") or entry.get("id")))

@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any, Callable, Optional
 
 from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.store.probes import data_wait_share
 from ddp_profile.profiler.sweep.capacity import ClimbPoint
 from ddp_profile.profiler.sweep.choose import better, candidate_of, not_worse, relative_se
 from ddp_profile.profiler.sweep.space import normalise
@@ -24,20 +25,21 @@ Entry = dict[str, Any]
 
 
 def waits_for_data(entry: Entry) -> bool:
-    """Whether a probe's ranks still wait for data for a measurable share of each step."""
-    fraction = entry.get("data_wait_fraction")
+    """Whether waiting for data still costs a measurable share of each step."""
+    fraction = data_wait_share(entry)
     return fraction is None or fraction >= SETTLED_DATA_WAIT
 
 
 def winnable_share(entry: Entry) -> Optional[float]:
     """Share of each step that loading settings could win back, from direct evidence.
 
-    With workers, the loop's data wait. Without, the time the loop spent making its own
-    batches, measured where they were made (CPU, runnable and blocked time per sample x each
-    rank's samples/s), at most its data wait: the rest of that wait (the iterator's own
-    bookkeeping) stays whatever the workers do, and workers add a transfer per batch.
+    With workers, what the loop's data wait costs (``data_wait_share``). Without, the time the
+    loop spent making its own batches, measured where they were made (CPU, runnable and blocked
+    time per sample x each rank's samples/s), at most that: the rest of the wait (the
+    iterator's own bookkeeping) stays whatever the workers do, and workers add a transfer per
+    batch.
     """
-    fraction = entry.get("data_wait_fraction")
+    fraction = data_wait_share(entry)
     workers = (entry.get("config") or {}).get("num_workers") or 0
     loading, throughput = entry.get("loading") or {}, entry.get("throughput")
     ranks = len(entry.get("per_rank") or []) or 1
@@ -83,7 +85,7 @@ def predicted_rung(baseline: Optional[Entry], ladder: list[int]) -> int:
     if not baseline or baseline.get("status") != "ok":
         return 0
     workers = (baseline.get("config") or {}).get("num_workers") or 0
-    fraction = baseline.get("data_wait_fraction")
+    fraction = data_wait_share(baseline)
     needed = workers
     if fraction is not None and fraction >= SETTLED_DATA_WAIT:
         needed = math.ceil(max(workers, 1) / max(1.0 - fraction, 0.05))

@@ -96,7 +96,7 @@ def _measurements(ranks: list[RankData], workers: Optional[int] = None) -> dict[
         "steps_measured": min((r["steps"] for r in per_rank), default=0),
         "step_time_cv": _step_time_cv(ranks),
         "throughput_rse": _throughput_rse(ranks, workers),
-        "gpu_idle_fraction": _gpu_idle_fraction(ranks),
+        **_gpu_idle(ranks),
         "time_to_first_batch_s": max(first_batch) if first_batch else None,
         "ranks_per_host": _ranks_per_host(ranks),
         "cpus_available": min((r.context["cpus_available"] for r in ranks
@@ -233,16 +233,25 @@ def _global_steps(ranks: list[RankData]) -> list[tuple[float, int]]:
 BLOCKS = BURST_ROUNDS  # a probe with workers measures this many rounds of them
 
 
-def _gpu_idle_fraction(ranks: list[RankData]) -> Optional[float]:
-    """Share of the measured steps' time the GPUs sat idle between steps (CUDA events)."""
-    idle = total = 0.0
+def _gpu_idle(ranks: list[RankData]) -> dict[str, Optional[float]]:
+    """Shares of the measured steps' time the GPUs sat idle between steps (CUDA events):
+    ``gpu_idle_fraction`` in all, ``gpu_starved_fraction`` while their host waited for data.
+
+    The host asks for the next batch at the end of its work between two steps, so of a step's
+    GPU gap the last ``data_wait_s`` (at most) is the GPU waiting for data; a host wait that the
+    GPU spent on queued work (the gap shorter than the wait) cost nothing.
+    """
+    idle = starved = total = 0.0
     for data in ranks:
         for step in data.training_steps():
             gpu = data.gpu_steps.get((step.get("loader_id"), step.get("step")))
             if step.get("measured") and gpu and gpu.get("gpu_gap_s") is not None:
                 idle += gpu["gpu_gap_s"]
+                starved += min(gpu["gpu_gap_s"], step["data_wait_s"])
                 total += step["data_wait_s"] + step["compute_s"] + step["other_s"]
-    return idle / total if total > 0 else None
+    if total <= 0:
+        return {"gpu_idle_fraction": None, "gpu_starved_fraction": None}
+    return {"gpu_idle_fraction": idle / total, "gpu_starved_fraction": starved / total}
 
 
 def _throughput_rse(ranks: list[RankData], workers: Optional[int] = None) -> Optional[float]:

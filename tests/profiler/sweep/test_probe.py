@@ -234,3 +234,28 @@ def test_a_cuda_only_script_on_a_machine_without_cuda_is_named(message):
     gpu = RankData(rank=0, context={"device": "cuda"})
     assert not _needs_cuda({"message": message, "last_line": message}, [gpu])
     assert not _needs_cuda({"message": "ValueError: bad shape", "last_line": ""}, [cpu])
+
+
+def test_the_gpu_starved_share_is_the_part_of_each_gpu_gap_the_host_spent_waiting_for_data():
+    """A step's GPU gap (CUDA events) lost to data is at most its host's data wait: a wait the
+    GPU covered with queued work (gap 0) costs nothing; a gap longer than the wait (the host's
+    own work after the GPU finished) is idle, not starved."""
+    from ddp_profile.profiler.store.results import RankData
+    from ddp_profile.profiler.sweep.probe import _gpu_idle
+
+    def step(i, wait, compute):
+        return {"loader_id": 0, "step": i, "measured": True, "data_wait_s": wait,
+                "compute_s": compute, "other_s": 0.0}
+
+    hidden = RankData(rank=0, steps=[step(i, 0.010, 0.020) for i in range(4)],
+                      gpu_steps={(0, i): {"gpu_busy_s": 0.030, "gpu_gap_s": 0.0}
+                                 for i in range(4)})
+    assert _gpu_idle([hidden]) == {"gpu_idle_fraction": 0.0, "gpu_starved_fraction": 0.0}
+    mixed = RankData(rank=0, steps=[step(i, 0.010, 0.030) for i in range(4)],
+                     gpu_steps={(0, i): {"gpu_busy_s": 0.025, "gpu_gap_s": 0.015}
+                                for i in range(4)})
+    shares = _gpu_idle([mixed])
+    assert shares["gpu_idle_fraction"] == pytest.approx(0.015 / 0.040)
+    assert shares["gpu_starved_fraction"] == pytest.approx(0.010 / 0.040)
+    cpu = RankData(rank=0, steps=[step(i, 0.010, 0.030) for i in range(4)])
+    assert _gpu_idle([cpu]) == {"gpu_idle_fraction": None, "gpu_starved_fraction": None}
