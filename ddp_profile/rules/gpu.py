@@ -11,12 +11,14 @@ from typing import Optional
 import pandas as pd
 
 from ddp_profile.profiler.store.results import Run
+from ddp_profile.profiler.sweep.choose import better, most_certain
 from ddp_profile.rules.base import (
     Advice,
     Finding,
     Thresholds,
     as_int,
     baseline_probe,
+    candidate,
     data_wait,
     describe_config,
     events_named,
@@ -51,17 +53,25 @@ def _same_settings(a: pd.Series, b: pd.Series) -> bool:
                for k in TWIN_KEYS)
 
 
-def _pin_gain(run: Run) -> Optional[tuple[float, pd.Series]]:
-    """Best throughput ratio pinned / unpinned among probes differing only in pin_memory."""
+def _pin_gain(run: Run) -> Optional[tuple[float, pd.Series, bool]]:
+    """Best throughput ratio pinned / unpinned among configurations differing only in
+    pin_memory, the pinned probe, and whether it is faster beyond noise.
+
+    Each configuration's measurements (a probe and its longer re-measurement, say) are pooled
+    as the choice pools them (``sweep.choose.most_certain``), and "beyond noise" is the
+    choice's test (``better``): a short, unstable probe never speaks alone for its setting.
+    """
     probes = ok_probes(run)
-    probes = probes[probes["throughput"].apply(finite)]
+    probes = probes[probes["throughput"].apply(finite) & (probes["throughput"] > 0)]
+    rows = {str(row["id"]): row for _, row in probes.iterrows()}
+    pooled = most_certain([candidate(run, row) for row in rows.values()])
     best = None
-    for _, pinned in probes[probes["pin_memory"] == True].iterrows():  # noqa: E712
-        for _, plain in probes[probes["pin_memory"] == False].iterrows():  # noqa: E712
-            if _same_settings(pinned, plain) and plain["throughput"] > 0:
-                gain = pinned["throughput"] / plain["throughput"]
+    for pinned in (c for c in pooled if c.config.pin_memory is True):
+        for plain in (c for c in pooled if c.config.pin_memory is False):
+            if _same_settings(rows[pinned.id], rows[plain.id]):
+                gain = pinned.throughput / plain.throughput
                 if best is None or gain > best[0]:
-                    best = (gain, pinned)
+                    best = (gain, rows[pinned.id], better(pinned, plain))
     return best
 
 
@@ -69,16 +79,17 @@ def pin_memory(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     """A CUDA run copies batches from pageable memory, and that measurably costs.
 
     Trigger: CUDA device, the baseline runs with pin_memory off, and either a pinned probe is
-    >= ``pin_speedup`` x faster than its twin differing only in pin_memory ("medium"), or no
-    such twin was measured and the baseline is data-bound ("low").
+    >= ``pin_speedup`` x faster than its twin differing only in pin_memory, beyond the noise
+    of the two measurements ("medium"), or no such twin was measured and the baseline is
+    data-bound ("low").
     """
     base = baseline_probe(run)
     if base is None or not is_cuda(run, base["id"]) or _pinned(run, base) is not False:
         return None
     measured = _pin_gain(run)
     if measured is not None:
-        gain, pinned = measured
-        if gain < thresholds.pin_speedup:
+        gain, pinned, beyond_noise = measured
+        if gain < thresholds.pin_speedup or not beyond_noise:
             return None
         evidence = (f"With {describe_config(pinned)} the run is {gain:.2f}x faster than the "
                     "same settings with pin_memory=False.")
@@ -175,14 +186,20 @@ def low_gpu_utilization(run: Run, thresholds: Thresholds) -> Optional[Finding]:
         return None
     if waited[0] >= thresholds.data_wait_fraction:
         return None
+    recommendation = ("Cut per-step host overhead: torch.compile or CUDA graphs for many "
+                      "small kernels, a larger batch, and no .item()/.cpu() syncs inside the "
+                      "step.")
+    pinned = _pin_gain(run) if _pinned(run, base) is False else None
+    if pinned is not None and pinned[2] and pinned[0] >= thresholds.pin_speedup:
+        recommendation = (f"Copies from pageable memory are part of it: pinned, the same "
+                          f"settings ran {pinned[0]:.2f}x as fast (see pin-memory). "
+                          + recommendation)
     return Finding(
         rule="low-gpu-utilization", severity="medium",
         title="GPU idle while the host runs the loop",
-        evidence=(f"Median GPU utilisation is {util:.0f} % while the ranks wait only "
-                  f"{pct(waited[0])} of each step for data."),
-        recommendation=("Cut per-step host overhead: torch.compile or CUDA graphs for many "
-                        "small kernels, a larger batch, and no .item()/.cpu() syncs inside the "
-                        "step."))
+        evidence=(f"Median GPU utilisation is {util:.0f} % while waiting for data costs only "
+                  f"{pct(waited[0])} of each step."),
+        recommendation=recommendation)
 
 
 RULES = [pin_memory, batch_size_headroom, low_gpu_utilization]

@@ -26,6 +26,33 @@ def test_pin_memory_not_when_pinning_does_not_help():
     assert pin_memory(pin_run(pinned_wait=0.03), T) is None
 
 
+def test_pin_memory_pools_a_probe_with_its_re_measurement():
+    """A short probe of the pinned settings read fast, its longer re-measurement as slow as the
+    unpinned baseline (an H100 run: 1.35x alone, 0.95x re-measured): pooled as the choice pools
+    them, pinning is not faster beyond noise, and the finding stays silent."""
+    run = (RunBuilder(device="cuda")
+           .probe("base", kind="baseline", pin_memory=False).steps(data_wait=0.03, jitter=0.02)
+           .probe("pin", pin_memory=True).steps(data_wait=0.005, jitter=0.02, seed=1)
+           .probe("pin-again", pin_memory=True).steps(n=40, data_wait=0.03, jitter=0.02, seed=2)
+           .build())
+    assert pin_memory(run, T) is None
+    alone = (RunBuilder(device="cuda")
+             .probe("base", kind="baseline", pin_memory=False).steps(data_wait=0.03, jitter=0.02)
+             .probe("pin", pin_memory=True).steps(data_wait=0.005, jitter=0.02, seed=1)
+             .build())
+    assert pin_memory(alone, T) is not None
+
+
+def test_low_gpu_utilization_names_pageable_copies_when_pinning_measured_faster():
+    run = (RunBuilder(device="cuda")
+           .probe("base", kind="baseline", pin_memory=False).steps(data_wait=0.001, compute=0.05)
+           .samples("gpu", gpu_util_percent=20.0)
+           .probe("pin", pin_memory=True).steps(data_wait=0.001, compute=0.03)
+           .build())
+    finding = low_gpu_utilization(run, T)
+    assert finding is not None and "pageable memory" in finding.recommendation
+
+
 def test_pin_memory_not_on_cpu():
     assert pin_memory(pin_run(pinned_wait=0.005, device="cpu"), T) is None
 
