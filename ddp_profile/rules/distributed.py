@@ -142,33 +142,79 @@ def _same_batches(prints: dict[int, dict[int, str]]) -> Optional[tuple[tuple[int
     return None
 
 
-def missing_distributed_sampler(run: Run, thresholds: Thresholds) -> Optional[Finding]:
-    """The ranks receive the same batches: every rank trains on the same samples.
+SHARD_ADVICE = ("sampler = DistributedSampler(dataset, shuffle=True); DataLoader(dataset, "
+                "sampler=sampler, ...) (and drop shuffle=True), calling "
+                "sampler.set_epoch(epoch) at the start of each epoch.")
 
-    Decided on the data: each rank fingerprints the first batches of its training loader
-    (``batch_fingerprint`` events). Trigger (baseline probe): world size > 1 and two ranks
-    whose fingerprinted batches (>= 2, not all alike) are equal at every position. The sampler's
-    class (DistributedSampler, accelerate's or Lightning's shards, an IterableDataset) only
-    explains it; without fingerprints there is no finding.
+
+def _whole_dataset_everywhere(run: Run, probe_id: str) -> Optional[dict[str, Any]]:
+    """The training loader's facts when every rank's epoch covers the whole of one dataset:
+    each rank recorded the same dataset (length and ``dataset_fingerprint``, never None), no
+    distributed sampler, and an epoch of at least its length less one batch. Else None."""
+    size = world_size(run, probe_id)
+    loaders = [context.get("loader") or {} for (pid, _), context in run.contexts.items()
+               if pid == probe_id]
+    if size <= 1 or len(loaders) < size:
+        return None
+    first = loaders[0]
+    length = first.get("dataset_len")
+    prints = {loader.get("dataset_fingerprint") for loader in loaders}
+    if not length or None in prints or len(prints) != 1:
+        return None
+    for loader in loaders:
+        covered = loader.get("epoch_samples")
+        if loader.get("distributed_sampler") or loader.get("dataset_len") != length \
+                or covered is None or covered < length - (loader.get("batch_size") or 0):
+            return None
+    return first
+
+
+def missing_distributed_sampler(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """The ranks read the same samples: their batches are equal, or each rank's epoch covers
+    the whole dataset.
+
+    Decided on the data, two ways (baseline probe, world size > 1):
+
+    * each rank fingerprints the first batches of its training loader (``batch_fingerprint``
+      events): two ranks whose fingerprinted batches (>= 2, not all alike) are equal at every
+      position read the same samples in the same order;
+    * coverage: every rank built the same dataset (equal length and ``dataset_fingerprint``,
+      a digest of what the dataset object holds) and its loader's epoch covers all of it
+      (``epoch_samples``: the batch sampler's batches x batch size, the sampler's length, or
+      the whole dataset for the default samplers): each rank reads everything, in whatever
+      order (an unseeded shuffle without a sampler).
+
+    The sampler's class (DistributedSampler, accelerate's or Lightning's shards, an
+    IterableDataset) only explains it; without fingerprints or coverage there is no finding.
     """
     probe = baseline_probe(run)
     if probe is None or world_size(run, probe["id"]) <= 1:
         return None
     same = _same_batches(_fingerprints(run, probe["id"]))
-    if same is None:
-        return None
-    ranks, compared = same
     loader = loader_info(run, probe["id"])
     sampler = loader.get("batch_sampler") or loader.get("sampler") or "its sampler"
+    if same is None:
+        whole = _whole_dataset_everywhere(run, probe["id"])
+        if whole is None:
+            return None
+        size = world_size(run, probe["id"])
+        return Finding(
+            rule="missing-distributed-sampler", severity="high",
+            title="Every rank reads the whole dataset",
+            evidence=(f"Each of the {size} ranks built the same dataset ({whole.get('dataset')}, "
+                      f"{whole['dataset_len']} samples, equal fingerprints of its contents) and "
+                      f"its loader (sampler: {sampler}) covers {whole['epoch_samples']} samples "
+                      f"an epoch: every rank reads all of it in its own order, so an epoch does "
+                      f"{size}x the work of a sharded one."),
+            recommendation=SHARD_ADVICE, ranks=tuple(range(size)))
+    ranks, compared = same
     names = ", ".join(str(r) for r in ranks)
     if loader.get("distributed_sampler"):
         advice = ("The DistributedSampler is built with the same rank on every process: "
                   "DistributedSampler(dataset) after init_process_group (or pass "
                   "num_replicas=world_size, rank=rank).")
     else:
-        advice = ("sampler = DistributedSampler(dataset, shuffle=True); DataLoader(dataset, "
-                  "sampler=sampler, ...) (and drop shuffle=True), calling "
-                  "sampler.set_epoch(epoch) at the start of each epoch.")
+        advice = SHARD_ADVICE
     return Finding(
         rule="missing-distributed-sampler", severity="high",
         title="The ranks read the same samples",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from tests.conftest import DEMO
+from tests.conftest import DEMO, SCRIPTS
 
 pytestmark = pytest.mark.e2e
 
@@ -36,3 +38,16 @@ def test_compute_bound_script_gets_no_data_loading_advice(cli, run_dir):
     assert not DATA_RULES & rules, rules
     assert "straggler" not in rules and "frequent-io" not in rules
     assert summary["probes"][0]["comm"]["timed_steps"] >= 3  # its all-reduce is timed
+
+
+def test_ranks_that_each_read_the_whole_dataset_are_found_though_their_batches_differ(
+        cli, run_dir):
+    """shuffle=True without a sampler, seeded by rank: the batches differ on every rank (the
+    fingerprints prove nothing), but each rank's epoch covers all 2,048 samples of the same
+    dataset."""
+    result = cli(["run", os.path.join(SCRIPTS, "rank_seeded_shuffle_train.py"), "--out",
+                  run_dir, *ONE_PROBE], out=run_dir)
+    assert result.returncode == 0, result.stderr
+    findings = {f["rule"]: f for f in result.summary()["findings"]}
+    evidence = findings["missing-distributed-sampler"]["evidence"]
+    assert "Each of the 2 ranks built the same dataset" in evidence and "2048" in evidence

@@ -108,6 +108,40 @@ def test_no_fingerprints_or_one_rank_no_finding():
         sampler_run({0: ["a", "b"]}, world_size=1), T) is None
 
 
+def coverage_run(per_rank: dict, **loader):
+    """A 2-rank baseline with differing batches whose ranks' training loaders recorded
+    ``loader`` (every rank) updated with ``per_rank[rank]``."""
+    facts = {"dataset": "TensorDataset", "dataset_len": 1000, "epoch_samples": 1000,
+             "dataset_fingerprint": "data", "batch_size": 32, **loader}
+    run = sampler_run({0: ["a", "b", "c"], 1: ["d", "e", "f"]})
+    for (_, rank), context in run.contexts.items():
+        context["loader"] = {**context["loader"], **facts, **per_rank.get(rank, {})}
+    return run
+
+
+def test_ranks_that_each_cover_the_whole_dataset_are_found_whatever_their_order():
+    """An unseeded (or rank-seeded) shuffle without a sampler: batches differ, yet every rank
+    reads all of the same dataset."""
+    finding = missing_distributed_sampler(coverage_run({}), T)
+    assert finding is not None and finding.title == "Every rank reads the whole dataset"
+    assert "1000 samples" in finding.evidence and "2x the work" in finding.evidence
+    assert "DistributedSampler(dataset" in finding.recommendation
+    # a partial last batch dropped still covers the dataset
+    assert missing_distributed_sampler(coverage_run({}, epoch_samples=992), T) is not None
+
+
+def test_sharded_samplers_and_self_sharded_datasets_are_not_flagged():
+    assert missing_distributed_sampler(coverage_run({}, epoch_samples=500), T) is None  # shard
+    assert missing_distributed_sampler(
+        coverage_run({}, distributed_sampler=True), T) is None
+    # each rank built its own shard of the files: the datasets differ
+    assert missing_distributed_sampler(
+        coverage_run({1: {"dataset_fingerprint": "other"}}), T) is None
+    # nothing in the dataset says which data it is: no evidence
+    assert missing_distributed_sampler(coverage_run({}, dataset_fingerprint=None), T) is None
+    assert missing_distributed_sampler(coverage_run({1: {"dataset_len": 999}}), T) is None
+
+
 def test_fingerprints_of_another_loader_are_ignored():
     run = (RunBuilder(world_size=2).probe("p", kind="baseline").steps(n=3, loader_id=1)
            .event("batch_fingerprint", rank=0, loader_id=0, index=0, digest="a")

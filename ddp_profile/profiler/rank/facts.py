@@ -5,6 +5,10 @@
 * ``batch_fingerprint(batch)``: a short digest of a batch's contents, cheap on large tensors
   (a strided sample of at most ``FINGERPRINT_VALUES`` values per tensor, plus shapes and
   dtypes). Ranks that receive equal fingerprints read the same samples.
+* ``dataset_fingerprint(dataset)``: a digest of what a dataset object holds (its attributes:
+  tensors and arrays sampled like batches, plain values, the ends and middle of lists, nested
+  datasets), never fetching an item. Ranks with equal digests built the same dataset; a
+  dataset that holds nothing readable (or its rank) gets None or a digest of its own.
 * ``worker_pids(iterator)``: the pids of a DataLoader iterator's own worker processes.
 """
 
@@ -68,6 +72,63 @@ def batch_fingerprint(batch: Any, limit: int = 64) -> Optional[str]:
             if isinstance(data, dict):
                 stack.append(data)
     return digest.hexdigest() if seen else None
+
+
+DATASET_ATTRIBUTES = 32  # attributes of one dataset object read, at most
+
+
+def dataset_fingerprint(dataset: Any) -> Optional[str]:
+    """A hex digest of what ``dataset`` holds, or None when nothing in it says which data it
+    is (no tensor, array, path-like string or list among its attributes)."""
+    digest = hashlib.blake2b(digest_size=12)
+    found = _digest_object(dataset, digest, depth=0)
+    return digest.hexdigest() if found else None
+
+
+def _digest_object(obj: Any, digest: Any, depth: int) -> bool:
+    digest.update(type(obj).__name__.encode())
+    try:
+        attributes = vars(obj)
+    except TypeError:
+        return False
+    found = False
+    for name in sorted(attributes)[:DATASET_ATTRIBUTES]:
+        digest.update(name.encode())
+        found |= _digest_value(attributes[name], digest, depth)
+    return found
+
+
+def _digest_value(value: Any, digest: Any, depth: int) -> bool:
+    """Add ``value`` to ``digest``; whether it says something about the data."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        digest.update(_tensor_bytes(value))
+        return True
+    if type(value).__module__ == "numpy" and hasattr(value, "shape"):
+        digest.update(_tensor_bytes(torch.as_tensor(value)))
+        return True
+    if isinstance(value, (str, bytes)):
+        digest.update(repr(value).encode()[:256])
+        return isinstance(value, str) and (os.sep in value or "." in value)
+    if isinstance(value, (int, float, bool)) or value is None:
+        digest.update(repr(value).encode())
+        return False
+    if isinstance(value, (list, tuple)):
+        digest.update(f"{type(value).__name__}:{len(value)}".encode())
+        found = len(value) >= 2
+        for item in (value[:1] + value[len(value) // 2:len(value) // 2 + 1] + value[-1:]
+                     if value else ()):
+            if isinstance(item, (str, bytes, int, float, bool)):
+                digest.update(repr(item).encode()[:256])
+            elif depth < 2:
+                found |= _digest_value(item, digest, depth + 1)
+        return found
+    if depth < 2 and hasattr(value, "__getitem__") and hasattr(value, "__len__") \
+            and hasattr(value, "__dict__"):  # a nested dataset (Subset, ConcatDataset)
+        return _digest_object(value, digest, depth + 1)
+    digest.update(type(value).__name__.encode())  # a transform, a handle: its kind only
+    return False
 
 
 def worker_pids(iterator: Any) -> list[int]:

@@ -26,6 +26,12 @@ def own_settings(arguments: dict[str, Any]) -> dict[str, Any]:
         dataset_len = None
     num_workers = arguments.get("num_workers") or 0
     prefetch = arguments.get("prefetch_factor")
+    from ddp_profile.profiler.rank.facts import dataset_fingerprint
+
+    try:
+        fingerprint = dataset_fingerprint(dataset) if dataset_len else None
+    except Exception:  # noqa: BLE001 - evidence, never a failure
+        fingerprint = None
     return {
         "num_workers": num_workers, "pin_memory": bool(arguments.get("pin_memory")),
         "prefetch_factor": (prefetch if prefetch is not None else 2) if num_workers > 0 else None,
@@ -37,7 +43,22 @@ def own_settings(arguments: dict[str, Any]) -> dict[str, Any]:
         "distributed_sampler": _is_distributed_sampler(sampler),
         "batch_sampler": type(batch_sampler).__name__ if batch_sampler is not None else None,
         "dataset": type(dataset).__name__, "dataset_len": dataset_len,
+        "epoch_samples": epoch_samples(arguments, dataset_len, batch_size),
+        "dataset_fingerprint": fingerprint,
     }
+
+
+def epoch_samples(arguments: dict[str, Any], dataset_len: Optional[int],
+                  batch_size: Optional[int]) -> Optional[int]:
+    """The samples one epoch of this rank's loader covers: its batch sampler's batches x the
+    batch size, else its sampler's length, else (the default samplers) the whole dataset."""
+    batch_sampler, sampler = arguments.get("batch_sampler"), arguments.get("sampler")
+    try:
+        if batch_sampler is not None:
+            return len(batch_sampler) * batch_size if batch_size else None
+        return len(sampler) if sampler is not None else dataset_len
+    except Exception:  # noqa: BLE001 - a sampler without a length
+        return None
 
 
 def _is_distributed_sampler(sampler: Any) -> bool:

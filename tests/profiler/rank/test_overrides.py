@@ -81,3 +81,42 @@ def test_batch_size_of_nested_batches():
     assert batch_size_of({"x": [torch.zeros(5, 2)], "y": 3}, default=1) == 5
     assert batch_size_of((torch.tensor(3.0), torch.zeros(7)), default=1) == 7
     assert batch_size_of(["no", "tensors"], default=9) == 9
+
+
+def test_the_samples_an_epoch_covers_and_the_dataset_digest_are_recorded():
+    from ddp_profile.profiler.rank.overrides import own_settings
+
+    whole = own_settings(bound(batch_size=8, shuffle=True).arguments)
+    assert whole["epoch_samples"] == 64 == whole["dataset_len"]
+    shard = own_settings(bound(batch_size=8, sampler=DistributedSampler(
+        DATA, num_replicas=2, rank=0)).arguments)
+    assert shard["epoch_samples"] == 32
+    batches = own_settings(bound(batch_sampler=BatchSampler(
+        SequentialSampler(DATA), 5, drop_last=True)).arguments)
+    assert batches["epoch_samples"] == 60  # 12 whole batches of 5
+    # the same data built again digests alike; other data does not
+    assert whole["dataset_fingerprint"] == own_settings(bound(
+        batch_size=8).arguments)["dataset_fingerprint"] is not None
+    other = TensorDataset(torch.arange(64.0) + 1)
+    signature = inspect.signature(DataLoader.__init__)
+    arguments = signature.bind(None, other, batch_size=8)
+    assert own_settings(arguments.arguments)["dataset_fingerprint"] != whole["dataset_fingerprint"]
+
+
+def test_a_dataset_holding_nothing_readable_gets_no_digest():
+    from ddp_profile.profiler.rank.facts import dataset_fingerprint
+
+    class Generated(torch.utils.data.Dataset):
+        def __init__(self, n):
+            self.n = n
+
+        def __len__(self):
+            return self.n
+
+        def __getitem__(self, i):
+            return torch.randn(4)
+
+    assert dataset_fingerprint(Generated(10)) is None
+    files = type("Files", (torch.utils.data.Dataset,), {"__len__": lambda self: 3})()
+    files.paths = ["/data/a.jpg", "/data/b.jpg", "/data/c.jpg"]
+    assert dataset_fingerprint(files) is not None
