@@ -27,3 +27,20 @@ def test_the_speedup_interval_of_loaded_runs_covers_the_true_ratio(tmp_path):
         intervals.append(evaluate(load_run(path))[1].expected_speedup_interval)
     assert sum(lo < 2.0 < hi for lo, hi in intervals) >= 7  # a 90 % interval: about 9 of 10
     assert all(hi - lo < 0.15 for lo, hi in intervals)  # 30 steps of 5 % noise: a few percent
+
+
+def test_the_package_exports_load_run_and_its_types_without_loading_pandas(tmp_path):
+    """``ddp_profile.load_run`` is the public way in; importing the package alone (as the
+    start-up hook does in every rank and worker) loads no pandas."""
+    import subprocess
+    import sys
+
+    path = write_run(tmp_path / "run")
+    code = ("import sys, ddp_profile; assert 'pandas' not in sys.modules; "
+            f"run = ddp_profile.load_run({str(path)!r}); "
+            "assert isinstance(run, ddp_profile.Run); "
+            "assert run.summary['probes'][0]['status'] == ddp_profile.Status.OK; "
+            "assert run.summary['probes'][0]['kind'] == ddp_profile.Kind.BASELINE; print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
