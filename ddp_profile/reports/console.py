@@ -116,6 +116,10 @@ def step_parts(entry: dict[str, Any]) -> str:
     text = f", data wait {wait:.0%}" if wait is not None else ""
     if text and starved is not None:
         text += f" (GPU idle for it {starved:.0%})"
+    loading = entry.get("loading") or {}
+    read, share = loading.get("read_per_sample_bytes"), loading.get("storage_share")
+    if read and share is not None:
+        text += f", {read / 1e6:.2f} MB read per sample, {share:.0%} from storage"
     return text + (f", exposed comm {comm:.0%}" if comm is not None else "")
 
 
@@ -155,7 +159,7 @@ def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
                      f"{probe.get('steps')} steps): {probe.get('short_reason')}")
     recommendation = summary.get("recommendation") or {}
     lines.extend(f"  note: {note}" for note in recommendation.get("notes") or []
-                 if " is short, " in note)
+                 if " is short, " in note or note.startswith("Not like for like"))
     if recommendation.get("snippet") and summary.get("recommended") != summary.get("baseline"):
         lines.append("  " + recommendation["snippet"])
     lines.append(f"run directory: {out}")

@@ -76,6 +76,9 @@ class Thresholds(ChoiceThresholds):
     iowait_high_percent: float = 20.0  # iowait median at or above this: waiting on storage
     workers_flat_gain: float = 1.10  # more workers gaining less than this: gain has flattened
     pin_speedup: float = 1.03  # pinned probe this much faster than its unpinned twin
+    # two probes whose producers read this much more or less of their bytes from storage (not
+    # the page cache) were not measured like for like
+    cache_margin: float = 0.25
     restart_share: float = 0.05  # worker start-up per epoch as a share of the run
     gpu_mem_unused_share: float = 0.5  # peak GPU memory below this share of the total
     batch_gain: float = 1.05  # a larger batch this much faster counts as a gain
@@ -128,6 +131,24 @@ def probe_entry(run: Run, probe_id: Any) -> dict[str, Any]:
         if entry.get("id") == probe_id:
             return entry
     return {}
+
+
+def storage_share(run: Run, probe_id: Any) -> Optional[float]:
+    """The share of the bytes a probe's producers read that came from storage, not the page
+    cache (``sweep.capacity.LoadingCost.storage_share``); None where unknown."""
+    share = (probe_entry(run, probe_id).get("loading") or {}).get("storage_share")
+    return float(share) if finite(share) else None
+
+
+def cache_mismatch(run: Run, base: pd.Series, other: pd.Series,
+                   thresholds: Thresholds) -> Optional[str]:
+    """Why ``other`` and ``base`` were not measured like for like (their producers read from
+    storage shares ``cache_margin`` apart: one read warm, from the page cache), else None."""
+    a, b = (storage_share(run, p["id"]) for p in (base, other))
+    if a is None or b is None or abs(a - b) < thresholds.cache_margin:
+        return None
+    return (f"the baseline {base['id']} read {pct(a)} of its bytes from storage, probe "
+            f"{other['id']} {pct(b)} (the rest from the page cache)")
 
 
 def is_short(probe: pd.Series) -> bool:

@@ -28,6 +28,7 @@ from ddp_profile.rules.base import (
     Thresholds,
     as_int,
     baseline_probe,
+    cache_mismatch,
     candidate,
     ceiling_probe,
     config_of,
@@ -40,6 +41,7 @@ from ddp_profile.rules.base import (
     pct,
     probe_entry,
     relative_error,
+    storage_share,
 )
 from ddp_profile.rules.data import (
     CPU_FIX,
@@ -65,6 +67,7 @@ class Recommendation:
     notes: tuple[str, ...] = ()
     throughput: Optional[float] = None  # global samples/s of the recommended probe
     baseline_probe_id: Optional[str] = None
+    like_for_like: Optional[bool] = None  # False: baseline and pick read in other cache states
 
 
 def recommendation_to_dict(rec: Recommendation) -> dict[str, Any]:
@@ -213,6 +216,12 @@ def _notes(run: Run, base: pd.Series, chosen: pd.Series, thresholds: Thresholds,
     if share is not None:
         notes.extend(_ceiling_notes(run, chosen, share, thresholds))
     notes.extend(_short_notes(base, chosen))
+    mismatch = cache_mismatch(run, base, chosen, thresholds) if chosen["id"] != base["id"] \
+        else None
+    if mismatch is not None:
+        notes.append(f"Not like for like: {mismatch}; part of the speedup is the cache, not "
+                     "the setting. Measure both in one cache state (run again: the data then "
+                     "reads warm for both, if it fits in memory).")
     threads = thread_oversubscription(run, thresholds)  # the finding decides; the note cites it
     if threads is not None and threads.severity != "low":
         notes.append(f"Besides the DataLoader: {threads.recommendation} (see the "
@@ -250,9 +259,13 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None) -> Recommendati
     if ceiling is not None and ceiling["throughput"] > 0 and finite(chosen["throughput"]):
         share = float(chosen["throughput"] / ceiling["throughput"])
     config = config_of(chosen)
+    like = None  # unknown: the same probe, or a cache share not measured on either side
+    if chosen["id"] != base["id"] and all(storage_share(run, p["id"]) is not None
+                                          for p in (base, chosen)):
+        like = cache_mismatch(run, base, chosen, thresholds) is None
     return Recommendation(
         config=config, probe_id=str(chosen["id"]), expected_speedup=speedup,
         expected_speedup_interval=interval, snippet=snippet_for(config), ceiling_share=share,
         notes=_notes(run, base, chosen, thresholds, share),
         throughput=float(chosen["throughput"]) if finite(chosen["throughput"]) else None,
-        baseline_probe_id=str(base["id"]))
+        baseline_probe_id=str(base["id"]), like_for_like=like)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from ddp_profile.reports.console import ConsoleProgress, summary_lines
+from ddp_profile.reports.console import ConsoleProgress, step_parts, summary_lines
 
 SHORT = {"id": "p000", "kind": "baseline", "status": "ok", "throughput": 100.0,
          "data_wait_fraction": 0.1, "config": {"num_workers": 0}, "steps": 10,
@@ -55,3 +55,15 @@ def test_summary_shows_the_loading_and_runnable_time_only_where_notable():
     capacity["runq"] = {**capacity["runq"], "share": 0.05, "notable": False}
     assert "loading: 2.00 ms CPU + 0.05 ms waiting per sample (CPU-bound)" in summary_lines(
         summary, "out")
+
+
+def test_a_probe_line_says_what_the_wait_cost_the_gpu_and_where_its_bytes_came_from():
+    cuda = step_parts({"data_wait_fraction": 0.63, "gpu_starved_fraction": 0.0,
+                       "comm_fraction": 0.02})
+    assert cuda == ", data wait 63% (GPU idle for it 0%), exposed comm 2%"
+    files = step_parts({"data_wait_fraction": 0.5, "loading": {
+        "read_per_sample_bytes": 131072, "storage_share": 0.95}})
+    assert files == ", data wait 50%, 0.13 MB read per sample, 95% from storage"
+    assert step_parts({"data_wait_fraction": 0.5, "loading": {"read_per_sample_bytes": 8,
+                                                              "storage_share": None}}) \
+        == ", data wait 50%"

@@ -275,3 +275,31 @@ def test_ceiling_note_never_predicts_a_worker_count_already_measured():
     (note,) = [n for n in rec.notes if "ceiling" in n]
     assert "predicted, not measured" not in note, note
     assert "8 worker(s) per rank" in note, note
+
+
+def with_storage(builder, share: float, read: float = 131072.0):
+    """The current probe's producers read ``read`` bytes a sample, ``share`` from storage."""
+    builder.loading(cpu_ms=0.1, wait_ms=1.0)
+    builder.probes[-1]["loading"].update(read_per_sample_bytes=read, storage_share=share)
+    return builder
+
+
+def test_a_probe_read_warm_against_a_cold_baseline_is_labelled_not_like_for_like():
+    """The baseline read its files from storage, the later probe from the page cache: the
+    speedup is partly the cache, and the recommendation says so."""
+    builder = RunBuilder(world_size=2).probe("base", kind="baseline", num_workers=0)
+    with_storage(builder.steps(data_wait=0.05, compute=0.05, jitter=0.02), 0.95)
+    with_storage(builder.probe("w2", num_workers=2).steps(data_wait=0.0, compute=0.05,
+                                                          jitter=0.02, seed=1), 0.02)
+    rec = recommend(builder.build(), T)
+    assert rec.probe_id == "w2" and rec.like_for_like is False
+    note = next(n for n in rec.notes if n.startswith("Not like for like"))
+    assert "base read 95 %" in note and "w2 2 %" in note
+    builder = RunBuilder(world_size=2).probe("base", kind="baseline", num_workers=0)
+    with_storage(builder.steps(data_wait=0.05, compute=0.05, jitter=0.02), 0.9)
+    with_storage(builder.probe("w2", num_workers=2).steps(data_wait=0.0, compute=0.05,
+                                                          jitter=0.02, seed=1), 0.85)
+    rec = recommend(builder.build(), T)
+    assert rec.like_for_like is True and not any("like for like" in n for n in rec.notes)
+    assert recommend(loader_sweep(("w2", {"num_workers": 2}, 0.0)).build(),
+                     T).like_for_like is None  # nothing read: unknown

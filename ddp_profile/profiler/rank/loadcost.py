@@ -19,8 +19,11 @@ busy) and the rest blocked (storage, network, sleep, a lock).
 Record (``kind: "batch_cost"``): rank, loader_id, worker (null in the rank), pid, t_ns (the
 batch's end, wall clock), wall_s, cpu_s (fetch + collate), runq_s (of the fetch's wall time,
 runnable on a run queue without a CPU; null where ``/proc/thread-self/schedstat`` cannot be
-read), collate_s, collate_cpu_s, samples, and, in worker 0's records, at its start, its first
-flush and then every ``RSS_EVERY_S``, private_rss (the worker's private resident bytes).
+read), collate_s, collate_cpu_s, samples, read_b and storage_b (bytes the producing thread read
+through ``read()``-like calls, and bytes it made the kernel fetch from storage: ``rchar`` and
+``read_bytes`` of ``/proc/thread-self/io``; null where unreadable; a file read through ``mmap``
+counts in storage_b only, when its pages fault in) and, in worker 0's records, at its start, its
+first flush and then every ``RSS_EVERY_S``, private_rss (the worker's private resident bytes).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ _perf = time.perf_counter_ns
 _cpu = time.thread_time_ns
 
 SCHEDSTAT = "/proc/thread-self/schedstat"
+THREAD_IO = "/proc/thread-self/io"
 _forks = 0  # bumped in a forked child: a thread's kept descriptor names its parent's thread
 
 
@@ -75,15 +79,20 @@ class RunQueueClock:
         self._local = threading.local()
 
     def __call__(self) -> Optional[int]:
+        fd = self._fd()
+        if fd is None:
+            return None
+        try:
+            return int(os.pread(fd, 128, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def _fd(self) -> Optional[int]:
+        """This thread's descriptor of the file (opened at its first read), or None."""
         state = getattr(self._local, "state", None)
         if state is None or state[0] != _forks:
             state = self._local.state = (_forks, *self._open())
-        if state[1] is None:
-            return None
-        try:
-            return int(os.pread(state[1], 128, 0).split()[1])
-        except (OSError, ValueError, IndexError):
-            return None
+        return state[1]
 
     def _open(self) -> tuple[Optional[int], Optional[_Descriptor]]:
         """(descriptor, its owner), or (None, None) when the file is unusable."""
@@ -96,6 +105,35 @@ class RunQueueClock:
             if len(fields) >= 3 and int(fields[2]) > 0:  # a running thread ran at least once
                 return owner.fd, owner
         except (OSError, ValueError):
+            pass
+        return None, None
+
+
+class IoCounters(RunQueueClock):
+    """(bytes read, bytes fetched from storage) so far by the calling thread: ``rchar`` and
+    ``read_bytes`` of ``/proc/thread-self/io``, read like ``RunQueueClock`` reads its file;
+    None where unreadable."""
+
+    def __init__(self, path: str = THREAD_IO):
+        super().__init__(path)
+
+    def __call__(self) -> Optional[tuple[int, int]]:  # type: ignore[override]
+        fd = self._fd()
+        if fd is None:
+            return None
+        try:
+            fields = os.pread(fd, 512, 0).split()
+            return int(fields[1]), int(fields[9])  # rchar: N ... read_bytes: N
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def _open(self) -> tuple[Optional[int], Optional[_Descriptor]]:
+        try:
+            owner = _Descriptor(os.open(self.path, os.O_RDONLY))
+            fields = os.pread(owner.fd, 512, 0).split()
+            if fields[0] == b"rchar:" and fields[8] == b"read_bytes:":
+                return owner.fd, owner
+        except (OSError, IndexError):
             pass
         return None, None
 
@@ -165,6 +203,7 @@ class CostMeter:
         self.collate_wall = 0
         self.collate_cpu = 0
         self.runq = RunQueueClock()
+        self.io = IoCounters()
 
     def wrap(self, fetcher: Any) -> Any:
         """Time ``fetcher.fetch`` and its ``collate_fn`` from now on; returns the fetcher."""
@@ -182,14 +221,16 @@ class CostMeter:
         def timed_fetch(index: Any) -> Any:
             meter.collate_wall = meter.collate_cpu = 0
             wall = _perf()
-            runq = meter.runq()
+            runq, io = meter.runq(), meter.io()
             cpu = _cpu()
             batch = fetch(index)  # StopIteration and the dataset's errors pass through
             cpu = _cpu() - cpu
-            after = meter.runq()
+            after, io_after = meter.runq(), meter.io()
             wall = _perf() - wall
             runq = None if runq is None or after is None else after - runq
-            meter.record(wall, cpu, runq, batch, index)
+            read = None if io is None or io_after is None else \
+                (io_after[0] - io[0], io_after[1] - io[1])
+            meter.record(wall, cpu, runq, batch, index, read)
             return batch
 
         fetcher.collate_fn = timed_collate
@@ -197,14 +238,15 @@ class CostMeter:
         return fetcher
 
     def record(self, wall_ns: int, cpu_ns: int, runq_ns: Optional[int], batch: Any,
-               index: Any) -> None:
+               index: Any, read: Optional[tuple[int, int]] = None) -> None:
         default = len(index) if isinstance(index, (list, tuple)) else 1
         runq = "null" if runq_ns is None else f"{runq_ns / 1e9:.9f}"
+        io = "" if read is None else f',"read_b":{read[0]},"storage_b":{read[1]}'
         self.emit(f'{self.prefix}"t_ns":{time.time_ns()},"wall_s":{wall_ns / 1e9:.9f},'
                   f'"cpu_s":{cpu_ns / 1e9:.9f},"runq_s":{runq},'
                   f'"collate_s":{self.collate_wall / 1e9:.9f},'
                   f'"collate_cpu_s":{self.collate_cpu / 1e9:.9f},'
-                  f'"samples":{batch_size_of(batch, default)}}}')
+                  f'"samples":{batch_size_of(batch, default)}{io}}}')
 
 
 def _json_int(value: Optional[int]) -> str:

@@ -32,6 +32,7 @@ from typing import Any, Iterable, Optional
 CPU_BOUND_SHARE = 0.7
 WAIT_BOUND_SHARE = 0.3
 WORKER_CAP = 64  # per rank, unless the user lists worker counts
+STORAGE_READ_BYTES = 4096  # per sample: reads below this say nothing of storage or the cache
 RUNQ_NOTABLE_SHARE = 0.2  # producers runnable this share of their wall time: the CPUs were busy
 CURVE_WORKERS = (0, 1, 2, 4, 8, 16, 32, 64)
 
@@ -48,6 +49,18 @@ class LoadingCost:
     producers: int  # processes that made batches: workers, or ranks with num_workers=0
     worker_private_rss: Optional[int]  # bytes; median over the workers that reported it
     runq_per_sample_s: Optional[float] = None  # runnable, waiting for a CPU; None: unknown
+    read_per_sample_bytes: Optional[float] = None  # read() by the producers; None: unknown
+    storage_per_sample_bytes: Optional[float] = None  # of it (or mmap faults) from storage
+
+    @property
+    def storage_share(self) -> Optional[float]:
+        """The share of the bytes read that came from storage, not the page cache (None when
+        under ``STORAGE_READ_BYTES`` a sample was read, or more came from storage than was
+        read: mmap'd files)."""
+        read, storage = self.read_per_sample_bytes, self.storage_per_sample_bytes
+        if not read or read < STORAGE_READ_BYTES or storage is None or storage > read * 1.05:
+            return None
+        return min(1.0, storage / read)
 
     @property
     def per_sample_s(self) -> float:
@@ -69,7 +82,7 @@ class LoadingCost:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out.update(cpu_share=self.cpu_share, bound=bound_of(self.cpu_share),
-                   runq_share=self.runq_share)
+                   runq_share=self.runq_share, storage_share=self.storage_share)
         return out
 
 
@@ -114,12 +127,18 @@ def loading_cost(groups: Iterable[tuple[list[dict[str, Any]], Optional[int]]],
     runqs = [float(b["runq_s"]) for b in chosen if b.get("runq_s") is not None]
     runq = min(sum(runqs), max(wall - cpu, 0.0)) if runqs else None
     rss = [int(r) for r in rss if r]
+    io = [b for b in chosen if b.get("read_b") is not None and b.get("storage_b") is not None]
+    io_samples = sum(int(b["samples"]) for b in io)
     return LoadingCost(cpu_per_sample_s=cpu / samples,
                        wait_per_sample_s=max(wall - cpu - (runq or 0.0), 0.0) / samples,
                        collate_per_sample_s=collate / samples, samples=samples,
                        batches=len(chosen), producers=len({b.get("pid") for b in chosen}),
                        worker_private_rss=int(statistics.median(rss)) if rss else None,
-                       runq_per_sample_s=runq / samples if runq is not None else None)
+                       runq_per_sample_s=runq / samples if runq is not None else None,
+                       read_per_sample_bytes=sum(int(b["read_b"]) for b in io) / io_samples
+                       if io_samples else None,
+                       storage_per_sample_bytes=sum(int(b["storage_b"]) for b in io)
+                       / io_samples if io_samples else None)
 
 
 def loop_demand(steps_by_rank: Iterable[list[dict[str, Any]]]) -> Optional[float]:

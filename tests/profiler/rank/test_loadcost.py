@@ -222,3 +222,52 @@ def test_a_batch_without_the_clock_records_runq_null():
     meter.wrap(Fetcher()).fetch([0, 1])
     record = json.loads(lines[0])
     assert record["runq_s"] is None and record["samples"] == 2 and record["cpu_s"] >= 0
+
+
+class Files(Dataset):
+    """Item i reads file i % len(paths) whole, as a one-file-per-sample dataset does."""
+
+    def __init__(self, paths: list, n: int):
+        self.paths, self.n = paths, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        with open(self.paths[index % len(self.paths)], "rb") as handle:
+            return torch.tensor(len(handle.read()))
+
+
+def _cold_files(directory, count: int, size: int) -> list:
+    paths = []
+    for i in range(count):
+        path = os.path.join(str(directory), f"sample-{i}.bin")
+        with open(path, "wb") as handle:
+            handle.write(os.urandom(size))
+            handle.flush()
+            os.fsync(handle.fileno())
+        paths.append(path)
+    for path in paths:  # out of the page cache: the next read comes from storage
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    return paths
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_bytes_read_and_bytes_from_storage_are_counted_per_batch(tmp_path, workers):
+    """8 files of 64 KiB dropped from the page cache, read in batches of 4, three times over:
+    the first pass comes from storage, the next two from the page cache (on a filesystem
+    that reads through the page cache; tmpfs never counts storage reads)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    paths = _cold_files(data, 8, 64 * 1024)
+    records = _run(tmp_path / "probe", {"batch_size": 4, "num_workers": workers},
+                   Files(paths, 24))
+    assert len(records) == 6
+    assert all(r["read_b"] >= 4 * 64 * 1024 for r in records), records
+    first, later = records[:2], records[2:]
+    if sum(r["storage_b"] for r in first) == 0:
+        pytest.skip("this filesystem reads nothing from storage (tmpfs?)")
+    assert sum(r["storage_b"] for r in first) >= 0.9 * 8 * 64 * 1024
+    assert all(r["storage_b"] < 4096 for r in later), later

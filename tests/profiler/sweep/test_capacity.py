@@ -51,6 +51,21 @@ def test_loading_cost_uses_the_measured_window_when_it_has_batches():
     assert cost.cpu_per_sample_s == pytest.approx(1e-3) and cost.batches == 10
 
 
+def test_the_share_read_from_storage_is_the_producers_storage_bytes_over_bytes_read():
+    records = batches(0.5, 3.0)
+    for i, record in enumerate(records):  # 16 samples of 128 KiB; half of them cold
+        record.update(read_b=16 * 131072, storage_b=16 * 131072 if i % 2 else 0)
+    cost = loading_cost([(records, None)])
+    assert cost.read_per_sample_bytes == 131072
+    assert cost.storage_share == pytest.approx(10 / 19)  # the first batch is left out
+    assert cost.to_dict()["storage_share"] == pytest.approx(10 / 19)
+    tiny = batches(0.5, 3.0)
+    for record in tiny:  # 8 bytes a sample say nothing of storage
+        record.update(read_b=16 * 8, storage_b=0)
+    assert loading_cost([(tiny, None)]).storage_share is None
+    assert loading_cost([(batches(0.5, 3.0), None)]).storage_share is None  # not recorded
+
+
 def test_no_batches_no_cost():
     assert loading_cost([([], None)]) is None
 
