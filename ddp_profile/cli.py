@@ -201,7 +201,7 @@ def demo(
 
     out = start_run(RunRequest(
         script=DEMO_SCRIPT, script_args=("--load-ms", "2", "--batch-size", "16"), out=out,
-        launcher="torchrun", nproc_per_node=None, space=SearchSpace(num_workers=(0, 1, 2, 4)),
+        launcher="torchrun", nproc_per_node=None, space=SearchSpace(),
         options=SweepOptions(steps=steps, warmup=5)))
     summary = execute(out, quiet=quiet)
     return _exit_for(summary)
