@@ -151,6 +151,21 @@ def cache_mismatch(run: Run, base: pd.Series, other: pd.Series,
             f"{other['id']} {pct(b)} (the rest from the page cache)")
 
 
+def storage_caveat(run: Run, base: pd.Series, thresholds: Thresholds) -> str:
+    """Where the baseline read its bytes from storage and the capacity model rests on probes
+    that read them from the page cache, a sentence saying so ("" otherwise)."""
+    own = storage_share(run, base["id"])
+    others = [storage_share(run, p["id"]) for _, p in ok_probes(run).iterrows()
+              if p["id"] != base["id"]]
+    warm = [s for s in others if s is not None and own is not None
+            and own - s >= thresholds.cache_margin]
+    if not warm:
+        return ""
+    return (f" Not like for like: the baseline read {pct(own)} of its bytes from storage, "
+            f"{len(warm)} later probe(s) at most {pct(max(warm))} (the page cache): in one "
+            "cache state the loading may be bound otherwise.")
+
+
 def is_short(probe: pd.Series) -> bool:
     """The probe measured fewer steps than asked (the script ended first)."""
     return probe.get("short") in (True,)

@@ -5,7 +5,7 @@ Each rule is ``rule(run, thresholds) -> Finding | None`` (see ``rules.base``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Optional
 
 import pandas as pd
@@ -17,75 +17,21 @@ from ddp_profile.rules.base import (
     Thresholds,
     as_int,
     baseline_probe,
-    cpus_available,
     data_wait,
     describe_config,
     finite,
     gpu_timed,
     is_data_bound,
     loader_info,
-    local_ranks,
     metric,
-    metric_median,
     ms,
     ok_probes,
     pct,
-    probe_context,
     probe_steps,
+    storage_caveat,
 )
+from ddp_profile.rules.cpuload import cpu_load
 from ddp_profile.rules.host import baseline_oversubscribed
-
-
-@dataclass(frozen=True)
-class CpuLoad:
-    """How busy the CPUs were during one probe (None where not measured)."""
-
-    host_percent: Optional[float]  # median CPU % over the CPUs available
-    worker_share: Optional[float]  # median worker CPU / cores available to one rank
-    iowait_percent: Optional[float]
-    compute_on_cpu: bool = False  # device "cpu": the training itself keeps the host busy
-
-    def _host_counts(self) -> bool:
-        """Whole-host CPU says little about loading when the model also runs on the CPUs."""
-        return self.host_percent is not None and not (
-            self.compute_on_cpu and self.worker_share is not None)
-
-    def saturated(self, thresholds: Thresholds) -> bool:
-        return ((self._host_counts() and self.host_percent >= thresholds.cpu_saturated_percent)
-                or (self.worker_share is not None
-                    and self.worker_share >= thresholds.worker_cpu_saturated_share))
-
-    def idle(self, thresholds: Thresholds) -> bool:
-        if self.saturated(thresholds) or (self.host_percent is None
-                                          and self.worker_share is None):
-            return False
-        if self.worker_share is not None and (
-                self.worker_share >= thresholds.worker_cpu_idle_share):
-            return False
-        return not self._host_counts() or self.host_percent < thresholds.cpu_idle_percent
-
-    def describe(self) -> str:
-        parts = []
-        if self.host_percent is not None:
-            parts.append(f"host CPU {self.host_percent:.0f} %")
-        if self.worker_share is not None:
-            parts.append(f"workers using {pct(self.worker_share)} of the rank's cores")
-        if self.iowait_percent is not None:
-            parts.append(f"iowait {self.iowait_percent:.0f} %")
-        return ", ".join(parts)
-
-
-def cpu_load(run: Run, probe: pd.Series) -> CpuLoad:
-    probe_id = probe["id"]
-    worker = metric_median(run, probe_id, "host", "worker_cpu_percent")
-    cpus = cpus_available(run, probe_id)
-    share = None
-    if worker is not None and cpus:
-        share = worker / (100.0 * cpus / local_ranks(run, probe_id))
-    device = probe_context(run, probe_id).get("device") or run.summary.get("device")
-    return CpuLoad(metric_median(run, probe_id, "host", "cpu_percent"), share,
-                   metric_median(run, probe_id, "host", "iowait_percent"),
-                   compute_on_cpu=device == "cpu")
 
 
 def capacity_of(run: Run) -> Optional[dict]:
@@ -281,7 +227,8 @@ def cpu_bound_preprocessing(run: Run, thresholds: Thresholds) -> Optional[Findin
         return None
     capacity = capacity_of(run)
     if capacity is not None:
-        return _cpu_bound_from_capacity(run, base, capacity)
+        caveat = storage_caveat(run, base, thresholds)
+        return _cpu_bound_from_capacity(run, base, capacity, caveat)
     probe = most_workers_probe(run)
     if probe is None:
         return None
@@ -299,15 +246,18 @@ def cpu_bound_preprocessing(run: Run, thresholds: Thresholds) -> Optional[Findin
         recommendation=CPU_FIX[0].upper() + CPU_FIX[1:] + ".")
 
 
-def _cpu_bound_from_capacity(run: Run, base: pd.Series, capacity: dict) -> Optional[Finding]:
+def _cpu_bound_from_capacity(run: Run, base: pd.Series, capacity: dict,
+                             caveat: str) -> Optional[Finding]:
+    """``caveat``: the baseline read from storage what the model's probes read warm ("": no)."""
     if capacity["bound"] != "cpu":
         return None
     limit, demand = capacity.get("cpu_limit"), capacity["demand"]
     saturated = finite(limit) and limit < demand
     finding = Finding(
         rule="cpu-bound-preprocessing", severity="high" if saturated else "medium",
-        title="Loading is CPU-bound: preprocessing, not storage, limits it",
-        evidence=f"Measured where the batches are made: {loading_evidence(capacity)}.",
+        title=("Loading is CPU-bound: preprocessing limits it" if caveat else
+               "Loading is CPU-bound: preprocessing, not storage, limits it"),
+        evidence=f"Measured where the batches are made: {loading_evidence(capacity)}.{caveat}",
         recommendation=f"More workers cannot help once the CPUs are full: {CPU_FIX}.")
     if saturated:
         return finding
@@ -393,7 +343,8 @@ def _wait_bound_from_capacity(run: Run, base: pd.Series, capacity: dict,
         severity="high" if fraction >= thresholds.data_wait_severe else "medium",
         title="Loading waits (storage, network, latency), not the CPUs",
         evidence=(f"The baseline waits {pct(fraction)} of each step for data. Measured where "
-                  f"the batches are made: {loading_evidence(capacity)}."),
+                  f"the batches are made: {loading_evidence(capacity)}."
+                  + storage_caveat(run, base, thresholds)),
         recommendation=f"{overlap}. Or, {IO_FIX}.")
 
 

@@ -173,7 +173,7 @@ def missing_distributed_sampler(run: Run, thresholds: Thresholds) -> Optional[Fi
     """The ranks read the same samples: their batches are equal, or each rank's epoch covers
     the whole dataset.
 
-    Decided on the data, two ways (baseline probe, world size > 1):
+    Trigger (baseline probe, world size > 1), decided on the data, either way:
 
     * each rank fingerprints the first batches of its training loader (``batch_fingerprint``
       events): two ranks whose fingerprinted batches (>= 2, not all alike) are equal at every

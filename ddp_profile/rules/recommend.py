@@ -43,11 +43,11 @@ from ddp_profile.rules.base import (
     relative_error,
     storage_share,
 )
+from ddp_profile.rules.cpuload import cpu_load
 from ddp_profile.rules.data import (
     CPU_FIX,
     IO_FIX,
     capacity_of,
-    cpu_load,
     loading_evidence,
     predicted_workers,
 )

@@ -201,6 +201,25 @@ def loaded(cpu_ms: float, wait_ms: float, host_cpu: float = 30.0, cpus: int = 2)
             .build())
 
 
+def test_a_cold_baseline_against_warm_probes_is_never_called_not_storage():
+    """The baseline read its files from storage, the later probe from the page cache (a
+    real run: 100 % against 0 %): the loading may look CPU-bound on the warm probe's figures,
+    but "not storage" is not established, and the evidence says why."""
+    builder = (RunBuilder(world_size=2, cpus=2)
+               .probe("base", kind="baseline", num_workers=0).steps(data_wait=0.05, compute=0.01)
+               .samples("host", cpu_percent=97.0).loading(3.0, 0.1))
+    builder.probes[-1]["loading"].update(read_per_sample_bytes=131072.0, storage_share=1.0)
+    builder.probe("w2", num_workers=2).steps(data_wait=0.03, compute=0.01) \
+        .samples("host", cpu_percent=97.0).loading(3.0, 0.1)
+    builder.probes[-1]["loading"].update(read_per_sample_bytes=131072.0, storage_share=0.0)
+    finding = cpu_bound_preprocessing(builder.build(), T)
+    assert finding is not None and "not storage" not in finding.title
+    assert "Not like for like: the baseline read 100 % of its bytes from storage" \
+        in finding.evidence
+    warm = loaded(cpu_ms=3.0, wait_ms=0.1, host_cpu=97.0)  # no reads recorded: as before
+    assert "not storage" in cpu_bound_preprocessing(warm, T).title
+
+
 def test_wait_bound_loading_cites_waiting_and_predicts_workers_past_the_cpus():
     run = loaded(cpu_ms=0.1, wait_ms=3.0, host_cpu=97.0)  # a busy host does not matter
     assert cpu_bound_preprocessing(run, T) is None
