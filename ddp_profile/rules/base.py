@@ -335,8 +335,8 @@ def pct(share: float) -> str:
 
 
 def ms(seconds: float) -> str:
-    """A duration in ms, or in us where ms would read "0.0 ms"."""
-    if abs(seconds) < 5e-5:
+    """A duration in ms, or in us where ms would read under "0.1 ms" (never "0.0 ms")."""
+    if abs(seconds) < 9.5e-5:
         return f"{1e6 * seconds:.0f} us"
     return f"{1000 * seconds:.1f} ms"
 

@@ -27,6 +27,7 @@ from ddp_profile.rules.base import (
     ms,
     ok_probes,
     pct,
+    probe_entry,
     probe_steps,
     storage_caveat,
 )
@@ -213,6 +214,35 @@ CPU_FIX = ("take work off the CPUs: preprocess offline (store decoded, resized t
            "device='cuda'), NVIDIA DALI), or run on more CPU cores per GPU")
 
 
+FAST_FETCH_S = 1e-4  # a sample fetched in less: the cost is the DataLoader's per-sample work
+COLLATE_SHARE = 0.5  # collate_fn this share of a sample's cost: the collate is what costs
+
+
+def cpu_cost(run: Run, probe: pd.Series) -> tuple[str, str]:
+    """(what costs, the fix for it), from the part of producing a sample that costs in
+    ``probe`` (its measured loading: dataset fetch vs ``collate_fn``): a collate that takes
+    most of it -> a cheaper ``collate_fn``; a fetch under ``FAST_FETCH_S`` a sample (an
+    in-memory dataset: nothing to decode) -> fetch whole batches; else decoding and
+    transforms -> ``CPU_FIX``."""
+    loading = probe_entry(run, probe["id"]).get("loading") or {}
+    per = (loading.get("cpu_per_sample_s") or 0.0) + (loading.get("wait_per_sample_s") or 0.0)
+    collate = loading.get("collate_per_sample_s") or 0.0
+    if per <= 0:
+        return "preprocessing", CPU_FIX
+    if collate >= COLLATE_SHARE * per:
+        return "collating", (f"collate_fn takes {ms(collate)} of the {ms(per)} a sample costs: "
+                             "a cheaper collate_fn (stack ready tensors, no per-sample Python), "
+                             "or batches made by the dataset")
+    if per - collate < FAST_FETCH_S:
+        return "the DataLoader's per-sample work", (
+            f"fetching a sample takes only {ms(per - collate)}: the cost is the DataLoader "
+            "indexing and collating sample by sample, not decoding; fetch whole batches (a "
+            "dataset __getitems__(indices) that slices its tensors, or a BatchSampler passed "
+            "as sampler= with batch_size=None), or keep an in-memory dataset on the device "
+            "and index it in the loop")
+    return "preprocessing", CPU_FIX
+
+
 def cpu_bound_preprocessing(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     """Data-bound, and producing a sample is mostly CPU work.
 
@@ -253,12 +283,13 @@ def _cpu_bound_from_capacity(run: Run, base: pd.Series, capacity: dict,
         return None
     limit, demand = capacity.get("cpu_limit"), capacity["demand"]
     saturated = finite(limit) and limit < demand
+    what, fix = cpu_cost(run, base)
     finding = Finding(
         rule="cpu-bound-preprocessing", severity="high" if saturated else "medium",
-        title=("Loading is CPU-bound: preprocessing limits it" if caveat else
-               "Loading is CPU-bound: preprocessing, not storage, limits it"),
+        title=(f"Loading is CPU-bound: {what} limits it" if caveat else
+               f"Loading is CPU-bound: {what}, not storage, limits it"),
         evidence=f"Measured where the batches are made: {loading_evidence(capacity)}.{caveat}",
-        recommendation=f"More workers cannot help once the CPUs are full: {CPU_FIX}.")
+        recommendation=f"More workers cannot help once the CPUs are full: {fix}.")
     if saturated:
         return finding
     workers = as_int(base.get("num_workers"), 0) or 0
@@ -268,11 +299,11 @@ def _cpu_bound_from_capacity(run: Run, base: pd.Series, capacity: dict,
     # the CPUs can keep up with more workers: worded from the recommendation (rules.voice)
     return replace(finding, recommendation=(
         f"The CPUs can keep up with more workers: {predicted_workers(capacity)}. To need "
-        f"fewer cores: {CPU_FIX}."), advice=Advice(
+        f"fewer cores: {fix}."), advice=Advice(
         change=f"num_workers={more}",
         wants=lambda p: (as_int(p.get("num_workers"), 0) or 0) >= more,
         basis=loading_evidence(capacity),
-        measure=f"--num-workers {workers},{more}", extra=f"To need fewer cores: {CPU_FIX}."))
+        measure=f"--num-workers {workers},{more}", extra=f"To need fewer cores: {fix}."))
 
 
 def io_bound_loading(run: Run, thresholds: Thresholds) -> Optional[Finding]:

@@ -48,6 +48,7 @@ from ddp_profile.rules.data import (
     CPU_FIX,
     IO_FIX,
     capacity_of,
+    cpu_cost,
     loading_evidence,
     predicted_workers,
 )
@@ -172,7 +173,7 @@ def _ceiling_notes_from_capacity(run: Run, chosen: pd.Series, head: str,
                     "compete for the same CPUs."]
         return [f"{head} {evidence} What would close it: {predicted_workers(capacity)}."]
     if capacity["bound"] == "cpu":
-        return [f"{head} {evidence} What would close it: {CPU_FIX}."]
+        return [f"{head} {evidence} What would close it: {cpu_cost(run, chosen)[1]}."]
     if capacity["bound"] == "wait":
         if tried >= more > (as_int(chosen.get("num_workers"), 0) or 0):
             return [f"{head} {evidence} {tried} worker(s) per rank were measured and ran no "

@@ -51,3 +51,6 @@ def test_ranks_that_each_read_the_whole_dataset_are_found_though_their_batches_d
     findings = {f["rule"]: f for f in result.summary()["findings"]}
     evidence = findings["missing-distributed-sampler"]["evidence"]
     assert "Each of the 2 ranks built the same dataset" in evidence and "2048" in evidence
+    # an in-memory TensorDataset: whatever its loading costs, there is nothing to decode
+    advice = " ".join(f["recommendation"] for f in findings.values())
+    assert "decode_jpeg" not in advice and "DALI" not in advice, advice

@@ -315,3 +315,27 @@ def test_data_loader_bound_never_advises_fewer_workers_as_more():
     assert finding is not None and finding.advice is None
     assert "not predicted to help" in finding.recommendation, finding.recommendation
     assert "Load in parallel" not in finding.recommendation
+
+
+def cpu_bound_run(cpu_ms: float, collate_ms: float = 0.0):
+    """A data-bound baseline without workers whose samples cost ``cpu_ms`` of CPU each (of it
+    ``collate_ms`` in collate_fn), on saturated CPUs."""
+    builder = (RunBuilder(world_size=2, cpus=2)
+               .probe("base", kind="baseline", num_workers=0).steps(data_wait=0.05, compute=0.001)
+               .loading(cpu_ms, 0.0))
+    builder.probes[-1]["loading"]["collate_per_sample_s"] = collate_ms / 1e3
+    return builder.build()
+
+
+def test_advice_follows_the_part_of_loading_that_costs():
+    """An in-memory TensorDataset costs only the DataLoader's per-sample indexing: no decode
+    advice (there is nothing to decode); a costly collate_fn gets collate advice; a costly
+    fetch (decoding, transforms) the offline / GPU-decode advice."""
+    tiny = cpu_bound_preprocessing(cpu_bound_run(0.02, collate_ms=0.005), T)
+    assert tiny is not None and "DataLoader's per-sample work" in tiny.title
+    assert "__getitems__" in tiny.recommendation and "decode_jpeg" not in tiny.recommendation
+    assert "15 us" in tiny.recommendation  # never "0.0 ms"
+    collate = cpu_bound_preprocessing(cpu_bound_run(2.0, collate_ms=1.5), T)
+    assert "collating" in collate.title and "cheaper collate_fn" in collate.recommendation
+    heavy = cpu_bound_preprocessing(cpu_bound_run(2.0, collate_ms=0.1), T)
+    assert "preprocessing" in heavy.title and "decode_jpeg" in heavy.recommendation
