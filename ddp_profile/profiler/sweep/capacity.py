@@ -29,6 +29,9 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Optional
 
+from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.sweep.choose import Candidate, better
+
 CPU_BOUND_SHARE = 0.7
 WAIT_BOUND_SHARE = 0.3
 WORKER_CAP = 64  # per rank, unless the user lists worker counts
@@ -351,14 +354,20 @@ class ClimbPoint:
     waits: bool = True  # the loop still waits for data
     cpu_share: Optional[float] = None  # measured CPU share of producing a sample
     cpu_busy: Optional[float] = None  # share of the available CPUs busy while measured
+    launch: Optional[str] = None  # the launch that measured it (None: unknown)
+
+    def candidate(self) -> Candidate:
+        """As the choice sees it: whether one count beats another is ``choose.better``'s."""
+        return Candidate(id=f"w{self.workers}", config=LoaderSettings(self.workers),
+                         throughput=self.throughput, rse=self.rse, launch=self.launch)
 
 
-def next_workers(points: list[ClimbPoint], limit: int, noise_floor: float = 0.02,
-                 noise_sigmas: float = 2.0) -> Optional[int]:
+def next_workers(points: list[ClimbPoint], limit: int) -> Optional[int]:
     """The next worker count to measure past the largest measured one, or None to stop.
 
     Climb (double, up to ``limit``: memory bound and cap) while the largest count measured is
-    faster beyond noise than every smaller one, its loop still waits for data, and the CPUs
+    faster beyond noise than every smaller one (``choose.better``, the choice's one test: two
+    launches also differ by a launch's own level), its loop still waits for data, and the CPUs
     are not saturated: measured, less than ``CPU_SATURATED`` of the available CPUs busy while
     its steps ran (whoever kept them busy), and loading is not CPU-bound (``CPU_BOUND_SHARE``,
     runnable time not counted as waiting); where CPU use was not sampled, loading that is
@@ -375,8 +384,7 @@ def next_workers(points: list[ClimbPoint], limit: int, noise_floor: float = 0.02
     below = [p for p in points if p.workers < top.workers]
     if below:
         best_below = max(below, key=lambda p: p.throughput)
-        noise = max(noise_floor, noise_sigmas * math.hypot(top.rse, best_below.rse))
-        if top.throughput <= best_below.throughput * (1 + noise):
+        if not better(top.candidate(), best_below.candidate()):
             return None  # no longer rising beyond noise
     if not top.waits:
         return None  # nothing left to hide

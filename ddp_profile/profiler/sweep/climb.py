@@ -142,5 +142,6 @@ def climb_points(entries: list[Entry], start: LoaderSettings) -> list[ClimbPoint
         loading = entry.get("loading") or {}
         points.append(ClimbPoint(int(config.num_workers or 0), float(entry["throughput"]),
                                  relative_se(entry), waits_for_data(entry),
-                                 loading.get("cpu_share"), entry.get("cpu_busy")))
+                                 loading.get("cpu_share"), entry.get("cpu_busy"),
+                                 launch=candidate_of(entry).launch))
     return points

@@ -195,6 +195,17 @@ def test_a_flat_top_stops_the_climb():
     assert next_workers(rising, 3) == 3 and next_workers(rising, 2) is None
 
 
+def test_the_climb_asks_the_choice_whether_a_count_is_faster_beyond_noise():
+    """5 % faster in the same launch (a screen's windows) is beyond noise; between two
+    launches, which each run at a level of their own (``launch_sd``), it is not: the climb
+    and the choice decide alike."""
+    same = [ClimbPoint(1, 1000.0, 0.005, launch="p001"),
+            ClimbPoint(2, 1050.0, 0.005, cpu_share=0.1, launch="p001")]
+    assert next_workers(same, 64) == 4
+    apart = [same[0], ClimbPoint(2, 1050.0, 0.005, cpu_share=0.1, launch="p002")]
+    assert next_workers(apart, 64) is None
+
+
 def test_measured_cpu_saturation_decides_where_the_climb_stops():
     # half CPU, half waiting, and 2 CPUs still 60 % idle: more workers hide more waiting
     mixed = [ClimbPoint(1, 500.0, 0.01, cpu_share=0.5, cpu_busy=0.4),
