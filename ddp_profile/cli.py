@@ -17,6 +17,7 @@ try:  # typer >= 0.20 vendors its own copy of click
 except ImportError:  # pragma: no cover - older typer on click
     from click.exceptions import UsageError as ClickUsageError
 
+from ddp_profile.defaults import ALPHA, MAX_REGRESSION
 from ddp_profile.errors import DdpProfileError, ExitCode, UsageError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -232,9 +233,10 @@ def gate(
                                             "file)."),
     config: Optional[str] = typer.Option(None, help="Compare this configuration, e.g. "
                                          "num_workers=4,pin_memory=true (default: recommended)."),
-    max_regression: Optional[float] = typer.Option(None, help="Tolerated slowdown (0.05 = "
-                                                   "5 %, the default)."),
-    alpha: float = typer.Option(0.002, help="Significance level of the one-sided test."),
+    max_regression: Optional[float] = typer.Option(None, help="Tolerated slowdown (default "
+                                                   f"{MAX_REGRESSION:g} = "
+                                                   f"{MAX_REGRESSION:.0%})."),
+    alpha: float = typer.Option(ALPHA, help="Significance level of the one-sided test."),
     force: bool = typer.Option(False, help="Compare even across hardware, world size or torch "
                                "version."),
     junit: Optional[str] = typer.Option(None, help="Write JUnit XML here."),
@@ -247,7 +249,7 @@ def gate(
     from ddp_profile.commands.project_config import find_project_config, resolve
 
     given = resolve({"baseline": baseline, "out": current, "max_regression": max_regression},
-                    find_project_config(), {"max_regression": 0.05})
+                    find_project_config(), {"max_regression": MAX_REGRESSION})
     baseline, current, max_regression = given["baseline"], given["out"], given["max_regression"]
     if baseline is None or current is None:
         raise UsageError("gate needs BASELINE and CURRENT (or `baseline` and `out` in "

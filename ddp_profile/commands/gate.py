@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional, Union
 
 from rich.console import Console
 
+from ddp_profile.defaults import ALPHA, MAX_REGRESSION
 from ddp_profile.errors import ExitCode, Incomparable, UsageError
 from ddp_profile.profiler.settings import SETTING_KEYS, config_label, parse_bool
 from ddp_profile.profiler.store.atomic import write_text_atomic
@@ -84,8 +85,8 @@ def _check_comparable(baseline: GateSide, current: GateSide, force: bool) -> lis
     return warnings
 
 
-def build_result(baseline: GateSide, current: GateSide, *, max_regression: float = 0.05,
-                 alpha: float = 0.002, force: bool = False) -> GateResult:
+def build_result(baseline: GateSide, current: GateSide, *, max_regression: float = MAX_REGRESSION,
+                 alpha: float = ALPHA, force: bool = False) -> GateResult:
     """Compare two loaded sides of the same configuration (no output written)."""
     warnings = _check_comparable(baseline, current, force)
     warnings += [f"baseline: {w}" for w in baseline.warnings]
@@ -122,7 +123,7 @@ def _write_text(path: str, text: str, what: str) -> None:
 
 
 def run_gate(baseline_path: str, current_path: str, *, config: ConfigArg = None,
-             max_regression: float = 0.05, alpha: float = 0.002, force: bool = False,
+             max_regression: float = MAX_REGRESSION, alpha: float = ALPHA, force: bool = False,
              junit: Optional[str] = None, markdown: Optional[str] = None,
              json_out: Optional[str] = None, console: Optional[Console] = None) -> ExitCode:
     """Compare CURRENT against BASELINE for one configuration; write outputs; return the code.
@@ -152,7 +153,7 @@ def run_gate(baseline_path: str, current_path: str, *, config: ConfigArg = None,
     return _EXIT[result.status]
 
 
-def baseline_warnings(samples: list[float], max_regression: float = 0.05) -> list[str]:
+def baseline_warnings(samples: list[float], max_regression: float = MAX_REGRESSION) -> list[str]:
     """What a baseline's own samples say about the gate it can support, as warning lines.
 
     The baseline compared with itself has the interval width a current run with as many steps
@@ -163,7 +164,7 @@ def baseline_warnings(samples: list[float], max_regression: float = 0.05) -> lis
 
 
 def run_baseline_export(run_dir: str, out_path: str, config: ConfigArg = None,
-                        max_regression: float = 0.05) -> list[str]:
+                        max_regression: float = MAX_REGRESSION) -> list[str]:
     """Write the baseline file for one configuration of ``run_dir`` (``-`` = stdout).
 
     Warnings about too few or too noisy samples (:func:`baseline_warnings`) go to stderr and

@@ -46,6 +46,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from ddp_profile.defaults import ALPHA, CONFIDENCE, MAX_REGRESSION, MIN_SAMPLES, POWER
+
 EXACT_MAX_PAIRS = 400  # exact U distribution (no ties) up to n1 * n2 pairs, e.g. 20 x 20
 MAX_MATERIALISED_PAIRS = 4_000_000  # beyond this, order statistics are found by bisection
 REACH_FACTOR = 2.0  # min_detectable above REACH_FACTOR * max_regression earns steps_needed
@@ -142,7 +144,7 @@ def mann_whitney_less(baseline: Sequence[float], current: Sequence[float],
     return u, min(1.0, 0.5 * math.erfc(-z / math.sqrt(2.0)))
 
 
-def interval_rank(n1: int, n2: int, confidence: float = 0.90,
+def interval_rank(n1: int, n2: int, confidence: float = CONFIDENCE,
                   method: str = "auto") -> tuple[int, str]:
     """``(k, method)``: the interval is the k-th smallest .. k-th largest pairwise difference.
 
@@ -223,7 +225,7 @@ class ShiftEstimate:
 
 
 def hodges_lehmann(baseline: Sequence[float], current: Sequence[float],
-                   confidence: float = 0.90, method: str = "auto",
+                   confidence: float = CONFIDENCE, method: str = "auto",
                    max_pairs: int = MAX_MATERIALISED_PAIRS) -> ShiftEstimate:
     """Hodges-Lehmann estimate of the shift from ``baseline`` to ``current``, with its interval.
 
@@ -250,9 +252,9 @@ def z_quantile(probability: float) -> float:
     return _NORMAL.inv_cdf(probability)
 
 
-def min_detectable_regression(log_low: float, log_high: float, *, confidence: float = 0.90,
-                              max_regression: float = 0.05, alpha: float = 0.002,
-                              power: float = 0.95) -> float:
+def min_detectable_regression(log_low: float, log_high: float, *, confidence: float = CONFIDENCE,
+                              max_regression: float = MAX_REGRESSION, alpha: float = ALPHA,
+                              power: float = POWER) -> float:
     """The slowdown (fraction) the gate would flag with ``power``, given the interval's width.
 
     See the module docstring: ``se = (log_high - log_low) / (2 z_c)``; the answer is
@@ -269,8 +271,8 @@ def min_detectable_regression(log_low: float, log_high: float, *, confidence: fl
 
 
 def steps_for_reach(log_low: float, log_high: float, n_baseline: int, n_current: int, *,
-                    confidence: float = 0.90, max_regression: float = 0.05,
-                    alpha: float = 0.002, power: float = 0.95,
+                    confidence: float = CONFIDENCE, max_regression: float = MAX_REGRESSION,
+                    alpha: float = ALPHA, power: float = POWER,
                     reach: Optional[float] = None) -> Optional[int]:
     """Steps per side that would bring :func:`min_detectable_regression` within ``reach``.
 
@@ -312,7 +314,8 @@ def t_quantile(probability: float, df: int) -> float:
             + (3 * z7 + 19 * z5 + 17 * z3 - 15 * z) / (384 * df ** 3))
 
 
-def launch_medians(launches: Sequence[Sequence[float]], min_samples: int = 8) -> np.ndarray:
+def launch_medians(launches: Sequence[Sequence[float]],
+                   min_samples: int = MIN_SAMPLES) -> np.ndarray:
     """The median log-throughput of each launch with at least ``min_samples`` usable steps."""
     medians = []
     for launch in launches:

@@ -42,6 +42,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from ddp_profile.defaults import ALPHA, CONFIDENCE, MAX_REGRESSION, MIN_SAMPLES, POWER
 from ddp_profile.rules.gate.statistics import (
     finite_positive,
     hodges_lehmann,
@@ -119,10 +120,10 @@ class Verdict:
     min_detectable: float = math.nan
     steps_needed: Optional[int] = None
     interval_method: Optional[str] = None
-    max_regression: float = 0.05
-    alpha: float = 0.002
-    confidence: float = 0.90
-    min_samples: int = 8
+    max_regression: float = MAX_REGRESSION
+    alpha: float = ALPHA
+    confidence: float = CONFIDENCE
+    min_samples: int = MIN_SAMPLES
     launches_baseline: int = 1
     launches_current: int = 1
     launch: Optional[LaunchCheck] = None
@@ -150,8 +151,9 @@ def _check_settings(max_regression: float, alpha: float, confidence: float) -> N
 
 
 def compare(baseline: Sequence[float], current: Sequence[float], *,
-            max_regression: float = 0.05, alpha: float = 0.002, min_samples: int = 8,
-            confidence: float = 0.90, power: float = 0.95) -> Verdict:
+            max_regression: float = MAX_REGRESSION, alpha: float = ALPHA,
+            min_samples: int = MIN_SAMPLES, confidence: float = CONFIDENCE,
+            power: float = POWER) -> Verdict:
     """Decide whether ``current`` throughput regressed against ``baseline`` (see module doc)."""
     _check_settings(max_regression, alpha, confidence)
     base = finite_positive(baseline)
@@ -184,7 +186,7 @@ def compare(baseline: Sequence[float], current: Sequence[float], *,
 
 
 def launch_check(baseline: np.ndarray, current: np.ndarray, *, max_regression: float,
-                 confidence: float = 0.90, power: float = 0.95) -> LaunchCheck:
+                 confidence: float = CONFIDENCE, power: float = POWER) -> LaunchCheck:
     """Compare launch medians (log scale, two or more per side): see :class:`LaunchCheck`."""
     n1, n2 = len(baseline), len(current)
     shift = float(np.median(np.subtract.outer(current, baseline)))
@@ -208,9 +210,9 @@ def launch_check(baseline: np.ndarray, current: np.ndarray, *, max_regression: f
 
 
 def compare_launches(baseline: Sequence[Sequence[float]], current: Sequence[Sequence[float]],
-                     *, max_regression: float = 0.05, alpha: float = 0.002,
-                     min_samples: int = 8, confidence: float = 0.90,
-                     power: float = 0.95) -> Verdict:
+                     *, max_regression: float = MAX_REGRESSION, alpha: float = ALPHA,
+                     min_samples: int = MIN_SAMPLES, confidence: float = CONFIDENCE,
+                     power: float = POWER) -> Verdict:
     """:func:`compare` for sides measured in several launches (lists of per-step samples).
 
     The steps of all launches are pooled for the step-level rule. When both sides have two or
