@@ -57,6 +57,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from ddp_profile.defaults import ALPHA, MAX_REGRESSION  # noqa: E402
 from ddp_profile.rules.gate.verdict import INCONCLUSIVE, REGRESSION, compare, compare_launches  # noqa: E402
 
 Sampler = Callable[[np.random.Generator, int], np.ndarray]
@@ -288,7 +289,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     parser.add_argument("--run-shift", type=float, default=0.015,
                         help="SD of the run-to-run throughput level (fraction)")
     parser.add_argument("--regression", type=float, default=0.10, help="A/B slowdown")
-    parser.add_argument("--max-regression", type=float, default=0.05)
+    parser.add_argument("--max-regression", type=float, default=MAX_REGRESSION)
     parser.add_argument("--trials", type=int, default=None,
                         help="pairs per cell (default 500; 1000 with --real-runs)")
     parser.add_argument("--seed", type=int, default=0)
@@ -391,7 +392,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     source = "real_runs" if real else ("run_dir" if args.run_dir else "model")
     result = {"benchmark": "gate_power", "source": source, "trials": args.trials,
               "regression": args.regression, "max_regression": args.max_regression,
-              "alpha": 0.002, "outlier_rate": args.outlier_rate if source == "model" else None,
+              "alpha": ALPHA, "outlier_rate": args.outlier_rate if source == "model" else None,
               "run_shift": args.run_shift if source != "real_runs" else None, **extra,
               "cells": cells, "max_false_alarm": max(c["false_alarm"] for c in cells),
               "min_detection": min(c["detection"] for c in cells),
