@@ -23,6 +23,11 @@ ask this module; nothing else decides.
 - **Compute-bound clause**: a baseline that waits for data less than ``data_wait_fraction`` of
   each step is kept unless the reference beats it by more than both the noise and
   ``clear_gain``.
+- **Costlier only if faster**: a pick that costs more than the baseline (``cost_key``: more
+  workers, pinning, more prefetch) must beat the baseline beyond noise; else the baseline is
+  kept. (kubeflow's mnist: a steady 1-worker measurement was picked over an unsteady baseline,
+  ±12.5 %, and advised at "0.96x" its speed.) A cheaper pick within noise still wins: the same
+  speed for less.
 """
 
 from __future__ import annotations
@@ -173,6 +178,8 @@ def choose(candidates: Sequence[Candidate], baseline: Optional[Candidate] = None
             and (c is top or c.rse <= max(thresholds.tie_rse, top.rse))]
     batch = baseline.config.batch_size if baseline is not None else None
     pick = min(ties, key=lambda c: (cost_key(c.config, batch), -c.throughput))
+    if _costlier_not_faster(pick, baseline, thresholds):
+        return baseline
     if baseline is None or pick.config.batch_size == batch:
         return pick
     same = [c for c in usable if c.config.batch_size == batch]
@@ -181,6 +188,18 @@ def choose(candidates: Sequence[Candidate], baseline: Optional[Candidate] = None
             1 + max(noise(pick, kept, thresholds), thresholds.clear_gain)):
         return kept  # a batch size changes training: only for a clear gain
     return pick
+
+
+def _costlier_not_faster(pick: Candidate, baseline: Optional[Candidate],
+                         thresholds: ChoiceThresholds) -> bool:
+    """Whether ``pick`` costs more than a measured ``baseline`` without beating it beyond
+    noise (the module docstring's costlier-only-if-faster clause)."""
+    if baseline is None or pick is baseline or pick.id == baseline.id \
+            or not (math.isfinite(baseline.throughput) and baseline.throughput > 0):
+        return False
+    batch = baseline.config.batch_size
+    return cost_key(pick.config, batch) > cost_key(baseline.config, batch) \
+        and not better(pick, baseline, thresholds)
 
 
 def undominated(candidates: Sequence[Candidate],
