@@ -220,13 +220,16 @@ COLLATE_SHARE = 0.5  # collate_fn this share of a sample's cost: the collate is 
 
 def cpu_cost(run: Run, probe: pd.Series) -> tuple[str, str]:
     """(what costs, the fix for it), from the part of producing a sample that costs in
-    ``probe`` (its measured loading: dataset fetch vs ``collate_fn``): a collate that takes
-    most of it -> a cheaper ``collate_fn``; a fetch under ``FAST_FETCH_S`` a sample (an
-    in-memory dataset: nothing to decode) -> fetch whole batches; else decoding and
-    transforms -> ``CPU_FIX``."""
+    ``probe`` (its measured loading: dataset fetch vs ``collate_fn``, in CPU time where
+    recorded: wall time on busy CPUs also counts time off them): a collate that takes most of
+    it -> a cheaper ``collate_fn``; a fetch under ``FAST_FETCH_S`` a sample (an in-memory
+    dataset: nothing to decode) -> fetch whole batches; else decoding and transforms ->
+    ``CPU_FIX``."""
     loading = probe_entry(run, probe["id"]).get("loading") or {}
     per = (loading.get("cpu_per_sample_s") or 0.0) + (loading.get("wait_per_sample_s") or 0.0)
     collate = loading.get("collate_per_sample_s") or 0.0
+    if loading.get("collate_cpu_per_sample_s") is not None:
+        per, collate = loading.get("cpu_per_sample_s") or 0.0, loading["collate_cpu_per_sample_s"]
     if per <= 0:
         return "preprocessing", CPU_FIX
     if collate >= COLLATE_SHARE * per:

@@ -339,3 +339,8 @@ def test_advice_follows_the_part_of_loading_that_costs():
     assert "collating" in collate.title and "cheaper collate_fn" in collate.recommendation
     heavy = cpu_bound_preprocessing(cpu_bound_run(2.0, collate_ms=0.1), T)
     assert "preprocessing" in heavy.title and "decode_jpeg" in heavy.recommendation
+    # a collate that took long on busy CPUs, but little CPU of its own: not the collate
+    descheduled = cpu_bound_run(2.0, collate_ms=1.5)
+    for entry in descheduled.summary["probes"]:
+        entry["loading"]["collate_cpu_per_sample_s"] = 0.1e-3
+    assert "preprocessing" in cpu_bound_preprocessing(descheduled, T).title

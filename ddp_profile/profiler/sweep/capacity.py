@@ -52,6 +52,7 @@ class LoadingCost:
     producers: int  # processes that made batches: workers, or ranks with num_workers=0
     worker_private_rss: Optional[int]  # bytes; median over the workers that reported it
     runq_per_sample_s: Optional[float] = None  # runnable, waiting for a CPU; None: unknown
+    collate_cpu_per_sample_s: Optional[float] = None  # CPU of collate_fn, part of cpu
     read_per_sample_bytes: Optional[float] = None  # read() by the producers; None: unknown
     storage_per_sample_bytes: Optional[float] = None  # of it (or mmap faults) from storage
 
@@ -127,6 +128,7 @@ def loading_cost(groups: Iterable[tuple[list[dict[str, Any]], Optional[int]]],
     cpu = sum(float(b.get("cpu_s") or 0.0) for b in chosen)
     wall = sum(float(b.get("wall_s") or 0.0) for b in chosen)
     collate = sum(float(b.get("collate_s") or 0.0) for b in chosen)
+    cpu_timed = [float(b["collate_cpu_s"]) for b in chosen if b.get("collate_cpu_s") is not None]
     runqs = [float(b["runq_s"]) for b in chosen if b.get("runq_s") is not None]
     runq = min(sum(runqs), max(wall - cpu, 0.0)) if runqs else None
     rss = [int(r) for r in rss if r]
@@ -138,6 +140,8 @@ def loading_cost(groups: Iterable[tuple[list[dict[str, Any]], Optional[int]]],
                        batches=len(chosen), producers=len({b.get("pid") for b in chosen}),
                        worker_private_rss=int(statistics.median(rss)) if rss else None,
                        runq_per_sample_s=runq / samples if runq is not None else None,
+                       collate_cpu_per_sample_s=sum(cpu_timed) / samples
+                       if len(cpu_timed) == len(chosen) else None,
                        read_per_sample_bytes=sum(int(b["read_b"]) for b in io) / io_samples
                        if io_samples else None,
                        storage_per_sample_bytes=sum(int(b["storage_b"]) for b in io)
