@@ -80,6 +80,13 @@ def cpus_available(pid: int = 0, proc_cgroup: str = "/proc/self/cgroup",
     return max(1, count)
 
 
+def cpus_per_rank(cpus: float, local_ranks: Optional[int]) -> float:
+    """The CPUs one rank may count on: the CPUs available shared by the ranks of one host (as
+    observed). The one author of that share: the worker ladder, the capacity model and the
+    rules' CPU load read it here."""
+    return float(cpus) / max(1, int(local_ranks or 1))
+
+
 def threads_to_fit(intra_op: Optional[int], local_ranks: Optional[int], worker_cores: float,
                    cpus: Optional[int]) -> Optional[int]:
     """Intra-op threads per rank that fit the CPUs, or None when the ranks do not oversubscribe

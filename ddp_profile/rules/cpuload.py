@@ -8,6 +8,7 @@ from typing import Optional
 
 import pandas as pd
 
+from ddp_profile.profiler.cpus import cpus_per_rank
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import (
     Thresholds,
@@ -64,7 +65,7 @@ def cpu_load(run: Run, probe: pd.Series) -> CpuLoad:
     cpus = cpus_available(run, probe_id)
     share = None
     if worker is not None and cpus:
-        share = worker / (100.0 * cpus / local_ranks(run, probe_id))
+        share = worker / (100.0 * cpus_per_rank(cpus, local_ranks(run, probe_id)))
     device = probe_context(run, probe_id).get("device") or run.summary.get("device")
     return CpuLoad(metric_median(run, probe_id, "host", "cpu_percent"), share,
                    metric_median(run, probe_id, "host", "iowait_percent"),

@@ -29,6 +29,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Optional
 
+from ddp_profile.profiler.cpus import cpus_per_rank
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.sweep.choose import Candidate, better
 
@@ -337,10 +338,9 @@ def run_model(probes: list[dict[str, Any]], context: dict[str, Any],
     end): each rank's CPUs are the rank context's ``cpus_available`` (else ``cpu_count``)
     shared by the ``local_ranks`` that ran on one host (as observed, else as launched)."""
     ranks = int(context.get("world_size") or local_ranks or 1)
-    local = int(local_ranks or ranks)
     cpus = context.get("cpus_available") or context.get("cpu_count") or 1
-    return capacity_model(probes, cpus / max(local, 1), ranks, context.get("memory_available"),
-                          ceiling=ceiling)
+    return capacity_model(probes, cpus_per_rank(cpus, local_ranks or ranks), ranks,
+                          context.get("memory_available"), ceiling=ceiling)
 
 
 CLIMB_STOP_CPU_SHARE = 0.5  # loading mostly CPU: more workers than the CPUs cannot help

@@ -6,6 +6,7 @@ import itertools
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
+from ddp_profile.profiler.cpus import cpus_per_rank
 from ddp_profile.profiler.settings import LoaderSettings
 
 
@@ -55,7 +56,8 @@ def resolve_axes(space: SearchSpace, baseline: LoaderSettings, device: str,
                  cpus_available: int, local_ranks: int) -> Axes:
     """Fill the defaults: worker ladder, pinning only on CUDA, prefetch 2 and 4, own batch."""
     notes = []
-    workers = space.num_workers or tuple(worker_ladder(cpus_available // max(1, local_ranks)))
+    workers = space.num_workers or tuple(worker_ladder(int(cpus_per_rank(cpus_available,
+                                                                         local_ranks))))
     if space.pin_memory is not None:
         pins = space.pin_memory
         if device != "cuda":

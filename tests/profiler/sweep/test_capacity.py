@@ -303,3 +303,17 @@ def test_one_pinning_thread_per_rank_bounds_the_loaders():
                            "pin_per_sample_s": pin}}
               for w, pin in ((0, 4e-4), (4, 5e-4), (8, 6e-4))]
     assert capacity_model(probes, 8.0, 2, None).pin_per_sample_s == pytest.approx(5e-4)
+
+
+def test_the_cpus_a_rank_counts_on_are_shared_alike_by_the_ladder_the_model_and_the_rules():
+    """One author (``profiler.cpus.cpus_per_rank``): 16 CPUs for 4 ranks of one host."""
+    from ddp_profile.profiler.cpus import cpus_per_rank
+    from ddp_profile.profiler.settings import LoaderSettings
+    from ddp_profile.profiler.sweep.space import SearchSpace, resolve_axes
+
+    assert cpus_per_rank(16, 4) == 4.0 and cpus_per_rank(3, None) == 3.0
+    assert cpus_per_rank(3, 2) == 1.5
+    axes = resolve_axes(SearchSpace(), LoaderSettings(0, False, None, 32), "cpu", 16, 4)
+    assert axes.num_workers == (0, 1, 2, 4)  # up to the rank's 4 CPUs
+    assert resolve_axes(SearchSpace(), LoaderSettings(0, False, None, 32), "cpu", 3,
+                        2).num_workers == (0, 1)  # 1.5 CPUs a rank: one worker
