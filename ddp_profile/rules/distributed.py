@@ -5,6 +5,7 @@ Each rule is ``rule(run, thresholds) -> Finding | None`` (see ``rules.base``).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Optional
 
 import pandas as pd
@@ -26,6 +27,7 @@ from ddp_profile.rules.base import (
     world_size,
 )
 from ddp_profile.rules.comm import latest_ddp_probes, options_text, reference
+from ddp_profile.rules.host import baseline_oversubscribed
 
 
 def _per_rank_table(steps: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -69,7 +71,10 @@ def straggler(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     largest ``presync_s`` (else, without forward_s, the largest ``compute_s``) in
     >= ``straggler_steps_share`` of the steps, and its median excess over the other ranks'
     median is >= max(``straggler_min_s``, ``straggler_excess_share`` x the median step);
-    "high" at or above ``straggler_severe_share`` of a step.
+    "high" at or above ``straggler_severe_share`` of a step. Where the baseline's own ranks
+    oversubscribe the CPUs (``host.baseline_oversubscribed``: the thread-oversubscription
+    finding stands), a rank can lag waiting for a CPU, not for a reason of its own: the
+    finding is "low" and says so.
     """
     probe = baseline_probe(run)
     if probe is None:
@@ -87,7 +92,18 @@ def straggler(run: Run, thresholds: Thresholds) -> Optional[Finding]:
         rank, share, excess = found
         floor = max(thresholds.straggler_min_s, thresholds.straggler_excess_share * step_median)
         if share >= thresholds.straggler_steps_share and excess >= floor:
-            return _straggler_finding(rank, share, excess, step_median, where, thresholds)
+            finding = _straggler_finding(rank, share, excess, step_median, where, thresholds)
+            if baseline_oversubscribed(run, thresholds):
+                finding = replace(
+                    finding, severity="low", title=f"Rank {rank} lags on oversubscribed CPUs",
+                    evidence=finding.evidence + (
+                        " The job's own ranks oversubscribe the CPUs (see "
+                        "thread-oversubscription): a rank can lag waiting for a CPU, which "
+                        "explains this without a cause of its own."),
+                    recommendation=("Fit the threads to the CPUs first (see "
+                                    "thread-oversubscription), then measure again; if rank "
+                                    f"{rank} still lags: {finding.recommendation}"))
+            return finding
     return None
 
 

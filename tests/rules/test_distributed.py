@@ -38,6 +38,30 @@ def test_straggler_named_by_presync_time():
     assert "20.0 ms/step" in finding.evidence
 
 
+def test_a_rank_lagging_on_cpus_its_own_job_oversubscribes_is_not_called_a_straggler():
+    """Two ranks x 2 intra-op threads on 2 CPUs, the fewer threads measured 2x faster: a rank
+    that lags may be waiting for a CPU. The finding says so, at low severity, and puts the
+    threads first; the same lag on CPUs that fit stays a straggler."""
+    def forward(rank: int, step: int) -> float:
+        return 0.02 + (0.02 if rank == 1 else 0.0)
+
+    def builder(threads: int):
+        return (RunBuilder(world_size=2, cpus=2)
+                .probe("p", kind="baseline", num_workers=0, throughput=500.0,
+                       entry={"intra_op_threads": threads, "ranks_per_host": 2,
+                              "cpus_available": 2, "worker_cores": 0.0})
+                .steps(n=20, warmup=2, compute=0.07, forward=forward))
+
+    crowded = builder(threads=2)
+    crowded.probe("t", kind="threads", num_workers=0, throughput=1000.0).steps(n=5)
+    finding = straggler(crowded.build(), T)
+    assert finding is not None and finding.severity == "low"
+    assert "oversubscribed" in finding.title and "waiting for a CPU" in finding.evidence
+    assert finding.recommendation.startswith("Fit the threads to the CPUs first")
+    fits = straggler(builder(threads=1).build(), T)  # 2 ranks x 1 thread on 2 CPUs
+    assert fits is not None and fits.severity != "low" and fits.title == "Rank 1 is a straggler"
+
+
 def test_straggler_not_named_when_ranks_are_even():
     assert straggler(ddp_steps(slow_rank=2, extra_forward=0.0), T) is None
 
