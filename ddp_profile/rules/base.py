@@ -214,14 +214,14 @@ def data_wait(run: Run, probe: pd.Series) -> Optional[tuple[float, float]]:
     measured steps of all ranks.
     """
     steps = probe_steps(run, probe["id"])
+    recorded = finite(probe.get("gpu_starved_fraction"))
+    on_gpu = recorded or _gaps_timed(steps)
     waited = steps["data_wait_s"] if not steps.empty else None
-    on_gpu = gpu_timed(run, probe)
     if waited is not None and on_gpu:  # a step without a timed gap: its wait
         waited = pd.concat([waited, steps["gpu_gap_s"]], axis=1).min(axis=1)
     per_step = float(waited.mean()) if waited is not None else math.nan
-    # the probe's own share; a run recorded before the GPU's share was: from its steps
-    fraction = data_wait_share(probe) if finite(probe.get("gpu_starved_fraction")) \
-        or not on_gpu else None
+    # the probe's own share; a CUDA run recorded before the GPU's share was: from its steps
+    fraction = data_wait_share(probe) if recorded or not on_gpu else None
     if fraction is None and waited is not None and steps["step_s"].sum() > 0:
         fraction = waited.sum() / steps["step_s"].sum()
     if not finite(fraction):
@@ -232,9 +232,10 @@ def data_wait(run: Run, probe: pd.Series) -> Optional[tuple[float, float]]:
 def gpu_timed(run: Run, probe: pd.Series) -> bool:
     """Whether the probe's GPU gaps were timed (CUDA events): its data wait then counts as
     what the GPU lost to it, not as what the host waited."""
-    if finite(probe.get("gpu_starved_fraction")):
-        return True
-    steps = probe_steps(run, probe["id"])
+    return finite(probe.get("gpu_starved_fraction")) or _gaps_timed(probe_steps(run, probe["id"]))
+
+
+def _gaps_timed(steps: pd.DataFrame) -> bool:
     return not steps.empty and bool(steps["gpu_gap_s"].notna().any())
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from ddp_profile.profiler.rank.facts import dataset_fingerprint
 from ddp_profile.profiler.settings import SETTING_KEYS, LoaderSettings
 
 
@@ -26,8 +27,6 @@ def own_settings(arguments: dict[str, Any]) -> dict[str, Any]:
         dataset_len = None
     num_workers = arguments.get("num_workers") or 0
     prefetch = arguments.get("prefetch_factor")
-    from ddp_profile.profiler.rank.facts import dataset_fingerprint
-
     try:
         fingerprint = dataset_fingerprint(dataset) if dataset_len else None
     except Exception:  # noqa: BLE001 - evidence, never a failure

@@ -194,7 +194,7 @@ def _costlier_not_faster(pick: Candidate, baseline: Optional[Candidate],
                          thresholds: ChoiceThresholds) -> bool:
     """Whether ``pick`` costs more than a measured ``baseline`` without beating it beyond
     noise (the module docstring's costlier-only-if-faster clause)."""
-    if baseline is None or pick is baseline or pick.id == baseline.id \
+    if baseline is None or pick.id == baseline.id \
             or not (math.isfinite(baseline.throughput) and baseline.throughput > 0):
         return False
     batch = baseline.config.batch_size
