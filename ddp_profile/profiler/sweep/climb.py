@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.probes import data_wait_share
 from ddp_profile.profiler.sweep.capacity import ClimbPoint
-from ddp_profile.profiler.sweep.choose import better, candidate_of, not_worse, relative_se
+from ddp_profile.profiler.sweep.choose import better, candidate_of, not_worse
 from ddp_profile.profiler.sweep.space import normalise
 
 SETTLED_DATA_WAIT = 0.05  # below this share of waiting, loading settings cannot help more
@@ -139,9 +139,8 @@ def climb_points(entries: list[Entry], start: LoaderSettings) -> list[ClimbPoint
         config = LoaderSettings.from_dict(entry.get("config"))
         if (config.pin_memory, config.batch_size) != (start.pin_memory, start.batch_size):
             continue
-        loading = entry.get("loading") or {}
-        points.append(ClimbPoint(int(config.num_workers or 0), float(entry["throughput"]),
-                                 relative_se(entry), waits_for_data(entry),
-                                 loading.get("cpu_share"), entry.get("cpu_busy"),
-                                 launch=candidate_of(entry).launch))
+        loading, seen = entry.get("loading") or {}, candidate_of(entry)
+        points.append(ClimbPoint(int(config.num_workers or 0), seen.throughput, seen.rse,
+                                 waits_for_data(entry), loading.get("cpu_share"),
+                                 entry.get("cpu_busy"), launch=seen.launch))
     return points
