@@ -179,3 +179,26 @@ def test_importing_the_package_changes_nothing():
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDP_PROFILE")}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_workers_restarted_every_short_epoch_are_measured_as_the_epochs_run(cli, run_dir):
+    # 160 samples per rank in batches of 8: 20-step epochs, each starting 2 workers again
+    result = cli(["run", DEMO, "--out", run_dir, "--num-workers", "2", "--steps", "40",
+                  "--warmup", "3", "--no-ceiling", "--no-comm", "--no-report", "--quiet", "--",
+                  "--num-workers", "2", "--samples", "320", "--batch-size", "8",
+                  "--load-ms", "2"], out=run_dir)
+    assert result.returncode == 0, result.stderr
+    probe = result.summary()["probes"][0]
+    assert probe["epoch_steps"] == 20 and probe["epoch_restart_s"] > 0
+    assert probe["steady_throughput"] > probe["throughput"]
+    # the truth from the records: the second epoch, start to start, restart and all
+    run = load_run(run_dir)
+    steps = run.steps[run.steps.probe_id == probe["id"]]
+    rates = []
+    for _, rank in steps.groupby("rank"):
+        starts = rank.set_index("step")["t_s"]
+        rates.append(20 * 8 / (starts[40] - starts[20]))
+    truth = sum(rates)
+    assert 0.75 * truth <= probe["throughput"] <= 1.25 * truth, (probe["throughput"], truth)
+    # a window that happened to hold no restart would have read far above it
+    assert probe["steady_throughput"] > 1.2 * truth

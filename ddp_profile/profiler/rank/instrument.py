@@ -134,7 +134,7 @@ class Instrumentation:
         """The loader's workers are about to start: their batch records need the rank."""
         loadcost.before_iter(loader, current_rank())
 
-    def on_iter(self, loader: Any, iterator: Any) -> None:
+    def on_iter(self, loader: Any, iterator: Any, started_ns: Optional[int] = None) -> None:
         loader_id = getattr(loader, "_ddp_profile_id", None)
         if loader_id is None:
             return
@@ -143,7 +143,8 @@ class Instrumentation:
         index = getattr(loader, "_ddp_profile_iters", 0)
         object.__setattr__(loader, "_ddp_profile_iters", index + 1)
         iterator._ddp_profile_state = {"loader_id": loader_id, "iter_index": index,
-                                       "t_iter": time.perf_counter_ns(), "first": True,
+                                       "t_iter": started_ns or time.perf_counter_ns(),
+                                       "first": True,
                                        "default_bs": getattr(loader, "batch_size", None) or 1,
                                        "loader": weakref.ref(loader), "delegate": None,
                                        "fingerprints": 0}
@@ -210,8 +211,7 @@ class Instrumentation:
         self._gpu_step_started(loader_id, clock.steps_closed)
         if state["first"]:
             state["first"] = False
-            clock.loader_started()
-            self._on_first_batch(state)
+            clock.loader_started(self._on_first_batch(state))
         return batch
 
     def _warmup_for(self, state: dict[str, Any]) -> int:
@@ -288,7 +288,8 @@ class Instrumentation:
         record["rank"] = current_rank()
         self.recorder.write(record)
 
-    def _on_first_batch(self, state: dict[str, Any]) -> None:
+    def _on_first_batch(self, state: dict[str, Any]) -> float:
+        """Record a fresh iterator's first batch; the seconds since the iterator was made."""
         first_batch_s = (time.perf_counter_ns() - state["t_iter"]) / 1e9
         if not self.context_written:
             self.write_context()
@@ -297,6 +298,7 @@ class Instrumentation:
                              "loader_id": state["loader_id"], "iter_index": state["iter_index"],
                              "t_ns": time.time_ns(), "first_batch_s": first_batch_s,
                              "window": self.window})
+        return first_batch_s
 
     def _start_samplers(self) -> None:
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import time
 from typing import Any, Callable
 
 from ddp_profile.profiler.rank.comm import SCRIPT_COLLECTIVES
@@ -62,9 +63,10 @@ def apply(instr: Any) -> None:
         def __iter__(self: Any) -> Any:
             if not (_in_worker() or instr.stopping):
                 instr.before_iter(self)
+            started = time.perf_counter_ns()  # making the iterator starts its workers
             iterator = original(self)
             if not (_in_worker() or instr.stopping):
-                instr.on_iter(self, iterator)
+                instr.on_iter(self, iterator, started)
             return iterator
         return __iter__
 

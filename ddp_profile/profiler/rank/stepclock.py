@@ -35,6 +35,7 @@ class StepClock:
         self._opt_done: Optional[int] = None
         self._samples = 0
         self._loader_start = False
+        self._iter_start_s: Optional[float] = None
         self.measured_steps = 0
 
     @property
@@ -61,16 +62,18 @@ class StepClock:
         self._backward = None
         self._opt_done = None
 
-    def loader_started(self) -> None:
+    def loader_started(self, first_batch_s: Optional[float] = None) -> None:
         """The open step's batch came from a fresh iterator (a new epoch's workers starting).
 
-        It is recorded with ``loader_start`` and measured like any other step: the loop pays
-        that wait every epoch, and leaving it out flatters many workers twice over. Their
-        start-up wait is gone from the figure, and so is the time the workers spent making the
-        stock (``num_workers x prefetch_factor`` batches) that the following steps then take
-        without waiting: 32 CPU-bound workers per rank on 2 CPUs measured 6x what the CPUs
-        can make that way. The start-up cost alone is in ``loader_iter`` records."""
+        It is recorded with ``loader_start`` and measured like any other step. The reader
+        (``store.epochs``) takes the start segment out of the steady steps and charges its
+        cost once per epoch: leaving it out flatters many workers twice over (their start-up
+        wait is gone, and so is the time they spent making the stock that the following steps
+        take without waiting), while counting it as it falls in a window weighs it by where
+        the epoch happens to end. ``first_batch_s`` (recorded as ``iter_start_s``) runs from
+        the iterator's creation, which starts the workers before the step's wait begins."""
         self._loader_start = True
+        self._iter_start_s = first_batch_s
 
     def backward_called(self) -> None:
         if self._returned is not None and self._backward is None:
@@ -100,6 +103,8 @@ class StepClock:
         }
         if self._loader_start:
             record["loader_start"] = True
+            if self._iter_start_s is not None:
+                record["iter_start_s"] = self._iter_start_s
         self.steps_closed += 1
         self._returned = None
         self._loader_start = False

@@ -29,9 +29,7 @@ Tables (all times in seconds; ``t_s`` is relative to the probe's first record):
 from __future__ import annotations
 
 import json
-import math
 import os
-import statistics
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -181,23 +179,6 @@ def step_split(steps: pd.DataFrame, by: Optional[str] = None) -> pd.DataFrame:
 
 def _nan(value: Any) -> float:
     return float("nan") if value is None else float(value)
-
-
-def rank_step_stats(steps: list[dict[str, Any]]) -> dict[str, float]:
-    """Measured-step statistics of one rank: samples/s, data-wait share, median step time."""
-    measured = [s for s in steps if s.get("measured")]
-    if not measured:
-        return {"steps": 0, "samples": 0, "elapsed_s": math.nan, "data_wait_s": math.nan,
-                "data_wait_fraction": math.nan, "step_time_median_s": math.nan,
-                "throughput": math.nan}
-    step_s = [s["data_wait_s"] + s["compute_s"] + s["other_s"] for s in measured]
-    elapsed = sum(step_s)
-    wait = sum(s["data_wait_s"] for s in measured)
-    samples = sum(s.get("samples") or 0 for s in measured)
-    return {"steps": len(measured), "samples": samples, "elapsed_s": elapsed,
-            "data_wait_s": wait, "data_wait_fraction": wait / elapsed if elapsed > 0 else math.nan,
-            "step_time_median_s": statistics.median(step_s),
-            "throughput": samples / elapsed if elapsed > 0 else math.nan}
 
 
 @dataclass

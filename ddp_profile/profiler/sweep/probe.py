@@ -9,7 +9,8 @@ from typing import Any, Optional
 
 from ddp_profile.profiler.settings import BURST_ROUNDS, ProbePlan
 from ddp_profile.profiler.store.comm import probe_comm
-from ddp_profile.profiler.store.results import RankData, rank_step_stats, read_probe_dir
+from ddp_profile.profiler.store.epochs import rank_step_stats, step_seconds
+from ddp_profile.profiler.store.results import RankData, read_probe_dir
 from ddp_profile.profiler.sweep.capacity import loading_cost, loop_demand
 from ddp_profile.profiler.sweep.launch import LaunchOutcome
 
@@ -76,8 +77,11 @@ def _training_loader(ranks: list[RankData]) -> dict[str, Any]:
 
 def _measurements(ranks: list[RankData], workers: Optional[int] = None) -> dict[str, Any]:
     per_rank, samples, elapsed, first_batch = [], 0, 0.0, []
+    steady, restarts, epoch = 0.0, [], None
+    skip: dict[int, frozenset[int]] = {}
     for data in ranks:
-        stats = rank_step_stats(data.training_steps())
+        stats = rank_step_stats(data.training_steps(), _training_loader_record(data))
+        skip[data.rank] = stats["segment_steps"]
         per_rank.append({"rank": data.rank, "node": data.context.get("node_rank", 0),
                          "steps": stats["steps"],
                          "data_wait_fraction": _finite(stats["data_wait_fraction"]),
@@ -86,6 +90,10 @@ def _measurements(ranks: list[RankData], workers: Optional[int] = None) -> dict[
         if stats["steps"]:
             samples += stats["samples"]
             elapsed = max(elapsed, stats["elapsed_s"])
+        if stats["restart_s"] is not None:
+            restarts.append(stats["restart_s"])
+            steady = max(steady, stats["steady_s"])
+            epoch = stats["epoch_steps"]
         first_batch += [i["first_batch_s"] for i in data.loader_iters
                         if i.get("loader_id") == data.training_loader_id
                         and i.get("iter_index") == 0 and i.get("first_batch_s") is not None]
@@ -94,8 +102,11 @@ def _measurements(ranks: list[RankData], workers: Optional[int] = None) -> dict[
         "throughput": samples / elapsed if elapsed > 0 else None,
         "data_wait_fraction": statistics.fmean(fractions) if fractions else None,
         "steps_measured": min((r["steps"] for r in per_rank), default=0),
-        "step_time_cv": _step_time_cv(ranks),
-        "throughput_rse": _throughput_rse(ranks, workers),
+        "step_time_cv": _step_time_cv(ranks, skip),
+        "throughput_rse": _throughput_rse(ranks, workers, skip),
+        "epoch_restart_s": round(statistics.fmean(restarts), 4) if restarts else None,
+        "epoch_steps": epoch,
+        "steady_throughput": samples / steady if restarts and steady > 0 else None,
         **_gpu_idle(ranks),
         "time_to_first_batch_s": max(first_batch) if first_batch else None,
         "ranks_per_host": _ranks_per_host(ranks),
@@ -217,13 +228,17 @@ def _pinning(ranks: list[RankData]) -> dict[str, Any]:
     return {"pin_per_sample_s": wall / samples, "pin_cpu_per_sample_s": cpu / samples}
 
 
-def _global_steps(ranks: list[RankData]) -> list[tuple[float, int]]:
-    """Per measured step: (time of the slowest rank, samples of all ranks), in step order."""
+def _global_steps(ranks: list[RankData], skip: Optional[dict[int, frozenset[int]]] = None
+                  ) -> list[tuple[float, int]]:
+    """Per measured step: (time of the slowest rank, samples of all ranks), in step order;
+    without the steps of an epoch restart (``skip``, by rank: ``store.epochs``), whose cost
+    the throughput carries once per epoch."""
     by_step: dict[int, list[float]] = {}
     for data in ranks:
+        left_out = (skip or {}).get(data.rank, frozenset())
         for step in data.training_steps():
-            if step.get("measured"):
-                total = step["data_wait_s"] + step["compute_s"] + step["other_s"]
+            if step.get("measured") and step["step"] not in left_out:
+                total = step_seconds(step)
                 slot = by_step.setdefault(step["step"], [0.0, 0])
                 slot[0] = max(slot[0], total)
                 slot[1] += step.get("samples") or 0
@@ -254,7 +269,8 @@ def _gpu_idle(ranks: list[RankData]) -> dict[str, Optional[float]]:
     return {"gpu_idle_fraction": idle / total, "gpu_starved_fraction": starved / total}
 
 
-def _throughput_rse(ranks: list[RankData], workers: Optional[int] = None) -> Optional[float]:
+def _throughput_rse(ranks: list[RankData], workers: Optional[int] = None,
+                    skip: Optional[dict[int, frozenset[int]]] = None) -> Optional[float]:
     """Relative standard error of the probe's throughput, by batch means.
 
     Step times of a loader with workers are bursty (a step that waits, then several that do
@@ -263,7 +279,7 @@ def _throughput_rse(ranks: list[RankData], workers: Optional[int] = None) -> Opt
     close to independent, and their spread gives the uncertainty of the mean. Blocks shorter
     than a round would measure where the bursts fall and overstate it several times.
     """
-    steps = _global_steps(ranks)
+    steps = _global_steps(ranks, skip)
     blocks = min(BLOCKS, len(steps) // max(2, workers or 0))
     if blocks < 2:
         return None
@@ -279,9 +295,10 @@ def _throughput_rse(ranks: list[RankData], workers: Optional[int] = None) -> Opt
     return statistics.stdev(rates) / mean / math.sqrt(blocks) if mean > 0 else None
 
 
-def _step_time_cv(ranks: list[RankData]) -> Optional[float]:
+def _step_time_cv(ranks: list[RankData], skip: Optional[dict[int, frozenset[int]]] = None
+                  ) -> Optional[float]:
     """Coefficient of variation of the per-step time of the slowest rank."""
-    values = [t for t, _ in _global_steps(ranks)]
+    values = [t for t, _ in _global_steps(ranks, skip)]
     if len(values) < 2 or statistics.fmean(values) <= 0:
         return None
     return statistics.stdev(values) / statistics.fmean(values)

@@ -111,14 +111,15 @@ def test_a_step_that_starts_a_new_pass_over_the_loader_is_flagged_and_measured(c
     step_clock.next_called()
     clock.advance(150)  # a new epoch: the workers start again
     step_clock.batch_returned(samples=32)
-    step_clock.loader_started()
+    step_clock.loader_started(0.2)  # making the iterator took 50 ms before the wait began
     clock.advance(2)
     restarted = step_clock.next_called()
     assert restarted["loader_start"] and restarted["measured"]
     assert restarted["data_wait_s"] == pytest.approx(0.150)
+    assert restarted["iter_start_s"] == 0.2
     clock.advance(1)
     step_clock.batch_returned(samples=32)
     clock.advance(2)
     after = step_clock.next_called()
-    assert after["measured"] and "loader_start" not in after
+    assert after["measured"] and "loader_start" not in after and "iter_start_s" not in after
     assert step_clock.measured_steps == 3
