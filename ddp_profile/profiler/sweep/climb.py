@@ -70,6 +70,11 @@ def beats(candidate: Entry, incumbent: Optional[Entry]) -> bool:
     return incumbent is None or better(candidate_of(candidate), candidate_of(incumbent))
 
 
+def slower_than_baseline(entry: Entry, baseline: Entry) -> bool:
+    """A successful measurement slower than the script's own settings beyond noise."""
+    return is_ok(entry) and is_ok(baseline) and better(candidate_of(baseline), candidate_of(entry))
+
+
 def holds(candidate: Entry, incumbent: Entry) -> bool:
     """A successful measurement at least as fast as the incumbent, within noise."""
     return is_ok(candidate) and not_worse(candidate_of(candidate), candidate_of(incumbent))
@@ -100,7 +105,8 @@ def climb_workers(measure: Callable[[LoaderSettings], Entry], baseline: Entry,
     """Hill-climb the worker ladder from the rung the baseline predicts; the best entry.
 
     Down while a cheaper rung is at least as fast (within noise), else up while a rung is
-    faster beyond noise (one rung of patience) and the loop still waits for data.
+    faster beyond noise (one rung of patience) and the loop still waits for data; a rung
+    slower than the baseline beyond noise ends the climb at once.
     """
     def at(index: int) -> Entry:
         return measure(normalise(replace(start, num_workers=ladder[index])))
@@ -122,6 +128,8 @@ def climb_workers(measure: Callable[[LoaderSettings], Entry], baseline: Entry,
         if best is not None and not waits_for_data(best):
             break  # no data wait left for more workers to hide
         entry = at(upper)
+        if slower_than_baseline(entry, baseline):
+            break  # more workers cost the loop: the rungs above will not pay
         if beats(entry, best):
             best, misses = entry, 0
         elif entry.get("status") == "ok":

@@ -5,10 +5,9 @@
 measurer, SIGHUP ignored, a killed harness's probe reaped, the followers released at the end.
 
 Grid search measures every combination. Adaptive search runs two screens, then the batch
-sizes (see ``Search.adaptive``); without screens it climbs the worker ladder
-(``profiler.sweep.climb``). Which measured configuration is best is decided by
-``profiler.sweep.choose`` alone, the same function the recommendation uses; ``--repeat``
-re-measures exactly that configuration.
+sizes (``Search.adaptive``); without screens it climbs the worker ladder (``sweep.climb``).
+The best measured configuration is ``sweep.choose``'s alone, as in the recommendation;
+``--repeat`` re-measures exactly that configuration.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ from ddp_profile.profiler.sweep.climb import (
     beats,
     climb_points,
     climb_workers,
+    slower_than_baseline,
     waits_for_data,
     worth_tuning,
 )
@@ -123,8 +123,7 @@ class Search:
             if not self._ceiling_skip_noted:
                 self._ceiling_skip_noted = True
                 self.progress("note", {"text": "no compute-only ceiling probe: loading takes "
-                                               "too little of the baseline's steps to win "
-                                               "back"})
+                                               "too little of the baseline's steps to win back"})
             return False
         return True
 
@@ -243,10 +242,10 @@ class Search:
                             context.get("device", "cpu"), cpus, local_ranks)
 
     def _requested_single(self) -> LoaderSettings:
-        first = lambda values: values[0] if values else None  # noqa: E731
-        return LoaderSettings(first(self.space.num_workers), first(self.space.pin_memory),
-                              first(self.space.prefetch_factor), first(self.space.batch_size)
-                              ).merged_over(settings_of(self.baseline))
+        space = self.space
+        return LoaderSettings(*(values[0] if values else None for values in (
+            space.num_workers, space.pin_memory, space.prefetch_factor, space.batch_size))
+        ).merged_over(settings_of(self.baseline))
 
     # ---- adaptive -------------------------------------------------------------------------
     def adaptive(self) -> None:
@@ -310,7 +309,6 @@ class Search:
             samples = model.throughput(config.num_workers or 0)
         return samples / model.ranks / batch if math.isfinite(samples) and samples > 0 else None
 
-    # ---- following the loading's capacity ---------------------------------------------------
     def capacity(self) -> Optional[Capacity]:
         """The capacity model from what was measured so far (``sweep.capacity``)."""
         assert self.baseline is not None
@@ -353,7 +351,7 @@ class Search:
 
     def _climb(self, start: LoaderSettings, launches: int = MAX_CLIMB_LAUNCHES) -> None:
         """Past the first screen: one more worker count per launch while ``next_workers``
-        says the loop still gains (``sweep.capacity``)."""
+        says the loop still gains (``sweep.capacity``) and none is slower than the baseline."""
         for _ in range(launches):
             model = self.capacity()
             limit = model.max_workers if model is not None else WORKER_CAP
@@ -361,8 +359,10 @@ class Search:
             if following is None:
                 return
             self._recalibrate(following)
-            self.measurer.measure_screen([self.window(normalise(replace(
-                start, num_workers=following)))])
+            config = normalise(replace(start, num_workers=following))
+            self.measurer.measure_screen([self.window(config)])
+            if slower_than_baseline(self.find(config) or {}, self.baseline or {}):
+                return  # more workers cost the loop: the climb stops here
 
     def _contender(self, best: Entry) -> Optional[Window]:
         """A screened window faster than the choice, but tied with it only because its

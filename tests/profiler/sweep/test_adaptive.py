@@ -400,3 +400,19 @@ def test_a_given_batch_axis_is_kept():
     Search(fake, SearchSpace(batch_size=(32,)), SweepOptions(ceiling=False)).run()
     assert {c.batch_size for c in fake.measured} == {32}
     assert len(fake.ddp_asked) == 4
+
+
+def restarting_workers(config: LoaderSettings) -> tuple[float, float]:
+    """Workers that restart every short epoch: 4 is the best rung; 8 start so slowly that the
+    loop runs slower than with the script's own 2; 16 would look fast again (a rung the climb
+    must not reach past a configuration that lost to the baseline)."""
+    return {0: (300.0, 0.6), 1: (350.0, 0.55), 2: (490.0, 0.5), 4: (700.0, 0.3),
+            8: (300.0, 0.8), 16: (900.0, 0.1)}[config.num_workers or 0]
+
+
+def test_a_rung_slower_than_the_baseline_ends_the_climb():
+    found, fake = search(restarting_workers, screens=False,
+                         own=LoaderSettings(2, False, 2, 32))
+    workers = [c.num_workers for c in fake.measured]
+    assert 8 in workers and 16 not in workers, workers
+    assert found.best()["config"]["num_workers"] == 4
