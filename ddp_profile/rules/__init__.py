@@ -12,12 +12,13 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.rules import comm, data, distributed, gpu, host
+from ddp_profile.rules import comm, data, distributed, gpu, host, restarts
 from ddp_profile.rules.base import SEVERITIES, Finding, Rule, Thresholds
 from ddp_profile.rules.recommend import Recommendation, recommend, recommendation_to_dict
 from ddp_profile.rules.voice import in_one_voice
 
-RULES: list[Rule] = [*data.RULES, *host.RULES, *gpu.RULES, *distributed.RULES, *comm.RULES]
+RULES: list[Rule] = [*data.RULES, *restarts.RULES, *host.RULES, *gpu.RULES, *distributed.RULES,
+                     *comm.RULES]
 
 
 def run_rules(run: Run, thresholds: Optional[Thresholds] = None) -> list[Finding]:

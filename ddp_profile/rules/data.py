@@ -22,13 +22,11 @@ from ddp_profile.rules.base import (
     finite,
     gpu_timed,
     is_data_bound,
-    loader_info,
     metric,
     ms,
     ok_probes,
     pct,
     probe_entry,
-    probe_steps,
     storage_caveat,
 )
 from ddp_profile.rules.cpuload import cpu_load
@@ -209,9 +207,13 @@ def _workers_flattened(run: Run, probe: pd.Series, thresholds: Thresholds) -> Op
     return text
 
 
-CPU_FIX = ("take work off the CPUs: preprocess offline (store decoded, resized tensors), "
-           "cache decoded samples, decode on the GPU (torchvision.io.decode_jpeg("
-           "device='cuda'), NVIDIA DALI), or run on more CPU cores per GPU")
+CPU_FIX = ("take work off the CPUs: preprocess offline (store the transformed tensors), cache "
+           "transformed samples or make the transforms cheaper; where the samples are encoded "
+           "images read from files, decode them on the GPU (torchvision.io.decode_jpeg("
+           "device='cuda'), NVIDIA DALI); or run on more CPU cores per GPU")
+IN_MEMORY_FIX = ("take work off the CPUs: apply the transforms once and keep their results "
+                 "(offline, or cached), make them cheaper, or run on more CPU cores per GPU")
+IN_MEMORY_READ_B = 1024  # bytes read per sample below which samples are made in memory
 
 
 FAST_FETCH_S = 1e-4  # a sample fetched in less: the cost is the DataLoader's per-sample work
@@ -223,8 +225,9 @@ def cpu_cost(run: Run, probe: pd.Series) -> tuple[str, str]:
     ``probe`` (its measured loading: dataset fetch vs ``collate_fn``, in CPU time where
     recorded: wall time on busy CPUs also counts time off them): a collate that takes most of
     it -> a cheaper ``collate_fn``; a fetch under ``FAST_FETCH_S`` a sample (an in-memory
-    dataset: nothing to decode) -> fetch whole batches; else decoding and transforms ->
-    ``CPU_FIX``."""
+    dataset: nothing to decode) -> fetch whole batches; else transforms, and decoding where
+    the producers read from files -> ``CPU_FIX``; where they read (almost) nothing per sample
+    (under ``IN_MEMORY_READ_B``: the samples are made in memory) -> transforms alone."""
     loading = probe_entry(run, probe["id"]).get("loading") or {}
     per = (loading.get("cpu_per_sample_s") or 0.0) + (loading.get("wait_per_sample_s") or 0.0)
     collate = loading.get("collate_per_sample_s") or 0.0
@@ -243,6 +246,10 @@ def cpu_cost(run: Run, probe: pd.Series) -> tuple[str, str]:
             "dataset __getitems__(indices) that slices its tensors, or a BatchSampler passed "
             "as sampler= with batch_size=None), or keep an in-memory dataset on the device "
             "and index it in the loop")
+    read = loading.get("read_per_sample_bytes")
+    if isinstance(read, (int, float)) and read < IN_MEMORY_READ_B:
+        return "preprocessing", (f"the samples are made in memory ({read:,.0f} bytes read per "
+                                 f"sample): there are no files to decode; {IN_MEMORY_FIX}")
     return "preprocessing", CPU_FIX
 
 
@@ -382,54 +389,4 @@ def _wait_bound_from_capacity(run: Run, base: pd.Series, capacity: dict,
         recommendation=f"{overlap}. Or, {IO_FIX}.")
 
 
-def _restart_share(run: Run, probe: pd.Series) -> Optional[tuple[float, float, int]]:
-    """(share of run time, seconds, epochs) spent starting workers after the first epoch."""
-    iters = run.loader_iters
-    if iters is None or iters.empty or "first_batch_s" not in iters:
-        return None
-    steps = probe_steps(run, probe["id"], measured_only=False)
-    if steps.empty:
-        return None
-    rows = iters[iters["probe_id"] == probe["id"]]
-    if "loader_id" in steps and steps["loader_id"].notna().any():
-        rows = rows[rows["loader_id"].isin(steps["loader_id"].dropna().unique())]
-    rows = rows[(rows["iter_index"] > 0) & rows["first_batch_s"].notna()]
-    run_s = float(steps["step_s"].sum())
-    if rows.empty or run_s <= 0:
-        return None
-    restart_s = float(rows["first_batch_s"].sum())
-    epochs = int(rows.groupby("rank")["iter_index"].count().max())
-    return restart_s / (run_s + restart_s), restart_s / rows["rank"].nunique(), epochs
-
-
-def persistent_workers(run: Run, thresholds: Thresholds) -> Optional[Finding]:
-    """Workers are restarted every epoch, and that start-up is a significant share of the run.
-
-    Trigger: in an ok probe with workers, the training loader's ``persistent_workers`` is
-    false and ``first_batch_s`` of its iterations after the first (iter_index > 0) sums to
-    >= ``restart_share`` of the probe's step time (all ranks together).
-    """
-    worst = None
-    for _, probe in ok_probes(run).iterrows():
-        loader = loader_info(run, probe["id"])
-        if loader.get("persistent_workers") is not False:
-            continue
-        if (as_int(probe.get("num_workers"), 0) or 0) <= 0:
-            continue
-        measured = _restart_share(run, probe)
-        if measured and measured[0] >= thresholds.restart_share and (
-                worst is None or measured[0] > worst[1][0]):
-            worst = (probe, measured)
-    if worst is None:
-        return None
-    probe, (share, restart_s, epochs) = worst
-    return Finding(
-        rule="persistent-workers",
-        severity="medium",
-        title="DataLoader workers restart every epoch",
-        evidence=(f"With {describe_config(probe)}, starting the workers again for {epochs} "
-                  f"later epoch(s) took {restart_s:.2f} s per rank, {pct(share)} of the run."),
-        recommendation="Keep the workers alive: DataLoader(..., persistent_workers=True).")
-
-
-RULES = [data_loader_bound, cpu_bound_preprocessing, io_bound_loading, persistent_workers]
+RULES = [data_loader_bound, cpu_bound_preprocessing, io_bound_loading]

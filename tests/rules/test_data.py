@@ -1,14 +1,11 @@
-"""data-loader-bound, cpu-bound-preprocessing, io-bound-loading, persistent-workers."""
+"""data-loader-bound, cpu-bound-preprocessing, io-bound-loading."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 from ddp_profile.rules import Thresholds
-from ddp_profile.rules.data import (
-    cpu_bound_preprocessing,
-    data_loader_bound,
-    io_bound_loading,
-    persistent_workers,
-)
+from ddp_profile.rules.data import cpu_bound_preprocessing, data_loader_bound, io_bound_loading
 from tests.rules.tables import RunBuilder, empty_run
 
 T = Thresholds()
@@ -134,37 +131,8 @@ def test_io_bound_not_when_more_workers_fixed_it():
     assert io_bound_loading(sweep(host_cpu=20.0, wait_at_4=0.001), T) is None
 
 
-def epochs_run(first_batch_s: float, persistent: bool = False, workers: int = 4):
-    builder = (RunBuilder(world_size=2)
-               .probe("p", kind="baseline", num_workers=workers,
-                      loader={"persistent_workers": persistent})
-               .steps(n=20, compute=0.05))  # about 1.2 s per rank
-    for epoch in range(3):
-        builder.loader_iter(epoch, first_batch_s)
-    return builder.build()
-
-
-def test_persistent_workers_when_restarts_cost():
-    finding = persistent_workers(epochs_run(first_batch_s=0.2), T)
-    assert finding is not None and finding.rule == "persistent-workers"
-    assert "2 later epoch(s)" in finding.evidence and "0.40 s" in finding.evidence
-
-
-def test_persistent_workers_not_when_already_persistent():
-    assert persistent_workers(epochs_run(0.2, persistent=True), T) is None
-
-
-def test_persistent_workers_not_when_restart_is_cheap():
-    assert persistent_workers(epochs_run(0.001), T) is None
-
-
-def test_persistent_workers_not_without_workers():
-    assert persistent_workers(epochs_run(0.2, workers=0), T) is None
-
-
 def test_data_rules_cope_with_empty_run():
-    for rule in (data_loader_bound, cpu_bound_preprocessing, io_bound_loading,
-                 persistent_workers):
+    for rule in (data_loader_bound, cpu_bound_preprocessing, io_bound_loading):
         assert rule(empty_run(), T) is None
 
 
@@ -317,13 +285,15 @@ def test_data_loader_bound_never_advises_fewer_workers_as_more():
     assert "Load in parallel" not in finding.recommendation
 
 
-def cpu_bound_run(cpu_ms: float, collate_ms: float = 0.0):
+def cpu_bound_run(cpu_ms: float, collate_ms: float = 0.0, read_b: Optional[float] = None):
     """A data-bound baseline without workers whose samples cost ``cpu_ms`` of CPU each (of it
-    ``collate_ms`` in collate_fn), on saturated CPUs."""
+    ``collate_ms`` in collate_fn), on saturated CPUs; ``read_b``: bytes its producers read per
+    sample (None: not recorded)."""
     builder = (RunBuilder(world_size=2, cpus=2)
                .probe("base", kind="baseline", num_workers=0).steps(data_wait=0.05, compute=0.001)
                .loading(cpu_ms, 0.0))
     builder.probes[-1]["loading"]["collate_per_sample_s"] = collate_ms / 1e3
+    builder.probes[-1]["loading"]["read_per_sample_bytes"] = read_b
     return builder.build()
 
 
@@ -339,6 +309,15 @@ def test_advice_follows_the_part_of_loading_that_costs():
     assert "collating" in collate.title and "cheaper collate_fn" in collate.recommendation
     heavy = cpu_bound_preprocessing(cpu_bound_run(2.0, collate_ms=0.1), T)
     assert "preprocessing" in heavy.title and "decode_jpeg" in heavy.recommendation
+    assert "where the samples are encoded images read from files" in heavy.recommendation
+    files = cpu_bound_preprocessing(cpu_bound_run(2.0, collate_ms=0.1, read_b=110_000.0), T)
+    assert "decode_jpeg" in files.recommendation
+    # transforms on samples made in memory (a dataset of tensors, just above the fast fetch):
+    # nothing read from files, so nothing to decode
+    memory = cpu_bound_preprocessing(cpu_bound_run(0.15, collate_ms=0.01, read_b=0.0), T)
+    assert "preprocessing" in memory.title, memory.title
+    assert "made in memory (0 bytes read per sample)" in memory.recommendation
+    assert "decode_jpeg" not in memory.recommendation and "DALI" not in memory.recommendation
     # a collate that took long on busy CPUs, but little CPU of its own: not the collate
     descheduled = cpu_bound_run(2.0, collate_ms=1.5)
     for entry in descheduled.summary["probes"]:

@@ -1,0 +1,125 @@
+"""Rule about the epoch boundary: DataLoader workers started again at every epoch.
+
+Each rule is ``rule(run, thresholds) -> Finding | None`` (see ``rules.base``). A probe of a
+loader that restarts carries what the restarts cost (``store.epochs``): ``epoch_restart_s``
+per epoch of ``epoch_steps`` steps, its ``throughput`` as the script runs (one restart per
+epoch) and its ``steady_throughput`` between restarts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import pandas as pd
+
+from ddp_profile.profiler.store.results import Run
+from ddp_profile.rules.base import (
+    Finding,
+    Thresholds,
+    as_int,
+    baseline_probe,
+    describe_config,
+    finite,
+    loader_info,
+    ok_probes,
+    pct,
+    probe_entry,
+    probe_steps,
+)
+from ddp_profile.rules.recommend import choose
+
+
+def _restarting(run: Run) -> list[tuple[pd.Series, dict[str, Any]]]:
+    """Ok probes whose loader restarts every epoch, measured with its cost."""
+    found = []
+    for _, probe in ok_probes(run).iterrows():
+        entry = probe_entry(run, probe["id"])
+        steady, restart = entry.get("steady_throughput"), entry.get("epoch_restart_s")
+        if finite(steady) and steady > 0 and finite(restart) and finite(probe["throughput"]):
+            found.append((probe, entry))
+    return found
+
+
+def persistent_workers(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """Workers are started again every epoch, and that start-up is a significant share of it.
+
+    Trigger: an ok probe of a loader that restarts (workers, ``persistent_workers`` false) whose
+    restart costs ``restart_share`` or more of its epoch (``1 - throughput /
+    steady_throughput``). The finding cites the probe that ran fastest between restarts, and
+    predicts what keeping its workers alive would give: its steady rate, measured in this run
+    but without the restarts, against the recommended configuration as the script runs it.
+    "high" when that is ``clear_gain`` or more above the recommendation by more than half.
+    Runs recorded before the restart was measured fall back to the restarts' first batches.
+    """
+    costly = [(p, e) for p, e in _restarting(run)
+              if 1 - p["throughput"] / e["steady_throughput"] >= thresholds.restart_share]
+    if not costly:
+        return _from_first_batches(run, thresholds)
+    probe, entry = max(costly, key=lambda pair: pair[1]["steady_throughput"])
+    steady, restart = float(entry["steady_throughput"]), float(entry["epoch_restart_s"])
+    share = 1 - probe["throughput"] / steady
+    base = baseline_probe(run)
+    chosen = choose(run, base, thresholds) if base is not None else probe
+    gain = steady / float(chosen["throughput"]) if finite(chosen["throughput"]) else None
+    workers = as_int(probe.get("num_workers"), 0)
+    versus = (f", {gain:.2f}x the recommended {describe_config(chosen)} as the script runs it"
+              if gain is not None and chosen["id"] != probe["id"] else "")
+    return Finding(
+        rule="persistent-workers",
+        severity="high" if gain is not None and gain >= 1.5 else "medium",
+        title="DataLoader workers restart every epoch",
+        evidence=(f"With {describe_config(probe)}, starting the workers again costs "
+                  f"{restart:.2f} s per epoch of {entry.get('epoch_steps')} steps, "
+                  f"{pct(share)} of the epoch: {probe['throughput']:,.0f} samples/s as run, "
+                  f"{steady:,.0f} samples/s between restarts."),
+        recommendation=(f"Keep the workers alive: DataLoader(..., num_workers={workers}, "
+                        f"persistent_workers=True). Predicted: "
+                        f"{steady:,.0f} samples/s{versus}; the rate this probe measured "
+                        "between restarts, not a measurement of persistent workers."))
+
+
+def _first_batches(run: Run, probe: pd.Series) -> Optional[tuple[float, float, int]]:
+    """(share of run time, seconds, epochs) spent starting workers after the first epoch."""
+    iters = run.loader_iters
+    if iters is None or iters.empty or "first_batch_s" not in iters:
+        return None
+    steps = probe_steps(run, probe["id"], measured_only=False)
+    if steps.empty:
+        return None
+    rows = iters[iters["probe_id"] == probe["id"]]
+    if "loader_id" in steps and steps["loader_id"].notna().any():
+        rows = rows[rows["loader_id"].isin(steps["loader_id"].dropna().unique())]
+    rows = rows[(rows["iter_index"] > 0) & rows["first_batch_s"].notna()]
+    run_s = float(steps["step_s"].sum())
+    if rows.empty or run_s <= 0:
+        return None
+    restart_s = float(rows["first_batch_s"].sum())
+    epochs = int(rows.groupby("rank")["iter_index"].count().max())
+    return restart_s / (run_s + restart_s), restart_s / rows["rank"].nunique(), epochs
+
+
+def _from_first_batches(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """The finding of a run without ``epoch_restart_s``: the later epochs' first batches."""
+    worst = None
+    for _, probe in ok_probes(run).iterrows():
+        if "epoch_restart_s" in probe_entry(run, probe["id"]):
+            continue  # measured by the epochs: below the threshold there
+        if loader_info(run, probe["id"]).get("persistent_workers") is not False \
+                or (as_int(probe.get("num_workers"), 0) or 0) <= 0:
+            continue
+        measured = _first_batches(run, probe)
+        if measured and measured[0] >= thresholds.restart_share and (
+                worst is None or measured[0] > worst[1][0]):
+            worst = (probe, measured)
+    if worst is None:
+        return None
+    probe, (share, restart_s, epochs) = worst
+    return Finding(
+        rule="persistent-workers", severity="medium",
+        title="DataLoader workers restart every epoch",
+        evidence=(f"With {describe_config(probe)}, starting the workers again for {epochs} "
+                  f"later epoch(s) took {restart_s:.2f} s per rank, {pct(share)} of the run."),
+        recommendation="Keep the workers alive: DataLoader(..., persistent_workers=True).")
+
+
+RULES = [persistent_workers]

@@ -1,0 +1,80 @@
+"""persistent-workers: what the epoch restarts cost, measured, and what keeping the workers
+alive is predicted to give."""
+
+from __future__ import annotations
+
+from ddp_profile.rules import Thresholds
+from ddp_profile.rules.restarts import persistent_workers
+from tests.rules.tables import RunBuilder, empty_run
+
+T = Thresholds()
+
+
+def restarting(steady_at_4: float = 2600.0, as_run_at_4: float = 350.0,
+               as_run_at_0: float = 600.0):
+    """The script's own 2 workers restart every 62-step epoch; 4 workers run fast between
+    restarts and slowly as run; no workers at all is the best configuration as run."""
+    def epochs(as_run: float, steady: float) -> dict:
+        return {"throughput": as_run, "steady_throughput": steady, "epoch_steps": 62,
+                "epoch_restart_s": 62 * 32 * (1 / as_run - 1 / steady)}
+    return (RunBuilder(world_size=2)
+            .probe("base", kind="baseline", num_workers=2, throughput=470.0,
+                   entry=epochs(470.0, 1680.0)).steps(n=20, data_wait=0.05)
+            .probe("w0", num_workers=0, throughput=as_run_at_0).steps(n=20, data_wait=0.03)
+            .probe("w4", num_workers=4, throughput=as_run_at_4,
+                   entry=epochs(as_run_at_4, steady_at_4)).steps(n=20, data_wait=0.05)
+            .build())
+
+
+def test_the_restart_is_cited_with_the_fastest_steady_rate_as_a_prediction():
+    finding = persistent_workers(restarting(), T)
+    assert finding is not None and finding.rule == "persistent-workers"
+    assert "With num_workers=4," in finding.evidence and "per epoch of 62 steps" in finding.evidence
+    assert "2,600 samples/s between restarts" in finding.evidence
+    assert "num_workers=4, persistent_workers=True" in finding.recommendation
+    # against the recommendation as run (no workers: 600 samples/s), labelled a prediction
+    assert "4.33x the recommended" in finding.recommendation
+    assert "not a measurement of persistent workers" in finding.recommendation
+    assert finding.severity == "high"
+
+
+def test_no_finding_where_the_restart_costs_little_of_the_epoch():
+    assert persistent_workers(restarting(steady_at_4=360.0, as_run_at_4=350.0), T) is not None
+    cheap = (RunBuilder(world_size=2)
+             .probe("base", kind="baseline", num_workers=2, throughput=1000.0,
+                    entry={"throughput": 1000.0, "steady_throughput": 1020.0,
+                           "epoch_steps": 62, "epoch_restart_s": 0.04})
+             .steps(n=20).build())
+    assert persistent_workers(cheap, T) is None
+
+
+def epochs_run(first_batch_s: float, persistent: bool = False, workers: int = 4):
+    builder = (RunBuilder(world_size=2)
+               .probe("p", kind="baseline", num_workers=workers,
+                      loader={"persistent_workers": persistent})
+               .steps(n=20, compute=0.05))  # about 1.2 s per rank
+    for epoch in range(3):
+        builder.loader_iter(epoch, first_batch_s)
+    return builder.build()
+
+
+def test_a_run_recorded_before_the_epochs_were_measured_reads_the_first_batches():
+    finding = persistent_workers(epochs_run(first_batch_s=0.2), T)
+    assert finding is not None and finding.rule == "persistent-workers"
+    assert "2 later epoch(s)" in finding.evidence and "0.40 s" in finding.evidence
+
+
+def test_persistent_workers_not_when_already_persistent():
+    assert persistent_workers(epochs_run(0.2, persistent=True), T) is None
+
+
+def test_persistent_workers_not_when_restart_is_cheap():
+    assert persistent_workers(epochs_run(0.001), T) is None
+
+
+def test_persistent_workers_not_without_workers():
+    assert persistent_workers(epochs_run(0.2, workers=0), T) is None
+
+
+def test_the_rule_copes_with_an_empty_run():
+    assert persistent_workers(empty_run(), T) is None
