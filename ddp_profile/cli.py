@@ -79,6 +79,10 @@ def run(
     repeat: Optional[int] = typer.Option(None, help="Launches of the recommended configuration "
                                          "in all (default 1); the gate uses 3 or more to "
                                          "tell a slow launch from a slowdown."),
+    cache: Optional[str] = typer.Option(None, help="auto | cold | warm | as-is: the page "
+                                        "cache's state in every probe (default auto: cold "
+                                        "where one epoch's data exceeds half the memory "
+                                        "available, warm where it fits)."),
     report: bool = typer.Option(True, help="Write report.html."),
     quiet: bool = typer.Option(False, help="No progress output."),
 ) -> int:
@@ -95,7 +99,8 @@ def run(
         script=script, args=script_args or None, nproc_per_node=nproc_per_node,
         launcher=launcher, num_workers=num_workers, pin_memory=pin_memory,
         prefetch_factor=prefetch_factor, batch_size=batch_size, steps=steps, warmup=warmup,
-        timeout=timeout, out=out, search=search, ceiling=ceiling, comm=comm, repeat=repeat),
+        timeout=timeout, out=out, search=search, ceiling=ceiling, comm=comm, repeat=repeat,
+        cache=cache),
         resume=resume,
         quiet=quiet)
     out = given["out"]
@@ -110,7 +115,7 @@ def run(
         options = SweepOptions(search=given["search"], steps=given["steps"],
                                warmup=given["warmup"], timeout_s=given["timeout"],
                                ceiling=given["ceiling"], comm=given["comm"],
-                               repeat=given["repeat"],
+                               repeat=given["repeat"], cache=given["cache"],
                                single=single and any(
                                    v is not None for v in space.to_dict().values()))
         out = start_run(RunRequest(script=given["script"],
@@ -137,7 +142,7 @@ def _merge_run_settings(cli: dict, *, resume: bool, quiet: bool) -> dict:
     if project is not None and not quiet:
         print(f"ddp-profile: settings from {project.path}")
     check_command_line(given, ("launcher", "search", "steps", "warmup", "timeout", "repeat",
-                               "nproc_per_node"))
+                               "cache", "nproc_per_node"))
     if resume and not given["out"]:
         raise UsageError("--resume needs --out RUN_DIR")
     if not resume and given["script"] is None:

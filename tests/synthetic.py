@@ -24,8 +24,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
-from ddp_profile.profiler.store.record import clean_json
 from ddp_profile.profiler.store.epochs import rank_step_stats
+from ddp_profile.profiler.store.record import clean_json
 
 StepTime = Union[float, Sequence[float]]
 StepTimeFn = Callable[[str, int, int], StepTime]

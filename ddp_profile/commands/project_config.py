@@ -14,6 +14,7 @@ Keys and types::
     prefetch_factor = [2, 4]            batch_size = [32, 64]          (a single value is fine)
     steps = 30    warmup = 5    timeout = 120.0    search = "adaptive" | "grid"   ceiling = true
     comm = true                         (communication counterfactuals where DDP's timers call)
+    cache = "auto" | "cold" | "warm" | "as-is"   (the page cache's state in every probe)
     repeat = 3                          (launches of the recommended configuration)
     out = "ddp-profile-current"         baseline = "baseline.json"     max_regression = 0.05
 
@@ -37,8 +38,9 @@ TOOL_TABLE = "ddp-profile"
 
 RUN_DEFAULTS: Mapping[str, Any] = {"launcher": "torchrun", "steps": 30, "warmup": 5,
                                    "search": "adaptive", "ceiling": True, "comm": True,
-                                   "repeat": 1}
-_CHOICES = {"launcher": ("torchrun", "none"), "search": ("adaptive", "grid")}
+                                   "repeat": 1, "cache": "auto"}
+_CHOICES = {"launcher": ("torchrun", "none"), "search": ("adaptive", "grid"),
+            "cache": ("auto", "cold", "warm", "as-is")}
 _PATH_KEYS = ("script", "out", "baseline")
 # Signs of a [tool.ddp-profile] table, for deciding without a TOML parser (Python < 3.11).
 _TOOL_TABLE_RE = re.compile(r"""(?m)^\s*\[?\s*tool\s*\.\s*["']?ddp-profile\b""")
@@ -182,7 +184,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "script": _text, "args": _args, "nproc_per_node": _int(1), "launcher": _choice,
     "num_workers": _axis_text, "pin_memory": _axis_text, "prefetch_factor": _axis_text,
     "batch_size": _axis_text, "steps": _int(1), "warmup": _int(0), "timeout": _timeout,
-    "repeat": _int(1),
+    "repeat": _int(1), "cache": _choice,
     "search": _choice, "ceiling": _bool, "comm": _bool, "out": _text, "max_regression": _fraction,
     "baseline": _text,
 }

@@ -204,7 +204,9 @@ def finalize(run_dir: RunDir, meta: dict[str, Any], sweep: Sweep, gpu: dict[str,
     entries = sweep.entries or run_dir.ledger()
     summary = build_summary(meta, entries, _first_context(run_dir, entries), gpu, state)
     summary["search"].update({"axes": sweep.axes.to_dict() if sweep.axes else None,
-                              "timeout_s": sweep.timeout_s})
+                              "timeout_s": sweep.timeout_s,
+                              "cache": {**sweep.measurer.regime.to_dict(),
+                                        "warmed": sweep.measurer.warmed}})
     run: Optional[Run] = None
     try:
         if state == "complete" and any(e["status"] == "ok" for e in entries):

@@ -103,6 +103,8 @@ class ProbePlan:
     ddp: Optional[dict[str, Any]] = None  # DDP constructor options applied to every DDP the
     # script builds, e.g. {"bucket_cap_mb": 100} (None: the script's own)
     steps_per_s: Optional[float] = None  # predicted steps/s of a rank (``burst_steps``)
+    cache: Optional[str] = None  # COLD: producers drop the files they read from the page
+    # cache after each batch (``profiler.rank.pagecache``); None: the page cache as it is
 
     def window_warmup(self, index: int) -> int:
         return int(self.windows[index].get("warmup", self.warmup))
@@ -138,7 +140,7 @@ class ProbePlan:
     def to_json(self) -> str:
         data = asdict(self)
         data["overrides"] = self.overrides.to_dict()
-        for key in ("threads", "steps_per_s", "ddp"):
+        for key in ("threads", "steps_per_s", "ddp", "cache"):
             if data.get(key) is None:
                 data.pop(key)  # what every reader of a plan without it understands
         return json.dumps(data)
@@ -156,6 +158,9 @@ class ProbePlan:
         if environ.get(ENV_ACTIVE) != "1" or not environ.get(ENV_PLAN):
             return None
         return cls.from_json(environ[ENV_PLAN])
+
+
+COLD = "cold"  # ``ProbePlan.cache``: every file a producer reads is dropped after use
 
 
 def window_index(starts: list[int], step: int) -> int:

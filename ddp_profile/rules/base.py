@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import pandas as pd
 
+from ddp_profile.profiler.cache import CACHE_MARGIN
 from ddp_profile.profiler.settings import SETTING_KEYS, LoaderSettings
 from ddp_profile.profiler.store.probes import CHOICE_KINDS, data_wait_share
 from ddp_profile.profiler.store.results import Run
@@ -77,8 +78,8 @@ class Thresholds(ChoiceThresholds):
     workers_flat_gain: float = 1.10  # more workers gaining less than this: gain has flattened
     pin_speedup: float = 1.03  # pinned probe this much faster than its unpinned twin
     # two probes whose producers read this much more or less of their bytes from storage (not
-    # the page cache) were not measured like for like
-    cache_margin: float = 0.25
+    # the page cache) were not measured like for like (the sweep's regime uses the same margin)
+    cache_margin: float = CACHE_MARGIN
     restart_share: float = 0.05  # worker start-up per epoch as a share of the run
     gpu_mem_unused_share: float = 0.5  # peak GPU memory below this share of the total
     batch_gain: float = 1.05  # a larger batch this much faster counts as a gain

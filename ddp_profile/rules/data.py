@@ -10,6 +10,7 @@ from typing import Optional
 
 import pandas as pd
 
+from ddp_profile.profiler.cache import IN_MEMORY_READ_B
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import (
     Advice,
@@ -213,7 +214,6 @@ CPU_FIX = ("take work off the CPUs: preprocess offline (store the transformed te
            "device='cuda'), NVIDIA DALI); or run on more CPU cores per GPU")
 IN_MEMORY_FIX = ("take work off the CPUs: apply the transforms once and keep their results "
                  "(offline, or cached), make them cheaper, or run on more CPU cores per GPU")
-IN_MEMORY_READ_B = 1024  # bytes read per sample below which samples are made in memory
 
 
 FAST_FETCH_S = 1e-4  # a sample fetched in less: the cost is the DataLoader's per-sample work
@@ -224,8 +224,9 @@ def cpu_cost(run: Run, probe: pd.Series) -> tuple[str, str]:
     """(what costs, the fix for it), from the part of producing a sample that costs in
     ``probe`` (its measured loading: dataset fetch vs ``collate_fn``, in CPU time where
     recorded: wall time on busy CPUs also counts time off them): a collate that takes most of
-    it -> a cheaper ``collate_fn``; a fetch under ``FAST_FETCH_S`` a sample (an in-memory
-    dataset: nothing to decode) -> fetch whole batches; else transforms, and decoding where
+    it -> a cheaper ``collate_fn``; a fetch under ``FAST_FETCH_S`` a sample -> fewer, larger
+    files where it reads one (``IN_MEMORY_READ_B`` or more), else (an in-memory dataset:
+    nothing to decode) whole batches fetched at once; else transforms, and decoding where
     the producers read from files -> ``CPU_FIX``; where they read (almost) nothing per sample
     (under ``IN_MEMORY_READ_B``: the samples are made in memory) -> transforms alone."""
     loading = probe_entry(run, probe["id"]).get("loading") or {}
@@ -239,6 +240,14 @@ def cpu_cost(run: Run, probe: pd.Series) -> tuple[str, str]:
         return "collating", (f"collate_fn takes {ms(collate)} of the {ms(per)} a sample costs: "
                              "a cheaper collate_fn (stack ready tensors, no per-sample Python), "
                              "or batches made by the dataset")
+    read = loading.get("read_per_sample_bytes")
+    files = isinstance(read, (int, float)) and read >= IN_MEMORY_READ_B
+    if per - collate < FAST_FETCH_S and files:
+        return "per-sample file reads", (
+            f"fetching a sample takes only {ms(per - collate)}, a {read / 1e6:.2f} MB file "
+            "opened and read each time: the cost is per-sample file access and the DataLoader's "
+            "per-sample work; pack the samples into fewer, larger files (shards read in "
+            "sequence, or one array to memory-map) and fetch whole batches from them")
     if per - collate < FAST_FETCH_S:
         return "the DataLoader's per-sample work", (
             f"fetching a sample takes only {ms(per - collate)}: the cost is the DataLoader "
@@ -246,8 +255,7 @@ def cpu_cost(run: Run, probe: pd.Series) -> tuple[str, str]:
             "dataset __getitems__(indices) that slices its tensors, or a BatchSampler passed "
             "as sampler= with batch_size=None), or keep an in-memory dataset on the device "
             "and index it in the loop")
-    read = loading.get("read_per_sample_bytes")
-    if isinstance(read, (int, float)) and read < IN_MEMORY_READ_B:
+    if isinstance(read, (int, float)) and not files:
         return "preprocessing", (f"the samples are made in memory ({read:,.0f} bytes read per "
                                  f"sample): there are no files to decode; {IN_MEMORY_FIX}")
     return "preprocessing", CPU_FIX

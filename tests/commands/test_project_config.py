@@ -37,6 +37,7 @@ search = "grid"
 ceiling = false
 comm = false
 repeat = 3
+cache = "cold"
 out = "runs/current"
 max_regression = 0.1
 baseline = "ci/baseline.json"
@@ -59,7 +60,7 @@ def test_dedicated_file_gives_every_key_in_command_line_form(tmp_path):
     assert config.values["timeout"] == 90.0 and config.values["max_regression"] == 0.1
     assert config.values["ceiling"] is False and config.values["launcher"] == "none"
     assert config.values["comm"] is False
-    assert config.values["repeat"] == 3
+    assert config.values["repeat"] == 3 and config.values["cache"] == "cold"
 
 
 def test_relative_paths_stay_relative_in_the_current_directory(tmp_path, monkeypatch):

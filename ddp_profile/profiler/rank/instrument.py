@@ -46,6 +46,7 @@ from ddp_profile.profiler.rank.facts import (
 from ddp_profile.profiler.rank.gpu_steps import GpuStepTimer, cuda_event_factory
 from ddp_profile.profiler.rank.loadcost import batch_size_of
 from ddp_profile.profiler.rank.overrides import apply_overrides, own_settings
+from ddp_profile.profiler.rank.pagecache import FileReads, watch
 from ddp_profile.profiler.rank.process import (
     barrier,
     context_record,
@@ -57,6 +58,7 @@ from ddp_profile.profiler.rank.stepclock import StepClock
 from ddp_profile.profiler.rank.windows import applied_settings, rebuilt_iterator, shutdown_workers
 from ddp_profile.profiler.settings import (
     CEILING_CACHE_BATCHES,
+    COLD,
     ProbePlan,
     backlog_warmup,
     burst_steps,
@@ -78,6 +80,7 @@ class Instrumentation:
 
     def __init__(self, plan: ProbePlan):
         self.plan = plan
+        self.file_reads: Optional[FileReads] = None
         self.recorder = RankRecorder(plan.out_dir, current_rank)
         self.pin_meter = loadcost.PinMeter(self.recorder.write_line, current_rank)
         self.clocks: dict[int, StepClock] = {}
@@ -124,11 +127,18 @@ class Instrumentation:
         own = own_settings(bound.arguments)
         applied, skipped = apply_overrides(bound.arguments, self.plan.overrides)
         bound.arguments["worker_init_fn"] = loadcost.WorkerInit(
-            bound.arguments.get("worker_init_fn"), self.plan.out_dir, loader_id)
+            bound.arguments.get("worker_init_fn"), self.plan.out_dir, loader_id,
+            cold=self.plan.cache == COLD)
         object.__setattr__(loader, "_ddp_profile_id", loader_id)
         object.__setattr__(loader, "_ddp_profile_iters", 0)
         self.recorder.write({"kind": "loader", "loader_id": loader_id, "rank": current_rank(),
                              "own": own, "applied": applied, "skipped_overrides": skipped})
+
+    def _files(self) -> FileReads:
+        """The watch on the files this rank's own fetches open (``num_workers=0``)."""
+        if self.file_reads is None:
+            self.file_reads = watch(FileReads(self.plan.cache == COLD))
+        return self.file_reads
 
     def before_iter(self, loader: Any) -> None:
         """The loader's workers are about to start: their batch records need the rank."""
@@ -138,7 +148,8 @@ class Instrumentation:
         loader_id = getattr(loader, "_ddp_profile_id", None)
         if loader_id is None:
             return
-        loadcost.meter_in_process(iterator, self.recorder.write_line, current_rank(), loader_id)
+        loadcost.meter_in_process(iterator, self.recorder.write_line, current_rank(), loader_id,
+                                  self._files())
         self.pin_meter.track(iterator, loader_id)
         index = getattr(loader, "_ddp_profile_iters", 0)
         object.__setattr__(loader, "_ddp_profile_iters", index + 1)
@@ -262,7 +273,7 @@ class Instrumentation:
             if rebuilt is not None:
                 fresh, started = rebuilt
                 loadcost.meter_in_process(fresh, self.recorder.write_line, current_rank(),
-                                          state["loader_id"])
+                                          state["loader_id"], self._files())
                 self.pin_meter.track(fresh, state["loader_id"])
                 self.iterators.add(fresh)
                 self._add_workers(fresh)

@@ -28,12 +28,14 @@ first flush and then every ``RSS_EVERY_S``, private_rss (the worker's private re
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import threading
 import time
 from typing import Any, Callable, Optional
 
+from ddp_profile.profiler.rank.pagecache import FileReads, watch
 from ddp_profile.profiler.store.record import WORKER_DIR
 
 FLUSH_S = 0.25
@@ -195,11 +197,13 @@ class CostMeter:
     batch's record as a JSON string (formatted here: no ``json.dumps`` per batch)."""
 
     def __init__(self, emit: Callable[[str], None], rank: Optional[int], loader_id: int,
-                 worker: Optional[int]):
+                 worker: Optional[int], files: Optional[FileReads] = None):
         self.emit = emit
+        self.files = files  # the files the fetches open (``pagecache``), where watched
         self.prefix = (f'{{"kind":"batch_cost","rank":{_json_int(rank)},'
                        f'"loader_id":{int(loader_id)},"worker":{_json_int(worker)},'
                        f'"pid":{os.getpid()},')
+        self.files_prefix = self.prefix.replace('"kind":"batch_cost"', '"kind":"files"', 1)
         self.collate_wall = 0
         self.collate_cpu = 0
         self.runq = RunQueueClock()
@@ -223,10 +227,16 @@ class CostMeter:
             wall = _perf()
             runq, io = meter.runq(), meter.io()
             cpu = _cpu()
-            batch = fetch(index)  # StopIteration and the dataset's errors pass through
-            cpu = _cpu() - cpu
-            after, io_after = meter.runq(), meter.io()
-            wall = _perf() - wall
+            if meter.files is not None:
+                meter.files.begin()
+            try:
+                batch = fetch(index)  # StopIteration and the dataset's errors pass through
+            finally:
+                cpu = _cpu() - cpu
+                after, io_after = meter.runq(), meter.io()
+                wall = _perf() - wall
+                if meter.files is not None:
+                    meter.files.end()
             runq = None if runq is None or after is None else after - runq
             read = None if io is None or io_after is None else \
                 (io_after[0] - io[0], io_after[1] - io[1])
@@ -247,6 +257,8 @@ class CostMeter:
                   f'"collate_s":{self.collate_wall / 1e9:.9f},'
                   f'"collate_cpu_s":{self.collate_cpu / 1e9:.9f},'
                   f'"samples":{batch_size_of(batch, default)}{io}}}')
+        if self.files is not None and self.files.new:
+            self.emit(f'{self.files_prefix}"paths":{json.dumps(self.files.take_new())}}}')
 
 
 def _json_int(value: Optional[int]) -> str:
@@ -289,10 +301,12 @@ class WorkerInit:
     """A DataLoader ``worker_init_fn`` that meters the worker's batches, then runs the
     script's own ``worker_init_fn`` (picklable: spawned workers get a copy)."""
 
-    def __init__(self, original: Optional[Callable[[int], Any]], out_dir: str, loader_id: int):
+    def __init__(self, original: Optional[Callable[[int], Any]], out_dir: str, loader_id: int,
+                 cold: bool = False):
         self.original = original
         self.out_dir = out_dir
         self.loader_id = loader_id
+        self.cold = cold  # drop each file read from the page cache after use (``pagecache``)
         self.rank: Optional[int] = None  # set by the rank when it starts an iterator
 
     def __call__(self, worker_id: int) -> Any:
@@ -317,7 +331,8 @@ class WorkerInit:
                   f'"loader_id":{self.loader_id},"worker":{worker_id},"pid":{os.getpid()},'
                   f'"t_ns":{time.time_ns()},"private_rss":{_json_int(rss)}}}')
         sink.handle.flush()
-        meter = CostMeter(sink.emit, self.rank, self.loader_id, worker_id)
+        meter = CostMeter(sink.emit, self.rank, self.loader_id, worker_id,
+                          watch(FileReads(self.cold)))
         factory = _DatasetKind.__dict__["create_fetcher"].__func__
 
         def create_fetcher(*args: Any, **kwargs: Any) -> Any:
@@ -342,11 +357,12 @@ def before_iter(loader: Any, rank: Optional[int]) -> None:
 
 
 def meter_in_process(iterator: Any, emit: Callable[[str], None], rank: Optional[int],
-                     loader_id: int) -> None:
-    """Meter a single-process (``num_workers=0``) iterator's fetcher, if it has one."""
+                     loader_id: int, files: Optional[FileReads] = None) -> None:
+    """Meter a single-process (``num_workers=0``) iterator's fetcher, if it has one; ``files``:
+    the rank's watch on the files its fetches open."""
     fetcher = getattr(iterator, "_dataset_fetcher", None)
     if fetcher is not None and not getattr(fetcher, "_ddp_profile_metered", False):
-        CostMeter(emit, rank, loader_id, None).wrap(fetcher)
+        CostMeter(emit, rank, loader_id, None, files).wrap(fetcher)
         fetcher._ddp_profile_metered = True
 
 

@@ -10,8 +10,8 @@ Which probes count is decided here alone:
   own settings (``baseline``) and the searched ones (``sweep``), measured ok.
 * ``counts_for_gate``: what the CI gate may compare or pool: those, and the ``repeat``
   launches of the recommended configuration. Never a counterfactual that runs the script
-  other than the user does (``threads``: fewer intra-op threads; ``ddp``: other DDP options)
-  nor the compute-only ``ceiling``.
+  other than the user does (``threads``: fewer intra-op threads; ``ddp``: other DDP options),
+  the compute-only ``ceiling``, nor a baseline read out of the run's cache regime (``cache``).
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ class Kind(str, Enum):
     REPEAT = "repeat"  # the recommended configuration again, in a fresh launch (--repeat)
     THREADS = "threads"  # counterfactual: the same settings with the intra-op threads that fit
     DDP = "ddp"  # counterfactual: the same settings with other DDP options (bucket_cap_mb ...)
+    CACHE = "cache"  # the script's own settings read in another page-cache state than the run's
+    # regime, then measured again in it (``profiler.cache``): read by no decision
 
     def __str__(self) -> str:
         return self.value

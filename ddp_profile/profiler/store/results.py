@@ -64,6 +64,7 @@ class RankData:
     batch_costs: list[dict[str, Any]] = field(default_factory=list)  # where batches are made
     pin_costs: list[dict[str, Any]] = field(default_factory=list)  # where batches are pinned
     worker_starts: list[dict[str, Any]] = field(default_factory=list)  # DataLoader workers
+    files: list[str] = field(default_factory=list)  # read by its producers (``pagecache``)
     error: Optional[dict[str, Any]] = None
     end: Optional[dict[str, Any]] = None
     torn_lines: int = 0
@@ -116,6 +117,8 @@ def read_probe_dir(probe_dir: str) -> list[RankData]:
                 data.batch_costs.append(record)
             elif kind == "pin_cost":
                 data.pin_costs.append(record)
+            elif kind == "files":
+                data.files.extend(record.get("paths") or [])
         rank = next((r.get("rank") for r in records if r.get("rank") is not None), None)
         data.rank = int(rank) if rank is not None else -1
         _attach_training_loader(data)
@@ -146,6 +149,8 @@ def _attach_worker_records(worker_dir: str, ranks: list[RankData]) -> None:
                 owner.batch_costs.append(record)
             elif record.get("kind") == "worker_start":
                 owner.worker_starts.append(record)
+            elif record.get("kind") == "files":
+                owner.files.extend(record.get("paths") or [])
 
 
 def _attach_training_loader(data: RankData) -> None:

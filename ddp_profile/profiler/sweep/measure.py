@@ -14,13 +14,25 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Protocol
 
+from ddp_profile.profiler.cache import (
+    AS_IS,
+    FITS_SHARE,
+    Regime,
+    chill,
+    decide,
+    out_of_regime,
+    recorded_files,
+    warm,
+)
 from ddp_profile.profiler.settings import (
+    COLD,
     LoaderSettings,
     ProbePlan,
     backlog_warmup,
     burst_steps,
     mode_warmup,
 )
+from ddp_profile.profiler.store.probes import Kind
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.sweep.coordinate import Coordinator
 from ddp_profile.profiler.sweep.launch import (
@@ -85,13 +97,18 @@ class Measurer(Protocol):
     def calibrate(self, baseline: dict[str, Any], axes: Axes) -> None:
         """Told the baseline's measurement and the axes once they are known."""
 
+    def settle_cache(self, baseline: dict[str, Any], requested: str) -> dict[str, Any]:
+        """Decide the run's page-cache regime from the baseline (``profiler.cache``) and apply it
+        to every later launch; the baseline, measured again in the regime where its reads
+        were not in it (the first then kept as kind ``cache``)."""
+
 
 class LedgerMeasurer:
     """The real measurer: launches probes, appends them to the ledger, re-uses finished ones."""
 
     def __init__(self, run_dir: RunDir, spec: LaunchSpec, steps: int, warmup: int,
                  timeout_s: Optional[float] = None, progress: ProgressFn = no_progress,
-                 coordinator: Optional[Coordinator] = None):
+                 coordinator: Optional[Coordinator] = None, cache: str = "auto"):
         self.run_dir, self.spec, self.steps, self.warmup = run_dir, spec, steps, warmup
         self.fixed_timeout = timeout_s is not None
         self.timeout_s = timeout_s or DEFAULT_FIRST_TIMEOUT_S
@@ -103,6 +120,11 @@ class LedgerMeasurer:
         self.entries: list[dict[str, Any]] = []
         self.screen_unsupported: Optional[str] = None
         self.window_loop_s = 0.0  # estimated seconds of one screen window's loop
+        # the page cache's state for every launch (``profiler.cache``): asked for cold, from the
+        # first launch on; else decided after the baseline (``settle_cache``)
+        self.regime: Regime = Regime(cache, "cold", "--cache cold") if cache == "cold" else AS_IS
+        self.files: dict[str, None] = {}  # every file the producers read so far, in order
+        self.warmed: list[dict[str, Any]] = []  # what warming the cache read, per launch
 
     def measure(self, requested: LoaderSettings, kind: str = "sweep",
                 steps: Optional[int] = None, mode: str = "normal",
@@ -123,7 +145,7 @@ class LedgerMeasurer:
                          overrides=requested, warmup=self.warmup, steps=steps, mode=mode,
                          inject_local_rank=self.local_rank_flag(),
                          rdzv_id=f"{self.run_token}-{probe_id}", threads=threads,
-                         steps_per_s=steps_per_s, ddp=ddp)
+                         steps_per_s=steps_per_s, ddp=ddp, cache=self.plan_cache)
         self.progress("start", {"probe_id": probe_id, "config": requested, "kind": kind})
         outcome = self._launch(plan, self.timeout_s)
         entry = summarise_probe(plan, outcome, kind, self.timeout_s)
@@ -142,6 +164,12 @@ class LedgerMeasurer:
 
     def _launch(self, plan: ProbePlan, timeout_s: float) -> LaunchOutcome:
         """Launch one probe (on every node of a coordinated run) and wait for its records."""
+        if self.regime.warm and self.files:
+            budget = FITS_SHARE * self.regime.memory_available \
+                if self.regime.memory_available else None
+            self.warmed.append({"probe_id": plan.probe_id, **warm(self.files, budget)})
+        elif self.regime.cold and self.files:
+            chill(self.files)  # what earlier probes read and a producer could not drop
         tag = new_tag()
         self.run_dir.mark_inflight(plan.probe_id, tag)
         if self.coordinator is not None:
@@ -152,7 +180,27 @@ class LedgerMeasurer:
             outcome = merge_outcomes(outcome, self.coordinator.gather(
                 self.launches, plan.out_dir, timeout_s + FOLLOWER_GRACE_S))
         self.launches += 1
+        self.files.update(dict.fromkeys(recorded_files(plan.out_dir)))
         return outcome
+
+    @property
+    def plan_cache(self) -> Optional[str]:
+        return COLD if self.regime.cold else None
+
+    def settle_cache(self, baseline: dict[str, Any], requested: str) -> dict[str, Any]:
+        from ddp_profile.profiler.rank.loadcost import memory_available
+
+        loader = self.context(baseline).get("loader") or {}
+        self.regime = decide(requested, baseline, loader.get("dataset_len"), memory_available())
+        self.progress("note", {"text": f"page cache: {self.regime.mode} ({self.regime.reason})"})
+        if baseline.get("status") != "ok" or not out_of_regime(self.regime, baseline):
+            return baseline
+        share = baseline["loading"]["storage_share"]
+        self.progress("note", {"text": f"the baseline read {share:.0%} of its bytes from "
+                                       f"storage, out of the {self.regime.mode} regime: "
+                                       "measured again in it"})
+        baseline["kind"] = Kind.CACHE.value
+        return self.measure(LoaderSettings(), kind=Kind.BASELINE.value)
 
     def _record(self, entry: dict[str, Any], reused: bool = False) -> None:
         if not reused:
@@ -198,7 +246,8 @@ class LedgerMeasurer:
                            "steps": burst_steps(w.steps or self.steps, w.config.num_workers,
                                                 w.mode, w.steps_per_s)}
                           for w in pending),
-            inject_local_rank=self.local_rank_flag(), rdzv_id=f"{self.run_token}-{launch_id}")
+            inject_local_rank=self.local_rank_flag(), rdzv_id=f"{self.run_token}-{launch_id}",
+            cache=self.plan_cache)
         timeout_s = self.screen_timeout(len(pending))
         self.progress("start", {"probe_id": launch_id, "config": pending[0].config,
                                 "kind": "screen", "windows": len(pending)})

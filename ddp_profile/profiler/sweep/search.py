@@ -64,6 +64,7 @@ class SweepOptions:
     comm: bool = True  # the communication counterfactuals (``Search.communication``)
     single: bool = False  # measure the requested settings only (no search)
     repeat: int = 1  # launches of the recommended configuration in all (the gate's repeats)
+    cache: str = "auto"  # the page-cache regime asked for (``profiler.cache``)
 
 
 def settings_of(entry: Entry) -> LoaderSettings:
@@ -92,6 +93,8 @@ class Search:
     def run(self) -> list[Entry]:
         """Baseline, then the search, the repeats and the ceiling; every entry, in order."""
         self.baseline = self.measurer.measure(LoaderSettings(), kind="baseline")
+        self._check_baseline(self.baseline)
+        self.baseline = self.measurer.settle_cache(self.baseline, self.options.cache)
         self._check_baseline(self.baseline)
         self.axes = self._axes()
         self.measurer.calibrate(self.baseline, self.axes)
@@ -171,11 +174,8 @@ class Search:
     # ---- after the search -----------------------------------------------------------------
     def repeat(self) -> None:
         """Measure the recommended configuration again in fresh launches (kind ``repeat``),
-        until ``options.repeat`` successful launches of it exist.
-
-        Repeats never choose anything (the rules read baseline and sweep probes only): they
-        show how much whole launches of one configuration differ, which the gate needs.
-        """
+        until ``options.repeat`` successful launches of it exist. Repeats never choose: they
+        show how much whole launches of one configuration differ, which the gate needs."""
         best = self.best() or self.baseline
         if self.options.repeat <= 1 or best is None or best["status"] != "ok":
             return
@@ -421,7 +421,7 @@ class Sweep:
                  options: SweepOptions, progress: ProgressFn = no_progress,
                  coordinator: Optional[Coordinator] = None):
         self.measurer = LedgerMeasurer(run_dir, spec, options.steps, options.warmup,
-                                       options.timeout_s, progress, coordinator)
+                                       options.timeout_s, progress, coordinator, options.cache)
         self.search = Search(self.measurer, space, options, spec.nproc_per_node, progress,
                              spec.script)
         self.coordinator = coordinator

@@ -75,6 +75,9 @@ class ModelMeasurer:
     def calibrate(self, baseline: dict[str, Any], axes: Axes) -> None:
         self.axes = axes
 
+    def settle_cache(self, baseline: dict[str, Any], requested: str) -> dict[str, Any]:
+        return baseline  # modelled probes read no files
+
 
 def search(model: Model, search: str = "adaptive", repeat: int = 1,
            **measurer: Any) -> tuple[Search, ModelMeasurer]:

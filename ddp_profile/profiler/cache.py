@@ -1,0 +1,153 @@
+"""The run's page-cache regime: decided once, after the baseline, and applied to every probe.
+
+Repeated probes over files meet the page cache: the first launch reads its samples from
+storage, the next ones read the same samples from memory, and a setting then looks faster than
+it is (a "measured" 1.81x that was the cache, not the setting). So every probe of a run is
+measured in one state, the state the job itself runs in:
+
+* ``warm``: the data one epoch reads fits in half the memory available, so the job reads it
+  from the page cache from its second epoch on. Before every launch the harness reads the
+  files the probes so far opened back into the cache (:func:`warm`).
+* ``cold``: it does not fit, so every epoch reads from storage. Every producer drops each
+  file it read from the page cache after the batch (``ProbePlan.cache``,
+  ``profiler.rank.pagecache``), and before every launch the harness drops the files the
+  probes so far opened (:func:`chill`). A file's first read in the run comes from wherever it
+  is: a baseline that read from the cache is measured again.
+* ``as-is``: the producers read no files (under ``IN_MEMORY_READ_B`` a sample), or their reads
+  were not measured: nothing to make alike; the probes' storage shares still say what they
+  read, and the rules mark a comparison across cache states.
+
+``--cache auto`` (the default) decides from the baseline's own measurements: the bytes its
+producers read per sample x the dataset's length, against ``MemAvailable``. ``--cache
+cold|warm|as-is`` forces one. Where the baseline's reads were not in the run's regime (under
+``cold`` it read more than ``CACHE_MARGIN`` of its bytes from the cache; under ``warm`` more
+than that from storage) it is measured again in the regime, and the first measurement is kept
+as kind ``cache``, read by no decision. Files opened by C libraries are neither recorded nor
+dropped (see ``pagecache``): under ``cold`` their reads stay as they are.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Optional
+
+from ddp_profile.profiler.rank.pagecache import drop
+from ddp_profile.profiler.store.record import WORKER_DIR, read_jsonl
+
+MODES = ("auto", "cold", "warm", "as-is")
+IN_MEMORY_READ_B = 1024  # producers reading less per sample read no files: nothing to regime
+FITS_SHARE = 0.5  # of MemAvailable the data one epoch reads may take and still count as cached
+CACHE_MARGIN = 0.25  # a storage share this far from the regime's is not in it
+
+
+@dataclass(frozen=True)
+class Regime:
+    requested: str  # auto | cold | warm | as-is
+    mode: str  # cold | warm | as-is
+    reason: str
+    epoch_bytes: Optional[float] = None  # bytes one epoch reads, from the baseline
+    memory_available: Optional[int] = None
+
+    @property
+    def cold(self) -> bool:
+        return self.mode == "cold"
+
+    @property
+    def warm(self) -> bool:
+        return self.mode == "warm"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+AS_IS = Regime("auto", "as-is", "not decided yet")
+
+
+def _gb(value: float) -> str:
+    return f"{value / 1e9:.2f} GB"
+
+
+def decide(requested: str, baseline: dict[str, Any], dataset_len: Optional[int],
+           memory: Optional[int]) -> Regime:
+    """The run's regime, from the request and the baseline's measured reads."""
+    loading = baseline.get("loading") or {}
+    read = loading.get("read_per_sample_bytes")
+    epoch = read * dataset_len if isinstance(read, (int, float)) and dataset_len else None
+    if requested != "auto":
+        return Regime(requested, requested, f"--cache {requested}", epoch, memory)
+    if not isinstance(read, (int, float)):
+        return Regime(requested, "as-is", "the producers' reads were not measured", None, memory)
+    if read < IN_MEMORY_READ_B:
+        return Regime(requested, "as-is", f"the producers read {read:,.0f} bytes per sample: "
+                      "no files to cache", epoch, memory)
+    if epoch is None or not memory:
+        return Regime(requested, "as-is", "the dataset's length or the memory available is "
+                      "unknown", epoch, memory)
+    if epoch <= FITS_SHARE * memory:
+        return Regime(requested, "warm", f"one epoch reads {_gb(epoch)}, within half the "
+                      f"{_gb(memory)} available: the job reads it from the page cache from "
+                      "its second epoch on", epoch, memory)
+    return Regime(requested, "cold", f"one epoch reads {_gb(epoch)}, more than half the "
+                  f"{_gb(memory)} available: the job reads it from storage every epoch",
+                  epoch, memory)
+
+
+def out_of_regime(regime: Regime, baseline: dict[str, Any]) -> bool:
+    """Whether the baseline read in another state than the regime's (see the docstring)."""
+    share = (baseline.get("loading") or {}).get("storage_share")
+    if not isinstance(share, (int, float)):
+        return False
+    if regime.cold:
+        return share < 1 - CACHE_MARGIN
+    if regime.warm:
+        return share > CACHE_MARGIN
+    return False
+
+
+def recorded_files(probe_dir: str) -> list[str]:
+    """The files a probe's producers recorded (``files`` records of ranks and workers)."""
+    paths: list[str] = []
+    names = [os.path.join(probe_dir, n) for n in _listdir(probe_dir) if n.endswith(".jsonl")]
+    worker_dir = os.path.join(probe_dir, WORKER_DIR)
+    names += [os.path.join(worker_dir, n) for n in _listdir(worker_dir) if n.endswith(".jsonl")]
+    for name in names:
+        records, _torn = read_jsonl(name)
+        for record in records:
+            if record.get("kind") == "files":
+                paths.extend(p for p in record.get("paths") or [] if isinstance(p, str))
+    return paths
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def warm(paths: Iterable[str], budget_bytes: Optional[float],
+         chunk: int = 1 << 20) -> dict[str, Any]:
+    """Read each file once, up to ``budget_bytes`` in all, so that it sits in the page cache;
+    what was read, in how long."""
+    started, files, read = time.monotonic(), 0, 0
+    for path in paths:
+        if budget_bytes is not None and read >= budget_bytes:
+            break
+        try:
+            with open(path, "rb", buffering=0) as handle:
+                while True:
+                    block = handle.read(chunk)
+                    if not block:
+                        break
+                    read += len(block)
+        except OSError:
+            continue
+        files += 1
+    return {"files": files, "bytes": read, "seconds": round(time.monotonic() - started, 3)}
+
+
+def chill(paths: Iterable[str]) -> int:
+    """Drop each file from the page cache (the cold regime, before a launch); how many."""
+    return sum(drop(path) for path in paths)

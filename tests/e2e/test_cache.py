@@ -1,0 +1,77 @@
+"""The page cache, made like for like on real files: 2 CPU ranks read one file per sample,
+written by the test and dropped from the page cache before each run, as after a reboot."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ddp_profile.profiler.rank.pagecache import drop
+from tests.conftest import SCRIPTS
+
+pytestmark = pytest.mark.e2e
+SCRIPT = os.path.join(SCRIPTS, "files_train.py")
+LEAN = ["--num-workers", "2", "--steps", "20", "--warmup", "2", "--no-ceiling", "--no-comm",
+        "--no-report", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> str:
+    """1,200 files of 48 KB (58 MB), on disk, none of them in the page cache."""
+    root = tmp_path_factory.mktemp("files")
+    for index in range(1200):
+        path = root / f"{index:05d}.bin"
+        with open(path, "wb") as handle:
+            handle.write(os.urandom(48 * 1024))
+            handle.flush()
+            os.fsync(handle.fileno())
+    return str(root)
+
+
+def _cold(root: str) -> None:
+    for name in os.listdir(root):
+        drop(os.path.join(root, name))
+
+
+def _shares(summary: dict) -> dict[str, float]:
+    return {p["id"]: (p.get("loading") or {}).get("storage_share") for p in summary["probes"]
+            if p["status"] == "ok"}
+
+
+def test_data_that_fits_in_memory_is_measured_warm_the_cold_baseline_again(cli, run_dir, files):
+    _cold(files)
+    result = cli(["run", SCRIPT, "--out", run_dir, *LEAN], out=run_dir, env={"DATA": files})
+    assert result.returncode == 0, result.stderr
+    summary = result.summary()
+    cache = summary["search"]["cache"]
+    assert cache["requested"] == "auto" and cache["mode"] == "warm", cache
+    assert 50e6 < cache["epoch_bytes"] < 65e6  # 1,200 x 48 KB, from the bytes read per sample
+    first, *rest = summary["probes"]
+    shares = _shares(summary)
+    # the first launch read from storage: kept apart (kind "cache"), measured again warm
+    assert first["kind"] == "cache" and shares[first["id"]] > 0.9, shares
+    assert rest[0]["kind"] == "baseline" and summary["baseline"]["num_workers"] == 1
+    assert all(shares[p["id"]] < 0.25 for p in rest if p["status"] == "ok"), shares
+    assert cache["warmed"] and cache["warmed"][0]["files"] > 100
+    assert summary["recommended_probe"] != first["id"]
+
+
+def test_cold_reads_every_file_from_storage_in_every_probe(cli, run_dir, files):
+    # every probe reads the same first files of the epoch: without the regime, each after the
+    # first would read them from the page cache
+    _cold(files)
+    result = cli(["run", SCRIPT, "--out", run_dir, "--cache", "cold", *LEAN], out=run_dir,
+                 env={"DATA": files})
+    assert result.returncode == 0, result.stderr
+    summary = result.summary()
+    assert summary["search"]["cache"]["mode"] == "cold"
+    shares = _shares(summary)
+    assert summary["probes"][0]["kind"] == "baseline" and len(shares) >= 3, summary["probes"]
+    assert all(share > 0.9 for share in shares.values()), shares
+
+
+def test_an_invalid_cache_mode_is_a_usage_error(cli, run_dir):
+    result = cli(["run", SCRIPT, "--out", run_dir, "--cache", "tepid"], out=run_dir)
+    assert result.returncode == 2
+    assert "--cache" in result.stderr and "tepid" in result.stderr
