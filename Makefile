@@ -26,7 +26,7 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -q && apt-get install -y -q chromium; }
 
 test: setup browser
-	$(BIN)/ruff check ddp_profile tests benchmarks
+	$(BIN)/ruff check ddp_profile tests benchmarks docs
 	$(BIN)/python -m pytest -q --durations=15
 
 # The peers install beside the pinned CPU torch. Only loadtune requires torch (traceml-ai,

@@ -87,3 +87,23 @@ def test_report_command_rerenders_without_running(real_run, tmp_path):
     assert _probe_dirs(real_run) == before  # no probe ran
     with open(os.path.join(real_run, "ledger.jsonl"), encoding="utf-8") as handle:
         assert handle.read() == ledger
+
+
+def test_the_readme_picture_is_made_from_a_real_report(real_run, tmp_path):
+    import struct
+    import subprocess
+    import sys
+
+    png = str(tmp_path / "report.png")
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "screenshot.py")
+    result = subprocess.run([sys.executable, script, "--run", real_run, "--png", png],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    with open(png, "rb") as handle:
+        header = handle.read(24)
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", header[16:24]) == (1360, 1100)
+    assert os.path.getsize(png) > 50_000  # the page drawn, not a blank one
+    missing = subprocess.run([sys.executable, script, "--run", str(tmp_path), "--png", png],
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert missing.returncode != 0 and "no report.html" in missing.stderr
