@@ -3,6 +3,9 @@ with a twin of DDP's logging interface and with a real one-rank DDP."""
 
 from __future__ import annotations
 
+import multiprocessing
+
+import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -113,8 +116,9 @@ def test_nested_collective_is_counted_once():
     assert record["coll_n"] == 1
 
 
-def test_real_ddp_timers_reach_the_steps(tmp_path):
-    store = dist.FileStore(str(tmp_path / "store"), 1)
+def _real_ddp(store_path: str) -> None:
+    """One rank's DDP over gloo, metered (run in a fresh process: see the test)."""
+    store = dist.FileStore(store_path, 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         meter = CommMeter()
@@ -138,6 +142,19 @@ def test_real_ddp_timers_reach_the_steps(tmp_path):
         assert facts["backend_name"] == "gloo" and facts["comm_hook"] is None
     finally:
         dist.destroy_process_group()
+
+
+def test_real_ddp_timers_reach_the_steps(tmp_path):
+    # in a fresh process, with a deadline: a process group in the test runner's own process
+    # once hung there after a few hundred other tests, holding the whole suite
+    process = multiprocessing.get_context("spawn").Process(
+        target=_real_ddp, args=(str(tmp_path / "store"),))
+    process.start()
+    process.join(timeout=120)
+    if process.is_alive():
+        process.kill()
+        pytest.fail("a one-rank DDP did not finish within 120 s")
+    assert process.exitcode == 0  # an assertion that failed in it exits 1
 
 
 def test_a_gpu_ddp_is_timed_every_16th_iteration_so_the_host_can_run_ahead():
