@@ -24,12 +24,13 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 
 
 def fresh_run(out: str) -> str:
-    """Run the built-in workload with its defaults; its console output."""
+    """Run the built-in workload with its defaults; its console output (progress included)."""
     result = subprocess.run([sys.executable, "-m", "ddp_profile", "demo", "--out", out],
-                            capture_output=True, text=True, check=False)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            check=False)
     if result.returncode != 0:
         sys.exit(f"screenshot: the demo run failed ({result.returncode}): "
-                 f"{result.stderr.strip().splitlines()[-1:] or ''}")
+                 f"{result.stdout.strip().splitlines()[-1:] or ''}")
     return result.stdout
 
 
