@@ -337,10 +337,11 @@ def pct(share: float) -> str:
 
 
 def ms(seconds: float) -> str:
-    """A duration in ms, or in us where ms would read under "0.1 ms" (never "0.0 ms")."""
+    """A duration in ms, or in us where ms would read under "0.1 ms" (never "0.0 ms"); two
+    decimals under 1 ms, so that 0.10 and 0.15 ms read apart."""
     if abs(seconds) < 9.5e-5:
         return f"{1e6 * seconds:.0f} us"
-    return f"{1000 * seconds:.1f} ms"
+    return f"{1000 * seconds:.2f} ms" if abs(seconds) < 9.95e-4 else f"{1000 * seconds:.1f} ms"
 
 
 # ---- probes as the one chooser sees them --------------------------------------------------

@@ -193,7 +193,7 @@ def test_wait_bound_loading_cites_waiting_and_predicts_workers_past_the_cpus():
     assert cpu_bound_preprocessing(run, T) is None
     finding = io_bound_loading(run, T)
     assert finding is not None and finding.rule == "io-bound-loading"
-    assert "0.1 ms of CPU and 3.0 ms of waiting" in finding.evidence, finding.evidence
+    assert "0.10 ms of CPU and 3.0 ms of waiting" in finding.evidence, finding.evidence
     capacity = run.summary["capacity"]
     # 32 samples per 11 ms step: 2,909/s per rank need ceil(2909 * 3.1 ms) = 10 workers
     assert capacity["workers_for_demand"] == 10 > capacity["cpus_per_rank"]
@@ -209,7 +209,7 @@ def test_cpu_heavy_loading_on_saturated_cpus_is_cpu_bound_and_says_so():
            .loading(2.0, 0.1, runq_ms=6.0).build())
     assert io_bound_loading(run, T) is None
     finding = cpu_bound_preprocessing(run, T)
-    assert finding is not None and "2.0 ms of CPU and 0.1 ms of waiting" in finding.evidence
+    assert finding is not None and "2.0 ms of CPU and 0.10 ms of waiting" in finding.evidence
     assert ("with 8 worker(s) per rank, the producers also sat 6.0 ms per sample runnable, "
             "waiting for a CPU (74 % of their time): the CPUs were saturated"
             in finding.evidence), finding.evidence
