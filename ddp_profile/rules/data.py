@@ -12,6 +12,7 @@ import pandas as pd
 
 from ddp_profile.profiler.cache import IN_MEMORY_READ_B
 from ddp_profile.profiler.store.results import Run
+from ddp_profile.profiler.sweep.capacity import STORAGE_READ_BYTES
 from ddp_profile.rules.base import (
     Advice,
     Finding,
@@ -65,6 +66,25 @@ def _runnable_evidence(capacity: dict) -> str:
     return (f"; {where}, the producers also sat {ms(runq['per_sample_s'])} per sample "
             f"runnable, waiting for a CPU ({pct(runq['share'])} of their time): the CPUs "
             "were saturated (not counted as waiting)")
+
+
+def storage_evidence(run: Run, base: pd.Series) -> str:
+    """What the baseline's producers read per sample and how much of it came from storage
+    (MB/s from disk at the baseline's rate), where they read files ("" otherwise)."""
+    loading = probe_entry(run, base["id"]).get("loading") or {}
+    read, storage = loading.get("read_per_sample_bytes"), loading.get("storage_per_sample_bytes")
+    share = loading.get("storage_share")
+    if not (finite(read) and finite(share) and finite(storage)) or read < STORAGE_READ_BYTES:
+        return ""
+    text = f" The baseline's producers read {read / 1024:,.0f} KiB per sample, {pct(share)} " \
+           "of it from storage"
+    rate = base.get("throughput")
+    if share < 0.05 or not finite(rate):
+        return text + " (the rest from the page cache)."
+    wait = loading.get("wait_per_sample_s")
+    return (text + f": {storage * float(rate) / 1e6:,.1f} MB/s from storage at its "
+            f"{float(rate):,.0f} samples/s"
+            + (f", {ms(wait)} of blocked waiting per sample" if finite(wait) else "") + ".")
 
 
 def predicted_workers(capacity: dict) -> str:
@@ -306,7 +326,8 @@ def _cpu_bound_from_capacity(run: Run, base: pd.Series, capacity: dict,
         rule="cpu-bound-preprocessing", severity="high" if saturated else "medium",
         title=(f"Loading is CPU-bound: {what} limits it" if caveat else
                f"Loading is CPU-bound: {what}, not storage, limits it"),
-        evidence=f"Measured where the batches are made: {loading_evidence(capacity)}.{caveat}",
+        evidence=(f"Measured where the batches are made: {loading_evidence(capacity)}."
+                  + storage_evidence(run, base) + caveat),
         recommendation=f"More workers cannot help once the CPUs are full: {fix}.")
     if saturated:
         return finding
@@ -393,7 +414,7 @@ def _wait_bound_from_capacity(run: Run, base: pd.Series, capacity: dict,
         title="Loading waits (storage, network, latency), not the CPUs",
         evidence=(f"The baseline waits {pct(fraction)} of each step for data. Measured where "
                   f"the batches are made: {loading_evidence(capacity)}."
-                  + storage_caveat(run, base, thresholds)),
+                  + storage_evidence(run, base) + storage_caveat(run, base, thresholds)),
         recommendation=f"{overlap}. Or, {IO_FIX}.")
 
 

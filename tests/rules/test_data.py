@@ -323,3 +323,30 @@ def test_advice_follows_the_part_of_loading_that_costs():
     for entry in descheduled.summary["probes"]:
         entry["loading"]["collate_cpu_per_sample_s"] = 0.1e-3
     assert "preprocessing" in cpu_bound_preprocessing(descheduled, T).title
+
+
+def test_loading_findings_cite_what_was_read_from_storage_and_at_what_rate():
+    """Producers that read 128 KiB per sample from storage: the io-bound finding cites the
+    bytes, the share from storage and the MB/s it took at the baseline's rate; read warm, the
+    cpu-bound finding says the page cache served them; in memory, neither cites storage."""
+    def reading(cpu_ms: float, wait_ms: float, share: float):
+        builder = (RunBuilder(world_size=2, cpus=2)
+                   .probe("base", kind="baseline", num_workers=0)
+                   .steps(data_wait=0.05, compute=0.01).loading(cpu_ms, wait_ms))
+        builder.probes[-1]["loading"].update(read_per_sample_bytes=131072.0,
+                                             storage_per_sample_bytes=131072.0 * share,
+                                             storage_share=share)
+        return builder.build()
+
+    cold = reading(0.1, 3.0, 1.0)
+    rate = float(cold.probes.set_index("id").loc["base", "throughput"])
+    finding = io_bound_loading(cold, T)
+    assert finding is not None
+    assert ("The baseline's producers read 128 KiB per sample, 100 % of it from storage: "
+            f"{131072 * rate / 1e6:,.1f} MB/s from storage at its {rate:,.0f} samples/s, "
+            "3.0 ms of blocked waiting per sample.") in finding.evidence, finding.evidence
+    warm = cpu_bound_preprocessing(reading(3.0, 0.1, 0.0), T)
+    assert warm is not None
+    assert "128 KiB per sample, 0 % of it from storage (the rest from the page cache)." \
+        in warm.evidence, warm.evidence
+    assert "KiB per sample" not in io_bound_loading(loaded(cpu_ms=0.1, wait_ms=3.0), T).evidence
