@@ -21,10 +21,10 @@ from typing import Any, Callable, Iterable, Optional
 import pandas as pd
 
 from ddp_profile.profiler.cache import CACHE_MARGIN
-from ddp_profile.profiler.settings import SETTING_KEYS, LoaderSettings
+from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.probes import CHOICE_KINDS, data_wait_share
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.profiler.sweep.choose import Candidate, ChoiceThresholds
+from ddp_profile.profiler.sweep.choose import Candidate, ChoiceThresholds, candidate_of
 
 SEVERITIES = ("high", "medium", "low")
 
@@ -388,13 +388,18 @@ def relative_error(run: Run, probe_id: str) -> float:
 
 
 def candidate(run: Run, probe: pd.Series) -> Candidate:
-    """A probe row as the one chooser (``profiler.sweep.choose``) sees it."""
+    """A probe row as the one chooser (``profiler.sweep.choose``) sees it: its summary.json
+    entry built by the chooser's own ``candidate_of``, completed from the run's tables where a
+    run recorded before a field was kept lacks it (the standard error from the per-step
+    times; the data-wait share from the steps)."""
+    entry = {**probe_entry(run, probe["id"]), "id": probe["id"],
+             "config": config_of(probe), "throughput": probe["throughput"],
+             "kind": probe.get("kind") or "sweep", "short": is_short(probe),
+             "launch": launch_of(probe), "throughput_rse": relative_error(run, probe["id"])}
     waited = data_wait(run, probe)
-    return Candidate(id=str(probe["id"]), config=LoaderSettings.from_dict(config_of(probe)),
-                     throughput=float(probe["throughput"]), rse=relative_error(run, probe["id"]),
-                     data_wait_fraction=waited[0] if waited is not None else None,
-                     kind=str(probe.get("kind") or "sweep"), short=is_short(probe),
-                     launch=launch_of(probe))
+    entry.update(gpu_starved_fraction=None,
+                 data_wait_fraction=waited[0] if waited is not None else None)
+    return candidate_of(entry)
 
 
 def launch_of(probe: pd.Series) -> str:
