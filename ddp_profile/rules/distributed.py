@@ -23,6 +23,7 @@ from ddp_profile.rules.base import (
     ok_probes,
     pct,
     probe_context,
+    probe_entry,
     probe_steps,
     world_size,
 )
@@ -93,6 +94,15 @@ def straggler(run: Run, thresholds: Thresholds) -> Optional[Finding]:
         floor = max(thresholds.straggler_min_s, thresholds.straggler_excess_share * step_median)
         if share >= thresholds.straggler_steps_share and excess >= floor:
             finding = _straggler_finding(rank, share, excess, step_median, where, thresholds)
+            cold = _colder_rank(run, probe, rank, excess, thresholds)
+            if cold:
+                return replace(
+                    finding, severity="low",
+                    title=f"Rank {rank} lags reading from storage, not for a reason of its own",
+                    evidence=finding.evidence + f" {cold}: the cache state explains the lag.",
+                    recommendation=("Measure every rank in one cache state (--cache cold or "
+                                    f"--cache warm); if rank {rank} still lags: "
+                                    + finding.recommendation))
             if baseline_oversubscribed(run, thresholds):
                 finding = replace(
                     finding, severity="low", title=f"Rank {rank} lags on oversubscribed CPUs",
@@ -105,6 +115,29 @@ def straggler(run: Run, thresholds: Thresholds) -> Optional[Finding]:
                                     f"{rank} still lags: {finding.recommendation}"))
             return finding
     return None
+
+
+def _colder_rank(run: Run, probe: pd.Series, rank: int, excess: float,
+                 thresholds: Thresholds) -> Optional[str]:
+    """Why a lagging rank's lag is its cache state, or None: its producers read from storage
+    a share of their bytes ``cache_margin`` above the other ranks' median (the rest came from
+    the page cache), and it waited for data at least half its lag longer than they did."""
+    shares = ((probe_entry(run, probe["id"]).get("loading") or {})
+              .get("storage_share_by_rank") or {})
+    mine = shares.get(str(rank))
+    others = [float(v) for k, v in shares.items() if k != str(rank) and v is not None]
+    if mine is None or not others:
+        return None
+    rest = float(pd.Series(others).median())
+    waits = _per_rank_table(probe_steps(run, probe["id"]), "data_wait_s")
+    if float(mine) - rest < thresholds.cache_margin or rank not in waits:
+        return None
+    waited = float((waits[rank] - waits.drop(columns=[rank]).median(axis=1)).median())
+    if waited < 0.5 * excess:
+        return None
+    return (f"Its loading read {pct(float(mine))} of its bytes from storage, the other ranks' "
+            f"{pct(rest)} (the rest from the page cache), and it waited {ms(waited)}/step "
+            "longer for data")
 
 
 def _straggler_finding(rank: int, share: float, excess: float, step_median: float,

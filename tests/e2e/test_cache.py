@@ -69,6 +69,9 @@ def test_cold_reads_every_file_from_storage_in_every_probe(cli, run_dir, files):
     shares = _shares(summary)
     assert summary["probes"][0]["kind"] == "baseline" and len(shares) >= 3, summary["probes"]
     assert all(share > 0.9 for share in shares.values()), shares
+    by_rank = [p["loading"]["storage_share_by_rank"] for p in summary["probes"]
+               if p["status"] == "ok"]  # each rank's producers, alike: no rank read warm
+    assert all(set(b) == {"0", "1"} and min(b.values()) > 0.9 for b in by_rank), by_rank
 
 
 def test_an_invalid_cache_mode_is_a_usage_error(cli, run_dir):

@@ -271,3 +271,34 @@ def test_distributed_rules_cope_with_empty_run():
     for rule in (straggler, missing_distributed_sampler, missing_set_epoch, data_parallel,
                  backend_mismatch, find_unused_parameters, no_ddp):
         assert rule(empty_run(), T) is None
+
+
+def test_a_rank_that_read_from_storage_while_the_others_hit_the_page_cache_is_not_a_straggler():
+    """Rank 1 waits 20 ms longer for data each step, and its producers read 100 % of their
+    bytes from storage against rank 0's 0 %: the cache state explains the lag (low, and it
+    says so). The same lag with both ranks reading alike stays a straggler; so does a lag in
+    forward, whatever the cache did."""
+    def wait(rank: int, step: int) -> float:
+        return 0.005 + (0.02 if rank == 1 else 0.0)
+
+    def run(shares: dict, slow_forward: bool = False):
+        builder = (RunBuilder(world_size=2)
+                   .probe("p", kind="baseline", num_workers=0)
+                   .steps(n=20, warmup=2, compute=0.07,
+                          data_wait=0.005 if slow_forward else wait,
+                          forward=(lambda r, s: 0.02 + (0.02 if r == 1 else 0.0))
+                          if slow_forward else 0.02)
+                   .loading(0.1, 3.0))
+        builder.probes[-1]["loading"]["storage_share_by_rank"] = shares
+        return builder.build()
+
+    cold = straggler(run({"0": 0.0, "1": 1.0}), T)
+    assert cold is not None and cold.severity == "low" and cold.ranks == (1,)
+    assert "not for a reason of its own" in cold.title
+    assert ("read 100 % of its bytes from storage, the other ranks' 0 % (the rest from the "
+            "page cache), and it waited 20.0 ms/step longer for data") in cold.evidence
+    assert cold.recommendation.startswith("Measure every rank in one cache state")
+    alike = straggler(run({"0": 1.0, "1": 1.0}), T)
+    assert alike is not None and alike.title == "Rank 1 is a straggler"
+    forward = straggler(run({"0": 0.0, "1": 1.0}, slow_forward=True), T)
+    assert forward is not None and forward.title == "Rank 1 is a straggler"

@@ -162,6 +162,8 @@ def _ranks_per_host(ranks: list[RankData]) -> Optional[int]:
     """The most ranks that ran on one host, as observed (contexts' hostnames)."""
     hosts = [r.context.get("hostname") for r in ranks if r.context.get("hostname")]
     return max(hosts.count(h) for h in set(hosts)) if hosts else None
+
+
 def _loading(ranks: list[RankData]) -> dict[str, Any]:
     """``loading``: what producing the training loader's samples cost (see
     ``sweep.capacity``), and ``loop_demand``: the loop's samples/s with free data."""
@@ -179,6 +181,11 @@ def _loading(ranks: list[RankData]) -> dict[str, Any]:
     loading = cost.to_dict() if cost else None
     if loading is not None:
         loading.update(_pinning(ranks))
+        shares = {str(data.rank): round(one.storage_share, 4)
+                  for data, group in zip(ranks, groups)
+                  if (one := loading_cost([group])) is not None and one.storage_share is not None}
+        if len(shares) >= 2:  # which rank read from storage, which from the page cache
+            loading["storage_share_by_rank"] = shares
     return {"loading": loading,
             "loop_demand": loop_demand(d.training_steps() for d in ranks)}
 
