@@ -11,7 +11,8 @@ A workload has one known cause; what a tool said about it scores
 * ``right``: it named the known cause and nothing that contradicts it;
 * ``partial``: it named only a true but generic description (``CONSISTENT``): a loading
   problem without telling waiting from CPU work on a loading workload, or "compute-bound" on
-  a workload whose loop does not wait for data (threads, a straggler, unsharded data);
+  a workload whose loop does not wait for data (threads, a straggler, unsharded data, an
+  exposed all-reduce);
 * ``wrong``: it named any other cause (with or without the right one);
 * ``nothing``: it named no cause;
 * ``n/a``: the tool does not apply (e.g. loadtune has one process: no straggler, no sharding).
@@ -24,11 +25,11 @@ import re
 from typing import Iterable, Optional
 
 CAUSES = ("loading_wait", "loading_cpu", "loading", "compute", "threads", "straggler",
-          "unsharded", "no_ddp", "other")
+          "unsharded", "no_ddp", "comm", "other")
 # known cause -> the generic descriptions that are true of such a workload without naming it
 CONSISTENT = {"loading_wait": ("loading",), "loading_cpu": ("loading",),
               "threads": ("compute",), "straggler": ("compute",), "unsharded": ("compute",),
-              "no_ddp": ("compute",)}
+              "no_ddp": ("compute",), "comm": ("compute",)}
 
 # tool -> verdict -> cause (None: the verdict names no cause)
 VOCABULARY: dict[str, dict[str, Optional[str]]] = {
@@ -41,7 +42,9 @@ VOCABULARY: dict[str, dict[str, Optional[str]]] = {
         "frequent-io": "other", "pin-memory": "other", "batch-size-headroom": "other",
         "low-gpu-utilization": "other", "missing-set-epoch": "other",
         "data-parallel": "other", "backend-mismatch": "other",
-        "find-unused-parameters": None,
+        "find-unused-parameters": None, "exposed-communication": "comm",
+        "allreduce-per-micro-batch": "comm", "per-step-collectives": "comm",
+        "sync-batchnorm": "comm",
     },
     "traceml": {  # its diagnosis kinds; the observations (CPU, memory, residual) name none
         "INPUT_BOUND": "loading", "INPUT_STRAGGLER": "straggler",

@@ -78,6 +78,11 @@ WORKLOADS = {  # name -> script arguments, the known cause, whether its loading 
                   "tune": False},
     "unsharded": {"args": ["--unsharded", "--hidden", "256"], "cause": "unsharded",
                   "tune": False},
+    # a wide model on small batches: 4 x 2048 x 2048 weights, 67 MB of gradients all-reduced
+    # every step, 8 samples per rank: the all-reduce backward cannot cover bounds the step
+    "comm_bound": {"args": ["--features", "2048", "--hidden", "2048", "--layers", "4",
+                            "--batch-size", "8", "--samples", "4096"], "cause": "comm",
+                   "tune": False},
 }
 
 

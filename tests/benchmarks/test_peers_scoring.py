@@ -4,6 +4,7 @@ causes, scored against the workload's known cause, and the head-to-head quality 
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import pytest
@@ -58,9 +59,25 @@ def test_loadtune_narrative_gives_one_verdict(narrative, verdict):
     (["straggler", "compute"], "straggler", "right"),  # the loop does not wait for data: true
     (["compute"], "threads", "partial"),  # true of oversubscribed ranks, but not the cause
     (["unsharded", "compute"], "unsharded", "right"),
+    (["comm", "compute"], "comm", "right"),  # the exposed all-reduce, on a loop not waiting
+    (["compute"], "comm", "partial"),  # true, but the all-reduce is what bounds the step
+    (["loading"], "comm", "wrong"),
 ])
 def test_score(named, known, expected):
     assert _verdicts.score(named, known) == expected
+
+
+def test_every_ddp_profile_rule_has_a_cause_in_the_vocabulary():
+    """A rule added without its entry would score as "other" (wrong) on every workload."""
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "ddp_profile", "rules")
+    names = set()
+    for name in os.listdir(root):
+        if name.endswith(".py"):
+            with open(os.path.join(root, name)) as handle:
+                names |= set(re.findall(r'rule="([a-z-]+)"', handle.read()))
+    assert names and names <= set(_verdicts.VOCABULARY["ddp_profile"]), \
+        sorted(names - set(_verdicts.VOCABULARY["ddp_profile"]))
+    assert _verdicts.causes("ddp_profile", ["exposed-communication"]) == ["comm"]
 
 
 def test_unknown_verdicts_count_as_another_cause_and_neutral_ones_as_none():
