@@ -118,7 +118,7 @@ def ddp_profile(workload: dict, nproc: int, steps: int, warmup: int) -> dict:
                                             else []), "--steps", "100000"]
         cmd = [sys.executable, "-m", "ddp_profile", "run", SCRIPT, *launch, "--steps",
                str(steps), "--warmup", str(warmup), "--no-report", "--quiet", "--out", out,
-               "--", *script_args]
+               *workload.get("ddp_profile_args", []), "--", *script_args]
         code, tail, wall = _run(cmd, work, 1800)
         path = os.path.join(out, "summary.json")
         if not os.path.exists(path):

@@ -18,6 +18,13 @@ cause), each handed over as the tool needs it:
   the ranks' samples gathered and ``analyze_distributed`` run, as its README shows) under
   torchrun; the report rank 0 prints (``render_findings`` per rank, the rank-skew check) read.
 
+The file-backed workloads read one file per sample (4,096 files of 128 KiB, written once
+under the temporary directory and synced to disk): ``files_cold`` as a job whose data does not
+fit in the page cache reads them (every file dropped from the page cache,
+``posix_fadvise(DONTNEED)``, before every launch of every tool and of the head to head;
+ddp-profile is told ``--cache cold``, as such a job's run decides by itself), ``files_warm``
+as a job that reads them from the page cache (every file read once before every launch).
+
 The SDK peers run 2 ranks under torchrun; the in-place workload (``threads``) keeps torch's
 default thread count there (``OMP_NUM_THREADS`` = all CPUs), as its ranks have it in place.
 
@@ -53,6 +60,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -84,6 +92,45 @@ WORKLOADS = {  # name -> script arguments, the known cause, whether its loading 
                             "--batch-size", "8", "--samples", "4096"], "cause": "comm",
                    "tune": False},
 }
+FILES_DIR = os.path.join(tempfile.gettempdir(), "ddp-profile-peers-files")
+FILES, FILE_BYTES = 4096, 128 * 1024
+WORKLOADS.update({  # one file per sample, read in one page-cache state (see the docstring)
+    "files_cold": {"args": ["--files", FILES_DIR], "cause": "loading_wait", "tune": True,
+                   "cache": "cold", "ddp_profile_args": ["--cache", "cold"]},
+    "files_warm": {"args": ["--files", FILES_DIR], "cause": "loading_cpu", "tune": True,
+                   "cache": "warm"},
+})
+
+
+def ensure_files() -> None:
+    """The file-backed workloads' files, written once and synced (dirty pages cannot be
+    dropped from the page cache)."""
+    os.makedirs(FILES_DIR, exist_ok=True)
+    for index in range(FILES):
+        path = os.path.join(FILES_DIR, f"{index:05d}.bin")
+        if os.path.exists(path) and os.path.getsize(path) == FILE_BYTES:
+            continue
+        with open(path, "wb") as handle:
+            handle.write(os.urandom(FILE_BYTES))
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+def set_cache(workload: dict) -> None:
+    """Put a file-backed workload's files in its page-cache state before a launch."""
+    state = workload.get("cache")
+    if state is None:
+        return
+    from ddp_profile.profiler.rank.pagecache import drop
+
+    for name in os.listdir(FILES_DIR):
+        path = os.path.join(FILES_DIR, name)
+        if state == "cold":
+            drop(path)
+        else:
+            with open(path, "rb") as handle:
+                while handle.read(1 << 20):
+                    pass
 
 
 def versions() -> dict:
@@ -101,6 +148,7 @@ def head_to_head(workload: dict, configs: dict[str, dict], nproc: int, reps: int
     results: dict[str, list[float]] = {label: [] for label in labels}
     for rep in range(reps):
         for label in (labels if rep % 2 == 0 else labels[::-1]):
+            set_cache(workload)
             value = tools.measure_config(workload["args"], configs[label], nproc, steps)
             if value:
                 results[label].append(value)
@@ -112,8 +160,10 @@ def recommendation_row(name: str, workload: dict, nproc: int, opts: argparse.Nam
     """Each tool's answer on one workload, then every answer and the grid head to head."""
     answers = {}
     if have["ddp_profile"]:
+        set_cache(workload)
         answers["ddp_profile"] = tools.ddp_profile(workload, nproc, opts.steps, opts.warmup)
     if nproc == 1 and have["loadtune"]:
+        set_cache(workload)
         answers["loadtune"] = tools.loadtune(workload, opts.steps, opts.warmup)
     configs = {f"workers={w}": {"num_workers": w} for w in WIDE_GRID}
     chosen = {}
@@ -160,6 +210,8 @@ def diagnosis_row(name: str, workload: dict, opts: argparse.Namespace, have: dic
     cause = workload["cause"]
     cells = {}
     if have["ddp_profile"]:
+        if not known.get("ddp_profile"):
+            set_cache(workload)
         dp = known.get("ddp_profile") or tools.ddp_profile(workload, 2, opts.steps, opts.warmup)
         cells["ddp_profile"] = _verdicts.diagnosis_row("ddp_profile", dp.get("verdicts"), cause,
                                                        dp["status"])
@@ -170,6 +222,7 @@ def diagnosis_row(name: str, workload: dict, opts: argparse.Namespace, have: dic
             lt["status"] if lt else "n/a")
     for tool, runner in SDK_RUNNERS.items():
         if have[tool]:
+            set_cache(workload)
             answer = runner(workload, opts.diag_steps)
             cells[tool] = _verdicts.diagnosis_row(tool, answer.get("verdicts"), cause,
                                                   answer["status"])
@@ -226,6 +279,8 @@ def main(argv: list[str] | None = None) -> dict:
             for tool, dist in PEERS.items()}
     have["ddp_profile"] = "ddp_profile" in opts.tools
     info = _bench.machine()
+    if any(WORKLOADS[name].get("cache") for name in opts.workloads):
+        ensure_files()
     recommendation, diagnosis = [], []
     for name in opts.workloads:
         workload = WORKLOADS[name]

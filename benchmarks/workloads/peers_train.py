@@ -6,6 +6,9 @@ The costs are parameters, so every peer gets the same dataset and model:
   (CPU-bound loading), ``--hidden``/``--layers``/``--batch-size`` (compute);
 * ``--straggle-ms``: rank 1 sleeps this long in every step (a straggling rank);
 * ``--unsharded``: no DistributedSampler, every rank reads the same samples;
+* ``--files DIR``: one file per sample read with ``open().read()`` (the first ``--features``
+  x 4 bytes become the sample), as image scripts read theirs; the dataset's length is the
+  number of files;
 * ``--spawn N``: started without a launcher, the script starts N ranks itself
   (``torch.multiprocessing.spawn``, as a PyTorchJob or srun starts them in place): nobody sets
   ``OMP_NUM_THREADS``, so each rank sizes torch's thread pool to the whole machine.
@@ -60,6 +63,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     add("--straggle-ms", type=float, default=0.0, help="rank 1 sleeps this long per step")
     add("--unsharded", action="store_true", help="no DistributedSampler")
+    add("--files", default="", help="a folder of one file per sample")
     add("--spawn", type=int, default=0, help="start this many ranks in place")
     add("--traceml", action="store_true", help="traceml-ai's two lines")
     add("--fournex", action="store_true", help="fournex's SDK lines")
@@ -82,7 +86,27 @@ def build(args: argparse.Namespace, world: int, rank: int):
     return loader, sampler, make_model(args)
 
 
-def make_dataset(args: argparse.Namespace) -> SyntheticDataset:
+class FileDataset(torch.utils.data.Dataset):
+    """One file per sample, read whole each time it is fetched."""
+
+    def __init__(self, root: str, features: int):
+        self.paths = sorted(os.path.join(root, name) for name in os.listdir(root))
+        self.features = features
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int):
+        with open(self.paths[index], "rb") as handle:
+            raw = handle.read()
+        x = torch.frombuffer(bytearray(raw[:4 * self.features]), dtype=torch.uint8).float()
+        x = x.view(self.features, 4).mean(dim=1) / 255.0
+        return x, index % 2
+
+
+def make_dataset(args: argparse.Namespace):
+    if args.files:
+        return FileDataset(args.files, args.features)
     return SyntheticDataset(args.samples, args.features, args.load_ms, args.cpu_ms)
 
 

@@ -14,6 +14,7 @@ from ddp_profile.profiler.settings import GRADIENT_SYNC
 from ddp_profile.profiler.store.probes import Kind
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.profiler.sweep.choose import Candidate, better, not_worse, pool, sync_share
+from ddp_profile.profiler.sweep.communication import one_bucket
 from ddp_profile.rules.base import (
     Advice,
     Finding,
@@ -113,7 +114,7 @@ def exposed_communication(run: Run, thresholds: Thresholds) -> Optional[Finding]
     measured, tried = _ddp_counterfactuals(run, base, thresholds)
     untried = [f"DDP(..., bucket_cap_mb=...) larger than "
                f"{(comm.get('bucket_cap_bytes') or 25 * 2 ** 20) / 2 ** 20:.0f}"
-               if "bucket_cap_mb" not in tried else "",
+               if "bucket_cap_mb" not in tried and not one_bucket(comm) else "",
                "gradient_as_bucket_view=True" if "gradient_as_bucket_view" not in tried
                and not comm.get("gradient_as_bucket_view") else "",
                "a compression hook (fp16_compress_hook: changes numerics)"]
@@ -178,15 +179,24 @@ def _ddp_counterfactuals(run: Run, base: Any, thresholds: Thresholds) -> tuple[s
     baseline, and the option names they tried."""
     parts, tried = [], set()
     theirs, name = reference(run, base)
+    unsynced = _unsynced_probe(run)
+    bound = candidate(run, unsynced) if unsynced is not None else None
     for options, probe in latest_ddp_probes(run).values():
         if not options or GRADIENT_SYNC in options or not theirs.throughput > 0:
             continue
         tried.update(options)
         mine = candidate(run, probe)
         ratio = float(probe["throughput"] / theirs.throughput)
-        verdict = ("faster beyond noise: use DDP(model, ..., " + options_text(options) + ")"
-                   if better(mine, theirs, thresholds) else
-                   "within noise" if not_worse(mine, theirs, thresholds) else "slower")
+        if bound is not None and better(mine, bound, thresholds):
+            # an option can only save part of what synchronising costs: faster than the step
+            # without any synchronisation is the launches' variance, not the option
+            verdict = (f"faster even than without any synchronisation (probe "
+                       f"{unsynced['id']}): the launches vary more than the option could "
+                       "change; not established")
+        elif better(mine, theirs, thresholds):
+            verdict = "faster beyond noise: use DDP(model, ..., " + options_text(options) + ")"
+        else:
+            verdict = "within noise" if not_worse(mine, theirs, thresholds) else "slower"
         parts.append(f"{options_text(options)} ran {ratio:.2f}x (probe {probe['id']}, "
                      f"{verdict})")
     if not parts:

@@ -204,3 +204,34 @@ def test_ddp_options_are_judged_against_the_baseline_pooled_with_its_twin():
     assert "bucket_cap_mb=100 ran 1.13x (probe cap, faster beyond noise" in alone
     pooled = exposed_communication(run(1.15), T).advice.extra
     assert "(probes base and twin, pooled)" in pooled and "(probe cap, within noise)" in pooled
+
+
+def test_an_option_faster_than_no_synchronisation_at_all_is_never_advised():
+    """A real run (17 KB of gradients, one bucket): bucket_cap_mb=100 measured 1.54x, the step
+    without any synchronisation 1.25x. An option can only save part of what synchronising
+    costs: the figure is the launches' variance, and the finding never tells to use it."""
+    builder = (RunBuilder(world_size=2)
+               .probe("base", kind="baseline", num_workers=0, batch_size=8, entry=comm(0.03))
+               .steps(compute=0.1, jitter=0.01)
+               .probe("nosync", kind="ddp", num_workers=0, batch_size=8,
+                      entry={"ddp_options": {"gradient_sync": False}})
+               .steps(compute=0.1 / 1.25, jitter=0.01, seed=1)
+               .probe("cap", kind="ddp", num_workers=0, batch_size=8,
+                      entry={"ddp_options": {"bucket_cap_mb": 100}})
+               .steps(compute=0.1 / 1.54, jitter=0.01, seed=2))
+    extra = exposed_communication(builder.build(), T).advice.extra
+    assert "bucket_cap_mb=100 ran 1.46x" in extra and "use DDP(model" not in extra, extra
+    assert "faster even than without any synchronisation (probe nosync)" in extra
+    assert "not established" in extra
+
+
+def test_a_larger_bucket_cap_is_neither_tried_nor_suggested_for_one_bucket():
+    from ddp_profile.profiler.sweep.communication import ddp_counterfactuals
+
+    one = comm(0.03, buckets=1, modules=1)["comm"]
+    assert ddp_counterfactuals({"comm": one}) == [{"gradient_as_bucket_view": True}]
+    run = run_with({**comm(0.03, buckets=1, modules=1)}, larger=2.0)
+    extra = exposed_communication(run, T).advice.extra
+    assert "bucket_cap_mb" not in extra and "gradient_as_bucket_view=True" in extra, extra
+    run = run_with(comm(0.03), larger=2.0)  # 3 buckets: a larger cap is worth measuring
+    assert "bucket_cap_mb=...) larger than 25" in exposed_communication(run, T).advice.extra

@@ -31,18 +31,28 @@ def ddp_counterfactuals(baseline: Entry) -> list[dict[str, Any]]:
     buckets can overlap less), and ``gradient_as_bucket_view=True`` (gradients are views into
     the buckets: no copy in and out) where the script leaves it off, and
     ``find_unused_parameters=False`` where the script sets it and DDP found no unused
-    parameter (it then searches the autograd graph every step for nothing). Compression hooks
-    are not tried: they change numerics, and registering one would make the script's own
-    ``register_comm_hook`` fail."""
+    parameter (it then searches the autograd graph every step for nothing). No larger cap
+    where each DDP module's gradients already fit in one bucket (``one_bucket``): it would
+    change nothing but the launch, and its figure would be noise read as an effect.
+    Compression hooks are not tried: they change numerics, and registering one would make the
+    script's own ``register_comm_hook`` fail."""
     comm = baseline.get("comm") or {}
     cap = comm.get("bucket_cap_bytes")
     cap_mb = cap / 2 ** 20 if cap else DEFAULT_BUCKET_CAP_MB
-    options: list[dict[str, Any]] = [{"bucket_cap_mb": int(round(4 * cap_mb))}]
+    options: list[dict[str, Any]] = [] if one_bucket(comm) else [
+        {"bucket_cap_mb": int(round(4 * cap_mb))}]
     if not comm.get("gradient_as_bucket_view"):
         options.append({"gradient_as_bucket_view": True})
     if comm.get("find_unused_parameters") and comm.get("unused_parameter_size") == 0:
         options.append({"find_unused_parameters": False})
     return options
+
+
+def one_bucket(comm: dict[str, Any]) -> bool:
+    """Every DDP module's gradients travel in one bucket (the summary's ``comm``: ``buckets``
+    against ``modules``): a larger bucket cap cannot change the all-reduces."""
+    buckets, modules = comm.get("buckets"), comm.get("modules") or 1
+    return isinstance(buckets, int) and buckets <= modules
 
 
 def measure(search: Any, larger_batches: bool = True) -> None:
