@@ -72,9 +72,10 @@ class RunBuilder:
     def steps(self, n: int = 20, data_wait: Value = 0.01, compute: Value = 0.05,
               other: Value = 0.001, forward: Value = None, samples: Optional[int] = None,
               warmup: int = 0, jitter: float = 0.0, seed: int = 0,
-              loader_id: int = 0, gpu_gap: Value = None) -> "RunBuilder":
+              loader_id: int = 0, gpu_gap: Value = None, runq: Value = None) -> "RunBuilder":
         """Warm-up steps then ``n`` measured steps on every rank; ``jitter`` scales compute;
-        ``gpu_gap``: each step's GPU gap (CUDA events), none by default."""
+        ``gpu_gap``: each step's GPU gap (CUDA events), none by default; ``runq``: the time
+        each step's loop sat runnable without a CPU, unknown by default."""
         rng = np.random.default_rng(seed)
         batch = samples or self.probes[-1]["batch_size"] or 1
         for rank in range(self.world_size):
@@ -89,7 +90,8 @@ class RunBuilder:
                     "data_wait_s": wait, "compute_s": comp, "other_s": oth,
                     "forward_s": float("nan") if fwd is None else fwd,
                     "step_s": wait + comp + oth, "samples": batch,
-                    "gpu_gap_s": float("nan") if gpu_gap is None else _at(gpu_gap, rank, step)})
+                    "gpu_gap_s": float("nan") if gpu_gap is None else _at(gpu_gap, rank, step),
+                    "runq_s": float("nan") if runq is None else _at(runq, rank, step)})
                 t += wait + comp + oth
         return self
 

@@ -302,3 +302,27 @@ def test_a_rank_that_read_from_storage_while_the_others_hit_the_page_cache_is_no
     assert alike is not None and alike.title == "Rank 1 is a straggler"
     forward = straggler(run({"0": 0.0, "1": 1.0}, slow_forward=True), T)
     assert forward is not None and forward.title == "Rank 1 is a straggler"
+
+
+def test_a_rank_whose_loop_waited_for_a_cpu_is_not_a_straggler():
+    """A symmetric script on 2 CPUs (a real run: rank 0 behind by 1.5 ms a step): rank 0's
+    loop sat runnable without a CPU for most of its lag, another process held its CPU. The
+    finding is low and names the contention; the same lag without run-queue time stays a
+    straggler; so does one whose run-queue time is too small to explain it."""
+    def forward(rank: int, step: int) -> float:
+        return 0.02 + (0.02 if rank == 0 else 0.0)
+
+    def run(runq_0: float):
+        return (RunBuilder(world_size=2).probe("p", kind="baseline", num_workers=0)
+                .steps(n=20, warmup=2, compute=0.07, forward=forward,
+                       runq=lambda r, s: runq_0 if r == 0 else 0.001).build())
+
+    busy = straggler(run(0.016), T)
+    assert busy is not None and busy.severity == "low" and busy.ranks == (0,)
+    assert busy.title == "Rank 0 lags waiting for a CPU, not for a reason of its own"
+    assert "sat runnable, waiting for a CPU, 15.0 ms/step longer than the other ranks'" \
+        in busy.evidence and "CPU contention explains the lag" in busy.evidence
+    own = straggler(run(0.001), T)
+    assert own is not None and own.title == "Rank 0 is a straggler"
+    little = straggler(run(0.006), T)  # 5 ms of a 20 ms lag
+    assert little is not None and little.title == "Rank 0 is a straggler"

@@ -68,6 +68,7 @@ from ddp_profile.profiler.settings import (
 from ddp_profile.profiler.store.record import RankRecorder
 
 FLUSH_INTERVAL_S = 0.5
+RUNQ = loadcost.RunQueueClock()  # the training thread's time runnable, waiting for a CPU
 STOP_BARRIER_TIMEOUT_S = 60.0
 GPU_LOOKUP_BATCHES = 16  # look this many batches for the script's first use of CUDA
 
@@ -186,7 +187,8 @@ class Instrumentation:
         loader_id = state["loader_id"]
         clock = self.clocks.get(loader_id)
         if clock is None:
-            clock = self.clocks[loader_id] = StepClock(loader_id, self._warmup_for(state))
+            clock = self.clocks[loader_id] = StepClock(loader_id, self._warmup_for(state),
+                                                       runq=RUNQ)
             self._steps[loader_id] = self._steps_for(state)
         record = clock.next_called()
         if record is not None:

@@ -9,6 +9,9 @@ A training step ``k`` of one DataLoader is split at four boundaries::
 an optimizer (or a batch without a step, as in gradient accumulation) counts the whole host time
 after the batch as compute and ``other_s`` is zero. Each step record is emitted when the next
 ``__next__`` call closes it, so the last batch of a script that ends on its own is not recorded.
+With a ``runq`` counter (the thread's nanoseconds runnable without a CPU, ``loadcost.
+RunQueueClock``), each record also carries ``runq_s``: the time the loop's thread sat on a run
+queue during the step, whoever held its CPU.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ class StepClock:
     """Timing state of one DataLoader: feed it the boundary events, get step records back."""
 
     def __init__(self, loader_id: int, warmup: int, clock: Clock = time.perf_counter_ns,
-                 wall: Clock = time.time_ns):
+                 wall: Clock = time.time_ns, runq: Optional[Callable[[], Optional[int]]] = None):
         self.loader_id = loader_id
         self.warmup = warmup
         self.steps_closed = 0
@@ -37,6 +40,8 @@ class StepClock:
         self._loader_start = False
         self._iter_start_s: Optional[float] = None
         self.measured_steps = 0
+        self._runq = runq
+        self._runq_called: Optional[int] = None
 
     @property
     def in_step(self) -> bool:
@@ -46,8 +51,11 @@ class StepClock:
     def next_called(self) -> Optional[dict[str, Any]]:
         """``__next__`` was entered: close the open step (returned) and start the data wait."""
         now = self._clock()
+        runq = self._runq() if self._runq is not None else None
         record = self._close(now) if self._returned is not None else None
-        self._called = now
+        if record is not None and runq is not None and self._runq_called is not None:
+            record["runq_s"] = (runq - self._runq_called) / 1e9
+        self._called, self._runq_called = now, runq
         return record
 
     def exhausted(self) -> None:

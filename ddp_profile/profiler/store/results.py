@@ -43,7 +43,8 @@ from ddp_profile.profiler.store.record import WORKER_DIR, read_jsonl
 
 STEP_COLUMNS = ["probe_id", "rank", "node", "loader_id", "step", "measured", "t_s",
                 "data_wait_s", "compute_s", "other_s", "forward_s", "step_s", "samples",
-                "gpu_busy_s", "gpu_gap_s", "comm_s", "coll_s", "coll_n", "syncs"]
+                "gpu_busy_s", "gpu_gap_s", "comm_s", "coll_s", "coll_n", "syncs",
+                "runq_s"]
 PROBE_COLUMNS = ["id", "kind", "status", *SETTING_KEYS, "throughput", "data_wait_fraction",
                  "gpu_idle_fraction", "gpu_starved_fraction", "comm_fraction", "score", "wall_s",
                  "error", "root_cause_rank", "steps_measured", "short", "short_reason", "launch"]
@@ -264,7 +265,8 @@ def _rank_rows(probe_id: str, data: RankData, out: dict[str, list]) -> None:
             "samples": step.get("samples") or 0,
             "gpu_busy_s": _nan(gpu.get("gpu_busy_s")), "gpu_gap_s": _nan(gpu.get("gpu_gap_s")),
             "comm_s": _nan(timed.get("exposed_s")), "coll_s": float(step.get("coll_s") or 0.0),
-            "coll_n": int(step.get("coll_n") or 0), "syncs": _nan(step.get("syncs"))})
+            "coll_n": int(step.get("coll_n") or 0), "syncs": _nan(step.get("syncs")),
+            "runq_s": _nan(step.get("runq_s"))})
     for sample in data.samples:
         row = {k: v for k, v in sample.items() if k not in ("kind", "t_ns", "rank")}
         row.update(probe_id=probe_id, rank=data.rank, node=node,

@@ -123,3 +123,16 @@ def test_a_step_that_starts_a_new_pass_over_the_loader_is_flagged_and_measured(c
     after = step_clock.next_called()
     assert after["measured"] and "loader_start" not in after and "iter_start_s" not in after
     assert step_clock.measured_steps == 3
+
+
+def test_each_step_carries_the_time_its_thread_sat_runnable_without_a_cpu(clock):
+    counter = iter([100, 2_000_100, 2_500_100, None, 9_000_000])
+    steps = StepClock(loader_id=0, warmup=0, clock=clock, runq=lambda: next(counter))
+    assert one_step(steps, clock, wait=1, forward=1, backward=1, other=1) is None
+    first = one_step(steps, clock, wait=1, forward=1, backward=1, other=1)
+    assert first["runq_s"] == pytest.approx(0.002)  # between the two __next__ calls
+    second = one_step(steps, clock, wait=1, forward=1, backward=1, other=1)
+    assert second["runq_s"] == pytest.approx(0.0005)
+    unread = one_step(steps, clock, wait=1, forward=1, backward=1, other=1)
+    assert "runq_s" not in unread  # the counter could not be read: unknown, not 0
+    assert "runq_s" not in one_step(steps, clock, wait=1, forward=1, backward=1, other=1)
