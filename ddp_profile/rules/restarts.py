@@ -45,7 +45,10 @@ def persistent_workers(run: Run, thresholds: Thresholds) -> Optional[Finding]:
 
     Trigger: an ok probe of a loader that restarts (workers, ``persistent_workers`` false) whose
     restart costs ``restart_share`` or more of its epoch (``1 - throughput /
-    steady_throughput``). The finding cites the probe that ran fastest between restarts, and
+    steady_throughput``), and that is the baseline (the script's own loader pays it) or whose
+    steady rate beats the recommendation by ``restart_share`` or more (else keeping those
+    workers alive would still be slower than what is recommended: no finding). The finding
+    cites the probe that ran fastest between restarts, and
     predicts what keeping its workers alive would give: its steady rate, measured in this run
     but without the restarts, against the recommended configuration as the script runs it.
     "high" when that is ``clear_gain`` or more above the recommendation by more than half.
@@ -55,18 +58,31 @@ def persistent_workers(run: Run, thresholds: Thresholds) -> Optional[Finding]:
               if 1 - p["throughput"] / e["steady_throughput"] >= thresholds.restart_share]
     if not costly:
         return _from_first_batches(run, thresholds)
+    base = baseline_probe(run)
+    chosen = choose(run, base, thresholds) if base is not None else None
+
+    def gain(pair: tuple[pd.Series, dict[str, Any]]) -> Optional[float]:
+        if chosen is None or not finite(chosen["throughput"]) or chosen["throughput"] <= 0:
+            return None
+        return float(pair[1]["steady_throughput"]) / float(chosen["throughput"])
+
+    # the script's own loader pays the restarts; another configuration's only matter where
+    # keeping its workers alive is predicted to beat the recommendation
+    costly = [pair for pair in costly if (base is not None and pair[0]["id"] == base["id"])
+              or (gain(pair) or 0.0) >= 1 + thresholds.restart_share]
+    if not costly:
+        return None
     probe, entry = max(costly, key=lambda pair: pair[1]["steady_throughput"])
     steady, restart = float(entry["steady_throughput"]), float(entry["epoch_restart_s"])
     share = 1 - probe["throughput"] / steady
-    base = baseline_probe(run)
-    chosen = choose(run, base, thresholds) if base is not None else probe
-    gain = steady / float(chosen["throughput"]) if finite(chosen["throughput"]) else None
+    ratio = gain((probe, entry))
     workers = as_int(probe.get("num_workers"), 0)
-    versus = (f", {gain:.2f}x the recommended {describe_config(chosen)} as the script runs it"
-              if gain is not None and chosen["id"] != probe["id"] else "")
+    versus = (f", {ratio:.2f}x the recommended {describe_config(chosen)} as the script runs it"
+              if ratio is not None and chosen is not None and chosen["id"] != probe["id"]
+              else "")
     return Finding(
         rule="persistent-workers",
-        severity="high" if gain is not None and gain >= 1.5 else "medium",
+        severity="high" if ratio is not None and ratio >= 1.5 else "medium",
         title="DataLoader workers restart every epoch",
         evidence=(f"With {describe_config(probe)}, starting the workers again costs "
                   f"{restart:.2f} s per epoch of {entry.get('epoch_steps')} steps, "

@@ -78,3 +78,31 @@ def test_persistent_workers_not_without_workers():
 
 def test_the_rule_copes_with_an_empty_run():
     assert persistent_workers(empty_run(), T) is None
+
+
+def test_no_finding_where_keeping_another_configurations_workers_would_still_be_slower():
+    """A real run (128 KiB files from the page cache, 2 ranks): the script has no workers and
+    is recommended as it is; 1 worker restarts each epoch, 19,409 samples/s between restarts
+    against the recommendation's 23,508: advising persistent workers there would advise a
+    slower loader. The script's own restarting loader is cited whatever the recommendation."""
+    def run(base_workers: int, steady: float):
+        entry = {"throughput": 16466.0, "steady_throughput": steady, "epoch_steps": 32,
+                 "epoch_restart_s": 0.04}
+        builder = RunBuilder(world_size=2)
+        if base_workers:
+            builder.probe("base", kind="baseline", num_workers=1, throughput=16466.0,
+                          entry=entry).steps(n=20, data_wait=0.01)
+            builder.probe("w0", num_workers=0, throughput=23508.0).steps(n=20, data_wait=0.01)
+        else:
+            builder.probe("base", kind="baseline", num_workers=0, throughput=23508.0) \
+                .steps(n=20, data_wait=0.01)
+            builder.probe("w1", num_workers=1, throughput=16466.0, entry=entry) \
+                .steps(n=20, data_wait=0.01)
+        return builder.build()
+
+    assert persistent_workers(run(0, 19409.0), T) is None
+    faster = persistent_workers(run(0, 30000.0), T)  # predicted above the recommendation
+    assert faster is not None and "num_workers=1, persistent_workers=True" in \
+        faster.recommendation
+    own = persistent_workers(run(1, 19409.0), T)  # the script's own loader restarts
+    assert own is not None and "With num_workers=1," in own.evidence
