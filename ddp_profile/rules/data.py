@@ -136,7 +136,8 @@ def data_loader_bound(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     Trigger: the share of each step that the baseline's data wait costs (``base.data_wait``:
     the ranks' wait / step time over the measured steps of all ranks; on CUDA the GPU's idle
     time while its host waited) >= ``data_wait_fraction``; "high" at or above
-    ``data_wait_severe``.
+    ``data_wait_severe``. Where the loading is neither CPU- nor wait-bound (mixed: no finding
+    of its own), the evidence says what the producers read and how much from storage.
     """
     probe = baseline_probe(run)
     measured = data_wait(run, probe) if probe is not None else None
@@ -151,6 +152,9 @@ def data_loader_bound(run: Run, thresholds: Thresholds) -> Optional[Finding]:
                     f"measured step while its rank waits for the next batch{seconds}, timed "
                     f"on the GPU (CUDA events); the ranks wait {pct(probe['data_wait_fraction'])}"
                     " of each step in all.")
+    if (capacity_of(run) or {}).get("bound") not in ("cpu", "wait"):
+        # mixed loading: no cpu- or io-bound finding says what the producers read
+        evidence += storage_evidence(run, probe)
     return Finding(
         rule="data-loader-bound",
         severity="high" if fraction >= thresholds.data_wait_severe else "medium",

@@ -350,3 +350,22 @@ def test_loading_findings_cite_what_was_read_from_storage_and_at_what_rate():
     assert "128 KiB per sample, 0 % of it from storage (the rest from the page cache)." \
         in warm.evidence, warm.evidence
     assert "KiB per sample" not in io_bound_loading(loaded(cpu_ms=0.1, wait_ms=3.0), T).evidence
+
+
+def test_mixed_loading_that_reads_from_storage_is_said_in_the_data_wait_finding():
+    """Cold 128 KiB files on a VM: the kernel's reads cost CPU as well as waiting (0.12 ms of
+    each), so neither the cpu- nor the io-bound finding fires; the data-wait finding says what
+    the producers read from storage."""
+    builder = (RunBuilder(world_size=1)
+               .probe("base", kind="baseline", num_workers=0)
+               .steps(data_wait=0.05, compute=0.002).loading(0.12, 0.12))
+    builder.probes[-1]["loading"].update(read_per_sample_bytes=131072.0,
+                                         storage_per_sample_bytes=131072.0, storage_share=1.0)
+    run = builder.build()
+    assert run.summary["capacity"]["bound"] == "mixed"
+    assert cpu_bound_preprocessing(run, T) is None and io_bound_loading(run, T) is None
+    finding = data_loader_bound(run, T)
+    assert "read 128 KiB per sample, 100 % of it from storage" in finding.evidence, \
+        finding.evidence
+    warm_cpu = loaded(cpu_ms=3.4, wait_ms=0.1)  # cpu-bound: its own finding says it
+    assert "KiB" not in data_loader_bound(warm_cpu, T).evidence
