@@ -13,7 +13,7 @@ import shlex
 import socket
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Optional
 
 from ddp_profile.errors import BadRunDir, Interrupted, ScriptInvalid, ScriptNotFound, UsageError
@@ -211,28 +211,17 @@ def finalize(run_dir: RunDir, meta: dict[str, Any], sweep: Sweep, gpu: dict[str,
     try:
         if state == "complete" and any(e["status"] == "ok" for e in entries):
             run = load_run(run_dir.path, summary=summary)
-            add_rules(summary, run)
+            from ddp_profile.rules import evaluate
+
+            # the summary is composed from the run's own and the analysis's fields; nothing
+            # is written back into what evaluate read
+            summary = {**summary, **evaluate(run).summary_fields()}
+            run = replace(run, summary=summary)
     finally:
         run_dir.write_summary(summary)
     if report and run is not None:
         render_report(run, os.path.join(run_dir.path, "report.html"))
     return summary
-
-
-def add_rules(summary: dict[str, Any], run: Run) -> None:
-    """Evaluate the rules on ``run`` and write their findings and recommendation into
-    ``summary`` (the same dict as ``run.summary``)."""
-    from ddp_profile.rules import evaluate, finding_to_dict, recommendation_to_dict
-
-    findings, recommendation = evaluate(run)
-    summary["findings"] = [finding_to_dict(f) for f in findings]
-    summary["recommendation"] = recommendation_to_dict(recommendation)
-    if recommendation.probe_id is not None:
-        summary["recommended"] = dict(recommendation.config)
-        summary["recommended_probe"] = recommendation.probe_id
-        summary["expected_speedup"] = recommendation.expected_speedup
-        interval = recommendation.expected_speedup_interval
-        summary["expected_speedup_interval"] = list(interval) if interval else None
 
 
 def _first_context(run_dir: RunDir, entries: list[dict[str, Any]]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ Triggers are documented on each rule and in ``docs/rules.md``.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules import comm, data, distributed, gpu, host, restarts
@@ -28,16 +28,39 @@ def run_rules(run: Run, thresholds: Optional[Thresholds] = None) -> list[Finding
     return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
 
 
-def evaluate(run: Run, thresholds: Optional[Thresholds] = None
-             ) -> tuple[list[Finding], Recommendation]:
-    """The findings (sorted by severity) and the recommended configuration of one run.
+class Analysis(NamedTuple):
+    """What the rules make of one run: the findings, most severe first, and the
+    recommendation. ``findings, rec = evaluate(run)`` unpacks it."""
 
-    A finding that advises a setting is worded from the same decision as the recommendation
-    (``rules.voice``): the measured probe it cites, or a prediction labelled as such.
+    findings: list[Finding]
+    recommendation: Recommendation
+
+    def summary_fields(self) -> dict[str, Any]:
+        """The summary.json keys the analysis authors: ``findings``, ``recommendation`` and,
+        where a probe was recommended, ``recommended``, ``recommended_probe``,
+        ``expected_speedup`` and ``expected_speedup_interval``."""
+        rec = self.recommendation
+        fields: dict[str, Any] = {"findings": [finding_to_dict(f) for f in self.findings],
+                                  "recommendation": recommendation_to_dict(rec)}
+        if rec.probe_id is not None:
+            interval = rec.expected_speedup_interval
+            fields.update(recommended=dict(rec.config), recommended_probe=rec.probe_id,
+                          expected_speedup=rec.expected_speedup,
+                          expected_speedup_interval=list(interval) if interval else None)
+        return fields
+
+
+def evaluate(run: Run, thresholds: Optional[Thresholds] = None) -> Analysis:
+    """The findings (sorted by severity) and the recommended configuration of one run; reads
+    ``run`` and writes nothing into it.
+
+    The rules decide; then one declared step words the advice (``rules.voice``): a finding
+    that advises a setting says what the recommendation decided (the measured probe it cites,
+    or a prediction labelled as such).
     """
     thresholds = thresholds or Thresholds()
     rec = recommend(run, thresholds)
-    return in_one_voice(run_rules(run, thresholds), run, rec, thresholds), rec
+    return Analysis(in_one_voice(run_rules(run, thresholds), run, rec, thresholds), rec)
 
 
 def finding_to_dict(finding: Finding) -> dict[str, Any]:
@@ -47,5 +70,5 @@ def finding_to_dict(finding: Finding) -> dict[str, Any]:
             "ranks": list(finding.ranks)}
 
 
-__all__ = ["RULES", "Finding", "Recommendation", "Rule", "Thresholds", "evaluate",
+__all__ = ["RULES", "Analysis", "Finding", "Recommendation", "Rule", "Thresholds", "evaluate",
            "finding_to_dict", "recommend", "recommendation_to_dict", "run_rules"]
