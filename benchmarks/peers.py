@@ -95,9 +95,11 @@ WORKLOADS = {  # name -> script arguments, the known cause, whether its loading 
 FILES_DIR = os.path.join(tempfile.gettempdir(), "ddp-profile-peers-files")
 FILES, FILE_BYTES = 4096, 128 * 1024
 WORKLOADS.update({  # one file per sample, read in one page-cache state (see the docstring)
-    "files_cold": {"args": ["--files", FILES_DIR], "cause": "loading_wait", "tune": True,
+    "files_cold": {"args": ["--files", FILES_DIR, "--batch-size", "64"],
+                   "cause": "loading_wait", "tune": True,
                    "cache": "cold", "ddp_profile_args": ["--cache", "cold"]},
-    "files_warm": {"args": ["--files", FILES_DIR], "cause": "loading_cpu", "tune": True,
+    "files_warm": {"args": ["--files", FILES_DIR, "--batch-size", "64"],
+                   "cause": "loading_cpu", "tune": True,
                    "cache": "warm"},
 })
 
