@@ -67,7 +67,7 @@ def test_cold_reads_every_file_from_storage_in_every_probe(cli, run_dir, files):
     summary = result.summary()
     assert summary["search"]["cache"]["mode"] == "cold"
     shares = _shares(summary)
-    assert summary["probes"][0]["kind"] == "baseline" and len(shares) >= 3, summary["probes"]
+    assert summary["probes"][0]["kind"] == "baseline" and len(shares) >= 2, summary["probes"]
     assert all(share > 0.9 for share in shares.values()), shares
     by_rank = [p["loading"]["storage_share_by_rank"] for p in summary["probes"]
                if p["status"] == "ok"]  # each rank's producers, alike: no rank read warm
