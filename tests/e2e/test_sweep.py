@@ -21,13 +21,10 @@ QUICK = ["--steps", "20", "--warmup", "3", "--no-report", "--quiet"]
 IO_BOUND = ["--", "--load-ms", "3", "--batch-size", "8"]
 
 
-@pytest.mark.parametrize("search", ["grid", "adaptive"])
-def test_io_bound_script_gets_more_workers(cli, run_dir, search):
-    # the grid measures its ceiling as a probe of its own, adaptive as its screen's last window:
-    # one of them is enough to check the scores
-    ceiling = [] if search == "adaptive" else ["--no-ceiling"]
-    result = cli(["run", DEMO, "--out", run_dir, "--search", search, "--num-workers", "0,2",
-                  "--prefetch-factor", "2", *ceiling, *QUICK, *IO_BOUND], out=run_dir)
+def test_io_bound_script_gets_more_workers(cli, run_dir):
+    # the default (adaptive) search; the grid's choice is checked by the --repeat test below
+    result = cli(["run", DEMO, "--out", run_dir, "--num-workers", "0,2",
+                  "--prefetch-factor", "2", *QUICK, *IO_BOUND], out=run_dir)
     assert result.returncode == 0, result.stderr
     summary = result.summary()
     assert summary["baseline"]["num_workers"] == 0
@@ -45,16 +42,16 @@ def test_io_bound_script_gets_more_workers(cli, run_dir, search):
     assert all(p["ddp_options"] in ({}, {"gradient_sync": False})
                for p in summary["probes"] if p["kind"] == "ddp")
     assert len(result.ledger()) == len(summary["probes"])
-    if search == "adaptive":  # the ladder and the ceiling in one launch, then a confirmation
-        assert "ceiling" in kinds
-        loader = [p for p in summary["probes"] if p["kind"] != "ddp"]  # communication's apart
-        launches = {p.get("launch", p["id"]) for p in loader}
-        assert len(launches) == 3 and all(p.get("screened") for p in loader[1:])
-        chosen = [p for p in summary["probes"] if p["config"] == summary["recommended"]]
-        assert len({p["launch"] for p in chosen}) == 2
-        ceiling = summary["ceiling_throughput"]
-        assert ceiling and all(p["score"] == pytest.approx(p["throughput"] / ceiling)
-                               for p in summary["probes"] if p["status"] == "ok")
+    # the ladder and the ceiling in one launch, then a confirmation
+    assert "ceiling" in kinds
+    loader = [p for p in summary["probes"] if p["kind"] != "ddp"]  # communication's apart
+    launches = {p.get("launch", p["id"]) for p in loader}
+    assert len(launches) == 3 and all(p.get("screened") for p in loader[1:])
+    chosen = [p for p in summary["probes"] if p["config"] == summary["recommended"]]
+    assert len({p["launch"] for p in chosen}) == 2
+    ceiling = summary["ceiling_throughput"]
+    assert ceiling and all(p["score"] == pytest.approx(p["throughput"] / ceiling)
+                           for p in summary["probes"] if p["status"] == "ok")
 
 
 def test_crash_hang_and_killed_worker_do_not_stop_the_sweep(cli, run_dir):
