@@ -22,8 +22,15 @@ from typing import Optional
 import pandas as pd
 
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.profiler.sweep.choose import noise
-from ddp_profile.rules.base import Finding, Thresholds, describe_config, finite, ok_probes
+from ddp_profile.profiler.sweep.choose import better, compute_bound, noise, pool
+from ddp_profile.rules.base import (
+    Finding,
+    Thresholds,
+    config_of,
+    describe_config,
+    finite,
+    ok_probes,
+)
 from ddp_profile.rules.recommend import Recommendation, candidate
 
 
@@ -69,12 +76,34 @@ def _setting_text(finding: Finding, run: Run, rec: Recommendation,
         elif ratio < 1:
             verdict = "slower"
         else:
-            verdict = "not the clear gain a compute-bound script needs to change"
+            verdict = _why_not_taken(run, best, chosen, rec, thresholds)
         return (f"Measured: {advice.change} in probe {best['id']} ({describe_config(best)}) "
                 f"ran at {ratio:.2f}x the recommended configuration's samples/s ({verdict}), "
                 f"so the recommendation stays {rec.snippet} (probe {chosen['id']}).")
     return (f"Prediction (not measured): {advice.change}, because {advice.basis}. Measure it: "
             f"ddp-profile run SCRIPT {advice.measure}.")
+
+
+def _why_not_taken(run: Run, best: pd.Series, chosen: pd.Series, rec: Recommendation,
+                   thresholds: Thresholds) -> str:
+    """Why a probe faster than the recommendation beyond noise was not recommended: its
+    configuration measured again and pooled within noise, or a compute-bound baseline that
+    moves only for a clear gain."""
+    probes = _measured(run)
+    again = probes[(probes["id"] != best["id"])
+                   & probes.apply(lambda p: config_of(p) == config_of(best), axis=1)]
+    if not again.empty:
+        pooled = pool([candidate(run, best), *(candidate(run, p) for _, p in again.iterrows())])
+        ratio = pooled.throughput / float(chosen["throughput"])
+        rates = ", ".join(f"{p['throughput']:,.0f}" for _, p in again.iterrows())
+        return (f"measured again in probe(s) {', '.join(again['id'])} at {rates} samples/s: "
+                f"pooled, {ratio:.2f}x, "
+                + ("within noise" if not better(pooled, candidate(run, chosen), thresholds)
+                   else "faster beyond noise"))
+    base = _row(probes, rec.baseline_probe_id)
+    if base is not None and compute_bound(candidate(run, base), thresholds):
+        return "not the clear gain a compute-bound script needs to change"
+    return "not chosen: see the recommendation's notes"
 
 
 def _voiced(finding: Finding, run: Run, rec: Recommendation, thresholds: Thresholds,
