@@ -90,37 +90,40 @@ def straggler(run: Run, thresholds: Thresholds) -> Optional[Finding]:
         floor = max(thresholds.straggler_min_s, thresholds.straggler_excess_share * step_median)
         if share >= thresholds.straggler_steps_share and excess >= floor:
             finding = _straggler_finding(rank, share, excess, step_median, where, thresholds)
-            contended = _runnable_lag(run, probe, rank, excess)
-            if contended:
-                return replace(
-                    finding, severity="low",
-                    title=f"Rank {rank} lags waiting for a CPU, not for a reason of its own",
-                    evidence=finding.evidence + f" {contended}: CPU contention explains the lag.",
-                    recommendation=("Give each rank CPUs of its own (fewer threads or workers "
-                                    "than cores; nothing else busy on them), then measure "
-                                    f"again; if rank {rank} still lags: "
-                                    + finding.recommendation))
-            cold = _colder_rank(run, probe, rank, excess, thresholds)
-            if cold:
-                return replace(
-                    finding, severity="low",
-                    title=f"Rank {rank} lags reading from storage, not for a reason of its own",
-                    evidence=finding.evidence + f" {cold}: the cache state explains the lag.",
-                    recommendation=("Measure every rank in one cache state (--cache cold or "
-                                    f"--cache warm); if rank {rank} still lags: "
-                                    + finding.recommendation))
-            if baseline_oversubscribed(run, thresholds):
-                finding = replace(
-                    finding, severity="low", title=f"Rank {rank} lags on oversubscribed CPUs",
-                    evidence=finding.evidence + (
-                        " The job's own ranks oversubscribe the CPUs (see "
-                        "thread-oversubscription): a rank can lag waiting for a CPU, which "
-                        "explains this without a cause of its own."),
-                    recommendation=("Fit the threads to the CPUs first (see "
-                                    "thread-oversubscription), then measure again; if rank "
-                                    f"{rank} still lags: {finding.recommendation}"))
-            return finding
+            return _explained(finding, rank, run, probe, excess, thresholds)
     return None
+
+
+def _explained(finding: Finding, rank: int, run: Run, probe: pd.Series, excess: float,
+               thresholds: Thresholds) -> Finding:
+    """The straggler finding, or, where the lag has an explanation outside the rank (CPU
+    contention, its cache state, the job's own oversubscribed CPUs), a "low" one that says
+    which and what to do first."""
+    contended = _runnable_lag(run, probe, rank, excess)
+    cold = None if contended else _colder_rank(run, probe, rank, excess, thresholds)
+    if contended or cold:
+        what, cause, first = (
+            ("waiting for a CPU", f"{contended}: CPU contention explains the lag.",
+             "Give each rank CPUs of its own (fewer threads or workers than cores; nothing "
+             "else busy on them), then measure again") if contended else
+            ("reading from storage", f"{cold}: the cache state explains the lag.",
+             "Measure every rank in one cache state (--cache cold or --cache warm)"))
+        return replace(finding, severity="low",
+                       title=f"Rank {rank} lags {what}, not for a reason of its own",
+                       evidence=f"{finding.evidence} {cause}",
+                       recommendation=f"{first}; if rank {rank} still lags: "
+                                      + finding.recommendation)
+    if baseline_oversubscribed(run, thresholds):
+        return replace(
+            finding, severity="low", title=f"Rank {rank} lags on oversubscribed CPUs",
+            evidence=finding.evidence + (
+                " The job's own ranks oversubscribe the CPUs (see thread-oversubscription): a "
+                "rank can lag waiting for a CPU, which explains this without a cause of its "
+                "own."),
+            recommendation=("Fit the threads to the CPUs first (see thread-oversubscription), "
+                            f"then measure again; if rank {rank} still lags: "
+                            f"{finding.recommendation}"))
+    return finding
 
 
 def _runnable_lag(run: Run, probe: pd.Series, rank: int, excess: float) -> Optional[str]:
