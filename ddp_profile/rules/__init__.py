@@ -12,8 +12,17 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Optional
 
 from ddp_profile.profiler.store.results import Run
+from ddp_profile.profiler.sweep.choose import with_launch_spread
 from ddp_profile.rules import comm, data, distributed, gpu, host, restarts
-from ddp_profile.rules.base import SEVERITIES, Finding, Rule, Thresholds
+from ddp_profile.rules.base import (
+    SEVERITIES,
+    Finding,
+    Rule,
+    Thresholds,
+    candidate,
+    finite,
+    ok_probes,
+)
 from ddp_profile.rules.recommend import Recommendation, recommend, recommendation_to_dict
 from ddp_profile.rules.voice import in_one_voice
 
@@ -50,6 +59,15 @@ class Analysis(NamedTuple):
         return fields
 
 
+def measured_thresholds(run: Run, thresholds: Thresholds) -> Thresholds:
+    """``thresholds`` with the spread between launches this run showed, where larger than
+    the default (``choose.with_launch_spread``, as the choice itself uses it): every verdict
+    across launches (faster beyond noise, within noise) then speaks with the run's own noise."""
+    probes = ok_probes(run)
+    measured = [candidate(run, row) for _, row in probes.iterrows() if finite(row["throughput"])]
+    return with_launch_spread(thresholds, measured)
+
+
 def evaluate(run: Run, thresholds: Optional[Thresholds] = None) -> Analysis:
     """The findings (sorted by severity) and the recommended configuration of one run; reads
     ``run`` and writes nothing into it.
@@ -58,7 +76,7 @@ def evaluate(run: Run, thresholds: Optional[Thresholds] = None) -> Analysis:
     that advises a setting says what the recommendation decided (the measured probe it cites,
     or a prediction labelled as such).
     """
-    thresholds = thresholds or Thresholds()
+    thresholds = measured_thresholds(run, thresholds or Thresholds())
     rec = recommend(run, thresholds)
     return Analysis(in_one_voice(run_rules(run, thresholds), run, rec, thresholds), rec)
 

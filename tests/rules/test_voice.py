@@ -90,10 +90,11 @@ def test_cpu_bound_finding_never_cites_a_worker_count_the_recommendation_did_not
     assert "keep up with num_workers=4 (measured" not in text
 
 
-def test_a_faster_window_measured_again_slower_is_cited_with_its_pooled_figure():
+def test_a_faster_window_measured_again_slower_is_within_the_runs_own_launch_noise():
     """A real run (cold files, 2 ranks): 3 workers ran 1.26x the baseline in the first screen,
-    then like the baseline in the second; pooled, within noise, so the data-bound script keeps
-    its settings. The advice says so, never that a compute-bound script needs a clear gain."""
+    then like the baseline in the second. The run's own launches disagree that much
+    (``choose.launch_spread``), so the 1.36x here is within noise and the data-bound script
+    keeps its settings; the advice never says a compute-bound script needs a clear gain."""
     run = (RunBuilder(world_size=2)
            .probe("p0", kind="baseline", num_workers=0).steps(data_wait=0.09, compute=0.01)
            .probe("p2", num_workers=3).steps(data_wait=0.0635, compute=0.01, seed=1)
@@ -103,6 +104,5 @@ def test_a_faster_window_measured_again_slower_is_cited_with_its_pooled_figure()
     findings, rec = _by_rule(run)
     assert rec.probe_id == "p0"
     advice = findings["data-loader-bound"].recommendation
-    assert "probe p2" in advice and "ran at 1.36x" in advice, advice
-    assert "measured again in probe(s) p5, p6 at" in advice and "pooled, " in advice
+    assert "probe p2" in advice and "ran at 1.36x" in advice and "(within noise)" in advice
     assert "compute-bound" not in advice

@@ -7,6 +7,10 @@ ask this module; nothing else decides.
 - **Noise** between two candidates is ``max(noise_floor, noise_sigmas x sqrt(rse_a² + rse_b²
   + launch_sd²))``, ``rse`` being each throughput's relative standard error and ``launch_sd``
   counted only when they were measured in different launches (a screen's windows share one).
+  ``launch_sd`` is the larger of its default and the spread this run's own launches showed
+  (``launch_spread``: a configuration measured in two launches that disagree, as cold reads
+  do when the storage slows down during a run, makes every comparison across launches
+  wider).
 - **Reference**: of the candidates no other beats beyond noise, the one surest to be fast:
   the highest lower bound ``throughput x (1 - noise_sigmas x rse)``. The plain fastest would
   not do: one short, noisy window that happened to run fast makes every candidate "within
@@ -154,14 +158,48 @@ def compute_bound(baseline: Candidate, thresholds: ChoiceThresholds = ChoiceThre
         and fraction < thresholds.data_wait_fraction
 
 
+def launch_spread(candidates: Sequence[Candidate]) -> float:
+    """The relative SD between launches of one configuration that ``candidates`` show: each
+    configuration measured in two or more launches (a screened window confirmed in the next
+    screen, the baseline's settings measured again) gives the variance of its launches' log
+    throughputs (the first measurement in each launch) less what their own standard errors
+    explain; pooled over configurations by degrees of freedom. 0 without such a configuration.
+    """
+    groups: dict[LoaderSettings, dict[str, Candidate]] = {}
+    for c in candidates:
+        if c.launch is not None and not c.short and math.isfinite(c.throughput) \
+                and c.throughput > 0:
+            groups.setdefault(c.config, {}).setdefault(c.launch, c)
+    total, dof = 0.0, 0
+    for launches in groups.values():
+        if len(launches) < 2:
+            continue
+        logs = [math.log(c.throughput) for c in launches.values()]
+        mean = sum(logs) / len(logs)
+        spread = sum((x - mean) ** 2 for x in logs) / (len(logs) - 1)
+        own = sum(c.rse ** 2 for c in launches.values()) / len(launches)
+        total += max(0.0, spread - own) * (len(logs) - 1)
+        dof += len(logs) - 1
+    return math.sqrt(total / dof) if dof else 0.0
+
+
+def with_launch_spread(thresholds: ChoiceThresholds, candidates: Sequence[Candidate]
+                       ) -> ChoiceThresholds:
+    """``thresholds`` with ``launch_sd`` raised to what this run's launches showed, if more."""
+    spread = launch_spread(candidates)
+    return replace(thresholds, launch_sd=spread) if spread > thresholds.launch_sd else thresholds
+
+
 def choose(candidates: Sequence[Candidate], baseline: Optional[Candidate] = None,
            thresholds: ChoiceThresholds = ChoiceThresholds()) -> Optional[Candidate]:
     """The best candidate (see the module docstring); ``baseline`` when nothing was measured.
 
     ``candidates`` are successful measurements of kind baseline or sweep (``baseline`` among
     them when it succeeded); ones without a positive, finite throughput are ignored, and short
-    ones (fewer measured steps than asked) too unless every one is short.
+    ones (fewer measured steps than asked) too unless every one is short. Launches are
+    compared with the spread these candidates' own launches showed (``with_launch_spread``).
     """
+    thresholds = with_launch_spread(thresholds, candidates)
     usable = most_certain([c for c in candidates
                            if math.isfinite(c.throughput) and c.throughput > 0])
     full = [c for c in usable if not c.short]

@@ -6,9 +6,12 @@ from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.sweep.choose import (
     Candidate,
     ChoiceThresholds,
+    better,
     choose,
+    launch_spread,
     most_certain,
     noise,
+    with_launch_spread,
 )
 from ddp_profile.rules import Thresholds
 
@@ -151,3 +154,23 @@ def test_a_costlier_setting_must_beat_the_baseline_beyond_noise():
     assert choose([unsteady, cand("w1", 1, 9000.0, wait=0.3, rse=0.02)], unsteady).id == "w1"
     costly = cand("base", 16, 1000.0, wait=0.3, rse=0.01, kind="baseline")
     assert choose([costly, cand("w4", 4, 1000.0, wait=0.3, rse=0.01)], costly).id == "w4"
+
+
+def test_a_run_whose_launches_disagree_compares_across_launches_with_that_spread():
+    """Cold reads on a VM (a real run): the baseline's settings measured 4,814 then 3,782
+    samples/s in two launches, 3 workers 6,062 then 4,385. With the default spread between
+    launches (2.5 %), 3 workers' first window beats the baseline's first beyond noise; with
+    the spread these launches showed (about 20 %), it does not."""
+    def c(id_, workers, throughput, launch):
+        return Candidate(id=id_, config=LoaderSettings(num_workers=workers),
+                         throughput=throughput, rse=0.03, data_wait_fraction=0.9,
+                         launch=launch)
+
+    first = [c("p0", 0, 4814.0, "a"), c("p2", 3, 6062.0, "b")]
+    assert launch_spread(first) == 0.0  # no configuration measured twice: nothing to learn
+    again = [*first, c("p7", 0, 3782.0, "c"), c("p5", 3, 4385.0, "d")]
+    spread = launch_spread(again)
+    assert 0.15 < spread < 0.25, spread
+    assert better(first[1], first[0])
+    assert not better(first[1], first[0], with_launch_spread(ChoiceThresholds(), again))
+    assert launch_spread([c("p0", 0, 1000.0, "a"), c("p1", 0, 1001.0, "b")]) == 0.0
