@@ -7,7 +7,7 @@ with the distributed rules (``rules.distributed.RULES``).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional
+from typing import Any, Optional
 
 import pandas as pd
 
@@ -45,14 +45,21 @@ def _presync_steps(run: Run, probe_id: str) -> pd.DataFrame:
     return steps[steps["measured"].astype(bool)] if "measured" in steps else steps
 
 
+def _excess(table: pd.DataFrame, rank: Any) -> Optional[float]:
+    """The median over steps of ``rank``'s value above the other ranks' median (a step x rank
+    table); None without the rank, another rank or 3 steps."""
+    if rank not in table or table.shape[1] < 2 or table.shape[0] < 3:
+        return None
+    return float((table[rank] - table.drop(columns=[rank]).median(axis=1)).median())
+
+
 def _slowest_rank(table: pd.DataFrame) -> Optional[tuple[int, float, float]]:
     """(rank, share of steps it is the slowest, median excess over the others' median)."""
     if table.shape[1] < 2 or table.shape[0] < 3:
         return None
     counts = table.idxmax(axis=1).value_counts()
     rank = counts.index[0]
-    others = table.drop(columns=[rank]).median(axis=1)
-    return int(rank), counts.iloc[0] / len(table), float((table[rank] - others).median())
+    return int(rank), counts.iloc[0] / len(table), _excess(table, rank)
 
 
 def straggler(run: Run, thresholds: Thresholds) -> Optional[Finding]:
@@ -133,11 +140,8 @@ def _runnable_lag(run: Run, probe: pd.Series, rank: int, excess: float) -> Optio
     steps = probe_steps(run, probe["id"])
     if "runq_s" not in steps or steps["runq_s"].isna().all():
         return None
-    table = _per_rank_table(steps, "runq_s")
-    if rank not in table or table.shape[1] < 2 or table.shape[0] < 3:
-        return None
-    lag = float((table[rank] - table.drop(columns=[rank]).median(axis=1)).median())
-    if lag < 0.5 * excess:
+    lag = _excess(_per_rank_table(steps, "runq_s"), rank)
+    if lag is None or lag < 0.5 * excess:
         return None
     return (f"Its loop sat runnable, waiting for a CPU, {ms(lag)}/step longer than the other "
             f"ranks' (the scheduler's run-queue time of its thread)")
@@ -155,11 +159,10 @@ def _colder_rank(run: Run, probe: pd.Series, rank: int, excess: float,
     if mine is None or not others:
         return None
     rest = float(pd.Series(others).median())
-    waits = _per_rank_table(probe_steps(run, probe["id"]), "data_wait_s")
-    if float(mine) - rest < thresholds.cache_margin or rank not in waits:
+    if float(mine) - rest < thresholds.cache_margin:
         return None
-    waited = float((waits[rank] - waits.drop(columns=[rank]).median(axis=1)).median())
-    if waited < 0.5 * excess:
+    waited = _excess(_per_rank_table(probe_steps(run, probe["id"]), "data_wait_s"), rank)
+    if waited is None or waited < 0.5 * excess:
         return None
     return (f"Its loading read {pct(float(mine))} of its bytes from storage, the other ranks' "
             f"{pct(rest)} (the rest from the page cache), and it waited {ms(waited)}/step "
