@@ -44,7 +44,7 @@ VOCABULARY: dict[str, dict[str, Optional[str]]] = {
         "data-parallel": "other", "backend-mismatch": "other",
         "find-unused-parameters": None, "exposed-communication": "comm",
         "allreduce-per-micro-batch": "comm", "per-step-collectives": "comm",
-        "sync-batchnorm": "comm",
+        "sync-batchnorm": "comm", "host-sync-per-step": "other",
     },
     "traceml": {  # its diagnosis kinds; the observations (CPU, memory, residual) name none
         "INPUT_BOUND": "loading", "INPUT_STRAGGLER": "straggler",

@@ -99,6 +99,8 @@ class Thresholds(ChoiceThresholds):
     micro_batch_syncs: float = 1.5  # passes and gradient syncs per optimizer step: accumulation
     collective_share: float = 0.02  # the script's own collectives at this share of a step
     collective_severe_share: float = 0.1  # ... "medium" at or above this
+    host_sync_idle_share: float = 0.05  # GPU idle between steps, not for data, with host syncs
+    host_sync_severe_share: float = 0.15  # ... "medium" at or above this
     bootstrap_resamples: int = 1000
     bootstrap_seed: int = 0
     interval_confidence: float = 0.9

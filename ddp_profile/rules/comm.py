@@ -1,5 +1,6 @@
-"""Rules on communication: the all-reduce backward did not cover, gradients synchronised per
-micro-batch, the script's own collectives per step, SyncBatchNorm.
+"""Rules on communication and synchronisation: the all-reduce backward did not cover,
+gradients synchronised per micro-batch, the script's own collectives per step, the host
+blocking on the GPU every step, SyncBatchNorm.
 
 Each reads the baseline probe's ``comm`` (``profiler.store.comm.probe_comm``: DDP's own reducer
 timers and the script's collectives, measured per step) and decides on it alone.
@@ -292,6 +293,59 @@ def per_step_collectives(run: Run, thresholds: Thresholds) -> Optional[Finding]:
                         "wait on it when the value is needed."))
 
 
+def _sync_site_text(site: dict[str, Any]) -> str:
+    text = f" `{site['text']}`" if site.get("text") else ""
+    via = f" (through {site['via']})" if site.get("via") else ""
+    return (f"{os.path.basename(str(site.get('file')))}:{site.get('line')}{text}{via}, "
+            f"{site.get('calls')} calls")
+
+
+def host_sync_per_step(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+    """The loop blocks the host on the GPU in most steps (``.item()``, ``.cpu()``, a copy
+    without ``non_blocking``, ``torch.cuda.synchronize()``), and the GPU sits idle between
+    steps while the host is not waiting for data: after each such wait the GPU's queue is
+    empty until the host issues the next work.
+
+    Trigger (CUDA baseline): host syncs counted in at least half its measured steps
+    (``comm.host_syncs``), and its GPU idle time between steps, less the part while the host
+    waited for data (``gpu_idle_fraction - gpu_starved_fraction``), >= ``host_sync_idle_share``
+    of the step; "medium" at >= ``host_sync_severe_share``. Every site is named with
+    file:line and its source line; the saving is a labelled prediction (removing the syncs is
+    a change to the script, which no probe makes).
+    """
+    base, comm = baseline_comm(run)
+    syncs = comm.get("host_syncs") or {}
+    if base is None or (syncs.get("steps_with_syncs") or 0) < 0.5:
+        return None
+    entry = probe_entry(run, base["id"])
+    idle, starved = entry.get("gpu_idle_fraction"), entry.get("gpu_starved_fraction")
+    if not finite(idle):
+        return None
+    unexplained = idle - (starved if finite(starved) else 0.0)
+    if unexplained < thresholds.host_sync_idle_share:
+        return None
+    sites = syncs.get("sites") or []
+    timed = syncs.get("timed_seconds_per_step") or 0.0
+    waited = f"; torch.cuda.synchronize() waited {ms(timed)} a step" if timed > 0 else ""
+    return Finding(
+        rule="host-sync-per-step",
+        severity="medium" if unexplained >= thresholds.host_sync_severe_share else "low",
+        title="The host waits for the GPU every step",
+        evidence=(f"{syncs['per_step']:.1f} host-GPU synchronisation(s) per step, in "
+                  f"{pct(syncs['steps_with_syncs'])} of the steps: "
+                  + "; ".join(_sync_site_text(s) for s in sites[:3]) + waited
+                  + f". The GPU sat idle between steps {pct(idle)} of the time, "
+                  f"{pct(unexplained)} of it while the host was not waiting for data: after "
+                  "each synchronisation the GPU has no queued work until the host issues it."),
+        recommendation=(
+            "Keep per-step values on the GPU and read them every N steps (at log time), copy "
+            "batches with .to(device, non_blocking=True) from pinned memory, and take "
+            "torch.cuda.synchronize() out of the loop (it is needed only to time it). "
+            f"Predicted, not measured: up to {pct(unexplained)} of the step (the GPU's idle "
+            "time that waiting for data does not explain), less where the host's own work "
+            "per step takes longer than the GPU's."))
+
+
 def sync_batchnorm(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     """A DDP module holds SyncBatchNorm layers: every forward gathers their statistics across
     ranks. Trigger: ``has_sync_bn`` in the baseline's DDP configuration; the cost is quoted
@@ -314,4 +368,5 @@ def sync_batchnorm(run: Run, thresholds: Thresholds) -> Optional[Finding]:
                         "stable statistics; plain BatchNorm needs no communication."))
 
 
-RULES = [exposed_communication, allreduce_per_micro_batch, per_step_collectives, sync_batchnorm]
+RULES = [exposed_communication, allreduce_per_micro_batch, per_step_collectives,
+         host_sync_per_step, sync_batchnorm]

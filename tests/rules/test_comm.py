@@ -7,6 +7,7 @@ from ddp_profile.rules.base import Thresholds
 from ddp_profile.rules.comm import (
     allreduce_per_micro_batch,
     exposed_communication,
+    host_sync_per_step,
     per_step_collectives,
     sync_batchnorm,
 )
@@ -235,3 +236,35 @@ def test_a_larger_bucket_cap_is_neither_tried_nor_suggested_for_one_bucket():
     assert "bucket_cap_mb" not in extra and "gradient_as_bucket_view=True" in extra, extra
     run = run_with(comm(0.03), larger=2.0)  # 3 buckets: a larger cap is worth measuring
     assert "bucket_cap_mb=...) larger than 25" in exposed_communication(run, T).advice.extra
+
+
+def syncs(idle: float, starved: float = 0.0, steps_with_syncs: float = 1.0) -> dict:
+    entry = comm(0.001, host_syncs={
+        "per_step": 2.0, "steps_with_syncs": steps_with_syncs,
+        "timed_seconds_per_step": 0.004,
+        "sites": [{"file": "/home/u/train.py", "line": 91, "function": "train",
+                   "text": "total += loss.item()", "via": None, "calls": 40, "seconds": 0.0},
+                  {"file": "/home/u/train.py", "line": 95, "function": "train",
+                   "text": "torch.cuda.synchronize()", "via": None, "calls": 40,
+                   "seconds": 0.16}]})
+    return {**entry, "gpu_idle_fraction": idle, "gpu_starved_fraction": starved}
+
+
+def test_host_sync_per_step_names_each_line_and_labels_its_saving():
+    finding = host_sync_per_step(run_with(syncs(idle=0.30, starved=0.05)), T)
+    assert finding is not None and finding.severity == "medium"
+    assert "2.0 host-GPU synchronisation(s) per step" in finding.evidence
+    assert "train.py:91 `total += loss.item()`, 40 calls" in finding.evidence
+    assert "torch.cuda.synchronize() waited 4.0 ms a step" in finding.evidence
+    assert "idle between steps 30 % of the time, 25 % of it while the host" in finding.evidence
+    assert "Predicted, not measured: up to 25 %" in finding.recommendation
+
+
+def test_host_syncs_without_an_idle_gpu_or_in_few_steps_are_no_finding():
+    assert host_sync_per_step(run_with(syncs(idle=0.02)), T) is None  # the GPU stays busy
+    # idle, but waiting for data explains it: the loading rules speak
+    assert host_sync_per_step(run_with(syncs(idle=0.40, starved=0.38)), T) is None
+    assert host_sync_per_step(run_with(syncs(idle=0.30, steps_with_syncs=0.2)), T) is None
+    assert host_sync_per_step(run_with(comm(0.001)), T) is None  # none counted (CPU)
+    low = host_sync_per_step(run_with(syncs(idle=0.08)), T)
+    assert low is not None and low.severity == "low"

@@ -14,7 +14,8 @@ RULE_IDS = {"data-loader-bound", "cpu-bound-preprocessing", "io-bound-loading", 
             "low-gpu-utilization", "straggler", "frequent-io", "missing-distributed-sampler",
             "missing-set-epoch", "data-parallel", "backend-mismatch", "find-unused-parameters",
             "no-ddp", "thread-oversubscription", "exposed-communication",
-            "allreduce-per-micro-batch", "per-step-collectives", "sync-batchnorm"}
+            "allreduce-per-micro-batch", "per-step-collectives", "host-sync-per-step",
+            "sync-batchnorm"}
 
 
 def test_registry_has_every_rule_once():

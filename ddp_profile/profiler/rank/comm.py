@@ -25,18 +25,29 @@ with the figures tagged with its ``ddp_n`` (``profiler.store.comm``).
 **The script's collectives** (``dist.all_reduce``, ``barrier``, ...): counted and timed per
 step, each call site (file:line, function) once with its total calls and time.
 
+**The script's host-GPU synchronisations** (CUDA, once the script uses it; installed by
+``profiler.rank.patches.watch_host_syncs``): torch's sync debug mode set to "warn" makes every
+operation that blocks the host on the GPU (``.item()``, ``.cpu()``, ``.tolist()``, a copy
+without ``non_blocking``, ``nonzero``, a stream's ``synchronize``) raise a warning as it
+returns; a warnings filter and ``warnings.showwarning`` take those (never shown to the user),
+count them per step and keep the script's call site: the innermost frame outside torch, with
+the torch function it went through. ``torch.cuda.synchronize()`` is wrapped and also timed.
+A script that set a sync debug mode itself keeps it and is not watched.
+
 Step record fields added here (absent when zero / without DDP): ``ddp_n`` [per module],
 ``syncs`` and ``unsynced`` (forwards with grad, synchronised or under ``no_sync``),
 ``opt_steps``, ``ddp_t`` [[module, iteration, forward_ns, backward_ns, comm_ns, overlap_ns]],
-``coll_n``, ``coll_s``.
+``coll_n``, ``coll_s``, ``hsync_n`` and ``hsync_s`` (host syncs; the time of the timed ones).
 """
 
 from __future__ import annotations
 
+import linecache
 import math
 import os
 import sys
 import time
+import warnings
 import weakref
 from typing import Any, Callable, Optional
 
@@ -58,7 +69,12 @@ SCRIPT_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all
                       "all_to_all", "all_to_all_single", "all_reduce_coalesced")
 
 
+SYNC_WARNING = "synchronizing CUDA operation"  # the text of torch's sync debug warning
+SYNC_PATTERN = r".*synchronizing CUDA operation"
+TORCH_DIR = os.sep + "torch" + os.sep
+
 _PROFILER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_WARNINGS_FILES = {os.path.abspath(warnings.__file__)}
 
 
 def _caller() -> Any:
@@ -67,6 +83,21 @@ def _caller() -> Any:
     while frame.f_back is not None and frame.f_code.co_filename.startswith(_PROFILER_DIR):
         frame = frame.f_back
     return frame
+
+
+def _sync_site(frame: Any) -> tuple[Any, Any]:
+    """Where a host sync was issued: the innermost frame outside ddp-profile's profiler, the
+    warnings machinery and torch, and the innermost torch frame passed on the way (None when
+    the script called the synchronising operation itself)."""
+    via = None
+    while frame.f_back is not None:
+        name = frame.f_code.co_filename
+        if TORCH_DIR in name:
+            via = via or frame
+        elif not (name.startswith(_PROFILER_DIR) or os.path.abspath(name) in _WARNINGS_FILES):
+            break
+        frame = frame.f_back
+    return frame, via
 
 
 def comm_environment() -> dict[str, str]:
@@ -87,6 +118,8 @@ class CommMeter:
         self.sites: dict[tuple[str, int], list[Any]] = {}  # (file, line) -> [op, fn, n, ns]
         self.every, self._closed = 1, 0  # read the timers at steps divisible by ``every``
         self._inside = False  # a collective implemented with another is counted once
+        self.hsync_n, self.hsync_ns = 0, 0
+        self.sync_sites: dict[tuple[str, int], list[Any]] = {}  # -> [fn, via, n, ns]
 
     # ---- DDP -------------------------------------------------------------------------------
     def track(self, ddp: Any) -> None:
@@ -148,6 +181,52 @@ class CommMeter:
         site[2] += 1
         site[3] += elapsed_ns
 
+    # ---- the script's host-GPU synchronisations ---------------------------------------------
+    def wrap_showwarning(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``warnings.showwarning`` that takes torch's sync warnings (counted while active,
+        never shown) and passes every other warning to ``original``."""
+        meter = self
+
+        def showwarning(message: Any, category: Any, filename: str, lineno: int,
+                        file: Any = None, line: Optional[str] = None) -> Any:
+            if isinstance(category, type) and issubclass(category, UserWarning) \
+                    and SYNC_WARNING in str(message):
+                if not meter._inside and meter.active():
+                    meter.host_synced(0, sys._getframe(1))
+                return None
+            return original(message, category, filename, lineno, file, line)
+        return showwarning
+
+    def wrap_synchronize(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``torch.cuda.synchronize`` counted and timed (a sync warning it raises is not
+        counted again)."""
+        meter = self
+
+        def synchronize(*args: Any, **kwargs: Any) -> Any:
+            if meter._inside or not meter.active():
+                return original(*args, **kwargs)
+            meter._inside = True
+            start = meter._clock()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                meter._inside = False
+                meter.host_synced(meter._clock() - start, sys._getframe(0))
+        return synchronize
+
+    def host_synced(self, elapsed_ns: int, frame: Any) -> None:
+        self.hsync_n += 1
+        self.hsync_ns += elapsed_ns
+        frame, via = _sync_site(frame)
+        key = (frame.f_code.co_filename, frame.f_lineno)
+        site = self.sync_sites.get(key)
+        if site is None:
+            through = None if via is None else (f"{os.path.basename(via.f_code.co_filename)}:"
+                                                f"{via.f_lineno} {via.f_code.co_name}")
+            site = self.sync_sites[key] = [frame.f_code.co_name, through, 0, 0]
+        site[2] += 1
+        site[3] += elapsed_ns
+
     # ---- per step ----------------------------------------------------------------------------
     def close_step(self, record: dict[str, Any], step_s: float) -> None:
         """Add this step's counters (and, every ``every`` steps, DDP's timers) to ``record``."""
@@ -162,13 +241,20 @@ class CommMeter:
                     record["ddp_t"] = timed
         if self.coll_n:
             record["coll_n"], record["coll_s"] = self.coll_n, self.coll_ns / 1e9
+        if self.hsync_n:
+            record["hsync_n"], record["hsync_s"] = self.hsync_n, self.hsync_ns / 1e9
         self.step_syncs = self.step_unsynced = self.step_opt = 0
-        self.coll_n, self.coll_ns = 0, 0
+        self.coll_n = self.coll_ns = self.hsync_n = self.hsync_ns = 0
 
     def _read_timers(self, step_s: float) -> list[list[int]]:
         start = self._clock()
         timed = []
-        for index, _module, data in self._logging_data():
+        self._inside = True  # a GPU wait while reading them is ddp-profile's own
+        try:
+            found = self._logging_data()
+        finally:
+            self._inside = False
+        for index, _module, data in found:
             iteration = int(data.get("iteration") or 0)
             values = [data.get(key) for key in TIMER_KEYS]
             if iteration > self._last_iteration[index] and all(
@@ -208,12 +294,21 @@ class CommMeter:
             facts.append(fact)
         return facts
 
-    def site_facts(self) -> list[dict[str, Any]]:
-        """Every call site of a collective the script issued: op, file, line, calls, time."""
-        return [{"op": op, "file": path, "line": line, "function": function, "calls": calls,
-                 "seconds": ns / 1e9}
-                for (path, line), (op, function, calls, ns) in sorted(
-                    self.sites.items(), key=lambda item: -item[1][3])][:20]
+    def site_events(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every call site of a collective the script issued (``collective_site``: op, file,
+        line, calls, time) and of a host sync (``host_sync_site``: file, line, the source
+        line, the torch function it went through, calls, time)."""
+        collectives = [("collective_site", {"op": op, "file": path, "line": line,
+                                            "function": function, "calls": calls,
+                                            "seconds": ns / 1e9})
+                       for (path, line), (op, function, calls, ns) in sorted(
+                           self.sites.items(), key=lambda item: -item[1][3])][:20]
+        syncs = [("host_sync_site", {"file": path, "line": line, "function": function,
+                                     "text": linecache.getline(path, line).strip()[:120],
+                                     "via": via, "calls": calls, "seconds": ns / 1e9})
+                 for (path, line), (function, via, calls, ns) in sorted(
+                     self.sync_sites.items(), key=lambda item: -item[1][2])][:20]
+        return collectives + syncs
 
 
 def sample_rate(ddp: Any) -> int:

@@ -294,6 +294,9 @@ class Instrumentation:
             factory = cuda_event_factory()
             if factory is not None:
                 self.gpu_timer = GpuStepTimer(factory, self._write_gpu_step)
+                from ddp_profile.profiler.rank.patches import watch_host_syncs
+
+                self.event("host_sync_watch", watched=watch_host_syncs(self))
         if self.gpu_timer is not None:
             self.gpu_timer.step_started(loader_id, step)
 
@@ -389,8 +392,8 @@ class Instrumentation:
             self._check_unused_parameters()  # a loop without an optimizer
         for facts in self.comm.module_facts():
             self.event("ddp_config", **facts)
-        for site in self.comm.site_facts():
-            self.event("collective_site", **site)
+        for name, site in self.comm.site_events():
+            self.event(name, **site)
         try:
             import torch
 

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from ddp_profile.profiler.rank.comm import SCRIPT_COLLECTIVES
+from ddp_profile.profiler.rank.comm import SCRIPT_COLLECTIVES, SYNC_PATTERN
 from ddp_profile.profiler.settings import GRADIENT_SYNC, constructor_options
 
 _originals: list[tuple[Any, str, Any]] = []
@@ -247,6 +247,40 @@ def _patch_collectives(instr: Any, dist: Any) -> None:
         return __init__
 
     _patch(FullyShardedDataParallel, "__init__", make_fsdp_init)
+
+
+class _SyncDebugMode:
+    """Handle that puts torch's sync debug mode and the warnings filter back (``remove``)."""
+
+    def __init__(self, torch_c: Any, entry: Any):
+        self._torch_c, self._entry = torch_c, entry
+
+    def remove(self) -> None:
+        import warnings
+
+        self._torch_c._cuda_set_sync_debug_mode(0)
+        if self._entry in warnings.filters:
+            warnings.filters.remove(self._entry)
+            getattr(warnings, "_filters_mutated", lambda: None)()
+
+
+def watch_host_syncs(instr: Any) -> bool:
+    """Count the script's host-GPU synchronisations from now on (``rank.comm``): called once
+    the script uses CUDA. False, and nothing changed, where this torch has no sync debug mode
+    or the script set one itself."""
+    import warnings
+
+    import torch
+
+    get = getattr(torch._C, "_cuda_get_sync_debug_mode", None)
+    if get is None or not hasattr(torch._C, "_cuda_set_sync_debug_mode") or get() != 0:
+        return False
+    warnings.filterwarnings("always", message=SYNC_PATTERN, category=UserWarning)
+    _handles.append(_SyncDebugMode(torch._C, warnings.filters[0]))
+    _patch(warnings, "showwarning", instr.comm.wrap_showwarning)
+    _patch(torch.cuda, "synchronize", instr.comm.wrap_synchronize)
+    torch._C._cuda_set_sync_debug_mode(1)
+    return True
 
 
 def _patch_spawn(instr: Any) -> None:

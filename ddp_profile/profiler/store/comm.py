@@ -11,7 +11,8 @@ every rank, those of the least exposed rank: a rank that reaches the all-reduce 
 waits there for its peers, which is imbalance, not communication; ``per_rank`` keeps each
 rank's own), the gradient bytes and buckets, the
 achieved all-reduce bandwidth, how often gradients were synchronised per optimizer step, and
-the script's own collectives with their call sites. It is the one author of these figures;
+the script's own collectives and host-GPU synchronisations (``host_syncs``) with their call
+sites. It is the one author of these figures;
 the rules and reports read them.
 """
 
@@ -166,18 +167,32 @@ def _configuration(ranks: list[Any]) -> dict[str, Any]:
             "env": first.get("env") or {}}
 
 
-def _sites(ranks: list[Any]) -> list[dict[str, Any]]:
-    """The script's collective call sites, merged over ranks (calls and time summed)."""
+def _sites(ranks: list[Any], name: str = "collective_site") -> list[dict[str, Any]]:
+    """The script's call sites of one kind (``collective_site``, ``host_sync_site``), merged
+    over ranks (calls and time summed), the most costly first."""
     merged: dict[tuple[str, int], dict[str, Any]] = {}
-    for _rank, site in _events(ranks, "collective_site"):
+    for _rank, site in _events(ranks, name):
         key = (str(site.get("file")), int(site.get("line") or 0))
-        slot = merged.setdefault(key, {"op": site.get("op"), "file": key[0], "line": key[1],
-                                       "function": site.get("function"), "calls": 0,
+        slot = merged.setdefault(key, {**site, "file": key[0], "line": key[1], "calls": 0,
                                        "seconds": 0.0, "ranks": 0})
         slot["calls"] += int(site.get("calls") or 0)
         slot["seconds"] += float(site.get("seconds") or 0.0)
         slot["ranks"] += 1
-    return sorted(merged.values(), key=lambda s: -s["seconds"])[:10]
+    return sorted(merged.values(), key=lambda s: (-s["seconds"], -s["calls"]))[:10]
+
+
+def _host_syncs(steps: list[dict[str, Any]], ranks: list[Any]) -> Optional[dict[str, Any]]:
+    """The script's host-GPU synchronisations per measured step (``rank.comm``), or None
+    where none was counted (a CPU run, or a script that never blocks on the GPU)."""
+    measured = [s for s in steps if s.get("measured")]
+    counts = [int(s.get("hsync_n") or 0) for s in measured]
+    if not any(counts):
+        return None
+    return {"per_step": statistics.fmean(counts),
+            "steps_with_syncs": sum(1 for c in counts if c) / len(counts),
+            "timed_seconds_per_step": statistics.fmean(
+                float(s.get("hsync_s") or 0.0) for s in measured),
+            "sites": _sites(ranks, "host_sync_site")}
 
 
 def bandwidth(gradient_bytes: Optional[float], comm_s: Optional[float],
@@ -200,7 +215,8 @@ def probe_comm(ranks: list[Any]) -> Optional[dict[str, Any]]:
             per_rank.append({"rank": data.rank, **figures})
     config = _configuration(ranks)
     collectives = _collectives(every_step)
-    if not per_rank and not config and collectives is None:
+    host_syncs = _host_syncs(every_step, ranks)
+    if not per_rank and not config and collectives is None and host_syncs is None:
         return None
     # the rank that reaches the all-reduce last waits for the transfer alone; the others also
     # wait for it: per step where every rank was timed, else the least exposed rank's means
@@ -219,6 +235,7 @@ def probe_comm(ranks: list[Any]) -> Optional[dict[str, Any]]:
         **config,
         "collectives": collectives,
         "sites": _sites(ranks),
+        "host_syncs": host_syncs,
         "per_rank": [{"rank": r["rank"], "exposed_fraction": r["exposed_fraction"],
                       "exposed_s": r["exposed_s"]} for r in per_rank],
     }

@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_profile.profiler.rank.comm import CommMeter
+from ddp_profile.profiler.rank.comm import SYNC_PATTERN, CommMeter
 from ddp_profile.profiler.store.comm import step_comm
 
 
@@ -100,7 +101,8 @@ def test_collectives_are_timed_per_step_with_their_call_site():
     record = {}
     meter.close_step(record, 0.01)
     assert record["coll_n"] == 3 and record["coll_s"] >= 0 and len(calls) == 3
-    [site] = meter.site_facts()
+    [(name, site)] = meter.site_events()
+    assert name == "collective_site"
     assert site["op"] == "all_reduce" and site["file"] == __file__ and site["calls"] == 3
     assert site["function"] == "test_collectives_are_timed_per_step_with_their_call_site"
     after = {}
@@ -174,3 +176,88 @@ def test_a_gpu_ddp_is_timed_every_16th_iteration_so_the_host_can_run_ahead():
     meter.track(cpu)
     meter.track(gpu)
     assert (cpu.rate, gpu.rate) == (1, CUDA_SAMPLE_RATE) and CUDA_SAMPLE_RATE == 16
+
+
+SYNC_TEXT = "called a synchronizing CUDA operation"  # torch's warning as such an op returns
+TORCH_LIKE = compile("import warnings\n"
+                     "def _maybe_opt_step():\n"
+                     f"    warnings.warn({SYNC_TEXT!r}, UserWarning)\n",
+                     os.path.join(os.sep, "site", "torch", "amp", "grad_scaler.py"), "exec")
+
+
+def test_host_syncs_are_counted_per_step_with_the_script_line_and_never_shown():
+    meter = CommMeter()
+    shown = []
+    namespace: dict = {}
+    exec(TORCH_LIKE, namespace)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("always", message=SYNC_PATTERN, category=UserWarning)
+        warnings.showwarning = meter.wrap_showwarning(lambda *a: shown.append(a[0]))
+        for _ in range(2):
+            warnings.warn(SYNC_TEXT, UserWarning, stacklevel=1)  # as .item() called here
+        namespace["_maybe_opt_step"]()  # one inside a torch function the script calls
+        warnings.warn("something else", UserWarning, stacklevel=1)
+    record: dict = {}
+    meter.close_step(record, 0.01)
+    assert record["hsync_n"] == 3 and record["hsync_s"] == 0
+    assert [str(m) for m in shown] == ["something else"]  # the user's warnings still shown
+    sites = [site for name, site in meter.site_events() if name == "host_sync_site"]
+    [direct] = [site for site in sites if site["via"] is None]
+    assert direct["file"] == __file__ and direct["calls"] == 2
+    assert direct["text"] == "warnings.warn(SYNC_TEXT, UserWarning, stacklevel=1)  # as " \
+                             ".item() called here"
+    [through] = [site for site in sites if site["via"]]
+    assert through["via"] == "grad_scaler.py:3 _maybe_opt_step" and through["calls"] == 1
+    assert through["text"].startswith('namespace["_maybe_opt_step"]()')
+    after: dict = {}
+    meter.close_step(after, 0.01)
+    assert "hsync_n" not in after
+
+
+def _torch_synchronize() -> None:
+    warnings.warn(SYNC_TEXT, UserWarning, stacklevel=1)  # torch's own may warn too
+
+
+def test_synchronize_is_timed_once_and_idle_meters_count_nothing():
+    ticks = iter(range(0, 10 ** 9, 2_000_000))
+    meter = CommMeter(clock=lambda: next(ticks))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("always", message=SYNC_PATTERN, category=UserWarning)
+        warnings.showwarning = meter.wrap_showwarning(lambda *a: None)
+        synchronize = meter.wrap_synchronize(_torch_synchronize)
+        synchronize()
+        record: dict = {}
+        meter.close_step(record, 0.01)
+        assert record["hsync_n"] == 1 and record["hsync_s"] == pytest.approx(0.002)
+        [(_, site)] = [e for e in meter.site_events() if e[0] == "host_sync_site"]
+        assert site["text"] == "synchronize()" and site["seconds"] == pytest.approx(0.002)
+        meter.active = lambda: False  # stopping, or a DataLoader worker
+        synchronize()
+        warnings.warn(SYNC_TEXT, UserWarning, stacklevel=1)
+        idle: dict = {}
+        meter.close_step(idle, 0.01)
+        assert "hsync_n" not in idle
+
+
+def test_watching_host_syncs_installs_and_removes_torch_sync_debug_mode(monkeypatch):
+    from types import SimpleNamespace
+
+    from ddp_profile.profiler.rank import patches
+
+    mode = [0]
+    monkeypatch.setattr(torch._C, "_cuda_get_sync_debug_mode", lambda: mode[0], raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_set_sync_debug_mode",
+                        lambda value: mode.__setitem__(0, value), raising=False)
+    instr = SimpleNamespace(comm=CommMeter())
+    filters_before = list(warnings.filters)
+    show_before, sync_before = warnings.showwarning, torch.cuda.synchronize
+    try:
+        assert patches.watch_host_syncs(instr) is True
+        assert mode == [1] and warnings.filters[0][0] == "always"
+        assert warnings.showwarning is not show_before and torch.cuda.synchronize is not sync_before
+    finally:
+        patches.remove()
+    assert mode == [0] and warnings.filters == filters_before
+    assert warnings.showwarning is show_before and torch.cuda.synchronize is sync_before
+    mode[0] = 2  # the script's own debug mode: left alone, nothing watched
+    assert patches.watch_host_syncs(instr) is False and not patches.is_applied()

@@ -80,3 +80,29 @@ def test_waiting_for_a_late_rank_is_not_communication():
     comm = probe_comm(ranks)
     assert [r["exposed_s"] for r in comm["per_rank"]] == pytest.approx([0.020, 0.020], rel=0.3)
     assert comm["exposed_s"] == pytest.approx(0.010)
+
+
+def test_host_syncs_per_step_with_sites_merged_over_ranks():
+    ranks = []
+    for rank in range(2):
+        data = RankData(rank=rank, steps=[
+            {"kind": "step", "loader_id": 0, "step": step, "measured": step >= 2,
+             "data_wait_s": 0.0, "compute_s": 0.01, "other_s": 0.0,
+             **({"hsync_n": 2, "hsync_s": 0.001} if step % 4 else {})} for step in range(10)])
+        data.events = [{"name": "host_sync_site", "data": {
+            "file": "/x/train.py", "line": 57, "function": "main", "text": "loss.item()",
+            "via": None, "calls": 12, "seconds": 0.0}}]
+        ranks.append(data)
+    syncs = probe_comm(ranks)["host_syncs"]
+    # measured steps 2..9 on each rank: 6 of 8 with 2 syncs each
+    assert syncs["per_step"] == pytest.approx(1.5)
+    assert syncs["steps_with_syncs"] == pytest.approx(0.75)
+    assert syncs["timed_seconds_per_step"] == pytest.approx(0.00075)
+    [site] = syncs["sites"]
+    assert (site["file"], site["line"], site["text"], site["calls"], site["ranks"]) == \
+        ("/x/train.py", 57, "loss.item()", 24, 2)
+
+
+def test_no_host_syncs_is_none():
+    comm = probe_comm([rank_data(0, exposed_ms=5.0)])
+    assert comm["host_syncs"] is None
