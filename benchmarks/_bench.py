@@ -22,6 +22,11 @@ from typing import Any, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+# the workloads' rank processes import ddp_profile too: from a clone without an install, the
+# repository must be on their path as well as on this one's
+if REPO not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
 
 WORKLOAD = os.path.join(REPO, "benchmarks", "workloads", "bench_train.py")
 DEMO = os.path.join(REPO, "ddp_profile", "examples", "demo_train.py")

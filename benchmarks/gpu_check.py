@@ -25,6 +25,13 @@ pass/fail with the figures:
                     skipped, the run still answers;
 ``backend``         2 ranks on the one GPU with gloo on CUDA tensors: ``backend-mismatch``,
                     and DDP's timers read on CUDA;
+``syncs``           ``.item()``, ``torch.cuda.synchronize()`` and a blocking copy of x and y
+                    every step, then a host sleep: 4 host syncs a step counted, each at the
+                    workload's own line, and ``host-sync-per-step``; the same loop without
+                    them: none counted, no finding;
+``nccl``            DDP on nccl (one rank) with the script's own ``dist.all_reduce`` of the
+                    loss every step: DDP's reducer timers read through CUDA events, the
+                    all-reduce counted at its line;
 ``overhead``        ``benchmarks/overhead.py``'s in-process A/B on CUDA (target <= 1.01).
 
     python benchmarks/gpu_check.py                 # every check (~6 min on an H100)
@@ -404,6 +411,8 @@ def check_overhead(ctx: Context) -> dict[str, Any]:
             measured = overhead.main(argv)
         inproc = measured["in_process"]
         figures[name] = {"workload": measured["workload"],
+                         "errors": [r["in_process"].get("error") for r in
+                                    measured.get("per_rep", []) if r["in_process"].get("error")],
                          "with_samplers": inproc.get("with_samplers"),
                          "ratio": inproc.get("ratio"), "ci95": inproc.get("ci95"),
                          "hook_us_per_step": inproc.get("hook_us_per_step"),
@@ -414,10 +423,88 @@ def check_overhead(ctx: Context) -> dict[str, Any]:
     return verdict(headline is not None and headline <= 1.01, target=1.01, **figures)
 
 
+def site_lines() -> dict[str, int]:
+    """The workload's marked lines (``# site: NAME``) by name."""
+    with open(WORKLOAD) as fh:
+        return {line.split("# site:")[1].strip(): number
+                for number, line in enumerate(fh, start=1) if "# site:" in line}
+
+
+def check_syncs(ctx: Context) -> dict[str, Any]:
+    options = ["--nproc-per-node", "1", "--num-workers", "0", "--steps", "40", "--no-comm",
+               "--no-ceiling", "--no-report"]
+    synced = ctx.tool("syncs", WORKLOAD, options, [*GPU_MODEL, "--read-loss", "--synchronize",
+                                                   "--blocking-copy", "--host-sleep-ms", "10"])
+    plain = ctx.tool("syncs-none", WORKLOAD, options, GPU_MODEL)
+    lines = site_lines()
+    wanted = {lines["read-loss"]: 1, lines["synchronize"]: 1, lines["blocking-copy"]: 2}
+    base = baseline_of(synced)
+    found = ((base.get("comm") or {}).get("host_syncs")) or {}
+    sites = {s.get("line"): s for s in found.get("sites") or []
+             if os.path.basename(str(s.get("file"))) == "gpu_train.py"}
+    failures = []
+    if found.get("per_step") is None or abs(found["per_step"] - sum(wanted.values())) > 0.5:
+        failures.append(f"{found.get('per_step')} host syncs a step counted, constructed "
+                        f"{sum(wanted.values())}")
+    for line in wanted:
+        if line not in sites:
+            failures.append(f"no site at gpu_train.py:{line}")
+    if finding(synced, "host-sync-per-step") is None:
+        failures.append(f"no host-sync-per-step: {rules_of(synced)}")
+    unsynced = ((baseline_of(plain).get("comm") or {}).get("host_syncs")) or {}
+    if unsynced.get("per_step"):
+        failures.append(f"the loop without syncs: {unsynced.get('per_step')} a step at "
+                        f"{[(s.get('file'), s.get('line')) for s in unsynced.get('sites', [])]}")
+    if finding(plain, "host-sync-per-step") is not None:
+        failures.append("host-sync-per-step on the loop without syncs")
+    return verdict(not failures, failures=failures, per_step=r3(found.get("per_step")),
+                   steps_with_syncs=r3(found.get("steps_with_syncs")),
+                   synchronize_s_per_step=r3(found.get("timed_seconds_per_step")),
+                   sites=[{k: s.get(k) for k in ("file", "line", "text", "via", "calls")}
+                          for s in found.get("sites") or []],
+                   constructed_lines=wanted,
+                   gpu_idle_fraction=r3(base.get("gpu_idle_fraction")),
+                   gpu_starved_fraction=r3(base.get("gpu_starved_fraction")),
+                   finding=(finding(synced, "host-sync-per-step") or {}).get("evidence"),
+                   rules=rules_of(synced), rules_without=rules_of(plain),
+                   without_syncs=unsynced or None,
+                   seconds=synced["seconds"] + plain["seconds"])
+
+
+def check_nccl(ctx: Context) -> dict[str, Any]:
+    result = ctx.tool("nccl", WORKLOAD, ["--nproc-per-node", "1", "--num-workers", "0",
+                                         "--steps", "80", "--no-ceiling", "--no-report"],
+                      [*GPU_MODEL, "--reduce-loss"])
+    base = baseline_of(result)
+    comm = base.get("comm") or {}
+    line = site_lines()["reduce-loss"]
+    sites = [s for s in comm.get("sites") or [] if s.get("line") == line
+             and os.path.basename(str(s.get("file"))) == "gpu_train.py"]
+    failures = []
+    if comm.get("backend") != "nccl":
+        failures.append(f"backend {comm.get('backend')}")
+    if not comm.get("timed_steps") or not comm.get("comm_s"):
+        failures.append(f"DDP's timers: {comm.get('timed_steps')} timed steps, comm "
+                        f"{comm.get('comm_s')} s")
+    elif comm.get("step_s") and not 0 <= comm["comm_s"] <= comm["step_s"]:
+        failures.append(f"comm {comm['comm_s']} s outside the {comm['step_s']} s step")
+    if not sites or sites[0].get("op") != "all_reduce":
+        failures.append(f"the all_reduce at gpu_train.py:{line} not counted: "
+                        f"{comm.get('sites')}")
+    return verdict(not failures, failures=failures,
+                   **{k: comm.get(k) for k in ("backend", "timed_steps", "comm_s", "overlap_s",
+                                               "exposed_s", "step_s", "gradient_bytes",
+                                               "buckets", "collectives", "host_syncs")},
+                   sites=comm.get("sites"), rules=rules_of(result),
+                   probes=[(p.get("id"), p.get("kind"), p.get("status")) for p in
+                           probes_of(result)], seconds=result["seconds"])
+
+
 CHECKS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "demo": check_demo, "idle": check_idle, "utilisation": check_utilisation,
     "hidden_wait": check_hidden_wait, "pinning": check_pinning, "oom": check_oom,
-    "backend": check_backend, "overhead": check_overhead}
+    "backend": check_backend, "syncs": check_syncs, "nccl": check_nccl,
+    "overhead": check_overhead}
 
 
 def device_facts() -> dict[str, Any]:

@@ -155,7 +155,8 @@ def run_in_process(steps: int, warmup: int, every: int, pin_core: bool) -> dict:
         result = _bench.run_instrumented(args, work, warmup=warmup)
         toggles = [r["toggle"] for r in result["ranks"] if r.get("toggle")]
         if len(toggles) != _bench.NPROC or not all(t["pair_ratios"] for t in toggles):
-            return {"ratio": None, "pair_ratios": [], "pair_on_first": [], "hook_share": None}
+            return {"ratio": None, "pair_ratios": [], "pair_on_first": [], "hook_share": None,
+                    "error": _failure(result, len(toggles))}
         pairs = min(len(t["pair_ratios"]) for t in toggles)
         pair_ratios = [math.exp(statistics.fmean(math.log(t["pair_ratios"][i]) for t in toggles))
                        for i in range(pairs)]
@@ -168,6 +169,18 @@ def run_in_process(steps: int, warmup: int, every: int, pin_core: bool) -> dict:
                 "hook_share": statistics.fmean(t["hook_share"] for t in toggles)}
     finally:
         _bench.cleanup(work)
+
+
+def _failure(result: dict, toggled: int) -> str:
+    """Why an A/B launch gave no ratio: its exit status, the ranks that toggled, and the end
+    of the launcher's log (where a rank's traceback lands)."""
+    try:
+        with open(os.path.join(result["probe_dir"], "launcher.log")) as fh:
+            tail = " | ".join(line.strip() for line in fh.read().splitlines()[-8:])
+    except OSError:
+        tail = "no launcher.log"
+    return (f"exit {result['returncode']}, {toggled} of {_bench.NPROC} rank(s) toggled: "
+            f"{tail}")[:1500]
 
 
 def pooled_in_process(launches: list[dict], seed: int = 0, draws: int = 4000) -> dict:

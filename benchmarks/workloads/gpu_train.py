@@ -11,6 +11,10 @@ with what the parameters construct:
 * the loading: ``--load-ms`` asleep per sample or ``--batch-load-ms`` per batch, batches of
   ``--features`` floats from a pool of ready samples (large batches: ``--features 150528``
   is one 3x224x224 image), copied with ``.to(device, non_blocking=True)``;
+* host-GPU synchronisations the tool must find by line (each marked ``# site:``):
+  ``--read-loss`` (``.item()``), ``--synchronize`` (``torch.cuda.synchronize()``),
+  ``--blocking-copy`` (the batch copied without ``non_blocking``); ``--reduce-loss`` adds the
+  script's own ``dist.all_reduce`` of the loss every step;
 * ``--backend gloo`` with CUDA tensors (a backend mismatch), a batch too large for the GPU's
   memory (``--width 65536`` at a batch of 262,144 samples).
 
@@ -85,6 +89,9 @@ def parse_args() -> argparse.Namespace:
     add("--host-sleep-ms", type=float, default=0.0,
         help="per-step sleep after reading the loss (a known GPU idle)")
     add("--read-loss", action="store_true", help="loss.item() every step (waits for the GPU)")
+    add("--synchronize", action="store_true", help="torch.cuda.synchronize() every step")
+    add("--blocking-copy", action="store_true", help="copy batches without non_blocking")
+    add("--reduce-loss", action="store_true", help="dist.all_reduce of the loss every step")
     add("--steps", type=int, default=0, help="end after N steps (0: run until stopped)")
     add("--warmup", type=int, default=10, help="steps left out of --out's median")
     add("--out", default="", help="rank 0's JSON result with --steps")
@@ -134,14 +141,21 @@ def main() -> None:
         sampler.set_epoch(epoch)
         for x, y in loader:
             starts.append(time.perf_counter())
-            x = x.to(device, non_blocking=True)
-            y = y.to(device, non_blocking=True)
+            if args.blocking_copy:
+                x, y = x.to(device), y.to(device)  # site: blocking-copy
+            else:
+                x = x.to(device, non_blocking=True)
+                y = y.to(device, non_blocking=True)
             loss = loss_fn(model(x), y)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            if args.reduce_loss:
+                dist.all_reduce(loss.detach())  # site: reduce-loss
+            if args.synchronize and cuda:
+                torch.cuda.synchronize()  # site: synchronize
             if args.read_loss or args.host_sleep_ms:
-                loss.item()
+                loss.item()  # site: read-loss
             if args.host_sleep_ms:
                 time.sleep(args.host_sleep_ms / 1000.0)
             step += 1
