@@ -90,3 +90,37 @@ def cuda_event_factory() -> Optional[Callable[[], Any]]:
     except Exception:  # noqa: BLE001
         return None
     return lambda: torch.cuda.Event(enable_timing=True)
+
+
+class GpuSide:
+    """The rank's GPU side: looks for the script's use of CUDA at its first ``lookups``
+    batches; once found, times every step on the GPU (``GpuStepTimer``) and calls
+    ``on_cuda`` once (the host syncs' watch). Inert where the script never uses CUDA."""
+
+    def __init__(self, emit: Emit, on_cuda: Callable[[], None], lookups: int = 16,
+                 factory: Callable[[], Optional[Callable[[], Any]]] = cuda_event_factory):
+        self._emit, self._on_cuda, self._factory = emit, on_cuda, factory
+        self._lookups_left = lookups
+        self.timer: Optional[GpuStepTimer] = None
+
+    def step_started(self, loader_id: int, step: int) -> None:
+        if self.timer is None and self._lookups_left > 0:
+            self._lookups_left -= 1
+            events = self._factory()
+            if events is not None:
+                self.timer = GpuStepTimer(events, self._emit)
+                self._on_cuda()
+        if self.timer is not None:
+            self.timer.step_started(loader_id, step)
+
+    def compute_issued(self) -> None:
+        if self.timer is not None:
+            self.timer.compute_issued()
+
+    def poll(self) -> None:
+        if self.timer is not None:
+            self.timer.poll()
+
+    def finish(self) -> None:
+        if self.timer is not None:
+            self.timer.finish()

@@ -22,9 +22,12 @@ DataLoader built with the next window's ``num_workers`` / ``pin_memory`` / ``pre
 false for each window's first ``warmup`` steps, which absorb the new workers' start-up. A
 loader that cannot be rebuilt ends the screen early (event ``screen_unsupported``).
 
-``profiler.rank.process`` holds what the rank says about itself (rank, context and error
-records) and how it leaves (the stop barrier); ``profiler.rank.windows`` rebuilds the
-iterator at a window boundary.
+The jobs are split: ``profiler.rank.stepclock`` times each loader's steps,
+``profiler.rank.windows`` holds each iterator's state (``IteratorState``), the screen's
+windows (``Screen``) and the ceiling's replay (``CeilingReplay``), ``profiler.rank.gpu_steps``
+the GPU side (``GpuSide``), ``profiler.rank.comm`` communication and host syncs,
+``profiler.rank.process`` what the rank says about itself (rank, context and error records)
+and how it leaves (the stop barrier); this class wires them to the patched calls.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from ddp_profile.profiler.rank.facts import (
     batch_fingerprint,
     worker_pids,
 )
-from ddp_profile.profiler.rank.gpu_steps import GpuStepTimer, cuda_event_factory
+from ddp_profile.profiler.rank.gpu_steps import GpuSide
 from ddp_profile.profiler.rank.loadcost import batch_size_of
 from ddp_profile.profiler.rank.overrides import apply_overrides, own_settings
 from ddp_profile.profiler.rank.pagecache import FileReads, watch
@@ -55,16 +58,15 @@ from ddp_profile.profiler.rank.process import (
     flush_std_streams,
 )
 from ddp_profile.profiler.rank.stepclock import StepClock
-from ddp_profile.profiler.rank.windows import applied_settings, rebuilt_iterator, shutdown_workers
-from ddp_profile.profiler.settings import (
-    CEILING_CACHE_BATCHES,
-    COLD,
-    ProbePlan,
-    backlog_warmup,
-    burst_steps,
-    mode_warmup,
-    window_index,
+from ddp_profile.profiler.rank.windows import (
+    CeilingReplay,
+    IteratorState,
+    Screen,
+    applied_settings,
+    rebuilt_iterator,
+    shutdown_workers,
 )
+from ddp_profile.profiler.settings import COLD, ProbePlan, backlog_warmup, burst_steps, mode_warmup
 from ddp_profile.profiler.store.record import RankRecorder
 
 FLUSH_INTERVAL_S = 0.5
@@ -98,13 +100,10 @@ class Instrumentation:
         self.samplers: Any = None
         self.stopping = False
         self._last_flush = time.monotonic()
-        self._ceiling_cache: dict[int, list[Any]] = {}
         self._unused_checked = False
-        self.gpu_timer: Any = None
-        self._gpu_lookups = 0
-        self.window = 0  # the screen window the training loader is in
-        self._starts = plan.window_starts() if plan.windows else [0]  # fixed per probe:
-        self._total_steps = plan.total_steps  # computed once, read at every step
+        self.screen = Screen(plan)
+        self.ceiling = CeilingReplay()
+        self.gpu = GpuSide(self._write_gpu_step, self._cuda_found, GPU_LOOKUP_BATCHES)
 
     # ---- records -------------------------------------------------------------------------
     def event(self, name: str, **data: Any) -> None:
@@ -154,12 +153,9 @@ class Instrumentation:
         self.pin_meter.track(iterator, loader_id)
         index = getattr(loader, "_ddp_profile_iters", 0)
         object.__setattr__(loader, "_ddp_profile_iters", index + 1)
-        iterator._ddp_profile_state = {"loader_id": loader_id, "iter_index": index,
-                                       "t_iter": started_ns or time.perf_counter_ns(),
-                                       "first": True,
-                                       "default_bs": getattr(loader, "batch_size", None) or 1,
-                                       "loader": weakref.ref(loader), "delegate": None,
-                                       "fingerprints": 0}
+        iterator._ddp_profile_state = IteratorState(
+            loader_id, index, started_ns or time.perf_counter_ns(), weakref.ref(loader),
+            default_bs=getattr(loader, "batch_size", None) or 1)
         self.iterators.add(iterator)
         self._add_workers(iterator)
 
@@ -168,23 +164,23 @@ class Instrumentation:
         if pids:
             self.worker_pids = tuple(sorted(set(self.worker_pids) | set(pids)))
 
-    def _fingerprint(self, state: dict[str, Any], batch: Any) -> None:
+    def _fingerprint(self, state: IteratorState, batch: Any) -> None:
         """The first batches of each loader's first epoch, fingerprinted (sharding check)."""
-        if state["iter_index"] != 0 or state["fingerprints"] >= FINGERPRINT_BATCHES:
+        if state.iter_index != 0 or state.fingerprints >= FINGERPRINT_BATCHES:
             return
-        index = state["fingerprints"]
-        state["fingerprints"] = index + 1
+        index = state.fingerprints
+        state.fingerprints = index + 1
         try:
             digest = batch_fingerprint(batch)
         except Exception:  # noqa: BLE001 - a batch type we cannot read: no evidence
             digest = None
         if digest is not None:
-            self.event("batch_fingerprint", loader_id=state["loader_id"], index=index,
+            self.event("batch_fingerprint", loader_id=state.loader_id, index=index,
                        digest=digest)
 
     def on_next(self, iterator: Any, original_next: Callable[[Any], Any]) -> Any:
-        state = iterator._ddp_profile_state
-        loader_id = state["loader_id"]
+        state: IteratorState = iterator._ddp_profile_state
+        loader_id = state.loader_id
         clock = self.clocks.get(loader_id)
         if clock is None:
             clock = self.clocks[loader_id] = StepClock(loader_id, self._warmup_for(state),
@@ -192,94 +188,85 @@ class Instrumentation:
             self._steps[loader_id] = self._steps_for(state)
         record = clock.next_called()
         if record is not None:
-            record["rank"] = current_rank()
-            self.comm.close_step(record, record["data_wait_s"] + record["compute_s"]
-                                 + record["other_s"])
-            if self.plan.windows:
-                window = window_index(self._starts, record["step"])
-                record["window"] = window
-                record["measured"] = (record["step"] - self._starts[window]
-                                      >= self.plan.window_warmup(window))
-            self.recorder.write(record)
-            if self.gpu_timer is not None:
-                self.gpu_timer.poll()
-            if (clock.steps_closed >= self._total_steps if self.plan.windows
-                    else clock.measured_steps >= self._steps[loader_id]):
-                self.training_loader_id = loader_id
-                self.stop("steps_done")
-            elif self.plan.windows and clock.steps_closed in self._starts \
-                    and self.training_loader_id in (None, loader_id):
-                self.training_loader_id = loader_id
-                self._switch_window(iterator, state, self._starts.index(clock.steps_closed))
-            self.maybe_flush()
+            self._close_step(iterator, state, clock, record)
         self.pin_meter.fetching = loader_id  # pinning in this thread (no workers) is its
         try:
-            batch = self._fetch(state, iterator, original_next, loader_id, clock.steps_closed)
+            batch = self._fetch(state, iterator, original_next, clock.steps_closed)
         except StopIteration:
             clock.exhausted()
             raise
-        clock.batch_returned(batch_size_of(batch, state["default_bs"]))
+        clock.batch_returned(batch_size_of(batch, state.default_bs))
         self._fingerprint(state, batch)
         self.current = clock
-        self._gpu_step_started(loader_id, clock.steps_closed)
-        if state["first"]:
-            state["first"] = False
+        self.gpu.step_started(loader_id, clock.steps_closed)
+        if state.first:
+            state.first = False
             clock.loader_started(self._on_first_batch(state))
         return batch
 
-    def _warmup_for(self, state: dict[str, Any]) -> int:
+    def _close_step(self, iterator: Any, state: IteratorState, clock: StepClock,
+                    record: dict[str, Any]) -> None:
+        """A step ended: complete and write its record; stop, or begin the next window, where
+        the probe says so."""
+        record["rank"] = current_rank()
+        self.comm.close_step(record, record["data_wait_s"] + record["compute_s"]
+                             + record["other_s"])
+        self.screen.label(record)
+        self.recorder.write(record)
+        self.gpu.poll()
+        window = self.screen.boundary(clock.steps_closed)
+        if self.screen.done(clock.steps_closed, clock.measured_steps,
+                            self._steps[state.loader_id]):
+            self.training_loader_id = state.loader_id
+            self.stop("steps_done")
+        elif window is not None and self.training_loader_id in (None, state.loader_id):
+            self.training_loader_id = state.loader_id
+            self._switch_window(iterator, state, window)
+        self.maybe_flush()
+
+    def _warmup_for(self, state: IteratorState) -> int:
         """A probe's warm-up also drains the start-up prefetch (``config.backlog_warmup``);
         a screen's windows carry their own."""
-        loader = state["loader"]()
+        loader = state.loader()
         if self.plan.windows or self.plan.mode != "normal" or loader is None:
             return self.plan.warmup if self.plan.windows else \
                 mode_warmup(self.plan.warmup, self.plan.mode)
         return backlog_warmup(self.plan.warmup, getattr(loader, "num_workers", 0),
                               getattr(loader, "prefetch_factor", None))
 
-    def _steps_for(self, state: dict[str, Any]) -> int:
+    def _steps_for(self, state: IteratorState) -> int:
         """A probe with workers measures several rounds of them (``config.burst_steps``)."""
-        loader = state["loader"]()
+        loader = state.loader()
         if self.plan.windows or loader is None:
             return self.plan.steps
         return burst_steps(self.plan.steps, getattr(loader, "num_workers", 0), self.plan.mode,
                            self.plan.steps_per_s)
 
-    def _fetch(self, state: dict[str, Any], iterator: Any, original_next: Callable[[Any], Any],
-               loader_id: int, step: int) -> Any:
-        source = state.get("delegate") or iterator
-        if self.plan.windows and loader_id == self.training_loader_id:
-            mode = self.plan.window_mode(self.window)
-            step -= self._starts[self.window]
-        else:
-            mode = self.plan.mode
+    def _fetch(self, state: IteratorState, iterator: Any, original_next: Callable[[Any], Any],
+               step: int) -> Any:
+        source = state.delegate or iterator
+        mode, step = self.screen.mode(state.loader_id == self.training_loader_id, step)
         if mode != "ceiling":
             return original_next(source)
-        cache = self._ceiling_cache.setdefault(loader_id, [])
-        if len(cache) < CEILING_CACHE_BATCHES:
-            batch = original_next(source)
-            if len(cache) < CEILING_CACHE_BATCHES:
-                cache.append(batch)
-            return batch
-        return cache[step % len(cache)]
+        return self.ceiling.fetch(state.loader_id, step, lambda: original_next(source))
 
     # ---- screens ---------------------------------------------------------------------------
-    def _switch_window(self, iterator: Any, state: dict[str, Any], window: int) -> None:
+    def _switch_window(self, iterator: Any, state: IteratorState, window: int) -> None:
         """Rebuild the training loader's iterator with the settings of ``window``."""
-        self.window = window
+        self.screen.window = window
         switched_ns = time.time_ns()  # the window begins here, before its workers start
-        loader = state["loader"]()
+        loader = state.loader()
         settings = self.plan.window_settings(window)
         try:
-            rebuilt = rebuilt_iterator(loader, state.get("delegate") or iterator, settings)
+            rebuilt = rebuilt_iterator(loader, state.delegate or iterator, settings)
             if rebuilt is not None:
                 fresh, started = rebuilt
                 loadcost.meter_in_process(fresh, self.recorder.write_line, current_rank(),
-                                          state["loader_id"], self._files())
-                self.pin_meter.track(fresh, state["loader_id"])
+                                          state.loader_id, self._files())
+                self.pin_meter.track(fresh, state.loader_id)
                 self.iterators.add(fresh)
                 self._add_workers(fresh)
-                state.update(delegate=fresh, t_iter=started, first=True)
+                state.delegate, state.t_iter, state.first = fresh, started, True
             self.event("window", window=window, applied=applied_settings(loader),
                        mode=self.plan.window_mode(window), switched_ns=switched_ns)
         except Exception as exc:  # noqa: BLE001 - e.g. a DataLoader subclass that forbids it
@@ -287,33 +274,26 @@ class Instrumentation:
                        error=f"{type(exc).__name__}: {exc}"[:500])
             self.stop("screen_unsupported")
 
-    def _gpu_step_started(self, loader_id: int, step: int) -> None:
-        """GPU-side step timing, once the script uses CUDA (looked for in the first batches)."""
-        if self.gpu_timer is None and self._gpu_lookups < GPU_LOOKUP_BATCHES:
-            self._gpu_lookups += 1
-            factory = cuda_event_factory()
-            if factory is not None:
-                self.gpu_timer = GpuStepTimer(factory, self._write_gpu_step)
-                from ddp_profile.profiler.rank.patches import watch_host_syncs
+    def _cuda_found(self) -> None:
+        """The script uses CUDA: its host syncs are counted from now on."""
+        from ddp_profile.profiler.rank.patches import watch_host_syncs
 
-                self.event("host_sync_watch", watched=watch_host_syncs(self))
-        if self.gpu_timer is not None:
-            self.gpu_timer.step_started(loader_id, step)
+        self.event("host_sync_watch", watched=watch_host_syncs(self))
 
     def _write_gpu_step(self, record: dict[str, Any]) -> None:
         record["rank"] = current_rank()
         self.recorder.write(record)
 
-    def _on_first_batch(self, state: dict[str, Any]) -> float:
+    def _on_first_batch(self, state: IteratorState) -> float:
         """Record a fresh iterator's first batch; the seconds since the iterator was made."""
-        first_batch_s = (time.perf_counter_ns() - state["t_iter"]) / 1e9
+        first_batch_s = (time.perf_counter_ns() - state.t_iter) / 1e9
         if not self.context_written:
             self.write_context()
             self._start_samplers()
         self.recorder.write({"kind": "loader_iter", "rank": current_rank(),
-                             "loader_id": state["loader_id"], "iter_index": state["iter_index"],
+                             "loader_id": state.loader_id, "iter_index": state.iter_index,
                              "t_ns": time.time_ns(), "first_batch_s": first_batch_s,
-                             "window": self.window})
+                             "window": self.screen.window})
         return first_batch_s
 
     def _start_samplers(self) -> None:
@@ -341,8 +321,7 @@ class Instrumentation:
         self.comm.optimizer_stepped()
         if self.current is not None:
             self.current.optimizer_stepped()
-            if self.gpu_timer is not None:
-                self.gpu_timer.compute_issued()
+            self.gpu.compute_issued()
             if not self._unused_checked and self.ddp_modules:
                 self._check_unused_parameters()  # gradients exist until the next zero_grad
 
@@ -372,11 +351,10 @@ class Instrumentation:
                 self.samplers.stop()
             except Exception:  # noqa: BLE001
                 pass
-        if self.gpu_timer is not None:
-            try:
-                self.gpu_timer.finish()
-            except Exception:  # noqa: BLE001 - e.g. the CUDA context is already broken
-                pass
+        try:
+            self.gpu.finish()
+        except Exception:  # noqa: BLE001 - e.g. the CUDA context is already broken
+            pass
         self._final_events()
         training = self.training_loader_id
         if training is None and self.clocks:

@@ -85,3 +85,37 @@ def test_a_step_without_optimizer_is_not_timed_and_pending_is_bounded():
     assert gpu.synchronised > 0  # memory stays bounded by waiting on the oldest
     timer.finish()
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+
+
+def test_gpu_side_looks_for_cuda_in_the_first_batches_then_times_every_step():
+    from ddp_profile.profiler.rank.gpu_steps import GpuSide
+
+    gpu, emitted, found = FakeGpu(), [], []
+    available = iter([None, None, gpu.event])  # the script moves to CUDA at its third batch
+    side = GpuSide(emitted.append, lambda: found.append(True), lookups=4,
+                   factory=lambda: next(available))
+    for step in range(3):
+        side.step_started(0, step)
+        side.compute_issued()
+    assert side.timer is not None and found == [True]  # the watch installed once
+    for step in range(3, 6):
+        gpu.enqueue(2.0)
+        side.step_started(0, step)
+        side.compute_issued()
+    gpu.now_ms = gpu.queued_until_ms
+    side.finish()
+    assert [r["step"] for r in emitted] == [2, 3, 4, 5]
+
+
+def test_gpu_side_gives_up_after_its_lookups_and_stays_inert():
+    from ddp_profile.profiler.rank.gpu_steps import GpuSide
+
+    calls = []
+    side = GpuSide(lambda r: None, lambda: calls.append("cuda"), lookups=2,
+                   factory=lambda: calls.append("looked"))
+    for step in range(5):
+        side.step_started(0, step)
+        side.compute_issued()
+        side.poll()
+    side.finish()
+    assert calls == ["looked", "looked"] and side.timer is None
