@@ -50,7 +50,9 @@ class Finding:
     severity: str  # "high" | "medium" | "low"
     title: str
     evidence: str  # a sentence citing this run's own measurements
-    recommendation: str  # what to change: DataLoader arguments or code
+    # what to change: DataLoader arguments or code. Empty where ``advice`` names a setting:
+    # ``rules.voice`` words it then, from the one recommendation
+    recommendation: str = ""
     ranks: tuple[int, ...] = ()
     advice: Optional[Advice] = field(default=None, compare=False, repr=False)
 

@@ -340,12 +340,10 @@ def _cpu_bound_from_capacity(run: Run, base: pd.Series, capacity: dict,
     if more <= workers:
         return finding
     # the CPUs can keep up with more workers: worded from the recommendation (rules.voice)
-    return replace(finding, recommendation=(
-        f"The CPUs can keep up with more workers: {predicted_workers(capacity)}. To need "
-        f"fewer cores: {fix}."), advice=Advice(
+    return replace(finding, recommendation="", advice=Advice(
         change=f"num_workers={more}",
         wants=lambda p: (as_int(p.get("num_workers"), 0) or 0) >= more,
-        basis=loading_evidence(capacity),
+        basis=f"{loading_evidence(capacity)}; {predicted_workers(capacity)}",
         measure=f"--num-workers {workers},{more}", extra=f"To need fewer cores: {fix}."))
 
 
@@ -385,8 +383,6 @@ def io_bound_loading(run: Run, thresholds: Thresholds) -> Optional[Finding]:
         title="Loading waits on storage, not on the CPUs",
         evidence=(f"With {workers} workers the ranks still wait {pct(fraction)} of each step "
                   f"for data while the loading is not CPU-busy ({load.describe()})."),
-        recommendation=(f"Overlap more reads (not measured in this run): measure "
-                        f"--num-workers {workers},{max(2, 2 * workers)}; " + IO_FIX + "."),
         advice=Advice(
             change=f"num_workers={max(2, 2 * workers)}, prefetch_factor=4 to overlap more reads",
             wants=lambda p: (as_int(p.get("num_workers"), 0) or 0) >= max(2, 2 * workers),

@@ -103,8 +103,6 @@ def pin_memory(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     return Finding(
         rule="pin-memory", severity=severity, title="Batches are not pinned",
         evidence=evidence,
-        recommendation=("DataLoader(..., pin_memory=True) and move batches with "
-                        ".to(device, non_blocking=True) so copies overlap compute."),
         advice=Advice(change="pin_memory=True", wants=lambda p: p.get("pin_memory") in (True,),
                       basis="copies from pageable memory cannot overlap compute",
                       measure="--pin-memory true,false",
@@ -160,9 +158,6 @@ def batch_size_headroom(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     return Finding(
         rule="batch-size-headroom", severity=severity, title="GPU memory left unused",
         evidence=evidence,
-        recommendation=(f"Try DataLoader(..., batch_size={2 * batch}) (or --batch-size "
-                        f"{batch},{2 * batch},{4 * batch}); scale the learning rate with the "
-                        "global batch size and check convergence."),
         advice=Advice(change=f"batch_size={2 * batch}",
                       wants=lambda p: (as_int(p.get("batch_size"), 0) or 0) > batch,
                       basis=f"only {pct(share)} of the GPU memory is used",

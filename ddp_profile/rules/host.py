@@ -63,9 +63,6 @@ def worker_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Findin
         title="More DataLoader workers than CPUs",
         evidence=(f"{nproc} rank(s) per machine x num_workers={workers} = {total} worker "
                   f"processes{measured} compete for {cpus} available CPUs."),
-        recommendation=(f"Use at most one worker per free core: DataLoader(..., "
-                        f"num_workers={fitting}) (CPUs // ranks per machine - 1 for the main "
-                        "process), or measure a few values with --num-workers."),
         advice=Advice(
             change=f"num_workers={fitting} (CPUs // ranks per machine - 1 for the main process)",
             wants=lambda p: (as_int(p.get("num_workers"), 0) or 0) * nproc <= cpus,

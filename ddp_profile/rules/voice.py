@@ -1,7 +1,10 @@
 """One voice: a finding that advises a setting says what the recommendation decided.
 
-``in_one_voice(findings, run, rec, thresholds)`` rewrites the recommendation of every finding
-that carries an ``Advice`` (``rules.base``), from the one recommendation (``rules.recommend``):
+The declared wording step of ``rules.evaluate``, after the rules decided: a rule that advises
+a setting leaves its finding's recommendation empty and states the setting as an ``Advice``
+(``rules.base``: the change, its basis, how to measure it, the advice beside it);
+``in_one_voice(findings, run, rec, thresholds)`` words it from the one recommendation
+(``rules.recommend``):
 
 * the recommended probe runs the advised setting: "Measured: probe P (...) runs Nx the
   script's settings; use the recommended configuration: DataLoader(...)";
@@ -36,7 +39,8 @@ from ddp_profile.rules.recommend import Recommendation, candidate
 
 def in_one_voice(findings: list[Finding], run: Run, rec: Recommendation,
                  thresholds: Thresholds) -> list[Finding]:
-    """The findings, those with advice worded from the recommendation (order kept)."""
+    """The findings, those with advice given their recommendation, worded from the one
+    recommendation (order kept)."""
     fired = {f.rule for f in findings}
     return [_voiced(f, run, rec, thresholds, fired) if f.advice is not None else f
             for f in findings]

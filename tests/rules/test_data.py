@@ -297,27 +297,33 @@ def cpu_bound_run(cpu_ms: float, collate_ms: float = 0.0, read_b: Optional[float
     return builder.build()
 
 
+def said(finding) -> str:
+    """What a rule says to change in its own words: its recommendation, or, where it advises
+    a setting (worded by ``rules.voice``), the advice beside the setting."""
+    return finding.recommendation or finding.advice.extra
+
+
 def test_advice_follows_the_part_of_loading_that_costs():
     """An in-memory TensorDataset costs only the DataLoader's per-sample indexing: no decode
     advice (there is nothing to decode); a costly collate_fn gets collate advice; a costly
     fetch (decoding, transforms) the offline / GPU-decode advice."""
     tiny = cpu_bound_preprocessing(cpu_bound_run(0.02, collate_ms=0.005), T)
     assert tiny is not None and "DataLoader's per-sample work" in tiny.title
-    assert "__getitems__" in tiny.recommendation and "decode_jpeg" not in tiny.recommendation
-    assert "15 us" in tiny.recommendation  # never "0.0 ms"
+    assert "__getitems__" in said(tiny) and "decode_jpeg" not in said(tiny)
+    assert "15 us" in said(tiny)  # never "0.0 ms"
     collate = cpu_bound_preprocessing(cpu_bound_run(2.0, collate_ms=1.5), T)
-    assert "collating" in collate.title and "cheaper collate_fn" in collate.recommendation
+    assert "collating" in collate.title and "cheaper collate_fn" in said(collate)
     heavy = cpu_bound_preprocessing(cpu_bound_run(2.0, collate_ms=0.1), T)
-    assert "preprocessing" in heavy.title and "decode_jpeg" in heavy.recommendation
-    assert "where the samples are encoded images read from files" in heavy.recommendation
+    assert "preprocessing" in heavy.title and "decode_jpeg" in said(heavy)
+    assert "where the samples are encoded images read from files" in said(heavy)
     files = cpu_bound_preprocessing(cpu_bound_run(2.0, collate_ms=0.1, read_b=110_000.0), T)
-    assert "decode_jpeg" in files.recommendation
+    assert "decode_jpeg" in said(files)
     # transforms on samples made in memory (a dataset of tensors, just above the fast fetch):
     # nothing read from files, so nothing to decode
     memory = cpu_bound_preprocessing(cpu_bound_run(0.15, collate_ms=0.01, read_b=0.0), T)
     assert "preprocessing" in memory.title, memory.title
-    assert "made in memory (0 bytes read per sample)" in memory.recommendation
-    assert "decode_jpeg" not in memory.recommendation and "DALI" not in memory.recommendation
+    assert "made in memory (0 bytes read per sample)" in said(memory)
+    assert "decode_jpeg" not in said(memory) and "DALI" not in said(memory)
     # a collate that took long on busy CPUs, but little CPU of its own: not the collate
     descheduled = cpu_bound_run(2.0, collate_ms=1.5)
     for entry in descheduled.summary["probes"]:

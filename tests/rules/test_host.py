@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddp_profile.rules import Thresholds
+from ddp_profile.rules import Thresholds, evaluate
 from ddp_profile.rules.host import frequent_io, thread_oversubscription, worker_oversubscription
 from tests.rules.tables import RunBuilder, empty_run
 
@@ -19,8 +19,11 @@ def test_oversubscription_when_workers_exceed_cpus():
     finding = worker_oversubscription(workers_run(8), T)  # 32 workers on 16 CPUs
     assert finding is not None and finding.rule == "worker-oversubscription"
     assert "32 worker processes" in finding.evidence and "16 available CPUs" in finding.evidence
-    assert "num_workers=3" in finding.recommendation
-    assert finding.severity == "medium"
+    assert finding.advice.change.startswith("num_workers=3") and finding.severity == "medium"
+    assert finding.recommendation == ""  # the setting is worded from the recommendation
+    findings, _ = evaluate(workers_run(8))
+    voiced = next(f for f in findings if f.rule == "worker-oversubscription")
+    assert "num_workers=3" in voiced.recommendation
 
 
 def test_oversubscription_severe_beyond_twice():
