@@ -12,7 +12,7 @@ import pandas as pd
 
 from ddp_profile.profiler.cache import IN_MEMORY_READ_B
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.profiler.sweep.capacity import STORAGE_READ_BYTES
+from ddp_profile.profiler.sweep.capacity import STORAGE_READ_BYTES, bound_of
 from ddp_profile.rules.base import (
     Advice,
     Finding,
@@ -38,7 +38,15 @@ from ddp_profile.rules.host import baseline_oversubscribed
 def capacity_of(run: Run) -> Optional[dict]:
     """The run's measured loading capacity (``summary.capacity``, see ``sweep.capacity``)."""
     capacity = run.summary.get("capacity")
-    return capacity if isinstance(capacity, dict) and capacity.get("bound") else None
+    return capacity if isinstance(capacity, dict) and finite(capacity.get("cpu_share")) \
+        else None
+
+
+def loading_bound(capacity: dict, thresholds: Thresholds) -> str:
+    """"cpu", "wait" or "mixed": decided here, from the measured CPU share of producing a
+    sample and the rules' thresholds (``sweep.capacity.bound_of``, the test the climb asks
+    with the same thresholds)."""
+    return bound_of(float(capacity["cpu_share"]), thresholds)
 
 
 def _rate(value: Optional[float]) -> str:
@@ -152,7 +160,8 @@ def data_loader_bound(run: Run, thresholds: Thresholds) -> Optional[Finding]:
                     f"measured step while its rank waits for the next batch{seconds}, timed "
                     f"on the GPU (CUDA events); the ranks wait {pct(probe['data_wait_fraction'])}"
                     " of each step in all.")
-    if (capacity_of(run) or {}).get("bound") not in ("cpu", "wait"):
+    capacity = capacity_of(run)
+    if capacity is None or loading_bound(capacity, thresholds) == "mixed":
         # mixed loading: no cpu- or io-bound finding says what the producers read
         evidence += storage_evidence(run, probe)
     return Finding(
@@ -160,8 +169,9 @@ def data_loader_bound(run: Run, thresholds: Thresholds) -> Optional[Finding]:
         severity="high" if fraction >= thresholds.data_wait_severe else "medium",
         title="Training waits on the DataLoader",
         evidence=evidence,
-        recommendation=_loading_advice(run, probe),
-        advice=None if _enough_workers(run, probe) else _more_workers(run, probe, fraction))
+        # more workers advised: worded from the recommendation (rules.voice); else its own
+        **({"recommendation": _loading_advice(run, probe)} if _enough_workers(run, probe)
+           else {"advice": _more_workers(run, probe, fraction)}))
 
 
 def _enough_workers(run: Run, baseline: pd.Series) -> bool:
@@ -190,7 +200,8 @@ def _more_workers(run: Run, baseline: pd.Series, fraction: float) -> Advice:
 
 
 def _loading_advice(run: Run, baseline: pd.Series) -> str:
-    """What the sweep measured, when it measured something better; otherwise what to try."""
+    """Where the capacity model predicts no more workers than the baseline runs: what the
+    sweep measured, when it measured something better; else what limits the loading."""
     probes = ok_probes(run)
     if not probes.empty and baseline.get("throughput", 0) > 0:
         best = probes.loc[probes["throughput"].idxmax()]
@@ -202,18 +213,10 @@ def _loading_advice(run: Run, baseline: pd.Series) -> str:
             return "None of the measured settings loaded faster than the script's own."
     workers = as_int(baseline.get("num_workers")) or 0
     capacity = capacity_of(run)
-    if capacity is not None and _enough_workers(run, baseline):
-        return (f"More workers are not predicted to help: {predicted_workers(capacity)}, and "
-                f"the script runs {workers} already. What limits the loading is the cost of "
-                f"each sample: {loading_evidence(capacity)}.")
-    if capacity is not None:
-        more = capacity["workers_for_demand"]
-        return (f"Load in parallel: {predicted_workers(capacity)}; measure it: "
-                f"ddp-profile run SCRIPT --num-workers {workers},{more}.")
-    more = max(2, 2 * workers)
-    return (f"Load in parallel and ahead (not measured in this run): e.g. "
-            f"DataLoader(..., num_workers={more}, persistent_workers=True); measure it: "
-            f"ddp-profile run SCRIPT --num-workers {workers},{more}.")
+    assert capacity is not None  # _enough_workers holds
+    return (f"More workers are not predicted to help: {predicted_workers(capacity)}, and "
+            f"the script runs {workers} already. What limits the loading is the cost of "
+            f"each sample: {loading_evidence(capacity)}.")
 
 
 def _workers_flattened(run: Run, probe: pd.Series, thresholds: Thresholds) -> Optional[str]:
@@ -291,8 +294,9 @@ def cpu_bound_preprocessing(run: Run, thresholds: Thresholds) -> Optional[Findin
     Trigger: the baseline is data-bound and the measured loading (``summary.capacity``: thread
     CPU vs CPU + blocked waiting of producing each batch, where it is made; time runnable
     without a CPU is contention, not waiting) is CPU-bound (CPU share >=
-    ``capacity.CPU_BOUND_SHARE``). Runs recorded without batch costs fall back to the CPU load
-    of the probe with the most workers (saturated, and more workers stopped helping).
+    ``Thresholds.cpu_bound_share``, ``loading_bound``). Runs recorded without batch costs fall
+    back to the CPU load of the probe with the most workers (saturated, and more workers
+    stopped helping).
     """
     base = baseline_probe(run)
     if base is None or not is_data_bound(run, base, thresholds):
@@ -300,7 +304,7 @@ def cpu_bound_preprocessing(run: Run, thresholds: Thresholds) -> Optional[Findin
     capacity = capacity_of(run)
     if capacity is not None:
         caveat = storage_caveat(run, base, thresholds)
-        return _cpu_bound_from_capacity(run, base, capacity, caveat)
+        return _cpu_bound_from_capacity(run, base, capacity, caveat, thresholds)
     probe = most_workers_probe(run)
     if probe is None:
         return None
@@ -318,10 +322,10 @@ def cpu_bound_preprocessing(run: Run, thresholds: Thresholds) -> Optional[Findin
         recommendation=CPU_FIX[0].upper() + CPU_FIX[1:] + ".")
 
 
-def _cpu_bound_from_capacity(run: Run, base: pd.Series, capacity: dict,
-                             caveat: str) -> Optional[Finding]:
+def _cpu_bound_from_capacity(run: Run, base: pd.Series, capacity: dict, caveat: str,
+                             thresholds: Thresholds) -> Optional[Finding]:
     """``caveat``: the baseline read from storage what the model's probes read warm ("": no)."""
-    if capacity["bound"] != "cpu":
+    if loading_bound(capacity, thresholds) != "cpu":
         return None
     limit, demand = capacity.get("cpu_limit"), capacity["demand"]
     saturated = finite(limit) and limit < demand
@@ -351,12 +355,12 @@ def io_bound_loading(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     """Data-bound, and producing a sample is mostly waiting (storage, network, sleep).
 
     Trigger: the baseline is data-bound and the measured loading (``summary.capacity``) is
-    wait-bound (CPU share <= ``capacity.WAIT_BOUND_SHARE``). Runs recorded without batch costs
-    fall back to the CPU load of the probe with the most workers (still data-bound while the
-    loading is not CPU-busy or iowait is high). No finding beside ``thread-oversubscription``
-    of the baseline's own ranks (``host.baseline_oversubscribed``): on oversubscribed CPUs the
-    waiting can include waiting for a CPU (where the run queue was not recorded, and a
-    producer blocked on its own busy intra-op threads).
+    wait-bound (CPU share <= ``Thresholds.wait_bound_share``, ``loading_bound``). Runs
+    recorded without batch costs fall back to the CPU load of the probe with the most workers
+    (still data-bound while the loading is not CPU-busy or iowait is high). No finding beside
+    ``thread-oversubscription`` of the baseline's own ranks (``host.baseline_oversubscribed``):
+    on oversubscribed CPUs the waiting can include waiting for a CPU (where the run queue was
+    not recorded, and a producer blocked on its own busy intra-op threads).
     """
     base = baseline_probe(run)
     if base is None or not is_data_bound(run, base, thresholds):
@@ -397,7 +401,7 @@ IO_FIX = ("to wait less per sample: copy the data set to local NVMe or RAM, and 
 
 def _wait_bound_from_capacity(run: Run, base: pd.Series, capacity: dict,
                               thresholds: Thresholds) -> Optional[Finding]:
-    if capacity["bound"] != "wait":
+    if loading_bound(capacity, thresholds) != "wait":
         return None
     fraction = data_wait(run, base)[0]
     workers = capacity["workers_for_demand"]

@@ -49,6 +49,7 @@ from ddp_profile.rules.data import (
     IO_FIX,
     capacity_of,
     cpu_cost,
+    loading_bound,
     loading_evidence,
     predicted_workers,
 )
@@ -156,25 +157,27 @@ def _ceiling_notes(run: Run, chosen: pd.Series, share: float,
     capacity = capacity_of(run)
     if capacity is None:
         return _ceiling_notes_from_cpu_load(run, chosen, head, thresholds)
-    return _ceiling_notes_from_capacity(run, chosen, head, capacity)
+    return _ceiling_notes_from_capacity(run, chosen, head, capacity, thresholds)
 
 
 def _ceiling_notes_from_capacity(run: Run, chosen: pd.Series, head: str,
-                                 capacity: dict[str, Any]) -> list[str]:
-    """The data wait explains the gap: what would close it, from the measured loading."""
+                                 capacity: dict[str, Any], thresholds: Thresholds) -> list[str]:
+    """The data wait explains the gap: what would close it, from the measured loading (its
+    bound decided by ``rules.data.loading_bound``)."""
+    bound = loading_bound(capacity, thresholds)
     evidence = f"The data wait explains the gap: {loading_evidence(capacity)}."
     more = capacity["workers_for_demand"]
     limit = capacity.get("cpu_limit")
     tried = max((as_int(w, 0) or 0 for w in ok_probes(run)["num_workers"]), default=0)
-    if capacity["bound"] == "cpu" and (limit is None or limit >= capacity["demand"]):
+    if bound == "cpu" and (limit is None or limit >= capacity["demand"]):
         if tried >= more:  # the CPUs could make enough, and that many workers were measured
             return [f"{head} {evidence} The CPUs could make enough samples, but {tried} "
                     "worker(s) per rank measured no faster: the workers and the training "
                     "compete for the same CPUs."]
         return [f"{head} {evidence} What would close it: {predicted_workers(capacity)}."]
-    if capacity["bound"] == "cpu":
+    if bound == "cpu":
         return [f"{head} {evidence} What would close it: {cpu_cost(run, chosen)[1]}."]
-    if capacity["bound"] == "wait":
+    if bound == "wait":
         if tried >= more > (as_int(chosen.get("num_workers"), 0) or 0):
             return [f"{head} {evidence} {tried} worker(s) per rank were measured and ran no "
                     f"faster than the recommendation; what would close it: {IO_FIX}."]

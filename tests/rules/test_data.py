@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ddp_profile.rules import Thresholds
+from ddp_profile.rules import Thresholds, evaluate
 from ddp_profile.rules.data import cpu_bound_preprocessing, data_loader_bound, io_bound_loading
 from tests.rules.tables import RunBuilder, empty_run
 
@@ -66,16 +66,22 @@ def test_data_loader_bound_uses_first_ok_probe_without_baseline_kind():
     assert data_loader_bound(run, T) is not None
 
 
+def voiced(run, rule: str) -> str:
+    """A finding's recommendation as the user reads it (worded by ``rules.voice``)."""
+    return next(f for f in evaluate(run)[0] if f.rule == rule).recommendation
+
+
 def test_data_loader_bound_advice_cites_the_measured_better_setting():
     run = (RunBuilder().probe("p0", kind="baseline", num_workers=0, throughput=500.0)
            .steps(data_wait=0.05, compute=0.05)
            .probe("p1", kind="sweep", num_workers=4, prefetch_factor=2, throughput=1400.0)
            .steps(data_wait=0.005, compute=0.05).build())
-    advice = data_loader_bound(run, T).recommendation
-    assert "num_workers=4" in advice and "2.80x" in advice
+    assert data_loader_bound(run, T).recommendation == ""  # worded by the one voice
+    advice = voiced(run, "data-loader-bound")
+    assert "num_workers=4" in advice and "2.80x" in advice, advice
     alone = RunBuilder().probe("p0", kind="baseline", num_workers=0, throughput=500.0) \
         .steps(data_wait=0.05, compute=0.05).build()
-    assert "--num-workers 0,2" in data_loader_bound(alone, T).recommendation
+    assert "--num-workers 0,2" in voiced(alone, "data-loader-bound")
 
 
 def test_threshold_is_overridable():
@@ -235,8 +241,8 @@ def test_cpu_heavy_loading_is_cpu_bound_and_never_told_to_buy_storage():
     text = (finding.evidence + finding.recommendation).lower()
     assert "nvme" not in text and "storage" not in finding.recommendation.lower()
     assert finding.severity == "high"
-    advice = data_loader_bound(run, T).recommendation
-    assert "predicted, not measured" in advice or "Measured:" in advice
+    advice = voiced(run, "data-loader-bound")
+    assert "predicted, not measured" in advice.lower() or "Measured:" in advice, advice
 
 
 def test_mixed_loading_gets_neither_bound_finding():
@@ -375,3 +381,12 @@ def test_mixed_loading_that_reads_from_storage_is_said_in_the_data_wait_finding(
         finding.evidence
     warm_cpu = loaded(cpu_ms=3.4, wait_ms=0.1)  # cpu-bound: its own finding says it
     assert "KiB" not in data_loader_bound(warm_cpu, T).evidence
+
+
+def test_the_loading_bound_is_decided_by_the_rules_thresholds():
+    run = loaded(cpu_ms=3.4, wait_ms=0.1, host_cpu=30.0)  # CPU share 0.97
+    assert run.summary["capacity"]["bound"] == "cpu"
+    assert cpu_bound_preprocessing(run, T) is not None
+    strict = Thresholds(cpu_bound_share=0.98)  # 0.97 is mixed under these thresholds
+    assert cpu_bound_preprocessing(run, strict) is None and io_bound_loading(run, strict) is None
+    assert "cpu-bound-preprocessing" not in {f.rule for f in evaluate(run, strict)[0]}

@@ -18,8 +18,9 @@ to the memory bound (``available memory / private RSS of one worker``, per rank)
 ``wait`` is the blocked waiting only (wall - CPU - runq; wall - CPU where the run queue was not
 recorded): time on a run queue is what the CPU limit already accounts for, and would otherwise
 make a CPU-bound loader with many workers look wait-bound. A loader with a CPU share
-(cpu / (cpu + wait)) of at least ``CPU_BOUND_SHARE`` is CPU-bound; at most
-``WAIT_BOUND_SHARE``, wait-bound; in between, mixed.
+(cpu / (cpu + wait)) of at least ``ChoiceThresholds.cpu_bound_share`` is CPU-bound; at most
+``wait_bound_share``, wait-bound; in between, mixed (``bound_of``, the one test: the climb, the
+summary and the rules, with their thresholds, all ask it).
 """
 
 from __future__ import annotations
@@ -31,10 +32,9 @@ from typing import Any, Iterable, Optional
 
 from ddp_profile.profiler.cpus import cpus_per_rank
 from ddp_profile.profiler.settings import LoaderSettings
-from ddp_profile.profiler.sweep.choose import Candidate, better
+from ddp_profile.profiler.sweep.choose import Candidate, ChoiceThresholds, better
 
-CPU_BOUND_SHARE = 0.7
-WAIT_BOUND_SHARE = 0.3
+DEFAULT_THRESHOLDS = ChoiceThresholds()
 WORKER_CAP = 64  # per rank, unless the user lists worker counts
 STORAGE_READ_BYTES = 4096  # per sample: reads below this say nothing of storage or the cache
 RUNQ_NOTABLE_SHARE = 0.2  # producers runnable this share of their wall time: the CPUs were busy
@@ -91,11 +91,11 @@ class LoadingCost:
         return out
 
 
-def bound_of(cpu_share: float) -> str:
+def bound_of(cpu_share: float, thresholds: ChoiceThresholds = DEFAULT_THRESHOLDS) -> str:
     """"cpu", "wait" or "mixed", from the CPU share of producing a sample."""
-    if cpu_share >= CPU_BOUND_SHARE:
+    if cpu_share >= thresholds.cpu_bound_share:
         return "cpu"
-    return "wait" if cpu_share <= WAIT_BOUND_SHARE else "mixed"
+    return "wait" if cpu_share <= thresholds.wait_bound_share else "mixed"
 
 
 def _in_window(batches: list[dict[str, Any]], since_ns: Optional[int]) -> list[dict[str, Any]]:
@@ -373,7 +373,7 @@ def next_workers(points: list[ClimbPoint], limit: int) -> Optional[int]:
     faster beyond noise than every smaller one (``choose.better``, the choice's one test: two
     launches also differ by a launch's own level), its loop still waits for data, and the CPUs
     are not saturated: measured, less than ``CPU_SATURATED`` of the available CPUs busy while
-    its steps ran (whoever kept them busy), and loading is not CPU-bound (``CPU_BOUND_SHARE``,
+    its steps ran (whoever kept them busy), and loading is not CPU-bound (``bound_of``,
     runnable time not counted as waiting); where CPU use was not sampled, loading that is
     mostly CPU (``CLIMB_STOP_CPU_SHARE``) counts as saturated.
 
@@ -396,8 +396,8 @@ def next_workers(points: list[ClimbPoint], limit: int) -> Optional[int]:
     if top.cpu_busy is not None and top.cpu_busy >= CPU_SATURATED and gain < STRONG_GAIN:
         return None  # the CPUs are saturated: more workers only queue for them
     share = top.cpu_share
-    if share is not None and share >= (CPU_BOUND_SHARE if top.cpu_busy is not None
-                                       else CLIMB_STOP_CPU_SHARE):
+    if share is not None and (bound_of(share) == "cpu" if top.cpu_busy is not None
+                              else share >= CLIMB_STOP_CPU_SHARE):
         return None  # CPU-bound loading: the CPUs, not the worker count, limit it
     following = min(max(2 * top.workers, 1), limit)
     return following if following > top.workers else None

@@ -61,6 +61,9 @@ class ChoiceThresholds:
     comm_exposed_share: float = 0.10  # communication costs this share of a step (measured
     # without synchronisation, else by DDP's timers): larger batches and DDP options are
     # measured, and the exposed-communication rule fires
+    cpu_bound_share: float = 0.7  # loading with this CPU share (cpu / (cpu + blocked
+    # waiting) per sample) or more is CPU-bound: the climb stops, cpu-bound-preprocessing
+    wait_bound_share: float = 0.3  # ... this or less is wait-bound; in between, mixed
 
 
 @dataclass(frozen=True)
