@@ -77,9 +77,10 @@ _PROFILER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os
 _WARNINGS_FILES = {os.path.abspath(warnings.__file__)}
 
 
-def _caller() -> Any:
-    """The first frame outside ddp_profile's profiler: where the script issued the call."""
-    frame = sys._getframe(1)
+def _caller(frame: Any = None) -> Any:
+    """The first frame outside ddp_profile's profiler from ``frame`` (default: the caller's)
+    outwards: where the script issued the call."""
+    frame = frame or sys._getframe(1)
     while frame.f_back is not None and frame.f_code.co_filename.startswith(_PROFILER_DIR):
         frame = frame.f_back
     return frame
@@ -154,9 +155,16 @@ class CommMeter:
     def wrap_collective(self, op: str, original: Callable[..., Any]) -> Callable[..., Any]:
         """``original`` timed and counted, with its call site (``stopping`` checked by the
         caller's ``active``)."""
+        return self._timed(original, lambda ns, frame: self.collective_done(
+            op, ns, _caller(frame)))
+
+    def _timed(self, original: Callable[..., Any],
+               done: Callable[[int, Any], None]) -> Callable[..., Any]:
+        """``original``, timed while active: ``done(elapsed_ns, frame)`` after each call, the
+        frame the wrapper's own (a call made inside another timed one is not timed again)."""
         meter = self
 
-        def collective(*args: Any, **kwargs: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
             if meter._inside or not meter.active():
                 return original(*args, **kwargs)
             meter._inside = True
@@ -165,8 +173,8 @@ class CommMeter:
                 return original(*args, **kwargs)
             finally:
                 meter._inside = False
-                meter.collective_done(op, meter._clock() - start, _caller())
-        return collective
+                done(meter._clock() - start, sys._getframe(0))
+        return timed
 
     def active(self) -> bool:  # replaced by the instrumentation (stopping, worker process)
         return True
@@ -200,19 +208,7 @@ class CommMeter:
     def wrap_synchronize(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """``torch.cuda.synchronize`` counted and timed (a sync warning it raises is not
         counted again)."""
-        meter = self
-
-        def synchronize(*args: Any, **kwargs: Any) -> Any:
-            if meter._inside or not meter.active():
-                return original(*args, **kwargs)
-            meter._inside = True
-            start = meter._clock()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                meter._inside = False
-                meter.host_synced(meter._clock() - start, sys._getframe(0))
-        return synchronize
+        return self._timed(original, self.host_synced)
 
     def host_synced(self, elapsed_ns: int, frame: Any) -> None:
         self.hsync_n += 1
