@@ -300,6 +300,33 @@ def _sync_site_text(site: dict[str, Any]) -> str:
             f"{site.get('calls')} calls")
 
 
+SYNC_FIXES = (  # what a synchronising line's source says -> how to avoid it
+    (("synchronize(",), "take torch.cuda.synchronize() out of the loop (it is needed only to "
+                        "time it)"),
+    ((".to(", ".cuda(", "copy_("), "copy batches with .to(device, non_blocking=True) from "
+                                   "pinned memory (DataLoader(..., pin_memory=True))"),
+    ((".item()", ".cpu()", ".tolist()", ".numpy()", "float(", "print("),
+     "keep per-step values on the GPU and read them every N steps (at log time)"))
+OTHER_SYNC_FIX = ("keep operations that wait for the GPU (a value read on the host, a shape "
+                  "that depends on the data: nonzero, boolean indexing) off the per-step path")
+
+
+def _sync_fixes(sites: list[dict[str, Any]]) -> str:
+    """How to avoid the synchronisations found, read from each site's source line, in the
+    order of the sites; every fix where no source line was read."""
+    fixes: list[str] = []
+    for site in sites[:5]:
+        text = str(site.get("text") or "")
+        fix = next((f for keys, f in SYNC_FIXES if any(k in text for k in keys)), None) \
+            if text else None
+        fix = fix or (OTHER_SYNC_FIX if text else None)
+        if fix and fix not in fixes:
+            fixes.append(fix)
+    fixes = fixes or [fix for _, fix in SYNC_FIXES]
+    sentence = "; ".join(fixes)
+    return sentence[0].upper() + sentence[1:] + "."
+
+
 def host_sync_per_step(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     """The loop blocks the host on the GPU in most steps (``.item()``, ``.cpu()``, a copy
     without ``non_blocking``, ``torch.cuda.synchronize()``), and the GPU sits idle between
@@ -338,9 +365,7 @@ def host_sync_per_step(run: Run, thresholds: Thresholds) -> Optional[Finding]:
                   f"{pct(unexplained)} of it while the host was not waiting for data: after "
                   "each synchronisation the GPU has no queued work until the host issues it."),
         recommendation=(
-            "Keep per-step values on the GPU and read them every N steps (at log time), copy "
-            "batches with .to(device, non_blocking=True) from pinned memory, and take "
-            "torch.cuda.synchronize() out of the loop (it is needed only to time it). "
+            _sync_fixes(sites) + " "
             f"Predicted, not measured: up to {pct(unexplained)} of the step (the GPU's idle "
             "time that waiting for data does not explain), less where the host's own work "
             "per step takes longer than the GPU's."))

@@ -258,6 +258,11 @@ def test_host_sync_per_step_names_each_line_and_labels_its_saving():
     assert "torch.cuda.synchronize() waited 4.0 ms a step" in finding.evidence
     assert "idle between steps 30 % of the time, 25 % of it while the host" in finding.evidence
     assert "Predicted, not measured: up to 25 %" in finding.recommendation
+    # the fixes follow the lines found: the loss read and the explicit synchronize
+    assert finding.recommendation.startswith(
+        "Keep per-step values on the GPU and read them every N steps (at log time); take "
+        "torch.cuda.synchronize() out of the loop")
+    assert "non_blocking" not in finding.recommendation  # no blocking copy was found
 
 
 def test_host_syncs_without_an_idle_gpu_or_in_few_steps_are_no_finding():
@@ -268,3 +273,14 @@ def test_host_syncs_without_an_idle_gpu_or_in_few_steps_are_no_finding():
     assert host_sync_per_step(run_with(comm(0.001)), T) is None  # none counted (CPU)
     low = host_sync_per_step(run_with(syncs(idle=0.08)), T)
     assert low is not None and low.severity == "low"
+
+
+def test_host_sync_fixes_follow_the_source_line_of_each_site():
+    from ddp_profile.rules.comm import _sync_fixes
+
+    copy = {"text": "source = source.to(self.gpu_id)"}
+    assert _sync_fixes([copy]).startswith("Copy batches with .to(device, non_blocking=True)")
+    hidden = {"text": "mask = scores[scores > 0]"}
+    assert "nonzero, boolean indexing" in _sync_fixes([hidden])
+    assert all(fix in _sync_fixes([{"text": ""}]).lower()
+               for fix in ("synchronize", "non_blocking", "every n steps"))
