@@ -1,20 +1,29 @@
 """Start the ranks of one probe, bound it in time, and clean up every process it made.
 
-A probe is one launch: ``python -m torch.distributed.run`` (``--launcher torchrun``), the
-script itself when it starts its own ranks (``--launcher none``), or, inside an allocation that
-already started the ranks (SLURM, a PyTorchJob, an outer torchrun), the script in this process's
-place. Every process of the probe inherits a unique ``DDP_PROFILE_PROBE_TAG``; after the launch
-ends — normally, by timeout or by Ctrl-C — any process still carrying the tag is killed, so
-ranks and DataLoader workers that escaped into their own sessions are not left behind.
+A probe is one launch: torch's own launcher (``--launcher torchrun``), the script itself when
+it starts its own ranks (``--launcher none``), or, inside an allocation that already started
+the ranks (SLURM, a PyTorchJob, an outer torchrun), the script in this process's place.
+
+Torch's launcher is ``torch.distributed.run.main``, the function ``python -m
+torch.distributed.run`` calls, with the same arguments, in a process forked from a fork server
+that imported it once per sweep (``_Agent``): importing torch costs seconds on a small machine,
+and every probe would pay it again before its ranks even start. The ranks themselves are
+started by that launcher exactly as under torchrun.
+
+Every process of the probe inherits a unique ``DDP_PROFILE_PROBE_TAG``; after the launch ends —
+normally, by timeout or by Ctrl-C — any process still carrying the tag is killed, so ranks and
+DataLoader workers that escaped into their own sessions are not left behind.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import time
+import traceback
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -61,6 +70,10 @@ class LaunchSpec:
     def command(self, plan: Optional[ProbePlan] = None) -> list[str]:
         if self.launcher in ("none", "inplace"):
             return [sys.executable, "-u", self.script, *self.script_args]
+        return [sys.executable, "-m", "torch.distributed.run", *self.torchrun_argv(plan)]
+
+    def torchrun_argv(self, plan: Optional[ProbePlan] = None) -> list[str]:
+        """torchrun's arguments for this launch (after ``-m torch.distributed.run``)."""
         rendezvous = list(self.torchrun_args) or ["--standalone"]
         if self.torchrun_args and plan is not None:
             # a fresh rendezvous per probe; node 0 hosts it (several "nodes" may share a host)
@@ -68,8 +81,7 @@ class LaunchSpec:
                               if a.startswith("--node-rank=")), "0")
             rendezvous += [f"--rdzv-id={plan.rdzv_id or plan.probe_id}",
                            f"--rdzv-conf=is_host={'true' if node_rank == '0' else 'false'}"]
-        return [sys.executable, "-m", "torch.distributed.run", *rendezvous,
-                f"--nproc-per-node={self.nproc_per_node}", "--max-restarts=0",
+        return [*rendezvous, f"--nproc-per-node={self.nproc_per_node}", "--max-restarts=0",
                 "--monitor-interval=0.2", self.script, *self.script_args]
 
 
@@ -112,10 +124,12 @@ def launch(spec: LaunchSpec, plan: ProbePlan, timeout_s: float, tag: Optional[st
     tag = tag or new_tag()
     started = time.monotonic()
     timed_out = interrupted = False
+    env = probe_env(spec, plan, tag)
     with open(log_path, "ab") as log:
-        process = subprocess.Popen(spec.command(plan), env=probe_env(spec, plan, tag),
-                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process: Any = _Agent(spec.torchrun_argv(plan), env, log_path) \
+            if spec.launcher == "torchrun" else subprocess.Popen(
+                spec.command(plan), env=env, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True)
         try:
             process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -134,7 +148,76 @@ def launch(spec: LaunchSpec, plan: ProbePlan, timeout_s: float, tag: Optional[st
     return outcome
 
 
-def _terminate_group(process: subprocess.Popen) -> None:
+_FORK_SERVER: Optional[Any] = None
+
+
+def _fork_server() -> Any:
+    """The multiprocessing context whose fork server imported torch's launcher (once)."""
+    global _FORK_SERVER
+    if _FORK_SERVER is None:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["torch.distributed.run"])
+        _FORK_SERVER = context
+    return _FORK_SERVER
+
+
+def _run_agent(argv: list[str], env: dict[str, str], log_path: str) -> None:
+    """In the forked process: its own session (the probe's process group), the log as its
+    output, the probe's environment, then torch's launcher as ``python -m
+    torch.distributed.run ARGV`` runs it; exits with its status (1 where a rank failed)."""
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDONLY)
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = ["torchrun", *argv]
+    code = 0
+    try:
+        from torch.distributed.run import main
+
+        main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - a failed rank (ChildFailedError), a bad argument
+        traceback.print_exc()
+        code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+    os._exit(code)
+
+
+class _Agent:
+    """Torch's launcher in a process forked from the fork server, behind ``Popen``'s
+    ``wait`` / ``poll`` / ``returncode`` / ``pid``."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: str):
+        self._process = _fork_server().Process(target=_run_agent, args=(argv, env, log_path),
+                                               daemon=False)
+        self._process.start()
+        self.pid = self._process.pid
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return self._process.exitcode
+
+    def poll(self) -> Optional[int]:
+        return self._process.exitcode
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired("torch.distributed.run", timeout or 0.0)
+        return self._process.exitcode
+
+
+def _terminate_group(process: Any) -> None:
     """SIGTERM the launcher's process group (torchrun forwards it), then SIGKILL."""
     try:
         os.killpg(process.pid, signal.SIGTERM)
