@@ -31,7 +31,9 @@ RULES: list[Rule] = [*data.RULES, *restarts.RULES, *host.RULES, *gpu.RULES, *dis
 
 
 def run_rules(run: Run, thresholds: Optional[Thresholds] = None) -> list[Finding]:
-    """Every registered rule's finding, most severe first (registry order within a severity)."""
+    """Every registered rule's finding, most severe first (registry order within a severity),
+    as the rules decided it: a finding that advises a setting has its ``advice`` and no
+    recommendation yet (``evaluate`` words it, ``rules.voice``)."""
     thresholds = thresholds or Thresholds()
     findings = [f for f in (rule(run, thresholds) for rule in RULES) if f is not None]
     return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
