@@ -84,21 +84,25 @@ def straggler(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     if probe is None:
         return None
     presync = _presync_steps(run, probe["id"])
-    step_median = float(probe_steps(run, probe["id"])["step_s"].median())
-    for column, where in (("presync_s", "reaches the gradient synchronisation last"),
-                          ("compute_s", "has the longest compute")):
-        source = presync if column == "presync_s" else probe_steps(run, probe["id"])
-        if source.empty or column not in source or not step_median > 0:
-            continue
-        found = _slowest_rank(_per_rank_table(source, column))
-        if found is None:
-            continue
-        rank, share, excess = found
-        floor = max(thresholds.straggler_min_s, thresholds.straggler_excess_share * step_median)
-        if share >= thresholds.straggler_steps_share and excess >= floor:
-            finding = _straggler_finding(rank, share, excess, step_median, where, thresholds)
-            return _explained(finding, rank, run, probe, excess, thresholds)
-    return None
+    steps = probe_steps(run, probe["id"])
+    step_median = float(steps["step_s"].median())
+    # with forward_s, the work before the synchronisation decides; compute_s only without it:
+    # where gradients are synchronised in backward, the fast ranks' compute_s holds their wait
+    # for the slow one, and the longest compute would name a rank that waits
+    column, where, source = (("presync_s", "reaches the gradient synchronisation last", presync)
+                             if not presync.empty and presync["presync_s"].notna().any() else
+                             ("compute_s", "has the longest compute", steps))
+    if source.empty or column not in source or not step_median > 0:
+        return None
+    found = _slowest_rank(_per_rank_table(source, column))
+    if found is None:
+        return None
+    rank, share, excess = found
+    floor = max(thresholds.straggler_min_s, thresholds.straggler_excess_share * step_median)
+    if share < thresholds.straggler_steps_share or excess < floor:
+        return None
+    finding = _straggler_finding(rank, share, excess, step_median, where, thresholds)
+    return _explained(finding, rank, run, probe, excess, thresholds)
 
 
 def _explained(finding: Finding, rank: int, run: Run, probe: pd.Series, excess: float,
