@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
+from ddp_profile.profiler.rank.comm import TORCH_DIR
 from ddp_profile.profiler.settings import GRADIENT_SYNC
 from ddp_profile.profiler.store.probes import Kind
 from ddp_profile.profiler.store.results import Run
@@ -36,7 +37,6 @@ SLOW_ENV = {"NCCL_IB_DISABLE": ("1", "InfiniBand is disabled: the all-reduce goe
             "NCCL_P2P_DISABLE": ("1", "peer-to-peer transfers between GPUs are disabled"),
             "NCCL_SHM_DISABLE": ("1", "shared-memory transfers are disabled"),
             "NCCL_NET": ("Socket", "NCCL is forced onto TCP sockets")}
-TORCH_DIR = os.sep + "torch" + os.sep
 
 
 def baseline_comm(run: Run) -> tuple[Optional[Any], dict[str, Any]]:

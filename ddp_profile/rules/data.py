@@ -161,6 +161,7 @@ def data_loader_bound(run: Run, thresholds: Thresholds) -> Optional[Finding]:
                     f"on the GPU (CUDA events); the ranks wait {pct(probe['data_wait_fraction'])}"
                     " of each step in all.")
     capacity = capacity_of(run)
+    enough = _enough_workers(run, probe)
     if capacity is None or loading_bound(capacity, thresholds) == "mixed":
         # mixed loading: no cpu- or io-bound finding says what the producers read
         evidence += storage_evidence(run, probe)
@@ -170,8 +171,8 @@ def data_loader_bound(run: Run, thresholds: Thresholds) -> Optional[Finding]:
         title="Training waits on the DataLoader",
         evidence=evidence,
         # more workers advised: worded from the recommendation (rules.voice); else its own
-        **({"recommendation": _loading_advice(run, probe)} if _enough_workers(run, probe)
-           else {"advice": _more_workers(run, probe, fraction)}))
+        recommendation=_loading_advice(run, probe) if enough else "",
+        advice=None if enough else _more_workers(run, probe, fraction))
 
 
 def _enough_workers(run: Run, baseline: pd.Series) -> bool:

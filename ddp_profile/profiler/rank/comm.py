@@ -45,6 +45,7 @@ from __future__ import annotations
 import linecache
 import math
 import os
+import re
 import sys
 import time
 import warnings
@@ -70,7 +71,7 @@ SCRIPT_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all
 
 
 SYNC_WARNING = "synchronizing CUDA operation"  # the text of torch's sync debug warning
-SYNC_PATTERN = r".*synchronizing CUDA operation"
+SYNC_PATTERN = ".*" + re.escape(SYNC_WARNING)  # a warnings filter's message regex
 TORCH_DIR = os.sep + "torch" + os.sep
 
 _PROFILER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep

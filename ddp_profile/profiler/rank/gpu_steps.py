@@ -18,6 +18,7 @@ from collections import deque
 from typing import Any, Callable, Optional
 
 Emit = Callable[[dict[str, Any]], None]
+GPU_LOOKUP_BATCHES = 16  # look this many batches for the script's first use of CUDA
 
 
 class GpuStepTimer:
@@ -97,7 +98,8 @@ class GpuSide:
     batches; once found, times every step on the GPU (``GpuStepTimer``) and calls
     ``on_cuda`` once (the host syncs' watch). Inert where the script never uses CUDA."""
 
-    def __init__(self, emit: Emit, on_cuda: Callable[[], None], lookups: int = 16,
+    def __init__(self, emit: Emit, on_cuda: Callable[[], None],
+                 lookups: int = GPU_LOOKUP_BATCHES,
                  factory: Callable[[], Optional[Callable[[], Any]]] = cuda_event_factory):
         self._emit, self._on_cuda, self._factory = emit, on_cuda, factory
         self._lookups_left = lookups

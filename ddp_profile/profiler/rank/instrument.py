@@ -72,7 +72,6 @@ from ddp_profile.profiler.store.record import RankRecorder
 FLUSH_INTERVAL_S = 0.5
 RUNQ = loadcost.RunQueueClock()  # the training thread's time runnable, waiting for a CPU
 STOP_BARRIER_TIMEOUT_S = 60.0
-GPU_LOOKUP_BATCHES = 16  # look this many batches for the script's first use of CUDA
 
 
 
@@ -103,7 +102,7 @@ class Instrumentation:
         self._unused_checked = False
         self.screen = Screen(plan)
         self.ceiling = CeilingReplay()
-        self.gpu = GpuSide(self._write_gpu_step, self._cuda_found, GPU_LOOKUP_BATCHES)
+        self.gpu = GpuSide(self._write_gpu_step, self._cuda_found)
 
     # ---- records -------------------------------------------------------------------------
     def event(self, name: str, **data: Any) -> None:
