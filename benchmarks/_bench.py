@@ -104,8 +104,8 @@ def run_instrumented(args: list[str], work: str, warmup: int = 5, steps: int = 1
                      timeout_s: float = 600.0, script: str = WORKLOAD,
                      with_out: bool = True) -> dict[str, Any]:
     """The workload as a ddp-profile probe (instrumentation, telemetry samplers, records)."""
+    from ddp_profile.profiler.launch.ranks import LaunchSpec, launch
     from ddp_profile.profiler.settings import ProbePlan
-    from ddp_profile.profiler.sweep.launch import LaunchSpec, launch
     from ddp_profile.profiler.sweep.probe import summarise_probe
 
     out = os.path.join(work, "res-{rank}.json")

@@ -13,11 +13,11 @@ import os
 import random
 from typing import Any
 
+from ddp_profile.profiler.launch.ranks import LaunchOutcome
 from ddp_profile.profiler.settings import LoaderSettings, ProbePlan
 from ddp_profile.profiler.store.record import dumps
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.store.summary import build_summary
-from ddp_profile.profiler.sweep.launch import LaunchOutcome
 from ddp_profile.profiler.sweep.probe import summarise_probe
 
 WARMUP = 3

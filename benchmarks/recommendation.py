@@ -106,9 +106,9 @@ def _key(config: dict) -> tuple:
 def head_to_head(scenario_args: list[str], configs: list[dict], reps: int, steps: int,
                  warmup: int) -> list[list[float]]:
     """Throughputs of fresh probes of each configuration, alternating, ``reps`` each."""
+    from ddp_profile.profiler.launch.ranks import LaunchSpec
     from ddp_profile.profiler.settings import LoaderSettings
     from ddp_profile.profiler.store.rundir import RunDir
-    from ddp_profile.profiler.sweep.launch import LaunchSpec
     from ddp_profile.profiler.sweep.measure import LedgerMeasurer
 
     work = _bench.scratch("h2h-")

@@ -171,7 +171,7 @@ def _torchrun_args(nnodes: Optional[str], node_rank: Optional[int],
 
 def _survive_hangup() -> None:
     """A closed terminal (SIGHUP) must not stop a sweep or its report; Ctrl-C still does."""
-    from ddp_profile.profiler.sweep.launch import ignore_hangup
+    from ddp_profile.profiler.launch.ranks import ignore_hangup
 
     ignore_hangup()
 

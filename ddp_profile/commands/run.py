@@ -17,12 +17,12 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Optional
 
 from ddp_profile.errors import BadRunDir, Interrupted, ScriptInvalid, ScriptNotFound, UsageError
+from ddp_profile.profiler.launch import allocation
+from ddp_profile.profiler.launch.coordinate import Coordinator, coordinator_address
+from ddp_profile.profiler.launch.ranks import LaunchSpec
 from ddp_profile.profiler.store.results import Run, load_run, read_probe_dir
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.store.summary import build_summary
-from ddp_profile.profiler.sweep import allocation
-from ddp_profile.profiler.sweep.coordinate import Coordinator, coordinator_address
-from ddp_profile.profiler.sweep.launch import LaunchSpec
 from ddp_profile.profiler.sweep.measure import follow
 from ddp_profile.profiler.sweep.search import Sweep, SweepOptions
 from ddp_profile.profiler.sweep.space import SearchSpace

@@ -24,6 +24,14 @@ from ddp_profile.profiler.cache import (
     recorded_files,
     warm,
 )
+from ddp_profile.profiler.launch.coordinate import Coordinator
+from ddp_profile.profiler.launch.ranks import (
+    LaunchOutcome,
+    LaunchSpec,
+    kill_tagged,
+    launch,
+    new_tag,
+)
 from ddp_profile.profiler.settings import (
     COLD,
     LoaderSettings,
@@ -34,14 +42,6 @@ from ddp_profile.profiler.settings import (
 )
 from ddp_profile.profiler.store.probes import Kind
 from ddp_profile.profiler.store.rundir import RunDir
-from ddp_profile.profiler.sweep.coordinate import Coordinator
-from ddp_profile.profiler.sweep.launch import (
-    LaunchOutcome,
-    LaunchSpec,
-    kill_tagged,
-    launch,
-    new_tag,
-)
 from ddp_profile.profiler.sweep.probe import summarise_probe
 from ddp_profile.profiler.sweep.screen import split_screen
 from ddp_profile.profiler.sweep.space import Axes

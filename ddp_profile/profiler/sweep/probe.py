@@ -7,12 +7,12 @@ import re
 import statistics
 from typing import Any, Optional
 
+from ddp_profile.profiler.launch.ranks import LaunchOutcome
 from ddp_profile.profiler.settings import BURST_ROUNDS, ProbePlan
 from ddp_profile.profiler.store.comm import probe_comm
 from ddp_profile.profiler.store.epochs import rank_step_stats, step_seconds
 from ddp_profile.profiler.store.results import RankData, read_probe_dir
 from ddp_profile.profiler.sweep.capacity import loading_cost, loop_demand
-from ddp_profile.profiler.sweep.launch import LaunchOutcome
 
 OOM_PATTERNS = ("out of memory", "can't allocate memory", "cannot allocate memory",
                 "outofmemoryerror", "memoryerror")

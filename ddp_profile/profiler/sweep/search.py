@@ -18,6 +18,8 @@ from typing import Any, Optional
 
 from ddp_profile.errors import NoDataLoader, ProbeTimeout, ScriptFailed
 from ddp_profile.profiler.cpus import cpus_available, threads_to_fit
+from ddp_profile.profiler.launch.coordinate import Coordinator
+from ddp_profile.profiler.launch.ranks import LaunchSpec, ignore_hangup, restore_hangup
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.probes import counts_for_choice, counts_for_gate
 from ddp_profile.profiler.store.rundir import RunDir
@@ -40,8 +42,6 @@ from ddp_profile.profiler.sweep.climb import (
     waits_for_data,
     worth_tuning,
 )
-from ddp_profile.profiler.sweep.coordinate import Coordinator
-from ddp_profile.profiler.sweep.launch import LaunchSpec, ignore_hangup, restore_hangup
 from ddp_profile.profiler.sweep.measure import (
     LedgerMeasurer,
     Measurer,

@@ -8,9 +8,9 @@ import os
 import pytest
 from torch.utils.data import DataLoader, Dataset
 
+from ddp_profile.profiler.launch.ranks import LaunchOutcome
 from ddp_profile.profiler.rank.process import error_record
 from ddp_profile.profiler.settings import LoaderSettings, ProbePlan
-from ddp_profile.profiler.sweep.launch import LaunchOutcome
 from ddp_profile.profiler.sweep.probe import summarise_probe
 
 

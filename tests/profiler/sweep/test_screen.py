@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+from ddp_profile.profiler.launch.ranks import LaunchOutcome
 from ddp_profile.profiler.rank.hook import HOOK_DIR
 from ddp_profile.profiler.settings import (
     LoaderSettings,
@@ -16,7 +17,6 @@ from ddp_profile.profiler.settings import (
 )
 from ddp_profile.profiler.store.record import read_jsonl
 from ddp_profile.profiler.store.results import read_probe_dir
-from ddp_profile.profiler.sweep.launch import LaunchOutcome
 from ddp_profile.profiler.sweep.probe import summarise_probe
 from ddp_profile.profiler.sweep.screen import split_screen
 
