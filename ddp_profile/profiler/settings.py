@@ -172,8 +172,9 @@ CEILING_CACHE_BATCHES = 4  # a ceiling probe loads this many real batches, then 
 
 
 def mode_warmup(warmup: int, mode: str) -> int:
-    """A ceiling probe's warm-up covers its cache fill: no real load is ever measured."""
-    return max(warmup, CEILING_CACHE_BATCHES) if mode == "ceiling" else warmup
+    """A ceiling probe's warm-up covers its cache fill and the step after it, in which the
+    workers are shut down: no real load, nor the end of loading, is ever measured."""
+    return max(warmup, CEILING_CACHE_BATCHES + 1) if mode == "ceiling" else warmup
 
 
 def backlog_warmup(warmup: int, num_workers: Optional[int],

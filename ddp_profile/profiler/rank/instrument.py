@@ -63,11 +63,13 @@ from ddp_profile.profiler.rank.windows import (
     IteratorState,
     Screen,
     applied_settings,
+    loader_length,
+    note_yielded,
     rebuilt_iterator,
     shutdown_workers,
 )
 from ddp_profile.profiler.settings import COLD, ProbePlan, backlog_warmup, burst_steps, mode_warmup
-from ddp_profile.profiler.store.record import RankRecorder
+from ddp_profile.profiler.store.record import ITERATOR_OUTLIVES_EPOCH, RankRecorder
 
 FLUSH_INTERVAL_S = 0.5
 RUNQ = loadcost.RunQueueClock()  # the training thread's time runnable, waiting for a CPU
@@ -100,6 +102,8 @@ class Instrumentation:
         self.stopping = False
         self._last_flush = time.monotonic()
         self._unused_checked = False
+        self._outliving: set[int] = set()  # loaders one of whose iterators outlived an epoch:
+        # the loader keeps it (and its workers) across epochs, no restart per epoch
         self.screen = Screen(plan)
         self.ceiling = CeilingReplay()
         self.gpu = GpuSide(self._write_gpu_step, self._cuda_found)
@@ -147,18 +151,21 @@ class Instrumentation:
         loader_id = getattr(loader, "_ddp_profile_id", None)
         if loader_id is None:
             return
-        loadcost.meter_in_process(iterator, self.recorder.write_line, current_rank(), loader_id,
-                                  self._files())
-        self.pin_meter.track(iterator, loader_id)
+        self._adopt(iterator, loader_id)
         index = getattr(loader, "_ddp_profile_iters", 0)
         object.__setattr__(loader, "_ddp_profile_iters", index + 1)
         iterator._ddp_profile_state = IteratorState(
             loader_id, index, started_ns or time.perf_counter_ns(), weakref.ref(loader),
-            default_bs=getattr(loader, "batch_size", None) or 1)
-        self.iterators.add(iterator)
-        self._add_workers(iterator)
+            iterator=weakref.ref(iterator), default_bs=getattr(loader, "batch_size", None) or 1,
+            epoch_len=loader_length(loader))
 
-    def _add_workers(self, iterator: Any) -> None:
+    def _adopt(self, iterator: Any, loader_id: int) -> None:
+        """Follow an iterator of a loader (the script's, or one a window rebuilt): its batches
+        metered where they are made and pinned, its workers known to the samplers."""
+        loadcost.meter_in_process(iterator, self.recorder.write_line, current_rank(), loader_id,
+                                  self._files())
+        self.pin_meter.track(iterator, loader_id)
+        self.iterators.add(iterator)
         pids = worker_pids(iterator)
         if pids:
             self.worker_pids = tuple(sorted(set(self.worker_pids) | set(pids)))
@@ -190,11 +197,15 @@ class Instrumentation:
             self._close_step(iterator, state, clock, record)
         self.pin_meter.fetching = loader_id  # pinning in this thread (no workers) is its
         try:
-            batch = self._fetch(state, iterator, original_next, clock.steps_closed)
+            batch = self._fetch(state, iterator, original_next)
         except StopIteration:
             clock.exhausted()
             raise
         clock.batch_returned(batch_size_of(batch, state.default_bs))
+        if state.serve() and state.loader_id not in self._outliving:
+            self._outliving.add(state.loader_id)
+            self.event(ITERATOR_OUTLIVES_EPOCH, loader_id=state.loader_id,
+                       epoch_len=state.epoch_len)
         self._fingerprint(state, batch)
         self.current = clock
         self.gpu.step_started(loader_id, clock.steps_closed)
@@ -241,13 +252,19 @@ class Instrumentation:
         return burst_steps(self.plan.steps, getattr(loader, "num_workers", 0), self.plan.mode,
                            self.plan.steps_per_s)
 
-    def _fetch(self, state: IteratorState, iterator: Any, original_next: Callable[[Any], Any],
-               step: int) -> Any:
+    def _fetch(self, state: IteratorState, iterator: Any,
+               original_next: Callable[[Any], Any]) -> Any:
         source = state.delegate or iterator
-        mode, step = self.screen.mode(state.loader_id == self.training_loader_id, step)
-        if mode != "ceiling":
-            return original_next(source)
-        return self.ceiling.fetch(state.loader_id, step, lambda: original_next(source))
+        if self.screen.mode(state.loader_id == self.training_loader_id) != "ceiling":
+            batch = original_next(source)
+            note_yielded(source)
+            return batch
+
+        def real_batch() -> Any:
+            batch = original_next(source)
+            note_yielded(source)
+            return batch
+        return self.ceiling.fetch(state, real_batch)
 
     # ---- screens ---------------------------------------------------------------------------
     def _switch_window(self, iterator: Any, state: IteratorState, window: int) -> None:
@@ -257,14 +274,10 @@ class Instrumentation:
         loader = state.loader()
         settings = self.plan.window_settings(window)
         try:
-            rebuilt = rebuilt_iterator(loader, state.delegate or iterator, settings)
+            rebuilt = rebuilt_iterator(loader, state, settings)
             if rebuilt is not None:
                 fresh, started = rebuilt
-                loadcost.meter_in_process(fresh, self.recorder.write_line, current_rank(),
-                                          state.loader_id, self._files())
-                self.pin_meter.track(fresh, state.loader_id)
-                self.iterators.add(fresh)
-                self._add_workers(fresh)
+                self._adopt(fresh, state.loader_id)
                 state.delegate, state.t_iter, state.first = fresh, started, True
             self.event("window", window=window, applied=applied_settings(loader),
                        mode=self.plan.window_mode(window), switched_ns=switched_ns)
@@ -367,6 +380,8 @@ class Instrumentation:
     def _final_events(self) -> None:
         if not self._unused_checked and self.ddp_modules:
             self._check_unused_parameters()  # a loop without an optimizer
+        if self.ceiling.unbounded:
+            self.event("replay_unbounded", reason=self.ceiling.unbounded)
         for facts in self.comm.module_facts():
             self.event("ddp_config", **facts)
         for name, site in self.comm.site_events():

@@ -42,6 +42,7 @@ def own_settings(arguments: dict[str, Any]) -> dict[str, Any]:
         "distributed_sampler": _is_distributed_sampler(sampler),
         "batch_sampler": type(batch_sampler).__name__ if batch_sampler is not None else None,
         "dataset": type(dataset).__name__, "dataset_len": dataset_len,
+        "iterable": _is_iterable(dataset),
         "epoch_samples": epoch_samples(arguments, dataset_len, batch_size),
         "dataset_fingerprint": fingerprint,
     }
@@ -58,6 +59,12 @@ def epoch_samples(arguments: dict[str, Any], dataset_len: Optional[int],
         return len(sampler) if sampler is not None else dataset_len
     except Exception:  # noqa: BLE001 - a sampler without a length
         return None
+
+
+def _is_iterable(dataset: Any) -> bool:
+    from torch.utils.data import IterableDataset
+
+    return isinstance(dataset, IterableDataset)
 
 
 def _is_distributed_sampler(sampler: Any) -> bool:

@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable
 
 from ddp_profile.profiler.rank.comm import SCRIPT_COLLECTIVES, SYNC_PATTERN
+from ddp_profile.profiler.rank.windows import noting_dispatch
 from ddp_profile.profiler.settings import GRADIENT_SYNC, constructor_options
 
 _originals: list[tuple[Any, str, Any]] = []
@@ -147,6 +148,8 @@ def apply(instr: Any) -> None:
     _patch(DataLoader, "__init__", make_init)
     _patch(DataLoader, "__iter__", make_iter)
     _patch(_BaseDataLoaderIter, "__next__", make_next)
+    if instr.plan.windows or instr.plan.mode == "ceiling":  # a pass may be continued
+        _patch(_BaseDataLoaderIter, "_next_index", noting_dispatch)
     _patch(torch.Tensor, "backward", make_backward)
     _patch(DistributedDataParallel, "__init__", make_ddp_init)
     _patch(DistributedDataParallel, "forward", make_ddp_forward)

@@ -7,14 +7,36 @@ through them: which window a step is in, whether it is measured, where a window 
 when the probe is done; at each window's first step, in every rank at the same step,
 :func:`rebuilt_iterator` rebuilds the training loader's iterator with the window's settings.
 ``CeilingReplay`` serves a ceiling probe (or window): a few real batches, then those again.
+
+**Both keep the script's epoch as it is.** A probe may switch the training loader's settings
+mid-epoch (a screen's next window) or stop loading (the ceiling's replay); either way the
+script must see what it would see without the probe: exactly ``len(loader)`` batches in the
+epoch, ``StopIteration`` where it expects it, the sampler's order unchanged. A fresh iterator
+of the same DataLoader would start a new pass of the sampler and lengthen the epoch by the
+batches already taken (a loop sized from ``len(loader)`` then overruns: an LR schedule raises,
+an accumulation remainder divides by zero). So every batch of indices an iterator takes from
+its sampler is noted as dispatched (``note_dispatched``, from
+``_BaseDataLoaderIter._next_index``: with workers, the prefetched ones are dispatched before
+they are yielded) and dropped once it is yielded (``note_yielded``). What the pass still owes
+is the dispatched-not-yielded indices, then the rest of the sampler's own iterator
+(``rest_of_pass``). A rebuilt iterator serves that rest (:func:`serving`: the loader's new
+settings, the pass's end where the old one's was; the next epoch, ``iter(loader)`` or a
+persistent iterator's reset, reads the loader's own sampler again), and a replay takes one
+batch of it per replayed batch, ending the epoch where it ends.
+
+An ``IterableDataset`` cannot be continued this way: its stream lives in the dataset object of
+each worker, and a new iterator would start it again (``cannot_continue``).
 """
 
 from __future__ import annotations
 
+import collections
+import functools
+import itertools
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from ddp_profile.profiler.settings import (
     CEILING_CACHE_BATCHES,
@@ -22,6 +44,110 @@ from ddp_profile.profiler.settings import (
     ProbePlan,
     window_index,
 )
+
+PENDING = "_ddp_profile_pending"  # on an iterator: deque of (sampler iterator, indices)
+
+
+def note_dispatched(iterator: Any, indices: Any) -> None:
+    """``iterator`` took ``indices`` from its sampler (to fetch, or to send to a worker)."""
+    pending = iterator.__dict__.get(PENDING)
+    if pending is None:
+        pending = collections.deque()
+        iterator.__dict__[PENDING] = pending
+    pending.append((iterator.__dict__.get("_sampler_iter"), indices))
+
+
+def noting_dispatch(next_index: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``_BaseDataLoaderIter._next_index`` that notes what it takes (``note_dispatched``)."""
+    @functools.wraps(next_index)
+    def _next_index(iterator: Any) -> Any:
+        indices = next_index(iterator)
+        note_dispatched(iterator, indices)
+        return indices
+    return _next_index
+
+
+def note_yielded(iterator: Any) -> None:
+    """``iterator`` handed its oldest dispatched batch to the loop (batches come in order:
+    ``in_order=False`` keeps the count right, not which samples)."""
+    pending = iterator.__dict__.get(PENDING)
+    if pending:
+        pending.popleft()
+
+
+def cannot_continue(loader: Any) -> Optional[str]:
+    """Why a new iterator of ``loader`` cannot serve the rest of the current pass, or None."""
+    from torch.utils.data import IterableDataset
+
+    if isinstance(getattr(loader, "dataset", None), IterableDataset):
+        return ("its IterableDataset's stream lives in the dataset object of each worker: a "
+                "new iterator would start it again")
+    return None
+
+
+def rest_of_pass(iterator: Any) -> Iterator[Any]:
+    """The indices ``iterator`` still owes its pass: dispatched and not yielded, then the rest
+    of its sampler iterator (consumed as the result is)."""
+    sampler_iter = iterator.__dict__.get("_sampler_iter")
+    pending = iterator.__dict__.get(PENDING) or ()
+    owed = [indices for source, indices in pending if source is sampler_iter]
+    if PENDING in iterator.__dict__:
+        iterator.__dict__[PENDING] = collections.deque()
+    return itertools.chain(owed, sampler_iter if sampler_iter is not None else ())
+
+
+def batches_left(loader: Any, iterator: Any) -> Optional[int]:
+    """For an iterator that cannot be continued from its sampler (an IterableDataset): the
+    batches its pass still owes by the loader's length (its dataset's length in batches), or
+    None where it has none."""
+    try:
+        return max(0, len(loader) - int(getattr(iterator, "_num_yielded", 0)))
+    except TypeError:
+        return None
+
+
+class _PassRest:
+    """Stands in for a loader's index sampler while a new iterator is built (which may call
+    ``iter`` more than once: the worker iterator resets itself): ``iter`` is the rest of a
+    pass; ``len`` is the sampler's own."""
+
+    def __init__(self, rest: Iterator[Any], sampler: Any):
+        self._rest, self._sampler = rest, sampler
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._rest
+
+    def __len__(self) -> int:
+        return len(self._sampler)
+
+
+def serving(loader: Any, rest: Iterator[Any]) -> Any:
+    """A new iterator of ``loader`` (its settings as they are now) that serves ``rest``, the
+    rest of the current pass, then ends the epoch.
+
+    The loader's index sampler is swapped for the build only (a worker iterator takes its
+    prefetch at construction) and the iterator keeps the real one for its later passes. The
+    random generator's state (torch's default one, and the loader's own) is put back: building
+    an iterator draws its workers' base seed from it, and the script's random stream must not
+    move.
+    """
+    import torch
+
+    attribute = "batch_sampler" if loader.batch_sampler is not None else "sampler"
+    sampler = getattr(loader, attribute)
+    generator = getattr(loader, "generator", None)
+    states = (torch.random.get_rng_state(),
+              generator.get_state() if generator is not None else None)
+    object.__setattr__(loader, attribute, _PassRest(rest, sampler))
+    try:
+        fresh = loader._get_iterator()
+    finally:
+        object.__setattr__(loader, attribute, sampler)
+        torch.random.set_rng_state(states[0])
+        if generator is not None:
+            generator.set_state(states[1])
+    fresh._index_sampler = sampler
+    return fresh
 
 
 @dataclass
@@ -32,11 +158,28 @@ class IteratorState:
     iter_index: int  # the loader's how-manieth iterator (its epoch, for most scripts)
     t_iter: int  # perf_counter_ns when it was made (its workers' start)
     loader: "weakref.ref[Any]"
+    iterator: Optional["weakref.ref[Any]"] = None  # the iterator itself (the script holds it)
     default_bs: int = 1  # samples per batch where a batch does not say
     first: bool = True  # its first batch not returned yet
     delegate: Any = None  # the iterator a screen window rebuilt, serving in its place
     fingerprints: int = 0  # batches fingerprinted (the sharding check)
+    replay: Optional[Iterator[Any]] = None  # a ceiling's replay: what its pass still owes
+    replayed: int = 0  # batches replayed from this iterator
+    served: int = 0  # batches this iterator gave the loop
+    epoch_len: Optional[int] = None  # len(loader) when it was made (None: no length)
 
+    def serve(self) -> bool:
+        """One more batch given to the loop; True at the one past ``len(loader)``: this
+        iterator outlived an epoch."""
+        self.served += 1
+        return self.epoch_len is not None and self.served == self.epoch_len + 1
+
+    @property
+    def source(self) -> Any:
+        """The iterator that serves the script's (``delegate`` once a window rebuilt it)."""
+        if self.delegate is not None:
+            return self.delegate
+        return self.iterator() if self.iterator is not None else None
 
 class Screen:
     """The windows of a probe (one window, all steps, for a probe that is not a screen)."""
@@ -67,28 +210,66 @@ class Screen:
             return self.starts.index(steps_closed)
         return None
 
-    def mode(self, training: bool, step: int) -> tuple[str, int]:
-        """The mode a batch is served in, and its step within its window."""
+    def mode(self, training: bool) -> str:
+        """The mode a batch is served in ("normal" or "ceiling")."""
         if self.windows and training:
-            return self.plan.window_mode(self.window), step - self.starts[self.window]
-        return self.plan.mode, step
+            return self.plan.window_mode(self.window)
+        return self.plan.mode
 
 
 class CeilingReplay:
     """A ceiling's batches: the first ``CEILING_CACHE_BATCHES`` of each loader, then those
-    again in turn (the loop runs without loading)."""
+    again in turn (the loop runs without loading).
+
+    Replaying, an iterator stops loading: its workers are shut down, and the loader starts
+    none for later epochs (its ``num_workers`` is set to 0, so ``iter(loader)`` costs what an
+    in-process iterator's start costs). Each replayed batch takes its place in the pass (the
+    indices the real one would have had, ``rest_of_pass``), and the epoch ends, with
+    ``StopIteration``, where the real pass would have. An IterableDataset's pass ends after
+    ``len(loader)`` batches; one without a length has no end to keep (``unbounded``).
+    """
 
     def __init__(self) -> None:
         self._cache: dict[int, list[Any]] = {}
+        self.unbounded: Optional[str] = None  # why a replayed epoch may not end where it would
 
-    def fetch(self, loader_id: int, step: int, next_batch: Callable[[], Any]) -> Any:
-        cache = self._cache.setdefault(loader_id, [])
+    def fetch(self, state: IteratorState, next_batch: Callable[[], Any]) -> Any:
+        cache = self._cache.setdefault(state.loader_id, [])
         if len(cache) < CEILING_CACHE_BATCHES:
             batch = next_batch()
             if len(cache) < CEILING_CACHE_BATCHES:
                 cache.append(batch)
             return batch
-        return cache[step % len(cache)]
+        if state.replay is None:
+            state.replay = self._stop_loading(state)
+        next(state.replay)  # StopIteration: the pass is over where the script expects it
+        state.replayed += 1
+        return cache[state.replayed % len(cache)]
+
+    def _stop_loading(self, state: IteratorState) -> Iterator[Any]:
+        """What ``state``'s pass still owes; its workers shut down, none started again."""
+        loader, source = state.loader(), state.source
+        if loader is not None and cannot_continue(loader):
+            left = batches_left(loader, source)
+            if left is None:
+                self.unbounded = ("the IterableDataset has no length: a replayed epoch ends "
+                                  "only with the probe")
+            rest: Iterator[Any] = itertools.repeat(None, left) if left is not None \
+                else itertools.repeat(None)
+        else:
+            rest = rest_of_pass(source)
+        shutdown_workers(source)
+        if loader is not None and getattr(loader, "num_workers", 0):
+            loader.num_workers = 0
+        return rest
+
+
+def loader_length(loader: Any) -> Optional[int]:
+    """``len(loader)``, or None where it has none (an IterableDataset without a length)."""
+    try:
+        return len(loader)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def shutdown_workers(iterator: Any) -> None:
@@ -124,26 +305,38 @@ def target_settings(applied: dict[str, Any], settings: LoaderSettings) -> dict[s
     return target
 
 
-def rebuilt_iterator(loader: Any, running: Any,
-                     settings: LoaderSettings) -> Optional[tuple[Any, int]]:
-    """A fresh iterator of ``loader`` with ``settings`` and its start (``perf_counter_ns``).
+class CannotSwitch(RuntimeError):
+    """A loader whose settings cannot change mid-epoch without changing what the loop sees."""
 
-    The ``running`` iterator's workers are shut down first, to free the CPUs. None when the
-    loader already runs with these settings. Raises whatever the DataLoader raises (a subclass
-    may forbid it); the caller ends the screen then.
+
+def rebuilt_iterator(loader: Any, state: IteratorState,
+                     settings: LoaderSettings) -> Optional[tuple[Any, int]]:
+    """A fresh iterator of ``loader`` with ``settings`` that serves the rest of the current
+    pass (``serving``), and its start (``perf_counter_ns``).
+
+    The running iterator's workers are shut down first, to free the CPUs. None when the
+    loader already runs with these settings. Raises ``CannotSwitch`` before anything changed
+    where the pass cannot be continued (an IterableDataset), else whatever the DataLoader
+    raises (a subclass may forbid it); the caller ends the screen then.
     """
     if loader is None:
         raise RuntimeError("the DataLoader is gone")
+    reason = cannot_continue(loader)
+    if reason is not None:
+        raise CannotSwitch(reason)
     applied = applied_settings(loader)
     target = target_settings(applied, settings)
     if target == applied:
         return None
+    running = state.source
+    rest = state.replay if state.replay is not None else rest_of_pass(running)
     shutdown_workers(running)
     for key, value in target.items():
         if key != "batch_size":
             setattr(loader, key, value)
     started = time.perf_counter_ns()
-    fresh = loader._get_iterator()
+    fresh = serving(loader, rest)
     if getattr(loader, "persistent_workers", False):
         loader._iterator = fresh
+    state.replay, state.replayed = None, 0
     return fresh, started

@@ -49,9 +49,12 @@ def epoch_steps(loader: Optional[dict[str, Any]]) -> Optional[int]:
 
 
 def restarts_per_epoch(loader: Optional[dict[str, Any]]) -> bool:
-    """True when the loader starts its workers again at every epoch."""
+    """True when the loader starts its workers again at every epoch: it has workers, they are
+    not persistent, and no iterator of it was seen to outlive an epoch (``keeps_iterator``: a
+    loader that keeps one iterator over a repeated sampler starts its workers once)."""
     own, applied = (loader or {}).get("own") or {}, (loader or {}).get("applied") or {}
-    return bool(applied.get("num_workers")) and own.get("persistent_workers") is False
+    return bool(applied.get("num_workers")) and own.get("persistent_workers") is False \
+        and not (loader or {}).get("keeps_iterator")
 
 
 @dataclass(frozen=True)

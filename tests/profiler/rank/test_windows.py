@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from ddp_profile.profiler.rank.windows import CeilingReplay, Screen
+import weakref
+
+import pytest
+from torch.utils.data import DataLoader, IterableDataset
+
+from ddp_profile.profiler.rank.windows import CeilingReplay, IteratorState, Screen, note_yielded
 from ddp_profile.profiler.settings import CEILING_CACHE_BATCHES, ProbePlan
 
 
@@ -11,7 +16,7 @@ def test_a_probe_is_one_window_done_after_its_measured_steps():
     record = {"step": 7, "measured": True}
     screen.label(record)
     assert record == {"step": 7, "measured": True}  # a probe labels nothing
-    assert screen.boundary(0) is None and screen.mode(True, 7) == ("normal", 7)
+    assert screen.boundary(0) is None and screen.mode(True) == "normal"
     assert not screen.done(12, 9, 10) and screen.done(13, 10, 10)
 
 
@@ -29,20 +34,54 @@ def test_a_screen_labels_windows_switches_at_their_starts_and_ends_after_the_las
     assert labelled == [(0, False), (0, True), (1, False), (1, False), (1, True)]
     assert [screen.boundary(s) for s in (0, 3, 7)] == [0, None, 1]
     screen.window = 1
-    assert screen.mode(True, 9) == ("ceiling", 2)  # the training loader, 2 steps in
-    assert screen.mode(False, 9) == ("normal", 9)  # another loader keeps the probe's mode
+    assert screen.mode(True) == "ceiling"  # the training loader
+    assert screen.mode(False) == "normal"  # another loader keeps the probe's mode
     assert not screen.done(14, 0, 10) and screen.done(15, 0, 10)
 
 
-def test_the_ceiling_replays_its_first_batches():
-    replay, fetched = CeilingReplay(), []
+def replayed_epochs(workers: int, epochs: int) -> tuple[list[list[int]], DataLoader]:
+    """The batches a ceiling serves a loop of ``epochs`` epochs, as the instrumentation
+    asks for them: a real DataLoader, each epoch's iterator with its state."""
+    loader = DataLoader(list(range(40)), batch_size=4, num_workers=workers)
+    replay, served = CeilingReplay(), []
+    for _ in range(epochs):
+        iterator = iter(loader)
+        state = IteratorState(0, 0, 0, weakref.ref(loader), iterator=weakref.ref(iterator))
+        batches = []
 
-    def next_batch():
-        fetched.append(len(fetched))
-        return fetched[-1]
+        def real_batch(iterator=iterator):  # as the instrumentation serves one
+            batch = next(iterator)
+            note_yielded(iterator)
+            return batch
+        while True:
+            try:
+                batches.append(replay.fetch(state, real_batch).tolist())
+            except StopIteration:
+                break
+        served.append(batches)
+    return served, loader
 
-    served = [replay.fetch(0, step, next_batch) for step in range(CEILING_CACHE_BATCHES + 3)]
-    assert fetched == list(range(CEILING_CACHE_BATCHES))  # loaded once, then replayed
-    assert served[CEILING_CACHE_BATCHES:] == [s % CEILING_CACHE_BATCHES for s in
-                                              range(CEILING_CACHE_BATCHES,
-                                                    CEILING_CACHE_BATCHES + 3)]
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_ceiling_replays_its_first_batches_and_ends_each_epoch_where_it_would(noted,
+                                                                                   workers):
+    served, loader = replayed_epochs(workers, epochs=3)
+    assert [len(batches) for batches in served] == [10, 10, 10]  # len(loader), every epoch
+    cached = served[0][:CEILING_CACHE_BATCHES]
+    assert cached == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert all(batch in cached for batches in served for batch in batches)  # loaded once
+    assert loader.num_workers == 0  # later epochs start no workers
+
+
+def test_a_replayed_iterable_dataset_without_length_says_its_epochs_have_no_end():
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(1000))
+
+    loader = DataLoader(Stream(), batch_size=4)
+    iterator = iter(loader)
+    state = IteratorState(0, 0, 0, weakref.ref(loader), iterator=weakref.ref(iterator))
+    replay = CeilingReplay()
+    for _ in range(CEILING_CACHE_BATCHES + 2):
+        replay.fetch(state, lambda: next(iterator))
+    assert "no length" in replay.unbounded

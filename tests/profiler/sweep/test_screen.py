@@ -14,6 +14,7 @@ from ddp_profile.profiler.settings import (
     ProbePlan,
     backlog_warmup,
     burst_steps,
+    mode_warmup,
 )
 from ddp_profile.profiler.store.record import read_jsonl
 from ddp_profile.profiler.store.results import read_probe_dir
@@ -75,10 +76,11 @@ def window(workers, mode="normal", prefetch=None, warmup=None):
 
 
 def test_each_window_runs_its_own_worker_pool_and_is_split_into_a_probe(tmp_path):
-    windows = [window(0), window(2, prefetch=2, warmup=4), window(1), window(1, "ceiling")]
+    windows = [window(0), window(2, prefetch=2, warmup=4), window(1),
+               window(1, "ceiling", warmup=mode_warmup(2, "ceiling"))]
     plan, seen = run_screen(tmp_path, windows)
     starts, lengths = plan.window_starts(), plan.window_lengths()
-    assert starts == [0, 8, 18, 26] and lengths == [8, 10, 8, 8]
+    assert starts == [0, 8, 18, 26] and lengths == [8, 10, 8, 11]
     # the script saw each window's worker pool from that window's first step on
     for index, (start, length) in enumerate(zip(starts, lengths)):
         expected = windows[index]["overrides"]["num_workers"]
