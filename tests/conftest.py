@@ -66,11 +66,30 @@ class CliResult:
 
     def summary(self) -> dict:
         with open(os.path.join(self.out, "summary.json"), encoding="utf-8") as handle:
-            return json.load(handle)
+            summary = json.load(handle)
+        assert_no_ceiling_below_a_loading_rate(summary)
+        return summary
 
     def ledger(self) -> list[dict]:
-        with open(os.path.join(self.out, "ledger.jsonl"), encoding="utf-8") as handle:
-            return [json.loads(line) for line in handle if line.strip()]
+        """The ledger's probes, corrections folded in, as every reader sees them."""
+        from ddp_profile.profiler.store.results import read_ledger
+
+        return read_ledger(self.out)[0]
+
+
+def assert_no_ceiling_below_a_loading_rate(summary: dict) -> None:
+    """Every run of the suite: a compute-only ceiling replays batches without loading, so it
+    is never below a rate measured with loading at its batch size (within noise)."""
+    ceiling = summary.get("ceiling_throughput")
+    probe = next((p for p in summary.get("probes") or []
+                  if p.get("id") == summary.get("ceiling_probe")), None)
+    if not ceiling or probe is None:
+        return
+    batch = (probe.get("config") or {}).get("batch_size")
+    rates = [p["throughput"] for p in summary["probes"] if p.get("status") == "ok"
+             and p.get("kind") in ("baseline", "sweep", "repeat") and p.get("throughput")
+             and (p.get("config") or {}).get("batch_size") == batch]
+    assert not rates or ceiling >= 0.9 * max(rates), (ceiling, rates)
 
 
 def run_cli(args: list[str], out: Optional[str] = None, timeout: float = 240,

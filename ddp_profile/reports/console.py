@@ -145,6 +145,8 @@ def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
                      f"recommended {config_label(summary['recommended'])}")
     if summary.get("ceiling_throughput"):
         lines.append(f"compute-only ceiling: {_fmt_tp(summary['ceiling_throughput'])}")
+    elif summary.get("ceiling_failed"):
+        lines.append(f"compute-only ceiling: none ({summary['ceiling_failed']})")
     capacity = summary.get("capacity")
     if isinstance(capacity, dict) and capacity.get("bound"):
         kind = BOUNDS.get(capacity["bound"], capacity["bound"])

@@ -95,10 +95,15 @@ def probe_roles(run: Run) -> dict[str, str]:
     """Probe id -> baseline / recommended / ceiling, for the probes that play one of those."""
     roles: dict[str, str] = {}
     probes = run.probes
-    for kind in ("baseline", "ceiling"):
-        ids = probes.loc[probes["kind"] == kind, "id"].tolist()
-        if ids:
-            roles[str(ids[0])] = kind
+    ids = probes.loc[probes["kind"] == "baseline", "id"].tolist()
+    if ids:
+        roles[str(ids[0])] = "baseline"
+    ceiling = run.summary.get("ceiling_probe")
+    if ceiling is None and "ceiling_probe" not in run.summary:  # written before it was kept
+        ids = probes.loc[probes["kind"] == "ceiling", "id"].tolist()
+        ceiling = ids[0] if ids else None
+    if ceiling is not None:
+        roles[str(ceiling)] = "ceiling"
     recommended = run.summary.get("recommended") or {}
     chosen = run.summary.get("recommended_probe")
     if chosen is not None and chosen in set(probes["id"].astype(str)):
@@ -146,7 +151,9 @@ def build_headline(run: Run, roles: dict[str, str]) -> dict[str, Any]:
         "interval_text": (f"{interval[0]:.2f}–{interval[1]:.2f}×" if has_interval else None),
         "ceiling_share": None if _missing(share) else float(share),
         "ceiling_share_text": fmt(share, ".0%", missing="unknown"),
-        "ceiling_throughput_text": fmt(ceiling, ",.1f", " samples/s", missing="not measured"),
+        "ceiling_throughput_text": fmt(ceiling, ",.1f", " samples/s",
+                                       missing="none: " + summary["ceiling_failed"]
+                                       if summary.get("ceiling_failed") else "not measured"),
         "baseline_throughput_text": fmt(_throughput_of(run, baseline_id), ",.1f",
                                         " samples/s"),
         "recommended_throughput_text": fmt(rec_tp, ",.1f", " samples/s"),

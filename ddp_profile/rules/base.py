@@ -177,9 +177,14 @@ def is_short(probe: pd.Series) -> bool:
 
 
 def ceiling_probe(run: Run) -> Optional[pd.Series]:
+    """The compute-only ceiling the run kept (``summary.ceiling_probe``: none where each one
+    ran below a rate measured with loading); in a run written before it was kept, the last
+    ok ceiling probe (at the recommended batch size)."""
     probes = ok_probes(run, kinds=("ceiling",))
     probes = probes[probes["throughput"].apply(finite)] if not probes.empty else probes
-    return None if probes.empty else probes.iloc[-1]  # the last: at the recommended batch
+    if "ceiling_probe" in run.summary:
+        probes = probes[probes["id"] == run.summary["ceiling_probe"]]
+    return None if probes.empty else probes.iloc[-1]
 
 
 def finite(value: Any) -> bool:

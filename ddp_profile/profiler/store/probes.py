@@ -38,12 +38,16 @@ class Kind(str, Enum):
     REPEAT = "repeat"  # the recommended configuration again, in a fresh launch (--repeat)
     THREADS = "threads"  # counterfactual: the same settings with the intra-op threads that fit
     DDP = "ddp"  # counterfactual: the same settings with other DDP options (bucket_cap_mb ...)
-    CACHE = "cache"  # the script's own settings read in another page-cache state than the run's
-    # regime, then measured again in it (``profiler.cache``): read by no decision
+    CACHE = "cache"  # a probe that read in another page-cache state than the run's regime,
+    # then measured again in it (``profiler.cache``; ``MEASURED_AS`` its own kind): read by no
+    # decision
 
     def __str__(self) -> str:
         return self.value
 
+
+CEILING_FAILED = "ceiling_failed"  # why a ceiling probe is none (it ran below a loading rate)
+MEASURED_AS = "measured_as"  # the kind a probe set aside as ``cache`` was measured as
 
 CHOICE_KINDS = (Kind.BASELINE, Kind.SWEEP)
 GATE_KINDS = (Kind.BASELINE, Kind.SWEEP, Kind.REPEAT)

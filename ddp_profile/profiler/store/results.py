@@ -39,7 +39,7 @@ import pandas as pd
 from ddp_profile.errors import BadRunDir
 from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.comm import step_comm
-from ddp_profile.profiler.store.record import WORKER_DIR, read_jsonl
+from ddp_profile.profiler.store.record import ITERATOR_OUTLIVES_EPOCH, WORKER_DIR, read_jsonl
 
 STEP_COLUMNS = ["probe_id", "rank", "node", "loader_id", "step", "measured", "t_s",
                 "data_wait_s", "compute_s", "other_s", "forward_s", "step_s", "samples",
@@ -122,6 +122,7 @@ def read_probe_dir(probe_dir: str) -> list[RankData]:
                 data.files.extend(record.get("paths") or [])
         rank = next((r.get("rank") for r in records if r.get("rank") is not None), None)
         data.rank = int(rank) if rank is not None else -1
+        _mark_kept_iterators(data)
         _attach_training_loader(data)
         ranks.append(data)
     ranks.sort(key=lambda r: r.rank)
@@ -152,6 +153,16 @@ def _attach_worker_records(worker_dir: str, ranks: list[RankData]) -> None:
                 owner.worker_starts.append(record)
             elif record.get("kind") == "files":
                 owner.files.extend(record.get("paths") or [])
+
+
+def _mark_kept_iterators(data: RankData) -> None:
+    """A loader one of whose iterators outlived an epoch keeps it across epochs
+    (``keeps_iterator`` on its record): it starts no workers per epoch."""
+    for event in data.events:
+        if event.get("name") == ITERATOR_OUTLIVES_EPOCH:
+            loader = data.loaders.get(int((event.get("data") or {}).get("loader_id", -1)))
+            if loader is not None:
+                loader["keeps_iterator"] = True
 
 
 def _attach_training_loader(data: RankData) -> None:
@@ -222,12 +233,33 @@ def read_json(path: str, what: str) -> dict[str, Any]:
     return value
 
 
+AMENDS = "amends"  # a ledger line that corrects an earlier one: {"amends": id, "fields": {...}}
+
+
 def read_ledger(run_dir: str) -> tuple[list[dict[str, Any]], int]:
-    """The finished probes in ledger order; a torn last line (killed mid-append) is skipped."""
+    """The finished probes in ledger order, each with its later corrections folded in (the
+    ledger is only ever appended to: a correction is a line of its own); a torn last line
+    (killed mid-append) is skipped."""
     path = os.path.join(run_dir, "ledger.jsonl")
     if not os.path.exists(path):
         return [], 0
-    return read_jsonl(path)
+    lines, torn = read_jsonl(path)
+    return fold_amendments(lines), torn
+
+
+def fold_amendments(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Ledger lines as probes: each ``amends`` line's fields laid over the probe it names."""
+    entries: list[dict[str, Any]] = []
+    by_id: dict[Any, dict[str, Any]] = {}
+    for line in lines:
+        if AMENDS in line:
+            target = by_id.get(line[AMENDS])
+            if target is not None and isinstance(line.get("fields"), dict):
+                target.update(line["fields"])
+            continue
+        entries.append(line)
+        by_id[line.get("id")] = line
+    return entries
 
 
 def _probe_row(probe: dict[str, Any]) -> dict[str, Any]:

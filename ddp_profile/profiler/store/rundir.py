@@ -15,7 +15,7 @@ from typing import Any, Optional
 from ddp_profile.errors import BadRunDir
 from ddp_profile.profiler.store.atomic import write_text_atomic
 from ddp_profile.profiler.store.record import dumps
-from ddp_profile.profiler.store.results import read_json, read_ledger
+from ddp_profile.profiler.store.results import AMENDS, read_json, read_ledger
 
 
 def write_json_atomic(path: str, value: Any) -> None:
@@ -58,6 +58,11 @@ class RunDir:
             handle.write(dumps(entry) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
+
+    def amend(self, probe_id: str, fields: dict[str, Any]) -> None:
+        """Correct a probe already in the ledger by appending a line (``results.AMENDS``):
+        every reader folds it in, so the ledger alone and summary.json agree."""
+        self.append({AMENDS: probe_id, "fields": fields})
 
     @staticmethod
     def _repair_torn_tail(path: str) -> None:

@@ -6,7 +6,7 @@ import platform
 from typing import Any, Optional
 
 from ddp_profile.profiler.settings import SETTING_KEYS
-from ddp_profile.profiler.store.probes import counts_for_choice
+from ddp_profile.profiler.store.probes import CEILING_FAILED, Kind, Status, counts_for_choice
 from ddp_profile.profiler.store.record import SCHEMA_VERSION
 from ddp_profile.profiler.sweep.capacity import run_model
 
@@ -19,9 +19,10 @@ def _settings(config: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
 
 def latest_ceiling(entries: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     """The last ok compute-only measurement (a screened one may be superseded by a probe at
-    the recommended batch size)."""
-    return next((e for e in reversed(entries) if e.get("kind") == "ceiling"
-                 and e.get("status") == "ok"), None)
+    the recommended batch size) that is a ceiling (``CEILING_FAILED``: one that ran below a
+    rate measured with loading is none)."""
+    return next((e for e in reversed(entries) if e.get("kind") == Kind.CEILING
+                 and e.get("status") == Status.OK and not e.get(CEILING_FAILED)), None)
 
 
 def run_capacity(probes: list[dict[str, Any]], context: dict[str, Any],
@@ -86,6 +87,10 @@ def build_summary(meta: dict[str, Any], entries: list[dict[str, Any]],
         "expected_speedup": None,
         "expected_speedup_interval": None,
         "ceiling_throughput": ceiling_tp,
+        "ceiling_probe": ceiling.get("id") if ceiling else None,
+        "ceiling_failed": None if ceiling else next(
+            (f"{e['id']}: {e[CEILING_FAILED]}" for e in reversed(entries)
+             if e.get(CEILING_FAILED)), None),
         "capacity": run_capacity(probes, context, (baseline or {}).get("ranks_per_host")
                                  or meta.get("nproc_per_node"), ceiling_tp),
         "probes": probes,

@@ -40,7 +40,7 @@ from ddp_profile.profiler.settings import (
     burst_steps,
     mode_warmup,
 )
-from ddp_profile.profiler.store.probes import Kind
+from ddp_profile.profiler.store.probes import MEASURED_AS, Kind
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.sweep.probe import summarise_probe
 from ddp_profile.profiler.sweep.screen import split_screen
@@ -75,6 +75,7 @@ class Measurer(Protocol):
 
     entries: list[dict[str, Any]]  # every measurement of this sweep, in order
     screen_unsupported: Optional[str]  # why screens cannot run (set by ``measure_screen``)
+    timeout_s: float  # how long a launch of one probe may run
 
     def measure(self, requested: LoaderSettings, kind: str = "sweep",
                 steps: Optional[int] = None, mode: str = "normal",
@@ -101,6 +102,9 @@ class Measurer(Protocol):
         """Decide the run's page-cache regime from the baseline (``profiler.cache``) and apply it
         to every later launch; the baseline, measured again in the regime where its reads
         were not in it (the first then kept as kind ``cache``)."""
+
+    def amend(self, entry: dict[str, Any], fields: dict[str, Any]) -> None:
+        """Correct a measured entry (in memory and, for good, in the run's record)."""
 
 
 class LedgerMeasurer:
@@ -131,6 +135,15 @@ class LedgerMeasurer:
                 threads: Optional[int] = None,
                 steps_per_s: Optional[float] = None,
                 ddp: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        entry = self._probe(requested, kind, steps, mode, threads, steps_per_s, ddp)
+        if self._out_of_regime(entry):
+            entry = self._probe(requested, kind, steps, mode, threads, steps_per_s, ddp)
+        return entry
+
+    def _probe(self, requested: LoaderSettings, kind: str, steps: Optional[int], mode: str,
+               threads: Optional[int], steps_per_s: Optional[float],
+               ddp: Optional[dict[str, Any]]) -> dict[str, Any]:
+        """One launch of one configuration (or its finished entry of a resumed run)."""
         probe_id = f"p{len(self.entries):03d}"
         steps = steps or self.steps
         done = self._finished(probe_id, requested, kind, steps, screened=False)
@@ -157,7 +170,8 @@ class LedgerMeasurer:
         """The ledger entry of a resumed run that measured exactly this, if any."""
         done = next((e for e in self.ledger if e.get("id") == probe_id), None)
         if done is None or done.get("requested") != requested.to_dict() \
-                or done.get("kind") != kind or done.get("steps") != steps \
+                or (done.get(MEASURED_AS) or done.get("kind")) != kind \
+                or done.get("steps") != steps \
                 or bool(done.get("screened")) != screened:
             return None
         return done
@@ -193,14 +207,30 @@ class LedgerMeasurer:
         loader = self.context(baseline).get("loader") or {}
         self.regime = decide(requested, baseline, loader.get("dataset_len"), memory_available())
         self.progress("note", {"text": f"page cache: {self.regime.mode} ({self.regime.reason})"})
-        if baseline.get("status") != "ok" or not out_of_regime(self.regime, baseline):
+        if not self._out_of_regime(baseline):
             return baseline
-        share = baseline["loading"]["storage_share"]
-        self.progress("note", {"text": f"the baseline read {share:.0%} of its bytes from "
-                                       f"storage, out of the {self.regime.mode} regime: "
-                                       "measured again in it"})
-        baseline["kind"] = Kind.CACHE.value
         return self.measure(LoaderSettings(), kind=Kind.BASELINE.value)
+
+    def _out_of_regime(self, entry: dict[str, Any]) -> bool:
+        """Whether ``entry`` read its data in another page-cache state than the run's regime
+        (``cache.out_of_regime``); if so it is set aside as kind ``cache`` (by an appended
+        ledger line, ``measured_as`` its own kind), for the caller to measure it again. An
+        entry a resumed run set aside already is one too."""
+        if entry.get("kind") == Kind.CACHE and entry.get(MEASURED_AS):
+            return True
+        if entry.get("status") != "ok" or not out_of_regime(self.regime, entry):
+            return False
+        share = entry["loading"]["storage_share"]
+        self.progress("note", {"text": f"{entry['id']} ({entry.get('kind')}) read {share:.0%} "
+                                       f"of its bytes from storage, out of the "
+                                       f"{self.regime.mode} regime: measured again in it"})
+        self.amend(entry, {"kind": Kind.CACHE.value, MEASURED_AS: entry.get("kind"),
+                           "regime_miss": {"mode": self.regime.mode, "storage_share": share}})
+        return True
+
+    def amend(self, entry: dict[str, Any], fields: dict[str, Any]) -> None:
+        entry.update(fields)
+        self.run_dir.amend(str(entry["id"]), fields)
 
     def _record(self, entry: dict[str, Any], reused: bool = False) -> None:
         if not reused:
@@ -229,7 +259,15 @@ class LedgerMeasurer:
             if consumed == 0:
                 break
             pending = pending[consumed:]
-        return done
+        return [self._in_regime(entry, window) for entry, window in zip(done, windows)]
+
+    def _in_regime(self, entry: dict[str, Any], window: Window) -> dict[str, Any]:
+        """A screened window, or its configuration measured again in a launch of its own where
+        the window read out of the run's page-cache regime."""
+        if not self._out_of_regime(entry):
+            return entry
+        return self._probe(window.config, window.kind, window.steps, window.mode, None,
+                           window.steps_per_s, None)
 
     def _screen_launch(self, pending: list[Window], ids: list[str],
                        done: list[dict[str, Any]]) -> int:

@@ -5,7 +5,9 @@
 measurer, SIGHUP ignored, a killed harness's probe reaped, the followers released at the end.
 
 Grid search measures every combination. Adaptive search runs two screens, then the batch
-sizes (``Search.adaptive``); without screens it climbs the worker ladder (``sweep.climb``).
+sizes (``sweep.adaptive``); without screens it climbs the worker ladder (``sweep.climb``).
+The compute-only ceiling is ``sweep.ceiling``'s, the communication counterfactuals
+``sweep.communication``'s.
 The best measured configuration is ``sweep.choose``'s alone, as in the recommendation;
 ``--repeat`` re-measures exactly that configuration.
 """
@@ -13,7 +15,7 @@ The best measured configuration is ``sweep.choose``'s alone, as in the recommend
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from ddp_profile.errors import NoDataLoader, ProbeTimeout, ScriptFailed
@@ -21,26 +23,22 @@ from ddp_profile.profiler.cpus import cpus_available, threads_to_fit
 from ddp_profile.profiler.launch.coordinate import Coordinator
 from ddp_profile.profiler.launch.ranks import LaunchSpec, ignore_hangup, restore_hangup
 from ddp_profile.profiler.settings import LoaderSettings
-from ddp_profile.profiler.store.probes import counts_for_choice, counts_for_gate
+from ddp_profile.profiler.store.probes import (
+    counts_for_choice,
+    counts_for_gate,
+)
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.store.summary import latest_ceiling
-from ddp_profile.profiler.sweep import communication
+from ddp_profile.profiler.sweep import adaptive, ceiling, communication
 from ddp_profile.profiler.sweep.capacity import (
-    CLIMB_STOP_CPU_SHARE,
-    WORKER_CAP,
     Capacity,
-    loading_line,
-    next_workers,
     run_model,
 )
-from ddp_profile.profiler.sweep.choose import UNSTABLE_RSE, candidate_of, choose, relative_se
-from ddp_profile.profiler.sweep.climb import (
-    beats,
-    climb_points,
-    climb_workers,
-    slower_than_baseline,
-    waits_for_data,
-    worth_tuning,
+from ddp_profile.profiler.sweep.choose import (
+    UNSTABLE_RSE,
+    candidate_of,
+    choose,
+    relative_se,
 )
 from ddp_profile.profiler.sweep.measure import (
     LedgerMeasurer,
@@ -51,9 +49,9 @@ from ddp_profile.profiler.sweep.measure import (
 )
 from ddp_profile.profiler.sweep.space import Axes, SearchSpace, grid, normalise, resolve_axes
 
-MAX_CLIMB_LAUNCHES = 3  # launches the climb may add past the first screen
-
 Entry = dict[str, Any]
+
+
 @dataclass(frozen=True)
 class SweepOptions:
     search: str = "adaptive"  # grid | adaptive
@@ -84,7 +82,7 @@ class Search:
         self.axes: Optional[Axes] = None
         self.baseline: Optional[Entry] = None
         self.oom_batch: Optional[int] = None
-        self._ceiling_skip_noted = False
+        self.ceiling_skip_noted = False
 
     @property
     def entries(self) -> list[Entry]:
@@ -113,22 +111,18 @@ class Search:
         self.threads()
         self.repeat()
         if self.wants_ceiling():
-            self.ceiling()
+            ceiling.measure(self)
+        ceiling.vet(self)
         return self.entries
 
     def wants_ceiling(self) -> bool:
-        """The compute-only probe is worth a launch only when loading settings could win back
-        a measurable share of the baseline's steps (``climb.worth_tuning``): otherwise the
-        loop is at its ceiling already (a note says so)."""
-        if not self.options.ceiling or self.baseline is None:
-            return False
-        if self.baseline.get("status") == "ok" and not worth_tuning(self.baseline):
-            if not self._ceiling_skip_noted:
-                self._ceiling_skip_noted = True
-                self.progress("note", {"text": "no compute-only ceiling probe: loading takes "
-                                               "too little of the baseline's steps to win back"})
-            return False
-        return True
+        return ceiling.wanted(self)
+
+    def loader(self) -> dict[str, Any]:
+        """The training loader as the script built it (the baseline's context)."""
+        if self.baseline is None:
+            return {}
+        return self.measurer.context(self.baseline).get("loader") or {}
 
     # ---- measuring ------------------------------------------------------------------------
     def measure_config(self, config: LoaderSettings) -> Entry:
@@ -205,14 +199,6 @@ class Search:
             if fit is not None:
                 self.measurer.measure(config, kind="threads", threads=fit, steps_per_s=rate)
 
-    def ceiling(self) -> None:
-        """The compute-only probe, at the recommended configuration's batch size."""
-        best = self.best() or self.baseline
-        ceiling = latest_ceiling(self.entries)
-        if ceiling is None or settings_of(ceiling).batch_size != settings_of(best).batch_size:
-            self.measurer.measure(settings_of(best), kind="ceiling", mode="ceiling",
-                                  steps_per_s=self.steps_per_s(settings_of(best), "ceiling"))
-
     # ---- the baseline ---------------------------------------------------------------------
     def _check_baseline(self, entry: Entry) -> None:
         if entry["status"] == "ok":
@@ -249,42 +235,7 @@ class Search:
 
     # ---- adaptive -------------------------------------------------------------------------
     def adaptive(self) -> None:
-        """Two screens, then the batch sizes. The first screen runs the whole worker ladder
-        (and the ceiling) in one launch; the second confirms the best screened configuration
-        in a fresh launch and, in the same launch, tries its prefetch and pinning variants.
-        A baseline whose loading could win back little (``climb.worth_tuning``) gets no
-        ladder, only its pinning variants.
-        Batch sizes need launches of their own. A loader that cannot be rebuilt falls back to
-        climbing the ladder with one probe per configuration."""
-        assert self.axes is not None and self.baseline is not None
-        own = settings_of(self.baseline)
-        start = LoaderSettings(None, own.pin_memory if own.pin_memory is not None else False,
-                               min(self.axes.prefetch_factor), own.batch_size)
-        if worth_tuning(self.baseline):
-            configs = [normalise(replace(start, num_workers=w)) for w in self._first_workers()]
-        else:  # loading settings cannot win back more than the little time spent waiting
-            configs = [normalise(replace(own, pin_memory=v)) for v in self.axes.pin_memory]
-        windows = [self.window(c) for c in configs if self.find(c) is None]
-        if self.wants_ceiling():
-            windows.append(self.window(windows[-1].config if windows else normalise(own),
-                                       "ceiling", "ceiling"))
-        self.measurer.measure_screen(windows)
-        if self.measurer.screen_unsupported:
-            self.progress("note", {"text": "the DataLoader cannot be rebuilt in place "
-                                           f"({self.measurer.screen_unsupported}): one probe each"})
-            best = climb_workers(self.measure_config, self.baseline, start,
-                                 list(self.axes.num_workers))
-            for axis in ("prefetch_factor", "pin_memory"):
-                best = self._try_axis(best, axis) if best is not None else None
-        else:
-            if worth_tuning(self.baseline) and self.space.num_workers is None:
-                self._climb(start)
-            best = self.best()
-            if best is not None:
-                self.measurer.measure_screen(self._second_screen(best))
-                best = self.best()
-        if best is not None:
-            self._try_axis(best, "batch_size")
+        adaptive.run(self)
 
     def window(self, config: LoaderSettings, kind: str = "sweep", mode: str = "normal",
                steps: Optional[int] = None) -> Window:
@@ -317,102 +268,6 @@ class Search:
         ceiling = latest_ceiling(self.entries)
         return run_model(self.ok_entries(), context, local_ranks,
                          ceiling.get("throughput") if ceiling else None)
-
-    def _first_workers(self) -> list[int]:
-        """The worker counts of the first screen: the ones the user gave (always measured),
-        else the ladder up to the CPUs and the count the capacity model predicts meets the
-        loop's demand (past the CPU count when loading mostly waits; then half and twice that
-        too, in the same launch)."""
-        assert self.axes is not None
-        workers = set(self.axes.num_workers)
-        model = self.capacity() if self.space.num_workers is None else None
-        if model is not None:
-            predicted = model.workers_for_demand()
-            workers.add(predicted)
-            if model.cpu_share < CLIMB_STOP_CPU_SHARE and predicted < model.max_workers:
-                # a waiting loader's first climb step rides in the same launch, and so does
-                # half the prediction, which rests on the compute-only demand: on 2 CPUs, 2
-                # ranks of 16 latency-bound workers each ran 0.77x 8 workers, never measured
-                workers.add(min(2 * predicted, model.max_workers))
-                if predicted // 2 > max(workers - {predicted, 2 * predicted}, default=0):
-                    workers.add(predicted // 2)
-            self.progress("note", {"text": f"loading: {loading_line(model.to_dict())}; {predicted} "
-                                           "worker(s) per rank predicted to meet the loop's "
-                                           "demand"})
-            self._recalibrate(max(workers))
-        return sorted(workers)
-
-    def _recalibrate(self, workers: int) -> None:
-        """Window timeouts sized for ``workers`` (their prefetch backlog is longer)."""
-        assert self.axes is not None and self.baseline is not None
-        if workers > max(self.axes.num_workers):
-            self.measurer.calibrate(self.baseline, replace(
-                self.axes, num_workers=tuple(sorted({*self.axes.num_workers, workers}))))
-
-    def _climb(self, start: LoaderSettings, launches: int = MAX_CLIMB_LAUNCHES) -> None:
-        """Past the first screen: one more worker count per launch while ``next_workers``
-        says the loop still gains (``sweep.capacity``) and none is slower than the baseline."""
-        for _ in range(launches):
-            model = self.capacity()
-            limit = model.max_workers if model is not None else WORKER_CAP
-            following = next_workers(climb_points(self.ok_entries(), start), limit)
-            if following is None:
-                return
-            self._recalibrate(following)
-            config = normalise(replace(start, num_workers=following))
-            self.measurer.measure_screen([self.window(config)])
-            if slower_than_baseline(self.find(config) or {}, self.baseline or {}):
-                return  # more workers cost the loop: the climb stops here
-
-    def _contender(self, best: Entry) -> Optional[Window]:
-        """A screened window faster than the choice, but tied with it only because its
-        throughput is uncertain (relative SE above ``UNSTABLE_RSE``: a window's few steps of a
-        bursty loader): measured again, twice as long, in the second screen, so that the
-        choice rests on a measurement that can tell them apart."""
-        top = max(self.ok_entries(), key=lambda e: e["throughput"], default=None)
-        if top is None or top is best or not top.get("screened") \
-                or top["throughput"] <= best["throughput"] or relative_se(top) <= UNSTABLE_RSE:
-            return None
-        return self.window(normalise(settings_of(top)), steps=self.options.steps * 2)
-
-    def _second_screen(self, best: Entry) -> list[Window]:
-        """A fresh measurement of a screened best, an uncertain contender twice as long, then
-        the best's prefetch and pinning variants."""
-        assert self.axes is not None
-        current = normalise(settings_of(best))
-        configs = [current] if best.get("screened") else []
-        if current.num_workers and waits_for_data(best):
-            configs += [normalise(replace(current, prefetch_factor=v))
-                        for v in self.axes.prefetch_factor]
-        configs += [normalise(replace(current, pin_memory=v)) for v in self.axes.pin_memory]
-        unique: list[LoaderSettings] = []
-        for config in configs:
-            if config not in unique and (config == current and best.get("screened")
-                                         or self.find(config) is None):
-                unique.append(config)
-        windows = [self.window(c) for c in unique]
-        contender = self._contender(best)
-        if contender is not None and contender.config not in unique:
-            windows.insert(1 if best.get("screened") else 0, contender)
-        return windows
-
-    def _try_axis(self, best: Entry, axis: str) -> Entry:
-        assert self.axes is not None
-        current = normalise(settings_of(best))
-        values = getattr(self.axes, axis)
-        if axis == "prefetch_factor" and (not current.num_workers or not waits_for_data(best)):
-            return best  # prefetching only helps a loop that still waits for data
-        for value in values:
-            candidate = normalise(replace(current, **{axis: value}))
-            if candidate == current:
-                continue
-            entry = self.measure_config(candidate)
-            if beats(entry, best):
-                best = entry
-            elif axis == "batch_size" and entry.get("status") == "oom":
-                break
-        return best
-
 
 class Sweep:
     """The real sweep of one run directory: ``Search`` over a ``LedgerMeasurer``."""

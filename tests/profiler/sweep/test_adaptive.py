@@ -28,6 +28,7 @@ class ModelMeasurer:
         self.steps_asked: list[Optional[int]] = []
         self.entries: list[dict[str, Any]] = []
         self.screen_unsupported: Optional[str] = None
+        self.timeout_s = 60.0
         self.launches = 0
         self.measured: list[LoaderSettings] = []
 
@@ -57,7 +58,7 @@ class ModelMeasurer:
         return self._entry(requested, kind)
 
     def measure_screen(self, windows: list[Window]) -> list[dict[str, Any]]:
-        if not windows:
+        if not windows or self.screen_unsupported:  # as the real one: nothing launched then
             return []
         if not self.screens:
             self.screen_unsupported = "modelled: no screens"
@@ -77,6 +78,9 @@ class ModelMeasurer:
 
     def settle_cache(self, baseline: dict[str, Any], requested: str) -> dict[str, Any]:
         return baseline  # modelled probes read no files
+
+    def amend(self, entry: dict[str, Any], fields: dict[str, Any]) -> None:
+        entry.update(fields)
 
 
 def search(model: Model, search: str = "adaptive", repeat: int = 1,
@@ -419,3 +423,102 @@ def test_a_rung_slower_than_the_baseline_ends_the_climb():
     workers = [c.num_workers for c in fake.measured]
     assert 8 in workers and 16 not in workers, workers
     assert found.best()["config"]["num_workers"] == 4
+
+
+def short_epochs(config: LoaderSettings) -> tuple[float, float]:
+    """Workers restarted every short epoch cost more than they give: every worker count runs
+    slower than the loop loading alone (a spawn script's 62-step epochs on 2 CPUs)."""
+    workers = config.num_workers or 0
+    return (875.0, 0.6) if workers == 0 else (max(50.0, 700.0 - 40.0 * workers), 0.7)
+
+
+def test_no_climb_past_a_screen_whose_every_worker_count_lost_to_the_baseline():
+    fake = LoadingMeasurer(short_epochs, cpus=2, own=LoaderSettings(0, False, None, 16))
+    notes: list[str] = []
+    found = Search(fake, SearchSpace(), SweepOptions(ceiling=False),
+                   progress=lambda event, data: notes.append(data.get("text", "")))
+    found.run()
+    first = {w.config.num_workers for w in fake.screens_asked[0]}
+    screened = {c.num_workers for c in fake.measured if c.num_workers}
+    assert screened == first  # nothing climbed past the first screen
+    assert any("ran slower than the script's own settings" in n for n in notes), notes
+    assert found.best()["kind"] == "baseline"
+
+
+def still_climbing(config: LoaderSettings) -> tuple[float, float]:
+    """Every worker adds 100 samples/s, and the loop still waits at 26 of them."""
+    return 100.0 * max(config.num_workers or 0, 1), 0.5
+
+
+@pytest.mark.parametrize("timeout_s, climbs", [(60.0, True), (4.0, False)])
+def test_no_rung_past_one_that_outlasted_a_launchs_timeout(timeout_s, climbs):
+    fake = LoadingMeasurer(still_climbing, cpus=2, own=LoaderSettings(0, False, None, 16))
+    fake.timeout_s = timeout_s  # every modelled probe takes 5 s
+    notes: list[str] = []
+    Search(fake, SearchSpace(prefetch_factor=(2,)), SweepOptions(ceiling=False),
+           progress=lambda event, data: notes.append(data.get("text", ""))).run()
+    first = max(w.config.num_workers or 0 for w in fake.screens_asked[0])
+    assert (max(c.num_workers or 0 for c in fake.measured) > first) == climbs
+    assert any("beyond the 4 s a launch gets" in n for n in notes) != climbs, notes
+
+
+class CeilingMeasurer(ModelMeasurer):
+    """A ceiling probe that replays at ``ceiling`` samples/s."""
+
+    def __init__(self, model: Model, ceiling: float, **kwargs: Any):
+        super().__init__(model, **kwargs)
+        self.ceiling = ceiling
+
+    def _entry(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        entry = super()._entry(requested, kind, **extra)
+        if kind == "ceiling":
+            entry["throughput"] = self.ceiling
+        return entry
+
+
+@pytest.mark.parametrize("screens", [True, False])
+def test_a_ceiling_below_a_rate_measured_with_loading_is_no_ceiling(screens):
+    from ddp_profile.profiler.store.summary import latest_ceiling
+
+    fake = CeilingMeasurer(io_bound, ceiling=1000.0, screens=screens)  # io_bound reaches 3000
+    found = Search(fake, SPACE, SweepOptions(ceiling=True))
+    found.run()
+    ceilings = [e for e in found.entries if e["kind"] == "ceiling"]
+    assert ceilings and all("below the 3,000.0" in e["ceiling_failed"] for e in ceilings)
+    assert latest_ceiling(found.entries) is None
+    sound = CeilingMeasurer(io_bound, ceiling=5000.0, screens=screens)
+    found = Search(sound, SPACE, SweepOptions(ceiling=True))
+    found.run()
+    assert latest_ceiling(found.entries)["throughput"] == 5000.0
+
+
+class IterableMeasurer(LoadingMeasurer):
+    """The training loader's dataset is an IterableDataset (``length``: its length)."""
+
+    def __init__(self, model: Model, length: Optional[int], **kwargs: Any):
+        super().__init__(model, **kwargs)
+        self.length = length
+
+    def context(self, entry: dict[str, Any]) -> dict[str, Any]:
+        return {**super().context(entry),
+                "loader": {"iterable": True, "dataset_len": self.length}}
+
+
+def test_an_iterable_dataset_is_climbed_one_launch_a_rung_without_a_screen():
+    fake = IterableMeasurer(io_bound, 4096, cpus=2, own=LoaderSettings(0, False, None, 16))
+    found = Search(fake, SearchSpace(), SweepOptions(ceiling=True))
+    found.run()
+    assert not [e for e in found.entries if e.get("screened")]
+    # the capacity model's worker counts, past the 2 CPUs, one probe each
+    assert max(c.num_workers or 0 for c in fake.measured) > 2
+    assert [e for e in found.entries if e["kind"] == "ceiling"]  # it has a length
+
+
+def test_an_iterable_dataset_without_a_length_gets_no_ceiling():
+    fake = IterableMeasurer(io_bound, None, cpus=2, own=LoaderSettings(0, False, None, 16))
+    notes: list[str] = []
+    found = Search(fake, SearchSpace(), SweepOptions(ceiling=True),
+                   progress=lambda event, data: notes.append(data.get("text", "")))
+    found.run()
+    assert not [e for e in found.entries if e["kind"] == "ceiling"]
+    assert any("has no length" in n for n in notes), notes

@@ -84,6 +84,32 @@ def test_ledger_survives_a_torn_last_line(tmp_path):
     assert json.loads(lines[-1])["id"] == "p001"
 
 
+def test_a_relabelled_run_loads_from_its_ledger_alone_with_one_baseline(tmp_path):
+    """A probe set aside after it was appended (read out of the page-cache regime, or a
+    ceiling below a loading rate) is corrected by an appended line, never rewritten: the
+    ledger alone, as ``load_run`` reads a run without summary.json, says what the summary
+    says."""
+    from ddp_profile.profiler.store.results import load_run
+    from tests.synthetic import probe, write_run
+
+    path = write_run(tmp_path / "run", [probe("p000", kind="baseline"),
+                                        probe("p001", kind="baseline"),
+                                        probe("p002", kind="ceiling", num_workers=2)],
+                     write_summary=False)
+    run_dir = RunDir(path)
+    run_dir.amend("p000", {"kind": "cache", "measured_as": "baseline"})
+    run_dir.amend("p002", {"ceiling_failed": "below p001"})
+    lines = open(run_dir.file("ledger.jsonl")).read().splitlines()
+    assert len(lines) == 5 and json.loads(lines[0])["kind"] == "baseline"  # appended only
+    ledger = run_dir.ledger()
+    assert [(e["id"], e["kind"]) for e in ledger] == [("p000", "cache"), ("p001", "baseline"),
+                                                      ("p002", "ceiling")]
+    assert ledger[2]["ceiling_failed"] == "below p001"
+    run = load_run(path)
+    assert list(run.probes["kind"]) == ["cache", "baseline", "ceiling"]
+    assert [p["kind"] for p in run.summary["probes"]].count("baseline") == 1
+
+
 def test_existing_run_directory_is_not_overwritten(tmp_path):
     import pytest
 

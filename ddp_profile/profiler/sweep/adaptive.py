@@ -1,0 +1,225 @@
+"""The adaptive search: two screens, then the batch sizes (``run``), over a ``Search``.
+
+The first screen runs the worker ladder (and the ceiling) in one launch; the climb adds one
+worker count per launch while the capacity model says the loop still gains; the second screen
+confirms the best screened configuration in a fresh launch and tries its prefetch and pinning
+variants in the same launch. The climb stops on evidence: at a screen whose every worker count
+ran slower than the script's own settings, at a rung slower than them, and past a rung that
+outlasted a launch's timeout. ``search``: the ``sweep.search.Search`` that calls in (not
+imported: no cycle).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Optional
+
+from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.store.probes import Kind
+from ddp_profile.profiler.sweep import ceiling
+from ddp_profile.profiler.sweep.capacity import (
+    CLIMB_STOP_CPU_SHARE,
+    WORKER_CAP,
+    loading_line,
+    next_workers,
+)
+from ddp_profile.profiler.sweep.choose import UNSTABLE_RSE, relative_se
+from ddp_profile.profiler.sweep.climb import (
+    beats,
+    climb_points,
+    climb_workers,
+    slower_than_baseline,
+    waits_for_data,
+    worth_tuning,
+)
+from ddp_profile.profiler.sweep.measure import Window
+from ddp_profile.profiler.sweep.space import normalise
+
+MAX_CLIMB_LAUNCHES = 3  # launches the climb may add past the first screen
+
+Entry = dict[str, Any]
+
+
+def settings_of(entry: Entry) -> LoaderSettings:
+    return LoaderSettings.from_dict(entry.get("config"))
+
+
+def run(search: Any) -> None:
+    """Two screens, then the batch sizes. The first screen runs the whole worker ladder
+    (and the ceiling) in one launch; the second confirms the best screened configuration
+    in a fresh launch and, in the same launch, tries its prefetch and pinning variants.
+    A baseline whose loading could win back little (``climb.worth_tuning``) gets no
+    ladder, only its pinning variants.
+    Batch sizes need launches of their own. A loader that cannot be rebuilt (known from the
+    baseline for an IterableDataset: its stream cannot continue in a new iterator) falls
+    back to climbing the first screen's ladder with one probe per configuration."""
+    assert search.axes is not None and search.baseline is not None
+    own = settings_of(search.baseline)
+    start = LoaderSettings(None, own.pin_memory if own.pin_memory is not None else False,
+                           min(search.axes.prefetch_factor), own.batch_size)
+    ladder = list(search.axes.num_workers)
+    if worth_tuning(search.baseline):
+        ladder = first_workers(search)
+        configs = [normalise(replace(start, num_workers=w)) for w in ladder]
+    else:  # loading settings cannot win back more than the little time spent waiting
+        configs = [normalise(replace(own, pin_memory=v)) for v in search.axes.pin_memory]
+    windows = [search.window(c) for c in configs if search.find(c) is None]
+    if search.wants_ceiling():
+        windows.append(search.window(windows[-1].config if windows else normalise(own),
+                                     "ceiling", "ceiling"))
+    if search.loader().get("iterable"):  # known from the baseline: no launch wasted on it
+        search.measurer.screen_unsupported = ("its IterableDataset's stream cannot continue "
+                                              "in a new iterator mid-epoch")
+    screened = search.measurer.measure_screen(windows)
+    ceiling.vet(search)
+    if search.measurer.screen_unsupported:
+        search.progress("note", {"text": "the DataLoader cannot be rebuilt in place "
+                                         f"({search.measurer.screen_unsupported}): one probe "
+                                         "each"})
+        best = climb_workers(search.measure_config, search.baseline, start, ladder)
+        for axis in ("prefetch_factor", "pin_memory"):
+            best = try_axis(search, best, axis) if best is not None else None
+    else:
+        if worth_tuning(search.baseline) and search.space.num_workers is None \
+                and not all_slower(search, screened):
+            climb(search, start)
+        best = search.best()
+        if best is not None:
+            search.measurer.measure_screen(second_screen(search, best))
+            best = search.best()
+    if best is not None:
+        try_axis(search, best, "batch_size")
+
+
+def first_workers(search: Any) -> list[int]:
+    """The worker counts of the first screen: the ones the user gave (always measured),
+    else the ladder up to the CPUs and the count the capacity model predicts meets the
+    loop's demand (past the CPU count when loading mostly waits; then half and twice that
+    too, in the same launch)."""
+    assert search.axes is not None
+    workers = set(search.axes.num_workers)
+    model = search.capacity() if search.space.num_workers is None else None
+    if model is not None:
+        predicted = model.workers_for_demand()
+        workers.add(predicted)
+        if model.cpu_share < CLIMB_STOP_CPU_SHARE and predicted < model.max_workers:
+            # a waiting loader's first climb step rides in the same launch, and so does
+            # half the prediction, which rests on the compute-only demand: on 2 CPUs, 2
+            # ranks of 16 latency-bound workers each ran 0.77x 8 workers, never measured
+            workers.add(min(2 * predicted, model.max_workers))
+            if predicted // 2 > max(workers - {predicted, 2 * predicted}, default=0):
+                workers.add(predicted // 2)
+        search.progress("note", {"text": f"loading: {loading_line(model.to_dict())}; "
+                                         f"{predicted} worker(s) per rank predicted to meet "
+                                         "the loop's demand"})
+        recalibrate(search, max(workers))
+    return sorted(workers)
+
+
+def recalibrate(search: Any, workers: int) -> None:
+    """Window timeouts sized for ``workers`` (their prefetch backlog is longer)."""
+    assert search.axes is not None and search.baseline is not None
+    if workers > max(search.axes.num_workers):
+        search.measurer.calibrate(search.baseline, replace(
+            search.axes, num_workers=tuple(sorted({*search.axes.num_workers, workers}))))
+
+
+def all_slower(search: Any, screened: list[Entry]) -> bool:
+    """Whether every worker count a screen measured ran slower than the script's own
+    settings beyond noise: more workers cost the loop, and the climb does not go on (a
+    note says so)."""
+    rungs = [e for e in screened if e.get("kind") == Kind.SWEEP]
+    if not rungs or not all(slower_than_baseline(e, search.baseline or {}) for e in rungs):
+        return False
+    workers = ", ".join(str(settings_of(e).num_workers) for e in rungs)
+    search.progress("note", {"text": f"every worker count screened ({workers}) ran slower "
+                                     "than the script's own settings: no further climb"})
+    return True
+
+
+def climb(search: Any, start: LoaderSettings, launches: int = MAX_CLIMB_LAUNCHES) -> None:
+    """Past the first screen: one more worker count per launch while ``next_workers``
+    says the loop still gains (``sweep.capacity``), none is slower than the baseline, and
+    the last rung took less than a launch's timeout (the next, with more workers to
+    start, would not finish)."""
+    for _ in range(launches):
+        model = search.capacity()
+        limit = model.max_workers if model is not None else WORKER_CAP
+        points = climb_points(search.ok_entries(), start)
+        following = next_workers(points, limit)
+        if following is None or outlasted(search, start, points):
+            return
+        recalibrate(search, following)
+        config = normalise(replace(start, num_workers=following))
+        search.measurer.measure_screen([search.window(config)])
+        if slower_than_baseline(search.find(config) or {}, search.baseline or {}):
+            return  # more workers cost the loop: the climb stops here
+
+
+def outlasted(search: Any, start: LoaderSettings, points: list[Any]) -> bool:
+    """Whether the climb's top rung so far took longer than a launch's timeout."""
+    if not points:
+        return False
+    top = max(point.workers for point in points)
+    entry = search.find(normalise(replace(start, num_workers=top))) or {}
+    wall = entry.get("wall_s")
+    if not isinstance(wall, (int, float)) or wall <= search.measurer.timeout_s:
+        return False
+    search.progress("note", {"text": f"{top} workers took {wall:.0f} s, beyond the "
+                                     f"{search.measurer.timeout_s:.0f} s a launch gets: no "
+                                     "climb past them"})
+    return True
+
+
+def contender(search: Any, best: Entry) -> Optional[Window]:
+    """A screened window faster than the choice, but tied with it only because its
+    throughput is uncertain (relative SE above ``UNSTABLE_RSE``: a window's few steps of a
+    bursty loader): measured again, twice as long, in the second screen, so that the
+    choice rests on a measurement that can tell them apart."""
+    top = max(search.ok_entries(), key=lambda e: e["throughput"], default=None)
+    if top is None or top is best or not top.get("screened") \
+            or top["throughput"] <= best["throughput"] or relative_se(top) <= UNSTABLE_RSE:
+        return None
+    return search.window(normalise(settings_of(top)), steps=search.options.steps * 2)
+
+
+def second_screen(search: Any, best: Entry) -> list[Window]:
+    """A fresh measurement of a screened best, an uncertain contender twice as long, then
+    the best's prefetch and pinning variants."""
+    assert search.axes is not None
+    current = normalise(settings_of(best))
+    configs = [current] if best.get("screened") else []
+    if current.num_workers and waits_for_data(best):
+        configs += [normalise(replace(current, prefetch_factor=v))
+                    for v in search.axes.prefetch_factor]
+    configs += [normalise(replace(current, pin_memory=v)) for v in search.axes.pin_memory]
+    unique: list[LoaderSettings] = []
+    for config in configs:
+        if config not in unique and (config == current and best.get("screened")
+                                     or search.find(config) is None):
+            unique.append(config)
+    windows = [search.window(c) for c in unique]
+    uncertain = contender(search, best)
+    if uncertain is not None and uncertain.config not in unique:
+        windows.insert(1 if best.get("screened") else 0, uncertain)
+    return windows
+
+
+def try_axis(search: Any, best: Entry, axis: str) -> Entry:
+    assert search.axes is not None
+    current = normalise(settings_of(best))
+    values = getattr(search.axes, axis)
+    if axis == "prefetch_factor" and (not current.num_workers or not waits_for_data(best)):
+        return best  # prefetching only helps a loop that still waits for data
+    for value in values:
+        candidate = normalise(replace(current, **{axis: value}))
+        if candidate == current:
+            continue
+        entry = search.measure_config(candidate)
+        if beats(entry, best):
+            best = entry
+        elif axis == "batch_size" and entry.get("status") == "oom":
+            break
+    return best
+
+

@@ -1,0 +1,75 @@
+"""The compute-only ceiling of a sweep: whether to measure it, measuring it, and vetting it.
+
+A ceiling probe (``Kind.CEILING``) replays a few cached batches instead of loading
+(``rank.windows.CeilingReplay``): the loop's rate without waiting for data, against which
+every configuration is scored. Replaying cannot be slower than loading, so a ceiling that ran
+below a rate measured with loading at its batch size measured something else (worker
+start-ups, a loop that rebuilt its iterators): it is marked failed with why
+(``store.probes.CEILING_FAILED``, an appended ledger line) and read as none
+(``store.summary.latest_ceiling``). ``search``: the ``sweep.search.Search`` that calls in
+(not imported: no cycle).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddp_profile.profiler.settings import LoaderSettings, config_label
+from ddp_profile.profiler.store.probes import CEILING_FAILED, Kind, Status
+from ddp_profile.profiler.store.summary import latest_ceiling
+from ddp_profile.profiler.sweep.choose import better, candidate_of
+from ddp_profile.profiler.sweep.climb import worth_tuning
+
+
+def wanted(search: Any) -> bool:
+    """The compute-only probe is worth a launch only when loading settings could win back a
+    measurable share of the baseline's steps (``climb.worth_tuning``): otherwise the loop is
+    at its ceiling already. Nor where a replay could not end the script's epochs where they
+    end (an IterableDataset without a length). A note says why not, once."""
+    if not search.options.ceiling or search.baseline is None:
+        return False
+    loader = search.loader()
+    why = None
+    if search.baseline.get("status") == Status.OK and not worth_tuning(search.baseline):
+        why = "loading takes too little of the baseline's steps to win back"
+    elif loader.get("iterable") and loader.get("dataset_len") is None:
+        why = ("the training loader's IterableDataset has no length: replayed batches could "
+               "not end its epochs where they end")
+    if why is None:
+        return True
+    if not search.ceiling_skip_noted:
+        search.ceiling_skip_noted = True
+        search.progress("note", {"text": f"no compute-only ceiling probe: {why}"})
+    return False
+
+
+def measure(search: Any) -> None:
+    """The compute-only probe, at the recommended configuration's batch size (unless the
+    ceiling measured already is at that batch size)."""
+    best = search.best() or search.baseline
+    config = LoaderSettings.from_dict(best.get("config"))
+    kept = latest_ceiling(search.entries)
+    if kept is None or LoaderSettings.from_dict(kept.get("config")).batch_size \
+            != config.batch_size:
+        search.measurer.measure(config, kind=Kind.CEILING.value, mode="ceiling",
+                                steps_per_s=search.steps_per_s(config, "ceiling"))
+
+
+def vet(search: Any) -> None:
+    """Mark every ceiling measured below a loading rate (beyond noise) at its batch size."""
+    for entry in search.entries:
+        if entry.get("kind") != Kind.CEILING or entry.get("status") != Status.OK \
+                or entry.get(CEILING_FAILED):
+            continue
+        batch = LoaderSettings.from_dict(entry.get("config")).batch_size
+        faster = [e for e in search.ok_entries()
+                  if LoaderSettings.from_dict(e.get("config")).batch_size == batch
+                  and better(candidate_of(e), candidate_of(entry))]
+        if not faster:
+            continue
+        top = max(faster, key=lambda e: e["throughput"])
+        why = (f"replaying cached batches ran {entry['throughput']:,.1f} samples/s, below the "
+               f"{top['throughput']:,.1f} that {top['id']} ({config_label(top.get('config'))}) "
+               "measured with loading")
+        search.measurer.amend(entry, {CEILING_FAILED: why})
+        search.progress("note", {"text": f"{entry['id']}: not a ceiling: {why}"})

@@ -1,0 +1,88 @@
+"""Probes keep the script's contract: loops sized from ``len(loader)`` and its epochs, run
+under the default (adaptive) search on 2 real ranks, every probe ok, and every epoch of every
+probe exactly ``len(loader)`` batches, as the loop counted them itself.
+
+The scripts fail the way real loops fail when an epoch runs past its length (a one-cycle LR
+schedule raises, an accumulation remainder of 0 divides by zero, the loop's own count is
+asserted) and print each finished epoch's count, which is read back from every launch's log.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+
+import pytest
+
+from tests.conftest import SCRIPTS
+
+pytestmark = pytest.mark.e2e
+SCRIPT = os.path.join(SCRIPTS, "contract_train.py")
+SEARCH = ["--nproc-per-node", "2", "--num-workers", "0,1,2", "--no-comm", "--no-report"]
+EPOCH = re.compile(r"epoch (\d+) rank (\d+): (\d+) batches of len (\d+)\.")
+
+
+def epochs_by_launch(run_dir: str) -> dict[str, list[tuple[int, int]]]:
+    """Each launch's finished epochs, as (batches the loop saw, len(loader))."""
+    found = {}
+    for log in glob.glob(os.path.join(run_dir, "probes", "*", "launcher.log")):
+        with open(log, encoding="utf-8", errors="replace") as handle:
+            found[os.path.basename(os.path.dirname(log))] = [
+                (int(m.group(3)), int(m.group(4))) for m in EPOCH.finditer(handle.read())]
+    return found
+
+
+def assert_contract_kept(result, screens: bool) -> dict:
+    assert result.returncode == 0, result.stderr
+    summary = result.summary()
+    failed = [(p["id"], p["status"], p.get("error")) for p in summary["probes"]
+              if p["status"] != "ok"]
+    assert not failed, failed
+    epochs = epochs_by_launch(result.out)
+    assert all(seen == length for launch in epochs.values() for seen, length in launch), epochs
+    screened = [p for p in summary["probes"] if p.get("screened")]
+    if screens:
+        # windows switched inside a launch that went on past an epoch's end: the switches
+        # fell mid-epoch (23 batches an epoch; windows of other lengths)
+        launches = {p["launch"] for p in screened}
+        assert any(len([p for p in screened if p["launch"] == launch]) >= 2
+                   and epochs.get(launch) for launch in launches), (launches, epochs)
+    else:
+        assert not screened
+    return summary  # (the ceiling is checked against the loading rates as every summary is)
+
+
+@pytest.mark.parametrize("shape", ["plain", "wrapper", "persistent", "repeat"])
+def test_a_switch_mid_epoch_keeps_each_epoch_at_its_length(cli, run_dir, shape):
+    # plain: an accumulation remainder of 0 (timm's shape) divides by zero on a batch past
+    # the end; the others with the script's own worker, kept alive (persistent, repeat)
+    workers = ["--workers", "1"] if shape in ("persistent", "repeat") else []
+    result = cli(["run", SCRIPT, "--out", run_dir, *SEARCH, "--", "--shape", shape, *workers],
+                 out=run_dir, timeout=300)
+    summary = assert_contract_kept(result, screens=True)
+    if shape == "repeat":  # one iterator for the whole run: its workers never restart
+        assert "persistent-workers" not in {f["rule"] for f in summary["findings"]}
+
+
+def test_an_iterable_dataset_is_measured_one_launch_a_configuration(cli, run_dir):
+    result = cli(["run", SCRIPT, "--out", run_dir, *SEARCH, "--", "--shape", "iterable"],
+                 out=run_dir, timeout=300)
+    summary = assert_contract_kept(result, screens=False)
+    assert "IterableDataset" in result.stdout + result.stderr
+    assert len({p["config"]["num_workers"] for p in summary["probes"]}) >= 2
+    assert summary["ceiling_throughput"]  # it has a length: its replay ends each epoch
+
+
+def test_lightnings_fit_loop_with_validation_keeps_its_counts(cli, run_dir):
+    pytest.importorskip("pytorch_lightning", reason="the test extra installs pytorch-lightning")
+    result = cli(["run", os.path.join(SCRIPTS, "lightning_contract_train.py"), "--launcher",
+                  "none", "--out", run_dir, *SEARCH[2:]], out=run_dir, timeout=300)
+    assert_contract_kept(result, screens=True)
+
+
+def test_accelerates_gradient_accumulation_keeps_its_counts(cli, run_dir):
+    pytest.importorskip("accelerate", reason="the test extra installs accelerate")
+    result = cli(["run", os.path.join(SCRIPTS, "accelerate_contract_train.py"), "--out", run_dir,
+                  *SEARCH], out=run_dir, timeout=300)
+    assert_contract_kept(result, screens=True)
