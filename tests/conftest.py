@@ -18,6 +18,39 @@ DEMO = os.path.join(REPO, "ddp_profile", "examples", "demo_train.py")
 SCRIPTS = os.path.join(REPO, "tests", "scripts")
 
 
+# The tests that assert no measured rate (pure functions over tables, records and launch
+# mechanics, failures, resuming, rendering, every probe of a run ok): `make test` runs these two
+# at a time (marker ``concurrent``), then every other test alone, so that no measurement a test
+# asserts on shares the CPUs with another test. Decided here alone.
+CONCURRENT = (
+    "tests/test_layout.py", "tests/benchmarks/", "tests/commands/", "tests/rules/",
+    "tests/reports/", "tests/profiler/test_cache.py", "tests/profiler/store/",
+    "tests/profiler/sweep/", "tests/e2e/test_launchers.py", "tests/e2e/test_contract",
+    "tests/e2e/test_report_real.py", "tests/e2e/test_cache.py",
+    *(f"tests/e2e/test_probe.py::test_{name}" for name in (
+        "batch_sampler_script_honours_batch_size", "prefetch_without_workers_is_not_applied",
+        "script_without_optimizer", "validation_loader_is_not", "script_arguments",
+        "missing_script", "syntax_error", "script_that_raises", "script_that_never_builds",
+        "invalid_cli_values", "corrupt_run_directory", "importing_the_package")),
+    *(f"tests/e2e/test_sweep.py::test_{name}" for name in (
+        "crash_hang_and_killed_worker", "oom_at_a_batch_size", "sigkilled_sweep_resumes",
+        "ctrl_c_stops_cleanly", "sighup_does_not_stop")),
+    *(f"tests/e2e/test_loading.py::test_{name}" for name in (
+        "bad_loading_is_recorded", "a_transform_that_raises")),
+    *(f"tests/e2e/test_diagnosis.py::test_{name}" for name in (
+        "process_group_without_ddp", "ddp_script_gets_neither", "batch_sampler_that",
+        "one_rank_with_launcher_none", "script_that_ends_early")),
+    "tests/e2e/test_findings.py::test_ranks_that_each_read_the_whole_dataset",
+)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list) -> None:
+    for item in items:
+        if item.nodeid.startswith(CONCURRENT):
+            item.add_marker(pytest.mark.concurrent)
+
+
 TEST_ID_VAR = "DDP_PROFILE_TEST_ID"
 _current_test_id: list[str] = [""]
 

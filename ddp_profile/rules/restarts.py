@@ -29,8 +29,17 @@ from ddp_profile.rules.base import (
 from ddp_profile.rules.recommend import choose
 
 
+def keeps_its_iterator(run: Run) -> bool:
+    """The script's training loader was seen, in some launch of the run, to keep one iterator
+    past an epoch (``iterator_outlives_epoch``): it starts its workers once, in every launch,
+    whether or not a probe ran long enough to see it."""
+    return any(context.get("keeps_iterator") for context in run.contexts.values())
+
+
 def _restarting(run: Run) -> list[tuple[pd.Series, dict[str, Any]]]:
     """Ok probes whose loader restarts every epoch, measured with its cost."""
+    if keeps_its_iterator(run):
+        return []
     found = []
     for _, probe in ok_probes(run).iterrows():
         entry = probe_entry(run, probe["id"])
@@ -53,6 +62,7 @@ def persistent_workers(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     but without the restarts, against the recommended configuration as the script runs it.
     "high" when that is ``clear_gain`` or more above the recommendation by more than half.
     Runs recorded before the restart was measured fall back to the restarts' first batches.
+    None where the loader keeps one iterator across epochs (``keeps_its_iterator``).
     """
     costly = [(p, e) for p, e in _restarting(run)
               if 1 - p["throughput"] / e["steady_throughput"] >= thresholds.restart_share]
@@ -116,6 +126,8 @@ def _first_batches(run: Run, probe: pd.Series) -> Optional[tuple[float, float, i
 
 def _from_first_batches(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     """The finding of a run without ``epoch_restart_s``: the later epochs' first batches."""
+    if keeps_its_iterator(run):
+        return None
     worst = None
     for _, probe in ok_probes(run).iterrows():
         if "epoch_restart_s" in probe_entry(run, probe["id"]):

@@ -106,3 +106,13 @@ def test_no_finding_where_keeping_another_configurations_workers_would_still_be_
         faster.recommendation
     own = persistent_workers(run(1, 19409.0), T)  # the script's own loader restarts
     assert own is not None and "With num_workers=1," in own.evidence
+
+
+def test_no_finding_where_a_launch_saw_the_loader_keep_its_iterator_past_an_epoch():
+    """A loader that keeps one iterator over a sampler repeated forever: a screen that ran
+    past an epoch saw it, and every probe of the run reads it so (the baseline's own launch
+    was too short to see it)."""
+    run = restarting()
+    assert persistent_workers(run, T) is not None
+    run.contexts[("w4", 0)]["keeps_iterator"] = True
+    assert persistent_workers(run, T) is None

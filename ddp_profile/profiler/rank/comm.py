@@ -16,8 +16,9 @@ without grad.
 
 Reading them (``_get_ddp_logging_data()``) costs 40-110 us on the host, so they are read at
 the steps whose index is divisible by ``every``, a power of two sized so the reads stay within
-``READ_BUDGET`` of the step time: ranks that size it differently still read common steps,
-where the loader can tell communication from waiting for a late rank.
+``READ_BUDGET`` of the step time (by the cheapest read, at most doubling per read): ranks that
+size it differently still read common steps, where the loader can tell communication from
+waiting for a late rank.
 Each synchronised forward is counted here (``DDP.forward`` is wrapped), so every step record
 carries ``ddp_n``, the synchronised forwards per DDP module so far; the loader matches a step
 with the figures tagged with its ``ddp_n`` (``profiler.store.comm``).
@@ -119,6 +120,7 @@ class CommMeter:
         self.coll_n, self.coll_ns = 0, 0
         self.sites: dict[tuple[str, int], list[Any]] = {}  # (file, line) -> [op, fn, n, ns]
         self.every, self._closed = 1, 0  # read the timers at steps divisible by ``every``
+        self._read_cost_s = math.inf  # the cheapest read seen: what a read costs
         self._inside = False  # a collective implemented with another is counted once
         self.hsync_n, self.hsync_ns = 0, 0
         self.sync_sites: dict[tuple[str, int], list[Any]] = {}  # -> [fn, via, n, ns]
@@ -258,10 +260,14 @@ class CommMeter:
                     isinstance(v, int) for v in values):
                 self._last_iteration[index] = iteration
                 timed.append([index, iteration, *values])
-        cost_s = (self._clock() - start) / 1e9
+        # a read that waited for a CPU (a busy machine) costs no more than the cheapest one
+        # did, and ``every`` at most doubles per read: sized by one spike, it would leave a
+        # probe with one timed step
+        self._read_cost_s = min(self._read_cost_s, (self._clock() - start) / 1e9)
         if step_s > 0:
-            wanted = max(1, math.ceil(cost_s / (READ_BUDGET * step_s)))
-            self.every = min(MAX_EVERY, 1 << (wanted - 1).bit_length())  # a power of two
+            wanted = max(1, math.ceil(self._read_cost_s / (READ_BUDGET * step_s)))
+            wanted = 1 << (wanted - 1).bit_length()  # a power of two
+            self.every = min(MAX_EVERY, wanted, 2 * self.every)
         return timed
 
     def _logging_data(self) -> list[tuple[int, Any, dict[str, Any]]]:

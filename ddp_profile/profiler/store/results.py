@@ -172,6 +172,7 @@ def _attach_training_loader(data: RankData) -> None:
         loader = data.loaders[min(data.loaders)]
     if loader is not None:
         data.context["loader"] = loader.get("own") or {}
+        data.context["keeps_iterator"] = bool(loader.get("keeps_iterator"))
         data.context["applied"] = loader.get("applied") or {}
         data.context["skipped_overrides"] = loader.get("skipped_overrides") or []
 

@@ -92,6 +92,24 @@ def test_reads_are_spaced_to_stay_within_budget():
     assert all((r["step"] + 1) % 2 == 0 for r in read[1:])
 
 
+def test_a_read_that_waited_for_a_cpu_does_not_space_the_reads_out():
+    """One read took 60 ms (the rank was preempted on a busy machine), the others 0.1 ms: the
+    reads stay at every step of 50 ms, as the cheapest read allows (sized by the spike, one
+    read in 64 steps would have left a 12-step probe with one timed step)."""
+    costs = iter([60_000_000] + [100_000] * 100)
+    now = [0]
+
+    def clock() -> int:  # each read's start and end: the end advances by its cost
+        now[0] += next(costs) if clock.reading else 0
+        clock.reading = not clock.reading
+        return now[0]
+    clock.reading = False
+    meter, ddp = CommMeter(clock=clock), TwinDDP()
+    meter.track(ddp)
+    records = run_steps(meter, ddp, 12)
+    assert meter.every == 1 and len([r for r in records if "ddp_t" in r]) >= 10
+
+
 def test_collectives_are_timed_per_step_with_their_call_site():
     meter = CommMeter()
     calls = []
