@@ -39,7 +39,7 @@ CONCURRENT = (
         "bad_loading_is_recorded", "a_transform_that_raises")),
     *(f"tests/e2e/test_diagnosis.py::test_{name}" for name in (
         "process_group_without_ddp", "ddp_script_gets_neither", "batch_sampler_that",
-        "one_rank_with_launcher_none", "script_that_ends_early")),
+        "script_that_ends_early")),
     "tests/e2e/test_findings.py::test_ranks_that_each_read_the_whole_dataset",
 )
 
@@ -112,7 +112,7 @@ class CliResult:
 
 def assert_no_ceiling_below_a_loading_rate(summary: dict) -> None:
     """Every run of the suite: a compute-only ceiling replays batches without loading, so it
-    is never below a rate measured with loading at its batch size (within noise)."""
+    is never below a rate measured with loading at its batch size."""
     ceiling = summary.get("ceiling_throughput")
     probe = next((p for p in summary.get("probes") or []
                   if p.get("id") == summary.get("ceiling_probe")), None)
@@ -122,7 +122,7 @@ def assert_no_ceiling_below_a_loading_rate(summary: dict) -> None:
     rates = [p["throughput"] for p in summary["probes"] if p.get("status") == "ok"
              and p.get("kind") in ("baseline", "sweep", "repeat") and p.get("throughput")
              and (p.get("config") or {}).get("batch_size") == batch]
-    assert not rates or ceiling >= 0.9 * max(rates), (ceiling, rates)
+    assert not rates or ceiling >= max(rates), (ceiling, rates)
 
 
 def run_cli(args: list[str], out: Optional[str] = None, timeout: float = 240,

@@ -4,7 +4,9 @@ A ceiling probe (``Kind.CEILING``) replays a few cached batches instead of loadi
 (``rank.windows.CeilingReplay``): the loop's rate without waiting for data, against which
 every configuration is scored. Replaying cannot be slower than loading, so a ceiling that ran
 below a rate measured with loading at its batch size measured something else (worker
-start-ups, a loop that rebuilt its iterators): it is marked failed with why
+start-ups, a loop that rebuilt its iterators, a busy machine), or nothing above the loading
+rates (within its noise, the best configuration is at the ceiling): either way it is no
+ceiling to score against. It is marked failed with why
 (``store.probes.CEILING_FAILED``, an appended ledger line) and read as none
 (``store.summary.latest_ceiling``). ``search``: the ``sweep.search.Search`` that calls in
 (not imported: no cycle).
@@ -17,7 +19,6 @@ from typing import Any
 from ddp_profile.profiler.settings import LoaderSettings, config_label
 from ddp_profile.profiler.store.probes import CEILING_FAILED, Kind, Status
 from ddp_profile.profiler.store.summary import latest_ceiling
-from ddp_profile.profiler.sweep.choose import better, candidate_of
 from ddp_profile.profiler.sweep.climb import worth_tuning
 
 
@@ -56,7 +57,7 @@ def measure(search: Any) -> None:
 
 
 def vet(search: Any) -> None:
-    """Mark every ceiling measured below a loading rate (beyond noise) at its batch size."""
+    """Mark every ceiling measured below a loading rate at its batch size."""
     for entry in search.entries:
         if entry.get("kind") != Kind.CEILING or entry.get("status") != Status.OK \
                 or entry.get(CEILING_FAILED):
@@ -64,7 +65,7 @@ def vet(search: Any) -> None:
         batch = LoaderSettings.from_dict(entry.get("config")).batch_size
         faster = [e for e in search.ok_entries()
                   if LoaderSettings.from_dict(e.get("config")).batch_size == batch
-                  and better(candidate_of(e), candidate_of(entry))]
+                  and e["throughput"] > entry["throughput"]]
         if not faster:
             continue
         top = max(faster, key=lambda e: e["throughput"])
