@@ -79,6 +79,9 @@ def run(
     repeat: Optional[int] = typer.Option(None, help="Launches of the recommended configuration "
                                          "in all (default 1); the gate uses 3 or more to "
                                          "tell a slow launch from a slowdown."),
+    pairs: Optional[int] = typer.Option(None, help="Check the claim: the script's settings "
+                                        "and the recommendation alternated, A B A B A B A "
+                                        "in one launch (default 3 pairs; 0: not checked)."),
     cache: Optional[str] = typer.Option(None, help="auto | cold | warm | as-is: the page "
                                         "cache's state in every probe (default auto: cold "
                                         "where one epoch's data exceeds half the memory "
@@ -100,7 +103,7 @@ def run(
         launcher=launcher, num_workers=num_workers, pin_memory=pin_memory,
         prefetch_factor=prefetch_factor, batch_size=batch_size, steps=steps, warmup=warmup,
         timeout=timeout, out=out, search=search, ceiling=ceiling, comm=comm, repeat=repeat,
-        cache=cache),
+        pairs=pairs, cache=cache),
         resume=resume,
         quiet=quiet)
     out = given["out"]
@@ -115,7 +118,8 @@ def run(
         options = SweepOptions(search=given["search"], steps=given["steps"],
                                warmup=given["warmup"], timeout_s=given["timeout"],
                                ceiling=given["ceiling"], comm=given["comm"],
-                               repeat=given["repeat"], cache=given["cache"],
+                               repeat=given["repeat"], pairs=given["pairs"],
+                               cache=given["cache"],
                                single=single and any(
                                    v is not None for v in space.to_dict().values()))
         out = start_run(RunRequest(script=given["script"],
@@ -142,7 +146,7 @@ def _merge_run_settings(cli: dict, *, resume: bool, quiet: bool) -> dict:
     if project is not None and not quiet:
         print(f"ddp-profile: settings from {project.path}")
     check_command_line(given, ("launcher", "search", "steps", "warmup", "timeout", "repeat",
-                               "cache", "nproc_per_node"))
+                               "pairs", "cache", "nproc_per_node"))
     if resume and not given["out"]:
         raise UsageError("--resume needs --out RUN_DIR")
     if not resume and given["script"] is None:

@@ -16,6 +16,7 @@ Keys and types::
     comm = true                         (communication counterfactuals where DDP's timers call)
     cache = "auto" | "cold" | "warm" | "as-is"   (the page cache's state in every probe)
     repeat = 3                          (launches of the recommended configuration)
+    pairs = 3                           (the claim checked: A B alternations; 0: not checked)
     out = "ddp-profile-current"         baseline = "baseline.json"     max_regression = 0.05
 
 Every problem (unknown key, wrong type, bad value, unreadable TOML) is a ``UsageError`` with a
@@ -38,7 +39,7 @@ TOOL_TABLE = "ddp-profile"
 
 RUN_DEFAULTS: Mapping[str, Any] = {"launcher": "torchrun", "steps": 30, "warmup": 5,
                                    "search": "adaptive", "ceiling": True, "comm": True,
-                                   "repeat": 1, "cache": "auto"}
+                                   "repeat": 1, "pairs": 3, "cache": "auto"}
 _CHOICES = {"launcher": ("torchrun", "none"), "search": ("adaptive", "grid"),
             "cache": ("auto", "cold", "warm", "as-is")}
 _PATH_KEYS = ("script", "out", "baseline")
@@ -184,7 +185,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "script": _text, "args": _args, "nproc_per_node": _int(1), "launcher": _choice,
     "num_workers": _axis_text, "pin_memory": _axis_text, "prefetch_factor": _axis_text,
     "batch_size": _axis_text, "steps": _int(1), "warmup": _int(0), "timeout": _timeout,
-    "repeat": _int(1), "cache": _choice,
+    "repeat": _int(1), "pairs": _int(0), "cache": _choice,
     "search": _choice, "ceiling": _bool, "comm": _bool, "out": _text, "max_regression": _fraction,
     "baseline": _text,
 }

@@ -143,6 +143,9 @@ def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
         lines.append(f"recommended {config_label(summary['recommended'])}: "
                      f"{speedup:.2f}x{spread} vs baseline" if speedup else
                      f"recommended {config_label(summary['recommended'])}")
+        basis = (summary.get("recommendation") or {}).get("speedup_basis")
+        if speedup and basis:
+            lines.append(f"  measured from {basis}")
     if summary.get("ceiling_throughput"):
         lines.append(f"compute-only ceiling: {_fmt_tp(summary['ceiling_throughput'])}")
     elif summary.get("ceiling_failed"):

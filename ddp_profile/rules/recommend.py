@@ -7,8 +7,10 @@ highest global throughput; probes within noise of it are a tie, won by the cheap
 a compute-bound baseline is kept unless another probe is faster by more than both the noise
 and ``clear_gain``. A probe's relative standard error is its own batch-means estimate when
 recorded, else ``cv / sqrt(n)`` of its global step times. This module adds what the choice
-does not decide: the expected speedup and its interval (a seeded bootstrap over the global
-steps of both probes), the ceiling share, the notes and the snippet.
+does not decide: the expected speedup and its interval (from the alternation of the script's
+settings and the recommendation that checked the claim, ``rules.claim``; without one, a seeded
+bootstrap over the global steps of both probes, said to be so), the ceiling share, the notes
+and the snippet.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from ddp_profile.rules.base import (
     relative_error,
     storage_share,
 )
+from ddp_profile.rules.claim import paired_claim
 from ddp_profile.rules.cpuload import cpu_load
 from ddp_profile.rules.data import (
     CPU_FIX,
@@ -70,6 +73,7 @@ class Recommendation:
     throughput: Optional[float] = None  # global samples/s of the recommended probe
     baseline_probe_id: Optional[str] = None
     like_for_like: Optional[bool] = None  # False: baseline and pick read in other cache states
+    speedup_basis: Optional[str] = None  # what the expected speedup was measured from
 
 
 def recommendation_to_dict(rec: Recommendation) -> dict[str, Any]:
@@ -254,10 +258,17 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None) -> Recommendati
                               expected_speedup_interval=None, snippet=snippet_for(config),
                               notes=("No probe finished: nothing was measured to recommend.",))
     chosen = choose(run, base, thresholds)
-    speedup, interval = None, None
-    if finite(chosen["throughput"]) and finite(base["throughput"]) and base["throughput"] > 0:
+    speedup, interval, basis = None, None, None
+    claim = paired_claim(run, base, chosen, thresholds.interval_confidence) \
+        if chosen["id"] != base["id"] else None
+    if claim is not None:
+        speedup, interval, basis = claim.ratio, claim.interval, claim.basis()
+    elif finite(chosen["throughput"]) and finite(base["throughput"]) and base["throughput"] > 0:
         speedup = float(chosen["throughput"] / base["throughput"])
         interval = speedup_interval(run, chosen["id"], base["id"], speedup, thresholds)
+        if chosen["id"] != base["id"]:
+            basis = (f"probes {base['id']} and {chosen['id']}, not alternated: the machine's "
+                     "drift between them is in the figure")
     ceiling = ceiling_probe(run)
     share = None
     if ceiling is not None and ceiling["throughput"] > 0 and finite(chosen["throughput"]):
@@ -272,4 +283,4 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None) -> Recommendati
         expected_speedup_interval=interval, snippet=snippet_for(config), ceiling_share=share,
         notes=_notes(run, base, chosen, thresholds, share),
         throughput=float(chosen["throughput"]) if finite(chosen["throughput"]) else None,
-        baseline_probe_id=str(base["id"]), like_for_like=like)
+        baseline_probe_id=str(base["id"]), like_for_like=like, speedup_basis=basis)

@@ -34,6 +34,7 @@ steps = 40
 warmup = 3
 timeout = 90
 search = "grid"
+pairs = 0
 ceiling = false
 comm = false
 repeat = 3
@@ -61,6 +62,7 @@ def test_dedicated_file_gives_every_key_in_command_line_form(tmp_path):
     assert config.values["ceiling"] is False and config.values["launcher"] == "none"
     assert config.values["comm"] is False
     assert config.values["repeat"] == 3 and config.values["cache"] == "cold"
+    assert config.values["pairs"] == 0
 
 
 def test_relative_paths_stay_relative_in_the_current_directory(tmp_path, monkeypatch):

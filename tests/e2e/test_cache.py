@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("cache-files")]  # one wo
 # the module's files
 SCRIPT = os.path.join(SCRIPTS, "files_train.py")
 LEAN = ["--num-workers", "2", "--steps", "20", "--warmup", "2", "--no-ceiling", "--no-comm",
-        "--no-report", "--quiet"]
+        "--pairs", "0", "--no-report", "--quiet"]
 
 
 @pytest.fixture(scope="module")

@@ -25,9 +25,9 @@ def _line_of(text: str) -> int:
 
 def test_comm_bound_script_gets_measured_larger_batches_and_ddp_options(cli, run_dir):
     """A wide model on 4 samples per rank: the all-reduce of 13 MB dominates each step."""
-    result = cli(["run", DEMO, "--out", run_dir, "--no-report", "--steps", "12", "--warmup",
-                  "3", "--", "--hidden", "1024", "--layers", "4", "--batch-size", "4",
-                  "--reduce-loss"], out=run_dir)
+    result = cli(["run", DEMO, "--out", run_dir, "--no-report", "--pairs", "0", "--steps", "12",
+                  "--warmup", "3", "--", "--hidden", "1024", "--layers", "4", "--batch-size",
+                  "4", "--reduce-loss"], out=run_dir)
     assert result.returncode == 0, result.stderr
     summary = result.summary()
     baseline = summary["probes"][0]

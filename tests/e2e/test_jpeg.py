@@ -34,7 +34,8 @@ def jpegs(tmp_path_factory) -> str:
 def test_decoding_jpegs_is_cpu_bound_loading_and_the_advice_is_about_decoding(cli, run_dir,
                                                                              jpegs):
     result = cli(["run", SCRIPT, "--out", run_dir, "--num-workers", "0,1", "--steps", "16",
-                  "--warmup", "2", "--no-ceiling", "--no-comm", "--no-report", "--quiet"],
+                  "--warmup", "2", "--no-ceiling", "--no-comm", "--pairs", "0", "--no-report",
+                  "--quiet"],
                  out=run_dir, env={"DATA": jpegs})
     assert result.returncode == 0, result.stderr
     summary = result.summary()

@@ -12,7 +12,8 @@ from tests.conftest import DEMO
 pytestmark = pytest.mark.e2e
 LEAN = ["--no-ceiling", "--no-comm"]  # no compute-only or communication probes
 
-QUICK = ["--steps", "12", "--warmup", "2", "--no-report", "--quiet"]
+QUICK = ["--steps", "12", "--warmup", "2", "--pairs", "0", "--no-report", "--quiet"]  # the
+# claim's alternation is tested in test_sweep and the contract corpus
 
 
 def _cpus_per_rank() -> int:

@@ -15,7 +15,8 @@ from ddp_profile.errors import ExitCode
 from tests.conftest import DEMO, TEST_ID_VAR, _current_test_id, probe_processes
 
 pytestmark = pytest.mark.e2e
-LEAN = ["--no-ceiling", "--no-comm"]  # no compute-only or communication probes
+LEAN = ["--no-ceiling", "--no-comm", "--pairs", "0"]  # no compute-only, communication or
+# claim-checking probes
 
 QUICK = ["--steps", "20", "--warmup", "3", "--no-report", "--quiet"]
 IO_BOUND = ["--", "--load-ms", "3", "--batch-size", "8"]
@@ -44,11 +45,20 @@ def test_io_bound_script_gets_more_workers(cli, run_dir):
     assert len(result.ledger()) == len(summary["probes"])
     # the ladder and the ceiling in one launch, then a confirmation
     assert "ceiling" in kinds
-    loader = [p for p in summary["probes"] if p["kind"] != "ddp"]  # communication's apart
+    loader = [p for p in summary["probes"] if p["kind"] not in ("ddp", "paired")]
     launches = {p.get("launch", p["id"]) for p in loader}
     assert len(launches) == 3 and all(p.get("screened") for p in loader[1:])
-    chosen = [p for p in summary["probes"] if p["config"] == summary["recommended"]]
+    chosen = [p for p in loader if p["config"] == summary["recommended"]]
     assert len({p["launch"] for p in chosen}) == 2
+    # then the claim checked: the script's settings and the recommendation alternated in one
+    # launch, A B A B A B A, and the speedup read from that alternation alone
+    paired = [p for p in summary["probes"] if p["kind"] == "paired"]
+    assert [p["pair"]["role"] for p in paired] == ["reference", "candidate"] * 3 + ["reference"]
+    assert len({p["launch"] for p in paired}) == 1 and all(p["status"] == "ok" for p in paired)
+    assert {p["config"]["num_workers"] for p in paired} == {0, 2}
+    low, high = summary["expected_speedup_interval"]
+    assert low <= summary["expected_speedup"] <= high
+    assert "alternated" in summary["recommendation"]["speedup_basis"]
     ceiling = summary["ceiling_throughput"]
     assert ceiling and all(p["score"] == pytest.approx(p["throughput"] / ceiling)
                            for p in summary["probes"] if p["status"] == "ok")

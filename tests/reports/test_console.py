@@ -67,3 +67,20 @@ def test_a_probe_line_says_what_the_wait_cost_the_gpu_and_where_its_bytes_came_f
     assert step_parts({"data_wait_fraction": 0.5, "loading": {"read_per_sample_bytes": 8,
                                                               "storage_share": None}}) \
         == ", data wait 50%"
+
+
+def test_the_summary_says_what_the_speedup_was_measured_from_and_why_no_ceiling():
+    summary = {"script": "t.py", "world_size": 2, "device": "cpu", "probes": [],
+               "recommended": {"num_workers": 4}, "expected_speedup": 2.2,
+               "expected_speedup_interval": [2.0, 2.4],
+               "recommendation": {"speedup_basis": "the script's settings and the "
+                                  "recommendation alternated, 3 of each between the other's, "
+                                  "windows of one launch (p008-p014)"},
+               "ceiling_throughput": None,
+               "ceiling_failed": "p005: replaying cached batches ran 900.0 samples/s, below"}
+    lines = summary_lines(summary, "out")
+    assert "recommended w=4: 2.20x [2.00-2.40] vs baseline" in lines
+    assert any(line.startswith("  measured from the script's settings and the recommendation "
+                               "alternated") for line in lines)
+    assert "compute-only ceiling: none (p005: replaying cached batches ran 900.0 samples/s, " \
+           "below)" in lines

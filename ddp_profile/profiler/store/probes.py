@@ -38,6 +38,8 @@ class Kind(str, Enum):
     REPEAT = "repeat"  # the recommended configuration again, in a fresh launch (--repeat)
     THREADS = "threads"  # counterfactual: the same settings with the intra-op threads that fit
     DDP = "ddp"  # counterfactual: the same settings with other DDP options (bucket_cap_mb ...)
+    PAIRED = "paired"  # the claim checked: the script's settings and the recommendation,
+    # alternated in one launch (or launch by launch): read by the expected speedup only
     CACHE = "cache"  # a probe that read in another page-cache state than the run's regime,
     # then measured again in it (``profiler.cache``; ``MEASURED_AS`` its own kind): read by no
     # decision

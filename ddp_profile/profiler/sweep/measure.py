@@ -68,6 +68,7 @@ class Window:
     mode: str = "normal"
     steps: Optional[int] = None  # measured steps asked (None: the run's ``--steps``)
     steps_per_s: Optional[float] = None  # predicted steps/s of a rank (``burst_steps``)
+    pair: Optional[dict[str, Any]] = None  # its place in the claim's alternation (``claim``)
 
 
 class Measurer(Protocol):
@@ -81,12 +82,13 @@ class Measurer(Protocol):
                 steps: Optional[int] = None, mode: str = "normal",
                 threads: Optional[int] = None,
                 steps_per_s: Optional[float] = None,
-                ddp: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+                ddp: Optional[dict[str, Any]] = None,
+                pair: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         """One probe of ``requested`` (``None`` settings: the script's own); ``threads``
         sets torch's intra-op threads in every rank; ``steps_per_s``, the steps a rank is
         predicted to make per second, lengthens a fast probe's measurement
         (``settings.burst_steps``); ``ddp``, DDP constructor options for every DDP the script
-        builds."""
+        builds; ``pair``, the probe's place in the claim's alternation (``sweep.claim``)."""
 
     def measure_screen(self, windows: list[Window]) -> list[dict[str, Any]]:
         """Several configurations in as few launches as possible, one entry each (in order);
@@ -134,15 +136,17 @@ class LedgerMeasurer:
                 steps: Optional[int] = None, mode: str = "normal",
                 threads: Optional[int] = None,
                 steps_per_s: Optional[float] = None,
-                ddp: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-        entry = self._probe(requested, kind, steps, mode, threads, steps_per_s, ddp)
+                ddp: Optional[dict[str, Any]] = None,
+                pair: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        entry = self._probe(requested, kind, steps, mode, threads, steps_per_s, ddp, pair)
         if self._out_of_regime(entry):
-            entry = self._probe(requested, kind, steps, mode, threads, steps_per_s, ddp)
+            entry = self._probe(requested, kind, steps, mode, threads, steps_per_s, ddp, pair)
         return entry
 
     def _probe(self, requested: LoaderSettings, kind: str, steps: Optional[int], mode: str,
                threads: Optional[int], steps_per_s: Optional[float],
-               ddp: Optional[dict[str, Any]]) -> dict[str, Any]:
+               ddp: Optional[dict[str, Any]], pair: Optional[dict[str, Any]] = None
+               ) -> dict[str, Any]:
         """One launch of one configuration (or its finished entry of a resumed run)."""
         probe_id = f"p{len(self.entries):03d}"
         steps = steps or self.steps
@@ -162,6 +166,8 @@ class LedgerMeasurer:
         self.progress("start", {"probe_id": probe_id, "config": requested, "kind": kind})
         outcome = self._launch(plan, self.timeout_s)
         entry = summarise_probe(plan, outcome, kind, self.timeout_s)
+        if pair is not None:
+            entry["pair"] = pair
         self._record(entry)
         return entry
 
@@ -267,7 +273,7 @@ class LedgerMeasurer:
         if not self._out_of_regime(entry):
             return entry
         return self._probe(window.config, window.kind, window.steps, window.mode, None,
-                           window.steps_per_s, None)
+                           window.steps_per_s, None, window.pair)
 
     def _screen_launch(self, pending: list[Window], ids: list[str],
                        done: list[dict[str, Any]]) -> int:
@@ -306,6 +312,8 @@ class LedgerMeasurer:
                                     steps=window.steps or self.steps, mode=window.mode)
             entry = summarise_probe(window_plan, window_outcome, window.kind, timeout_s)
             entry.update(screened=True, launch=launch_id, launch_wall_s=round(outcome.wall_s, 3))
+            if window.pair is not None:
+                entry["pair"] = window.pair
             self._record(entry)
             done.append(entry)
             consumed += 1

@@ -29,7 +29,7 @@ from ddp_profile.profiler.store.probes import (
 )
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.store.summary import latest_ceiling
-from ddp_profile.profiler.sweep import adaptive, ceiling, communication
+from ddp_profile.profiler.sweep import adaptive, ceiling, claim, communication
 from ddp_profile.profiler.sweep.capacity import (
     Capacity,
     run_model,
@@ -62,6 +62,7 @@ class SweepOptions:
     comm: bool = True  # the communication counterfactuals (``Search.communication``)
     single: bool = False  # measure the requested settings only (no search)
     repeat: int = 1  # launches of the recommended configuration in all (the gate's repeats)
+    pairs: int = 3  # the claim checked: A B alternations of the baseline and the best (claim)
     cache: str = "auto"  # the page-cache regime asked for (``profiler.cache``)
 
 
@@ -113,6 +114,7 @@ class Search:
         if self.wants_ceiling():
             ceiling.measure(self)
         ceiling.vet(self)
+        claim.confirm(self)
         return self.entries
 
     def wants_ceiling(self) -> bool:

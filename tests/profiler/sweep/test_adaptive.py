@@ -52,10 +52,11 @@ class ModelMeasurer:
                 steps: Optional[int] = None, mode: str = "normal",
                 threads: Optional[int] = None,
                 steps_per_s: Optional[float] = None,
-                ddp: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+                ddp: Optional[dict[str, Any]] = None,
+                pair: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         self.launches += 1
         self.steps_asked.append(steps)
-        return self._entry(requested, kind)
+        return self._entry(requested, kind, **({"pair": pair} if pair else {}))
 
     def measure_screen(self, windows: list[Window]) -> list[dict[str, Any]]:
         if not windows or self.screen_unsupported:  # as the real one: nothing launched then
@@ -67,7 +68,8 @@ class ModelMeasurer:
         self.steps_asked += [w.steps for w in windows if w.steps]
         # a window measured longer (a contender settled) is modelled as certain
         return [self._entry(w.config, w.kind, screened=True,
-                            throughput_rse=0.01 if w.steps else self.screen_rse)
+                            throughput_rse=0.01 if w.steps else self.screen_rse,
+                            **({"pair": w.pair} if w.pair else {}))
                 for w in windows]
 
     def context(self, entry: dict[str, Any]) -> dict[str, Any]:
@@ -87,7 +89,8 @@ def search(model: Model, search: str = "adaptive", repeat: int = 1,
            **measurer: Any) -> tuple[Search, ModelMeasurer]:
     fake = ModelMeasurer(model, **measurer)
     checked: Measurer = fake  # the protocol is all the search needs
-    found = Search(checked, SPACE, SweepOptions(search=search, ceiling=False, repeat=repeat))
+    found = Search(checked, SPACE, SweepOptions(pairs=0, search=search, ceiling=False,
+                                                repeat=repeat))
     found.run()
     return found, fake
 
@@ -268,7 +271,7 @@ class LoadingMeasurer(ModelMeasurer):
 
 def test_fast_windows_are_told_their_predicted_step_rate():
     fake = LoadingMeasurer(io_bound, own=LoaderSettings(0, False, None, 16))
-    Search(fake, SPACE, SweepOptions(ceiling=True)).run()
+    Search(fake, SPACE, SweepOptions(pairs=0, ceiling=True)).run()
     rates = {(w.config.num_workers, w.mode): w.steps_per_s for w in fake.windows}
     # the capacity model: w / 2.1 ms a sample per rank, at most the demand, in 16-sample steps
     assert rates[(4, "normal")] == pytest.approx(4 / 2.1e-3 / 16)
@@ -287,7 +290,7 @@ def test_the_first_screen_brackets_the_predicted_worker_count():
     # rests on the compute-only demand, so half and twice it ride in the same launch
     fake = LoadingMeasurer(io_bound, cpus=2, own=LoaderSettings(0, False, None, 16))
     Search(fake, SearchSpace(prefetch_factor=(2, 4), pin_memory=(False, True)),
-           SweepOptions(ceiling=False)).run()
+           SweepOptions(pairs=0, ceiling=False)).run()
     first = [w.config.num_workers or 0 for w in fake.screens_asked[0]]
     assert {6, 13, 26} <= set(first) and max(first) == 26
 
@@ -311,15 +314,16 @@ class ThreadsMeasurer(ModelMeasurer):
                 steps: Optional[int] = None, mode: str = "normal",
                 threads: Optional[int] = None,
                 steps_per_s: Optional[float] = None,
-                ddp: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-        entry = super().measure(requested, kind, steps, mode, threads, steps_per_s)
+                ddp: Optional[dict[str, Any]] = None,
+                pair: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        entry = super().measure(requested, kind, steps, mode, threads, steps_per_s, pair=pair)
         self.threads.append((kind, threads, LoaderSettings.from_dict(entry["config"])))
         return entry
 
 
 def test_the_best_configurations_threads_are_measured_where_its_workers_tip_the_cpus_over():
     fake = ThreadsMeasurer(io_bound)
-    found = Search(fake, SPACE, SweepOptions(ceiling=False))
+    found = Search(fake, SPACE, SweepOptions(pairs=0, ceiling=False))
     found.run()
     best = LoaderSettings.from_dict(found.best()["config"])
     assert best.num_workers >= 8  # 2 threads + 1.2 busy cores > 3 CPUs
@@ -331,7 +335,7 @@ def test_the_best_configurations_threads_are_measured_where_its_workers_tip_the_
 
 def test_no_threads_counterfactual_where_the_best_configuration_fits():
     fake = ThreadsMeasurer(cpu_bound)  # its best is 3 or 4 workers: 0.6 busy cores at most
-    Search(fake, SPACE, SweepOptions(ceiling=False)).run()
+    Search(fake, SPACE, SweepOptions(pairs=0, ceiling=False)).run()
     assert not [kind for kind, _, _ in fake.threads if kind == "threads"]
 
 
@@ -364,19 +368,21 @@ class CommMeasurer(ModelMeasurer):
                 steps: Optional[int] = None, mode: str = "normal",
                 threads: Optional[int] = None,
                 steps_per_s: Optional[float] = None,
-                ddp: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+                ddp: Optional[dict[str, Any]] = None,
+                pair: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         if kind == "ddp":
             self.ddp_asked.append(ddp)
         self.synced = (ddp or {}).get("gradient_sync") is not False
         try:
-            return super().measure(requested, kind, steps, mode, threads, steps_per_s, ddp)
+            return super().measure(requested, kind, steps, mode, threads, steps_per_s, ddp,
+                                   pair)
         finally:
             self.synced = True
 
 
 def test_exposed_communication_is_measured_then_tuned():
     fake = CommMeasurer()
-    found = Search(fake, SPACE, SweepOptions(ceiling=False))
+    found = Search(fake, SPACE, SweepOptions(pairs=0, ceiling=False))
     found.run()
     # the script again (a twin), without synchronisation, then the options
     assert fake.ddp_asked == [{}, {"gradient_sync": False}, {"bucket_cap_mb": 100},
@@ -389,22 +395,22 @@ def test_exposed_communication_is_measured_then_tuned():
 def test_what_the_timers_miss_is_measured_and_what_costs_nothing_is_not_tuned():
     # the timers see 3 % (below comm_probe_share): no probe at all
     quiet = CommMeasurer(exposed_s=0.0006)
-    Search(quiet, SPACE, SweepOptions(ceiling=False)).run()
+    Search(quiet, SPACE, SweepOptions(pairs=0, ceiling=False)).run()
     assert quiet.ddp_asked == [] and {c.batch_size for c in quiet.measured} == {32}
     # the timers see 7 %, the step without synchronisation runs 2x: tuned
     hidden = CommMeasurer(exposed_s=0.003, hidden_s=0.018)
-    Search(hidden, SPACE, SweepOptions(ceiling=False)).run()
+    Search(hidden, SPACE, SweepOptions(pairs=0, ceiling=False)).run()
     assert len(hidden.ddp_asked) == 4 and 64 in {c.batch_size for c in hidden.measured}
     # the timers see 13 %, but without synchronisation the step is no faster: nothing tuned
     costless = CommMeasurer(exposed_s=0.003, costs=False)
-    Search(costless, SPACE, SweepOptions(ceiling=False)).run()
+    Search(costless, SPACE, SweepOptions(pairs=0, ceiling=False)).run()
     assert costless.ddp_asked == [{}, {"gradient_sync": False}]
     assert {c.batch_size for c in costless.measured} == {32}
 
 
 def test_a_given_batch_axis_is_kept():
     fake = CommMeasurer()
-    Search(fake, SearchSpace(batch_size=(32,)), SweepOptions(ceiling=False)).run()
+    Search(fake, SearchSpace(batch_size=(32,)), SweepOptions(pairs=0, ceiling=False)).run()
     assert {c.batch_size for c in fake.measured} == {32}
     assert len(fake.ddp_asked) == 4
 
@@ -435,7 +441,7 @@ def short_epochs(config: LoaderSettings) -> tuple[float, float]:
 def test_no_climb_past_a_screen_whose_every_worker_count_lost_to_the_baseline():
     fake = LoadingMeasurer(short_epochs, cpus=2, own=LoaderSettings(0, False, None, 16))
     notes: list[str] = []
-    found = Search(fake, SearchSpace(), SweepOptions(ceiling=False),
+    found = Search(fake, SearchSpace(), SweepOptions(pairs=0, ceiling=False),
                    progress=lambda event, data: notes.append(data.get("text", "")))
     found.run()
     first = {w.config.num_workers for w in fake.screens_asked[0]}
@@ -455,7 +461,7 @@ def test_no_rung_past_one_that_outlasted_a_launchs_timeout(timeout_s, climbs):
     fake = LoadingMeasurer(still_climbing, cpus=2, own=LoaderSettings(0, False, None, 16))
     fake.timeout_s = timeout_s  # every modelled probe takes 5 s
     notes: list[str] = []
-    Search(fake, SearchSpace(prefetch_factor=(2,)), SweepOptions(ceiling=False),
+    Search(fake, SearchSpace(prefetch_factor=(2,)), SweepOptions(pairs=0, ceiling=False),
            progress=lambda event, data: notes.append(data.get("text", ""))).run()
     first = max(w.config.num_workers or 0 for w in fake.screens_asked[0])
     assert (max(c.num_workers or 0 for c in fake.measured) > first) == climbs
@@ -481,13 +487,13 @@ def test_a_ceiling_below_a_rate_measured_with_loading_is_no_ceiling(screens):
     from ddp_profile.profiler.store.summary import latest_ceiling
 
     fake = CeilingMeasurer(io_bound, ceiling=1000.0, screens=screens)  # io_bound reaches 3000
-    found = Search(fake, SPACE, SweepOptions(ceiling=True))
+    found = Search(fake, SPACE, SweepOptions(pairs=0, ceiling=True))
     found.run()
     ceilings = [e for e in found.entries if e["kind"] == "ceiling"]
     assert ceilings and all("below the 3,000.0" in e["ceiling_failed"] for e in ceilings)
     assert latest_ceiling(found.entries) is None
     sound = CeilingMeasurer(io_bound, ceiling=5000.0, screens=screens)
-    found = Search(sound, SPACE, SweepOptions(ceiling=True))
+    found = Search(sound, SPACE, SweepOptions(pairs=0, ceiling=True))
     found.run()
     assert latest_ceiling(found.entries)["throughput"] == 5000.0
 
@@ -506,7 +512,7 @@ class IterableMeasurer(LoadingMeasurer):
 
 def test_an_iterable_dataset_is_climbed_one_launch_a_rung_without_a_screen():
     fake = IterableMeasurer(io_bound, 4096, cpus=2, own=LoaderSettings(0, False, None, 16))
-    found = Search(fake, SearchSpace(), SweepOptions(ceiling=True))
+    found = Search(fake, SearchSpace(), SweepOptions(pairs=0, ceiling=True))
     found.run()
     assert not [e for e in found.entries if e.get("screened")]
     # the capacity model's worker counts, past the 2 CPUs, one probe each
@@ -517,8 +523,41 @@ def test_an_iterable_dataset_is_climbed_one_launch_a_rung_without_a_screen():
 def test_an_iterable_dataset_without_a_length_gets_no_ceiling():
     fake = IterableMeasurer(io_bound, None, cpus=2, own=LoaderSettings(0, False, None, 16))
     notes: list[str] = []
-    found = Search(fake, SearchSpace(), SweepOptions(ceiling=True),
+    found = Search(fake, SearchSpace(), SweepOptions(pairs=0, ceiling=True),
                    progress=lambda event, data: notes.append(data.get("text", "")))
     found.run()
     assert not [e for e in found.entries if e["kind"] == "ceiling"]
     assert any("has no length" in n for n in notes), notes
+
+
+ALTERNATION = ["reference", "candidate"] * 3 + ["reference"]
+
+
+def test_the_claim_is_checked_in_one_launch_alternating_the_scripts_settings_and_the_best():
+    fake = ModelMeasurer(io_bound)
+    found = Search(fake, SPACE, SweepOptions(ceiling=False))
+    found.run()
+    paired = [e for e in found.entries if e["kind"] == "paired"]
+    assert [e["pair"]["role"] for e in paired] == ALTERNATION
+    assert all(e.get("screened") for e in paired) and fake.launches == 4  # one launch more
+    best = found.best()
+    assert best["kind"] == "sweep"  # the alternation counts for nothing else
+    assert {e["pair"]["role"]: e["config"] for e in paired} == {
+        "reference": found.baseline["config"], "candidate": best["config"]}
+
+
+def test_a_larger_batch_is_alternated_launch_by_launch():
+    fake = CommMeasurer()
+    found = Search(fake, SPACE, SweepOptions(ceiling=False))
+    found.run()
+    paired = [e for e in found.entries if e["kind"] == "paired"]
+    assert [e["pair"]["role"] for e in paired] == ALTERNATION[:4] + ["reference"]
+    assert not any(e.get("screened") for e in paired)
+    assert {e["config"]["batch_size"] for e in paired} == {32, 128}
+
+
+@pytest.mark.parametrize("model, pairs", [(compute_bound, 3), (io_bound, 0)])
+def test_no_alternation_where_the_script_keeps_its_settings_or_none_is_asked(model, pairs):
+    found = Search(ModelMeasurer(model), SPACE, SweepOptions(ceiling=False, pairs=pairs))
+    found.run()
+    assert not [e for e in found.entries if e["kind"] == "paired"]

@@ -1,0 +1,71 @@
+"""The claim, measured the way a user would check it: the script's own settings and the
+recommendation, alternated close in time.
+
+A speedup read off two probes measured minutes apart, in separate launches, carries the
+machine's drift between them (on a shared 2-core machine a batch size was claimed at 3.4x
+where plain launches give 2.1x). So once the search has its best configuration, and it is not
+the script's own, ``confirm`` measures the two again, alternately: the reference (``A``, the
+script's settings) and the candidate (``B``), ``A B A B A B A``. Where the two differ in loader
+settings only, that is one launch whose windows switch between them (each window starts its
+own workers in its warm-up and continues the epoch, as a screen's do); where the batch size
+differs (it cannot change mid-epoch without changing ``len(loader)``) or the loader cannot be
+rebuilt, each is a launch of its own, ``A B A B A``. Every B stands between two A's, so the
+launch's level and a linear drift cancel in the comparison; ``rules.recommend`` reads the
+alternation (``pair``: role, position, group) and makes the expected speedup and its interval
+from it alone. These probes (``Kind.PAIRED``) count for nothing else.
+
+``search``: the ``sweep.search.Search`` that calls in (not imported: no cycle).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.store.probes import Kind, Status
+from ddp_profile.profiler.sweep.measure import Window
+from ddp_profile.profiler.sweep.space import normalise
+
+REFERENCE, CANDIDATE = "reference", "candidate"
+WINDOW_PAIRS = 3  # A B A B A B A in one launch
+LAUNCH_PAIRS = 2  # A B A B A, a launch each
+
+
+def order(pairs: int) -> list[str]:
+    """The alternation: every candidate between two references."""
+    return [REFERENCE, CANDIDATE] * pairs + [REFERENCE]
+
+
+def confirm(search: Any) -> None:
+    """Alternate the script's settings and the best configuration (see the module docstring);
+    nothing where the best is the script's own, nothing measured, or ``--pairs 0``."""
+    base, best = search.baseline, search.best()
+    if search.options.pairs <= 0 or base is None or best is None \
+            or base.get("status") != Status.OK or best is base:
+        return
+    reference = normalise(LoaderSettings.from_dict(base.get("config")))
+    candidate = normalise(LoaderSettings.from_dict(best.get("config")))
+    if reference == candidate:
+        return
+    group = f"claim-{len(search.entries):03d}"
+    configs = {REFERENCE: reference, CANDIDATE: candidate}
+    in_one_launch = reference.batch_size == candidate.batch_size \
+        and not search.measurer.screen_unsupported
+    roles = order(search.options.pairs if in_one_launch else min(search.options.pairs,
+                                                                    LAUNCH_PAIRS))
+    letters = " ".join("A" if role == REFERENCE else "B" for role in roles)
+    where = "in one launch" if in_one_launch else "a launch each"
+    search.progress("note", {"text": "checking the claim: the script's settings (A) and the "
+                                     f"recommendation (B) alternated, {letters}, {where}"})
+    if in_one_launch:
+        search.measurer.measure_screen([
+            Window(configs[role], Kind.PAIRED.value, steps_per_s=search.steps_per_s(
+                configs[role]), pair={"role": role, "index": index, "group": group})
+            for index, role in enumerate(roles)])
+        return
+    for index, role in enumerate(roles):
+        entry = search.measurer.measure(configs[role], kind=Kind.PAIRED.value,
+                                        steps_per_s=search.steps_per_s(configs[role]),
+                                        pair={"role": role, "index": index, "group": group})
+        if entry.get("status") != Status.OK:
+            return  # a crash or an OOM would only repeat itself

@@ -1,0 +1,73 @@
+"""The expected speedup from the claim's check: the script's settings and the recommendation
+alternated, drift and level cancelled (``rules.claim``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddp_profile.rules import Thresholds
+from ddp_profile.rules.claim import paired_claim
+from ddp_profile.rules.recommend import recommend
+from tests.rules.tables import RunBuilder
+
+ROLES = ["reference", "candidate"] * 3 + ["reference"]
+
+
+def drifting_run(gain: float, drift: float, noise: tuple[float, ...] = (1.0,) * 7,
+                 launches: bool = False):
+    """The baseline (no workers) measured at 1,000 samples/s, 4 workers at 3,000 (2.2x faster
+    than the script, measured later while the machine ran 1.36x faster: 3x claimed apart);
+    then the alternation, the machine speeding up by ``drift`` a window."""
+    builder = (RunBuilder(world_size=2)
+               .probe("p000", kind="baseline", num_workers=0, prefetch_factor=None,
+                      throughput=1000.0).steps(n=20, compute=0.03)
+               .probe("p001", num_workers=4, throughput=3000.0).steps(n=20, compute=0.01))
+    for index, role in enumerate(ROLES):
+        rate = 1000.0 * drift ** index * (gain if role == "candidate" else 1.0) * noise[index]
+        workers = dict(num_workers=4) if role == "candidate" else dict(num_workers=0,
+                                                                        prefetch_factor=None)
+        launch = f"p{2 + index:03d}" if launches else "p002-screen"
+        builder.probe(f"p{2 + index:03d}", kind="paired", throughput=rate, **workers,
+                      entry={"pair": {"role": role, "index": index, "group": "claim-002"},
+                             "launch": launch}).steps(n=10)
+    return builder.build()
+
+
+def test_a_drifting_machine_cancels_out_of_the_alternation():
+    run = drifting_run(gain=2.2, drift=1.05)
+    probes = run.summary["probes"]
+    claim = paired_claim(run, probes[0], probes[1], 0.9)
+    assert claim.ratio == pytest.approx(2.2)
+    assert claim.interval == pytest.approx((2.2, 2.2))  # no noise left once the drift is out
+    assert claim.candidates == 3 and claim.launches == 1
+    rec = recommend(run, Thresholds())
+    assert rec.config["num_workers"] == 4
+    assert rec.expected_speedup == pytest.approx(2.2)  # not the 3x the two probes read apart
+    assert "alternated, 3 of each" in rec.speedup_basis and "one launch" in rec.speedup_basis
+
+
+def test_noisy_windows_widen_the_interval_around_the_true_gain():
+    run = drifting_run(gain=2.2, drift=1.02, noise=(1.0, 1.06, 0.95, 0.97, 1.04, 1.03, 0.98))
+    probes = run.summary["probes"]
+    claim = paired_claim(run, probes[0], probes[1], 0.9)
+    low, high = claim.interval
+    assert low < 2.2 < high and high / low > 1.1
+    assert abs(claim.ratio / 2.2 - 1) < 0.08
+
+
+def test_launches_are_an_alternation_too_and_a_failed_one_leaves_no_claim():
+    run = drifting_run(gain=2.2, drift=1.05, launches=True)
+    probes = run.summary["probes"]
+    claim = paired_claim(run, probes[0], probes[1], 0.9)
+    assert claim.launches == 7 and claim.ratio == pytest.approx(2.2)
+    probes[5]["status"] = "crash"
+    assert paired_claim(run, probes[0], probes[1], 0.9) is None
+    rec = recommend(run, Thresholds())
+    assert "not alternated" in rec.speedup_basis  # the unpaired figure, said to be so
+
+
+def test_an_alternation_of_other_settings_is_not_read():
+    run = drifting_run(gain=2.2, drift=1.05)
+    probes = run.summary["probes"]
+    other = {**probes[1], "config": {**probes[1]["config"], "num_workers": 8}}
+    assert paired_claim(run, probes[0], other, 0.9) is None
