@@ -52,6 +52,8 @@ def parse_args() -> argparse.Namespace:
     add("--features", type=int, default=64)
     add("--batch-size", type=int, default=16)
     add("--num-workers", type=int, default=0)
+    add("--prefetch-factor", type=int, default=None, help="with workers (default: torch's 2)")
+    add("--pin-memory", action="store_true")
     add("--load-ms", type=float, default=0.0)
     add("--cpu-ms", type=float, default=0.0)
     add("--step-sleep-ms", type=float, default=0.0, help="sleep inside each step (compute)")
@@ -260,7 +262,9 @@ def main() -> None:
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True) \
         if world > 1 else None
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
-                        shuffle=sampler is None, drop_last=True, num_workers=args.num_workers)
+                        shuffle=sampler is None, drop_last=True, num_workers=args.num_workers,
+                        pin_memory=args.pin_memory,
+                        prefetch_factor=args.prefetch_factor if args.num_workers else None)
     layers: list[nn.Module] = [nn.Linear(args.features, args.hidden), nn.ReLU()]
     for _ in range(args.layers - 1):
         layers += [nn.Linear(args.hidden, args.hidden), nn.ReLU()]

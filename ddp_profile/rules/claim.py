@@ -4,9 +4,15 @@ recommendation, alternated close in time (``profiler.sweep.claim``).
 The probes of one alternation (kind ``paired``, ``pair``: role, position, group) are read as
 ``log rate = level + gain x [candidate] + drift x position``: every candidate stands between two
 references, so the launch's level and a linear drift between them cancel, and ``gain`` is
-the log of the speedup. Its interval is Student's at the recommendation's confidence, on the
-residual degrees of freedom (7 windows: 4; 5 launches: 2), so a few noisy windows give a wide
-interval rather than a confident figure. Without such an alternation (``--pairs 0``, the
+the log of the speedup. Its interval is for what a user's check would measure: plain launches
+of the script, ``CHECK_ROUNDS`` of each setting, alternating. So it holds the alternation's
+own uncertainty (Student's, on the residual degrees of freedom: 7 windows, 4; 5 launches, 2: a
+few noisy windows give a wide interval rather than a confident figure) and what plain
+launches of the two settings add: each launch runs at a level of its own, as the spread
+between this run's launches of the same settings shows (``choose.launch_spread``, at least
+``launch_sd``), averaged over the check's rounds. (On 2 CPUs, plain launches of 10
+latency-bound workers ran 3,069 and 2,150 samples/s: an interval of the windows' noise alone,
+4.83-5.07x, missed the 4.62x they measured.) Without such an alternation (``--pairs 0``, the
 script's own settings chosen, a probe of it failed) there is no paired claim and the
 recommendation says what its figure rests on instead.
 """
@@ -22,9 +28,13 @@ import numpy as np
 from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.probes import Kind, Status
 from ddp_profile.profiler.store.results import Run
+from ddp_profile.profiler.sweep.choose import candidate_of, launch_spread
 from ddp_profile.rules.gate.statistics import t_quantile
 
+MEASURING_KINDS = (Kind.BASELINE, Kind.SWEEP, Kind.REPEAT, Kind.PAIRED)  # the script's settings
+# as they run it: their launches show the spread between launches
 REFERENCE, CANDIDATE = "reference", "candidate"
+CHECK_ROUNDS = 3  # plain launches of each setting a user's check alternates
 
 
 @dataclass(frozen=True)
@@ -72,10 +82,20 @@ def alternation(run: Run, reference: dict[str, Any], candidate: dict[str, Any]
     return []
 
 
+def launches_spread(run: Run, settings: set[tuple], floor: float) -> float:
+    """The relative SD between launches of the same settings (``settings``) this run shows,
+    at least ``floor``: every ok measurement of them, by launch."""
+    measured = [candidate_of(p) for p in run.summary.get("probes") or []
+                if p.get("status") == Status.OK and p.get("throughput")
+                and p.get("kind") in MEASURING_KINDS and _settings(p) in settings]
+    return max(floor, launch_spread(measured))
+
+
 def paired_claim(run: Run, reference: dict[str, Any], candidate: dict[str, Any],
-                 confidence: float) -> Optional[PairedClaim]:
+                 confidence: float, launch_sd: float = 0.025) -> Optional[PairedClaim]:
     """The speedup of ``candidate`` over ``reference`` (probe rows or entries with a config)
-    from their alternation; None where there is none, or a probe of it failed."""
+    from their alternation; None where there is none, or a probe of it failed. ``launch_sd``:
+    the least relative SD between launches of one setting."""
     probes = alternation(run, reference, candidate)
     if not probes or any(p.get("status") != Status.OK or not p.get("throughput")
                          or not math.isfinite(p["throughput"]) for p in probes):
@@ -94,7 +114,9 @@ def paired_claim(run: Run, reference: dict[str, Any], candidate: dict[str, Any],
         spread = math.sqrt(variance * np.linalg.inv(design.T @ design)[1, 1])
     except np.linalg.LinAlgError:
         return None
-    half = t_quantile(0.5 + confidence / 2, dof) * spread
+    between = launches_spread(run, {_settings(reference), _settings(candidate)}, launch_sd)
+    half = t_quantile(0.5 + confidence / 2, dof) * math.sqrt(
+        spread ** 2 + 2 * between ** 2 / CHECK_ROUNDS)
     gain = float(coef[1])
     launches = len({p.get("launch") or p.get("id") for p in probes})
     return PairedClaim(ratio=math.exp(gain), interval=(math.exp(gain - half),

@@ -259,8 +259,8 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None) -> Recommendati
                               notes=("No probe finished: nothing was measured to recommend.",))
     chosen = choose(run, base, thresholds)
     speedup, interval, basis = None, None, None
-    claim = paired_claim(run, base, chosen, thresholds.interval_confidence) \
-        if chosen["id"] != base["id"] else None
+    claim = paired_claim(run, base, chosen, thresholds.interval_confidence,
+                         thresholds.launch_sd) if chosen["id"] != base["id"] else None
     if claim is not None:
         speedup, interval, basis = claim.ratio, claim.interval, claim.basis()
     elif finite(chosen["throughput"]) and finite(base["throughput"]) and base["throughput"] > 0:

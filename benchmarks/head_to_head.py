@@ -1,0 +1,244 @@
+"""Every claim checked the way a user would: plain launches of the script, old and new
+settings alternating, the whole loop timed.
+
+For each workload (``benchmarks/workloads/bench_train.py`` with costs that make a different
+bottleneck, 2 CPU ranks), ``ddp-profile run`` with its defaults gives a recommendation, a
+claimed speedup and its interval. Then plain ``torchrun`` launches of the same script run the
+script's own settings (A) and the recommendation (B) alternately, ``A B A B ...``
+(``--rounds`` of each); each launch times its whole loop after the warm-up (mean step, epoch
+restarts included) and the check is the ratio of B's mean throughput to A's. Reported per
+workload: the claim, its interval, the plain ratio, whether the interval holds it, and the
+tool's own paired windows against the plain launches of the same settings (probe / plain,
+target within 10 %).
+
+**A/A** (``--aa N``): N alternations of one configuration with itself (``A A A A A A A``
+labelled as a claim's alternation, one launch each time, the harness's own windows) while
+another process loads the CPUs on and off (1 s busy on every core, 1 s idle): how often the
+tool's interval for "B over A" excludes 1.0, that is, calls two identical configurations
+different beyond noise (target at most 5 %).
+
+    python benchmarks/head_to_head.py --quick     # 2 workloads, 2 rounds, A/A x 6 (~8 min)
+    python benchmarks/head_to_head.py             # 5 workloads, 3 rounds, A/A x 10
+
+The last line printed is a JSON object. Run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _bench  # noqa: E402
+
+# name -> (bench_train.py arguments, plain launch steps)
+WORKLOADS: dict[str, tuple[list[str], int]] = {
+    "latency_bound": (["--load-ms", "3", "--batch-size", "8"], 240),
+    "cpu_bound": (["--cpu-ms", "2", "--batch-size", "8"], 160),
+    "mixed": (["--load-ms", "1.5", "--cpu-ms", "1.5", "--batch-size", "8"], 200),
+    "deep_mlp": (["--hidden", "256", "--layers", "24", "--batch-size", "64", "--num-workers",
+                  "2"], 200),
+    "comm_bound": (["--hidden", "1024", "--layers", "4", "--batch-size", "4"], 120),
+}
+QUICK = ("latency_bound", "deep_mlp")
+WARMUP = 10
+
+
+def settings_args(config: dict[str, Any]) -> list[str]:
+    """bench_train.py's own arguments for a configuration."""
+    args = ["--num-workers", str(config.get("num_workers") or 0)]
+    if config.get("batch_size"):
+        args += ["--batch-size", str(config["batch_size"])]
+    if config.get("num_workers") and config.get("prefetch_factor"):
+        args += ["--prefetch-factor", str(config["prefetch_factor"])]
+    if config.get("pin_memory"):
+        args.append("--pin-memory")
+    return args
+
+
+def plain_rate(args: list[str], steps: int) -> Optional[float]:
+    """Global samples/s of a plain launch's whole loop after the warm-up (the slower rank)."""
+    work = _bench.scratch("h2h-plain-")
+    try:
+        result = _bench.run_plain([*args, "--steps", str(steps), "--warmup", str(WARMUP)], work)
+        if result["returncode"] != 0 or len(result["ranks"]) < _bench.NPROC:
+            return None
+        batch = int(args[args.index("--batch-size") + 1]) if "--batch-size" in args else 16
+        mean_step = max(r["mean_step_s"] for r in result["ranks"])
+        return _bench.NPROC * batch / mean_step
+    finally:
+        _bench.cleanup(work)
+
+
+def run_tool(args: list[str]) -> dict[str, Any]:
+    """``ddp-profile run`` with its defaults; its summary."""
+    work = _bench.scratch("h2h-run-")
+    out = os.path.join(work, "run")
+    command = [sys.executable, "-m", "ddp_profile", "run", _bench.WORKLOAD, "--out", out,
+               "--no-report", "--quiet", "--", *args, "--steps", "100000"]
+    started = time.monotonic()
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    wall = time.monotonic() - started
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip()[-300:], "wall_s": round(wall, 1)}
+    with open(os.path.join(out, "summary.json")) as handle:
+        summary = json.load(handle)
+    summary["_wall_s"] = wall
+    _bench.cleanup(work)
+    return summary
+
+
+def workload(name: str, rounds: int) -> dict[str, Any]:
+    args, steps = WORKLOADS[name]
+    summary = run_tool(args)
+    if "error" in summary:
+        return {"workload": name, **summary}
+    own, new = summary["baseline"], summary["recommended"]
+    base_args = _without_settings(args)
+    result: dict[str, Any] = {
+        "workload": name, "baseline": own, "recommended": new,
+        "claim": _bench.rnd(summary.get("expected_speedup"), 3),
+        "interval": [_bench.rnd(v, 3) for v in summary.get("expected_speedup_interval") or []],
+        "basis": (summary.get("recommendation") or {}).get("speedup_basis"),
+        "tool_wall_s": round(summary["_wall_s"], 1), "probes": len(summary["probes"])}
+    if own == new:
+        result["plain"] = "same settings: nothing to check"
+        return result
+    a_rates, b_rates = [], []
+    for _ in range(rounds):  # A B A B ...
+        a_rates.append(plain_rate(base_args + settings_args(own), steps))
+        b_rates.append(plain_rate(base_args + settings_args(new), steps))
+    if None in a_rates or None in b_rates:
+        result["plain"] = {"error": "a plain launch failed", "a": a_rates, "b": b_rates}
+        return result
+    ratio = statistics.fmean(b_rates) / statistics.fmean(a_rates)
+    low, high = result["interval"] or (None, None)
+    paired = [p for p in summary["probes"] if p["kind"] == "paired" and p["status"] == "ok"]
+    probe_a = [p["throughput"] for p in paired if p["pair"]["role"] == "reference"]
+    probe_b = [p["throughput"] for p in paired if p["pair"]["role"] == "candidate"]
+    result["plain"] = {
+        "a_samples_s": [round(r, 1) for r in a_rates],
+        "b_samples_s": [round(r, 1) for r in b_rates],
+        "ratio": round(ratio, 3),
+        "inside": low is not None and low <= ratio <= high,
+        "probe_vs_plain_a": _bench.rnd(statistics.fmean(probe_a) / statistics.fmean(a_rates), 3)
+        if probe_a else None,
+        "probe_vs_plain_b": _bench.rnd(statistics.fmean(probe_b) / statistics.fmean(b_rates), 3)
+        if probe_b else None}
+    return result
+
+
+def _without_settings(args: list[str]) -> list[str]:
+    """``args`` without the loader settings a configuration sets (they follow it)."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--num-workers", "--batch-size", "--prefetch-factor"):
+            skip = True
+            continue
+        if arg != "--pin-memory":
+            out.append(arg)
+    return out
+
+
+def _burn(stop_at: float) -> None:
+    while time.monotonic() < stop_at:
+        pass
+
+
+def on_off_load(stop: Any) -> None:
+    """Every core busy for a second, then idle for a second, until ``stop`` is set."""
+    cores = len(os.sched_getaffinity(0))
+    while not stop.is_set():
+        burners = [multiprocessing.Process(target=_burn, args=(time.monotonic() + 1.0,))
+                   for _ in range(cores)]
+        for burner in burners:
+            burner.start()
+        for burner in burners:
+            burner.join()
+        stop.wait(1.0)
+
+
+def aa_trial(index: int, args: list[str]) -> Optional[bool]:
+    """One alternation of a configuration with itself; True where the tool's interval of the
+    'speedup' excludes 1.0 (a false claim), None where a window failed."""
+    from ddp_profile.profiler.launch.ranks import LaunchSpec
+    from ddp_profile.profiler.settings import LoaderSettings
+    from ddp_profile.profiler.store.results import load_run
+    from ddp_profile.profiler.store.rundir import RunDir
+    from ddp_profile.profiler.sweep.claim import order
+    from ddp_profile.profiler.sweep.measure import LedgerMeasurer, Window
+    from ddp_profile.rules.base import Thresholds
+    from ddp_profile.rules.claim import paired_claim
+
+    work = _bench.scratch("h2h-aa-")
+    try:
+        run_dir = RunDir(os.path.join(work, "run"))
+        run_dir.create({"script": _bench.WORKLOAD})
+        spec = LaunchSpec(script=_bench.WORKLOAD, script_args=(*args, "--steps", "100000"),
+                          nproc_per_node=_bench.NPROC)
+        measurer = LedgerMeasurer(run_dir, spec, steps=30, warmup=5, timeout_s=300)
+        config = LoaderSettings(num_workers=2, pin_memory=False, prefetch_factor=2)
+        entries = measurer.measure_screen([
+            Window(config, "paired", pair={"role": role, "index": i, "group": f"aa{index}"})
+            for i, role in enumerate(order(3))])
+        if len(entries) < 7 or any(e["status"] != "ok" for e in entries):
+            return None
+        run = load_run(run_dir.path)
+        claim = paired_claim(run, entries[0], entries[1], Thresholds().interval_confidence)
+        if claim is None:
+            return None
+        return not claim.interval[0] <= 1.0 <= claim.interval[1]
+    finally:
+        _bench.cleanup(work)
+
+
+def aa(trials: int) -> dict[str, Any]:
+    stop = multiprocessing.Event()
+    load = multiprocessing.Process(target=on_off_load, args=(stop,))
+    load.start()
+    try:
+        outcomes = [aa_trial(i, ["--load-ms", "1", "--batch-size", "8"]) for i in range(trials)]
+    finally:
+        stop.set()
+        load.join()
+    judged = [o for o in outcomes if o is not None]
+    return {"trials": trials, "judged": len(judged), "false_claims": sum(judged),
+            "false_claim_rate": round(sum(judged) / len(judged), 3) if judged else None,
+            "target": 0.05}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--aa", type=int, default=None)
+    parser.add_argument("--workloads", default=None, help="comma list of " + ",".join(WORKLOADS))
+    args = parser.parse_args()
+    names = args.workloads.split(",") if args.workloads else list(QUICK if args.quick
+                                                                   else WORKLOADS)
+    rounds = args.rounds or (2 if args.quick else 3)
+    results = []
+    for name in names:
+        results.append(workload(name, rounds))
+        print(json.dumps(results[-1]), flush=True)
+    checks = [r["plain"]["inside"] for r in results
+              if isinstance(r.get("plain"), dict) and "inside" in r["plain"]]
+    aa_result = aa(args.aa if args.aa is not None else (6 if args.quick else 10))
+    print(json.dumps({"benchmark": "head_to_head", "machine": _bench.machine(),
+                      "workloads": results, "claims_inside": sum(checks),
+                      "claims_checked": len(checks), "aa": aa_result}))
+
+
+if __name__ == "__main__":
+    main()
