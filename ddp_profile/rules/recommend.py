@@ -36,6 +36,7 @@ from ddp_profile.rules.base import (
     config_of,
     cpus_available,
     data_wait,
+    describe_config,
     finite,
     global_steps,
     is_short,
@@ -258,9 +259,16 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None) -> Recommendati
                               expected_speedup_interval=None, snippet=snippet_for(config),
                               notes=("No probe finished: nothing was measured to recommend.",))
     chosen = choose(run, base, thresholds)
-    speedup, interval, basis = None, None, None
+    speedup, interval, basis, unconfirmed = None, None, None, None
     claim = paired_claim(run, base, chosen, thresholds.interval_confidence,
                          thresholds.launch_sd) if chosen["id"] != base["id"] else None
+    if claim is not None and claim.interval[0] <= 1.0:
+        unconfirmed = (f"{describe_config(chosen)} ran faster in the search, but alternated with "
+                       f"the script's settings it measured {claim.ratio:.2f}x "
+                       f"[{claim.interval[0]:.2f}-{claim.interval[1]:.2f}] "
+                       f"({claim.probes[0]}-{claim.probes[-1]}): a gain this check cannot tell "
+                       "from none, so the script's settings are kept.")
+        chosen, claim = base, None
     if claim is not None:
         speedup, interval, basis = claim.ratio, claim.interval, claim.basis()
     elif finite(chosen["throughput"]) and finite(base["throughput"]) and base["throughput"] > 0:
@@ -281,6 +289,7 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None) -> Recommendati
     return Recommendation(
         config=config, probe_id=str(chosen["id"]), expected_speedup=speedup,
         expected_speedup_interval=interval, snippet=snippet_for(config), ceiling_share=share,
-        notes=_notes(run, base, chosen, thresholds, share),
+        notes=((unconfirmed,) if unconfirmed else ()) + _notes(run, base, chosen, thresholds,
+                                                               share),
         throughput=float(chosen["throughput"]) if finite(chosen["throughput"]) else None,
         baseline_probe_id=str(base["id"]), like_for_like=like, speedup_basis=basis)

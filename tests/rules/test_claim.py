@@ -78,3 +78,14 @@ def test_an_alternation_of_other_settings_is_not_read():
     probes = run.summary["probes"]
     other = {**probes[1], "config": {**probes[1]["config"], "num_workers": 8}}
     assert paired_claim(run, probes[0], other, 0.9) is None
+
+
+def test_a_gain_the_check_cannot_tell_from_none_keeps_the_scripts_settings():
+    """The search measured 4 workers faster, but alternated with the script's own settings
+    they ran 1.03x, windows 6 % apart: not established."""
+    run = drifting_run(gain=1.03, drift=1.0, noise=(1.0, 1.06, 0.95, 0.97, 1.04, 1.03, 0.98),
+                       searched=1400.0)
+    rec = recommend(run, Thresholds())
+    assert rec.probe_id == "p000" and rec.config["num_workers"] == 0
+    assert rec.notes[0].startswith("num_workers=4") and "cannot tell" in rec.notes[0]
+    assert "p002-p008" in rec.notes[0]
