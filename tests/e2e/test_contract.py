@@ -59,16 +59,21 @@ def test_a_switch_mid_epoch_keeps_each_epoch_at_its_length(cli, run_dir, shape):
     # plain: an accumulation remainder of 0 (timm's shape) divides by zero on a batch past
     # the end; the others with the script's own worker, kept alive (persistent, repeat)
     workers = ["--workers", "1"] if shape in ("persistent", "repeat") else []
-    result = cli(["run", SCRIPT, "--out", run_dir, *SEARCH, "--", "--shape", shape, *workers],
-                 out=run_dir, timeout=300)
+    # the claim's alternation (A B A B A B A: six switches mid-epoch and back) in one of them
+    pairs = [] if shape == "plain" else ["--pairs", "0"]
+    result = cli(["run", SCRIPT, "--out", run_dir, *SEARCH, *pairs, "--", "--shape", shape,
+                  *workers], out=run_dir, timeout=300)
     summary = assert_contract_kept(result, screens=True)
+    if shape == "plain" and summary["recommended"] != summary["baseline"]:
+        paired = [p for p in summary["probes"] if p["kind"] == "paired"]
+        assert len(paired) == 7 and len({p["launch"] for p in paired}) == 1
     if shape == "repeat":  # one iterator for the whole run: its workers never restart
         assert "persistent-workers" not in {f["rule"] for f in summary["findings"]}
 
 
 def test_an_iterable_dataset_is_measured_one_launch_a_configuration(cli, run_dir):
-    result = cli(["run", SCRIPT, "--out", run_dir, *SEARCH, "--", "--shape", "iterable"],
-                 out=run_dir, timeout=300)
+    result = cli(["run", SCRIPT, "--out", run_dir, *SEARCH, "--pairs", "0", "--", "--shape",
+                  "iterable"], out=run_dir, timeout=300)
     summary = assert_contract_kept(result, screens=False)
     assert "IterableDataset" in result.stdout + result.stderr
     assert len({p["config"]["num_workers"] for p in summary["probes"]}) >= 2

@@ -3,7 +3,7 @@
 Four runs in all: a baseline and the same workload slowed by ~15 % per step, each measured in
 two launches (``--repeat 2``, so the gate's launch-level rule is on), the same workload again in
 one launch, and a run configured only by a ``ddp-profile.toml`` (no flags). The workload's
-step is dominated by one known sleep (``--step-sleep-ms 80``; a tiny model, no loading cost), so
+step is dominated by one known sleep (``--step-sleep-ms 50``; a tiny model, no loading cost), so
 its step time is steady even on a busy 2-core machine: many short sleeps per step (``--load-ms``)
 or real compute drift by 10 % between runs there when other jobs come and go, more than the
 gate's 5 % tolerance. The slowdown is 15 % of the first run's measured median step time, added
@@ -29,7 +29,7 @@ STEPS = 50
 RUN = ["--steps", str(STEPS), "--warmup", "3", "--no-ceiling", "--no-comm", "--num-workers", "0",
        "--no-report", "--quiet"]
 WORKLOAD = ["--hidden", "32", "--layers", "1", "--batch-size", "8"]
-STEP_SLEEP_MS = 80.0
+STEP_SLEEP_MS = 50.0
 SLOWDOWN = 0.15
 
 

@@ -92,9 +92,10 @@ def test_each_batch_is_timed_where_it_is_made(tmp_path, workers, context):
         # off the CPU: the sleep, plus any time the worker sat runnable on this busy machine
         assert 0.014 <= record["wall_s"] - record["cpu_s"] <= 0.5, record
         # the runnable part apart (this Linux keeps scheduler statistics): blocked = the sleep
+        # (a shared VM once read 13.5 ms of the 16 asleep: its clocks are not exact)
         runq = record["runq_s"]
         assert 0 <= runq <= record["wall_s"] - record["cpu_s"], record
-        assert 0.014 <= record["wall_s"] - record["cpu_s"] - runq <= 0.1, record
+        assert 0.012 <= record["wall_s"] - record["cpu_s"] - runq <= 0.1, record
         assert 0 <= record["collate_s"] < record["wall_s"]
 
 
