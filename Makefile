@@ -29,7 +29,7 @@ browser:
 # launches leave the 2 cores idle most of the time), then every other test alone.
 test: setup browser
 	$(BIN)/ruff check ddp_profile tests benchmarks docs
-	$(BIN)/python -m pytest -q -m concurrent -n 2 --dist loadgroup --durations=10
+	$(BIN)/python -m pytest -q -m concurrent -n 2 --dist loadfile --durations=10
 	$(BIN)/python -m pytest -q -m "not concurrent" --durations=15
 
 # The peers install beside the pinned CPU torch. Only loadtune requires torch (traceml-ai,

@@ -10,8 +10,7 @@ import pytest
 from ddp_profile.profiler.rank.pagecache import drop
 from tests.conftest import SCRIPTS
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("cache-files")]  # one worker writes
-# the module's files
+pytestmark = pytest.mark.e2e
 SCRIPT = os.path.join(SCRIPTS, "files_train.py")
 LEAN = ["--num-workers", "2", "--steps", "20", "--warmup", "2", "--no-ceiling", "--no-comm",
         "--pairs", "0", "--no-report", "--quiet"]

@@ -72,8 +72,9 @@ def test_a_switch_mid_epoch_keeps_each_epoch_at_its_length(cli, run_dir, shape):
 
 
 def test_an_iterable_dataset_is_measured_one_launch_a_configuration(cli, run_dir):
-    result = cli(["run", SCRIPT, "--out", run_dir, *SEARCH, "--pairs", "0", "--", "--shape",
-                  "iterable"], out=run_dir, timeout=300)
+    result = cli(["run", SCRIPT, "--out", run_dir, *SEARCH, "--num-workers", "0,2",
+                  "--prefetch-factor", "2", "--pairs", "0", "--", "--shape", "iterable"],
+                 out=run_dir, timeout=300)
     summary = assert_contract_kept(result, screens=False)
     assert "IterableDataset" in result.stdout + result.stderr
     assert len({p["config"]["num_workers"] for p in summary["probes"]}) >= 2

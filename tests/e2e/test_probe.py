@@ -12,7 +12,8 @@ from tests.conftest import DEMO, SCRIPTS
 
 pytestmark = pytest.mark.e2e
 
-FAST = ["--steps", "25", "--warmup", "3", "--no-ceiling", "--no-comm", "--no-report", "--quiet"]
+FAST = ["--steps", "25", "--warmup", "3", "--no-ceiling", "--no-comm", "--pairs", "0",
+        "--no-report", "--quiet"]
 OWN = ["--num-workers", "0"]  # the scripts' own setting: the baseline is the only launch
 
 

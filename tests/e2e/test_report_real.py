@@ -19,7 +19,6 @@ from tests.conftest import DEMO, run_cli
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.xdist_group("report-real"),  # one worker makes the module's real run
     pytest.mark.browser,
     needs_chromium,
 ]
