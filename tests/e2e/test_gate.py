@@ -151,7 +151,7 @@ def test_ci_flow_from_a_project_file_with_no_flags(runs, tmp_path):
     args = [*WORKLOAD, "--step-sleep-ms", f"{STEP_SLEEP_MS:.2f}"]
     (tmp_path / "ddp-profile.toml").write_text(
         f"script = {json.dumps(DEMO)}\nargs = {json.dumps(args)}\n"
-        f"num_workers = [0]\nsteps = {STEPS}\nwarmup = 3\nceiling = false\n"
+        f"num_workers = [0]\nsteps = {STEPS}\nwarmup = 3\nceiling = false\ncomm = false\n"
         'out = "current"\nbaseline = "baseline.json"\nmax_regression = 0.05\n')
     baseline = run_cli(["baseline", runs["base"], "-o", str(tmp_path / "baseline.json")])
     assert baseline.returncode == 0, baseline.stderr
@@ -167,7 +167,8 @@ def test_ci_flow_from_a_project_file_with_no_flags(runs, tmp_path):
     with open(tmp_path / "current" / "summary.json", encoding="utf-8") as handle:
         summary = json.load(handle)
     probe = summary["probes"][0]
-    assert [p["kind"] for p in summary["probes"]] == ["baseline"]  # one probe, no ceiling
+    assert [p["kind"] for p in summary["probes"]] == ["baseline"]  # one probe: no ceiling,
+    # no communication counterfactual
     assert probe["status"] == "ok" and probe["steps_measured"] == STEPS
     assert summary["script_args"] == args
     assert (tmp_path / "current" / "report.html").is_file()  # the report is on by default
