@@ -21,6 +21,7 @@ from ddp_profile.rules.base import (
     loader_info,
     ok_probes,
     probe_context,
+    probe_entry,
     probe_steps,
     world_size,
 )
@@ -151,8 +152,12 @@ def no_ddp(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     """Several ranks in a process group compute gradients that are never synchronised.
 
     Trigger (baseline probe): world size > 1, a ``process_group`` event, measured steps with
-    a backward pass (``forward_s`` recorded), and no ``ddp``, ``fsdp`` or ``collective``
-    (all_reduce / reduce_scatter called by the script) event on any rank.
+    a backward pass (``forward_s`` recorded), no ``ddp`` or ``fsdp`` event on any rank, and no
+    ``collective`` event (all_reduce / reduce_scatter called by the script) unless those calls
+    fall in fewer than half the training steps (``comm.collectives.steps_with_calls``): a
+    script that averages its own gradients all-reduces every step; one that all-reduces its
+    validation metrics (pytorch/examples' imagenet ``main.py`` on CPU) does not, and still
+    trains independent models.
     """
     probe = baseline_probe(run)
     if probe is None or world_size(run, probe["id"]) <= 1:
@@ -162,16 +167,23 @@ def no_ddp(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     steps = probe_steps(run, probe["id"])
     if steps.empty or "forward_s" not in steps or not steps["forward_s"].notna().any():
         return None
-    if any(not events_named(run, name, probe["id"]).empty
-           for name in ("ddp", "fsdp", "collective")):
+    if any(not events_named(run, name, probe["id"]).empty for name in ("ddp", "fsdp")):
         return None
+    reduced = "no rank all-reduced anything"
+    if not events_named(run, "collective", probe["id"]).empty:
+        share = ((probe_entry(run, probe["id"]).get("comm") or {}).get("collectives")
+                 or {}).get("steps_with_calls")
+        if share is None or share >= 0.5:
+            return None  # the script may average the gradients itself
+        reduced = (f"the script's own all-reduce ran in {share:.0%} of the training steps "
+                   "(not between each backward and optimizer step)")
     size = world_size(run, probe["id"])
     return Finding(
         rule="no-ddp", severity="high",
         title="Distributed ranks train independent models",
         evidence=(f"{size} ranks joined a process group and ran backward passes, but no model "
-                  "was wrapped in DistributedDataParallel (or FSDP) and no rank all-reduced "
-                  "anything: the gradients are never averaged, each rank trains its own copy."),
+                  f"was wrapped in DistributedDataParallel (or FSDP) and {reduced}: the "
+                  "gradients are never averaged, each rank trains its own copy."),
         recommendation=("model = DistributedDataParallel(model, device_ids=[local_rank]) "
                         "(device_ids=None on CPU) after init_process_group, before building "
                         "the optimizer."))
