@@ -40,6 +40,7 @@ from ddp_profile.rules.base import (
     finite,
     global_steps,
     is_short,
+    loader_info,
     ok_probes,
     pct,
     probe_entry,
@@ -86,8 +87,11 @@ def recommendation_to_dict(rec: Recommendation) -> dict[str, Any]:
     return data
 
 
-def snippet_for(config: dict[str, Any]) -> str:
-    """``DataLoader(dataset, ...)`` with the settings; no prefetch/persistence without workers."""
+def snippet_for(config: dict[str, Any], persistent: bool = False) -> str:
+    """``DataLoader(dataset, ...)`` with the settings that were measured: no prefetch without
+    workers, and ``persistent_workers=True`` only where the measured loader ran with it (the
+    script's own setting: the sweep does not switch it; what it would give is the
+    persistent-workers finding's labelled prediction)."""
     parts = ["dataset"]
     if config.get("batch_size") is not None:
         parts.append(f"batch_size={config['batch_size']}")
@@ -98,7 +102,8 @@ def snippet_for(config: dict[str, Any]) -> str:
     if workers > 0:
         if config.get("prefetch_factor") is not None:
             parts.append(f"prefetch_factor={config['prefetch_factor']}")
-        parts.append("persistent_workers=True")
+        if persistent:
+            parts.append("persistent_workers=True")
     return f"DataLoader({', '.join(parts)})"
 
 
@@ -288,7 +293,9 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None) -> Recommendati
         like = cache_mismatch(run, base, chosen, thresholds) is None
     return Recommendation(
         config=config, probe_id=str(chosen["id"]), expected_speedup=speedup,
-        expected_speedup_interval=interval, snippet=snippet_for(config), ceiling_share=share,
+        expected_speedup_interval=interval, ceiling_share=share,
+        snippet=snippet_for(config, loader_info(run, chosen["id"]).get("persistent_workers")
+                            is True),
         notes=((unconfirmed,) if unconfirmed else ()) + _notes(run, base, chosen, thresholds,
                                                                share),
         throughput=float(chosen["throughput"]) if finite(chosen["throughput"]) else None,

@@ -30,7 +30,8 @@ def test_picks_the_fastest_probe():
     rec = recommend(run, T)
     assert rec.probe_id == "w4" and rec.config["num_workers"] == 4
     assert rec.expected_speedup == pytest.approx(0.101 / 0.051, rel=0.05)
-    assert "num_workers=4" in rec.snippet and "persistent_workers=True" in rec.snippet
+    # the sweep does not switch persistent_workers: the snippet says only what ran
+    assert "num_workers=4" in rec.snippet and "persistent_workers" not in rec.snippet
 
 
 def test_tie_goes_to_fewer_workers():
@@ -151,6 +152,14 @@ def test_snippet_without_workers_omits_worker_only_arguments():
     snippet = snippet_for({"num_workers": 0, "pin_memory": True, "prefetch_factor": 2,
                            "batch_size": 32})
     assert snippet == "DataLoader(dataset, batch_size=32, num_workers=0, pin_memory=True)"
+
+
+def test_the_snippet_keeps_persistent_workers_where_the_script_set_them():
+    run = (RunBuilder().probe("base", kind="baseline", num_workers=2,
+                              loader={"persistent_workers": True})
+           .steps(data_wait=0.0).build())
+    assert "num_workers=2, pin_memory=False, prefetch_factor=2, persistent_workers=True" in \
+        recommend(run, T).snippet
 
 
 def test_recommendation_to_dict_is_plain():
