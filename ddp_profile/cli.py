@@ -12,6 +12,8 @@ from typing import List, Optional
 
 import typer
 
+from ddp_profile.profiler.store.probes import Status
+
 try:  # typer >= 0.20 vendors its own copy of click
     from typer._click.exceptions import UsageError as ClickUsageError
 except ImportError:  # pragma: no cover - older typer on click
@@ -192,7 +194,7 @@ def _exit_for(summary: dict) -> int:
     if summary.get("follower"):
         return ExitCode.OK
     statuses = [p.get("status") for p in summary.get("probes", [])]
-    return ExitCode.OK if "ok" in statuses else ExitCode.SCRIPT_FAILED
+    return ExitCode.OK if Status.OK in statuses else ExitCode.SCRIPT_FAILED
 
 
 @app.command()

@@ -20,6 +20,7 @@ from ddp_profile.errors import BadRunDir, Interrupted, ScriptInvalid, ScriptNotF
 from ddp_profile.profiler.launch import allocation
 from ddp_profile.profiler.launch.coordinate import Coordinator, coordinator_address
 from ddp_profile.profiler.launch.ranks import LaunchSpec
+from ddp_profile.profiler.store.probes import Status
 from ddp_profile.profiler.store.results import Run, load_run, read_probe_dir
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.store.summary import build_summary
@@ -209,7 +210,7 @@ def finalize(run_dir: RunDir, meta: dict[str, Any], sweep: Sweep, gpu: dict[str,
                                         "warmed": sweep.measurer.warmed}})
     run: Optional[Run] = None
     try:
-        if state == "complete" and any(e["status"] == "ok" for e in entries):
+        if state == "complete" and any(e["status"] == Status.OK for e in entries):
             run = load_run(run_dir.path, summary=summary)
             from ddp_profile.rules import evaluate
 

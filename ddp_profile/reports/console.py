@@ -8,7 +8,7 @@ import time
 from typing import Any, Optional
 
 from ddp_profile.profiler.settings import config_label
-from ddp_profile.profiler.store.probes import counts_for_choice
+from ddp_profile.profiler.store.probes import Kind, Status, counts_for_choice
 from ddp_profile.profiler.sweep.capacity import loading_line
 
 
@@ -73,9 +73,9 @@ class ConsoleProgress:
         if counts_for_choice(entry) and entry.get("throughput") and (
                 self.best is None or entry["throughput"] > self.best["throughput"]):
             self.best = entry
-        result = _fmt_tp(entry.get("throughput")) if entry.get("status") == "ok" else \
+        result = _fmt_tp(entry.get("throughput")) if entry.get("status") == Status.OK else \
             f"{entry.get('status')}: {entry.get('error')}"
-        wait_text = step_parts(entry) if entry["status"] == "ok" else ""
+        wait_text = step_parts(entry) if entry["status"] == Status.OK else ""
         options = {**({"threads": entry["threads"]} if entry.get("threads") else {}),
                    **(entry.get("ddp_options") or {})}
         option_text = "".join(f" {k}={v}" for k, v in options.items())
@@ -126,13 +126,13 @@ def step_parts(entry: dict[str, Any]) -> str:
 def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
     """The concise end-of-run text (plain lines; tested directly)."""
     probes = summary.get("probes", [])
-    ok = [p for p in probes if p.get("status") == "ok"]
-    baseline = next((p for p in probes if p.get("kind") == "baseline"), None)
+    ok = [p for p in probes if p.get("status") == Status.OK]
+    baseline = next((p for p in probes if p.get("kind") == Kind.BASELINE), None)
     lines = [f"ddp-profile: {summary.get('script')} on {summary.get('world_size') or '?'} rank(s), "
              f"device {summary.get('device')}; {len(ok)}/{len(probes)} probe(s) ok"]
     if not summary.get("gpu_available"):
         lines.append(f"GPU metrics unavailable: {summary.get('gpu_unavailable_reason')}")
-    if baseline and baseline.get("status") == "ok":
+    if baseline and baseline.get("status") == Status.OK:
         lines.append(f"baseline  {config_label(summary.get('baseline'))}: "
                      f"{_fmt_tp(baseline.get('throughput'))}"
                      f"{step_parts({'data_wait_fraction': 0, **baseline})}")
@@ -156,7 +156,7 @@ def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
         lines.append(f"loading: {loading_line(capacity)} ({kind})")
     for finding in summary.get("findings", [])[:8]:
         lines.append(f"  [{finding['severity']}] {finding['rule']}: {finding['title']}")
-    failed = [p for p in probes if p.get("status") != "ok"]
+    failed = [p for p in probes if p.get("status") != Status.OK]
     for probe in failed[:5]:
         lines.append(f"  probe {probe['id']} {probe['status']}: {probe.get('error')}")
     for probe in [p for p in probes if p.get("short")][:5]:

@@ -25,7 +25,7 @@ import plotly.offline
 
 from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.atomic import write_text_atomic
-from ddp_profile.profiler.store.probes import GATE_KINDS
+from ddp_profile.profiler.store.probes import GATE_KINDS, Kind, Status
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.reports import figures
 from ddp_profile.rules.base import SEVERITIES
@@ -95,12 +95,12 @@ def probe_roles(run: Run) -> dict[str, str]:
     """Probe id -> baseline / recommended / ceiling, for the probes that play one of those."""
     roles: dict[str, str] = {}
     probes = run.probes
-    ids = probes.loc[probes["kind"] == "baseline", "id"].tolist()
+    ids = probes.loc[probes["kind"] == Kind.BASELINE, "id"].tolist()
     if ids:
         roles[str(ids[0])] = "baseline"
     ceiling = run.summary.get("ceiling_probe")
     if ceiling is None and "ceiling_probe" not in run.summary:  # written before it was kept
-        ids = probes.loc[probes["kind"] == "ceiling", "id"].tolist()
+        ids = probes.loc[probes["kind"] == Kind.CEILING, "id"].tolist()
         ceiling = ids[0] if ids else None
     if ceiling is not None:
         roles[str(ceiling)] = "ceiling"
@@ -109,7 +109,7 @@ def probe_roles(run: Run) -> dict[str, str]:
     if chosen is not None and chosen in set(probes["id"].astype(str)):
         roles[str(chosen)] = "recommended"  # the probe the recommendation was measured by
     elif recommended:
-        ok = probes[(probes["status"] == "ok") & probes["kind"].isin(GATE_KINDS)]
+        ok = probes[(probes["status"] == Status.OK) & probes["kind"].isin(GATE_KINDS)]
         matches = [row for row in ok.to_dict("records")
                    if all(_same(row.get(k), recommended.get(k)) for k in recommended
                           if k in SETTING_KEYS)]
@@ -135,7 +135,7 @@ def build_headline(run: Run, roles: dict[str, str]) -> dict[str, Any]:
     interval = summary.get("expected_speedup_interval") or []
     ceiling = summary.get("ceiling_throughput")
     share = recommendation.get("ceiling_share")
-    baseline_ids = run.probes.loc[run.probes["kind"] == "baseline", "id"].astype(str).tolist()
+    baseline_ids = run.probes.loc[run.probes["kind"] == Kind.BASELINE, "id"].astype(str).tolist()
     baseline_id = baseline_ids[0] if baseline_ids else by_role.get("baseline")
     rec_tp = _throughput_of(run, by_role.get("recommended"))
     if _missing(share) and rec_tp and not _missing(ceiling) and ceiling:
@@ -215,7 +215,7 @@ def build_table(run: Run, roles: dict[str, str]) -> dict[str, Any]:
 def build_failed(run: Run) -> list[dict[str, Any]]:
     failed = []
     for probe in run.summary.get("probes") or []:
-        if probe.get("status") == "ok":
+        if probe.get("status") == Status.OK:
             continue
         failed.append({"id": str(probe.get("id")), "status": str(probe.get("status")),
                        "settings": settings_text(probe.get("config")),
@@ -296,7 +296,7 @@ def build_probe_details(run: Run, roles: dict[str, str],
 
 def probe_labels(run: Run) -> dict[str, str]:
     """Probe id -> short label, successful probes by throughput (best first)."""
-    ok = run.probes[run.probes["status"] == "ok"].sort_values("throughput", ascending=False)
+    ok = run.probes[run.probes["status"] == Status.OK].sort_values("throughput", ascending=False)
     return {str(row["id"]): figures.probe_label(row) for row in ok.to_dict("records")}
 
 

@@ -22,7 +22,7 @@ import pandas as pd
 
 from ddp_profile.profiler.cache import CACHE_MARGIN
 from ddp_profile.profiler.settings import SETTING_KEYS
-from ddp_profile.profiler.store.probes import CHOICE_KINDS, data_wait_share
+from ddp_profile.profiler.store.probes import CHOICE_KINDS, Kind, Status, data_wait_share
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.profiler.sweep.choose import Candidate, ChoiceThresholds, candidate_of
 
@@ -118,7 +118,7 @@ def ok_probes(run: Run, kinds: Iterable[str] = CHOICE_KINDS) -> pd.DataFrame:
     probes = run.probes
     if probes is None or probes.empty or "status" not in probes or "kind" not in probes:
         return pd.DataFrame(columns=getattr(probes, "columns", []))
-    return probes[(probes["status"] == "ok") & probes["kind"].isin(list(kinds))]
+    return probes[(probes["status"] == Status.OK) & probes["kind"].isin(list(kinds))]
 
 
 def baseline_probe(run: Run) -> Optional[pd.Series]:
@@ -126,7 +126,7 @@ def baseline_probe(run: Run) -> Optional[pd.Series]:
     probes = ok_probes(run)
     if probes.empty:
         return None
-    marked = probes[probes["kind"] == "baseline"]
+    marked = probes[probes["kind"] == Kind.BASELINE]
     return (marked if not marked.empty else probes).iloc[0]
 
 
@@ -180,7 +180,7 @@ def ceiling_probe(run: Run) -> Optional[pd.Series]:
     """The compute-only ceiling the run kept (``summary.ceiling_probe``: none where each one
     ran below a rate measured with loading); in a run written before it was kept, the last
     ok ceiling probe (at the recommended batch size)."""
-    probes = ok_probes(run, kinds=("ceiling",))
+    probes = ok_probes(run, kinds=(Kind.CEILING,))
     probes = probes[probes["throughput"].apply(finite)] if not probes.empty else probes
     if "ceiling_probe" in run.summary:
         probes = probes[probes["id"] == run.summary["ceiling_probe"]]
@@ -403,7 +403,7 @@ def candidate(run: Run, probe: pd.Series) -> Candidate:
     times; the data-wait share from the steps)."""
     entry = {**probe_entry(run, probe["id"]), "id": probe["id"],
              "config": config_of(probe), "throughput": probe["throughput"],
-             "kind": probe.get("kind") or "sweep", "short": is_short(probe),
+             "kind": probe.get("kind") or Kind.SWEEP.value, "short": is_short(probe),
              "launch": launch_of(probe), "throughput_rse": relative_error(run, probe["id"])}
     waited = data_wait(run, probe)
     entry.update(gpu_starved_fraction=None,

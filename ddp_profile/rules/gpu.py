@@ -10,6 +10,7 @@ from typing import Optional
 
 import pandas as pd
 
+from ddp_profile.profiler.store.probes import Status
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.profiler.sweep.choose import better, most_certain
 from ddp_profile.rules.base import (
@@ -142,7 +143,7 @@ def batch_size_headroom(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     probes = run.probes
     larger = probes[probes["batch_size"].apply(finite)]
     larger = larger[larger["batch_size"] > batch]
-    if (larger["status"] == "oom").any():
+    if (larger["status"] == Status.OOM).any():
         return None
     larger = ok_probes(run).loc[lambda p: p.index.isin(larger.index)]
     memory = f"Peak GPU memory is {pct(share)} of the device with batch_size={batch}"

@@ -10,6 +10,7 @@ from typing import Optional
 import pandas as pd
 
 from ddp_profile.profiler.cpus import threads_to_fit
+from ddp_profile.profiler.store.probes import Kind
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.profiler.sweep.choose import better
 from ddp_profile.rules.base import (
@@ -90,7 +91,7 @@ def _how_to_set_threads(launcher: str, fit: int) -> str:
 def _threads_counterfactuals(run: Run) -> list[tuple[pd.Series, pd.Series]]:
     """Each ``threads`` probe with the probe it is the counterfactual of: the baseline or the
     sweep probe of the same settings (the latest), latest counterfactual first."""
-    probes = ok_probes(run, kinds=("threads",))
+    probes = ok_probes(run, kinds=(Kind.THREADS,))
     probes = probes[probes["throughput"].apply(finite)] if not probes.empty else probes
     measured = ok_probes(run)
     pairs = []

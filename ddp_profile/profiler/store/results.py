@@ -39,6 +39,7 @@ import pandas as pd
 from ddp_profile.errors import BadRunDir
 from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.comm import step_comm
+from ddp_profile.profiler.store.probes import Kind
 from ddp_profile.profiler.store.record import ITERATOR_OUTLIVES_EPOCH, WORKER_DIR, read_jsonl
 
 STEP_COLUMNS = ["probe_id", "rank", "node", "loader_id", "step", "measured", "t_s",
@@ -265,7 +266,7 @@ def fold_amendments(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _probe_row(probe: dict[str, Any]) -> dict[str, Any]:
     config = probe.get("config") or {}
-    return {"id": probe.get("id"), "kind": probe.get("kind", "sweep"),
+    return {"id": probe.get("id"), "kind": probe.get("kind", Kind.SWEEP.value),
             "status": probe.get("status"),
             **{k: config.get(k) for k in SETTING_KEYS},
             "throughput": _nan(probe.get("throughput")),

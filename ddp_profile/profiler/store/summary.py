@@ -45,7 +45,7 @@ def build_summary(meta: dict[str, Any], entries: list[dict[str, Any]],
     """The summary before the rules ran: probes and baseline; the recommendation keys are null
     until ``rules.recommend`` (the one author of the choice) fills them."""
     context = context or {}
-    baseline = next((e for e in entries if e.get("kind") == "baseline"), None)
+    baseline = next((e for e in entries if e.get("kind") == Kind.BASELINE), None)
     ceiling = latest_ceiling(entries)
     ceiling_tp = ceiling.get("throughput") if ceiling else None
     probes = []

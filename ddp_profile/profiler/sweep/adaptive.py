@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any, Optional
 
 from ddp_profile.profiler.settings import LoaderSettings
-from ddp_profile.profiler.store.probes import Kind
+from ddp_profile.profiler.store.probes import Kind, Status
 from ddp_profile.profiler.sweep import ceiling
 from ddp_profile.profiler.sweep.capacity import (
     CLIMB_STOP_CPU_SHARE,
@@ -218,7 +218,7 @@ def try_axis(search: Any, best: Entry, axis: str) -> Entry:
         entry = search.measure_config(candidate)
         if beats(entry, best):
             best = entry
-        elif axis == "batch_size" and entry.get("status") == "oom":
+        elif axis == "batch_size" and entry.get("status") == Status.OOM:
             break
     return best
 

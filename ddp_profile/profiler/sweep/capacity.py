@@ -32,6 +32,7 @@ from typing import Any, Iterable, Optional
 
 from ddp_profile.profiler.cpus import cpus_per_rank
 from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.store.probes import Status
 from ddp_profile.profiler.sweep.choose import Candidate, ChoiceThresholds, better
 
 DEFAULT_THRESHOLDS = ChoiceThresholds()
@@ -302,7 +303,7 @@ def capacity_model(probes: list[dict[str, Any]], cpus_per_rank: float, ranks: in
     sample) and the
     loop's demand (the compute-only ceiling when measured, else the highest ``loop_demand``
     of a probe). None when no probe measured its loading."""
-    measured = [p for p in probes if p.get("status") == "ok" and p.get("loading")]
+    measured = [p for p in probes if p.get("status") == Status.OK and p.get("loading")]
     if not measured or ranks < 1:
         return None
     demands = [p["loop_demand"] for p in measured if p.get("loop_demand")]

@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence
 
 from ddp_profile.profiler.settings import LoaderSettings
-from ddp_profile.profiler.store.probes import data_wait_share
+from ddp_profile.profiler.store.probes import Kind, Status, data_wait_share
 
 UNSTABLE_RSE = 0.05  # a probe whose throughput is this uncertain is measured again, longer
 
@@ -76,7 +76,7 @@ class Candidate:
     rse: float = 0.0  # relative standard error of ``throughput`` (0: unknown)
     data_wait_fraction: Optional[float] = None  # share of step time waiting for data costs
     # (``store.probes.data_wait_share``: on CUDA the GPU's idle time while its host waited)
-    kind: str = "sweep"  # baseline | sweep
+    kind: str = Kind.SWEEP.value  # baseline | sweep
     short: bool = False  # measured fewer steps than asked (the script ended first)
     launch: Optional[str] = None  # the launch that measured it (None: unknown)
 
@@ -101,7 +101,7 @@ def sync_share(synced: Candidate, unsynced: Candidate,
 
 
 def _measured(entry: Optional[dict[str, Any]]) -> bool:
-    return entry is not None and entry.get("status") == "ok" and bool(entry.get("throughput"))
+    return entry is not None and entry.get("status") == Status.OK and bool(entry.get("throughput"))
 
 
 def comm_bound(entry: dict[str, Any], unsynced: Optional[dict[str, Any]],
@@ -310,5 +310,6 @@ def candidate_of(entry: dict[str, Any]) -> Candidate:
     return Candidate(id=str(entry.get("id")), config=LoaderSettings.from_dict(entry.get("config")),
                      throughput=float(entry.get("throughput") or 0.0), rse=relative_se(entry),
                      data_wait_fraction=data_wait_share(entry),
-                     kind=str(entry.get("kind", "sweep")), short=entry.get("short") is True,
+                     kind=str(entry.get("kind", Kind.SWEEP.value)),
+                     short=entry.get("short") is True,
                      launch=str(entry.get("launch") or entry.get("id")))

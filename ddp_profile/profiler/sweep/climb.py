@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any, Callable, Optional
 
 from ddp_profile.profiler.settings import LoaderSettings
-from ddp_profile.profiler.store.probes import data_wait_share
+from ddp_profile.profiler.store.probes import Status, data_wait_share
 from ddp_profile.profiler.sweep.capacity import ClimbPoint
 from ddp_profile.profiler.sweep.choose import better, candidate_of, not_worse
 from ddp_profile.profiler.sweep.space import normalise
@@ -60,7 +60,7 @@ def worth_tuning(entry: Entry) -> bool:
 
 
 def is_ok(entry: Entry) -> bool:
-    return entry.get("status") == "ok" and bool(entry.get("throughput"))
+    return entry.get("status") == Status.OK and bool(entry.get("throughput"))
 
 
 def beats(candidate: Entry, incumbent: Optional[Entry]) -> bool:
@@ -87,7 +87,7 @@ def predicted_rung(baseline: Optional[Entry], ladder: list[int]) -> int:
     data-wait share); ``w`` workers each deliver a batch every L = T * max(w, 1). Enough
     workers to keep up: L / ((1 - f) T) = max(w, 1) / (1 - f). Not data-bound: stay put.
     """
-    if not baseline or baseline.get("status") != "ok":
+    if not baseline or baseline.get("status") != Status.OK:
         return 0
     workers = (baseline.get("config") or {}).get("num_workers") or 0
     fraction = data_wait_share(baseline)
@@ -113,13 +113,13 @@ def climb_workers(measure: Callable[[LoaderSettings], Entry], baseline: Entry,
 
     index = predicted_rung(baseline, ladder)
     best, best_index = at(index), index
-    if best.get("status") != "ok":
+    if best.get("status") != Status.OK:
         best, best_index = None, -1
     for lower in range(index - 1, -1, -1):
         entry = at(lower)
         if best is not None and not holds(entry, best):
             break
-        if entry.get("status") == "ok":
+        if entry.get("status") == Status.OK:
             best, best_index = entry, lower
     if best is not None and best_index < index:
         return best  # a cheaper rung did as well: going up will not pay
@@ -132,7 +132,7 @@ def climb_workers(measure: Callable[[LoaderSettings], Entry], baseline: Entry,
             break  # more workers cost the loop: the rungs above will not pay
         if beats(entry, best):
             best, misses = entry, 0
-        elif entry.get("status") == "ok":
+        elif entry.get("status") == Status.OK:
             misses += 1
             if misses > CLIMB_PATIENCE:
                 break

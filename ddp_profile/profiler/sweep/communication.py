@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from ddp_profile.profiler.settings import GRADIENT_SYNC, LoaderSettings
+from ddp_profile.profiler.store.probes import Kind, Status
 from ddp_profile.profiler.sweep.choose import (
     UNSTABLE_RSE,
     comm_bound,
@@ -68,7 +69,7 @@ def measure(search: Any, larger_batches: bool = True) -> None:
     measured again, twice as long. ``search``: the ``sweep.search.Search`` that calls in (not
     imported: no cycle)."""
     baseline = search.baseline
-    if baseline is None or baseline.get("status") != "ok" or not exposed_share(baseline):
+    if baseline is None or baseline.get("status") != Status.OK or not exposed_share(baseline):
         return
     twin = _ddp_probe(search, {})  # the script as it is, beside its counterfactuals
     unsynced = _ddp_probe(search, {GRADIENT_SYNC: False})
@@ -84,9 +85,9 @@ def _ddp_probe(search: Any, options: dict[str, Any]) -> Entry:
     """The script's own settings with DDP ``options``."""
     assert search.baseline is not None
     rate = search.steps_per_s(normalise(LoaderSettings.from_dict(search.baseline.get("config"))))
-    entry = search.measurer.measure(LoaderSettings(), kind="ddp", ddp=options, steps_per_s=rate)
-    if entry["status"] == "ok" and relative_se(entry) > UNSTABLE_RSE:
-        entry = search.measurer.measure(LoaderSettings(), kind="ddp", ddp=options,
+    entry = search.measurer.measure(LoaderSettings(), kind=Kind.DDP, ddp=options, steps_per_s=rate)
+    if entry["status"] == Status.OK and relative_se(entry) > UNSTABLE_RSE:
+        entry = search.measurer.measure(LoaderSettings(), kind=Kind.DDP, ddp=options,
                                         steps=search.options.steps * 2, steps_per_s=rate)
     return entry
 

@@ -40,7 +40,7 @@ from ddp_profile.profiler.settings import (
     burst_steps,
     mode_warmup,
 )
-from ddp_profile.profiler.store.probes import MEASURED_AS, Kind
+from ddp_profile.profiler.store.probes import MEASURED_AS, Kind, Status
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.sweep.probe import summarise_probe
 from ddp_profile.profiler.sweep.screen import split_screen
@@ -64,7 +64,7 @@ class Window:
     """One configuration of a screen: what to apply, the entry's kind, the probe mode."""
 
     config: LoaderSettings
-    kind: str = "sweep"
+    kind: str = Kind.SWEEP.value
     mode: str = "normal"
     steps: Optional[int] = None  # measured steps asked (None: the run's ``--steps``)
     steps_per_s: Optional[float] = None  # predicted steps/s of a rank (``burst_steps``)
@@ -78,7 +78,7 @@ class Measurer(Protocol):
     screen_unsupported: Optional[str]  # why screens cannot run (set by ``measure_screen``)
     timeout_s: float  # how long a launch of one probe may run
 
-    def measure(self, requested: LoaderSettings, kind: str = "sweep",
+    def measure(self, requested: LoaderSettings, kind: str = Kind.SWEEP.value,
                 steps: Optional[int] = None, mode: str = "normal",
                 threads: Optional[int] = None,
                 steps_per_s: Optional[float] = None,
@@ -132,7 +132,7 @@ class LedgerMeasurer:
         self.files: dict[str, None] = {}  # every file the producers read so far, in order
         self.warmed: list[dict[str, Any]] = []  # what warming the cache read, per launch
 
-    def measure(self, requested: LoaderSettings, kind: str = "sweep",
+    def measure(self, requested: LoaderSettings, kind: str = Kind.SWEEP.value,
                 steps: Optional[int] = None, mode: str = "normal",
                 threads: Optional[int] = None,
                 steps_per_s: Optional[float] = None,
@@ -224,7 +224,7 @@ class LedgerMeasurer:
         entry a resumed run set aside already is one too."""
         if entry.get("kind") == Kind.CACHE and entry.get(MEASURED_AS):
             return True
-        if entry.get("status") != "ok" or not out_of_regime(self.regime, entry):
+        if entry.get("status") != Status.OK or not out_of_regime(self.regime, entry):
             return False
         share = entry["loading"]["storage_share"]
         self.progress("note", {"text": f"{entry['id']} ({entry.get('kind')}) read {share:.0%} "

@@ -11,6 +11,7 @@ from ddp_profile.profiler.launch.ranks import LaunchOutcome
 from ddp_profile.profiler.settings import BURST_ROUNDS, ProbePlan
 from ddp_profile.profiler.store.comm import probe_comm
 from ddp_profile.profiler.store.epochs import rank_step_stats, step_seconds
+from ddp_profile.profiler.store.probes import Status
 from ddp_profile.profiler.store.results import RankData, read_probe_dir
 from ddp_profile.profiler.sweep.capacity import loading_cost, loop_demand
 
@@ -29,7 +30,8 @@ def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: str, timeout_
     loader = _training_loader(ranks)
     entry: dict[str, Any] = {
         "id": plan.probe_id, "kind": kind, "requested": plan.overrides.to_dict(),
-        "config": dict(loader.get("applied") or {}), "status": "ok", "reason": None, "error": None,
+        "config": dict(loader.get("applied") or {}), "status": Status.OK.value, "reason": None,
+        "error": None,
         "root_cause_rank": None, "wall_s": round(outcome.wall_s, 3),
         "warmup": plan.warmup, "steps": plan.steps, "threads": plan.threads,
         "ddp_options": plan.ddp,
@@ -43,8 +45,8 @@ def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: str, timeout_
     entry["worker_cores"] = _worker_cores(ranks, workers, entry)
     entry["cpu_busy"] = _cpu_busy(ranks, entry.get("cpus_available"))
     status, reason, error, root = _classify(ranks, outcome, plan, timeout_s)
-    entry.update(status=status, reason=reason, error=error, root_cause_rank=root)
-    if status != "ok":
+    entry.update(status=status.value, reason=reason, error=error, root_cause_rank=root)
+    if status != Status.OK:
         entry["throughput"] = None
     entry.update(_shortness(entry, plan))
     return entry
@@ -53,7 +55,7 @@ def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: str, timeout_
 def _shortness(entry: dict[str, Any], plan: ProbePlan) -> dict[str, Any]:
     """``short``: an ok probe that measured fewer steps than asked, and why."""
     measured = entry.get("steps_measured") or 0
-    if entry["status"] != "ok" or measured >= plan.steps:
+    if entry["status"] != Status.OK or measured >= plan.steps:
         return {"short": False, "short_reason": None}
     return {"short": True,
             "short_reason": f"the script ended after {measured} measured step(s) of the "
@@ -312,13 +314,13 @@ def _step_time_cv(ranks: list[RankData], skip: Optional[dict[int, frozenset[int]
 
 
 def _classify(ranks: list[RankData], outcome: LaunchOutcome, plan: ProbePlan,
-              timeout_s: float) -> tuple[str, Optional[str], Optional[str], Optional[int]]:
+              timeout_s: float) -> tuple[Status, Optional[str], Optional[str], Optional[int]]:
     errors = sorted((r.error for r in ranks if r.error),
                     key=lambda e: (_is_symptom(e), e.get("t_ns") or 0))
     if outcome.timed_out:
         root = _stalled_rank(ranks)
         where = f"; rank {root} stopped recording first" if root is not None else ""
-        return "timeout", "timeout", f"no result within {timeout_s:.0f} s{where}", root
+        return Status.TIMEOUT, "timeout", f"no result within {timeout_s:.0f} s{where}", root
     if errors:
         first = errors[0]
         if _is_symptom(first):  # every recorded error is a symptom: the log may name the cause
@@ -333,28 +335,28 @@ def _classify(ranks: list[RankData], outcome: LaunchOutcome, plan: ProbePlan,
                       "or out of memory, while sending a batch)"
         text = f"rank {first.get('rank')}: {first.get('last_line')}{during}"
         if _needs_cuda(first, ranks):
-            return ("crash", "needs_cuda", "the script needs CUDA (it hard-codes nccl or "
+            return (Status.CRASH, "needs_cuda", "the script needs CUDA (it hard-codes nccl or "
                     "torch.cuda), and this machine has none: " + text, first.get("rank"))
-        return ("oom" if oom else "crash", "exception", text, first.get("rank"))
+        return (Status.OOM if oom else Status.CRASH, "exception", text, first.get("rank"))
     if outcome.returncode not in (0, None):
         rank, line = _failure_from_log(outcome.log_path)
         oom = _looks_oom(line or "")
-        return ("oom" if oom else "crash", "exit_code",
+        return (Status.OOM if oom else Status.CRASH, "exit_code",
                 f"exit code {outcome.returncode}" + (f", rank {rank}" if rank is not None else "")
                 + (f": {line}" if line else ""), rank)
     if not any(r.loaders for r in ranks):
-        return ("crash", "no_dataloader",
+        return (Status.CRASH, "no_dataloader",
                 "the script finished without iterating a DataLoader", None)
     steps = max((len(r.training_steps()) for r in ranks), default=0)
     if steps == 0:
-        return ("crash", "no_dataloader",
+        return (Status.CRASH, "no_dataloader",
                 "the script built a DataLoader but finished without taking a batch from it",
                 None)
     if not any(s.get("measured") for r in ranks for s in r.training_steps()):
-        return ("crash", "too_few_steps",
+        return (Status.CRASH, "too_few_steps",
                 f"the script ended after {steps} step(s), before the {plan.warmup} warm-up "
                 f"steps were over: lower --warmup or let it run longer", None)
-    return "ok", None, None, None
+    return Status.OK, None, None, None
 
 
 SYMPTOM_PATTERNS = ("connection closed by peer", "connection reset", "broken pipe",

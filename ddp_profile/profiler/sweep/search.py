@@ -24,6 +24,8 @@ from ddp_profile.profiler.launch.coordinate import Coordinator
 from ddp_profile.profiler.launch.ranks import LaunchSpec, ignore_hangup, restore_hangup
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.probes import (
+    Kind,
+    Status,
     counts_for_choice,
     counts_for_gate,
 )
@@ -91,7 +93,7 @@ class Search:
 
     def run(self) -> list[Entry]:
         """Baseline, then the search, the repeats and the ceiling; every entry, in order."""
-        self.baseline = self.measurer.measure(LoaderSettings(), kind="baseline")
+        self.baseline = self.measurer.measure(LoaderSettings(), kind=Kind.BASELINE)
         self._check_baseline(self.baseline)
         self.baseline = self.measurer.settle_cache(self.baseline, self.options.cache)
         self._check_baseline(self.baseline)
@@ -133,12 +135,12 @@ class Search:
         if known is not None:
             return known
         if self.oom_batch is not None and (config.batch_size or 0) > self.oom_batch:
-            return {"status": "skipped", "config": config.to_dict(), "throughput": None}
+            return {"status": Status.SKIPPED.value, "config": config.to_dict(), "throughput": None}
         rate = self.steps_per_s(config)
         entry = self.measurer.measure(config, steps_per_s=rate)
-        if entry["status"] == "ok" and relative_se(entry) > UNSTABLE_RSE:
+        if entry["status"] == Status.OK and relative_se(entry) > UNSTABLE_RSE:
             entry = self.measurer.measure(config, steps=self.options.steps * 2, steps_per_s=rate)
-        if entry["status"] == "oom" and config.batch_size is not None:
+        if entry["status"] == Status.OOM and config.batch_size is not None:
             self.oom_batch = min(self.oom_batch or config.batch_size, config.batch_size - 1)
         return entry
 
@@ -162,7 +164,7 @@ class Search:
     def best(self) -> Optional[Entry]:
         """The entry ``choose`` picks among the baseline and sweep measurements so far."""
         entries = {str(e.get("id")): e for e in self.ok_entries()}
-        base = self.baseline if self.baseline and self.baseline.get("status") == "ok" else None
+        base = self.baseline if self.baseline and self.baseline.get("status") == Status.OK else None
         chosen = choose([candidate_of(e) for e in entries.values()],
                         candidate_of(base) if base is not None else None)
         return entries.get(chosen.id) if chosen is not None else None
@@ -173,12 +175,12 @@ class Search:
         until ``options.repeat`` successful launches of it exist. Repeats never choose: they
         show how much whole launches of one configuration differ, which the gate needs."""
         best = self.best() or self.baseline
-        if self.options.repeat <= 1 or best is None or best["status"] != "ok":
+        if self.options.repeat <= 1 or best is None or best["status"] != Status.OK:
             return
         config = settings_of(best)
         for _ in range(self.options.repeat - len(self.launches_of(config))):
-            entry = self.measurer.measure(config, kind="repeat")
-            if entry["status"] != "ok":
+            entry = self.measurer.measure(config, kind=Kind.REPEAT)
+            if entry["status"] != Status.OK:
                 break  # a crash or an OOM would only repeat itself
 
     def threads(self) -> None:
@@ -188,7 +190,7 @@ class Search:
         oversubscribes the CPUs with intra-op threads (``cpus.threads_to_fit``), the same
         settings again with the threads that fit."""
         base, best = self.baseline, self.best()
-        if base is None or base.get("status") != "ok":
+        if base is None or base.get("status") != Status.OK:
             return
         subjects = [(base, LoaderSettings(), None)]
         if best is not None and normalise(settings_of(best)) != normalise(settings_of(base)):
@@ -199,17 +201,17 @@ class Search:
                                  entry.get("ranks_per_host") or self.nproc_per_node,
                                  entry.get("worker_cores") or 0.0, entry.get("cpus_available"))
             if fit is not None:
-                self.measurer.measure(config, kind="threads", threads=fit, steps_per_s=rate)
+                self.measurer.measure(config, kind=Kind.THREADS, threads=fit, steps_per_s=rate)
 
     # ---- the baseline ---------------------------------------------------------------------
     def _check_baseline(self, entry: Entry) -> None:
-        if entry["status"] == "ok":
+        if entry["status"] == Status.OK:
             return
         if entry.get("reason") == "no_dataloader":
             raise NoDataLoader(f"{self.script}: "
                                f"{entry.get('error') or 'no DataLoader was iterated'}; "
                                f"nothing to measure")
-        if entry["status"] == "timeout":
+        if entry["status"] == Status.TIMEOUT:
             raise ProbeTimeout(f"the script's own settings did not finish a probe: "
                                f"{entry.get('error')}")
         raise ScriptFailed(f"the script failed with its own settings: {entry.get('error')}")
@@ -239,7 +241,7 @@ class Search:
     def adaptive(self) -> None:
         adaptive.run(self)
 
-    def window(self, config: LoaderSettings, kind: str = "sweep", mode: str = "normal",
+    def window(self, config: LoaderSettings, kind: str = Kind.SWEEP.value, mode: str = "normal",
                steps: Optional[int] = None) -> Window:
         return Window(config, kind, mode, steps, self.steps_per_s(config, mode))
 
