@@ -85,7 +85,8 @@ class ProbePlan:
 
     ``windows`` turns the probe into a *screen*: one launch that measures several loader
     configurations one after another, each for ``warmup + steps`` training steps. Each window
-    is ``{"overrides": LoaderSettings dict, "mode": "normal" | "ceiling"}``; the DataLoader is
+    is ``{"overrides": LoaderSettings dict, "mode": "normal" | "ceiling"}`` (and ``"ddp":
+    {GRADIENT_SYNC: False}`` for a window without gradient synchronisation); the DataLoader is
     built with the first window's overrides and rebuilt for each later one (see
     ``profiler.instrument``).
     """
@@ -136,6 +137,12 @@ class ProbePlan:
 
     def window_mode(self, index: int) -> str:
         return str(self.windows[index].get("mode") or "normal") if self.windows else self.mode
+
+    def gradient_sync(self, window: int) -> bool:
+        """Whether DDP synchronises gradients in ``window`` (the probe's step where it is no
+        screen): False where the probe's or the window's DDP options turn it off."""
+        ddp = self.windows[window].get("ddp") if self.windows else None
+        return (ddp or self.ddp or {}).get(GRADIENT_SYNC, True) is not False
 
     def to_json(self) -> str:
         data = asdict(self)

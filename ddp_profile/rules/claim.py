@@ -23,17 +23,16 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import numpy as np
-
 from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.probes import Kind, Status
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.profiler.sweep.choose import candidate_of, launch_spread
+from ddp_profile.profiler.sweep.claim import CANDIDATE, REFERENCE, fit_alternation
+from ddp_profile.profiler.sweep.communication import alternation_fit, options_key
 from ddp_profile.rules.gate.statistics import t_quantile
 
 MEASURING_KINDS = (Kind.BASELINE, Kind.SWEEP, Kind.REPEAT, Kind.PAIRED)  # the script's settings
 # as they run it: their launches show the spread between launches
-REFERENCE, CANDIDATE = "reference", "candidate"
 CHECK_ROUNDS = 3  # plain launches of each setting a user's check alternates
 
 
@@ -101,25 +100,91 @@ def paired_claim(run: Run, reference: dict[str, Any], candidate: dict[str, Any],
                          or not math.isfinite(p["throughput"]) for p in probes):
         return None
     roles = [p["pair"]["role"] for p in probes]
-    if roles.count(CANDIDATE) < 1 or len(probes) - 3 < 1:
-        return None
-    design = np.array([[1.0, 1.0 if role == CANDIDATE else 0.0, float(p["pair"]["index"])]
-                       for role, p in zip(roles, probes)])
-    logs = np.log([float(p["throughput"]) for p in probes])
-    coef, *_ = np.linalg.lstsq(design, logs, rcond=None)
-    residual = logs - design @ coef
-    dof = len(probes) - 3
-    variance = float(residual @ residual) / dof
-    try:
-        spread = math.sqrt(variance * np.linalg.inv(design.T @ design)[1, 1])
-    except np.linalg.LinAlgError:
+    fit = fit_alternation([(CANDIDATE if role == CANDIDATE else None,
+                            float(p["pair"]["index"]), float(p["throughput"]))
+                           for role, p in zip(roles, probes)])
+    if fit is None:
         return None
     between = launches_spread(run, {_settings(reference), _settings(candidate)}, launch_sd)
-    half = t_quantile(0.5 + confidence / 2, dof) * math.sqrt(
-        spread ** 2 + 2 * between ** 2 / CHECK_ROUNDS)
-    gain = float(coef[1])
+    half = t_quantile(0.5 + confidence / 2, fit.dof) * math.sqrt(
+        fit.errors[CANDIDATE] ** 2 + 2 * between ** 2 / CHECK_ROUNDS)
+    gain = fit.gains[CANDIDATE]
     launches = len({p.get("launch") or p.get("id") for p in probes})
     return PairedClaim(ratio=math.exp(gain), interval=(math.exp(gain - half),
                                                        math.exp(gain + half)),
                        probes=tuple(str(p["id"]) for p in probes),
                        candidates=roles.count(CANDIDATE), launches=launches)
+
+
+@dataclass(frozen=True)
+class DdpEffect:
+    """A DDP counterfactual (the script's settings with other DDP options, kind ``ddp``)
+    against the script's own DDP options."""
+
+    options: dict[str, Any]
+    ratio: float
+    interval: Optional[tuple[float, float]]  # None: not alternated (one launch against others)
+    faster: bool  # beyond noise: the interval above 1 (not alternated: ``choose.better``)
+    slower: bool
+    probes: str  # the probes that measured it ("probe p012", "probes p011, p013")
+    reference: str  # what it was measured against: the probes, and how the reference ran
+
+    def figure(self) -> str:
+        interval = f" [{self.interval[0]:.2f}-{self.interval[1]:.2f}]" if self.interval else ""
+        return f"{self.ratio:.2f}x{interval}"
+
+
+def ddp_alternations(run: Run) -> list[list[dict[str, Any]]]:
+    """Every alternation of DDP options with the script's own (``sweep.communication``), in
+    the order they ran, each in its order."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for probe in run.summary.get("probes") or []:
+        if probe.get("kind") == Kind.DDP and isinstance(probe.get("pair"), dict):
+            groups.setdefault(str(probe["pair"].get("group")), []).append(probe)
+    return [sorted(g, key=lambda p: p["pair"].get("index", 0)) for g in groups.values()]
+
+
+def alternated_effects(run: Run, confidence: float, launch_sd: float
+                       ) -> dict[str, DdpEffect]:
+    """options text -> what the last alternation measuring those options says. Windows of
+    one launch: the fit's own interval (the step without synchronisation is a measurement,
+    no user launches it). Launches: what a user's check would measure, as for the claim: the
+    fit's uncertainty and the spread between launches (the fit's residual, at least
+    ``launch_sd``) over ``CHECK_ROUNDS`` launches of each."""
+    effects: dict[str, DdpEffect] = {}
+    for probes in ddp_alternations(run):
+        fit = alternation_fit(probes)
+        if fit is None:
+            continue
+        launches = len({p.get("launch") or p.get("id") for p in probes})
+        between = max(launch_sd, fit.residual_sd) if launches > 1 else 0.0
+        t = t_quantile(0.5 + confidence / 2, fit.dof)
+        reference = _alternation_text(probes, fit.drift, launches)
+        for key, gain in fit.gains.items():
+            half = t * math.sqrt(fit.errors[key] ** 2 + 2 * between ** 2 / CHECK_ROUNDS)
+            low, high = math.exp(gain - half), math.exp(gain + half)
+            mine = [p for p in probes if p["pair"].get("role") == CANDIDATE
+                    and options_key(p.get("ddp_options") or {}) == key]
+            effects[key] = DdpEffect(options=dict(mine[0].get("ddp_options") or {}),
+                                     ratio=math.exp(gain), interval=(low, high),
+                                     faster=low > 1.0, slower=high < 1.0,
+                                     probes="probes " + ", ".join(str(p["id"]) for p in mine),
+                                     reference=reference)
+    return effects
+
+
+def _alternation_text(probes: list[dict[str, Any]], drift: float, launches: int) -> str:
+    """How an alternation ran, and what the script's own options did meanwhile."""
+    letters, names = [], {}
+    for probe in probes:
+        if probe["pair"].get("role") == REFERENCE:
+            letters.append("A")
+            continue
+        key = options_key(probe.get("ddp_options") or {})
+        letters.append(names.setdefault(key, chr(ord("B") + len(names))))
+    rates = [float(p["throughput"]) for p in probes if p["pair"].get("role") == REFERENCE]
+    unit = "windows of one launch" if launches == 1 else "launches"
+    return (f"alternated {' '.join(letters)} in {unit}, probes {probes[0]['id']}-"
+            f"{probes[-1]['id']}; the script's own options ran {min(rates):,.0f}-"
+            f"{max(rates):,.0f} samples/s in its {len(rates)} {unit.split()[0]}, "
+            f"a drift of {math.expm1(drift):+.1%} per place")

@@ -15,8 +15,8 @@ from ddp_profile.profiler.rank.comm import TORCH_DIR
 from ddp_profile.profiler.settings import GRADIENT_SYNC
 from ddp_profile.profiler.store.probes import Kind
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.profiler.sweep.choose import Candidate, better, not_worse, pool, sync_share
-from ddp_profile.profiler.sweep.communication import one_bucket
+from ddp_profile.profiler.sweep.choose import Candidate, better, not_worse, pool
+from ddp_profile.profiler.sweep.communication import one_bucket, options_key
 from ddp_profile.rules.base import (
     Advice,
     Finding,
@@ -30,6 +30,7 @@ from ddp_profile.rules.base import (
     pct,
     probe_entry,
 )
+from ddp_profile.rules.claim import DdpEffect, alternated_effects
 
 # NCCL settings that route an all-reduce the slow way, and what they do
 SLOW_ENV = {"NCCL_IB_DISABLE": ("1", "InfiniBand is disabled: the all-reduce goes over TCP "
@@ -75,7 +76,7 @@ def exposed_communication(run: Run, thresholds: Thresholds) -> Optional[Finding]
 
     Measured where the sweep ran the script's settings without gradient synchronisation (a
     ``ddp`` probe with ``gradient_sync`` false: every forward as under ``no_sync()``): the
-    share of the step it saves (``choose.sync_share``: 0 unless faster beyond noise). Else
+    share of the step it saves (``saved_share``: 0 unless faster beyond noise). Else
     DDP's own reducer timers (communication minus its overlap with backward compute, on the
     rank that reached the all-reduce last: the others also wait there for it; >= 3 timed
     steps). Trigger (baseline probe): that share >= ``comm_exposed_share``; "high" at or above
@@ -86,16 +87,15 @@ def exposed_communication(run: Run, thresholds: Thresholds) -> Optional[Finding]
     base, comm = baseline_comm(run)
     if base is None:
         return None
-    unsynced = _unsynced_probe(run)
+    unsynced = sync_effect(run, thresholds)
     timed = comm.get("exposed_fraction") is not None and (comm.get("timed_steps") or 0) >= 3
     if unsynced is not None:
-        ref, name = reference(run, base)
-        share = sync_share(ref, candidate(run, unsynced), thresholds)
-        evidence = (f"Measured: without gradient synchronisation (probe {unsynced['id']}: the "
+        share = saved_share(unsynced)
+        evidence = (f"Measured: without gradient synchronisation ({unsynced.probes}: the "
                     "script's settings with every backward as under no_sync(), a measurement "
-                    f"only) the steps ran {unsynced['throughput'] / ref.throughput:.2f}x as "
-                    f"fast as with it ({name}): synchronising the gradients costs "
-                    f"{pct(share)} of each step. ")
+                    f"only) the steps ran {unsynced.figure()} as fast as with it "
+                    f"({unsynced.reference}): synchronising the gradients costs {pct(share)} "
+                    "of each step. ")
     elif timed:
         share, evidence = comm["exposed_fraction"], ""
     else:
@@ -144,19 +144,21 @@ def exposed_communication(run: Run, thresholds: Thresholds) -> Optional[Finding]
 
 def latest_ddp_probes(run: Run) -> dict[str, tuple[dict[str, Any], Any]]:
     """options text -> (options, probe row) of the last ok ``ddp`` probe with those options
-    (a re-measurement, twice as long, comes last)."""
+    measured on its own, not in an alternation (a re-measurement, twice as long, comes last)."""
     latest: dict[str, tuple[dict[str, Any], Any]] = {}
     for _, probe in ok_probes(run, kinds=(Kind.DDP,)).iterrows():
-        options = probe_entry(run, probe["id"]).get("ddp_options")
-        if isinstance(options, dict) and finite(probe["throughput"]):
+        entry = probe_entry(run, probe["id"])
+        options = entry.get("ddp_options")
+        if isinstance(options, dict) and finite(probe["throughput"]) \
+                and entry.get("pair") is None:
             latest[options_text(options)] = (options, probe)
     return latest
 
 
 def reference(run: Run, base: Any) -> tuple[Candidate, str]:
-    """What the DDP counterfactuals are judged against: the baseline pooled with its twin (the
-    script's settings and DDP options measured again beside them: ``ddp_options`` {}), and
-    how to name it."""
+    """What a DDP counterfactual measured on its own is judged against: the baseline pooled
+    with its twin (the script's settings and DDP options measured again beside them:
+    ``ddp_options`` {}), and how to name it."""
     twin = latest_ddp_probes(run).get(options_text({}))
     if twin is None:
         return candidate(run, base), f"probe {base['id']}"
@@ -164,45 +166,74 @@ def reference(run: Run, base: Any) -> tuple[Candidate, str]:
             f"probes {base['id']} and {twin[1]['id']}, pooled")
 
 
-def _unsynced_probe(run: Run) -> Optional[Any]:
-    """The probe of the script's settings without gradient synchronisation, if one ran ok."""
-    found = latest_ddp_probes(run).get(options_text({GRADIENT_SYNC: False}))
-    return found[1] if found is not None else None
+def ddp_effects(run: Run, thresholds: Thresholds) -> dict[str, DdpEffect]:
+    """options text -> each DDP counterfactual against the script's own DDP options: from the
+    last alternation that measured it (``rules.claim.alternated_effects``), else (``--pairs
+    0``, a run written before alternations) its last probe on its own, against the baseline
+    pooled with its twin: launch against launch, which no verdict may rest on alone."""
+    effects: dict[str, DdpEffect] = {}
+    base = baseline_probe(run)
+    if base is not None:
+        theirs, name = reference(run, base)
+        for key, (options, probe) in latest_ddp_probes(run).items():
+            if not options or not theirs.throughput > 0:
+                continue
+            mine = candidate(run, probe)
+            effects[key] = DdpEffect(
+                options=options, ratio=float(probe["throughput"] / theirs.throughput),
+                interval=None, faster=better(mine, theirs, thresholds),
+                slower=not not_worse(mine, theirs, thresholds), probes=f"probe {probe['id']}",
+                reference=name)
+    effects.update(alternated_effects(run, thresholds.interval_confidence,
+                                      thresholds.launch_sd))
+    return effects
+
+
+def sync_effect(run: Run, thresholds: Thresholds) -> Optional[DdpEffect]:
+    """The script's settings without gradient synchronisation against with it, if measured."""
+    return ddp_effects(run, thresholds).get(options_text({GRADIENT_SYNC: False}))
+
+
+def saved_share(unsynced: DdpEffect) -> float:
+    """The share of a step that gradient synchronisation costs: 0 unless the step without it
+    ran faster beyond noise."""
+    return 1.0 - 1.0 / unsynced.ratio if unsynced.faster else 0.0
 
 
 def options_text(options: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(options.items()))
+    return options_key(options)
 
 
 def _ddp_counterfactuals(run: Run, base: Any, thresholds: Thresholds) -> tuple[str, set[str]]:
-    """"Measured: ..." for the DDP-option probes (kind ``ddp``: the script's settings with
-    other DDP options; of several of the same options the last, measured longest) against the
-    baseline, and the option names they tried."""
-    parts, tried = [], set()
-    theirs, name = reference(run, base)
-    unsynced = _unsynced_probe(run)
-    bound = candidate(run, unsynced) if unsynced is not None else None
-    for options, probe in latest_ddp_probes(run).values():
-        if not options or GRADIENT_SYNC in options or not theirs.throughput > 0:
+    """"Measured: ..." for the DDP-option counterfactuals (``ddp_effects``) and the option
+    names they tried. "Use it" only for an option faster beyond noise in an alternation with
+    the script's own, and slower than the step without any synchronisation."""
+    parts, tried, references = [], set(), {}
+    effects = ddp_effects(run, thresholds)
+    unsynced = effects.get(options_text({GRADIENT_SYNC: False}))
+    for effect in effects.values():
+        if GRADIENT_SYNC in effect.options:
             continue
-        tried.update(options)
-        mine = candidate(run, probe)
-        ratio = float(probe["throughput"] / theirs.throughput)
-        if bound is not None and better(mine, bound, thresholds):
+        tried.update(effect.options)
+        if effect.faster and unsynced is not None and effect.ratio >= unsynced.ratio:
             # an option can only save part of what synchronising costs: faster than the step
             # without any synchronisation is the launches' variance, not the option
-            verdict = (f"faster even than without any synchronisation (probe "
-                       f"{unsynced['id']}): the launches vary more than the option could "
-                       "change; not established")
-        elif better(mine, theirs, thresholds):
-            verdict = "faster beyond noise: use DDP(model, ..., " + options_text(options) + ")"
+            verdict = (f"faster even than without any synchronisation ({unsynced.probes}): "
+                       "the launches vary more than the option could change; not established")
+        elif effect.faster and effect.interval is None:
+            verdict = ("faster in a launch of its own, not alternated with the script's: "
+                       "launches differ by more than that; not established")
+        elif effect.faster:
+            verdict = ("faster beyond noise: use DDP(model, ..., "
+                       + options_text(effect.options) + ")")
         else:
-            verdict = "within noise" if not_worse(mine, theirs, thresholds) else "slower"
-        parts.append(f"{options_text(options)} ran {ratio:.2f}x (probe {probe['id']}, "
-                     f"{verdict})")
+            verdict = "slower" if effect.slower else "within noise"
+        references.setdefault(effect.reference, None)
+        parts.append(f"{options_text(effect.options)} ran {effect.figure()} "
+                     f"({effect.probes}, {verdict})")
     if not parts:
         return "", tried
-    return (f"Measured against the script's own DDP options ({name}): "
+    return (f"Measured against the script's own DDP options ({'; '.join(references)}): "
             + "; ".join(parts) + ".", tried)
 
 
@@ -226,12 +257,12 @@ def allreduce_per_micro_batch(run: Run, thresholds: Thresholds) -> Optional[Find
                 f"({_mb(comm.get('gradient_bytes'))} each time), where one all-reduce per "
                 "optimizer step gives the same gradients.")
     saving = ""
-    unsynced = _unsynced_probe(run)
+    unsynced = sync_effect(run, thresholds)
     exposed, step = comm.get("exposed_s"), comm.get("step_s")
     if unsynced is not None:
-        share = sync_share(reference(run, base)[0], candidate(run, unsynced), thresholds)
+        share = saved_share(unsynced)
         saving = (f" Prediction (not measured): about {pct(share * (syncs - 1) / passes)} of "
-                  f"each optimizer step saved: without synchronisation (probe {unsynced['id']}) "
+                  f"each optimizer step saved: without synchronisation ({unsynced.probes}) "
                   f"a micro-batch took {pct(share)} less time, and no_sync() removes "
                   f"{syncs - 1:.0f} of every {passes:.0f} synchronisations.")
     elif exposed is not None and step:

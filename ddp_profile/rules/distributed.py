@@ -11,12 +11,10 @@ from typing import Any, Optional
 import pandas as pd
 
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.profiler.sweep.choose import better
 from ddp_profile.rules.base import (
     Finding,
     Thresholds,
     baseline_probe,
-    candidate,
     events_named,
     loader_info,
     ok_probes,
@@ -25,7 +23,7 @@ from ddp_profile.rules.base import (
     probe_steps,
     world_size,
 )
-from ddp_profile.rules.comm import latest_ddp_probes, options_text, reference
+from ddp_profile.rules.comm import ddp_effects, options_text
 from ddp_profile.rules.straggler import straggler
 
 
@@ -304,16 +302,13 @@ def _measured_without_search(run: Run, thresholds: Thresholds) -> tuple[str, str
     """" Measured: ..." where a ``ddp`` probe ran the script's settings with
     ``find_unused_parameters=False``, and the severity: "medium" when it was faster than the
     baseline beyond noise, else "low"."""
-    base = baseline_probe(run)
-    found = latest_ddp_probes(run).get(options_text({"find_unused_parameters": False}))
-    if base is None or found is None or not base["throughput"] > 0:
+    effect = ddp_effects(run, thresholds).get(options_text({"find_unused_parameters": False}))
+    if effect is None:
         return "", "low"
-    probe = found[1]
-    ref, name = reference(run, base)
-    faster = better(candidate(run, probe), ref, thresholds)
+    faster = effect.faster and effect.interval is not None
     return (f" Measured: with find_unused_parameters=False the script's settings ran "
-            f"{probe['throughput'] / ref.throughput:.2f}x their own ({name}; probe "
-            f"{probe['id']}, {'faster beyond noise' if faster else 'not faster beyond noise'}).",
+            f"{effect.figure()} their own ({effect.reference}; {effect.probes}, "
+            f"{'faster beyond noise' if faster else 'not faster beyond noise'}).",
             "medium" if faster else "low")
 
 

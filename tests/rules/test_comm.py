@@ -27,6 +27,25 @@ def comm(exposed_s: float = 0.03, step_s: float = 0.1, **extra) -> dict:
             "comm_fraction": exposed_s / step_s}
 
 
+def alternated(builder: RunBuilder, gains: dict, drift: float = 0.0, rounds: int = 2,
+               rate: float = 100.0, launch: str = "", noise: tuple = ()) -> RunBuilder:
+    """DDP options (``gains``: options text -> (options, true speedup)) alternated with the
+    script's own, ``A B A C A`` per round, on a machine whose speed moves ``drift`` per place:
+    each entry a launch of its own, or windows of ``launch``."""
+    from ddp_profile.profiler.sweep.claim import rounds as sequence_of
+
+    candidates = list(gains.values())
+    for index, i in enumerate(sequence_of(len(candidates), rounds)):
+        options, gain = candidates[i] if i >= 0 else ({}, 1.0)
+        jitter = noise[index] if index < len(noise) else 1.0
+        builder.probe(f"d{index:02d}", kind="ddp", num_workers=0, batch_size=8,
+                      throughput=rate * gain * (1 + drift) ** index * jitter,
+                      entry={"ddp_options": options, "launch": launch or f"d{index:02d}",
+                             "pair": {"role": "reference" if i < 0 else "candidate",
+                                      "index": index, "group": "ddp-003"}})
+    return builder
+
+
 def run_with(entry: dict, larger: float = 0.0, unsynced: float = 0.0):
     """The baseline (100 ms steps of 8 samples); ``larger``: a batch-32 probe this many times
     as fast; ``unsynced``: the baseline without gradient synchronisation, as fast."""
@@ -172,24 +191,51 @@ def test_waiting_in_a_collective_is_not_straggling():
 def test_find_unused_parameters_cites_its_measured_counterfactual():
     from ddp_profile.rules.distributed import find_unused_parameters
 
-    def run(speedup: float):
-        return (RunBuilder(world_size=2).probe("base", kind="baseline", num_workers=0)
-                .steps(compute=0.1)
-                .event("ddp", find_unused_parameters=True, device_type="cpu")
-                .event("ddp_unused_parameters", params_without_grad=0, params_total=8)
-                .probe("fup", kind="ddp", num_workers=0,
-                       entry={"ddp_options": {"find_unused_parameters": False}})
-                .steps(compute=0.1 / speedup).build())
+    def run(speedup: float, alternate: bool = True):
+        builder = (RunBuilder(world_size=2).probe("base", kind="baseline", num_workers=0)
+                   .steps(compute=0.1)
+                   .event("ddp", find_unused_parameters=True, device_type="cpu")
+                   .event("ddp_unused_parameters", params_without_grad=0, params_total=8))
+        if not alternate:
+            return (builder.probe("fup", kind="ddp", num_workers=0,
+                                  entry={"ddp_options": {"find_unused_parameters": False}})
+                    .steps(compute=0.1 / speedup).build())
+        options = {"find_unused_parameters": False}
+        return alternated(builder, {"f": (options, speedup)}, drift=0.03).build()
     faster = find_unused_parameters(run(1.3), T)
-    assert faster.severity == "medium" and \
-        "ran 1.26x their own (probe base; probe fup, faster beyond noise)" in faster.evidence
+    assert faster.severity == "medium" and "ran 1.30x [" in faster.evidence \
+        and "faster beyond noise" in faster.evidence, faster.evidence
     same = find_unused_parameters(run(1.0), T)
     assert same.severity == "low" and "not faster beyond noise" in same.evidence
+    # one launch against another is no evidence, however fast
+    alone = find_unused_parameters(run(1.3, alternate=False), T)
+    assert alone.severity == "low" and "(probe base; probe fup, not faster beyond noise)" \
+        in alone.evidence, alone.evidence
 
 
-def test_ddp_options_are_judged_against_the_baseline_pooled_with_its_twin():
-    """The baseline's launch ran slow (the first of the run); its twin, beside the
-    counterfactuals, did not: an option 1.15x the baseline is within noise of the two."""
+def test_ddp_options_alternated_with_the_scripts_own_are_judged_on_their_pairs():
+    """A machine that speeds up 8 % a launch: the last launch of an option runs 1.5x the
+    first of the script's whatever the option does. Alternated, the drift cancels: a larger
+    bucket cap that saves 10 % is told, gradient_as_bucket_view (no effect) is not."""
+    cap, view = {"bucket_cap_mb": 100}, {"gradient_as_bucket_view": True}
+    builder = (RunBuilder(world_size=2).probe("base", kind="baseline", num_workers=0,
+                                              batch_size=8, entry=comm(0.03))
+               .steps(compute=0.1, jitter=0.01))
+    builder = alternated(builder, {"cap": (cap, 1.10), "view": (view, 1.0)}, drift=0.08,
+                         noise=(1.0, 1.004, 0.996, 1.0, 1.003, 0.997, 1.0, 1.002, 0.999))
+    text = exposed_communication(builder.build(), T).advice.extra
+    assert "bucket_cap_mb=100 ran 1.10x [" in text and \
+        "(probes d01, d05, faster beyond noise: use DDP(model, ..., bucket_cap_mb=100))" \
+        in text, text
+    assert "gradient_as_bucket_view=True ran 1.00x [" in text and \
+        "(probes d03, d07, within noise)" in text, text
+    assert "alternated A B A C A B A C A in launches, probes d00-d08" in text
+    assert "a drift of +8.0% per place" in text
+
+
+def test_ddp_options_on_their_own_are_never_advised():
+    """An option measured in a launch of its own, against the baseline's (and its twin's):
+    each launch runs at a level of its own, so no verdict rests on it."""
     def run(twin_speed: float):
         builder = (RunBuilder(world_size=2)
                    .probe("base", kind="baseline", num_workers=0, batch_size=8,
@@ -202,7 +248,8 @@ def test_ddp_options_are_judged_against_the_baseline_pooled_with_its_twin():
                                entry={"ddp_options": {"bucket_cap_mb": 100}})
                 .steps(compute=0.1 / 1.15, jitter=0.02, seed=2).build())
     alone = exposed_communication(run(0.0), T).advice.extra
-    assert "bucket_cap_mb=100 ran 1.13x (probe cap, faster beyond noise" in alone
+    assert "bucket_cap_mb=100 ran 1.13x (probe cap, faster in a launch of its own, not " \
+        "alternated" in alone and "use DDP(model" not in alone, alone
     pooled = exposed_communication(run(1.15), T).advice.extra
     assert "(probes base and twin, pooled)" in pooled and "(probe cap, within noise)" in pooled
 
@@ -216,14 +263,29 @@ def test_an_option_faster_than_no_synchronisation_at_all_is_never_advised():
                .steps(compute=0.1, jitter=0.01)
                .probe("nosync", kind="ddp", num_workers=0, batch_size=8,
                       entry={"ddp_options": {"gradient_sync": False}})
-               .steps(compute=0.1 / 1.25, jitter=0.01, seed=1)
-               .probe("cap", kind="ddp", num_workers=0, batch_size=8,
-                      entry={"ddp_options": {"bucket_cap_mb": 100}})
-               .steps(compute=0.1 / 1.54, jitter=0.01, seed=2))
+               .steps(compute=0.1 / 1.25, jitter=0.01, seed=1))
+    alternated(builder, {"cap": ({"bucket_cap_mb": 100}, 1.54)})
     extra = exposed_communication(builder.build(), T).advice.extra
-    assert "bucket_cap_mb=100 ran 1.46x" in extra and "use DDP(model" not in extra, extra
+    assert "bucket_cap_mb=100 ran 1.54x [" in extra and "use DDP(model" not in extra, extra
     assert "faster even than without any synchronisation (probe nosync)" in extra
     assert "not established" in extra
+
+
+def test_the_cost_of_synchronisation_is_read_from_windows_alternated_in_one_launch():
+    """The step with and without gradient synchronisation alternated in windows of one launch
+    (A B A B A B A), on a machine slowing 3 % a window: 1.25x as fast without, 20 % of the
+    step; the interval is the windows' own (no user launches the step without it)."""
+    builder = (RunBuilder(world_size=2)
+               .probe("base", kind="baseline", num_workers=0, batch_size=8, entry=comm(0.03))
+               .steps(compute=0.1, jitter=0.01))
+    alternated(builder, {"s": ({"gradient_sync": False}, 1.25)}, drift=-0.03, rounds=3,
+               launch="d00-screen", noise=(1.0, 1.01, 0.99, 1.0, 1.005, 0.995, 1.0))
+    finding = exposed_communication(builder.build(), T)
+    assert finding.evidence.startswith(
+        "Measured: without gradient synchronisation (probes d01, d03, d05: the script's"), \
+        finding.evidence
+    assert "ran 1.25x [" in finding.evidence and "costs 20 % of each step" in finding.evidence
+    assert "alternated A B A B A B A in windows of one launch" in finding.evidence
 
 
 def test_a_larger_bucket_cap_is_neither_tried_nor_suggested_for_one_bucket():

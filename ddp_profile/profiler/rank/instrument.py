@@ -267,14 +267,21 @@ class Instrumentation:
         return self.ceiling.fetch(state, real_batch)
 
     # ---- screens ---------------------------------------------------------------------------
+    def gradient_sync(self) -> bool:
+        """Whether DDP synchronises gradients in this step (``ProbePlan.gradient_sync``)."""
+        return self.plan.gradient_sync(self.screen.window)
+
     def _switch_window(self, iterator: Any, state: IteratorState, window: int) -> None:
-        """Rebuild the training loader's iterator with the settings of ``window``."""
+        """Rebuild the training loader's iterator with the settings of ``window``; where they
+        are the last window's (windows that differ in gradient synchronisation alone), the
+        iterator goes on as it is."""
+        same = self.plan.window_settings(window) == self.plan.window_settings(self.screen.window)
         self.screen.window = window
         switched_ns = time.time_ns()  # the window begins here, before its workers start
         loader = state.loader()
         settings = self.plan.window_settings(window)
         try:
-            rebuilt = rebuilt_iterator(loader, state, settings)
+            rebuilt = None if same else rebuilt_iterator(loader, state, settings)
             if rebuilt is not None:
                 fresh, started = rebuilt
                 self._adopt(fresh, state.loader_id)

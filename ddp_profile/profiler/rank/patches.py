@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from ddp_profile.profiler.rank.comm import SCRIPT_COLLECTIVES, SYNC_PATTERN
 from ddp_profile.profiler.rank.windows import noting_dispatch
-from ddp_profile.profiler.settings import GRADIENT_SYNC, constructor_options
+from ddp_profile.profiler.settings import constructor_options
 
 _originals: list[tuple[Any, str, Any]] = []
 _handles: list[Any] = []
@@ -107,19 +107,27 @@ def apply(instr: Any) -> None:
             instr.comm.track(self)
         return __init__
 
-    unsynced = (instr.plan.ddp or {}).get(GRADIENT_SYNC) is False
-    lockstep = _lockstep(dist.all_reduce) if unsynced else None
+    lockstep = _lockstep(dist.all_reduce)
 
     def make_ddp_forward(original: Any) -> Any:
         @functools.wraps(original)
         def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if not instr.stopping:
-                if unsynced:  # the communication counterfactual: as under no_sync()
-                    self.require_backward_grad_sync = False
-                    if torch.is_grad_enabled():
-                        lockstep(self)
+            if instr.stopping:
+                return original(self, *args, **kwargs)
+            if instr.gradient_sync():
                 instr.comm.forward(self)
-            return original(self, *args, **kwargs)
+                return original(self, *args, **kwargs)
+            # the communication counterfactual: this forward as under no_sync() (DDP reads
+            # the flag in forward alone), the script's own flag back after it
+            synced = self.require_backward_grad_sync
+            self.require_backward_grad_sync = False
+            if torch.is_grad_enabled():
+                lockstep(self)
+            instr.comm.forward(self)
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                self.require_backward_grad_sync = synced
         return forward
 
     def make_dp_init(original: Any) -> Any:

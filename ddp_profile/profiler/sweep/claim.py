@@ -19,7 +19,11 @@ from it alone. These probes (``Kind.PAIRED``) count for nothing else.
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import numpy as np
 
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.probes import Kind, Status
@@ -34,6 +38,65 @@ LAUNCH_PAIRS = 2  # A B A B A, a launch each
 def order(pairs: int) -> list[str]:
     """The alternation: every candidate between two references."""
     return [REFERENCE, CANDIDATE] * pairs + [REFERENCE]
+
+
+def rounds(candidates: int, pairs: int) -> list[int]:
+    """Several candidates against one reference: ``A B A C A`` per round (``pairs`` rounds),
+    every candidate between two references; the candidate's index, or -1 for the reference."""
+    sequence = [-1]
+    for _ in range(pairs):
+        for index in range(candidates):
+            sequence += [index, -1]
+    return sequence
+
+
+@dataclass(frozen=True)
+class AlternationFit:
+    """``log rate = level + gain[candidate] + drift x position``, fitted by least squares to an
+    alternation: each candidate's log speedup over the reference with its standard error,
+    the drift per position, and how far one measurement sits from the fit."""
+
+    gains: dict[str, float]
+    errors: dict[str, float]
+    drift: float
+    residual_sd: float
+    dof: int
+
+    def ratio(self, key: str) -> float:
+        return math.exp(self.gains[key])
+
+
+def fit_alternation(rows: Sequence[tuple[Optional[str], float, float]]
+                    ) -> Optional[AlternationFit]:
+    """``rows``: (candidate key, None for the reference; position; rate) of every
+    measurement of one alternation. None where a rate is not positive, a candidate or the
+    reference is missing, or no degree of freedom is left for the noise. The drift is fitted
+    where a degree of freedom is left beside it (``A B A`` alone: level and gain only)."""
+    keys = sorted({key for key, _, _ in rows if key is not None})
+    if not keys or all(key is not None for key, _, _ in rows) \
+            or any(not rate > 0 or not math.isfinite(rate) for _, _, rate in rows):
+        return None
+    drifts = len(rows) - 2 - len(keys) >= 1
+    dof = len(rows) - 1 - len(keys) - drifts
+    if dof < 1:
+        return None
+    design = np.array([[1.0, *([float(position)] if drifts else []),
+                        *[1.0 if key == k else 0.0 for k in keys]]
+                       for key, position, _ in rows])
+    logs = np.log([float(rate) for _, _, rate in rows])
+    coef, *_ = np.linalg.lstsq(design, logs, rcond=None)
+    residual = logs - design @ coef
+    variance = float(residual @ residual) / dof
+    try:
+        inverse = np.linalg.inv(design.T @ design)
+    except np.linalg.LinAlgError:
+        return None
+    first = 1 + drifts  # the first candidate's column
+    return AlternationFit(
+        gains={k: float(coef[first + i]) for i, k in enumerate(keys)},
+        errors={k: math.sqrt(variance * inverse[first + i, first + i])
+                for i, k in enumerate(keys)},
+        drift=float(coef[1]) if drifts else 0.0, residual_sd=math.sqrt(variance), dof=dof)
 
 
 def confirm(search: Any) -> None:

@@ -1,9 +1,16 @@
 """The communication counterfactuals of a sweep: ``measure(search)``, called by ``Search.run``.
 
 Each is a probe of kind ``ddp`` (``store.probes.Kind.DDP``): the script's own settings with
-other DDP options (``ProbePlan.ddp``, applied by the rank hook), never in the choice; the
-exposed-communication rule judges each against the baseline. Larger per-rank batches are
-ordinary sweep probes, which the choice weighs under its batch-size clause.
+other DDP options (``ProbePlan.ddp``, applied by the rank hook), never in the choice. Each is
+measured beside the script's own DDP options, alternated (``claim.rounds``), so that what a
+launch's level and the machine's drift add cancels (launch against launch, an option that
+plain launches measure at 1.11x was once read as 1.55x): the step without gradient
+synchronisation in windows of one launch (``GRADIENT_SYNC`` switches between steps), DDP
+constructor options in launches of their own, ``A B A C A ...``, a reference launch next to
+each. The rules read the alternations (``rules.comm``). With ``--pairs 0`` the step without
+synchronisation is one launch beside one of the script's (its twin), and no DDP option is
+measured. Larger per-rank batches are ordinary sweep probes, which the choice weighs under
+its batch-size clause.
 """
 
 from __future__ import annotations
@@ -15,11 +22,20 @@ from ddp_profile.profiler.settings import GRADIENT_SYNC, LoaderSettings
 from ddp_profile.profiler.store.probes import Kind, Status
 from ddp_profile.profiler.sweep.choose import (
     UNSTABLE_RSE,
+    ChoiceThresholds,
     comm_bound,
     exposed_share,
     relative_se,
 )
+from ddp_profile.profiler.sweep.claim import (
+    CANDIDATE,
+    LAUNCH_PAIRS,
+    REFERENCE,
+    fit_alternation,
+    rounds,
+)
 from ddp_profile.profiler.sweep.climb import beats
+from ddp_profile.profiler.sweep.measure import Window
 from ddp_profile.profiler.sweep.space import normalise
 
 Entry = dict[str, Any]
@@ -58,31 +74,106 @@ def one_bucket(comm: dict[str, Any]) -> bool:
 
 def measure(search: Any, larger_batches: bool = True) -> None:
     """Where DDP's timers show exposed communication (``choose.exposed_share``), first the
-    script's own settings and DDP options again (a twin: a launch can run at a level of its
-    own, and the baseline was the first), then the step without gradient synchronisation
-    (every forward as under ``no_sync()``): what communication costs, measured against both.
-    Where it costs ``comm_exposed_share`` or more (``choose.comm_bound``): unless the
-    batch-size axis was given (or ``larger_batches`` is off: not an adaptive search), the best
-    configuration with 2x, then 4x the per-rank batch (the all-reduce moves the same gradients
-    per step whatever the batch; the finding says that a batch size changes the
-    optimisation); then other DDP options (``ddp_counterfactuals``). An unstable probe is
-    measured again, twice as long. ``search``: the ``sweep.search.Search`` that calls in (not
-    imported: no cycle)."""
+    step without gradient synchronisation (every forward as under ``no_sync()``) alternated
+    with the script's (``unsynchronised``): what communication costs. Where it costs
+    ``comm_exposed_share`` or more: unless the batch-size axis was given (or
+    ``larger_batches`` is off: not an adaptive search), the best configuration with 2x, then
+    4x the per-rank batch (the all-reduce moves the same gradients per step whatever the
+    batch; the finding says that a batch size changes the optimisation); then other DDP
+    options (``ddp_counterfactuals``), alternated with the script's own. ``search``: the
+    ``sweep.search.Search`` that calls in (not imported: no cycle)."""
     baseline = search.baseline
     if baseline is None or baseline.get("status") != Status.OK or not exposed_share(baseline):
         return
-    twin = _ddp_probe(search, {})  # the script as it is, beside its counterfactuals
-    unsynced = _ddp_probe(search, {GRADIENT_SYNC: False})
-    if not comm_bound(baseline, unsynced, twin):
+    if not unsynchronised(search):
         return
     if larger_batches and search.space.batch_size is None:
         _larger_batches(search)
-    for options in ddp_counterfactuals(baseline):
-        _ddp_probe(search, options)
+    options = ddp_counterfactuals(baseline)
+    if options and search.options.pairs > 0:
+        alternate(search, options, in_one_launch=False)
+
+
+def unsynchronised(search: Any) -> bool:
+    """Measure the step without gradient synchronisation; whether it saves
+    ``comm_exposed_share`` of the step or more. Alternated with the script's step in windows
+    of one launch (``A B A B A B A`` for ``--pairs 3``; launches ``A B A B A`` where the
+    loader cannot be rebuilt), the saving read from the alternation's fit; with ``--pairs 0``
+    one launch beside a twin of the script's, as ``choose.comm_bound`` judges them."""
+    unsynced = {GRADIENT_SYNC: False}
+    if search.options.pairs > 0:
+        entries = alternate(search, [unsynced], in_one_launch=True)
+        fit = alternation_fit(entries)
+        if fit is not None:
+            share = 1.0 - 1.0 / fit.ratio(options_key(unsynced))
+            return share >= ChoiceThresholds().comm_exposed_share
+    twin = _ddp_probe(search, {})  # the script as it is, beside its counterfactual
+    return comm_bound(search.baseline, _ddp_probe(search, unsynced), twin)
+
+
+def options_key(options: dict[str, Any]) -> str:
+    """A DDP counterfactual's name: its options, sorted (``rules.comm`` reads the same)."""
+    return ", ".join(f"{k}={v}" for k, v in sorted(options.items()))
+
+
+def alternate(search: Any, candidates: list[dict[str, Any]], in_one_launch: bool
+              ) -> list[Entry]:
+    """The script's own settings with its own DDP options (the reference) and with each of
+    ``candidates`` (DDP options), alternated ``A B A C A ...`` (``claim.rounds``): windows of
+    one launch where ``in_one_launch`` and the loader can be rebuilt (gradient
+    synchronisation alone switches between steps), else a launch each. Each entry carries its
+    place (``pair``: role, index, group); a failed launch ends the alternation."""
+    assert search.baseline is not None
+    config = normalise(LoaderSettings.from_dict(search.baseline.get("config")))
+    rate = search.steps_per_s(config)
+    group = f"ddp-{len(search.entries):03d}"
+    windows = in_one_launch and not search.measurer.screen_unsupported
+    placed = _placed(search, candidates, group, windows)
+    if windows:
+        entries = search.measurer.measure_screen([
+            Window(LoaderSettings(), Kind.DDP.value, steps_per_s=rate, pair=pair, ddp=ddp)
+            for ddp, pair in placed])
+        if entries or not search.measurer.screen_unsupported:
+            return entries
+        placed = _placed(search, candidates, group, False)
+    entries = []
+    for ddp, pair in placed:
+        entry = search.measurer.measure(LoaderSettings(), kind=Kind.DDP.value, ddp=ddp,
+                                        steps_per_s=rate, pair=pair)
+        entries.append(entry)
+        if entry.get("status") != Status.OK:
+            break  # a crash or an OOM would only repeat itself
+    return entries
+
+
+def _placed(search: Any, candidates: list[dict[str, Any]], group: str, windows: bool
+            ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The alternation's DDP options and places, in order; its note to the user."""
+    pairs = search.options.pairs if windows else min(search.options.pairs, LAUNCH_PAIRS)
+    sequence = rounds(len(candidates), pairs)
+    letters = " ".join("A" if i < 0 else chr(ord("B") + i) for i in sequence)
+    names = "; ".join(f"{chr(ord('B') + i)}: {options_key(c)}" for i, c in enumerate(candidates))
+    search.progress("note", {"text": f"DDP options against the script's own (A), alternated "
+                                     f"{letters}, {'in one launch' if windows else 'a launch each'}"
+                                     f" ({names})"})
+    return [(candidates[i] if i >= 0 else {},
+             {"role": REFERENCE if i < 0 else CANDIDATE, "index": index, "group": group})
+            for index, i in enumerate(sequence)]
+
+
+def alternation_fit(entries: list[Entry]) -> Any:
+    """The fit of an alternation's entries (``claim.fit_alternation``; each candidate by its
+    options), None where one failed or too few ran."""
+    if not entries or any(e.get("status") != Status.OK or not e.get("throughput")
+                          or not isinstance(e.get("pair"), dict) for e in entries):
+        return None
+    return fit_alternation([
+        (None if e["pair"]["role"] == REFERENCE else options_key(e.get("ddp_options") or {}),
+         float(e["pair"]["index"]), float(e["throughput"])) for e in entries])
 
 
 def _ddp_probe(search: Any, options: dict[str, Any]) -> Entry:
-    """The script's own settings with DDP ``options``."""
+    """The script's own settings with DDP ``options``, one launch."""
     assert search.baseline is not None
     rate = search.steps_per_s(normalise(LoaderSettings.from_dict(search.baseline.get("config"))))
     entry = search.measurer.measure(LoaderSettings(), kind=Kind.DDP, ddp=options, steps_per_s=rate)

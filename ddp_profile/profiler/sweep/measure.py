@@ -69,6 +69,8 @@ class Window:
     steps: Optional[int] = None  # measured steps asked (None: the run's ``--steps``)
     steps_per_s: Optional[float] = None  # predicted steps/s of a rank (``burst_steps``)
     pair: Optional[dict[str, Any]] = None  # its place in the claim's alternation (``claim``)
+    ddp: Optional[dict[str, Any]] = None  # DDP options of the window: in a screen, gradient
+    # synchronisation alone (``GRADIENT_SYNC``) switches between windows; None: the script's
 
 
 class Measurer(Protocol):
@@ -273,7 +275,7 @@ class LedgerMeasurer:
         if not self._out_of_regime(entry):
             return entry
         return self._probe(window.config, window.kind, window.steps, window.mode, None,
-                           window.steps_per_s, None, window.pair)
+                           window.steps_per_s, window.ddp, window.pair)
 
     def _screen_launch(self, pending: list[Window], ids: list[str],
                        done: list[dict[str, Any]]) -> int:
@@ -287,6 +289,7 @@ class LedgerMeasurer:
             overrides=pending[0].config, warmup=self.warmup, steps=self.steps, mode="screen",
             windows=tuple({"overrides": w.config.to_dict(), "mode": w.mode,
                            "warmup": self._window_warmup(w),
+                           **({"ddp": dict(w.ddp)} if w.ddp is not None else {}),
                            "steps": burst_steps(w.steps or self.steps, w.config.num_workers,
                                                 w.mode, w.steps_per_s)}
                           for w in pending),
@@ -309,7 +312,8 @@ class LedgerMeasurer:
                 outcome, returncode=0, timed_out=False, wall_s=split.span_s)
             window_plan = ProbePlan(probe_id=probe_id, out_dir=self.run_dir.probe_dir(probe_id),
                                     overrides=window.config, warmup=self._window_warmup(window),
-                                    steps=window.steps or self.steps, mode=window.mode)
+                                    steps=window.steps or self.steps, mode=window.mode,
+                                    ddp=window.ddp)
             entry = summarise_probe(window_plan, window_outcome, window.kind, timeout_s)
             entry.update(screened=True, launch=launch_id, launch_wall_s=round(outcome.wall_s, 3))
             if window.pair is not None:
@@ -335,7 +339,7 @@ class LedgerMeasurer:
             entry = self._finished(probe_id, window.config, window.kind,
                                    window.steps or self.steps,
                                    screened=True)
-            if entry is None:
+            if entry is None or entry.get("ddp_options") != window.ddp:
                 break
             self._record(entry, reused=True)
             reused.append(entry)

@@ -348,6 +348,7 @@ class CommMeasurer(ModelMeasurer):
         super().__init__(self.model)
         self.exposed_s, self.hidden_s, self.costs = exposed_s, hidden_s, costs
         self.ddp_asked: list[Optional[dict[str, Any]]] = []
+        self.screens: list[list[Optional[dict[str, Any]]]] = []
         self.synced = True
 
     def model(self, config: LoaderSettings) -> tuple[float, float]:
@@ -374,22 +375,50 @@ class CommMeasurer(ModelMeasurer):
             self.ddp_asked.append(ddp)
         self.synced = (ddp or {}).get("gradient_sync") is not False
         try:
-            return super().measure(requested, kind, steps, mode, threads, steps_per_s, ddp,
-                                   pair)
+            entry = super().measure(requested, kind, steps, mode, threads, steps_per_s, ddp,
+                                    pair)
+            return {**entry, "ddp_options": ddp} if kind == "ddp" else entry
         finally:
             self.synced = True
 
+    def measure_screen(self, windows: list[Window]) -> list[dict[str, Any]]:
+        entries = []
+        self.screens.append([w.ddp for w in windows])
+        for window in windows:  # gradient synchronisation switches between windows
+            self.synced = (window.ddp or {}).get("gradient_sync") is not False
+            entry = super().measure_screen([window])
+            entries += [{**e, "ddp_options": window.ddp} for e in entry]
+        self.synced = True
+        return entries
+
 
 def test_exposed_communication_is_measured_then_tuned():
+    """The step without gradient synchronisation alternated with the script's in windows of
+    one launch; then larger batches; then DDP options, each launch next to one of the
+    script's own options, A B A C A B A C A."""
     fake = CommMeasurer()
-    found = Search(fake, SPACE, SweepOptions(pairs=0, ceiling=False))
+    found = Search(fake, SPACE, SweepOptions(pairs=3, ceiling=False))
     found.run()
-    # the script again (a twin), without synchronisation, then the options
-    assert fake.ddp_asked == [{}, {"gradient_sync": False}, {"bucket_cap_mb": 100},
-                              {"gradient_as_bucket_view": True}]
+    unsynced, cap, view = {"gradient_sync": False}, {"bucket_cap_mb": 100}, \
+        {"gradient_as_bucket_view": True}
+    sync_windows = next(s for s in fake.screens if unsynced in s)
+    assert sync_windows == [{}, unsynced] * 3 + [{}]
+    assert fake.ddp_asked == [{}, cap, {}, view, {}, cap, {}, view, {}]
+    pairs = [e["pair"] for e in fake.entries if e["kind"] == "ddp"]
+    assert [p["index"] for p in pairs] == list(range(7)) + list(range(9))
+    assert len({p["group"] for p in pairs}) == 2
     assert {32, 64, 128} <= {c.batch_size for c in fake.measured}
     assert found.best()["config"]["batch_size"] == 128
     assert found.best()["kind"] == "sweep"  # a DDP probe never competes in the choice
+
+
+def test_without_alternations_the_sync_cost_is_a_launch_beside_a_twin_and_no_option_is_tried():
+    fake = CommMeasurer()
+    found = Search(fake, SPACE, SweepOptions(pairs=0, ceiling=False))
+    found.run()
+    assert fake.ddp_asked == [{}, {"gradient_sync": False}]
+    assert not [s for s in fake.screens if {"gradient_sync": False} in s]
+    assert found.best()["config"]["batch_size"] == 128
 
 
 def test_what_the_timers_miss_is_measured_and_what_costs_nothing_is_not_tuned():
@@ -399,20 +428,21 @@ def test_what_the_timers_miss_is_measured_and_what_costs_nothing_is_not_tuned():
     assert quiet.ddp_asked == [] and {c.batch_size for c in quiet.measured} == {32}
     # the timers see 7 %, the step without synchronisation runs 2x: tuned
     hidden = CommMeasurer(exposed_s=0.003, hidden_s=0.018)
-    Search(hidden, SPACE, SweepOptions(pairs=0, ceiling=False)).run()
-    assert len(hidden.ddp_asked) == 4 and 64 in {c.batch_size for c in hidden.measured}
+    Search(hidden, SPACE, SweepOptions(pairs=3, ceiling=False)).run()
+    assert len(hidden.ddp_asked) == 9 and 64 in {c.batch_size for c in hidden.measured}
     # the timers see 13 %, but without synchronisation the step is no faster: nothing tuned
-    costless = CommMeasurer(exposed_s=0.003, costs=False)
-    Search(costless, SPACE, SweepOptions(pairs=0, ceiling=False)).run()
-    assert costless.ddp_asked == [{}, {"gradient_sync": False}]
-    assert {c.batch_size for c in costless.measured} == {32}
+    for pairs in (0, 3):
+        costless = CommMeasurer(exposed_s=0.003, costs=False)
+        Search(costless, SPACE, SweepOptions(pairs=pairs, ceiling=False)).run()
+        assert costless.ddp_asked == ([{}, {"gradient_sync": False}] if not pairs else [])
+        assert {c.batch_size for c in costless.measured} == {32}
 
 
 def test_a_given_batch_axis_is_kept():
     fake = CommMeasurer()
-    Search(fake, SearchSpace(batch_size=(32,)), SweepOptions(pairs=0, ceiling=False)).run()
+    Search(fake, SearchSpace(batch_size=(32,)), SweepOptions(pairs=3, ceiling=False)).run()
     assert {c.batch_size for c in fake.measured} == {32}
-    assert len(fake.ddp_asked) == 4
+    assert len(fake.ddp_asked) == 9
 
 
 def restarting_workers(config: LoaderSettings) -> tuple[float, float]:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
+
 from ddp_profile.profiler.sweep.communication import ddp_counterfactuals
 
 
@@ -20,3 +24,37 @@ def test_find_unused_parameters_off_only_where_none_was_unused():
     assert {"find_unused_parameters": False} in ddp_counterfactuals(base)
     base["comm"]["unused_parameter_size"] = 4096  # some parameters really are unused
     assert {"find_unused_parameters": False} not in ddp_counterfactuals(base)
+
+
+def test_an_alternation_places_every_candidate_between_two_references():
+    from ddp_profile.profiler.sweep.claim import rounds
+
+    assert rounds(1, 3) == [-1, 0, -1, 0, -1, 0, -1]
+    assert rounds(2, 2) == [-1, 0, -1, 1, -1, 0, -1, 1, -1]
+
+
+def test_the_fit_of_an_alternation_cancels_a_drifting_machine():
+    """A machine 10 % faster each place: two options (1.2x and 0.9x) alternated with the
+    reference, A B A C A B A C A, come out at their own speedups."""
+    from ddp_profile.profiler.sweep.claim import fit_alternation, rounds
+
+    gains = {0: 1.2, 1: 0.9}
+    rows = [(None if i < 0 else f"o{i}", float(place),
+             100.0 * 1.1 ** place * (gains[i] if i >= 0 else 1.0))
+            for place, i in enumerate(rounds(2, 2))]
+    fit = fit_alternation(rows)
+    assert fit is not None and fit.dof == 5
+    assert fit.ratio("o0") == pytest.approx(1.2) and fit.ratio("o1") == pytest.approx(0.9)
+    assert math.exp(fit.drift) == pytest.approx(1.1)
+    assert fit.errors["o0"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_short_alternation_fits_no_drift_and_too_short_a_one_fits_nothing():
+    from ddp_profile.profiler.sweep.claim import fit_alternation
+
+    fit = fit_alternation([(None, 0.0, 100.0), ("b", 1.0, 150.0), (None, 2.0, 110.0)])
+    assert fit is not None and fit.dof == 1 and fit.drift == 0.0
+    assert fit.ratio("b") == pytest.approx(150.0 / math.sqrt(100.0 * 110.0))
+    assert fit_alternation([(None, 0.0, 100.0), ("b", 1.0, 150.0)]) is None
+    assert fit_alternation([("b", 0.0, 100.0), ("b", 1.0, 150.0), ("b", 2.0, 1.0)]) is None
+    assert fit_alternation([(None, 0.0, 100.0), ("b", 1.0, 0.0), (None, 2.0, 1.0)]) is None
