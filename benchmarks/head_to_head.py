@@ -9,7 +9,9 @@ script's own settings (A) and the recommendation (B) alternately, ``A B A B ...`
 restarts included) and the check is the ratio of B's mean throughput to A's. Reported per
 workload: the claim, its interval, the plain ratio, whether the interval holds it, and the
 tool's own paired windows against the plain launches of the same settings (probe / plain,
-target within 10 %).
+target within 10 %). Each DDP option the tool measured (alternated with the script's own) is
+checked the same way: plain launches with the script's DDP options and with the option,
+alternating, beside the tool's figure, interval and verdict.
 
 **A/A** (``--aa N``): N alternations of one configuration with itself (``A A A A A A A``
 labelled as a claim's alternation, one launch each time, the harness's own windows) while
@@ -111,6 +113,8 @@ def workload(name: str, rounds: int) -> dict[str, Any]:
         "tool_wall_s": round(summary["_wall_s"], 1), "probes": len(summary["probes"])}
     if own == new:
         result["plain"] = "same settings: nothing to check"
+        result["ddp_options"] = ddp_checks(summary, base_args + settings_args(own), steps,
+                                           rounds)
         return result
     a_rates, b_rates = [], []
     for _ in range(rounds):  # A B A B ...
@@ -124,6 +128,7 @@ def workload(name: str, rounds: int) -> dict[str, Any]:
     paired = [p for p in summary["probes"] if p["kind"] == "paired" and p["status"] == "ok"]
     probe_a = [p["throughput"] for p in paired if p["pair"]["role"] == "reference"]
     probe_b = [p["throughput"] for p in paired if p["pair"]["role"] == "candidate"]
+    result["ddp_options"] = ddp_checks(summary, base_args + settings_args(own), steps, rounds)
     result["plain"] = {
         "a_samples_s": [round(r, 1) for r in a_rates],
         "b_samples_s": [round(r, 1) for r in b_rates],
@@ -134,6 +139,58 @@ def workload(name: str, rounds: int) -> dict[str, Any]:
         "probe_vs_plain_b": _bench.rnd(statistics.fmean(probe_b) / statistics.fmean(b_rates), 3)
         if probe_b else None}
     return result
+
+
+def option_args(options: dict[str, Any]) -> Optional[list[str]]:
+    """bench_train.py's arguments for DDP options (None: one it cannot set)."""
+    args: list[str] = []
+    for key, value in options.items():
+        if key == "bucket_cap_mb":
+            args += ["--bucket-cap-mb", str(value)]
+        elif key == "gradient_as_bucket_view" and value is True:
+            args.append("--gradient-as-bucket-view")
+        else:
+            return None
+    return args
+
+
+def ddp_checks(summary: dict[str, Any], args: list[str], steps: int, rounds: int
+               ) -> list[dict[str, Any]]:
+    """Every DDP option the tool alternated with the script's own: its figure, interval and
+    verdict (``rules.claim.alternated_effects``, read from the summary as the rules read it)
+    beside plain launches with and without it, alternating."""
+    from types import SimpleNamespace
+
+    from ddp_profile.profiler.settings import GRADIENT_SYNC
+    from ddp_profile.rules.base import Thresholds
+    from ddp_profile.rules.claim import alternated_effects
+
+    thresholds = Thresholds()
+    effects = alternated_effects(SimpleNamespace(summary=summary),
+                                 thresholds.interval_confidence, thresholds.launch_sd)
+    checks = []
+    for effect in effects.values():
+        extra = option_args(effect.options)
+        if GRADIENT_SYNC in effect.options or extra is None:
+            continue
+        a_rates, b_rates = [], []
+        for _ in range(rounds):
+            a_rates.append(plain_rate(args, steps))
+            b_rates.append(plain_rate(args + extra, steps))
+        check: dict[str, Any] = {"options": effect.options, "claim": round(effect.ratio, 3),
+                                 "interval": [round(v, 3) for v in effect.interval or ()],
+                                 "faster_beyond_noise": effect.faster}
+        if None in a_rates or None in b_rates:
+            check["plain"] = {"error": "a plain launch failed"}
+        else:
+            ratio = statistics.fmean(b_rates) / statistics.fmean(a_rates)
+            low, high = effect.interval or (None, None)
+            check["plain"] = {"a_samples_s": [round(r, 1) for r in a_rates],
+                              "b_samples_s": [round(r, 1) for r in b_rates],
+                              "ratio": round(ratio, 3),
+                              "inside": low is not None and low <= ratio <= high}
+        checks.append(check)
+    return checks
 
 
 def _without_settings(args: list[str]) -> list[str]:
@@ -222,7 +279,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=None)
-    parser.add_argument("--aa", type=int, default=None)
+    parser.add_argument("--aa", type=int, default=None, help="A/A trials (0: none)")
     parser.add_argument("--workloads", default=None, help="comma list of " + ",".join(WORKLOADS))
     args = parser.parse_args()
     names = args.workloads.split(",") if args.workloads else list(QUICK if args.quick
@@ -234,7 +291,10 @@ def main() -> None:
         print(json.dumps(results[-1]), flush=True)
     checks = [r["plain"]["inside"] for r in results
               if isinstance(r.get("plain"), dict) and "inside" in r["plain"]]
-    aa_result = aa(args.aa if args.aa is not None else (6 if args.quick else 10))
+    checks += [c["plain"]["inside"] for r in results for c in r.get("ddp_options") or []
+               if "inside" in c["plain"]]
+    trials = args.aa if args.aa is not None else (6 if args.quick else 10)
+    aa_result = aa(trials) if trials else None
     print(json.dumps({"benchmark": "head_to_head", "machine": _bench.machine(),
                       "workloads": results, "claims_inside": sum(checks),
                       "claims_checked": len(checks), "aa": aa_result}))

@@ -54,6 +54,8 @@ def parse_args() -> argparse.Namespace:
     add("--num-workers", type=int, default=0)
     add("--prefetch-factor", type=int, default=None, help="with workers (default: torch's 2)")
     add("--pin-memory", action="store_true")
+    add("--bucket-cap-mb", type=float, default=None, help="DDP's bucket_cap_mb (default: its own)")
+    add("--gradient-as-bucket-view", action="store_true", help="DDP's gradient_as_bucket_view")
     add("--load-ms", type=float, default=0.0)
     add("--cpu-ms", type=float, default=0.0)
     add("--step-sleep-ms", type=float, default=0.0, help="sleep inside each step (compute)")
@@ -270,7 +272,10 @@ def main() -> None:
         layers += [nn.Linear(args.hidden, args.hidden), nn.ReLU()]
     model: nn.Module = nn.Sequential(*layers, nn.Linear(args.hidden, 2)).to(device)
     if distributed and not args.no_ddp:
-        model = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+        options = {"bucket_cap_mb": args.bucket_cap_mb} if args.bucket_cap_mb else {}
+        model = DistributedDataParallel(model, device_ids=[device.index] if cuda else None,
+                                        gradient_as_bucket_view=args.gradient_as_bucket_view,
+                                        **options)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
     sleep_s = args.step_sleep_ms / 1000.0
