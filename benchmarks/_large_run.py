@@ -18,6 +18,7 @@ from ddp_profile.profiler.settings import LoaderSettings, ProbePlan
 from ddp_profile.profiler.store.record import dumps
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.store.summary import build_summary
+from ddp_profile.profiler.sweep.capacity import run_capacity
 from ddp_profile.profiler.sweep.probe import summarise_probe
 
 WARMUP = 3
@@ -82,5 +83,5 @@ def write_large_run(path: str, probes: int, ranks: int, steps: int, seed: int = 
         entries.append(entry)
     gpu = {"gpu_available": True, "gpus": [{"name": "NVIDIA H100 80GB HBM3"}]}
     run_dir.write_summary(build_summary(meta, entries, {"world_size": ranks, "device": "cuda"},
-                                        gpu, "complete"))
+                                        gpu, "complete", capacity=run_capacity))
     return path

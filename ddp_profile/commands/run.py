@@ -21,9 +21,10 @@ from ddp_profile.profiler.launch import allocation
 from ddp_profile.profiler.launch.coordinate import Coordinator, coordinator_address
 from ddp_profile.profiler.launch.ranks import LaunchSpec
 from ddp_profile.profiler.store.probes import Status
-from ddp_profile.profiler.store.results import Run, load_run, read_probe_dir
+from ddp_profile.profiler.store.results import Run, assemble, load_run, read_probes
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.store.summary import build_summary
+from ddp_profile.profiler.sweep.capacity import run_capacity
 from ddp_profile.profiler.sweep.measure import follow
 from ddp_profile.profiler.sweep.search import Sweep, SweepOptions
 from ddp_profile.profiler.sweep.space import SearchSpace
@@ -203,19 +204,21 @@ def finalize(run_dir: RunDir, meta: dict[str, Any], sweep: Sweep, gpu: dict[str,
     recommendation: the run is loaded once and evaluated once, summary.json written once (also
     when the rules fail), and the report rendered from the same loaded run."""
     entries = sweep.entries or run_dir.ledger()
-    summary = build_summary(meta, entries, _first_context(run_dir, entries), gpu, state)
-    summary["search"].update({"axes": sweep.axes.to_dict() if sweep.axes else None,
-                              "timeout_s": sweep.timeout_s,
-                              "cache": {**sweep.measurer.regime.to_dict(),
-                                        "warmed": sweep.measurer.warmed}})
+    tables = read_probes(run_dir.path, [str(e["id"]) for e in entries])  # read once
+    summary = build_summary(meta, entries, tables.first_context(), gpu, state,
+                            search={"axes": sweep.axes.to_dict() if sweep.axes else None,
+                                    "timeout_s": sweep.timeout_s,
+                                    "cache": {**sweep.measurer.regime.to_dict(),
+                                              "warmed": sweep.measurer.warmed}},
+                            capacity=run_capacity)
     run: Optional[Run] = None
     try:
         if state == "complete" and any(e["status"] == Status.OK for e in entries):
-            run = load_run(run_dir.path, summary=summary)
+            run = assemble(run_dir.path, meta, summary, tables)
             from ddp_profile.rules import evaluate
 
-            # the summary is composed from the run's own and the analysis's fields; nothing
-            # is written back into what evaluate read
+            # the run's own fields and the analysis's, composed here once; nothing is written
+            # back into what evaluate read
             summary = {**summary, **evaluate(run).summary_fields()}
             run = replace(run, summary=summary)
     finally:
@@ -223,14 +226,6 @@ def finalize(run_dir: RunDir, meta: dict[str, Any], sweep: Sweep, gpu: dict[str,
     if report and run is not None:
         render_report(run, os.path.join(run_dir.path, "report.html"))
     return summary
-
-
-def _first_context(run_dir: RunDir, entries: list[dict[str, Any]]) -> dict[str, Any]:
-    for entry in entries:
-        for data in read_probe_dir(run_dir.probe_dir(entry["id"])):
-            if data.context:
-                return data.context
-    return {}
 
 
 def write_report(run_path: str, out_path: str) -> str:

@@ -82,3 +82,11 @@ def counts_for_choice(entry: Mapping[str, Any]) -> bool:
 def counts_for_gate(entry: Mapping[str, Any]) -> bool:
     """A measurement the CI gate may compare or pool (see the module docstring)."""
     return is_ok(entry) and entry.get("kind", Kind.SWEEP) in GATE_KINDS
+
+
+def latest_ceiling(entries: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """The last ok compute-only measurement (a screened one may be superseded by a probe at
+    the recommended batch size) that is a ceiling (``CEILING_FAILED``: one that ran below a
+    rate measured with loading is none)."""
+    return next((e for e in reversed(entries) if e.get("kind") == Kind.CEILING
+                 and is_ok(e) and not e.get(CEILING_FAILED)), None)

@@ -339,23 +339,52 @@ def load_run(run_dir: str, summary: Optional[dict[str, Any]] = None) -> Run:
     probes_list = summary.get("probes")
     if not isinstance(probes_list, list):
         raise BadRunDir(f"summary.json has no probe list: {summary_path}")
+    tables = read_probes(run_dir, [str(p.get("id")) for p in probes_list])
     warnings = [f"ledger.jsonl: skipped {torn} unreadable line(s)"] if torn else []
-    tables: dict[str, list] = {"steps": [], "samples": [], "loader_iters": [], "events": []}
+    return assemble(run_dir, meta, summary, tables, warnings)
+
+
+@dataclass(frozen=True)
+class ProbeTables:
+    """What the ranks recorded for a run's probes (``read_probes``), in the probes' order."""
+
+    rows: dict[str, list]  # steps, samples, loader_iters, events
+    contexts: dict[tuple[str, int], dict[str, Any]]
+    warnings: list[str]
+
+    def first_context(self) -> dict[str, Any]:
+        """The first probe's first rank context that holds anything (the run's device, world
+        size, torch, CPUs), {} where none does."""
+        return next((c for c in self.contexts.values() if c), {})
+
+
+def read_probes(run_dir: str, probe_ids: list[str]) -> ProbeTables:
+    """Every rank's records of ``probe_ids``: read once per run, for the summary (its first
+    context) and the run's tables alike."""
+    rows: dict[str, list] = {"steps": [], "samples": [], "loader_iters": [], "events": []}
     contexts: dict[tuple[str, int], dict[str, Any]] = {}
-    for probe in probes_list:
-        probe_id = str(probe.get("id"))
+    warnings = []
+    for probe_id in probe_ids:
         for data in read_probe_dir(os.path.join(run_dir, "probes", probe_id)):
             contexts[(probe_id, data.rank)] = data.context
-            _rank_rows(probe_id, data, tables)
+            _rank_rows(probe_id, data, rows)
             if data.torn_lines:
                 warnings.append(f"probe {probe_id} rank {data.rank}: skipped "
                                 f"{data.torn_lines} unreadable line(s)")
+    return ProbeTables(rows, contexts, warnings)
+
+
+def assemble(run_dir: str, meta: dict[str, Any], summary: dict[str, Any],
+             tables: ProbeTables, warnings: Optional[list[str]] = None) -> Run:
+    """The ``Run`` of a summary and its probes' records."""
+    rows = tables.rows
     return Run(path=run_dir, meta=meta, summary=summary,
-               probes=pd.DataFrame([_probe_row(p) for p in probes_list], columns=PROBE_COLUMNS),
-               steps=pd.DataFrame(tables["steps"], columns=STEP_COLUMNS),
-               samples=pd.DataFrame(tables["samples"]),
-               loader_iters=pd.DataFrame(tables["loader_iters"],
+               probes=pd.DataFrame([_probe_row(p) for p in summary.get("probes") or []],
+                                   columns=PROBE_COLUMNS),
+               steps=pd.DataFrame(rows["steps"], columns=STEP_COLUMNS),
+               samples=pd.DataFrame(rows["samples"]),
+               loader_iters=pd.DataFrame(rows["loader_iters"],
                                          columns=["probe_id", "rank", "loader_id", "iter_index",
                                                   "first_batch_s"]),
-               events=pd.DataFrame(tables["events"], columns=["probe_id", "rank", "name", "data"]),
-               contexts=contexts, warnings=warnings)
+               events=pd.DataFrame(rows["events"], columns=["probe_id", "rank", "name", "data"]),
+               contexts=dict(tables.contexts), warnings=[*(warnings or []), *tables.warnings])

@@ -1,14 +1,23 @@
-"""Build ``summary.json`` from the run metadata and the ledger (no I/O here)."""
+"""Build ``summary.json`` from the run metadata and the ledger (no I/O here).
+
+``build_summary`` composes every field the run itself gives (the probes, the baseline, the
+ceiling, the search, the capacity model); ``commands.run.finalize`` adds the analysis's
+(``rules.evaluate``: findings, recommendation) to it once. The capacity model is the sweep's
+(``sweep.capacity.run_capacity``), handed in by the caller: the store does not reach up.
+"""
 
 from __future__ import annotations
 
 import platform
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ddp_profile.profiler.settings import SETTING_KEYS
-from ddp_profile.profiler.store.probes import CEILING_FAILED, Kind, Status, counts_for_choice
+from ddp_profile.profiler.store.probes import CEILING_FAILED, Kind, latest_ceiling
 from ddp_profile.profiler.store.record import SCHEMA_VERSION
-from ddp_profile.profiler.sweep.capacity import run_model
+
+# (probes, rank context, ranks sharing a host, ceiling samples/s) -> the capacity model
+CapacityModel = Callable[[list[dict[str, Any]], dict[str, Any], Optional[int],
+                          Optional[float]], Optional[dict[str, Any]]]
 
 
 def _settings(config: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
@@ -17,33 +26,14 @@ def _settings(config: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
     return {k: config.get(k) for k in SETTING_KEYS}
 
 
-def latest_ceiling(entries: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
-    """The last ok compute-only measurement (a screened one may be superseded by a probe at
-    the recommended batch size) that is a ceiling (``CEILING_FAILED``: one that ran below a
-    rate measured with loading is none)."""
-    return next((e for e in reversed(entries) if e.get("kind") == Kind.CEILING
-                 and e.get("status") == Status.OK and not e.get(CEILING_FAILED)), None)
-
-
-def run_capacity(probes: list[dict[str, Any]], context: dict[str, Any],
-                 local_ranks: Optional[int], ceiling: Optional[float]
-                 ) -> Optional[dict[str, Any]]:
-    """The input pipeline's capacity model of the run (``sweep.capacity``), or None.
-    ``local_ranks``: the ranks that shared one host's CPUs (observed, else as launched)."""
-    model = run_model(probes, context, local_ranks, ceiling)
-    if model is None:
-        return None
-    return {**model.to_dict(), "demand_source": "ceiling" if ceiling else "loop",
-            "measured": [{"probe": p["id"], "num_workers": (p.get("config") or {}).get(
-                "num_workers"), "throughput": p.get("throughput")} for p in probes
-                if counts_for_choice(p) and p.get("throughput")]}
-
-
 def build_summary(meta: dict[str, Any], entries: list[dict[str, Any]],
                   context: Optional[dict[str, Any]], gpu: dict[str, Any],
-                  state: str) -> dict[str, Any]:
+                  state: str, search: Optional[dict[str, Any]] = None,
+                  capacity: Optional[CapacityModel] = None) -> dict[str, Any]:
     """The summary before the rules ran: probes and baseline; the recommendation keys are null
-    until ``rules.recommend`` (the one author of the choice) fills them."""
+    until ``rules.recommend`` (the one author of the choice) fills them. ``search``: what the
+    sweep decided (axes, timeout, cache regime), over the metadata's; ``capacity``: the
+    capacity model to run over the probes (none: no model)."""
     context = context or {}
     baseline = next((e for e in entries if e.get("kind") == Kind.BASELINE), None)
     ceiling = latest_ceiling(entries)
@@ -80,7 +70,7 @@ def build_summary(meta: dict[str, Any], entries: list[dict[str, Any]],
             "python": platform.python_version(),
             "command_line": meta.get("command_line"),
         },
-        "search": meta.get("search", {}),
+        "search": {**(meta.get("search") or {}), **(search or {})},
         "baseline": _settings(baseline.get("config")) if baseline else None,
         "recommended": None,
         "recommended_probe": None,
@@ -91,8 +81,8 @@ def build_summary(meta: dict[str, Any], entries: list[dict[str, Any]],
         "ceiling_failed": None if ceiling else next(
             (f"{e['id']}: {e[CEILING_FAILED]}" for e in reversed(entries)
              if e.get(CEILING_FAILED)), None),
-        "capacity": run_capacity(probes, context, (baseline or {}).get("ranks_per_host")
-                                 or meta.get("nproc_per_node"), ceiling_tp),
+        "capacity": capacity(probes, context, (baseline or {}).get("ranks_per_host")
+                             or meta.get("nproc_per_node"), ceiling_tp) if capacity else None,
         "probes": probes,
         "findings": [],
         "recommendation": None,

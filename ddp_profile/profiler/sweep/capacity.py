@@ -32,7 +32,7 @@ from typing import Any, Iterable, Optional
 
 from ddp_profile.profiler.cpus import cpus_per_rank
 from ddp_profile.profiler.settings import LoaderSettings
-from ddp_profile.profiler.store.probes import Status
+from ddp_profile.profiler.store.probes import Status, counts_for_choice
 from ddp_profile.profiler.sweep.choose import Candidate, ChoiceThresholds, better
 
 DEFAULT_THRESHOLDS = ChoiceThresholds()
@@ -294,6 +294,21 @@ def most_contended(probes: list[dict[str, Any]]) -> Optional[RunQueue]:
 
 def _finite(value: float) -> Optional[float]:
     return value if math.isfinite(value) else None
+
+
+def run_capacity(probes: list[dict[str, Any]], context: dict[str, Any],
+                 local_ranks: Optional[int], ceiling: Optional[float]
+                 ) -> Optional[dict[str, Any]]:
+    """The input pipeline's capacity model of a run, as summary.json keeps it, or None
+    (``store.summary.CapacityModel``). ``local_ranks``: the ranks that shared one host's CPUs
+    (observed, else as launched)."""
+    model = run_model(probes, context, local_ranks, ceiling)
+    if model is None:
+        return None
+    return {**model.to_dict(), "demand_source": "ceiling" if ceiling else "loop",
+            "measured": [{"probe": p["id"], "num_workers": (p.get("config") or {}).get(
+                "num_workers"), "throughput": p.get("throughput")} for p in probes
+                if counts_for_choice(p) and p.get("throughput")]}
 
 
 def capacity_model(probes: list[dict[str, Any]], cpus_per_rank: float, ranks: int,

@@ -8,7 +8,7 @@ start-ups, a loop that rebuilt its iterators, a busy machine), or nothing above 
 rates (within its noise, the best configuration is at the ceiling): either way it is no
 ceiling to score against. It is marked failed with why
 (``store.probes.CEILING_FAILED``, an appended ledger line) and read as none
-(``store.summary.latest_ceiling``). ``search``: the ``sweep.search.Search`` that calls in
+(``store.probes.latest_ceiling``). ``search``: the ``sweep.search.Search`` that calls in
 (not imported: no cycle).
 """
 
@@ -17,8 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddp_profile.profiler.settings import LoaderSettings, config_label
-from ddp_profile.profiler.store.probes import CEILING_FAILED, Kind, Status
-from ddp_profile.profiler.store.summary import latest_ceiling
+from ddp_profile.profiler.store.probes import CEILING_FAILED, Kind, Status, latest_ceiling
 from ddp_profile.profiler.sweep.climb import worth_tuning
 
 

@@ -28,9 +28,9 @@ from ddp_profile.profiler.store.probes import (
     Status,
     counts_for_choice,
     counts_for_gate,
+    latest_ceiling,
 )
 from ddp_profile.profiler.store.rundir import RunDir
-from ddp_profile.profiler.store.summary import latest_ceiling
 from ddp_profile.profiler.sweep import adaptive, ceiling, claim, communication
 from ddp_profile.profiler.sweep.capacity import (
     Capacity,

@@ -514,7 +514,7 @@ class CeilingMeasurer(ModelMeasurer):
 
 @pytest.mark.parametrize("screens", [True, False])
 def test_a_ceiling_below_a_rate_measured_with_loading_is_no_ceiling(screens):
-    from ddp_profile.profiler.store.summary import latest_ceiling
+    from ddp_profile.profiler.store.probes import latest_ceiling
 
     fake = CeilingMeasurer(io_bound, ceiling=1000.0, screens=screens)  # io_bound reaches 3000
     found = Search(fake, SPACE, SweepOptions(pairs=0, ceiling=True))

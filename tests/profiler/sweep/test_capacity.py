@@ -136,7 +136,7 @@ def test_model_from_probes_takes_the_ceiling_as_demand_when_measured():
 
 
 def test_summary_capacity_per_rank_cpus_and_measured_points():
-    from ddp_profile.profiler.store.summary import run_capacity
+    from ddp_profile.profiler.sweep.capacity import run_capacity
 
     cost = loading_cost([(batches(0.1, 3.0), None)])
     probes = [{**probe(cost, 0, 6000.0), "kind": "baseline", "throughput": 560.0},
