@@ -10,11 +10,12 @@ import functools
 import inspect
 import sys
 import time
-from typing import Any, Callable
+import weakref
+from typing import Any, Callable, Optional, Protocol
 
 from ddp_profile.profiler.rank.comm import SCRIPT_COLLECTIVES, SYNC_PATTERN
 from ddp_profile.profiler.rank.windows import noting_dispatch
-from ddp_profile.profiler.settings import constructor_options
+from ddp_profile.profiler.settings import ProbePlan, constructor_options
 
 _originals: list[tuple[Any, str, Any]] = []
 _handles: list[Any] = []
@@ -36,19 +37,63 @@ def _in_worker() -> bool:
     return get_worker_info() is not None
 
 
-def apply(instr: Any) -> None:
+class Hooks(Protocol):
+    """What the patches call: ``instrument.Instrumentation``'s hooks."""
+
+    stopping: bool
+    plan: ProbePlan
+    comm: Any  # rank.comm.CommMeter
+    pin_meter: Any  # rank.loadcost's pin-time meter
+    ddp_modules: list[Any]
+
+    def event(self, name: str, **data: Any) -> None: ...
+    def on_loader_init(self, loader: Any, bound: inspect.BoundArguments) -> None: ...
+    def before_iter(self, loader: Any) -> None: ...
+    def on_iter(self, loader: Any, iterator: Any, started_ns: Optional[int] = None) -> None: ...
+    def on_next(self, iterator: Any, original_next: Callable[[Any], Any]) -> Any: ...
+    def on_backward(self) -> None: ...
+    def on_optimizer_step(self) -> None: ...
+    def gradient_sync(self) -> bool: ...
+    def on_exception(self, exc_type: type, exc: BaseException, tb: Any) -> None: ...
+
+
+Maker = Callable[[Any], Any]  # the original function -> its patched replacement
+
+
+def apply(instr: Hooks) -> None:
     """Install every patch for ``instr`` (an ``instrument.Instrumentation``)."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DataParallel, DistributedDataParallel
+    from torch.optim.optimizer import register_optimizer_step_post_hook
     from torch.utils.data import DataLoader
     from torch.utils.data._utils import pin_memory as pin_module
     from torch.utils.data.dataloader import _BaseDataLoaderIter
     from torch.utils.data.distributed import DistributedSampler
 
-    signature = inspect.signature(DataLoader.__init__)
+    _patch(DataLoader, "__init__", _loader_init(instr, inspect.signature(DataLoader.__init__)))
+    _patch(DataLoader, "__iter__", _loader_iter(instr))
+    _patch(_BaseDataLoaderIter, "__next__", _iterator_next(instr))
+    if instr.plan.windows or instr.plan.mode == "ceiling":  # a pass may be continued
+        _patch(_BaseDataLoaderIter, "_next_index", noting_dispatch)
+    _patch(torch.Tensor, "backward", _backward(instr))
+    _patch(DistributedDataParallel, "__init__",
+           _ddp_init(instr, inspect.signature(DistributedDataParallel.__init__)))
+    _patch(DistributedDataParallel, "forward", _ddp_forward(instr, _lockstep(dist.all_reduce)))
+    _patch(DataParallel, "__init__", _event_after(instr, "data_parallel"))
+    _patch(DistributedSampler, "set_epoch", _set_epoch(instr))
+    _patch(pin_module, "pin_memory", instr.pin_meter.wrap)  # pin thread and loop alike
+    if dist.is_available():
+        _patch(dist, "init_process_group", _init_process_group(instr, dist))
+        _patch_collectives(instr, dist)
+    _patch_spawn(instr)
+    _handles.append(register_optimizer_step_post_hook(lambda *_: instr.on_optimizer_step()))
+    _install_excepthook(instr)
 
-    def make_init(original: Any) -> Any:
+
+def _loader_init(instr: Hooks, signature: inspect.Signature) -> Maker:
+    """``DataLoader.__init__``: the hooks see (and may override) its bound arguments."""
+    def make(original: Any) -> Any:
         @functools.wraps(original)
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             if _in_worker() or instr.stopping:
@@ -58,8 +103,12 @@ def apply(instr: Any) -> None:
             instr.on_loader_init(self, bound)
             original(*bound.args, **bound.kwargs)
         return __init__
+    return make
 
-    def make_iter(original: Any) -> Any:
+
+def _loader_iter(instr: Hooks) -> Maker:
+    """``DataLoader.__iter__``: the iterator adopted, timed from before its workers start."""
+    def make(original: Any) -> Any:
         @functools.wraps(original)
         def __iter__(self: Any) -> Any:
             if not (_in_worker() or instr.stopping):
@@ -70,30 +119,39 @@ def apply(instr: Any) -> None:
                 instr.on_iter(self, iterator, started)
             return iterator
         return __iter__
+    return make
 
-    def make_next(original: Any) -> Any:
+
+def _iterator_next(instr: Hooks) -> Maker:
+    """``__next__`` of an adopted iterator goes through the hooks (the step clock)."""
+    def make(original: Any) -> Any:
         @functools.wraps(original)
         def __next__(self: Any) -> Any:
             if instr.stopping or getattr(self, "_ddp_profile_state", None) is None:
                 return original(self)
             return instr.on_next(self, original)
         return __next__
+    return make
 
-    def make_backward(original: Any) -> Any:
+
+def _backward(instr: Hooks) -> Maker:
+    def make(original: Any) -> Any:
         @functools.wraps(original)
         def backward(self: Any, *args: Any, **kwargs: Any) -> Any:
             instr.on_backward()
             return original(self, *args, **kwargs)
         return backward
+    return make
 
-    ddp_signature = inspect.signature(DistributedDataParallel.__init__)
 
-    def make_ddp_init(original: Any) -> Any:
+def _ddp_init(instr: Hooks, signature: inspect.Signature) -> Maker:
+    """``DistributedDataParallel.__init__``: the probe's DDP options over the script's, the
+    module recorded and its reducer timed (``rank.comm``)."""
+    def make(original: Any) -> Any:
         @functools.wraps(original)
         def __init__(self: Any, module: Any, *args: Any, **kwargs: Any) -> None:
             if constructor_options(instr.plan.ddp) and not instr.stopping:
-                args, kwargs = (), _ddp_options(ddp_signature, self, module, args, kwargs,
-                                                instr)
+                args, kwargs = (), _ddp_options(signature, self, module, args, kwargs, instr)
             original(self, module, *args, **kwargs)
             if instr.stopping:
                 return
@@ -102,23 +160,27 @@ def apply(instr: Any) -> None:
                         broadcast_buffers=bool(getattr(self, "broadcast_buffers", True)),
                         device_type=first.device.type if first is not None else None,
                         module=len(instr.comm.modules))
-            import weakref
             instr.ddp_modules.append(weakref.ref(self))
             instr.comm.track(self)
         return __init__
+    return make
 
-    lockstep = _lockstep(dist.all_reduce)
 
-    def make_ddp_forward(original: Any) -> Any:
+def _ddp_forward(instr: Hooks, lockstep: Callable[[Any], None]) -> Maker:
+    """``DistributedDataParallel.forward``: counted for the reducer's timers; in a step
+    without gradient synchronisation (``Hooks.gradient_sync``: the communication
+    counterfactual) run as under ``no_sync()`` (DDP reads the flag in forward alone), the
+    script's own flag back after it."""
+    def make(original: Any) -> Any:
         @functools.wraps(original)
         def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            import torch
+
             if instr.stopping:
                 return original(self, *args, **kwargs)
             if instr.gradient_sync():
                 instr.comm.forward(self)
                 return original(self, *args, **kwargs)
-            # the communication counterfactual: this forward as under no_sync() (DDP reads
-            # the flag in forward alone), the script's own flag back after it
             synced = self.require_backward_grad_sync
             self.require_backward_grad_sync = False
             if torch.is_grad_enabled():
@@ -129,22 +191,32 @@ def apply(instr: Any) -> None:
             finally:
                 self.require_backward_grad_sync = synced
         return forward
+    return make
 
-    def make_dp_init(original: Any) -> Any:
+
+def _event_after(instr: Hooks, name: str) -> Maker:
+    """A constructor that records event ``name`` once it ran."""
+    def make(original: Any) -> Any:
         @functools.wraps(original)
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             original(self, *args, **kwargs)
-            instr.event("data_parallel")
+            instr.event(name)
         return __init__
+    return make
 
-    def make_set_epoch(original: Any) -> Any:
+
+def _set_epoch(instr: Hooks) -> Maker:
+    def make(original: Any) -> Any:
         @functools.wraps(original)
         def set_epoch(self: Any, epoch: int) -> None:
             instr.event("set_epoch", epoch=int(epoch))
             return original(self, epoch)
         return set_epoch
+    return make
 
-    def make_init_pg(original: Any) -> Any:
+
+def _init_process_group(instr: Hooks, dist: Any) -> Maker:
+    def make(original: Any) -> Any:
         @functools.wraps(original)
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
             result = original(*args, **kwargs)
@@ -152,26 +224,7 @@ def apply(instr: Any) -> None:
                         world_size=dist.get_world_size())
             return result
         return init_process_group
-
-    _patch(DataLoader, "__init__", make_init)
-    _patch(DataLoader, "__iter__", make_iter)
-    _patch(_BaseDataLoaderIter, "__next__", make_next)
-    if instr.plan.windows or instr.plan.mode == "ceiling":  # a pass may be continued
-        _patch(_BaseDataLoaderIter, "_next_index", noting_dispatch)
-    _patch(torch.Tensor, "backward", make_backward)
-    _patch(DistributedDataParallel, "__init__", make_ddp_init)
-    _patch(DistributedDataParallel, "forward", make_ddp_forward)
-    _patch(DataParallel, "__init__", make_dp_init)
-    _patch(DistributedSampler, "set_epoch", make_set_epoch)
-    _patch(pin_module, "pin_memory", instr.pin_meter.wrap)  # pin thread and loop alike
-    if dist.is_available():
-        _patch(dist, "init_process_group", make_init_pg)
-        _patch_collectives(instr, dist)
-    _patch_spawn(instr)
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
-    _handles.append(register_optimizer_step_post_hook(lambda *_: instr.on_optimizer_step()))
-    _install_excepthook(instr)
+    return make
 
 
 def _lockstep(all_reduce: Any) -> Callable[[Any], None]:
@@ -197,7 +250,7 @@ def _lockstep(all_reduce: Any) -> Callable[[Any], None]:
 
 
 def _ddp_options(signature: inspect.Signature, ddp: Any, module: Any, args: tuple,
-                 kwargs: dict[str, Any], instr: Any) -> dict[str, Any]:
+                 kwargs: dict[str, Any], instr: Hooks) -> dict[str, Any]:
     """The script's DDP arguments with the probe's DDP options over them (those this torch's
     DDP accepts); the applied and skipped ones recorded (event ``ddp_overrides``)."""
     bound = signature.bind(ddp, module, *args, **kwargs)
@@ -220,7 +273,7 @@ LOCKSTEP_FORWARDS = 4
 GRADIENT_COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_reduce_coalesced")
 
 
-def _patch_collectives(instr: Any, dist: Any) -> None:
+def _patch_collectives(instr: Hooks, dist: Any) -> None:
     """Time and count the script's collectives per step, with their call sites
     (``rank.comm.CommMeter``); record, once per process, that the script calls a collective
     that can sum gradients (event ``collective`` {op}), and that it builds an FSDP module
@@ -250,14 +303,7 @@ def _patch_collectives(instr: Any, dist: Any) -> None:
     except ImportError:
         return
 
-    def make_fsdp_init(original: Any) -> Any:
-        @functools.wraps(original)
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            original(self, *args, **kwargs)
-            instr.event("fsdp")
-        return __init__
-
-    _patch(FullyShardedDataParallel, "__init__", make_fsdp_init)
+    _patch(FullyShardedDataParallel, "__init__", _event_after(instr, "fsdp"))
 
 
 class _SyncDebugMode:
@@ -275,7 +321,7 @@ class _SyncDebugMode:
             getattr(warnings, "_filters_mutated", lambda: None)()
 
 
-def watch_host_syncs(instr: Any) -> bool:
+def watch_host_syncs(instr: Hooks) -> bool:
     """Count the script's host-GPU synchronisations from now on (``rank.comm``): called once
     the script uses CUDA. False, and nothing changed, where this torch has no sync debug mode
     or the script set one itself."""
@@ -294,7 +340,7 @@ def watch_host_syncs(instr: Any) -> bool:
     return True
 
 
-def _patch_spawn(instr: Any) -> None:
+def _patch_spawn(instr: Hooks) -> None:
     """Ranks started by ``torch.multiprocessing.spawn`` report their exceptions too."""
     import torch.multiprocessing.spawn as spawn_module
 
@@ -314,7 +360,7 @@ def _patch_spawn(instr: Any) -> None:
         _patch(spawn_module, "_wrap", make_wrap)
 
 
-def _install_excepthook(instr: Any) -> None:
+def _install_excepthook(instr: Hooks) -> None:
     previous = sys.excepthook
 
     def excepthook(exc_type: type, exc: BaseException, tb: Any) -> None:
