@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ddp_profile.profiler.store.probes import CHOICE_KINDS, GATE_KINDS, Status
+from ddp_profile.profiler.store.probes import choice_mask, gate_mask, ok_mask
 from ddp_profile.profiler.store.results import step_split
 
 MAX_POINTS = 500
@@ -112,7 +112,7 @@ def throughput_by_config(probes: pd.DataFrame, highlight: Mapping[str, str]) -> 
     ``highlight`` maps probe id to a role (baseline, recommended, ceiling) for its colour.
     """
     title = "Throughput per configuration (global samples/s)"
-    ok = probes[(probes["status"] == Status.OK) & probes["throughput"].notna()]
+    ok = probes[ok_mask(probes) & probes["throughput"].notna()]
     if ok.empty:
         return _empty(title, "no probe finished successfully")
     ok = ok.sort_values("throughput")
@@ -248,7 +248,7 @@ def cpu_by_probe(samples: pd.DataFrame, labels: Mapping[str, str]) -> go.Figure:
 def swept_values(probes: pd.DataFrame, column: str) -> list:
     """The distinct values of a setting among the probes that ran the script as the user
     would (``store.probes.GATE_KINDS``), sorted."""
-    ok = probes[(probes["status"] == Status.OK) & probes["kind"].isin(GATE_KINDS)]
+    ok = probes[gate_mask(probes)]
     return sorted(ok[column].dropna().unique().tolist())
 
 
@@ -257,7 +257,7 @@ def workers_batch_heatmap(probes: pd.DataFrame) -> Optional[go.Figure]:
     workers, batches = swept_values(probes, "num_workers"), swept_values(probes, "batch_size")
     if len(workers) < 2 or len(batches) < 2:
         return None
-    ok = probes[(probes["status"] == Status.OK) & probes["kind"].isin(GATE_KINDS)]
+    ok = probes[gate_mask(probes)]
     grid = ok.pivot_table(index="batch_size", columns="num_workers", values="throughput",
                           aggfunc="max").reindex(index=batches, columns=workers)
     z = [[None if pd.isna(v) else round(float(v), 1) for v in row] for row in grid.to_numpy()]
@@ -302,8 +302,7 @@ def capacity_by_workers(capacity: Optional[Mapping], probes: pd.DataFrame) -> Op
         traces.append(_level(x, capacity["pin_limit"], "pinning limit", "#7b2cbf", "dot",
                              "one pinning thread per rank keeps up with at most "
                              "%{y:,.0f} samples/s"))
-    ok = probes[(probes["status"] == Status.OK) & (probes["kind"].isin(CHOICE_KINDS))
-                & probes["throughput"].notna() & probes["num_workers"].notna()]
+    ok = probes[choice_mask(probes) & probes["throughput"].notna() & probes["num_workers"].notna()]
     if len(ok):
         traces.append(dict(
             type="scatter", mode="markers", x=ok["num_workers"].astype(int).tolist(),

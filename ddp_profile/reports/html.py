@@ -25,7 +25,7 @@ import plotly.offline
 
 from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.atomic import write_text_atomic
-from ddp_profile.profiler.store.probes import GATE_KINDS, Kind, Status
+from ddp_profile.profiler.store.probes import Kind, Status, gate_mask, ok_mask
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.reports import figures
 from ddp_profile.rules.base import SEVERITIES
@@ -109,7 +109,7 @@ def probe_roles(run: Run) -> dict[str, str]:
     if chosen is not None and chosen in set(probes["id"].astype(str)):
         roles[str(chosen)] = "recommended"  # the probe the recommendation was measured by
     elif recommended:
-        ok = probes[(probes["status"] == Status.OK) & probes["kind"].isin(GATE_KINDS)]
+        ok = probes[gate_mask(probes)]
         matches = [row for row in ok.to_dict("records")
                    if all(_same(row.get(k), recommended.get(k)) for k in recommended
                           if k in SETTING_KEYS)]
@@ -296,7 +296,7 @@ def build_probe_details(run: Run, roles: dict[str, str],
 
 def probe_labels(run: Run) -> dict[str, str]:
     """Probe id -> short label, successful probes by throughput (best first)."""
-    ok = run.probes[run.probes["status"] == Status.OK].sort_values("throughput", ascending=False)
+    ok = run.probes[ok_mask(run.probes)].sort_values("throughput", ascending=False)
     return {str(row["id"]): figures.probe_label(row) for row in ok.to_dict("records")}
 
 

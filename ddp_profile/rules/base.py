@@ -22,7 +22,7 @@ import pandas as pd
 
 from ddp_profile.profiler.cache import CACHE_MARGIN
 from ddp_profile.profiler.settings import SETTING_KEYS
-from ddp_profile.profiler.store.probes import CHOICE_KINDS, Kind, Status, data_wait_share
+from ddp_profile.profiler.store.probes import CHOICE_KINDS, Kind, data_wait_share, ok_mask
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.profiler.sweep.choose import Candidate, ChoiceThresholds, candidate_of
 
@@ -118,7 +118,7 @@ def ok_probes(run: Run, kinds: Iterable[str] = CHOICE_KINDS) -> pd.DataFrame:
     probes = run.probes
     if probes is None or probes.empty or "status" not in probes or "kind" not in probes:
         return pd.DataFrame(columns=getattr(probes, "columns", []))
-    return probes[(probes["status"] == Status.OK) & probes["kind"].isin(list(kinds))]
+    return probes[ok_mask(probes, kinds)]
 
 
 def baseline_probe(run: Run) -> Optional[pd.Series]:

@@ -17,7 +17,10 @@ Which probes count is decided here alone:
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class Status(str, Enum):
@@ -82,6 +85,23 @@ def counts_for_choice(entry: Mapping[str, Any]) -> bool:
 def counts_for_gate(entry: Mapping[str, Any]) -> bool:
     """A measurement the CI gate may compare or pool (see the module docstring)."""
     return is_ok(entry) and entry.get("kind", Kind.SWEEP) in GATE_KINDS
+
+
+# The same predicates over the probes table (``store.results.Run.probes``: a row a probe)
+def ok_mask(probes: "pd.DataFrame", kinds: Optional[Iterable[str]] = None) -> "pd.Series":
+    """The rows measured ok (of ``kinds``, where given)."""
+    mask = probes["status"] == Status.OK
+    return mask & probes["kind"].isin(list(kinds)) if kinds is not None else mask
+
+
+def choice_mask(probes: "pd.DataFrame") -> "pd.Series":
+    """``counts_for_choice`` of every row."""
+    return ok_mask(probes, CHOICE_KINDS)
+
+
+def gate_mask(probes: "pd.DataFrame") -> "pd.Series":
+    """``counts_for_gate`` of every row."""
+    return ok_mask(probes, GATE_KINDS)
 
 
 def latest_ceiling(entries: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
