@@ -282,8 +282,8 @@ def main() -> None:
     parser.add_argument("--aa", type=int, default=None, help="A/A trials (0: none)")
     parser.add_argument("--workloads", default=None, help="comma list of " + ",".join(WORKLOADS))
     args = parser.parse_args()
-    names = args.workloads.split(",") if args.workloads else list(QUICK if args.quick
-                                                                   else WORKLOADS)
+    names = [n for n in args.workloads.split(",") if n] if args.workloads is not None \
+        else list(QUICK if args.quick else WORKLOADS)  # --workloads "": the A/A alone
     rounds = args.rounds or (2 if args.quick else 3)
     results = []
     for name in names:
