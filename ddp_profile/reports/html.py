@@ -25,7 +25,7 @@ import plotly.offline
 
 from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.atomic import write_text_atomic
-from ddp_profile.profiler.store.probes import Kind, Status, gate_mask, ok_mask
+from ddp_profile.profiler.store.probes import Kind, gate_mask, ok_mask
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.reports import figures
 from ddp_profile.rules.base import SEVERITIES
@@ -214,10 +214,10 @@ def build_table(run: Run, roles: dict[str, str]) -> dict[str, Any]:
 
 def build_failed(run: Run) -> list[dict[str, Any]]:
     failed = []
-    for probe in run.summary.get("probes") or []:
-        if probe.get("status") == Status.OK:
+    for probe in run.records:
+        if probe.ok:
             continue
-        failed.append({"id": str(probe.get("id")), "status": str(probe.get("status")),
+        failed.append({"id": probe.id, "status": probe.status.value,
                        "settings": settings_text(probe.get("config")),
                        "reason": str(probe.get("reason") or ""),
                        "error": str(probe.get("error") or ""),
@@ -333,8 +333,7 @@ def build_report_data(run: Run, findings: Optional[list[dict[str, Any]]] = None
                                                 or "no GPU samples were recorded")},
         "warnings": [str(w) for w in run.warnings] + [
             f"probe {p.get('id')} is short ({p.get('steps_measured')} of {p.get('steps')} "
-            f"steps): {p.get('short_reason')}" for p in summary.get("probes") or []
-            if p.get("short")],
+            f"steps): {p.get('short_reason')}" for p in run.records if p.short],
         "probe_count": len(run.probes),
         "client": {"figures": {name: figure_json(fig) for name, fig in charts.items()},
                    "probes": details,

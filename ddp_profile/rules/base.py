@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 import pandas as pd
 
@@ -130,11 +130,12 @@ def baseline_probe(run: Run) -> Optional[pd.Series]:
     return (marked if not marked.empty else probes).iloc[0]
 
 
-def probe_entry(run: Run, probe_id: Any) -> dict[str, Any]:
-    """The summary.json ``probes[]`` item of a probe ({} if absent)."""
-    for entry in run.summary.get("probes") or []:
-        if entry.get("id") == probe_id:
-            return entry
+def probe_entry(run: Run, probe_id: Any) -> Mapping[str, Any]:
+    """The record of a probe (``store.probes.ProbeRecord``: its summary.json item, typed;
+    {} if absent)."""
+    for record in run.records:
+        if record.id == str(probe_id):
+            return record
     return {}
 
 
@@ -383,16 +384,15 @@ def global_steps(run: Run, probe_id: str) -> pd.DataFrame:
 def relative_error(run: Run, probe_id: str) -> float:
     """Relative standard error of a probe's throughput (0 if unknown): the probe's own
     batch-means estimate when recorded, else from its per-step times."""
-    for probe in run.summary.get("probes", []):
-        if probe.get("id") == probe_id and finite(probe.get("throughput_rse")):
-            return float(probe["throughput_rse"])
+    probe = probe_entry(run, probe_id)
+    if finite(probe.get("throughput_rse")):
+        return float(probe["throughput_rse"])
     times = global_steps(run, probe_id)["step_s"]
     if len(times) >= 2 and times.mean() > 0:
         return float(times.std(ddof=1) / times.mean() / math.sqrt(len(times)))
-    for probe in run.summary.get("probes", []):
-        if probe.get("id") == probe_id and finite(probe.get("step_time_cv")):
-            steps = max(1, as_int(probe.get("steps_measured"), 1) or 1)
-            return float(probe["step_time_cv"]) / math.sqrt(steps)
+    if finite(probe.get("step_time_cv")):
+        steps = max(1, as_int(probe.get("steps_measured"), 1) or 1)
+        return float(probe["step_time_cv"]) / math.sqrt(steps)
     return 0.0
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ddp_profile.profiler.settings import SETTING_KEYS
-from ddp_profile.profiler.store.probes import Kind, Status
+from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.profiler.sweep.choose import candidate_of, launch_spread
 from ddp_profile.profiler.sweep.claim import CANDIDATE, REFERENCE, fit_alternation
@@ -67,26 +67,30 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
-def alternation(run: Run, reference: dict[str, Any], candidate: dict[str, Any]
-                ) -> list[dict[str, Any]]:
+def alternations(run: Run, kind: Kind) -> list[list[ProbeRecord]]:
+    """Every alternation of probes of ``kind`` (``ProbeRecord.pair``), in the order they
+    ran, each in its own order."""
+    groups: dict[str, list[ProbeRecord]] = {}
+    for probe in run.records:
+        if probe.kind == kind and probe.pair is not None:
+            groups.setdefault(probe.pair.group, []).append(probe)
+    return [sorted(g, key=lambda p: p.pair.index if p.pair else 0) for g in groups.values()]
+
+
+def alternation(run: Run, reference: Any, candidate: Any) -> list[ProbeRecord]:
     """The last alternation of ``reference``'s settings and ``candidate``'s, in order."""
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for probe in run.summary.get("probes") or []:
-        if probe.get("kind") == Kind.PAIRED and isinstance(probe.get("pair"), dict):
-            groups.setdefault(str(probe["pair"].get("group")), []).append(probe)
     wanted = {REFERENCE: _settings(reference), CANDIDATE: _settings(candidate)}
-    for group in reversed(list(groups.values())):
-        if all(_settings(p) == wanted.get(p["pair"].get("role")) for p in group):
-            return sorted(group, key=lambda p: p["pair"].get("index", 0))
+    for group in reversed(alternations(run, Kind.PAIRED)):
+        if all(p.pair and _settings(p) == wanted.get(p.pair.role) for p in group):
+            return group
     return []
 
 
 def launches_spread(run: Run, settings: set[tuple], floor: float) -> float:
     """The relative SD between launches of the same settings (``settings``) this run shows,
     at least ``floor``: every ok measurement of them, by launch."""
-    measured = [candidate_of(p) for p in run.summary.get("probes") or []
-                if p.get("status") == Status.OK and p.get("throughput")
-                and p.get("kind") in MEASURING_KINDS and _settings(p) in settings]
+    measured = [candidate_of(p) for p in run.records
+                if p.measured and p.kind in MEASURING_KINDS and _settings(p) in settings]
     return max(floor, launch_spread(measured))
 
 
@@ -96,12 +100,12 @@ def paired_claim(run: Run, reference: dict[str, Any], candidate: dict[str, Any],
     from their alternation; None where there is none, or a probe of it failed. ``launch_sd``:
     the least relative SD between launches of one setting."""
     probes = alternation(run, reference, candidate)
-    if not probes or any(p.get("status") != Status.OK or not p.get("throughput")
-                         or not math.isfinite(p["throughput"]) for p in probes):
+    if not probes or any(not p.measured or not math.isfinite(p.throughput or math.nan)
+                         for p in probes):
         return None
-    roles = [p["pair"]["role"] for p in probes]
+    roles = [p.pair.role if p.pair else None for p in probes]
     fit = fit_alternation([(CANDIDATE if role == CANDIDATE else None,
-                            float(p["pair"]["index"]), float(p["throughput"]))
+                            float(p.pair.index if p.pair else 0), float(p.throughput or 0.0))
                            for role, p in zip(roles, probes)])
     if fit is None:
         return None
@@ -109,10 +113,10 @@ def paired_claim(run: Run, reference: dict[str, Any], candidate: dict[str, Any],
     half = t_quantile(0.5 + confidence / 2, fit.dof) * math.sqrt(
         fit.errors[CANDIDATE] ** 2 + 2 * between ** 2 / CHECK_ROUNDS)
     gain = fit.gains[CANDIDATE]
-    launches = len({p.get("launch") or p.get("id") for p in probes})
+    launches = len({p.launch for p in probes})
     return PairedClaim(ratio=math.exp(gain), interval=(math.exp(gain - half),
                                                        math.exp(gain + half)),
-                       probes=tuple(str(p["id"]) for p in probes),
+                       probes=tuple(p.id for p in probes),
                        candidates=roles.count(CANDIDATE), launches=launches)
 
 
@@ -134,16 +138,6 @@ class DdpEffect:
         return f"{self.ratio:.2f}x{interval}"
 
 
-def ddp_alternations(run: Run) -> list[list[dict[str, Any]]]:
-    """Every alternation of DDP options with the script's own (``sweep.communication``), in
-    the order they ran, each in its order."""
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for probe in run.summary.get("probes") or []:
-        if probe.get("kind") == Kind.DDP and isinstance(probe.get("pair"), dict):
-            groups.setdefault(str(probe["pair"].get("group")), []).append(probe)
-    return [sorted(g, key=lambda p: p["pair"].get("index", 0)) for g in groups.values()]
-
-
 def alternated_effects(run: Run, confidence: float, launch_sd: float
                        ) -> dict[str, DdpEffect]:
     """options text -> what the last alternation measuring those options says. Windows of
@@ -152,39 +146,40 @@ def alternated_effects(run: Run, confidence: float, launch_sd: float
     fit's uncertainty and the spread between launches (the fit's residual, at least
     ``launch_sd``) over ``CHECK_ROUNDS`` launches of each."""
     effects: dict[str, DdpEffect] = {}
-    for probes in ddp_alternations(run):
-        fit = alternation_fit(probes)
+    for probes in alternations(run, Kind.DDP):  # DDP options with the script's own
+        fit = alternation_fit(list(probes))
         if fit is None:
             continue
-        launches = len({p.get("launch") or p.get("id") for p in probes})
+        launches = len({p.launch for p in probes})
         between = max(launch_sd, fit.residual_sd) if launches > 1 else 0.0
         t = t_quantile(0.5 + confidence / 2, fit.dof)
         reference = _alternation_text(probes, fit.drift, launches)
         for key, gain in fit.gains.items():
             half = t * math.sqrt(fit.errors[key] ** 2 + 2 * between ** 2 / CHECK_ROUNDS)
             low, high = math.exp(gain - half), math.exp(gain + half)
-            mine = [p for p in probes if p["pair"].get("role") == CANDIDATE
-                    and options_key(p.get("ddp_options") or {}) == key]
-            effects[key] = DdpEffect(options=dict(mine[0].get("ddp_options") or {}),
+            mine = [p for p in probes if p.pair and p.pair.role == CANDIDATE
+                    and options_key(dict(p.comm.options or {})) == key]
+            effects[key] = DdpEffect(options=dict(mine[0].comm.options or {}),
                                      ratio=math.exp(gain), interval=(low, high),
                                      faster=low > 1.0, slower=high < 1.0,
-                                     probes="probes " + ", ".join(str(p["id"]) for p in mine),
+                                     probes="probes " + ", ".join(p.id for p in mine),
                                      reference=reference)
     return effects
 
 
-def _alternation_text(probes: list[dict[str, Any]], drift: float, launches: int) -> str:
+def _alternation_text(probes: list[ProbeRecord], drift: float, launches: int) -> str:
     """How an alternation ran, and what the script's own options did meanwhile."""
     letters, names = [], {}
+    reference = [p for p in probes if p.pair and p.pair.role == REFERENCE]
     for probe in probes:
-        if probe["pair"].get("role") == REFERENCE:
+        if probe in reference:
             letters.append("A")
             continue
-        key = options_key(probe.get("ddp_options") or {})
+        key = options_key(dict(probe.comm.options or {}))
         letters.append(names.setdefault(key, chr(ord("B") + len(names))))
-    rates = [float(p["throughput"]) for p in probes if p["pair"].get("role") == REFERENCE]
+    rates = [float(p.throughput or 0.0) for p in reference]
     unit = "windows of one launch" if launches == 1 else "launches"
-    return (f"alternated {' '.join(letters)} in {unit}, probes {probes[0]['id']}-"
-            f"{probes[-1]['id']}; the script's own options ran {min(rates):,.0f}-"
+    return (f"alternated {' '.join(letters)} in {unit}, probes {probes[0].id}-"
+            f"{probes[-1].id}; the script's own options ran {min(rates):,.0f}-"
             f"{max(rates):,.0f} samples/s in its {len(rates)} {unit.split()[0]}, "
             f"a drift of {math.expm1(drift):+.1%} per place")

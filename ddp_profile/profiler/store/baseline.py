@@ -35,7 +35,7 @@ import pandas as pd
 
 from ddp_profile.errors import BadRunDir, Incomparable
 from ddp_profile.profiler.settings import config_label
-from ddp_profile.profiler.store.probes import counts_for_gate
+from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.profiler.store.results import STEP_PARTS, Run, load_run, read_json, step_split
 
 BASELINE_KIND = "ddp-profile-baseline"
@@ -118,10 +118,10 @@ def _throughput(probe: Mapping[str, Any]) -> float:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else -1.0
 
 
-def choose_probe(run: Run, config: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+def choose_probe(run: Run, config: Optional[Mapping[str, Any]] = None) -> ProbeRecord:
     """The probe to compare (see the module docstring), among those that count for the gate
     (``store.probes.counts_for_gate``: never a ceiling, threads or DDP counterfactual)."""
-    candidates = [p for p in run.summary.get("probes", []) if counts_for_gate(p)]
+    candidates = [p for p in run.records if p.counts_for_gate]
     if not candidates:
         raise BadRunDir(f"no successful probe to compare in {run.path}")
     if config is not None:
@@ -138,12 +138,12 @@ def choose_probe(run: Run, config: Optional[Mapping[str, Any]] = None) -> dict[s
     return max(candidates, key=_throughput)
 
 
-def same_config_probes(run: Run, probe: Mapping[str, Any]) -> list[dict[str, Any]]:
+def same_config_probes(run: Run, probe: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """Every probe that counts for the gate measuring exactly ``probe``'s configuration, in
     order (``probe`` among them): the launches of one side."""
     config = probe.get("config") or {}
-    return [p for p in run.summary.get("probes", [])
-            if counts_for_gate(p) and (p.get("config") or {}) == config] or [dict(probe)]
+    return [p for p in run.records
+            if p.counts_for_gate and (p.get("config") or {}) == config] or [probe]
 
 
 def _side_from_run(run: Run, config: Optional[Mapping[str, Any]]) -> GateSide:

@@ -1,4 +1,6 @@
-"""What a probe is and which probes count for what: ``Status``, ``Kind`` and the predicates.
+"""What a probe is and which probes count for what: ``Status``, ``Kind``, the predicates, and
+``ProbeRecord``, the typed record of one probe that the run's readers share (the ledger line
+it is made from and written back to keeps its keys).
 
 A ledger entry (``profiler.sweep.probe.summarise_probe``; the ``probes[]`` items of
 summary.json) stores ``status`` and ``kind`` as plain strings; the enums here are ``str``
@@ -16,8 +18,12 @@ Which probes count is decided here alone:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Optional
+
+from ddp_profile.profiler.settings import LoaderSettings
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -50,6 +56,8 @@ class Kind(str, Enum):
     def __str__(self) -> str:
         return self.value
 
+
+Entry = Mapping[str, Any]  # a probe as the sweep holds it: its ledger line, or its ProbeRecord
 
 CEILING_FAILED = "ceiling_failed"  # why a ceiling probe is none (it ran below a loading rate)
 MEASURED_AS = "measured_as"  # the kind a probe set aside as ``cache`` was measured as
@@ -110,3 +118,170 @@ def latest_ceiling(entries: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     rate measured with loading is none)."""
     return next((e for e in reversed(entries) if e.get("kind") == Kind.CEILING
                  and is_ok(e) and not e.get(CEILING_FAILED)), None)
+
+
+# ---- the record ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Pair:
+    """A probe's place in an alternation (the claim's, a DDP option's): its role, its place
+    in the order they ran, and the alternation it belongs to."""
+
+    role: str  # "reference" | "candidate"
+    index: int
+    group: str
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """What CUDA events showed of a probe's steps (None: not on CUDA)."""
+
+    idle_fraction: Optional[float]  # the GPU idle between steps, of the step time
+    starved_fraction: Optional[float]  # idle while its host waited for data
+
+
+@dataclass(frozen=True)
+class CacheMiss:
+    """A probe set aside as kind ``cache``: it read out of the run's page-cache regime, and
+    was measured again in it."""
+
+    measured_as: Kind  # the kind it was measured as
+    mode: Optional[str]  # the regime it missed
+    storage_share: Optional[float]  # the share of its bytes read from storage
+
+
+@dataclass(frozen=True)
+class Loading:
+    """The producers' measured cost per sample (``sweep.capacity.loading_cost``)."""
+
+    cpu_per_sample_s: Optional[float]
+    wait_per_sample_s: Optional[float]
+    storage_share: Optional[float]  # of the bytes read, the share that came from storage
+    read_per_sample_bytes: Optional[float]
+    fields: Mapping[str, Any]  # every key, as recorded
+
+
+@dataclass(frozen=True)
+class Communication:
+    """DDP's reducer timers and the script's collectives (``store.comm.probe_comm``)."""
+
+    exposed_fraction: Optional[float]  # the all-reduce backward did not cover, of the step
+    options: Optional[Mapping[str, Any]]  # the probe's DDP options (None: the script's own)
+    fields: Mapping[str, Any]  # every key of its ``comm``, as recorded
+
+
+def _number(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and value == value else None
+
+
+class BadProbeRecord(ValueError):
+    """A ledger line or summary item that is no probe (``ProbeRecord.from_json``)."""
+
+
+@dataclass(frozen=True, eq=False)
+class ProbeRecord(Mapping[str, Any]):
+    """One probe as the ledger holds it, typed where decisions read it.
+
+    Made from a ledger line (or a summary.json ``probes[]`` item) in one place,
+    ``from_json``, and written back with ``to_json``: every key of the line is kept as it was,
+    so the ledger and summary.json keep their keys. The record reads as the line (a
+    read-only mapping) for the keys that have no typed field yet.
+    """
+
+    line: Mapping[str, Any]
+    id: str
+    kind: Kind
+    status: Status
+    config: LoaderSettings  # the settings that ran
+    throughput: Optional[float]  # global samples/s (None unless ok)
+    pair: Optional[Pair]
+    gpu: Gpu
+    cache: Optional[CacheMiss]
+    loading: Optional[Loading]
+    comm: Communication
+
+    @classmethod
+    def from_json(cls, line: Mapping[str, Any]) -> "ProbeRecord":
+        if not isinstance(line, Mapping) or line.get("id") is None:
+            raise BadProbeRecord(f"a probe without an id: {str(line)[:80]}")
+        try:
+            kind = Kind(line.get("kind") or Kind.SWEEP.value)
+            status = Status(line.get("status"))
+        except ValueError as exc:
+            raise BadProbeRecord(f"probe {line.get('id')}: {exc}") from None
+        pair = line.get("pair")
+        missed = line.get("regime_miss") or {}
+        loading = line.get("loading")
+        comm = line.get("comm") or {}
+        return cls(
+            line=MappingProxyType(dict(line)), id=str(line["id"]), kind=kind, status=status,
+            config=LoaderSettings.from_dict(line.get("config")),
+            throughput=_number(line.get("throughput")),
+            pair=Pair(str(pair.get("role")), int(pair.get("index") or 0), str(pair.get("group")))
+            if isinstance(pair, Mapping) else None,
+            gpu=Gpu(_number(line.get("gpu_idle_fraction")),
+                    _number(line.get("gpu_starved_fraction"))),
+            cache=CacheMiss(Kind(line[MEASURED_AS]), missed.get("mode"),
+                            _number(missed.get("storage_share")))
+            if kind == Kind.CACHE and line.get(MEASURED_AS) in Kind._value2member_map_ else None,
+            loading=Loading(_number(loading.get("cpu_per_sample_s")),
+                            _number(loading.get("wait_per_sample_s")),
+                            _number(loading.get("storage_share")),
+                            _number(loading.get("read_per_sample_bytes")),
+                            MappingProxyType(dict(loading)))
+            if isinstance(loading, Mapping) else None,
+            comm=Communication(_number(line.get("comm_fraction")),
+                               line.get("ddp_options") if isinstance(line.get("ddp_options"),
+                                                                    Mapping) else None,
+                               MappingProxyType(dict(comm))))
+
+    def to_json(self) -> dict[str, Any]:
+        """The ledger line, as it was read (plain JSON types)."""
+        return dict(self.line)
+
+    # the line's keys, read-only
+    def __getitem__(self, key: str) -> Any:
+        return self.line[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.line)
+
+    def __len__(self) -> int:
+        return len(self.line)
+
+    # what the record counts for (the module's predicates)
+    @property
+    def ok(self) -> bool:
+        return self.status == Status.OK
+
+    @property
+    def measured(self) -> bool:
+        """Ok, with a throughput."""
+        return self.ok and bool(self.throughput)
+
+    @property
+    def counts_for_choice(self) -> bool:
+        return counts_for_choice(self)
+
+    @property
+    def counts_for_gate(self) -> bool:
+        return counts_for_gate(self)
+
+    @property
+    def launch(self) -> str:
+        """The launch that measured it: its screen's, else its own."""
+        launch = self.line.get("launch")
+        return launch if isinstance(launch, str) and launch else self.id
+
+    @property
+    def short(self) -> bool:
+        return self.line.get("short") is True
+
+    @property
+    def data_wait_share(self) -> Optional[float]:
+        return data_wait_share(self)
+
+
+def records(lines: Iterable[Mapping[str, Any]]) -> tuple[ProbeRecord, ...]:
+    """``ProbeRecord.from_json`` of every line."""
+    return tuple(ProbeRecord.from_json(line) for line in lines)

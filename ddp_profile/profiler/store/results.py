@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Optional
 
 import numpy as np
@@ -39,7 +40,8 @@ import pandas as pd
 from ddp_profile.errors import BadRunDir
 from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.comm import step_comm
-from ddp_profile.profiler.store.probes import Kind
+from ddp_profile.profiler.store.probes import BadProbeRecord, ProbeRecord
+from ddp_profile.profiler.store.probes import records as probe_records
 from ddp_profile.profiler.store.record import ITERATOR_OUTLIVES_EPOCH, WORKER_DIR, read_jsonl
 
 STEP_COLUMNS = ["probe_id", "rank", "node", "loader_id", "step", "measured", "t_s",
@@ -200,9 +202,11 @@ def _nan(value: Any) -> float:
     return float("nan") if value is None else float(value)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Run:
-    """A loaded run directory: the summary plus the tables described in the module docstring."""
+    """A loaded run directory: the summary plus the tables described in the module docstring.
+    Read-only to its readers (the rules, the reports): a composed summary makes a new one
+    (``dataclasses.replace``)."""
 
     path: str
     meta: dict[str, Any]
@@ -215,10 +219,15 @@ class Run:
     contexts: dict[tuple[str, int], dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
 
-    def probe(self, probe_id: str) -> dict[str, Any]:
-        for probe in self.summary.get("probes", []):
-            if probe.get("id") == probe_id:
-                return probe
+    @cached_property
+    def records(self) -> tuple[ProbeRecord, ...]:
+        """Every probe of the summary, typed (``store.probes.ProbeRecord``), in run order."""
+        return probe_records(self.summary.get("probes") or [])
+
+    def probe(self, probe_id: str) -> ProbeRecord:
+        for record in self.records:
+            if record.id == probe_id:
+                return record
         raise KeyError(probe_id)
 
 
@@ -264,21 +273,20 @@ def fold_amendments(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return entries
 
 
-def _probe_row(probe: dict[str, Any]) -> dict[str, Any]:
-    config = probe.get("config") or {}
-    return {"id": probe.get("id"), "kind": probe.get("kind", Kind.SWEEP.value),
-            "status": probe.get("status"),
+def _probe_row(record: ProbeRecord) -> dict[str, Any]:
+    """A record's row of the probes table."""
+    line, config = record.line, record.line.get("config") or {}
+    return {"id": record.id, "kind": record.kind.value, "status": record.status.value,
             **{k: config.get(k) for k in SETTING_KEYS},
-            "throughput": _nan(probe.get("throughput")),
-            "data_wait_fraction": _nan(probe.get("data_wait_fraction")),
-            "gpu_idle_fraction": _nan(probe.get("gpu_idle_fraction")),
-            "gpu_starved_fraction": _nan(probe.get("gpu_starved_fraction")),
-            "comm_fraction": _nan(probe.get("comm_fraction")),
-            "score": _nan(probe.get("score")), "wall_s": _nan(probe.get("wall_s")),
-            "error": probe.get("error"), "root_cause_rank": probe.get("root_cause_rank"),
-            "steps_measured": probe.get("steps_measured"), "short": probe.get("short") is True,
-            "short_reason": probe.get("short_reason"),
-            "launch": probe.get("launch") or probe.get("id")}
+            "throughput": _nan(record.throughput),
+            "data_wait_fraction": _nan(line.get("data_wait_fraction")),
+            "gpu_idle_fraction": _nan(record.gpu.idle_fraction),
+            "gpu_starved_fraction": _nan(record.gpu.starved_fraction),
+            "comm_fraction": _nan(record.comm.exposed_fraction),
+            "score": _nan(line.get("score")), "wall_s": _nan(line.get("wall_s")),
+            "error": line.get("error"), "root_cause_rank": line.get("root_cause_rank"),
+            "steps_measured": line.get("steps_measured"), "short": record.short,
+            "short_reason": line.get("short_reason"), "launch": record.launch}
 
 
 def _rank_rows(probe_id: str, data: RankData, out: dict[str, list]) -> None:
@@ -378,13 +386,18 @@ def assemble(run_dir: str, meta: dict[str, Any], summary: dict[str, Any],
              tables: ProbeTables, warnings: Optional[list[str]] = None) -> Run:
     """The ``Run`` of a summary and its probes' records."""
     rows = tables.rows
-    return Run(path=run_dir, meta=meta, summary=summary,
-               probes=pd.DataFrame([_probe_row(p) for p in summary.get("probes") or []],
-                                   columns=PROBE_COLUMNS),
-               steps=pd.DataFrame(rows["steps"], columns=STEP_COLUMNS),
-               samples=pd.DataFrame(rows["samples"]),
-               loader_iters=pd.DataFrame(rows["loader_iters"],
-                                         columns=["probe_id", "rank", "loader_id", "iter_index",
-                                                  "first_batch_s"]),
-               events=pd.DataFrame(rows["events"], columns=["probe_id", "rank", "name", "data"]),
-               contexts=dict(tables.contexts), warnings=[*(warnings or []), *tables.warnings])
+    try:
+        typed = probe_records(summary.get("probes") or [])
+    except BadProbeRecord as exc:
+        raise BadRunDir(f"{run_dir}: {exc}") from None
+    run = Run(path=run_dir, meta=meta, summary=summary,
+              probes=pd.DataFrame([_probe_row(p) for p in typed], columns=PROBE_COLUMNS),
+              steps=pd.DataFrame(rows["steps"], columns=STEP_COLUMNS),
+              samples=pd.DataFrame(rows["samples"]),
+              loader_iters=pd.DataFrame(rows["loader_iters"],
+                                        columns=["probe_id", "rank", "loader_id", "iter_index",
+                                                 "first_batch_s"]),
+              events=pd.DataFrame(rows["events"], columns=["probe_id", "rank", "name", "data"]),
+              contexts=dict(tables.contexts), warnings=[*(warnings or []), *tables.warnings])
+    run.__dict__["records"] = typed  # the records the table was made from
+    return run

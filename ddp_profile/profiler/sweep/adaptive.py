@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any, Optional
 
 from ddp_profile.profiler.settings import LoaderSettings
-from ddp_profile.profiler.store.probes import Kind, Status
+from ddp_profile.profiler.store.probes import Entry, Kind, Status
 from ddp_profile.profiler.sweep import ceiling
 from ddp_profile.profiler.sweep.capacity import (
     CLIMB_STOP_CPU_SHARE,
@@ -37,7 +37,6 @@ from ddp_profile.profiler.sweep.space import normalise
 
 MAX_CLIMB_LAUNCHES = 3  # launches the climb may add past the first screen
 
-Entry = dict[str, Any]
 
 
 def settings_of(entry: Entry) -> LoaderSettings:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from ddp_profile.profiler.settings import LoaderSettings
-from ddp_profile.profiler.store.probes import Status, data_wait_share
+from ddp_profile.profiler.store.probes import Entry, Status, data_wait_share
 from ddp_profile.profiler.sweep.capacity import ClimbPoint
 from ddp_profile.profiler.sweep.choose import better, candidate_of, not_worse
 from ddp_profile.profiler.sweep.space import normalise
@@ -21,7 +21,6 @@ from ddp_profile.profiler.sweep.space import normalise
 SETTLED_DATA_WAIT = 0.05  # below this share of waiting, loading settings cannot help more
 CLIMB_PATIENCE = 1  # rungs of the worker ladder tried past one that did not pay (noise)
 
-Entry = dict[str, Any]
 
 
 def waits_for_data(entry: Entry) -> bool:

@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from ddp_profile.profiler.settings import GRADIENT_SYNC, LoaderSettings
-from ddp_profile.profiler.store.probes import Kind, Status
+from ddp_profile.profiler.store.probes import Entry, Kind, Status
 from ddp_profile.profiler.sweep.choose import (
     UNSTABLE_RSE,
     ChoiceThresholds,
@@ -38,7 +38,6 @@ from ddp_profile.profiler.sweep.climb import beats
 from ddp_profile.profiler.sweep.measure import Window
 from ddp_profile.profiler.sweep.space import normalise
 
-Entry = dict[str, Any]
 DEFAULT_BUCKET_CAP_MB = 25  # DDP's bucket_cap_mb when the script gives none
 
 

@@ -12,7 +12,7 @@ Tests inject a modelled measurer instead.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Mapping, Optional, Protocol
 
 from ddp_profile.profiler.cache import (
     AS_IS,
@@ -40,7 +40,7 @@ from ddp_profile.profiler.settings import (
     burst_steps,
     mode_warmup,
 )
-from ddp_profile.profiler.store.probes import MEASURED_AS, Kind, Status
+from ddp_profile.profiler.store.probes import MEASURED_AS, Kind, ProbeRecord, Status
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.sweep.probe import summarise_probe
 from ddp_profile.profiler.sweep.screen import split_screen
@@ -76,7 +76,7 @@ class Window:
 class Measurer(Protocol):
     """Turns configurations into ledger entries; the search's only way to measure."""
 
-    entries: list[dict[str, Any]]  # every measurement of this sweep, in order
+    entries: list[Mapping[str, Any]]  # every measurement of this sweep, in order (records)
     screen_unsupported: Optional[str]  # why screens cannot run (set by ``measure_screen``)
     timeout_s: float  # how long a launch of one probe may run
 
@@ -107,8 +107,9 @@ class Measurer(Protocol):
         to every later launch; the baseline, measured again in the regime where its reads
         were not in it (the first then kept as kind ``cache``)."""
 
-    def amend(self, entry: dict[str, Any], fields: dict[str, Any]) -> None:
-        """Correct a measured entry (in memory and, for good, in the run's record)."""
+    def amend(self, entry: Mapping[str, Any], fields: dict[str, Any]) -> Mapping[str, Any]:
+        """Correct a measured entry (in memory and, for good, in the run's record); the
+        corrected one."""
 
 
 class LedgerMeasurer:
@@ -125,7 +126,7 @@ class LedgerMeasurer:
         self.launches = 0  # probes launched by this process (the coordinated probe index)
         self.run_token = new_tag()[:12]
         self.ledger = run_dir.ledger()
-        self.entries: list[dict[str, Any]] = []
+        self.entries: list[Mapping[str, Any]] = []  # ProbeRecords
         self.screen_unsupported: Optional[str] = None
         self.window_loop_s = 0.0  # estimated seconds of one screen window's loop
         # the page cache's state for every launch (``profiler.cache``): asked for cold, from the
@@ -157,8 +158,7 @@ class LedgerMeasurer:
                                  or done.get("ddp_options") != ddp):
             done = None
         if done is not None:
-            self._record(done, reused=True)
-            return done
+            return self._record(done, reused=True)
         self.run_dir.discard_partial_probe(probe_id)
         plan = ProbePlan(probe_id=probe_id, out_dir=self.run_dir.probe_dir(probe_id),
                          overrides=requested, warmup=self.warmup, steps=steps, mode=mode,
@@ -170,8 +170,7 @@ class LedgerMeasurer:
         entry = summarise_probe(plan, outcome, kind, self.timeout_s)
         if pair is not None:
             entry["pair"] = pair
-        self._record(entry)
-        return entry
+        return self._record(entry)
 
     def _finished(self, probe_id: str, requested: LoaderSettings, kind: str, steps: int,
                   screened: bool) -> Optional[dict[str, Any]]:
@@ -236,16 +235,24 @@ class LedgerMeasurer:
                            "regime_miss": {"mode": self.regime.mode, "storage_share": share}})
         return True
 
-    def amend(self, entry: dict[str, Any], fields: dict[str, Any]) -> None:
-        entry.update(fields)
+    def amend(self, entry: Mapping[str, Any], fields: dict[str, Any]) -> ProbeRecord:
+        """A recorded entry corrected: an appended ledger line, and the amended record in
+        its place among the entries."""
+        amended = ProbeRecord.from_json({**entry, **fields})
+        self.entries[:] = [amended if e is entry else e for e in self.entries]
         self.run_dir.amend(str(entry["id"]), fields)
+        return amended
 
-    def _record(self, entry: dict[str, Any], reused: bool = False) -> None:
+    def _record(self, entry: Mapping[str, Any], reused: bool = False) -> ProbeRecord:
+        """A measured probe's ledger line, as a record among the entries (appended to the
+        ledger unless a resumed run's)."""
+        record = ProbeRecord.from_json(entry)
         if not reused:
-            self.run_dir.append(entry)
+            self.run_dir.append(record.to_json())
             self.run_dir.clear_inflight()
-        self.entries.append(entry)
-        self.progress("reused" if reused else "done", {"entry": entry})
+        self.entries.append(record)
+        self.progress("reused" if reused else "done", {"entry": record})
+        return record
 
     def measure_screen(self, windows: list[Window]) -> list[dict[str, Any]]:
         """Measure several configurations in as few launches as possible (see
@@ -318,8 +325,7 @@ class LedgerMeasurer:
             entry.update(screened=True, launch=launch_id, launch_wall_s=round(outcome.wall_s, 3))
             if window.pair is not None:
                 entry["pair"] = window.pair
-            self._record(entry)
-            done.append(entry)
+            done.append(self._record(entry))
             consumed += 1
             if not split.complete:
                 break
@@ -341,8 +347,7 @@ class LedgerMeasurer:
                                    screened=True)
             if entry is None or entry.get("ddp_options") != window.ddp:
                 break
-            self._record(entry, reused=True)
-            reused.append(entry)
+            reused.append(self._record(entry, reused=True))
         return reused
 
     def calibrate(self, baseline: dict[str, Any], axes: Axes) -> None:

@@ -24,6 +24,7 @@ from ddp_profile.profiler.launch.coordinate import Coordinator
 from ddp_profile.profiler.launch.ranks import LaunchSpec, ignore_hangup, restore_hangup
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.probes import (
+    Entry,
     Kind,
     Status,
     counts_for_choice,
@@ -50,8 +51,6 @@ from ddp_profile.profiler.sweep.measure import (
     no_progress,
 )
 from ddp_profile.profiler.sweep.space import Axes, SearchSpace, grid, normalise, resolve_axes
-
-Entry = dict[str, Any]
 
 
 @dataclass(frozen=True)

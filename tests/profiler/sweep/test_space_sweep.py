@@ -144,3 +144,30 @@ def test_choose_passes_over_a_short_probe_unless_every_probe_is_short():
     full = Candidate("p2", LoaderSettings(num_workers=4), 200.0)
     assert choose([base, short, full], base).id == "p2"
     assert choose([short], short).id == "p1"
+
+
+def test_the_measurer_amends_by_a_new_record_in_the_old_ones_place(tmp_path):
+    """The sweep holds frozen records: a correction is a new record among the entries (and an
+    appended ledger line), and a run read back from the ledger sees the same."""
+    from ddp_profile.profiler.launch.ranks import LaunchSpec
+    from ddp_profile.profiler.store.probes import ProbeRecord
+    from ddp_profile.profiler.store.results import load_run
+    from ddp_profile.profiler.sweep.measure import LedgerMeasurer
+
+    def probe(probe_id: str, kind: str) -> dict:
+        return {"id": probe_id, "kind": kind, "status": "ok", "throughput": 100.0,
+                "config": {"num_workers": 0, "pin_memory": False, "prefetch_factor": None,
+                           "batch_size": 8}}
+
+    run_dir = RunDir(str(tmp_path / "run"))
+    run_dir.create({"script": "train.py"})
+    measurer = LedgerMeasurer(run_dir, LaunchSpec(script="train.py"), steps=10, warmup=2,
+                              timeout_s=60)
+    first = measurer._record(probe("p000", kind="baseline"))
+    ceiling = measurer._record(probe("p001", kind="ceiling"))
+    assert isinstance(first, ProbeRecord) and measurer.entries == [first, ceiling]
+    amended = measurer.amend(ceiling, {"ceiling_failed": "below p000"})
+    assert measurer.entries[0] is first and measurer.entries[1] is amended
+    assert amended["ceiling_failed"] == "below p000" and "ceiling_failed" not in ceiling
+    assert [line.get("ceiling_failed") for line in load_run(run_dir.path).summary["probes"]] \
+        == [None, "below p000"]
