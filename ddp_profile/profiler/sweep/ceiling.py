@@ -51,7 +51,7 @@ def measure(search: Any) -> None:
     kept = latest_ceiling(search.entries)
     if kept is None or LoaderSettings.from_dict(kept.get("config")).batch_size \
             != config.batch_size:
-        search.measurer.measure(config, kind=Kind.CEILING.value, mode="ceiling",
+        search.measurer.measure(config, kind=Kind.CEILING, mode="ceiling",
                                 steps_per_s=search.steps_per_s(config, "ceiling"))
 
 

@@ -76,7 +76,7 @@ class Candidate:
     rse: float = 0.0  # relative standard error of ``throughput`` (0: unknown)
     data_wait_fraction: Optional[float] = None  # share of step time waiting for data costs
     # (``store.probes.data_wait_share``: on CUDA the GPU's idle time while its host waited)
-    kind: str = Kind.SWEEP.value  # baseline | sweep
+    kind: Kind = Kind.SWEEP  # the choice reads baseline and sweep
     short: bool = False  # measured fewer steps than asked (the script ended first)
     launch: Optional[str] = None  # the launch that measured it (None: unknown)
 
@@ -310,6 +310,6 @@ def candidate_of(entry: dict[str, Any]) -> Candidate:
     return Candidate(id=str(entry.get("id")), config=LoaderSettings.from_dict(entry.get("config")),
                      throughput=float(entry.get("throughput") or 0.0), rse=relative_se(entry),
                      data_wait_fraction=data_wait_share(entry),
-                     kind=str(entry.get("kind", Kind.SWEEP.value)),
+                     kind=Kind(entry.get("kind") or Kind.SWEEP),
                      short=entry.get("short") is True,
                      launch=str(entry.get("launch") or entry.get("id")))

@@ -122,12 +122,12 @@ def confirm(search: Any) -> None:
                                      f"recommendation (B) alternated, {letters}, {where}"})
     if in_one_launch:
         search.measurer.measure_screen([
-            Window(configs[role], Kind.PAIRED.value, steps_per_s=search.steps_per_s(
+            Window(configs[role], Kind.PAIRED, steps_per_s=search.steps_per_s(
                 configs[role]), pair={"role": role, "index": index, "group": group})
             for index, role in enumerate(roles)])
         return
     for index, role in enumerate(roles):
-        entry = search.measurer.measure(configs[role], kind=Kind.PAIRED.value,
+        entry = search.measurer.measure(configs[role], kind=Kind.PAIRED,
                                         steps_per_s=search.steps_per_s(configs[role]),
                                         pair={"role": role, "index": index, "group": group})
         if entry.get("status") != Status.OK:

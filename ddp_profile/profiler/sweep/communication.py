@@ -130,14 +130,14 @@ def alternate(search: Any, candidates: list[dict[str, Any]], in_one_launch: bool
     placed = _placed(search, candidates, group, windows)
     if windows:
         entries = search.measurer.measure_screen([
-            Window(LoaderSettings(), Kind.DDP.value, steps_per_s=rate, pair=pair, ddp=ddp)
+            Window(LoaderSettings(), Kind.DDP, steps_per_s=rate, pair=pair, ddp=ddp)
             for ddp, pair in placed])
         if entries or not search.measurer.screen_unsupported:
             return entries
         placed = _placed(search, candidates, group, False)
     entries = []
     for ddp, pair in placed:
-        entry = search.measurer.measure(LoaderSettings(), kind=Kind.DDP.value, ddp=ddp,
+        entry = search.measurer.measure(LoaderSettings(), kind=Kind.DDP, ddp=ddp,
                                         steps_per_s=rate, pair=pair)
         entries.append(entry)
         if entry.get("status") != Status.OK:

@@ -1,11 +1,12 @@
 """What the search measures through: the ``Measurer`` protocol and the real one, ``LedgerMeasurer``.
 
 The search (``profiler.sweep.search``) decides *what* to measure; a measurer turns a
-configuration into a ledger entry (a dict: id, kind, status, config, throughput,
-data_wait_fraction, throughput_rse, ...). ``LedgerMeasurer`` launches the user's script for each
-probe (or one launch for a screen of several configurations, ``profiler.sweep.screen``) and
-first looks in the ledger: a resumed run replays the same deterministic decisions and re-uses
-every probe that already finished, so ``--resume`` neither re-runs nor loses a probe.
+configuration into a probe record (``store.probes.ProbeRecord`` of its ledger line: id, kind,
+status, config, throughput, data_wait_fraction, throughput_rse, ...). ``LedgerMeasurer``
+launches the user's script for each probe (or one launch for a screen of several
+configurations, ``profiler.sweep.screen``) and first looks in the ledger: a resumed run
+replays the same deterministic decisions and re-uses every probe that already finished, so
+``--resume`` neither re-runs nor loses a probe.
 Tests inject a modelled measurer instead.
 """
 
@@ -64,7 +65,7 @@ class Window:
     """One configuration of a screen: what to apply, the entry's kind, the probe mode."""
 
     config: LoaderSettings
-    kind: str = Kind.SWEEP.value
+    kind: Kind = Kind.SWEEP
     mode: str = "normal"
     steps: Optional[int] = None  # measured steps asked (None: the run's ``--steps``)
     steps_per_s: Optional[float] = None  # predicted steps/s of a rank (``burst_steps``)
@@ -80,7 +81,7 @@ class Measurer(Protocol):
     screen_unsupported: Optional[str]  # why screens cannot run (set by ``measure_screen``)
     timeout_s: float  # how long a launch of one probe may run
 
-    def measure(self, requested: LoaderSettings, kind: str = Kind.SWEEP.value,
+    def measure(self, requested: LoaderSettings, kind: Kind = Kind.SWEEP,
                 steps: Optional[int] = None, mode: str = "normal",
                 threads: Optional[int] = None,
                 steps_per_s: Optional[float] = None,
@@ -135,7 +136,7 @@ class LedgerMeasurer:
         self.files: dict[str, None] = {}  # every file the producers read so far, in order
         self.warmed: list[dict[str, Any]] = []  # what warming the cache read, per launch
 
-    def measure(self, requested: LoaderSettings, kind: str = Kind.SWEEP.value,
+    def measure(self, requested: LoaderSettings, kind: Kind = Kind.SWEEP,
                 steps: Optional[int] = None, mode: str = "normal",
                 threads: Optional[int] = None,
                 steps_per_s: Optional[float] = None,
@@ -146,7 +147,7 @@ class LedgerMeasurer:
             entry = self._probe(requested, kind, steps, mode, threads, steps_per_s, ddp, pair)
         return entry
 
-    def _probe(self, requested: LoaderSettings, kind: str, steps: Optional[int], mode: str,
+    def _probe(self, requested: LoaderSettings, kind: Kind, steps: Optional[int], mode: str,
                threads: Optional[int], steps_per_s: Optional[float],
                ddp: Optional[dict[str, Any]], pair: Optional[dict[str, Any]] = None
                ) -> dict[str, Any]:
@@ -172,7 +173,7 @@ class LedgerMeasurer:
             entry["pair"] = pair
         return self._record(entry)
 
-    def _finished(self, probe_id: str, requested: LoaderSettings, kind: str, steps: int,
+    def _finished(self, probe_id: str, requested: LoaderSettings, kind: Kind, steps: int,
                   screened: bool) -> Optional[dict[str, Any]]:
         """The ledger entry of a resumed run that measured exactly this, if any."""
         done = next((e for e in self.ledger if e.get("id") == probe_id), None)
@@ -216,7 +217,7 @@ class LedgerMeasurer:
         self.progress("note", {"text": f"page cache: {self.regime.mode} ({self.regime.reason})"})
         if not self._out_of_regime(baseline):
             return baseline
-        return self.measure(LoaderSettings(), kind=Kind.BASELINE.value)
+        return self.measure(LoaderSettings(), kind=Kind.BASELINE)
 
     def _out_of_regime(self, entry: dict[str, Any]) -> bool:
         """Whether ``entry`` read its data in another page-cache state than the run's regime

@@ -11,7 +11,7 @@ from ddp_profile.profiler.launch.ranks import LaunchOutcome
 from ddp_profile.profiler.settings import BURST_ROUNDS, ProbePlan
 from ddp_profile.profiler.store.comm import probe_comm
 from ddp_profile.profiler.store.epochs import rank_step_stats, step_seconds
-from ddp_profile.profiler.store.probes import Status
+from ddp_profile.profiler.store.probes import Kind, Status
 from ddp_profile.profiler.store.results import RankData, read_probe_dir
 from ddp_profile.profiler.sweep.capacity import loading_cost, loop_demand
 
@@ -23,13 +23,13 @@ def _finite(value: float) -> Optional[float]:
     return value if value is not None and math.isfinite(value) else None
 
 
-def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: str, timeout_s: float
+def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: Kind, timeout_s: float
                     ) -> dict[str, Any]:
     """The ledger entry of a finished probe (the ``probes[]`` item of summary.json)."""
     ranks = [r for r in read_probe_dir(plan.out_dir) if r.rank >= 0 or r.steps or r.error]
     loader = _training_loader(ranks)
     entry: dict[str, Any] = {
-        "id": plan.probe_id, "kind": kind, "requested": plan.overrides.to_dict(),
+        "id": plan.probe_id, "kind": Kind(kind).value, "requested": plan.overrides.to_dict(),
         "config": dict(loader.get("applied") or {}), "status": Status.OK.value, "reason": None,
         "error": None,
         "root_cause_rank": None, "wall_s": round(outcome.wall_s, 3),

@@ -240,7 +240,7 @@ class Search:
     def adaptive(self) -> None:
         adaptive.run(self)
 
-    def window(self, config: LoaderSettings, kind: str = Kind.SWEEP.value, mode: str = "normal",
+    def window(self, config: LoaderSettings, kind: Kind = Kind.SWEEP, mode: str = "normal",
                steps: Optional[int] = None) -> Window:
         return Window(config, kind, mode, steps, self.steps_per_s(config, mode))
 
