@@ -70,18 +70,16 @@ def fit_alternation(rows: Sequence[tuple[Optional[str], float, float]]
                     ) -> Optional[AlternationFit]:
     """``rows``: (candidate key, None for the reference; position; rate) of every
     measurement of one alternation. None where a rate is not positive, a candidate or the
-    reference is missing, or no degree of freedom is left for the noise. The drift is fitted
-    where a degree of freedom is left beside it (``A B A`` alone: level and gain only)."""
+    reference is missing, or no degree of freedom is left for the noise (``A B A``: level,
+    drift and gain fit it exactly)."""
     keys = sorted({key for key, _, _ in rows if key is not None})
     if not keys or all(key is not None for key, _, _ in rows) \
             or any(not rate > 0 or not math.isfinite(rate) for _, _, rate in rows):
         return None
-    drifts = len(rows) - 2 - len(keys) >= 1
-    dof = len(rows) - 1 - len(keys) - drifts
+    dof = len(rows) - 2 - len(keys)
     if dof < 1:
         return None
-    design = np.array([[1.0, *([float(position)] if drifts else []),
-                        *[1.0 if key == k else 0.0 for k in keys]]
+    design = np.array([[1.0, float(position), *[1.0 if key == k else 0.0 for k in keys]]
                        for key, position, _ in rows])
     logs = np.log([float(rate) for _, _, rate in rows])
     coef, *_ = np.linalg.lstsq(design, logs, rcond=None)
@@ -91,12 +89,10 @@ def fit_alternation(rows: Sequence[tuple[Optional[str], float, float]]
         inverse = np.linalg.inv(design.T @ design)
     except np.linalg.LinAlgError:
         return None
-    first = 1 + drifts  # the first candidate's column
     return AlternationFit(
-        gains={k: float(coef[first + i]) for i, k in enumerate(keys)},
-        errors={k: math.sqrt(variance * inverse[first + i, first + i])
-                for i, k in enumerate(keys)},
-        drift=float(coef[1]) if drifts else 0.0, residual_sd=math.sqrt(variance), dof=dof)
+        gains={k: float(coef[2 + i]) for i, k in enumerate(keys)},
+        errors={k: math.sqrt(variance * inverse[2 + i, 2 + i]) for i, k in enumerate(keys)},
+        drift=float(coef[1]), residual_sd=math.sqrt(variance), dof=dof)
 
 
 def confirm(search: Any) -> None:

@@ -31,6 +31,7 @@ from ddp_profile.profiler.sweep.claim import (
     CANDIDATE,
     LAUNCH_PAIRS,
     REFERENCE,
+    WINDOW_PAIRS,
     fit_alternation,
     rounds,
 )
@@ -120,7 +121,8 @@ def alternate(search: Any, candidates: list[dict[str, Any]], in_one_launch: bool
     """The script's own settings with its own DDP options (the reference) and with each of
     ``candidates`` (DDP options), alternated ``A B A C A ...`` (``claim.rounds``): windows of
     one launch where ``in_one_launch`` and the loader can be rebuilt (gradient
-    synchronisation alone switches between steps), else a launch each. Each entry carries its
+    synchronisation alone switches between steps; at least ``WINDOW_PAIRS`` rounds), else a
+    launch each (at most ``LAUNCH_PAIRS`` rounds). Each entry carries its
     place (``pair``: role, index, group); a failed launch ends the alternation."""
     assert search.baseline is not None
     config = normalise(LoaderSettings.from_dict(search.baseline.get("config")))
@@ -148,7 +150,9 @@ def alternate(search: Any, candidates: list[dict[str, Any]], in_one_launch: bool
 def _placed(search: Any, candidates: list[dict[str, Any]], group: str, windows: bool
             ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """The alternation's DDP options and places, in order; its note to the user."""
-    pairs = search.options.pairs if windows else min(search.options.pairs, LAUNCH_PAIRS)
+    # windows of one launch are cheap: at least WINDOW_PAIRS of them, for a fit with room
+    pairs = max(search.options.pairs, WINDOW_PAIRS) if windows \
+        else min(search.options.pairs, LAUNCH_PAIRS)
     sequence = rounds(len(candidates), pairs)
     letters = " ".join("A" if i < 0 else chr(ord("B") + i) for i in sequence)
     names = "; ".join(f"{chr(ord('B') + i)}: {options_key(c)}" for i, c in enumerate(candidates))

@@ -49,12 +49,14 @@ def test_the_fit_of_an_alternation_cancels_a_drifting_machine():
     assert fit.errors["o0"] == pytest.approx(0.0, abs=1e-9)
 
 
-def test_a_short_alternation_fits_no_drift_and_too_short_a_one_fits_nothing():
+def test_an_alternation_without_room_for_its_noise_fits_nothing():
     from ddp_profile.profiler.sweep.claim import fit_alternation
 
-    fit = fit_alternation([(None, 0.0, 100.0), ("b", 1.0, 150.0), (None, 2.0, 110.0)])
-    assert fit is not None and fit.dof == 1 and fit.drift == 0.0
-    assert fit.ratio("b") == pytest.approx(150.0 / math.sqrt(100.0 * 110.0))
+    # A B A: level, drift and gain fit it exactly, nothing is left to tell the noise
+    assert fit_alternation([(None, 0.0, 100.0), ("b", 1.0, 150.0), (None, 2.0, 110.0)]) is None
+    fit = fit_alternation([(None, 0.0, 100.0), ("b", 1.0, 150.0), (None, 2.0, 110.0),
+                           ("b", 3.0, 160.0), (None, 4.0, 112.0)])
+    assert fit is not None and fit.dof == 2
     assert fit_alternation([(None, 0.0, 100.0), ("b", 1.0, 150.0)]) is None
     assert fit_alternation([("b", 0.0, 100.0), ("b", 1.0, 150.0), ("b", 2.0, 1.0)]) is None
     assert fit_alternation([(None, 0.0, 100.0), ("b", 1.0, 0.0), (None, 2.0, 1.0)]) is None
