@@ -50,6 +50,12 @@ def rounds(candidates: int, pairs: int) -> list[int]:
     return sequence
 
 
+def room_for_noise(measurements: int, candidates: int) -> bool:
+    """Whether an alternation of ``measurements`` leaves a degree of freedom for its noise
+    beside the level, the drift and a gain per candidate (``fit_alternation``)."""
+    return measurements - 2 - candidates >= 1
+
+
 @dataclass(frozen=True)
 class AlternationFit:
     """``log rate = level + gain[candidate] + drift x position``, fitted by least squares to an
@@ -76,9 +82,9 @@ def fit_alternation(rows: Sequence[tuple[Optional[str], float, float]]
     if not keys or all(key is not None for key, _, _ in rows) \
             or any(not rate > 0 or not math.isfinite(rate) for _, _, rate in rows):
         return None
-    dof = len(rows) - 2 - len(keys)
-    if dof < 1:
+    if not room_for_noise(len(rows), len(keys)):
         return None
+    dof = len(rows) - 2 - len(keys)
     design = np.array([[1.0, float(position), *[1.0 if key == k else 0.0 for k in keys]]
                        for key, position, _ in rows])
     logs = np.log([float(rate) for _, _, rate in rows])
@@ -114,6 +120,10 @@ def confirm(search: Any) -> None:
                                                                     LAUNCH_PAIRS))
     letters = " ".join("A" if role == REFERENCE else "B" for role in roles)
     where = "in one launch" if in_one_launch else "a launch each"
+    if not room_for_noise(len(roles), 1):
+        search.progress("note", {"text": f"the claim is not checked: {letters} leaves no room "
+                                         "for its noise (--pairs 2 or more)"})
+        return
     search.progress("note", {"text": "checking the claim: the script's settings (A) and the "
                                      f"recommendation (B) alternated, {letters}, {where}"})
     if in_one_launch:

@@ -33,6 +33,7 @@ from ddp_profile.profiler.sweep.claim import (
     REFERENCE,
     WINDOW_PAIRS,
     fit_alternation,
+    room_for_noise,
     rounds,
 )
 from ddp_profile.profiler.sweep.climb import beats
@@ -130,6 +131,8 @@ def alternate(search: Any, candidates: list[dict[str, Any]], in_one_launch: bool
     group = f"ddp-{len(search.entries):03d}"
     windows = in_one_launch and not search.measurer.screen_unsupported
     placed = _placed(search, candidates, group, windows)
+    if not placed:
+        return []
     if windows:
         entries = search.measurer.measure_screen([
             Window(LoaderSettings(), Kind.DDP, steps_per_s=rate, pair=pair, ddp=ddp)
@@ -149,13 +152,18 @@ def alternate(search: Any, candidates: list[dict[str, Any]], in_one_launch: bool
 
 def _placed(search: Any, candidates: list[dict[str, Any]], group: str, windows: bool
             ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """The alternation's DDP options and places, in order; its note to the user."""
+    """The alternation's DDP options and places, in order; told to the user (or why it is
+    not run)."""
     # windows of one launch are cheap: at least WINDOW_PAIRS of them, for a fit with room
     pairs = max(search.options.pairs, WINDOW_PAIRS) if windows \
         else min(search.options.pairs, LAUNCH_PAIRS)
     sequence = rounds(len(candidates), pairs)
     letters = " ".join("A" if i < 0 else chr(ord("B") + i) for i in sequence)
     names = "; ".join(f"{chr(ord('B') + i)}: {options_key(c)}" for i, c in enumerate(candidates))
+    if not room_for_noise(len(sequence), len(candidates)):
+        search.progress("note", {"text": f"DDP options not measured ({names}): {letters} leaves "
+                                         "no room for its noise (--pairs 2 or more)"})
+        return []
     search.progress("note", {"text": f"DDP options against the script's own (A), alternated "
                                      f"{letters}, {'in one launch' if windows else 'a launch each'}"
                                      f" ({names})"})

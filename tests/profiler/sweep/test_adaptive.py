@@ -591,3 +591,17 @@ def test_no_alternation_where_the_script_keeps_its_settings_or_none_is_asked(mod
     found = Search(ModelMeasurer(model), SPACE, SweepOptions(ceiling=False, pairs=pairs))
     found.run()
     assert not [e for e in found.entries if e["kind"] == "paired"]
+
+
+def test_an_alternation_with_no_room_for_its_noise_is_not_launched():
+    """--pairs 1: the claim of a larger batch would be A B A in launches, and one DDP option
+    A B A: level, drift and gain would fit them exactly. Neither runs; the step without
+    synchronisation still alternates in at least 3 pairs of windows."""
+    fake = CommMeasurer()
+    found = Search(fake, SPACE, SweepOptions(pairs=1, ceiling=False))
+    found.run()
+    assert not [e for e in fake.entries if e["kind"] == "paired"]
+    assert [{}, {"gradient_sync": False}] * 3 + [{}] in fake.screens
+    # two options: A B A C A leaves one degree of freedom, and runs
+    assert fake.ddp_asked == [{}, {"bucket_cap_mb": 100}, {}, {"gradient_as_bucket_view": True},
+                              {}]
