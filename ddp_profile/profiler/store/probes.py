@@ -205,10 +205,14 @@ class ProbeRecord(Mapping[str, Any]):
         if not isinstance(line, Mapping) or line.get("id") is None:
             raise BadProbeRecord(f"a probe without an id: {str(line)[:80]}")
         try:
-            kind = Kind(line.get("kind") or Kind.SWEEP.value)
-            status = Status(line.get("status"))
-        except ValueError as exc:
+            return cls._typed(line)
+        except (ValueError, TypeError, AttributeError) as exc:  # a value of the wrong shape
             raise BadProbeRecord(f"probe {line.get('id')}: {exc}") from None
+
+    @classmethod
+    def _typed(cls, line: Mapping[str, Any]) -> "ProbeRecord":
+        kind = Kind(line.get("kind") or Kind.SWEEP.value)
+        status = Status(line.get("status"))
         pair = line.get("pair")
         missed = line.get("regime_miss") or {}
         loading = line.get("loading")

@@ -82,3 +82,11 @@ def test_a_run_directory_with_a_probe_of_no_known_kind_is_a_bad_run_directory(tm
     with pytest.raises(BadRunDir) as caught:
         load_run(str(tmp_path))
     assert "p004" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_part_of_the_wrong_shape_is_refused_in_one_line_too():
+    for line in ({**LINE, "pair": {"role": "candidate", "index": "first", "group": "g"}},
+                 {**LINE, "comm": [1, 2]}, {**LINE, "kind": "cache", "measured_as": "sweep",
+                                            "regime_miss": "warm"}):
+        with pytest.raises(BadProbeRecord):
+            ProbeRecord.from_json(line)
