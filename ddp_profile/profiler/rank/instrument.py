@@ -273,9 +273,11 @@ class Instrumentation:
 
     def _switch_window(self, iterator: Any, state: IteratorState, window: int) -> None:
         """Rebuild the training loader's iterator with the settings of ``window``; where they
-        are the last window's (windows that differ in gradient synchronisation alone), the
-        iterator goes on as it is."""
-        same = self.plan.window_settings(window) == self.plan.window_settings(self.screen.window)
+        are the last window's, in the same mode (windows that differ in gradient
+        synchronisation alone), the iterator goes on as it is."""
+        previous = self.screen.window
+        same = self.plan.window_settings(window) == self.plan.window_settings(previous) \
+            and self.plan.window_mode(window) == self.plan.window_mode(previous)
         self.screen.window = window
         switched_ns = time.time_ns()  # the window begins here, before its workers start
         loader = state.loader()
