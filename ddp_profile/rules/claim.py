@@ -172,7 +172,7 @@ def _alternation_text(probes: list[ProbeRecord], drift: float, launches: int) ->
     letters, names = [], {}
     reference = [p for p in probes if p.pair and p.pair.role == REFERENCE]
     for probe in probes:
-        if probe in reference:
+        if probe.pair and probe.pair.role == REFERENCE:
             letters.append("A")
             continue
         key = options_key(dict(probe.comm.options or {}))

@@ -151,7 +151,7 @@ def latest_ddp_probes(run: Run) -> dict[str, tuple[dict[str, Any], Any]]:
         options = entry.get("ddp_options")
         if isinstance(options, dict) and finite(probe["throughput"]) \
                 and entry.get("pair") is None:
-            latest[options_text(options)] = (options, probe)
+            latest[options_key(options)] = (options, probe)
     return latest
 
 
@@ -159,7 +159,7 @@ def reference(run: Run, base: Any) -> tuple[Candidate, str]:
     """What a DDP counterfactual measured on its own is judged against: the baseline pooled
     with its twin (the script's settings and DDP options measured again beside them:
     ``ddp_options`` {}), and how to name it."""
-    twin = latest_ddp_probes(run).get(options_text({}))
+    twin = latest_ddp_probes(run).get(options_key({}))
     if twin is None:
         return candidate(run, base), f"probe {base['id']}"
     return (pool([candidate(run, base), candidate(run, twin[1])]),
@@ -191,7 +191,7 @@ def ddp_effects(run: Run, thresholds: Thresholds) -> dict[str, DdpEffect]:
 
 def sync_effect(run: Run, thresholds: Thresholds) -> Optional[DdpEffect]:
     """The script's settings without gradient synchronisation against with it, if measured."""
-    return ddp_effects(run, thresholds).get(options_text({GRADIENT_SYNC: False}))
+    return ddp_effects(run, thresholds).get(options_key({GRADIENT_SYNC: False}))
 
 
 def saved_share(unsynced: DdpEffect) -> float:
@@ -200,17 +200,13 @@ def saved_share(unsynced: DdpEffect) -> float:
     return 1.0 - 1.0 / unsynced.ratio if unsynced.faster else 0.0
 
 
-def options_text(options: dict[str, Any]) -> str:
-    return options_key(options)
-
-
 def _ddp_counterfactuals(run: Run, base: Any, thresholds: Thresholds) -> tuple[str, set[str]]:
     """"Measured: ..." for the DDP-option counterfactuals (``ddp_effects``) and the option
     names they tried. "Use it" only for an option faster beyond noise in an alternation with
     the script's own, and slower than the step without any synchronisation."""
     parts, tried, references = [], set(), {}
     effects = ddp_effects(run, thresholds)
-    unsynced = effects.get(options_text({GRADIENT_SYNC: False}))
+    unsynced = effects.get(options_key({GRADIENT_SYNC: False}))
     for effect in effects.values():
         if GRADIENT_SYNC in effect.options:
             continue
@@ -225,11 +221,11 @@ def _ddp_counterfactuals(run: Run, base: Any, thresholds: Thresholds) -> tuple[s
                        "launches differ by more than that; not established")
         elif effect.faster:
             verdict = ("faster beyond noise: use DDP(model, ..., "
-                       + options_text(effect.options) + ")")
+                       + options_key(effect.options) + ")")
         else:
             verdict = "slower" if effect.slower else "within noise"
         references.setdefault(effect.reference, None)
-        parts.append(f"{options_text(effect.options)} ran {effect.figure()} "
+        parts.append(f"{options_key(effect.options)} ran {effect.figure()} "
                      f"({effect.probes}, {verdict})")
     if not parts:
         return "", tried

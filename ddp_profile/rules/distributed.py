@@ -11,6 +11,7 @@ from typing import Any, Optional
 import pandas as pd
 
 from ddp_profile.profiler.store.results import Run
+from ddp_profile.profiler.sweep.communication import options_key
 from ddp_profile.rules.base import (
     Finding,
     Thresholds,
@@ -23,7 +24,7 @@ from ddp_profile.rules.base import (
     probe_steps,
     world_size,
 )
-from ddp_profile.rules.comm import ddp_effects, options_text
+from ddp_profile.rules.comm import ddp_effects
 from ddp_profile.rules.straggler import straggler
 
 
@@ -302,7 +303,7 @@ def _measured_without_search(run: Run, thresholds: Thresholds) -> tuple[str, str
     """" Measured: ..." where a ``ddp`` probe ran the script's settings with
     ``find_unused_parameters=False``, and the severity: "medium" when it was faster than the
     baseline beyond noise, else "low"."""
-    effect = ddp_effects(run, thresholds).get(options_text({"find_unused_parameters": False}))
+    effect = ddp_effects(run, thresholds).get(options_key({"find_unused_parameters": False}))
     if effect is None:
         return "", "low"
     faster = effect.faster and effect.interval is not None
