@@ -9,7 +9,8 @@ timers and the script's collectives, measured per step) and decides on it alone.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from types import MappingProxyType
+from typing import Any, Mapping, Optional
 
 from ddp_profile.profiler.rank.comm import TORCH_DIR
 from ddp_profile.profiler.settings import GRADIENT_SYNC
@@ -166,11 +167,17 @@ def reference(run: Run, base: Any) -> tuple[Candidate, str]:
             f"probes {base['id']} and {twin[1]['id']}, pooled")
 
 
-def ddp_effects(run: Run, thresholds: Thresholds) -> dict[str, DdpEffect]:
+def ddp_effects(run: Run, thresholds: Thresholds) -> Mapping[str, DdpEffect]:
     """options text -> each DDP counterfactual against the script's own DDP options: from the
     last alternation that measured it (``rules.claim.alternated_effects``), else (``--pairs
     0``, a run written before alternations) its last probe on its own, against the baseline
-    pooled with its twin: launch against launch, which no verdict may rest on alone."""
+    pooled with its twin: launch against launch, which no verdict may rest on alone. Derived
+    once per Run and thresholds (four rules read it)."""
+    return run.derived(("ddp_effects", thresholds),
+                       lambda: MappingProxyType(_ddp_effects(run, thresholds)))
+
+
+def _ddp_effects(run: Run, thresholds: Thresholds) -> dict[str, DdpEffect]:
     effects: dict[str, DdpEffect] = {}
     base = baseline_probe(run)
     if base is not None:

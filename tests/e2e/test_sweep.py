@@ -66,7 +66,7 @@ def test_io_bound_script_gets_more_workers(cli, run_dir):
 
 def test_crash_hang_and_killed_worker_do_not_stop_the_sweep(cli, run_dir):
     result = cli(["run", DEMO, "--out", run_dir, "--search", "grid", "--num-workers", "0,1,2,3",
-                  "--prefetch-factor", "2", "--timeout", "20", *LEAN, *QUICK, "--",
+                  "--prefetch-factor", "2", "--timeout", "15", *LEAN, *QUICK, "--",
                   "--crash-at-step", "4", "--crash-rank", "1", "--crash-workers", "1",
                   "--hang-at-step", "4", "--hang-rank", "1", "--hang-workers", "2",
                   "--kill-worker-at-step", "4", "--kill-worker-workers", "3"], out=run_dir)

@@ -346,3 +346,34 @@ def test_host_sync_fixes_follow_the_source_line_of_each_site():
     assert "nonzero, boolean indexing" in _sync_fixes([hidden])
     assert all(fix in _sync_fixes([{"text": ""}]).lower()
                for fix in ("synchronize", "non_blocking", "every n steps"))
+
+
+def test_the_ddp_counterfactuals_are_derived_once_per_run_and_not_carried_to_a_replaced_one(
+        monkeypatch):
+    """Four rules read the DDP counterfactuals: one evaluation fits them once; a Run made
+    from it with another summary (``dataclasses.replace``) fits its own."""
+    import dataclasses
+
+    from ddp_profile.rules import comm as comm_rules
+    from ddp_profile.rules import measured_thresholds
+
+    builder = (RunBuilder(world_size=2).probe("base", kind="baseline", num_workers=0,
+                                              batch_size=8, entry=comm(0.03))
+               .steps(compute=0.1, jitter=0.01))
+    run = alternated(builder, {"cap": ({"bucket_cap_mb": 100}, 1.10)}).build()
+    fits = []
+    real = comm_rules.alternated_effects
+    monkeypatch.setattr(comm_rules, "alternated_effects",
+                        lambda *args: fits.append(1) or real(*args))
+    findings = evaluate(run, T).findings
+    assert "exposed-communication" in [f.rule for f in findings], findings
+    assert len(fits) == 1, fits
+    thresholds = measured_thresholds(run, T)  # what evaluate decided with
+    first = comm_rules.ddp_effects(run, thresholds)
+    assert comm_rules.ddp_effects(run, thresholds) is first and len(fits) == 1
+    assert "bucket_cap_mb=100" in first
+    other = dataclasses.replace(run, summary=dict(run.summary))
+    assert comm_rules.ddp_effects(other, thresholds) == first and len(fits) == 2
+    # other thresholds are another reading
+    comm_rules.ddp_effects(run, dataclasses.replace(thresholds, interval_confidence=0.8))
+    assert len(fits) == 3
