@@ -27,7 +27,6 @@ from ddp_profile.rules.base import (
     ms,
     ok_probes,
     pct,
-    probe_entry,
     probe_steps,
 )
 
@@ -52,8 +51,7 @@ def worker_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Findin
     total = workers * nproc
     if total <= cpus:
         return None
-    busy = probe_entry(run, probe["id"]).get("worker_cores")
-    busy = float(busy) if finite(busy) else None
+    busy = run.probe(probe["id"]).host.worker_cores
     if busy is not None and busy < thresholds.busy_worker_cores:
         return None
     fitting = max(1, cpus // nproc - 1)
@@ -171,9 +169,9 @@ def baseline_oversubscribed(run: Run, thresholds: Thresholds) -> bool:
 def _oversubscribed(run: Run, probe: pd.Series) -> Optional[tuple[int, str]]:
     """The threads that fit and what competes for the CPUs, where ``probe``'s ranks
     oversubscribe them (``threads_to_fit``); else None."""
-    entry = probe_entry(run, probe["id"])
+    entry = run.probe(probe["id"])
     ranks, cpus = local_ranks(run, probe["id"]), cpus_available(run, probe["id"])
-    threads, workers = entry.get("intra_op_threads"), entry.get("worker_cores") or 0.0
+    threads, workers = entry.host.intra_op_threads, entry.host.worker_cores or 0.0
     fit = threads_to_fit(threads, ranks, workers, cpus)
     if fit is None:
         return None

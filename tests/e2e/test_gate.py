@@ -25,7 +25,7 @@ from tests.conftest import DEMO, TEST_ID_VAR, _current_test_id, probe_processes,
 
 pytestmark = pytest.mark.e2e
 
-STEPS = 50
+STEPS = 30
 RUN = ["--steps", str(STEPS), "--warmup", "3", "--no-ceiling", "--no-comm", "--num-workers", "0",
        "--no-report", "--quiet"]
 WORKLOAD = ["--hidden", "32", "--layers", "1", "--batch-size", "8"]

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ddp_profile.profiler.settings import SETTING_KEYS
+from ddp_profile.profiler.store.probes import records
 from ddp_profile.profiler.store.results import PROBE_COLUMNS, STEP_COLUMNS, Run
 from ddp_profile.profiler.sweep.capacity import loading_cost, loop_demand, run_capacity
 
@@ -158,7 +159,7 @@ class RunBuilder:
              "loop_demand": _loop_demand(steps, p["id"]), **p["entry"]} for p in probes]}
         context = {"world_size": self.world_size, "cpus_available": self.cpus,
                    "memory_available": self.memory}
-        summary["capacity"] = run_capacity(summary["probes"], context,
+        summary["capacity"] = run_capacity(records(summary["probes"]), context,
                                            self.summary["nproc_per_node"], None)
         return Run(path="<memory>", meta={}, summary=summary,
                    probes=pd.DataFrame(rows, columns=PROBE_COLUMNS), steps=steps,

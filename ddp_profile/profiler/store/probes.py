@@ -169,9 +169,34 @@ class Communication:
     fields: Mapping[str, Any]  # every key of its ``comm``, as recorded
 
 
+@dataclass(frozen=True)
+class RankFigures:
+    """One rank's figures of a probe (a ``per_rank`` item)."""
+
+    rank: int
+    data_wait_fraction: Optional[float]
+    step_time_median_s: Optional[float]
+
+
+@dataclass(frozen=True)
+class Host:
+    """What a probe's ranks had of their machine, and what its workers used of it."""
+
+    cpus_available: Optional[float]  # the fewest CPUs a rank could use (affinity, cgroup)
+    ranks_per_host: Optional[int]
+    intra_op_threads: Optional[int]  # the most any rank ran with
+    worker_cores: Optional[float]  # the cores its DataLoader workers were measured busy on
+    loop_demand: Optional[float]  # samples/s the loop would consume if data were free
+
+
 def _number(value: Any) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
         and value == value else None
+
+
+def _count(value: Any) -> Optional[int]:
+    number = _number(value)
+    return int(number) if number is not None else None
 
 
 class BadProbeRecord(ValueError):
@@ -199,6 +224,8 @@ class ProbeRecord(Mapping[str, Any]):
     cache: Optional[CacheMiss]
     loading: Optional[Loading]
     comm: Communication
+    ranks: tuple[RankFigures, ...]
+    host: Host
 
     @classmethod
     def from_json(cls, line: Mapping[str, Any]) -> "ProbeRecord":
@@ -206,7 +233,7 @@ class ProbeRecord(Mapping[str, Any]):
             raise BadProbeRecord(f"a probe without an id: {str(line)[:80]}")
         try:
             return cls._typed(line)
-        except (ValueError, TypeError, AttributeError) as exc:  # a value of the wrong shape
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:  # a wrong shape
             raise BadProbeRecord(f"probe {line.get('id')}: {exc}") from None
 
     @classmethod
@@ -237,7 +264,14 @@ class ProbeRecord(Mapping[str, Any]):
             comm=Communication(_number(line.get("comm_fraction")),
                                line.get("ddp_options") if isinstance(line.get("ddp_options"),
                                                                     Mapping) else None,
-                               MappingProxyType(dict(comm))))
+                               MappingProxyType(dict(comm))),
+            ranks=tuple(RankFigures(int(r["rank"]), _number(r.get("data_wait_fraction")),
+                                    _number(r.get("step_time_median_s")))
+                        for r in line.get("per_rank") or ()),
+            host=Host(_number(line.get("cpus_available")), _count(line.get("ranks_per_host")),
+                      _count(line.get("intra_op_threads")),
+                      _number(line.get("worker_cores")),
+                      _number(line.get("loop_demand"))))
 
     def to_json(self) -> dict[str, Any]:
         """The ledger line, as it was read (plain JSON types)."""

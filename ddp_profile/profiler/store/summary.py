@@ -9,14 +9,15 @@ ceiling, the search, the capacity model); ``commands.run.finalize`` adds the ana
 from __future__ import annotations
 
 import platform
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from ddp_profile.profiler.settings import SETTING_KEYS
-from ddp_profile.profiler.store.probes import CEILING_FAILED, Kind, latest_ceiling
+from ddp_profile.profiler.store.probes import CEILING_FAILED, Kind, ProbeRecord, latest_ceiling
+from ddp_profile.profiler.store.probes import records as probe_records
 from ddp_profile.profiler.store.record import SCHEMA_VERSION
 
 # (probes, rank context, ranks sharing a host, ceiling samples/s) -> the capacity model
-CapacityModel = Callable[[list[dict[str, Any]], dict[str, Any], Optional[int],
+CapacityModel = Callable[[Sequence[ProbeRecord], dict[str, Any], Optional[int],
                           Optional[float]], Optional[dict[str, Any]]]
 
 
@@ -81,7 +82,7 @@ def build_summary(meta: dict[str, Any], entries: list[dict[str, Any]],
         "ceiling_failed": None if ceiling else next(
             (f"{e['id']}: {e[CEILING_FAILED]}" for e in reversed(entries)
              if e.get(CEILING_FAILED)), None),
-        "capacity": capacity(probes, context, (baseline or {}).get("ranks_per_host")
+        "capacity": capacity(probe_records(probes), context, (baseline or {}).get("ranks_per_host")
                              or meta.get("nproc_per_node"), ceiling_tp) if capacity else None,
         "probes": probes,
         "findings": [],

@@ -28,11 +28,11 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence
 
 from ddp_profile.profiler.cpus import cpus_per_rank
 from ddp_profile.profiler.settings import LoaderSettings
-from ddp_profile.profiler.store.probes import Status, counts_for_choice
+from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.profiler.sweep.choose import Candidate, ChoiceThresholds, better
 
 DEFAULT_THRESHOLDS = ChoiceThresholds()
@@ -280,23 +280,23 @@ def _runq_dict(runq: Optional[RunQueue]) -> Optional[dict[str, Any]]:
     return {**asdict(runq), "notable": runq.notable}
 
 
-def most_contended(probes: list[dict[str, Any]]) -> Optional[RunQueue]:
+def most_contended(probes: Sequence[ProbeRecord]) -> Optional[RunQueue]:
     """The run-queue time of the probe whose producers were runnable the largest share of
     their wall time (None when no probe recorded it)."""
-    known = [p for p in probes if (p.get("loading") or {}).get("runq_share") is not None]
+    known = [p for p in probes if p.loading and p.loading.fields.get("runq_share") is not None]
     if not known:
         return None
-    top = max(known, key=lambda p: p["loading"]["runq_share"])
-    return RunQueue(per_sample_s=float(top["loading"]["runq_per_sample_s"]),
-                    share=float(top["loading"]["runq_share"]),
-                    workers=int((top.get("config") or {}).get("num_workers") or 0))
+    top = max(known, key=lambda p: p.loading.fields["runq_share"])
+    return RunQueue(per_sample_s=float(top.loading.fields["runq_per_sample_s"]),
+                    share=float(top.loading.fields["runq_share"]),
+                    workers=top.config.num_workers or 0)
 
 
 def _finite(value: float) -> Optional[float]:
     return value if math.isfinite(value) else None
 
 
-def run_capacity(probes: list[dict[str, Any]], context: dict[str, Any],
+def run_capacity(probes: Sequence[ProbeRecord], context: dict[str, Any],
                  local_ranks: Optional[int], ceiling: Optional[float]
                  ) -> Optional[dict[str, Any]]:
     """The input pipeline's capacity model of a run, as summary.json keeps it, or None
@@ -306,31 +306,31 @@ def run_capacity(probes: list[dict[str, Any]], context: dict[str, Any],
     if model is None:
         return None
     return {**model.to_dict(), "demand_source": "ceiling" if ceiling else "loop",
-            "measured": [{"probe": p["id"], "num_workers": (p.get("config") or {}).get(
-                "num_workers"), "throughput": p.get("throughput")} for p in probes
-                if counts_for_choice(p) and p.get("throughput")]}
+            "measured": [{"probe": p.id, "num_workers": p.config.num_workers,
+                          "throughput": p.throughput} for p in probes
+                         if p.counts_for_choice and p.throughput]}
 
 
-def capacity_model(probes: list[dict[str, Any]], cpus_per_rank: float, ranks: int,
+def capacity_model(probes: Sequence[ProbeRecord], cpus_per_rank: float, ranks: int,
                    memory_available: Optional[int], cap: int = WORKER_CAP,
                    ceiling: Optional[float] = None) -> Optional[Capacity]:
     """The run's model from its ok probes' ``loading`` (median CPU and least waiting per
     sample) and the
     loop's demand (the compute-only ceiling when measured, else the highest ``loop_demand``
     of a probe). None when no probe measured its loading."""
-    measured = [p for p in probes if p.get("status") == Status.OK and p.get("loading")]
+    measured = [p for p in probes if p.ok and p.loading is not None]
     if not measured or ranks < 1:
         return None
-    demands = [p["loop_demand"] for p in measured if p.get("loop_demand")]
+    demands = [p.host.loop_demand for p in measured if p.host.loop_demand]
     demand = ceiling or (max(demands) if demands else None)
     if not demand:
         return None
-    cpu = statistics.median(p["loading"]["cpu_per_sample_s"] for p in measured)
+    cpu = statistics.median(p.loading.cpu_per_sample_s or 0.0 for p in measured)
     # blocked waiting (runnable time apart where recorded; where not, the waiting includes
     # it): the least contended probe shows the loader's own waiting best
-    wait = min(p["loading"]["wait_per_sample_s"] for p in measured)
-    rss = [p["loading"]["worker_private_rss"] for p in measured
-           if p["loading"].get("worker_private_rss")]
+    wait = min(p.loading.wait_per_sample_s or 0.0 for p in measured)
+    rss = [p.loading.fields["worker_private_rss"] for p in measured
+           if p.loading.fields.get("worker_private_rss")]
     memory_workers = None
     if rss and memory_available:
         memory_workers = int(memory_available / ranks // max(rss))
@@ -340,14 +340,14 @@ def capacity_model(probes: list[dict[str, Any]], cpus_per_rank: float, ranks: in
                     pin_per_sample_s=_median_pinning(measured))
 
 
-def _median_pinning(probes: list[dict[str, Any]]) -> Optional[float]:
+def _median_pinning(probes: Sequence[ProbeRecord]) -> Optional[float]:
     """Median pinning time per sample of the probes that pinned (None: none did)."""
-    pins = [p["loading"]["pin_per_sample_s"] for p in probes
-            if p["loading"].get("pin_per_sample_s")]
+    pins = [p.loading.fields["pin_per_sample_s"] for p in probes
+            if p.loading and p.loading.fields.get("pin_per_sample_s")]
     return statistics.median(pins) if pins else None
 
 
-def run_model(probes: list[dict[str, Any]], context: dict[str, Any],
+def run_model(probes: Sequence[ProbeRecord], context: dict[str, Any],
               local_ranks: Optional[int], ceiling: Optional[float] = None
               ) -> Optional[Capacity]:
     """THE capacity model of a run (the search reads it while it runs, the summary at the

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Callable, Optional
 
 from ddp_profile.profiler.settings import LoaderSettings
-from ddp_profile.profiler.store.probes import Entry, Status, data_wait_share
+from ddp_profile.profiler.store.probes import Entry, ProbeRecord, Status, data_wait_share
 from ddp_profile.profiler.sweep.capacity import ClimbPoint
 from ddp_profile.profiler.sweep.choose import better, candidate_of, not_worse
 from ddp_profile.profiler.sweep.space import normalise
@@ -29,7 +29,7 @@ def waits_for_data(entry: Entry) -> bool:
     return fraction is None or fraction >= SETTLED_DATA_WAIT
 
 
-def winnable_share(entry: Entry) -> Optional[float]:
+def winnable_share(entry: ProbeRecord) -> Optional[float]:
     """Share of each step that loading settings could win back, from direct evidence.
 
     With workers, what the loop's data wait costs (``data_wait_share``). Without, the time the
@@ -39,19 +39,17 @@ def winnable_share(entry: Entry) -> Optional[float]:
     batch.
     """
     fraction = data_wait_share(entry)
-    workers = (entry.get("config") or {}).get("num_workers") or 0
-    loading, throughput = entry.get("loading") or {}, entry.get("throughput")
-    ranks = len(entry.get("per_rank") or []) or 1
-    if workers or not loading or not throughput:
+    loading, throughput, ranks = entry.loading, entry.throughput, len(entry.ranks) or 1
+    if entry.config.num_workers or loading is None or not throughput:
         return fraction
-    per_sample = sum(loading.get(key) or 0.0 for key in
+    per_sample = sum(loading.fields.get(key) or 0.0 for key in
                      ("cpu_per_sample_s", "wait_per_sample_s", "runq_per_sample_s",
                       "pin_per_sample_s"))
     share = per_sample * float(throughput) / ranks
     return min(share, fraction) if fraction is not None else share
 
 
-def worth_tuning(entry: Entry) -> bool:
+def worth_tuning(entry: ProbeRecord) -> bool:
     """Whether loading settings could win back a measurable share of the baseline's steps
     (``winnable_share`` at least ``SETTLED_DATA_WAIT``); unknown counts as yes."""
     share = winnable_share(entry)

@@ -86,29 +86,29 @@ class Measurer(Protocol):
                 threads: Optional[int] = None,
                 steps_per_s: Optional[float] = None,
                 ddp: Optional[dict[str, Any]] = None,
-                pair: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+                pair: Optional[dict[str, Any]] = None) -> ProbeRecord:
         """One probe of ``requested`` (``None`` settings: the script's own); ``threads``
         sets torch's intra-op threads in every rank; ``steps_per_s``, the steps a rank is
         predicted to make per second, lengthens a fast probe's measurement
         (``settings.burst_steps``); ``ddp``, DDP constructor options for every DDP the script
         builds; ``pair``, the probe's place in the claim's alternation (``sweep.claim``)."""
 
-    def measure_screen(self, windows: list[Window]) -> list[dict[str, Any]]:
+    def measure_screen(self, windows: list[Window]) -> list[ProbeRecord]:
         """Several configurations in as few launches as possible, one entry each (in order);
         fewer entries than windows when a launch stopped early or screens are unsupported."""
 
     def context(self, entry: dict[str, Any]) -> dict[str, Any]:
         """The rank context of a measured probe (device, cpus_available, ...), {} if none."""
 
-    def calibrate(self, baseline: dict[str, Any], axes: Axes) -> None:
+    def calibrate(self, baseline: ProbeRecord, axes: Axes) -> None:
         """Told the baseline's measurement and the axes once they are known."""
 
-    def settle_cache(self, baseline: dict[str, Any], requested: str) -> dict[str, Any]:
+    def settle_cache(self, baseline: ProbeRecord, requested: str) -> ProbeRecord:
         """Decide the run's page-cache regime from the baseline (``profiler.cache``) and apply it
         to every later launch; the baseline, measured again in the regime where its reads
         were not in it (the first then kept as kind ``cache``)."""
 
-    def amend(self, entry: Mapping[str, Any], fields: dict[str, Any]) -> Mapping[str, Any]:
+    def amend(self, entry: ProbeRecord, fields: dict[str, Any]) -> ProbeRecord:
         """Correct a measured entry (in memory and, for good, in the run's record); the
         corrected one."""
 
@@ -351,12 +351,12 @@ class LedgerMeasurer:
             reused.append(self._record(entry, reused=True))
         return reused
 
-    def calibrate(self, baseline: dict[str, Any], axes: Axes) -> None:
+    def calibrate(self, baseline: ProbeRecord, axes: Axes) -> None:
         """Size the timeouts from the baseline: a probe gets ``TIMEOUT_FACTOR`` times the
         baseline's wall time (unless ``--timeout`` was given), a screen window its loop's."""
         if not self.fixed_timeout:
             self.timeout_s = max(MIN_TIMEOUT_S, TIMEOUT_FACTOR * baseline["wall_s"])
-        medians = [r.get("step_time_median_s") or 0.0 for r in baseline.get("per_rank") or []]
+        medians = [r.step_time_median_s or 0.0 for r in baseline.ranks]
         workers = max(axes.num_workers)
         self.window_loop_s = max(medians, default=0.0) * (
             max(self.warmup, workers * max(axes.prefetch_factor))

@@ -196,9 +196,9 @@ class Search:
             config = normalise(settings_of(best))
             subjects.append((best, config, self.steps_per_s(config)))
         for entry, config, rate in subjects:
-            fit = threads_to_fit(entry.get("intra_op_threads"),
-                                 entry.get("ranks_per_host") or self.nproc_per_node,
-                                 entry.get("worker_cores") or 0.0, entry.get("cpus_available"))
+            fit = threads_to_fit(entry.host.intra_op_threads,
+                                 entry.host.ranks_per_host or self.nproc_per_node,
+                                 entry.host.worker_cores or 0.0, entry.host.cpus_available)
             if fit is not None:
                 self.measurer.measure(config, kind=Kind.THREADS, threads=fit, steps_per_s=rate)
 

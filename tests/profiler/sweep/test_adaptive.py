@@ -9,6 +9,7 @@ from typing import Any, Callable, Optional
 import pytest
 
 from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.profiler.sweep.choose import candidate_of, choose
 from ddp_profile.profiler.sweep.measure import Measurer, Window
 from ddp_profile.profiler.sweep.search import Search, SweepOptions
@@ -26,13 +27,19 @@ class ModelMeasurer:
         self.model, self.screens, self.fail_after, self.own = model, screens, fail_after, own
         self.screen_rse = screen_rse  # a screen window's few steps: its throughput's RSE
         self.steps_asked: list[Optional[int]] = []
-        self.entries: list[dict[str, Any]] = []
+        self.entries: list[ProbeRecord] = []
         self.screen_unsupported: Optional[str] = None
         self.timeout_s = 60.0
         self.launches = 0
         self.measured: list[LoaderSettings] = []
 
-    def _entry(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+    def _entry(self, requested: LoaderSettings, kind: str, **extra: Any) -> ProbeRecord:
+        record = ProbeRecord.from_json(self._line(requested, kind, **extra))
+        self.entries.append(record)
+        return record
+
+    def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        """The ledger line of a modelled probe (subclasses add what they model)."""
         config = requested.merged_over(self.own)
         if not config.num_workers:
             config = LoaderSettings(0, config.pin_memory, None, config.batch_size)
@@ -45,7 +52,6 @@ class ModelMeasurer:
                  "data_wait_fraction": wait, "throughput_rse": 0.01, "steps_measured": 30,
                  "wall_s": 5.0}
         entry.update(extra)
-        self.entries.append(entry)
         return entry
 
     def measure(self, requested: LoaderSettings, kind: str = "sweep",
@@ -53,12 +59,12 @@ class ModelMeasurer:
                 threads: Optional[int] = None,
                 steps_per_s: Optional[float] = None,
                 ddp: Optional[dict[str, Any]] = None,
-                pair: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+                pair: Optional[dict[str, Any]] = None) -> ProbeRecord:
         self.launches += 1
         self.steps_asked.append(steps)
         return self._entry(requested, kind, **({"pair": pair} if pair else {}))
 
-    def measure_screen(self, windows: list[Window]) -> list[dict[str, Any]]:
+    def measure_screen(self, windows: list[Window]) -> list[ProbeRecord]:
         if not windows or self.screen_unsupported:  # as the real one: nothing launched then
             return []
         if not self.screens:
@@ -75,14 +81,16 @@ class ModelMeasurer:
     def context(self, entry: dict[str, Any]) -> dict[str, Any]:
         return {"device": "cuda", "cpus_available": 32}
 
-    def calibrate(self, baseline: dict[str, Any], axes: Axes) -> None:
+    def calibrate(self, baseline: ProbeRecord, axes: Axes) -> None:
         self.axes = axes
 
-    def settle_cache(self, baseline: dict[str, Any], requested: str) -> dict[str, Any]:
+    def settle_cache(self, baseline: ProbeRecord, requested: str) -> ProbeRecord:
         return baseline  # modelled probes read no files
 
-    def amend(self, entry: dict[str, Any], fields: dict[str, Any]) -> None:
-        entry.update(fields)
+    def amend(self, entry: ProbeRecord, fields: dict[str, Any]) -> ProbeRecord:
+        amended = ProbeRecord.from_json({**entry, **fields})
+        self.entries[:] = [amended if e is entry else e for e in self.entries]
+        return amended
 
 
 def search(model: Model, search: str = "adaptive", repeat: int = 1,
@@ -230,19 +238,23 @@ def test_what_loading_could_win_back_is_measured_where_batches_are_made():
     ranks' time; the rest is the iterator's own overhead, which workers do not remove."""
     from ddp_profile.profiler.sweep.climb import winnable_share, worth_tuning
 
-    baseline = {"config": {"num_workers": 0}, "data_wait_fraction": 0.055,
-                "throughput": 4692.0, "per_rank": [{}, {}],
-                "loading": {"cpu_per_sample_s": 9e-6, "wait_per_sample_s": 1e-6,
-                            "runq_per_sample_s": None}}
+    def record(**line: Any) -> ProbeRecord:
+        return ProbeRecord.from_json({"id": "p000", "kind": "baseline", "status": "ok", **line})
+
+    line = {"config": {"num_workers": 0}, "data_wait_fraction": 0.055, "throughput": 4692.0,
+            "per_rank": [{"rank": 0}, {"rank": 1}],
+            "loading": {"cpu_per_sample_s": 9e-6, "wait_per_sample_s": 1e-6,
+                        "runq_per_sample_s": None}}
+    baseline = record(**line)
     assert winnable_share(baseline) == pytest.approx(0.02346)
     assert not worth_tuning(baseline)
-    slow = {**baseline, "loading": {"cpu_per_sample_s": 2e-3, "wait_per_sample_s": 0.0},
-            "throughput": 400.0, "data_wait_fraction": 0.8}
+    slow = record(**{**line, "loading": {"cpu_per_sample_s": 2e-3, "wait_per_sample_s": 0.0},
+                     "throughput": 400.0, "data_wait_fraction": 0.8})
     assert winnable_share(slow) == pytest.approx(0.4) and worth_tuning(slow)
     # with workers the loop's data wait is what is left to win; unmeasured counts as worth it
-    workers = {**baseline, "config": {"num_workers": 2}}
+    workers = record(**{**line, "config": {"num_workers": 2}})
     assert winnable_share(workers) == 0.055 and worth_tuning(workers)
-    assert worth_tuning({"config": {}, "data_wait_fraction": None})
+    assert worth_tuning(record(config={}, data_wait_fraction=None))
 
 
 class LoadingMeasurer(ModelMeasurer):
@@ -258,12 +270,12 @@ class LoadingMeasurer(ModelMeasurer):
     def context(self, entry: dict[str, Any]) -> dict[str, Any]:
         return {"device": "cpu", "cpus_available": self.cpus}
 
-    def _entry(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
-        return super()._entry(requested, kind, loop_demand=6000.0, **{
+    def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        return super()._line(requested, kind, loop_demand=6000.0, **{
             "loading": {"cpu_per_sample_s": 1e-4, "wait_per_sample_s": 2e-3,
                         "runq_per_sample_s": None, "worker_private_rss": None}, **extra})
 
-    def measure_screen(self, windows: list[Window]) -> list[dict[str, Any]]:
+    def measure_screen(self, windows: list[Window]) -> list[ProbeRecord]:
         self.windows += windows
         self.screens_asked.append(list(windows))
         return super().measure_screen(windows)
@@ -303,8 +315,8 @@ class ThreadsMeasurer(ModelMeasurer):
         super().__init__(model)
         self.threads: list[tuple[str, Optional[int], LoaderSettings]] = []
 
-    def _entry(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
-        entry = super()._entry(requested, kind, **extra)
+    def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        entry = super()._line(requested, kind, **extra)
         workers = entry["config"].get("num_workers") or 0
         entry.update(intra_op_threads=2, ranks_per_host=1, cpus_available=3,
                      worker_cores=0.15 * workers)
@@ -315,7 +327,7 @@ class ThreadsMeasurer(ModelMeasurer):
                 threads: Optional[int] = None,
                 steps_per_s: Optional[float] = None,
                 ddp: Optional[dict[str, Any]] = None,
-                pair: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+                pair: Optional[dict[str, Any]] = None) -> ProbeRecord:
         entry = super().measure(requested, kind, steps, mode, threads, steps_per_s, pair=pair)
         self.threads.append((kind, threads, LoaderSettings.from_dict(entry["config"])))
         return entry
@@ -350,6 +362,7 @@ class CommMeasurer(ModelMeasurer):
         self.ddp_asked: list[Optional[dict[str, Any]]] = []
         self.screens: list[list[Optional[dict[str, Any]]]] = []
         self.synced = True
+        self.options: dict[str, Any] = {}  # the DDP options of the probe being modelled
 
     def model(self, config: LoaderSettings) -> tuple[float, float]:
         batch = config.batch_size or 32
@@ -357,8 +370,8 @@ class CommMeasurer(ModelMeasurer):
         step = 0.02 * batch / 32 + (comm if self.synced or not self.costs else 0.0)
         return 2 * batch / step, 0.01
 
-    def _entry(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
-        entry = super()._entry(requested, kind, **extra)
+    def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        entry = super()._line(requested, kind, **self.options, **extra)
         batch = entry["config"]["batch_size"]
         step = 0.02 * batch / 32 + self.exposed_s + self.hidden_s
         entry["comm_fraction"] = self.exposed_s / step if self.synced else None
@@ -370,25 +383,25 @@ class CommMeasurer(ModelMeasurer):
                 threads: Optional[int] = None,
                 steps_per_s: Optional[float] = None,
                 ddp: Optional[dict[str, Any]] = None,
-                pair: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+                pair: Optional[dict[str, Any]] = None) -> ProbeRecord:
         if kind == "ddp":
             self.ddp_asked.append(ddp)
         self.synced = (ddp or {}).get("gradient_sync") is not False
+        self.options = {"ddp_options": ddp} if kind == "ddp" else {}
         try:
-            entry = super().measure(requested, kind, steps, mode, threads, steps_per_s, ddp,
-                                    pair)
-            return {**entry, "ddp_options": ddp} if kind == "ddp" else entry
+            return super().measure(requested, kind, steps, mode, threads, steps_per_s, ddp,
+                                   pair)
         finally:
-            self.synced = True
+            self.synced, self.options = True, {}
 
-    def measure_screen(self, windows: list[Window]) -> list[dict[str, Any]]:
-        entries = []
+    def measure_screen(self, windows: list[Window]) -> list[ProbeRecord]:
+        entries: list[ProbeRecord] = []
         self.screens.append([w.ddp for w in windows])
         for window in windows:  # gradient synchronisation switches between windows
             self.synced = (window.ddp or {}).get("gradient_sync") is not False
-            entry = super().measure_screen([window])
-            entries += [{**e, "ddp_options": window.ddp} for e in entry]
-        self.synced = True
+            self.options = {"ddp_options": window.ddp}
+            entries += super().measure_screen([window])
+        self.synced, self.options = True, {}
         return entries
 
 
@@ -505,8 +518,8 @@ class CeilingMeasurer(ModelMeasurer):
         super().__init__(model, **kwargs)
         self.ceiling = ceiling
 
-    def _entry(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
-        entry = super()._entry(requested, kind, **extra)
+    def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        entry = super()._line(requested, kind, **extra)
         if kind == "ceiling":
             entry["throughput"] = self.ceiling
         return entry

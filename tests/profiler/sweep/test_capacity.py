@@ -7,6 +7,7 @@ from typing import Optional
 
 import pytest
 
+from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.profiler.sweep.capacity import (
     CLIMB_STOP_CPU_SHARE,
     Capacity,
@@ -31,10 +32,11 @@ def batches(cpu_ms: float, wait_ms: float, count: int = 20, size: int = 16, pid:
              "collate_s": 1e-4} for i in range(count)]
 
 
-def probe(cost, workers: int, demand: float, rss: int = 0) -> dict:
+def probe(cost, workers: int, demand: float, rss: int = 0) -> ProbeRecord:
     loading = {**cost.to_dict(), "worker_private_rss": rss or None}
-    return {"id": f"p{workers}", "status": "ok", "kind": "sweep", "loading": loading,
-            "loop_demand": demand, "config": {"num_workers": workers}}
+    return ProbeRecord.from_json({"id": f"p{workers}", "status": "ok", "kind": "sweep",
+                                  "loading": loading, "loop_demand": demand,
+                                  "config": {"num_workers": workers}})
 
 
 def test_loading_cost_separates_cpu_from_waiting():
@@ -132,16 +134,18 @@ def test_model_from_probes_takes_the_ceiling_as_demand_when_measured():
     assert from_loop.demand == 1200.0
     from_ceiling = capacity_model(probes, 1.0, 2, None, ceiling=5000.0)
     assert from_ceiling.demand == 5000.0
-    assert capacity_model([{**probes[0], "loading": None}], 1.0, 2, None) is None
+    assert capacity_model([ProbeRecord.from_json({**probes[0], "loading": None})], 1.0, 2,
+                          None) is None
 
 
 def test_summary_capacity_per_rank_cpus_and_measured_points():
     from ddp_profile.profiler.sweep.capacity import run_capacity
 
     cost = loading_cost([(batches(0.1, 3.0), None)])
-    probes = [{**probe(cost, 0, 6000.0), "kind": "baseline", "throughput": 560.0},
-              {**probe(cost, 2, 1800.0), "throughput": 1150.0},
-              {**probe(cost, 4, 0.0), "status": "crash", "loading": None}]
+    probes = [ProbeRecord.from_json(line) for line in (
+        {**probe(cost, 0, 6000.0), "kind": "baseline", "throughput": 560.0},
+        {**probe(cost, 2, 1800.0), "throughput": 1150.0},
+        {**probe(cost, 4, 0.0), "status": "crash", "loading": None})]
     context = {"world_size": 2, "cpus_available": 2, "memory_available": None}
     capacity = run_capacity(probes, context, local_ranks=2, ceiling=None)
     assert capacity["cpus_per_rank"] == 1.0 and capacity["ranks"] == 2
@@ -298,10 +302,11 @@ def test_one_pinning_thread_per_rank_bounds_the_loaders():
     # without workers the loop pins its own batches too
     unpinned = Capacity(1e-4, 3e-3, 8.0, 2, demand=10000.0, memory_workers=None)
     assert model.throughput(0) < unpinned.throughput(0)
-    probes = [{"status": "ok", "loop_demand": 10000.0, "config": {"num_workers": w},
-               "loading": {"cpu_per_sample_s": 1e-4, "wait_per_sample_s": 3e-3,
-                           "pin_per_sample_s": pin}}
-              for w, pin in ((0, 4e-4), (4, 5e-4), (8, 6e-4))]
+    probes = [ProbeRecord.from_json(
+        {"id": f"p{w}", "status": "ok", "loop_demand": 10000.0, "config": {"num_workers": w},
+         "loading": {"cpu_per_sample_s": 1e-4, "wait_per_sample_s": 3e-3,
+                     "pin_per_sample_s": pin}})
+        for w, pin in ((0, 4e-4), (4, 5e-4), (8, 6e-4))]
     assert capacity_model(probes, 8.0, 2, None).pin_per_sample_s == pytest.approx(5e-4)
 
 
