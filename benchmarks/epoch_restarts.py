@@ -11,6 +11,16 @@ difference over EPOCHS - 1 epochs is the per-epoch time (start-up and teardown c
 
     python benchmarks/epoch_restarts.py [--reps 2] [--epochs 5]
 
+``--claim``: the persistent-workers claim checked as a user would. The same workload with
+32-step epochs (1,024 samples) and the script's own 2 workers: ``ddp-profile run`` with its
+defaults measures ``persistent_workers=True`` against the settings as they are (``A B A B A``
+in launches, ``sweep.claim.confirm_persistence``, with the best settings it found); then plain
+torchrun launches of the script with those workers, with and without
+``--persistent-workers``, alternating, ``--reps`` rounds, each timed over
+whole epochs as above. The tool's ratio and interval beside the plain ratio.
+
+    python benchmarks/epoch_restarts.py --claim [--reps 3] [--epochs 6]   (~5 min)
+
 Prints one line per configuration, then one JSON object on the last line.
 """
 
@@ -31,8 +41,13 @@ SAMPLES = 4096  # the workload's default dataset: one epoch, all ranks together
 WORKERS = (0, 5, 11)
 
 
-def plain_seconds(workers: int, epochs: int, persistent: bool) -> float:
-    args = [*ARGS, "--num-workers", str(workers), "--epochs", str(epochs)]
+CLAIM_ARGS = ["--load-ms", "2", "--batch-size", "16", "--samples", "1024"]  # 32-step epochs
+CLAIM_WORKERS = 2
+
+
+def plain_seconds(workers: int, epochs: int, persistent: bool, base: list[str] = ARGS
+                  ) -> float:
+    args = [*base, "--num-workers", str(workers), "--epochs", str(epochs)]
     if persistent:
         args.append("--persistent-workers")
     started = time.perf_counter()
@@ -66,11 +81,64 @@ def tool_rates(out: str) -> dict[int, dict]:
     return rates
 
 
+def claim(reps: int, epochs: int) -> dict:
+    """The tool's measured persistent-workers figure against plain launches, alternating."""
+    work = _bench.scratch("ddp-profile-persistent-")
+    try:
+        out = os.path.join(work, "run")
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "ddp_profile", "run", _bench.DEMO, "--out", out,
+                        "--no-report", "--quiet", "--", *CLAIM_ARGS, "--num-workers",
+                        str(CLAIM_WORKERS)], check=True, stdout=subprocess.DEVNULL, timeout=1800)
+        tool_s = time.perf_counter() - started
+        from ddp_profile.profiler.store.results import load_run
+        from ddp_profile.rules import Thresholds, measured_thresholds
+        from ddp_profile.rules.claim import persistent_effect
+
+        run = load_run(out)
+        thresholds = measured_thresholds(run, Thresholds())
+        effect = persistent_effect(run, thresholds.interval_confidence, thresholds.launch_sd)
+        samples = 1024
+        # the user's check: the settings the tool measured it with (its recommendation's)
+        workers = run.probe(effect.probes[0]).config.num_workers if effect else CLAIM_WORKERS
+        per_epoch: dict[bool, list[float]] = {False: [], True: []}
+        for rep in range(reps):  # alternating: as is, persistent, as is, ...
+            for persistent in ((False, True) if rep % 2 == 0 else (True, False)):
+                one = plain_seconds(workers, 1, persistent, CLAIM_ARGS)
+                many = plain_seconds(workers, epochs, persistent, CLAIM_ARGS)
+                per_epoch[persistent].append((many - one) / (epochs - 1))
+        rates = {k: samples / statistics.median(v) for k, v in per_epoch.items()}
+        plain = rates[True] / rates[False]
+        row = {"num_workers": workers,
+               "tool_ratio": _bench.rnd(effect.ratio, 3) if effect else None,
+               "tool_interval": [_bench.rnd(x, 3) for x in effect.interval] if effect else None,
+               "tool_probes": list(effect.probes) if effect else None,
+               "tool_wall_s": _bench.rnd(tool_s, 1),
+               "plain_as_is": _bench.rnd(rates[False], 1),
+               "plain_persistent": _bench.rnd(rates[True], 1), "plain_ratio": _bench.rnd(plain, 3),
+               "inside": bool(effect and effect.interval[0] <= plain <= effect.interval[1])}
+        print(f"persistent_workers=True with {workers} workers: tool "
+              + (f"{effect.ratio:.2f}x [{effect.interval[0]:.2f}-{effect.interval[1]:.2f}]"
+                 if effect else "not measured")
+              + f"; plain launches {plain:.2f}x ({rates[True]:,.0f} / {rates[False]:,.0f})",
+              flush=True)
+        return row
+    finally:
+        _bench.cleanup(work)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--claim", action="store_true",
+                        help="the persistent-workers claim against plain launches")
     args = parser.parse_args()
+    if args.claim:
+        print(json.dumps({"benchmark": "epoch_restarts", "mode": "claim",
+                          "machine": _bench.machine(), "epochs": args.epochs, "reps": args.reps,
+                          "claim": claim(args.reps, args.epochs)}))
+        return
     work = _bench.scratch("ddp-profile-epochs-")
     try:
         tool = tool_rates(os.path.join(work, "run"))

@@ -83,9 +83,9 @@ def run(
                                          "tell a slow launch from a slowdown."),
     pairs: Optional[int] = typer.Option(None, help="Check the claim: the script's settings "
                                         "and the recommendation alternated, A B A B A B A "
-                                        "in one launch; DDP options too, each beside the "
-                                        "script's own (default 3 pairs; 0: not checked, "
-                                        "no DDP option measured)."),
+                                        "in one launch; DDP options and persistent_workers "
+                                        "too, each beside the settings without them (default "
+                                        "3 pairs; 0: not checked, neither measured)."),
     cache: Optional[str] = typer.Option(None, help="auto | cold | warm | as-is: the page "
                                         "cache's state in every probe (default auto: cold "
                                         "where one epoch's data exceeds half the memory "

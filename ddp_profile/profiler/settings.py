@@ -106,6 +106,8 @@ class ProbePlan:
     steps_per_s: Optional[float] = None  # predicted steps/s of a rank (``burst_steps``)
     cache: Optional[str] = None  # COLD: producers drop the files they read from the page
     # cache after each batch (``profiler.rank.pagecache``); None: the page cache as it is
+    persistent_workers: Optional[bool] = None  # True: every loader with workers keeps them
+    # across epochs (``DataLoader(persistent_workers=True)``); None: the script's own
 
     def window_warmup(self, index: int) -> int:
         return int(self.windows[index].get("warmup", self.warmup))
@@ -147,7 +149,7 @@ class ProbePlan:
     def to_json(self) -> str:
         data = asdict(self)
         data["overrides"] = self.overrides.to_dict()
-        for key in ("threads", "steps_per_s", "ddp", "cache"):
+        for key in ("threads", "steps_per_s", "ddp", "cache", "persistent_workers"):
             if data.get(key) is None:
                 data.pop(key)  # what every reader of a plan without it understands
         return json.dumps(data)

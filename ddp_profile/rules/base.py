@@ -82,7 +82,6 @@ class Thresholds(ChoiceThresholds):
     # two probes whose producers read this much more or less of their bytes from storage (not
     # the page cache) were not measured like for like (the sweep's regime uses the same margin)
     cache_margin: float = CACHE_MARGIN
-    restart_share: float = 0.05  # worker start-up per epoch as a share of the run
     gpu_mem_unused_share: float = 0.5  # peak GPU memory below this share of the total
     batch_gain: float = 1.05  # a larger batch this much faster counts as a gain
     gpu_util_low_percent: float = 50.0  # median GPU utilisation below this is low

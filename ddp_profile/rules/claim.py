@@ -120,6 +120,36 @@ def paired_claim(run: Run, reference: dict[str, Any], candidate: dict[str, Any],
                        candidates=roles.count(CANDIDATE), launches=launches)
 
 
+def persistent_effect(run: Run, confidence: float, launch_sd: float
+                      ) -> Optional[PairedClaim]:
+    """``persistent_workers=True`` against the same settings restarting their workers, from
+    the last alternation that measured it (``sweep.persistent``; launches: the fit's
+    uncertainty and the spread between launches, as for the claim); None where none
+    finished."""
+    groups = alternations(run, Kind.PERSISTENT)
+    probes = groups[-1] if groups else []
+    if not probes or any(not p.measured for p in probes):
+        return None
+    # each side as the script runs it over whole epochs, boundaries and all, where every probe
+    # spanned one (the wall clock: nothing modelled); else the rates as run
+    whole = all(p.epochs_throughput for p in probes)
+    roles = [p.pair.role if p.pair else None for p in probes]
+    fit = fit_alternation([(CANDIDATE if role == CANDIDATE else None,
+                            float(p.pair.index if p.pair else 0),
+                            float((p.epochs_throughput if whole else p.throughput) or 0.0))
+                           for role, p in zip(roles, probes)])
+    if fit is None:
+        return None
+    between = max(launch_sd, fit.residual_sd)
+    half = t_quantile(0.5 + confidence / 2, fit.dof) * math.sqrt(
+        fit.errors[CANDIDATE] ** 2 + 2 * between ** 2 / CHECK_ROUNDS)
+    gain = fit.gains[CANDIDATE]
+    return PairedClaim(ratio=math.exp(gain), interval=(math.exp(gain - half),
+                                                       math.exp(gain + half)),
+                       probes=tuple(p.id for p in probes), candidates=roles.count(CANDIDATE),
+                       launches=len({p.launch for p in probes}))
+
+
 @dataclass(frozen=True)
 class DdpEffect:
     """A DDP counterfactual (the script's settings with other DDP options, kind ``ddp``)

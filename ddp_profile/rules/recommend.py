@@ -47,7 +47,7 @@ from ddp_profile.rules.base import (
     relative_error,
     storage_share,
 )
-from ddp_profile.rules.claim import paired_claim
+from ddp_profile.rules.claim import PairedClaim, paired_claim, persistent_effect
 from ddp_profile.rules.cpuload import cpu_load
 from ddp_profile.rules.data import (
     CPU_FIX,
@@ -87,11 +87,21 @@ def recommendation_to_dict(rec: Recommendation) -> dict[str, Any]:
     return data
 
 
+def kept_alive(run: Run, config: dict[str, Any], thresholds: Thresholds
+               ) -> Optional[PairedClaim]:
+    """``persistent_workers=True`` where it was measured with exactly ``config`` and ran faster
+    beyond noise (``rules.claim.persistent_effect``); else None."""
+    measured = persistent_effect(run, thresholds.interval_confidence, thresholds.launch_sd)
+    if measured is None or measured.interval[0] <= 1.0:
+        return None
+    ran = run.probe(measured.probes[0]).config.to_dict()
+    return measured if describe_config(ran) == describe_config(config) else None
+
+
 def snippet_for(config: dict[str, Any], persistent: bool = False) -> str:
     """``DataLoader(dataset, ...)`` with the settings that were measured: no prefetch without
-    workers, and ``persistent_workers=True`` only where the measured loader ran with it (the
-    script's own setting: the sweep does not switch it; what it would give is the
-    persistent-workers finding's labelled prediction)."""
+    workers, and ``persistent_workers=True`` where the measured loader ran with it or where it
+    was measured faster beyond noise with these settings (``kept_alive``)."""
     parts = ["dataset"]
     if config.get("batch_size") is not None:
         parts.append(f"batch_size={config['batch_size']}")
@@ -282,6 +292,7 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None) -> Recommendati
         if chosen["id"] != base["id"]:
             basis = (f"probes {base['id']} and {chosen['id']}, not alternated: the machine's "
                      "drift between them is in the figure")
+    kept = kept_alive(run, config_of(chosen), thresholds)
     ceiling = ceiling_probe(run)
     share = None
     if ceiling is not None and ceiling["throughput"] > 0 and finite(chosen["throughput"]):
@@ -295,8 +306,12 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None) -> Recommendati
         config=config, probe_id=str(chosen["id"]), expected_speedup=speedup,
         expected_speedup_interval=interval, ceiling_share=share,
         snippet=snippet_for(config, loader_info(run, chosen["id"]).get("persistent_workers")
-                            is True),
+                            is True or kept is not None),
         notes=((unconfirmed,) if unconfirmed else ()) + _notes(run, base, chosen, thresholds,
-                                                               share),
+                                                               share)
+        + ((f"persistent_workers=True on top of it ran {kept.ratio:.2f}x [{kept.interval[0]:.2f}"
+            f"-{kept.interval[1]:.2f}] (probes {kept.probes[0]}-{kept.probes[-1]}, alternated "
+            "A B A B A in launches; not in the expected speedup): see the persistent-workers "
+            "finding.",) if kept is not None else ()),
         throughput=float(chosen["throughput"]) if finite(chosen["throughput"]) else None,
         baseline_probe_id=str(base["id"]), like_for_like=like, speedup_basis=basis)

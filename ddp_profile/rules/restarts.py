@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 import pandas as pd
 
+from ddp_profile.profiler.store.probes import Kind
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import (
     Finding,
@@ -26,14 +27,18 @@ from ddp_profile.rules.base import (
     probe_entry,
     probe_steps,
 )
+from ddp_profile.rules.claim import PairedClaim, persistent_effect
 from ddp_profile.rules.recommend import choose
 
 
 def keeps_its_iterator(run: Run) -> bool:
     """The script's training loader was seen, in some launch of the run, to keep one iterator
     past an epoch (``iterator_outlives_epoch``): it starts its workers once, in every launch,
-    whether or not a probe ran long enough to see it."""
-    return any(context.get("keeps_iterator") for context in run.contexts.values())
+    whether or not a probe ran long enough to see it. Probes that made its workers persistent
+    (``Kind.PERSISTENT``) say nothing of the script's own loader."""
+    forced = {p.id for p in run.records if p.kind == Kind.PERSISTENT}
+    return any(context.get("keeps_iterator") for (probe_id, _), context in run.contexts.items()
+               if probe_id not in forced)
 
 
 def _restarting(run: Run) -> list[tuple[pd.Series, dict[str, Any]]]:
@@ -66,6 +71,9 @@ def persistent_workers(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     """
     costly = [(p, e) for p, e in _restarting(run)
               if 1 - p["throughput"] / e["steady_throughput"] >= thresholds.restart_share]
+    measured = persistent_effect(run, thresholds.interval_confidence, thresholds.launch_sd)
+    if measured is not None:
+        return _measured(run, measured, costly)
     if not costly:
         return _from_first_batches(run, thresholds)
     base = baseline_probe(run)
@@ -102,6 +110,38 @@ def persistent_workers(run: Run, thresholds: Thresholds) -> Optional[Finding]:
                         f"persistent_workers=True). Predicted: "
                         f"{steady:,.0f} samples/s{versus}; the rate this probe measured "
                         "between restarts, not a measurement of persistent workers."))
+
+
+def _measured(run: Run, measured: PairedClaim,
+              costly: list[tuple[pd.Series, dict[str, Any]]]) -> Optional[Finding]:
+    """The finding where ``persistent_workers=True`` was measured (``sweep.persistent``):
+    only where it ran faster beyond noise, with the restarts it removes."""
+    low, high = measured.interval
+    if low <= 1.0:
+        return None  # measured, and no gain this check can tell from none
+    first = run.probe(measured.probes[0])
+    settings = {"num_workers": first.config.num_workers, "pin_memory": first.config.pin_memory,
+                "prefetch_factor": first.config.prefetch_factor,
+                "batch_size": first.config.batch_size}
+    restarts = [e for p, e in costly if describe_config(p) == describe_config(settings)]
+    paid = ""
+    if restarts:
+        entry = restarts[-1]
+        paid = (f"Starting the workers again costs {float(entry['epoch_restart_s']):.2f} s per "
+                f"epoch of {entry.get('epoch_steps')} steps. ")
+    figure = f"{measured.ratio:.2f}x [{low:.2f}-{high:.2f}]"
+    alternated = (f"alternated A B A B A in launches, the same settings restarting their "
+                  f"workers (A) and keeping them (B), probes {measured.probes[0]}-"
+                  f"{measured.probes[-1]}")
+    return Finding(
+        rule="persistent-workers",
+        severity="high" if measured.ratio >= 1.5 else "medium",
+        title="DataLoader workers restart every epoch",
+        evidence=(f"{paid}With {describe_config(settings)}, persistent_workers=True ran "
+                  f"{figure} ({alternated}), each probe crossing an epoch boundary."),
+        recommendation=(f"Keep the workers alive: DataLoader(..., num_workers="
+                        f"{first.config.num_workers}, persistent_workers=True). Measured: "
+                        f"{figure}, {alternated}."))
 
 
 def _first_batches(run: Run, probe: pd.Series) -> Optional[tuple[float, float, int]]:

@@ -116,3 +116,57 @@ def test_no_finding_where_a_launch_saw_the_loader_keep_its_iterator_past_an_epoc
     assert persistent_workers(run, T) is not None
     run.contexts[("w4", 0)]["keeps_iterator"] = True
     assert persistent_workers(run, T) is None
+
+
+def measured_persistence(gain: float, drift: float = 0.02, noise: tuple = ()):
+    """The script's own 2 workers restart every 62-step epoch (the baseline, also the only
+    configuration); then the sweep's alternation of them as they are (A) and with
+    ``persistent_workers=True`` (B), A B A B A in launches, on a machine drifting ``drift`` a
+    launch; B runs ``gain`` times A."""
+    builder = (RunBuilder(world_size=2)
+               .probe("base", kind="baseline", num_workers=2, prefetch_factor=2,
+                      throughput=470.0,
+                      entry={"throughput": 470.0, "steady_throughput": 1680.0,
+                             "epoch_steps": 62, "epoch_restart_s": 3.0})
+               .steps(n=20, data_wait=0.05))
+    for index, role in enumerate(("reference", "candidate") * 2 + ("reference",)):
+        rate = 470.0 * (gain if role == "candidate" else 1.0) * (1 + drift) ** index
+        rate *= noise[index] if index < len(noise) else 1.0
+        builder.probe(f"k{index}", kind="persistent", num_workers=2, prefetch_factor=2,
+                      throughput=rate,
+                      entry={"launch": f"k{index}",
+                             "pair": {"role": role, "index": index, "group": "persistent-002"},
+                             **({"persistent_workers": True} if role == "candidate" else {})})
+    return builder.build()
+
+
+def test_persistent_workers_measured_faster_is_told_as_measured_and_set_in_the_snippet():
+    from ddp_profile.rules import evaluate
+
+    run = measured_persistence(1.6, noise=(1.0, 1.01, 0.99, 1.0, 1.005))
+    finding = persistent_workers(run, T)
+    assert finding is not None and finding.rule == "persistent-workers"
+    assert "persistent_workers=True ran 1.61x [1.5" in finding.evidence, finding.evidence
+    assert "alternated A B A B A in launches" in finding.evidence
+    assert "probes k0-k4" in finding.evidence and "3.00 s per epoch of 62 steps" in \
+        finding.evidence
+    assert finding.recommendation.startswith(
+        "Keep the workers alive: DataLoader(..., num_workers=2, persistent_workers=True). "
+        "Measured: 1.61x [1.5")
+    assert "prediction" not in finding.evidence + finding.recommendation
+    assert finding.severity == "high"
+    analysis = evaluate(run)
+    assert "persistent_workers=True" in analysis.recommendation.snippet
+    assert any("persistent_workers=True on top of it ran 1.61x" in note
+               for note in analysis.recommendation.notes), analysis.recommendation.notes
+
+
+def test_persistent_workers_measured_within_noise_is_no_finding_and_not_in_the_snippet():
+    """A 3 % gain on launches 4 % apart: measured, and no gain this check can tell."""
+    from ddp_profile.rules import evaluate
+
+    run = measured_persistence(1.03, noise=(1.0, 0.96, 1.04, 1.03, 0.97))
+    assert persistent_workers(run, T) is None
+    analysis = evaluate(run)
+    assert "persistent_workers" not in analysis.recommendation.snippet
+    assert "persistent-workers" not in [f.rule for f in analysis.findings]

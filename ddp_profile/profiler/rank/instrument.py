@@ -76,9 +76,6 @@ RUNQ = loadcost.RunQueueClock()  # the training thread's time runnable, waiting 
 STOP_BARRIER_TIMEOUT_S = 60.0
 
 
-
-
-
 class Instrumentation:
     """Process-wide instrumentation state of one rank."""
 
@@ -127,15 +124,16 @@ class Instrumentation:
         """Record the script's settings and rewrite ``bound`` with the probe's overrides."""
         loader_id = self.loader_count
         self.loader_count += 1
-        own = own_settings(bound.arguments)
-        applied, skipped = apply_overrides(bound.arguments, self.plan.overrides)
-        bound.arguments["worker_init_fn"] = loadcost.WorkerInit(
-            bound.arguments.get("worker_init_fn"), self.plan.out_dir, loader_id,
-            cold=self.plan.cache == COLD)
+        args = bound.arguments
+        own = own_settings(args)
+        applied, skipped = apply_overrides(args, self.plan.overrides, self.plan.persistent_workers)
+        args["worker_init_fn"] = loadcost.WorkerInit(args.get("worker_init_fn"), self.plan.out_dir,
+                                                     loader_id, cold=self.plan.cache == COLD)
         object.__setattr__(loader, "_ddp_profile_id", loader_id)
         object.__setattr__(loader, "_ddp_profile_iters", 0)
         self.recorder.write({"kind": "loader", "loader_id": loader_id, "rank": current_rank(),
-                             "own": own, "applied": applied, "skipped_overrides": skipped})
+                             "own": own, "applied": applied, "skipped_overrides": skipped,
+                             "persistent_workers": bool(args.get("persistent_workers"))})
 
     def _files(self) -> FileReads:
         """The watch on the files this rank's own fetches open (``num_workers=0``)."""

@@ -76,9 +76,11 @@ def _is_distributed_sampler(sampler: Any) -> bool:
     return hasattr(sampler, "num_replicas") and hasattr(sampler, "rank")
 
 
-def apply_overrides(arguments: dict[str, Any], overrides: LoaderSettings
+def apply_overrides(arguments: dict[str, Any], overrides: LoaderSettings,
+                    persistent_workers: Optional[bool] = None
                     ) -> tuple[dict[str, Any], list[dict[str, str]]]:
-    """Apply the probe's settings to DataLoader arguments in place.
+    """Apply the probe's settings to DataLoader arguments in place (``persistent_workers``
+    True: a loader with workers keeps them across epochs; None: as the script has it).
 
     Returns the settings that will run and the overrides that were not applied, with why.
     """
@@ -101,6 +103,8 @@ def apply_overrides(arguments: dict[str, Any], overrides: LoaderSettings
         reason = _apply_batch_size(arguments, overrides.batch_size)
         if reason:
             skipped.append({"setting": "batch_size", "reason": reason})
+    if persistent_workers and (arguments.get("num_workers") or 0) > 0:
+        arguments["persistent_workers"] = True
     own = own_settings(arguments)
     applied = {k: own[k] for k in SETTING_KEYS}
     return applied, skipped

@@ -54,6 +54,7 @@ def restarts_per_epoch(loader: Optional[dict[str, Any]]) -> bool:
     loader that keeps one iterator over a repeated sampler starts its workers once)."""
     own, applied = (loader or {}).get("own") or {}, (loader or {}).get("applied") or {}
     return bool(applied.get("num_workers")) and own.get("persistent_workers") is False \
+        and (loader or {}).get("persistent_workers") is not True \
         and not (loader or {}).get("keeps_iterator")
 
 
@@ -132,3 +133,24 @@ def rank_step_stats(steps: list[dict[str, Any]], loader: Optional[dict[str, Any]
             "steady_throughput": samples / steady if cost and steady > 0 else None,
             "steady_s": steady if cost else None,
             "segment_steps": cost.segment_steps if cost else frozenset()}
+
+
+def whole_epochs(steps: list[dict[str, Any]], loader: Optional[dict[str, Any]]
+                 ) -> Optional[tuple[int, float]]:
+    """(samples, seconds) of the most whole epochs the measured steps span, by the wall clock
+    from the first measured step's start to the start of the step one or more epochs later:
+    whatever an epoch boundary costs (workers shut down and started again, or a persistent
+    pool refilled) is inside, as often as the script pays it. None where the epoch's length
+    is unknown or the measured steps hold less than one epoch and the step after it."""
+    length = epoch_steps(loader)
+    measured = sorted((s for s in steps if s.get("measured") and s.get("t_ns") is not None),
+                      key=lambda s: s["step"])
+    if not length or len(measured) <= length:
+        return None
+    span = (len(measured) - 1) // length * length
+    first, last = measured[0], measured[span]
+    if last["step"] - first["step"] != span:
+        return None  # a gap in the measured steps
+    seconds = (last["t_ns"] - first["t_ns"]) / 1e9
+    samples = sum(s.get("samples") or 0 for s in measured[:span])
+    return (samples, seconds) if seconds > 0 and samples > 0 else None

@@ -49,6 +49,9 @@ class Kind(str, Enum):
     DDP = "ddp"  # counterfactual: the same settings with other DDP options (bucket_cap_mb ...)
     PAIRED = "paired"  # the claim checked: the script's settings and the recommendation,
     # alternated in one launch (or launch by launch): read by the expected speedup only
+    PERSISTENT = "persistent"  # the recommendation with and without persistent_workers=True,
+    # alternated launch by launch (``persistent_workers`` set on the ones with): read by the
+    # persistent-workers finding and the snippet only
     CACHE = "cache"  # a probe that read in another page-cache state than the run's regime,
     # then measured again in it (``profiler.cache``; ``MEASURED_AS`` its own kind): read by no
     # decision
@@ -314,6 +317,12 @@ class ProbeRecord(Mapping[str, Any]):
     @property
     def short(self) -> bool:
         return self.line.get("short") is True
+
+    @property
+    def epochs_throughput(self) -> Optional[float]:
+        """Global samples/s over the whole epochs its measured steps spanned, by the wall clock
+        (``store.epochs.whole_epochs``; None where it spanned none)."""
+        return _number(self.line.get("epochs_throughput"))
 
     @property
     def data_wait_share(self) -> Optional[float]:

@@ -64,6 +64,8 @@ class ChoiceThresholds:
     cpu_bound_share: float = 0.7  # loading with this CPU share (cpu / (cpu + blocked
     # waiting) per sample) or more is CPU-bound: the climb stops, cpu-bound-preprocessing
     wait_bound_share: float = 0.3  # ... this or less is wait-bound; in between, mixed
+    restart_share: float = 0.05  # worker start-up per epoch as a share of the run: the sweep
+    # measures persistent_workers=True, the persistent-workers rule fires
 
 
 @dataclass(frozen=True)

@@ -26,13 +26,15 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ddp_profile.profiler.settings import LoaderSettings
-from ddp_profile.profiler.store.probes import Kind, Status
+from ddp_profile.profiler.store.probes import Entry, Kind, Status, counts_for_choice
+from ddp_profile.profiler.sweep.choose import ChoiceThresholds
 from ddp_profile.profiler.sweep.measure import Window
 from ddp_profile.profiler.sweep.space import normalise
 
 REFERENCE, CANDIDATE = "reference", "candidate"
 WINDOW_PAIRS = 3  # A B A B A B A in one launch
 LAUNCH_PAIRS = 2  # A B A B A, a launch each
+DEFAULTS = ChoiceThresholds()
 
 
 def order(pairs: int) -> list[str]:
@@ -137,4 +139,76 @@ def confirm(search: Any) -> None:
                                         steps_per_s=search.steps_per_s(configs[role]),
                                         pair={"role": role, "index": index, "group": group})
         if entry.get("status") != Status.OK:
+            return  # a crash or an OOM would only repeat itself
+
+
+# ---- persistent workers -------------------------------------------------------------------
+MAX_EPOCH_FACTOR = 4  # epochs of more steps than this many probes' are not crossed
+
+
+def restart_share(entry: Entry) -> Optional[float]:
+    """The share of an epoch a probe's loader spent starting its workers again (None where no
+    restart was measured)."""
+    steady, rate = entry.get("steady_throughput"), entry.get("throughput")
+    if not entry.get("epoch_restart_s") or not steady or not rate:
+        return None
+    return max(0.0, 1.0 - float(rate) / float(steady))
+
+
+def persistence_subject(search: Any, thresholds: ChoiceThresholds = DEFAULTS
+                        ) -> Optional[tuple[LoaderSettings, int]]:
+    """The best configuration, where its workers start again every epoch of a known length
+    and that costs it ``restart_share`` or more of the epoch (or more than can be told apart
+    from its steady steps: its start segment spans the epoch), and that epoch; else None."""
+    best, base = search.best(), search.baseline
+    if best is None or base is None or search.options.pairs <= 0 \
+            or search.loader().get("persistent_workers") \
+            or search.measurer.context(base).get("keeps_iterator"):
+        return None
+    config = normalise(LoaderSettings.from_dict(best.get("config")))
+    if not config.num_workers:
+        return None
+    same = [e for e in search.entries if counts_for_choice(e) and e.get("epoch_steps")
+            and LoaderSettings.from_dict(e.get("config")).batch_size == config.batch_size]
+    if not same:
+        return None  # the epoch's length is unknown: no probe can be sized to cross it
+    shares = [restart_share(e) for e in search.entries if counts_for_choice(e)
+              and normalise(LoaderSettings.from_dict(e.get("config"))) == config]
+    known = [s for s in shares if s is not None]
+    if known and max(known) < thresholds.restart_share:
+        return None  # measured, and cheap
+    return config, int(same[-1]["epoch_steps"])
+
+
+def confirm_persistence(search: Any) -> None:
+    """``persistent_workers=True`` measured, not predicted: the best configuration as it is
+    (``A``) and with it (``B``), ``A B A B A`` launch by launch, where its workers restart
+    every epoch at a cost worth measuring (``persistence_subject``; ``store.epochs``); each
+    probe crosses an epoch boundary (the epoch in steps, plus the run's steps). The probes are
+    ``Kind.PERSISTENT`` and count for nothing but the persistent-workers finding and the
+    recommended snippet (``rules.claim.persistent_effect``). Epochs longer than
+    ``MAX_EPOCH_FACTOR`` times the run's steps are not crossed: the finding stays a labelled
+    prediction there."""
+    found = persistence_subject(search)
+    if found is None:
+        return
+    config, epoch = found
+    if epoch > MAX_EPOCH_FACTOR * search.options.steps:
+        search.progress("note", {"text": f"workers restart every epoch of {epoch} steps: too "
+                                         "long to cross in a probe, persistent_workers=True "
+                                         "is not measured"})
+        return
+    steps = epoch + search.options.steps
+    roles = order(LAUNCH_PAIRS)
+    search.progress("note", {"text": "measuring persistent_workers=True: the best settings "
+                                     "as they are (A) and with it (B), alternated, "
+                                     f"{' '.join('A' if r == REFERENCE else 'B' for r in roles)}"
+                                     f", {steps} steps each (epochs of {epoch})"})
+    group = f"persistent-{len(search.entries):03d}"
+    for index, role in enumerate(roles):
+        done = search.measurer.measure(
+            config, kind=Kind.PERSISTENT, steps=steps,
+            pair={"role": role, "index": index, "group": group},
+            persistent_workers=True if role == CANDIDATE else None)
+        if not done.ok:
             return  # a crash or an OOM would only repeat itself

@@ -86,12 +86,14 @@ class Measurer(Protocol):
                 threads: Optional[int] = None,
                 steps_per_s: Optional[float] = None,
                 ddp: Optional[dict[str, Any]] = None,
-                pair: Optional[dict[str, Any]] = None) -> ProbeRecord:
+                pair: Optional[dict[str, Any]] = None,
+                persistent_workers: Optional[bool] = None) -> ProbeRecord:
         """One probe of ``requested`` (``None`` settings: the script's own); ``threads``
         sets torch's intra-op threads in every rank; ``steps_per_s``, the steps a rank is
         predicted to make per second, lengthens a fast probe's measurement
         (``settings.burst_steps``); ``ddp``, DDP constructor options for every DDP the script
-        builds; ``pair``, the probe's place in the claim's alternation (``sweep.claim``)."""
+        builds; ``pair``, the probe's place in the claim's alternation (``sweep.claim``);
+        ``persistent_workers``, True to keep every loader's workers across epochs."""
 
     def measure_screen(self, windows: list[Window]) -> list[ProbeRecord]:
         """Several configurations in as few launches as possible, one entry each (in order);
@@ -141,22 +143,26 @@ class LedgerMeasurer:
                 threads: Optional[int] = None,
                 steps_per_s: Optional[float] = None,
                 ddp: Optional[dict[str, Any]] = None,
-                pair: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-        entry = self._probe(requested, kind, steps, mode, threads, steps_per_s, ddp, pair)
+                pair: Optional[dict[str, Any]] = None,
+                persistent_workers: Optional[bool] = None) -> ProbeRecord:
+        args = (requested, kind, steps, mode, threads, steps_per_s, ddp, pair,
+                persistent_workers)
+        entry = self._probe(*args)
         if self._out_of_regime(entry):
-            entry = self._probe(requested, kind, steps, mode, threads, steps_per_s, ddp, pair)
+            entry = self._probe(*args)
         return entry
 
     def _probe(self, requested: LoaderSettings, kind: Kind, steps: Optional[int], mode: str,
                threads: Optional[int], steps_per_s: Optional[float],
-               ddp: Optional[dict[str, Any]], pair: Optional[dict[str, Any]] = None
-               ) -> dict[str, Any]:
+               ddp: Optional[dict[str, Any]], pair: Optional[dict[str, Any]] = None,
+               persistent_workers: Optional[bool] = None) -> ProbeRecord:
         """One launch of one configuration (or its finished entry of a resumed run)."""
         probe_id = f"p{len(self.entries):03d}"
         steps = steps or self.steps
         done = self._finished(probe_id, requested, kind, steps, screened=False)
         if done is not None and (done.get("threads") != threads
-                                 or done.get("ddp_options") != ddp):
+                                 or done.get("ddp_options") != ddp
+                                 or done.get("persistent_workers") != persistent_workers):
             done = None
         if done is not None:
             return self._record(done, reused=True)
@@ -165,7 +171,8 @@ class LedgerMeasurer:
                          overrides=requested, warmup=self.warmup, steps=steps, mode=mode,
                          inject_local_rank=self.local_rank_flag(),
                          rdzv_id=f"{self.run_token}-{probe_id}", threads=threads,
-                         steps_per_s=steps_per_s, ddp=ddp, cache=self.plan_cache)
+                         steps_per_s=steps_per_s, ddp=ddp, cache=self.plan_cache,
+                         persistent_workers=persistent_workers)
         self.progress("start", {"probe_id": probe_id, "config": requested, "kind": kind})
         outcome = self._launch(plan, self.timeout_s)
         entry = summarise_probe(plan, outcome, kind, self.timeout_s)

@@ -10,7 +10,7 @@ from typing import Any, Optional
 from ddp_profile.profiler.launch.ranks import LaunchOutcome
 from ddp_profile.profiler.settings import BURST_ROUNDS, ProbePlan
 from ddp_profile.profiler.store.comm import probe_comm
-from ddp_profile.profiler.store.epochs import rank_step_stats, step_seconds
+from ddp_profile.profiler.store.epochs import rank_step_stats, step_seconds, whole_epochs
 from ddp_profile.profiler.store.probes import Kind, Status
 from ddp_profile.profiler.store.results import RankData, read_probe_dir
 from ddp_profile.profiler.sweep.capacity import loading_cost, loop_demand
@@ -35,6 +35,8 @@ def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: Kind, timeout
         "root_cause_rank": None, "wall_s": round(outcome.wall_s, 3),
         "warmup": plan.warmup, "steps": plan.steps, "threads": plan.threads,
         "ddp_options": plan.ddp,
+        **({"persistent_workers": plan.persistent_workers}
+           if plan.persistent_workers is not None else {}),
         "skipped_overrides": list(loader.get("skipped_overrides") or []),
         "strays_killed": outcome.strays_killed,
     }
@@ -80,9 +82,11 @@ def _training_loader(ranks: list[RankData]) -> dict[str, Any]:
 def _measurements(ranks: list[RankData], workers: Optional[int] = None) -> dict[str, Any]:
     per_rank, samples, elapsed, first_batch = [], 0, 0.0, []
     steady, restarts, epoch = 0.0, [], None
+    spans: list[Optional[tuple[int, float]]] = []
     skip: dict[int, frozenset[int]] = {}
     for data in ranks:
         stats = rank_step_stats(data.training_steps(), _training_loader_record(data))
+        spans.append(whole_epochs(data.training_steps(), _training_loader_record(data)))
         skip[data.rank] = stats["segment_steps"]
         per_rank.append({"rank": data.rank, "node": data.context.get("node_rank", 0),
                          "steps": stats["steps"],
@@ -109,6 +113,9 @@ def _measurements(ranks: list[RankData], workers: Optional[int] = None) -> dict[
         "epoch_restart_s": round(statistics.fmean(restarts), 4) if restarts else None,
         "epoch_steps": epoch,
         "steady_throughput": samples / steady if restarts and steady > 0 else None,
+        # whole epochs by the wall clock, every rank's (``store.epochs.whole_epochs``)
+        "epochs_throughput": sum(s[0] for s in spans) / max(s[1] for s in spans)
+        if spans and all(spans) else None,
         **_gpu_idle(ranks),
         "time_to_first_batch_s": max(first_batch) if first_batch else None,
         "ranks_per_host": _ranks_per_host(ranks),

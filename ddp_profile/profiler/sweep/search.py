@@ -116,6 +116,7 @@ class Search:
             ceiling.measure(self)
         ceiling.vet(self)
         claim.confirm(self)
+        claim.confirm_persistence(self)
         return self.entries
 
     def wants_ceiling(self) -> bool:

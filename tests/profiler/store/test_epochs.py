@@ -75,3 +75,34 @@ def test_the_epoch_length_follows_the_probed_batch_size_and_drop_last():
     assert epoch_steps(facts) == 7  # 320 / 48, the last batch short
     facts["own"]["drop_last"] = True
     assert epoch_steps(facts) == 6
+
+
+def timed(records: list[dict], shutdown_s: float = 0.0) -> list[dict]:
+    """The records with their start times by the wall clock; each epoch's end also costs
+    ``shutdown_s`` that no step's parts hold (the old workers shut down between steps)."""
+    t = 0.0
+    for record in records:
+        if record.get("loader_start") and record["step"] > 0:
+            t += shutdown_s
+        record["t_ns"] = int(t * 1e9)
+        t += record["data_wait_s"] + record["compute_s"] + record["other_s"]
+    return records
+
+
+def test_whole_epochs_are_timed_by_the_wall_clock_boundaries_and_all():
+    from ddp_profile.profiler.store.epochs import whole_epochs
+
+    # 50 measured steps from step 5: two whole epochs (40 steps), each with one restart and
+    # one shutdown, whichever step the window starts at
+    records = timed(steps(56, warmup=5), shutdown_s=0.5)
+    samples, seconds = whole_epochs(records, loader())
+    epoch_s = (RESTART_S + 0.5) + (EPOCH - 1) * 0.006 + (EPOCH - 1 - 4) * 0.004 + 0.006
+    assert samples == 2 * EPOCH * 16 and seconds == pytest.approx(2 * epoch_s, rel=1e-6)
+    # the steps' parts alone miss the shutdown; the wall clock does not
+    assert samples / seconds < rank_step_stats(records, loader())["throughput"]
+    # persistent workers: an epoch length all the same, from the loader's own sampler
+    assert whole_epochs(timed(steps(56, warmup=5)), loader(persistent=True)) is not None
+    assert whole_epochs(records[:20], loader()) is None  # less than an epoch measured
+    gap = [r for r in records if r["step"] != 30]
+    assert whole_epochs(gap, loader()) is None
+    assert whole_epochs(records, loader(epoch_samples=None)) is None

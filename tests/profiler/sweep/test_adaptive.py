@@ -59,10 +59,12 @@ class ModelMeasurer:
                 threads: Optional[int] = None,
                 steps_per_s: Optional[float] = None,
                 ddp: Optional[dict[str, Any]] = None,
-                pair: Optional[dict[str, Any]] = None) -> ProbeRecord:
+                pair: Optional[dict[str, Any]] = None,
+                persistent_workers: Optional[bool] = None) -> ProbeRecord:
         self.launches += 1
         self.steps_asked.append(steps)
-        return self._entry(requested, kind, **({"pair": pair} if pair else {}))
+        return self._entry(requested, kind, **({"pair": pair} if pair else {}),
+                           **({"persistent_workers": True} if persistent_workers else {}))
 
     def measure_screen(self, windows: list[Window]) -> list[ProbeRecord]:
         if not windows or self.screen_unsupported:  # as the real one: nothing launched then
@@ -618,3 +620,50 @@ def test_an_alternation_with_no_room_for_its_noise_is_not_launched():
     # two options: A B A C A leaves one degree of freedom, and runs
     assert fake.ddp_asked == [{}, {"bucket_cap_mb": 100}, {}, {"gradient_as_bucket_view": True},
                               {}]
+
+
+class RestartingMeasurer(ModelMeasurer):
+    """io_bound, with workers started again every epoch of ``epoch`` steps: a probe with
+    workers runs 80 % of its steady rate as the script runs it, and its steady rate where its
+    workers persist."""
+
+    def __init__(self, epoch: int, **kwargs: Any):
+        super().__init__(io_bound, own=LoaderSettings(2, False, 2, 32), **kwargs)
+        self.epoch = epoch
+
+    def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        entry = super()._line(requested, kind, **extra)
+        if entry["config"].get("num_workers") and not entry.get("persistent_workers"):
+            steady = entry["throughput"]
+            entry.update(throughput=0.8 * steady, steady_throughput=steady,
+                         epoch_steps=self.epoch, epoch_restart_s=0.5)
+        return entry
+
+
+def test_persistent_workers_are_measured_where_the_best_settings_pay_restarts():
+    """The best settings restart their workers every 20-step epoch, a fifth of it: they run
+    as they are and with persistent_workers=True, A B A B A launch by launch, each probe
+    crossing an epoch boundary."""
+    fake = RestartingMeasurer(epoch=20)
+    found = Search(fake, SPACE, SweepOptions(pairs=3, ceiling=False, comm=False))
+    found.run()
+    kept = [e for e in found.entries if e.kind == "persistent"]
+    assert [e.pair.role for e in kept] == ["reference", "candidate"] * 2 + ["reference"]
+    assert [bool(e.get("persistent_workers")) for e in kept] == [False, True] * 2 + [False]
+    assert len({e.config for e in kept}) == 1
+    assert kept[0].config == found.best().config  # the best settings, as found
+    assert fake.steps_asked[-5:] == [20 + 30] * 5  # the epoch, plus the run's steps
+
+
+def test_persistent_workers_are_not_measured_across_long_epochs_or_without_pairs():
+    notes: list[str] = []
+    fake = RestartingMeasurer(epoch=500)  # more than 4 probes' steps
+    found = Search(fake, SPACE, SweepOptions(pairs=3, ceiling=False, comm=False),
+                   progress=lambda kind, data: notes.append(str(data.get("text"))))
+    found.run()
+    assert not [e for e in found.entries if e.kind == "persistent"]
+    assert any("epoch of 500 steps: too long to cross" in n for n in notes), notes
+    quiet = RestartingMeasurer(epoch=20)
+    found = Search(quiet, SPACE, SweepOptions(pairs=0, ceiling=False, comm=False))
+    found.run()
+    assert not [e for e in found.entries if e.kind == "persistent"]
