@@ -33,7 +33,7 @@ from typing import Any, Iterable, Optional, Sequence
 from ddp_profile.profiler.cpus import cpus_per_rank
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.probes import ProbeRecord
-from ddp_profile.profiler.sweep.choose import Candidate, ChoiceThresholds, better
+from ddp_profile.profiler.sweep.choose import UNSTABLE_RSE, Candidate, ChoiceThresholds, better
 
 DEFAULT_THRESHOLDS = ChoiceThresholds()
 WORKER_CAP = 64  # per rank, unless the user lists worker counts
@@ -382,16 +382,28 @@ class ClimbPoint:
                          throughput=self.throughput, rse=self.rse, launch=self.launch)
 
 
+def uncertain_rise(top: ClimbPoint, below: ClimbPoint,
+                   thresholds: ChoiceThresholds = DEFAULT_THRESHOLDS) -> bool:
+    """The top rung ran faster than the best smaller one by more than ``clear_gain``, and its
+    own measurement is too uncertain to say whether beyond noise (relative SE above
+    ``UNSTABLE_RSE``: a screen window's few steps of a bursty loader, such as cold files
+    read one per sample). The climb is exploration: it takes that rise as a reason to measure
+    one more rung; the choice and the claim's alternation, not the climb, decide on noise."""
+    return top.rse > UNSTABLE_RSE and top.throughput > (1 + thresholds.clear_gain) \
+        * below.throughput
+
+
 def next_workers(points: list[ClimbPoint], limit: int) -> Optional[int]:
     """The next worker count to measure past the largest measured one, or None to stop.
 
     Climb (double, up to ``limit``: memory bound and cap) while the largest count measured is
     faster beyond noise than every smaller one (``choose.better``, the choice's one test: two
-    launches also differ by a launch's own level), its loop still waits for data, and the CPUs
-    are not saturated: measured, less than ``CPU_SATURATED`` of the available CPUs busy while
-    its steps ran (whoever kept them busy), and loading is not CPU-bound (``bound_of``,
-    runnable time not counted as waiting); where CPU use was not sampled, loading that is
-    mostly CPU (``CLIMB_STOP_CPU_SHARE``) counts as saturated.
+    launches also differ by a launch's own level), or faster by more than ``clear_gain`` where
+    its measurement is too uncertain to tell (``uncertain_rise``), its loop still waits for
+    data, and the CPUs are not saturated: measured, less than ``CPU_SATURATED`` of the
+    available CPUs busy while its steps ran (whoever kept them busy), and loading is not
+    CPU-bound (``bound_of``, runnable time not counted as waiting); where CPU use was not
+    sampled, loading that is mostly CPU (``CLIMB_STOP_CPU_SHARE``) counts as saturated.
 
     Busy CPUs stop the climb only where the largest count gained less than ``STRONG_GAIN``
     over the best smaller one: they predict that the next doubling will not pay, and a strong
@@ -404,7 +416,8 @@ def next_workers(points: list[ClimbPoint], limit: int) -> Optional[int]:
     below = [p for p in points if p.workers < top.workers]
     if below:
         best_below = max(below, key=lambda p: p.throughput)
-        if not better(top.candidate(), best_below.candidate()):
+        if not better(top.candidate(), best_below.candidate()) and not uncertain_rise(
+                top, best_below):
             return None  # no longer rising beyond noise
     if not top.waits:
         return None  # nothing left to hide

@@ -138,14 +138,15 @@ def climb_workers(measure: Callable[[LoaderSettings], Entry], baseline: Entry,
 
 def climb_points(entries: list[Entry], start: LoaderSettings) -> list[ClimbPoint]:
     """The measured worker counts of ``start``'s pinning and batch size, as
-    ``capacity.next_workers`` sees them."""
-    points = []
+    ``capacity.next_workers`` sees them: the latest measurement of each configuration (one
+    measured again, longer, replaces its screen's)."""
+    points: dict[tuple, ClimbPoint] = {}
     for entry in entries:
         config = LoaderSettings.from_dict(entry.get("config"))
         if (config.pin_memory, config.batch_size) != (start.pin_memory, start.batch_size):
             continue
         loading, seen = entry.get("loading") or {}, candidate_of(entry)
-        points.append(ClimbPoint(int(config.num_workers or 0), seen.throughput, seen.rse,
-                                 waits_for_data(entry), loading.get("cpu_share"),
-                                 entry.get("cpu_busy"), launch=seen.launch))
-    return points
+        points[(config.num_workers or 0, config.prefetch_factor)] = ClimbPoint(
+            int(config.num_workers or 0), seen.throughput, seen.rse, waits_for_data(entry),
+            loading.get("cpu_share"), entry.get("cpu_busy"), launch=seen.launch)
+    return list(points.values())
