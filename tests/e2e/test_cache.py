@@ -52,7 +52,11 @@ def test_data_that_fits_in_memory_is_measured_warm_the_cold_baseline_again(cli, 
     # the first launch read from storage: kept apart (kind "cache"), measured again warm
     assert first["kind"] == "cache" and shares[first["id"]] > 0.9, shares
     assert rest[0]["kind"] == "baseline" and summary["baseline"]["num_workers"] == 1
-    assert all(shares[p["id"]] < 0.25 for p in rest if p["status"] == "ok"), shares
+    # every probe compared is in the regime; one that read out of it (files its launch was the
+    # first to reach, not yet warmed) is kept apart as kind "cache" and measured again
+    compared = [p for p in rest if p["status"] == "ok" and p["kind"] != "cache"]
+    assert compared and all(shares[p["id"]] <= 0.25 for p in compared), shares
+    assert all(shares[p["id"]] > 0.25 for p in rest if p["kind"] == "cache"), shares
     assert cache["warmed"] and cache["warmed"][0]["files"] > 100
     assert summary["recommended_probe"] != first["id"]
 
