@@ -1,8 +1,8 @@
 """The report of a real sweep in a real browser, and `report` re-rendering without running.
 
 One real 2-rank sweep of the built-in workload (num_workers 0 and 2, the other axes pinned so
-the search tries nothing else, then the ceiling probe and the claim's alternation; no DDP
-counterfactuals, whose launches the report's synthetic runs in tests/reports cover),
+the search tries nothing else, then the ceiling probe; no DDP counterfactuals or claim
+alternation: their launches are other tests' subject, this one's is the page),
 its report.html opened in Debian's chromium through Playwright (never a downloaded browser).
 30 measured steps, so each probe lasts beyond the host sampler's 0.5 s interval and the CPU
 charts have data (with 10 steps of ~20 ms they show "no host samples").
@@ -29,7 +29,8 @@ pytestmark = [
 def real_run(tmp_path_factory) -> str:
     out = str(tmp_path_factory.mktemp("report-real") / "run")
     result = run_cli(["run", DEMO, "--out", out, "--num-workers", "0,2", "--prefetch-factor", "2",
-                      "--pin-memory", "false", "--batch-size", "8", "--no-comm", "--steps", "30",
+                      "--pin-memory", "false", "--batch-size", "8", "--no-comm", "--pairs", "0",
+                      "--steps", "30",
                       "--warmup", "3", "--quiet", "--", "--load-ms", "2", "--batch-size", "8"],
                      out=out)
     assert result.returncode == 0, result.stderr

@@ -184,7 +184,7 @@ def confirm_persistence(search: Any) -> None:
     """``persistent_workers=True`` measured, not predicted: the best configuration as it is
     (``A``) and with it (``B``), ``A B A B A`` launch by launch, where its workers restart
     every epoch at a cost worth measuring (``persistence_subject``; ``store.epochs``); each
-    probe crosses an epoch boundary (the epoch in steps, plus the run's steps). The probes are
+    probe spans whole epochs, at least the run's steps, and one step more. The probes are
     ``Kind.PERSISTENT`` and count for nothing but the persistent-workers finding and the
     recommended snippet (``rules.claim.persistent_effect``). Epochs longer than
     ``MAX_EPOCH_FACTOR`` times the run's steps are not crossed: the finding stays a labelled
@@ -198,8 +198,14 @@ def confirm_persistence(search: Any) -> None:
                                          "long to cross in a probe, persistent_workers=True "
                                          "is not measured"})
         return
-    steps = epoch + search.options.steps
-    roles = order(LAUNCH_PAIRS)
+    # whole epochs, at least the run's steps, and the step that starts the next epoch: what
+    # ``store.epochs.whole_epochs`` reads (the wall clock from one epoch's start to another's)
+    steps = epoch * -(-search.options.steps // epoch) + 1
+    roles = order(min(search.options.pairs, LAUNCH_PAIRS))
+    if not room_for_noise(len(roles), 1):
+        search.progress("note", {"text": "persistent_workers=True is not measured: A B A leaves "
+                                         "no room for its noise (--pairs 2 or more)"})
+        return
     search.progress("note", {"text": "measuring persistent_workers=True: the best settings "
                                      "as they are (A) and with it (B), alternated, "
                                      f"{' '.join('A' if r == REFERENCE else 'B' for r in roles)}"

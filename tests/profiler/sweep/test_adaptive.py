@@ -652,7 +652,7 @@ def test_persistent_workers_are_measured_where_the_best_settings_pay_restarts():
     assert [bool(e.get("persistent_workers")) for e in kept] == [False, True] * 2 + [False]
     assert len({e.config for e in kept}) == 1
     assert kept[0].config == found.best().config  # the best settings, as found
-    assert fake.steps_asked[-5:] == [20 + 30] * 5  # the epoch, plus the run's steps
+    assert fake.steps_asked[-5:] == [2 * 20 + 1] * 5  # whole epochs past the run's 30 steps
 
 
 def test_persistent_workers_are_not_measured_across_long_epochs_or_without_pairs():
@@ -663,10 +663,15 @@ def test_persistent_workers_are_not_measured_across_long_epochs_or_without_pairs
     found.run()
     assert not [e for e in found.entries if e.kind == "persistent"]
     assert any("epoch of 500 steps: too long to cross" in n for n in notes), notes
-    quiet = RestartingMeasurer(epoch=20)
-    found = Search(quiet, SPACE, SweepOptions(pairs=0, ceiling=False, comm=False))
-    found.run()
-    assert not [e for e in found.entries if e.kind == "persistent"]
+    for pairs in (0, 1):  # none asked; A B A leaves no room for its noise
+        notes.clear()
+        quiet = RestartingMeasurer(epoch=20)
+        found = Search(quiet, SPACE, SweepOptions(pairs=pairs, ceiling=False, comm=False),
+                       progress=lambda kind, data: notes.append(str(data.get("text"))))
+        found.run()
+        assert not [e for e in found.entries if e.kind == "persistent"]
+        assert any("persistent_workers=True is not measured: A B A" in n for n in notes) \
+            == (pairs == 1), notes
 
 
 def cold_files(config: LoaderSettings) -> tuple[float, float]:
