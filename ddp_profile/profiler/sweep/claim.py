@@ -201,7 +201,7 @@ def confirm_persistence(search: Any) -> None:
         return
     # whole epochs, at least two and the run's steps, and the step that starts the next: what
     # ``store.epochs.whole_epochs`` reads (the wall clock from one epoch's start to another's;
-    # one epoch a probe read 0.94-2.50x where two read 1.29-1.82x)
+    # a run whose probes each spanned one whole epoch read 0.94-2.50x: too wide to claim)
     steps = epoch * max(MIN_EPOCHS, -(-search.options.steps // epoch)) + 1
     roles = order(min(search.options.pairs, LAUNCH_PAIRS))
     if not room_for_noise(len(roles), 1):
