@@ -132,10 +132,10 @@ def baseline_probe(run: Run) -> Optional[pd.Series]:
 def probe_entry(run: Run, probe_id: Any) -> Mapping[str, Any]:
     """The record of a probe (``store.probes.ProbeRecord``: its summary.json item, typed;
     {} if absent)."""
-    for record in run.records:
-        if record.id == str(probe_id):
-            return record
-    return {}
+    try:
+        return run.probe(str(probe_id))
+    except KeyError:
+        return {}
 
 
 def storage_share(run: Run, probe_id: Any) -> Optional[float]:

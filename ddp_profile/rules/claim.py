@@ -100,49 +100,45 @@ def paired_claim(run: Run, reference: dict[str, Any], candidate: dict[str, Any],
     from their alternation; None where there is none, or a probe of it failed. ``launch_sd``:
     the least relative SD between launches of one setting."""
     probes = alternation(run, reference, candidate)
-    if not probes or any(not p.measured or not math.isfinite(p.throughput or math.nan)
-                         for p in probes):
-        return None
-    roles = [p.pair.role if p.pair else None for p in probes]
-    fit = fit_alternation([(CANDIDATE if role == CANDIDATE else None,
-                            float(p.pair.index if p.pair else 0), float(p.throughput or 0.0))
-                           for role, p in zip(roles, probes)])
-    if fit is None:
-        return None
-    between = launches_spread(run, {_settings(reference), _settings(candidate)}, launch_sd)
-    half = t_quantile(0.5 + confidence / 2, fit.dof) * math.sqrt(
-        fit.errors[CANDIDATE] ** 2 + 2 * between ** 2 / CHECK_ROUNDS)
-    gain = fit.gains[CANDIDATE]
-    launches = len({p.launch for p in probes})
-    return PairedClaim(ratio=math.exp(gain), interval=(math.exp(gain - half),
-                                                       math.exp(gain + half)),
-                       probes=tuple(p.id for p in probes),
-                       candidates=roles.count(CANDIDATE), launches=launches)
+    return _fitted(probes, [p.throughput for p in probes], confidence, lambda fit: launches_spread(
+        run, {_settings(reference), _settings(candidate)}, launch_sd))
 
 
 def persistent_effect(run: Run, confidence: float, launch_sd: float
                       ) -> Optional[PairedClaim]:
     """``persistent_workers=True`` against the same settings restarting their workers, from
-    the last alternation that measured it (``sweep.persistent``; launches: the fit's
-    uncertainty and the spread between launches, as for the claim); None where none
-    finished."""
-    groups = alternations(run, Kind.PERSISTENT)
-    probes = groups[-1] if groups else []
-    if not probes or any(not p.measured for p in probes):
+    the last alternation that measured it (``sweep.claim.confirm_persistence``; launches: the
+    fit's uncertainty and the spread between launches, as for the claim); None where none
+    finished. Derived once per Run (the rule and the snippet read it)."""
+    def derive() -> Optional[PairedClaim]:
+        groups = alternations(run, Kind.PERSISTENT)
+        probes = groups[-1] if groups else []
+        # each side as the script runs it over whole epochs, boundaries and all, where every
+        # probe spanned one (the wall clock: nothing modelled); else the rates as run
+        whole = bool(probes) and all(p.epochs_throughput for p in probes)
+        rates = [p.epochs_throughput if whole else p.throughput for p in probes]
+        return _fitted(probes, rates, confidence,
+                       lambda fit: max(launch_sd, fit.residual_sd))
+    return run.derived(("persistent_effect", confidence, launch_sd), derive)
+
+
+def _fitted(probes: list[ProbeRecord], rates: list[Optional[float]], confidence: float,
+            between: Any) -> Optional[PairedClaim]:
+    """The candidate's gain over the reference in an alternation (``fit_alternation`` of
+    ``rates``, one per probe, in order) with an interval for what a user's check measures: the
+    fit's uncertainty and ``between(fit)``, the spread between launches, over
+    ``CHECK_ROUNDS`` launches of each. None where a probe failed or the fit has no room."""
+    if not probes or any(not p.measured or not math.isfinite(r or math.nan)
+                         for p, r in zip(probes, rates)):
         return None
-    # each side as the script runs it over whole epochs, boundaries and all, where every probe
-    # spanned one (the wall clock: nothing modelled); else the rates as run
-    whole = all(p.epochs_throughput for p in probes)
     roles = [p.pair.role if p.pair else None for p in probes]
     fit = fit_alternation([(CANDIDATE if role == CANDIDATE else None,
-                            float(p.pair.index if p.pair else 0),
-                            float((p.epochs_throughput if whole else p.throughput) or 0.0))
-                           for role, p in zip(roles, probes)])
+                            float(p.pair.index if p.pair else 0), float(rate or 0.0))
+                           for role, p, rate in zip(roles, probes, rates)])
     if fit is None:
         return None
-    between = max(launch_sd, fit.residual_sd)
     half = t_quantile(0.5 + confidence / 2, fit.dof) * math.sqrt(
-        fit.errors[CANDIDATE] ** 2 + 2 * between ** 2 / CHECK_ROUNDS)
+        fit.errors[CANDIDATE] ** 2 + 2 * between(fit) ** 2 / CHECK_ROUNDS)
     gain = fit.gains[CANDIDATE]
     return PairedClaim(ratio=math.exp(gain), interval=(math.exp(gain - half),
                                                        math.exp(gain + half)),

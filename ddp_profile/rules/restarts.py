@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 import pandas as pd
 
+from ddp_profile.profiler.store.epochs import restart_share
 from ddp_profile.profiler.store.probes import Kind
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import (
@@ -70,7 +71,7 @@ def persistent_workers(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     None where the loader keeps one iterator across epochs (``keeps_its_iterator``).
     """
     costly = [(p, e) for p, e in _restarting(run)
-              if 1 - p["throughput"] / e["steady_throughput"] >= thresholds.restart_share]
+              if (restart_share(e) or 0.0) >= thresholds.restart_share]
     measured = persistent_effect(run, thresholds.interval_confidence, thresholds.launch_sd)
     if measured is not None:
         return _measured(run, measured, costly)
@@ -92,7 +93,7 @@ def persistent_workers(run: Run, thresholds: Thresholds) -> Optional[Finding]:
         return None
     probe, entry = max(costly, key=lambda pair: pair[1]["steady_throughput"])
     steady, restart = float(entry["steady_throughput"]), float(entry["epoch_restart_s"])
-    share = 1 - probe["throughput"] / steady
+    share = restart_share(entry) or 0.0
     ratio = gain((probe, entry))
     workers = as_int(probe.get("num_workers"), 0)
     versus = (f", {ratio:.2f}x the recommended {describe_config(chosen)} as the script runs it"
@@ -120,9 +121,7 @@ def _measured(run: Run, measured: PairedClaim,
     if low <= 1.0:
         return None  # measured, and no gain this check can tell from none
     first = run.probe(measured.probes[0])
-    settings = {"num_workers": first.config.num_workers, "pin_memory": first.config.pin_memory,
-                "prefetch_factor": first.config.prefetch_factor,
-                "batch_size": first.config.batch_size}
+    settings = first.config.to_dict()
     restarts = [e for p, e in costly if describe_config(p) == describe_config(settings)]
     paid = ""
     if restarts:

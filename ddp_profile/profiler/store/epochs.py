@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 
 def step_seconds(step: dict[str, Any]) -> float:
@@ -133,6 +133,16 @@ def rank_step_stats(steps: list[dict[str, Any]], loader: Optional[dict[str, Any]
             "steady_throughput": samples / steady if cost and steady > 0 else None,
             "steady_s": steady if cost else None,
             "segment_steps": cost.segment_steps if cost else frozenset()}
+
+
+def restart_share(entry: Mapping[str, Any]) -> Optional[float]:
+    """The share of an epoch a probe's loader spent starting its workers again, from its
+    summary (``1 - throughput / steady_throughput``: the rate as run against the rate between
+    restarts); None where no restart was measured."""
+    steady, rate = entry.get("steady_throughput"), entry.get("throughput")
+    if not entry.get("epoch_restart_s") or not steady or not rate:
+        return None
+    return max(0.0, 1.0 - float(rate) / float(steady))
 
 
 def whole_epochs(steps: list[dict[str, Any]], loader: Optional[dict[str, Any]]

@@ -26,7 +26,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ddp_profile.profiler.settings import LoaderSettings
-from ddp_profile.profiler.store.probes import Entry, Kind, Status, counts_for_choice
+from ddp_profile.profiler.store.epochs import restart_share
+from ddp_profile.profiler.store.probes import Kind, Status, counts_for_choice
 from ddp_profile.profiler.sweep.choose import ChoiceThresholds
 from ddp_profile.profiler.sweep.measure import Window
 from ddp_profile.profiler.sweep.space import normalise
@@ -145,15 +146,6 @@ def confirm(search: Any) -> None:
 # ---- persistent workers -------------------------------------------------------------------
 MAX_EPOCH_FACTOR = 4  # epochs of more steps than this many probes' are not crossed
 MIN_EPOCHS = 2  # whole epochs a persistence probe spans, at least
-
-
-def restart_share(entry: Entry) -> Optional[float]:
-    """The share of an epoch a probe's loader spent starting its workers again (None where no
-    restart was measured)."""
-    steady, rate = entry.get("steady_throughput"), entry.get("throughput")
-    if not entry.get("epoch_restart_s") or not steady or not rate:
-        return None
-    return max(0.0, 1.0 - float(rate) / float(steady))
 
 
 def persistence_subject(search: Any, thresholds: ChoiceThresholds = DEFAULTS

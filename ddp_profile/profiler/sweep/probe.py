@@ -85,8 +85,9 @@ def _measurements(ranks: list[RankData], workers: Optional[int] = None) -> dict[
     spans: list[Optional[tuple[int, float]]] = []
     skip: dict[int, frozenset[int]] = {}
     for data in ranks:
-        stats = rank_step_stats(data.training_steps(), _training_loader_record(data))
-        spans.append(whole_epochs(data.training_steps(), _training_loader_record(data)))
+        steps, loader = data.training_steps(), _training_loader_record(data)
+        stats = rank_step_stats(steps, loader)
+        spans.append(whole_epochs(steps, loader))
         skip[data.rank] = stats["segment_steps"]
         per_rank.append({"rank": data.rank, "node": data.context.get("node_rank", 0),
                          "steps": stats["steps"],
