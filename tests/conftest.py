@@ -31,8 +31,7 @@ CONCURRENT = (
         "batch_sampler_script_honours_batch_size", "prefetch_without_workers_is_not_applied",
         "script_without_optimizer", "validation_loader_is_not", "script_arguments",
         "missing_script", "syntax_error", "script_that_raises", "script_that_never_builds",
-        "invalid_cli_values", "corrupt_run_directory", "importing_the_package",
-        "persistent_workers_are_measured")),
+        "invalid_cli_values", "corrupt_run_directory", "importing_the_package")),
     *(f"tests/e2e/test_sweep.py::test_{name}" for name in (
         "crash_hang_and_killed_worker", "oom_at_a_batch_size", "sigkilled_sweep_resumes",
         "ctrl_c_stops_cleanly", "sighup_does_not_stop", "repeat_launches_exactly",

@@ -15,6 +15,7 @@ import re
 
 import pytest
 
+from ddp_profile.profiler.store.results import load_run
 from tests.conftest import SCRIPTS
 
 pytestmark = pytest.mark.e2e
@@ -54,6 +55,27 @@ def assert_contract_kept(result, screens: bool) -> dict:
     return summary  # (the ceiling is checked against the loading rates as every summary is)
 
 
+def assert_persistence_measured(result, summary: dict) -> None:
+    """The best settings' workers start again every 23-step epoch (far more than 5 % of it):
+    they run as they are (A) and with persistent_workers=True (B), A B A B A, a launch each,
+    each probe two whole epochs (past the run's 15 steps) and a step: 47 steps. B's ranks
+    build their loaders with it; A's restart, B's do not."""
+    assert "measuring persistent_workers=True" in result.stderr
+    probes = [p for p in summary["probes"] if p["kind"] == "persistent"]
+    assert [p["pair"]["role"] for p in probes] == ["reference", "candidate"] * 2 + ["reference"]
+    assert all(p["status"] == "ok" and p["steps"] == 2 * 23 + 1 for p in probes)
+    assert all(p["epochs_throughput"] > 0 for p in probes)
+    assert not any(p.get("screened") or p.get("launch") for p in probes)  # a launch each
+    run = load_run(result.out)
+    for probe in probes:
+        kept = probe["pair"]["role"] == "candidate"
+        assert probe.get("persistent_workers", False) is kept
+        assert run.contexts[(probe["id"], 0)]["loader"]["persistent_workers"] is False
+        assert (probe["epoch_restart_s"] is None) is kept, probe  # only A's restart
+    worded = {f["rule"]: f for f in summary["findings"]}["persistent-workers"]["evidence"]
+    assert "alternated A B A B A in launches" in worded, worded
+
+
 @pytest.mark.parametrize("shape", ["plain", "wrapper", "persistent", "repeat"])
 def test_a_switch_mid_epoch_keeps_each_epoch_at_its_length(cli, run_dir, shape):
     # plain: an accumulation remainder of 0 (timm's shape) divides by zero on a batch past
@@ -64,9 +86,11 @@ def test_a_switch_mid_epoch_keeps_each_epoch_at_its_length(cli, run_dir, shape):
     result = cli(["run", SCRIPT, "--out", run_dir, *SEARCH, *pairs, "--", "--shape", shape,
                   *workers], out=run_dir, timeout=300)
     summary = assert_contract_kept(result, screens=True)
-    if shape == "plain" and summary["recommended"] != summary["baseline"]:
+    if shape == "plain":  # its loop waits for its data: workers are recommended, and checked
+        assert summary["recommended"] != summary["baseline"]
         paired = [p for p in summary["probes"] if p["kind"] == "paired"]
         assert len(paired) == 7 and len({p["launch"] for p in paired}) == 1
+        assert_persistence_measured(result, summary)
     if shape == "repeat":  # one iterator for the whole run: its workers never restart
         assert "persistent-workers" not in {f["rule"] for f in summary["findings"]}
 

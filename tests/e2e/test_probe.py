@@ -203,30 +203,3 @@ def test_workers_restarted_every_short_epoch_are_measured_as_the_epochs_run(cli,
     assert 0.75 * truth <= probe["throughput"] <= 1.25 * truth, (probe["throughput"], truth)
     # a window that happened to hold no restart would have read far above it
     assert probe["steady_throughput"] > 1.2 * truth
-
-
-def test_persistent_workers_are_measured_in_launches_that_cross_epochs(cli, run_dir):
-    """20-step epochs whose 2 workers start again each time: the script's settings run as
-    they are (A) and with persistent_workers=True (B), A B A B A, a launch each, each probe
-    two whole epochs (at least two, past the run's 12 steps) and a step: 41 steps long. B's
-    ranks build their loaders with it; A's restart, B's do not."""
-    result = cli(["run", DEMO, "--out", run_dir, "--num-workers", "2", "--prefetch-factor",
-                  "2", "--pin-memory", "false", "--steps", "12", "--warmup", "3",
-                  "--no-ceiling", "--no-comm", "--no-report", "--", "--num-workers", "2",
-                  "--samples", "320", "--batch-size", "8", "--load-ms", "2"], out=run_dir)
-    assert result.returncode == 0, result.stderr
-    assert "measuring persistent_workers=True" in result.stderr
-    probes = [p for p in result.summary()["probes"] if p["kind"] == "persistent"]
-    assert [p["pair"]["role"] for p in probes] == ["reference", "candidate"] * 2 + ["reference"]
-    assert all(p["status"] == "ok" and p["steps"] == 41 for p in probes)
-    assert all(p["epochs_throughput"] > 0 for p in probes)
-    assert not any(p.get("screened") or p.get("launch") for p in probes)  # a launch each
-    run = load_run(run_dir)
-    for probe in probes:
-        kept = probe["pair"]["role"] == "candidate"
-        assert probe.get("persistent_workers", False) is kept
-        assert run.contexts[(probe["id"], 0)]["loader"]["persistent_workers"] is False
-        assert (probe["epoch_restart_s"] is None) is kept, probe  # only A's restart
-    findings = {f["rule"]: f for f in result.summary()["findings"]}
-    worded = findings.get("persistent-workers", {}).get("evidence", "")
-    assert not worded or "alternated A B A B A in launches" in worded, worded
