@@ -81,8 +81,9 @@ def test_a_switch_mid_epoch_keeps_each_epoch_at_its_length(cli, run_dir, shape):
     # plain: an accumulation remainder of 0 (timm's shape) divides by zero on a batch past
     # the end; the others with the script's own worker, kept alive (persistent, repeat)
     workers = ["--workers", "1"] if shape in ("persistent", "repeat") else []
-    # the claim's alternation (A B A B A B A: six switches mid-epoch and back) in one of them
-    pairs = [] if shape == "plain" else ["--pairs", "0"]
+    # the claim's alternation (A B A B A B A: six switches mid-epoch and back) and the
+    # prefetch screen in one of them; the others switch in the ladder's screen alone
+    pairs = [] if shape == "plain" else ["--pairs", "0", "--prefetch-factor", "2"]
     result = cli(["run", SCRIPT, "--out", run_dir, *SEARCH, *pairs, "--", "--shape", shape,
                   *workers], out=run_dir, timeout=300)
     summary = assert_contract_kept(result, screens=True)
