@@ -88,6 +88,11 @@ def is_ok(entry: Mapping[str, Any]) -> bool:
     return entry.get("status") == Status.OK
 
 
+def is_measured(entry: Optional[Mapping[str, Any]]) -> bool:
+    """Measured ok, with a throughput (a probe that ran but measured no step has none)."""
+    return entry is not None and is_ok(entry) and bool(entry.get("throughput"))
+
+
 def counts_for_choice(entry: Mapping[str, Any]) -> bool:
     """A measurement the recommendation may choose (see the module docstring)."""
     return is_ok(entry) and entry.get("kind", Kind.SWEEP) in CHOICE_KINDS
@@ -297,8 +302,7 @@ class ProbeRecord(Mapping[str, Any]):
 
     @property
     def measured(self) -> bool:
-        """Ok, with a throughput."""
-        return self.ok and bool(self.throughput)
+        return is_measured(self)
 
     @property
     def counts_for_choice(self) -> bool:

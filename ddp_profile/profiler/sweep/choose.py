@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence
 
 from ddp_profile.profiler.settings import LoaderSettings
-from ddp_profile.profiler.store.probes import Kind, Status, data_wait_share
+from ddp_profile.profiler.store.probes import Kind, data_wait_share, is_measured
 
 UNSTABLE_RSE = 0.05  # a probe whose throughput is this uncertain is measured again, longer
 
@@ -102,10 +102,6 @@ def sync_share(synced: Candidate, unsynced: Candidate,
     return 1.0 - synced.throughput / unsynced.throughput
 
 
-def _measured(entry: Optional[dict[str, Any]]) -> bool:
-    return entry is not None and entry.get("status") == Status.OK and bool(entry.get("throughput"))
-
-
 def comm_bound(entry: dict[str, Any], unsynced: Optional[dict[str, Any]],
                twin: Optional[dict[str, Any]] = None,
                thresholds: ChoiceThresholds = ChoiceThresholds()) -> bool:
@@ -114,8 +110,8 @@ def comm_bound(entry: dict[str, Any], unsynced: Optional[dict[str, Any]],
     ran ok, the probe pooled with its ``twin`` (the same settings measured again beside the
     counterfactuals: one launch of a script can run at a level of its own); else as DDP's
     timers show it."""
-    if _measured(unsynced) and _measured(entry):
-        reference = pool([candidate_of(e) for e in (entry, twin) if _measured(e)])
+    if is_measured(unsynced) and is_measured(entry):
+        reference = pool([candidate_of(e) for e in (entry, twin) if is_measured(e)])
         return sync_share(reference, candidate_of(unsynced), thresholds) \
             >= thresholds.comm_exposed_share
     share = entry.get("comm_fraction")

@@ -13,7 +13,13 @@ from dataclasses import replace
 from typing import Callable, Optional
 
 from ddp_profile.profiler.settings import LoaderSettings
-from ddp_profile.profiler.store.probes import Entry, ProbeRecord, Status, data_wait_share
+from ddp_profile.profiler.store.probes import (
+    Entry,
+    ProbeRecord,
+    data_wait_share,
+    is_measured,
+    is_ok,
+)
 from ddp_profile.profiler.sweep.capacity import ClimbPoint
 from ddp_profile.profiler.sweep.choose import better, candidate_of, not_worse
 from ddp_profile.profiler.sweep.space import normalise
@@ -56,25 +62,22 @@ def worth_tuning(entry: ProbeRecord) -> bool:
     return share is None or share >= SETTLED_DATA_WAIT
 
 
-def is_ok(entry: Entry) -> bool:
-    return entry.get("status") == Status.OK and bool(entry.get("throughput"))
-
-
 def beats(candidate: Entry, incumbent: Optional[Entry]) -> bool:
     """A successful measurement faster than the incumbent beyond noise (or the first one)."""
-    if not is_ok(candidate):
+    if not is_measured(candidate):
         return False
     return incumbent is None or better(candidate_of(candidate), candidate_of(incumbent))
 
 
 def slower_than_baseline(entry: Entry, baseline: Entry) -> bool:
     """A successful measurement slower than the script's own settings beyond noise."""
-    return is_ok(entry) and is_ok(baseline) and better(candidate_of(baseline), candidate_of(entry))
+    return is_measured(entry) and is_measured(baseline) \
+        and better(candidate_of(baseline), candidate_of(entry))
 
 
 def holds(candidate: Entry, incumbent: Entry) -> bool:
     """A successful measurement at least as fast as the incumbent, within noise."""
-    return is_ok(candidate) and not_worse(candidate_of(candidate), candidate_of(incumbent))
+    return is_measured(candidate) and not_worse(candidate_of(candidate), candidate_of(incumbent))
 
 
 def predicted_rung(baseline: Optional[Entry], ladder: list[int]) -> int:
@@ -84,9 +87,9 @@ def predicted_rung(baseline: Optional[Entry], ladder: list[int]) -> int:
     data-wait share); ``w`` workers each deliver a batch every L = T * max(w, 1). Enough
     workers to keep up: L / ((1 - f) T) = max(w, 1) / (1 - f). Not data-bound: stay put.
     """
-    if not baseline or baseline.get("status") != Status.OK:
+    if not baseline or not is_ok(baseline):
         return 0
-    workers = (baseline.get("config") or {}).get("num_workers") or 0
+    workers = LoaderSettings.from_dict(baseline.get("config")).num_workers or 0
     fraction = data_wait_share(baseline)
     needed = workers
     if fraction is not None and fraction >= SETTLED_DATA_WAIT:
@@ -110,13 +113,13 @@ def climb_workers(measure: Callable[[LoaderSettings], Entry], baseline: Entry,
 
     index = predicted_rung(baseline, ladder)
     best, best_index = at(index), index
-    if best.get("status") != Status.OK:
+    if not is_ok(best):
         best, best_index = None, -1
     for lower in range(index - 1, -1, -1):
         entry = at(lower)
         if best is not None and not holds(entry, best):
             break
-        if entry.get("status") == Status.OK:
+        if is_ok(entry):
             best, best_index = entry, lower
     if best is not None and best_index < index:
         return best  # a cheaper rung did as well: going up will not pay
@@ -129,7 +132,7 @@ def climb_workers(measure: Callable[[LoaderSettings], Entry], baseline: Entry,
             break  # more workers cost the loop: the rungs above will not pay
         if beats(entry, best):
             best, misses = entry, 0
-        elif entry.get("status") == Status.OK:
+        elif is_ok(entry):
             misses += 1
             if misses > CLIMB_PATIENCE:
                 break

@@ -29,6 +29,7 @@ from ddp_profile.profiler.store.probes import (
     Status,
     counts_for_choice,
     counts_for_gate,
+    is_measured,
     latest_ceiling,
 )
 from ddp_profile.profiler.store.rundir import RunDir
@@ -159,7 +160,7 @@ class Search:
 
     # ---- choosing -------------------------------------------------------------------------
     def ok_entries(self) -> list[Entry]:
-        return [e for e in self.entries if counts_for_choice(e) and e.get("throughput")]
+        return [e for e in self.entries if counts_for_choice(e) and is_measured(e)]
 
     def best(self) -> Optional[Entry]:
         """The entry ``choose`` picks among the baseline and sweep measurements so far."""
