@@ -57,6 +57,43 @@ def machine() -> dict[str, Any]:
             "torch": torch.__version__, "loadavg_at_start": load}
 
 
+# one file per sample, written once under the temporary directory (``benchmarks/peers.py`` and
+# ``benchmarks/head_to_head.py`` read them; ``--files`` of the workloads)
+FILES_DIR = os.path.join(tempfile.gettempdir(), "ddp-profile-peers-files")
+FILES, FILE_BYTES = 4096, 128 * 1024
+
+
+def ensure_files() -> None:
+    """The file-backed workloads' files, written once and synced (dirty pages cannot be
+    dropped from the page cache)."""
+    os.makedirs(FILES_DIR, exist_ok=True)
+    for index in range(FILES):
+        path = os.path.join(FILES_DIR, f"{index:05d}.bin")
+        if os.path.exists(path) and os.path.getsize(path) == FILE_BYTES:
+            continue
+        with open(path, "wb") as handle:
+            handle.write(os.urandom(FILE_BYTES))
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+def set_cache(state: Optional[str]) -> None:
+    """Put the files in a page-cache state before a launch: ``cold`` (every file dropped from
+    the page cache), ``warm`` (every file read once), None (as they are)."""
+    if state is None:
+        return
+    from ddp_profile.profiler.rank.pagecache import drop
+
+    for name in os.listdir(FILES_DIR):
+        path = os.path.join(FILES_DIR, name)
+        if state == "cold":
+            drop(path)
+        else:
+            with open(path, "rb") as handle:
+                while handle.read(1 << 20):
+                    pass
+
+
 def scratch(prefix: str) -> str:
     base = os.environ.get("DDP_PROFILE_BENCH_TMP") or None
     return tempfile.mkdtemp(prefix=prefix, dir=base)

@@ -11,7 +11,15 @@ workload: the claim, its interval, the plain ratio, whether the interval holds i
 tool's own paired windows against the plain launches of the same settings (probe / plain,
 target within 10 %). Each DDP option the tool measured (alternated with the script's own) is
 checked the same way: plain launches with the script's DDP options and with the option,
-alternating, beside the tool's figure, interval and verdict.
+alternating, beside the tool's figure, interval and verdict; so is ``persistent_workers=True``
+where the tool measured it (the recommendation plainly, and with it).
+
+The file-backed workloads read one file per sample (``benchmarks/peers.py``'s 4,096 files of
+128 KiB, written once): ``files_cold`` with every file dropped from the page cache before every
+launch (the tool told ``--cache cold``; a plain launch ends with its first epoch, so every read
+comes from storage, as in a job whose data does not fit in memory), ``files_warm`` with every
+file read once before every launch (plain launches cross epochs of 32 steps, the workers
+starting again at each unless kept).
 
 **A/A** (``--aa N``): N alternations of one configuration with itself (``A A A A A A A``
 labelled as a claim's alternation, one launch each time, the harness's own windows) while
@@ -20,7 +28,7 @@ tool's interval for "B over A" excludes 1.0, that is, calls two identical config
 different beyond noise (target at most 5 %).
 
     python benchmarks/head_to_head.py --quick     # 2 workloads, 2 rounds, A/A x 6 (~8 min)
-    python benchmarks/head_to_head.py             # 5 workloads, 3 rounds, A/A x 10
+    python benchmarks/head_to_head.py             # 7 workloads, 3 rounds, A/A x 10
 
 The last line printed is a JSON object. Run it alone on the machine.
 """
@@ -35,20 +43,36 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _bench  # noqa: E402
 
-# name -> (bench_train.py arguments, plain launch steps)
-WORKLOADS: dict[str, tuple[list[str], int]] = {
-    "latency_bound": (["--load-ms", "3", "--batch-size", "8"], 240),
-    "cpu_bound": (["--cpu-ms", "2", "--batch-size", "8"], 160),
-    "mixed": (["--load-ms", "1.5", "--cpu-ms", "1.5", "--batch-size", "8"], 200),
-    "deep_mlp": (["--hidden", "256", "--layers", "24", "--batch-size", "64", "--num-workers",
-                  "2"], 200),
-    "comm_bound": (["--hidden", "1024", "--layers", "4", "--batch-size", "4"], 120),
+
+@dataclass(frozen=True)
+class Workload:
+    args: tuple[str, ...]  # bench_train.py's arguments
+    steps: int  # a plain launch's loop, warm-up included
+    cache: Optional[str] = None  # the files' page-cache state before every launch (_bench)
+    tool_args: tuple[str, ...] = ()  # ddp-profile's own, beyond its defaults
+
+
+FILES = ("--files", _bench.FILES_DIR, "--batch-size", "64")
+WORKLOADS: dict[str, Workload] = {
+    "latency_bound": Workload(("--load-ms", "3", "--batch-size", "8"), 240),
+    "cpu_bound": Workload(("--cpu-ms", "2", "--batch-size", "8"), 160),
+    "mixed": Workload(("--load-ms", "1.5", "--cpu-ms", "1.5", "--batch-size", "8"), 200),
+    "deep_mlp": Workload(("--hidden", "256", "--layers", "24", "--batch-size", "64",
+                          "--num-workers", "2"), 200),
+    "comm_bound": Workload(("--hidden", "1024", "--layers", "4", "--batch-size", "4"), 120),
+    # one file per sample: every file read from storage (as a job whose data does not fit in
+    # the page cache reads them: a plain launch ends with its first epoch, the tool is told
+    # --cache cold), or every file in the page cache (plain launches cross epochs, workers
+    # starting again at each)
+    "files_cold": Workload(FILES, 200, cache="cold", tool_args=("--cache", "cold")),
+    "files_warm": Workload(FILES, 200, cache="warm"),
 }
 QUICK = ("latency_bound", "deep_mlp")
 WARMUP = 10
@@ -66,26 +90,62 @@ def settings_args(config: dict[str, Any]) -> list[str]:
     return args
 
 
-def plain_rate(args: list[str], steps: int) -> Optional[float]:
-    """Global samples/s of a plain launch's whole loop after the warm-up (the slower rank)."""
+def plain_rate(args: list[str], steps: int, cache: Optional[str] = None) -> Optional[float]:
+    """Global samples/s of a plain launch's whole loop after the warm-up (the slower rank),
+    the files put in ``cache``'s state first; a cold launch ends with its first epoch."""
+    batch = int(args[args.index("--batch-size") + 1]) if "--batch-size" in args else 16
+    warmup = WARMUP
+    if cache == "cold":
+        steps = min(steps, _bench.FILES // (_bench.NPROC * batch))
+        warmup = min(WARMUP, steps // 4)
     work = _bench.scratch("h2h-plain-")
     try:
-        result = _bench.run_plain([*args, "--steps", str(steps), "--warmup", str(WARMUP)], work)
+        _bench.set_cache(cache)
+        result = _bench.run_plain([*args, "--steps", str(steps), "--warmup", str(warmup)], work)
         if result["returncode"] != 0 or len(result["ranks"]) < _bench.NPROC:
             return None
-        batch = int(args[args.index("--batch-size") + 1]) if "--batch-size" in args else 16
         mean_step = max(r["mean_step_s"] for r in result["ranks"])
         return _bench.NPROC * batch / mean_step
     finally:
         _bench.cleanup(work)
 
 
-def run_tool(args: list[str]) -> dict[str, Any]:
-    """``ddp-profile run`` with its defaults; its summary."""
+def alternate(a_args: list[str], b_args: list[str], steps: int, rounds: int,
+              cache: Optional[str]) -> dict[str, Any]:
+    """Plain launches of A and B alternating, ``rounds`` of each: the ratio of B's mean
+    throughput to A's."""
+    a_rates, b_rates = [], []
+    for _ in range(rounds):  # A B A B ...
+        a_rates.append(plain_rate(a_args, steps, cache))
+        b_rates.append(plain_rate(b_args, steps, cache))
+    if None in a_rates or None in b_rates:
+        return {"error": "a plain launch failed", "a": a_rates, "b": b_rates}
+    return {"a_samples_s": [round(r, 1) for r in a_rates],
+            "b_samples_s": [round(r, 1) for r in b_rates],
+            "ratio": round(statistics.fmean(b_rates) / statistics.fmean(a_rates), 3)}
+
+
+def judged(check: dict[str, Any], interval: Optional[list[float]]) -> dict[str, Any]:
+    """``check`` with ``inside``: whether the tool's interval holds the plain ratio."""
+    if "ratio" in check:
+        check["inside"] = bool(interval) and interval[0] <= check["ratio"] <= interval[1]
+    return check
+
+
+def run_tool(work_load: Workload) -> dict[str, Any]:
+    """``ddp-profile run`` with its defaults; its summary, and the persistent-workers effect
+    it measured (``rules.claim.persistent_effect``, read from the run directory)."""
+    from ddp_profile.profiler.settings import GRADIENT_SYNC
+    from ddp_profile.profiler.store.results import load_run
+    from ddp_profile.rules.base import Thresholds
+    from ddp_profile.rules.claim import alternated_effects, persistent_effect
+
     work = _bench.scratch("h2h-run-")
     out = os.path.join(work, "run")
     command = [sys.executable, "-m", "ddp_profile", "run", _bench.WORKLOAD, "--out", out,
-               "--no-report", "--quiet", "--", *args, "--steps", "100000"]
+               "--no-report", "--quiet", *work_load.tool_args, "--", *work_load.args,
+               "--steps", "100000"]
+    _bench.set_cache(work_load.cache)
     started = time.monotonic()
     proc = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     wall = time.monotonic() - started
@@ -94,51 +154,63 @@ def run_tool(args: list[str]) -> dict[str, Any]:
     with open(os.path.join(out, "summary.json")) as handle:
         summary = json.load(handle)
     summary["_wall_s"] = wall
+    thresholds = Thresholds()
+    run = load_run(out)
+    kept = persistent_effect(run, thresholds.interval_confidence, thresholds.launch_sd)
+    summary["_persistent"] = None if kept is None else {
+        "claim": round(kept.ratio, 3), "interval": [round(v, 3) for v in kept.interval],
+        "faster_beyond_noise": kept.interval[0] > 1.0}
+    summary["_ddp_effects"] = [  # every DDP option alternated with the script's own
+        {"options": effect.options, "claim": round(effect.ratio, 3),
+         "interval": [round(v, 3) for v in effect.interval or ()],
+         "faster_beyond_noise": effect.faster}
+        for effect in alternated_effects(run, thresholds.interval_confidence,
+                                         thresholds.launch_sd).values()
+        if GRADIENT_SYNC not in effect.options]
     _bench.cleanup(work)
     return summary
 
 
 def workload(name: str, rounds: int) -> dict[str, Any]:
-    args, steps = WORKLOADS[name]
-    summary = run_tool(args)
+    spec = WORKLOADS[name]
+    summary = run_tool(spec)
     if "error" in summary:
         return {"workload": name, **summary}
     own, new = summary["baseline"], summary["recommended"]
-    base_args = _without_settings(args)
+    base_args = _without_settings(list(spec.args))
     result: dict[str, Any] = {
         "workload": name, "baseline": own, "recommended": new,
         "claim": _bench.rnd(summary.get("expected_speedup"), 3),
         "interval": [_bench.rnd(v, 3) for v in summary.get("expected_speedup_interval") or []],
         "basis": (summary.get("recommendation") or {}).get("speedup_basis"),
         "tool_wall_s": round(summary["_wall_s"], 1), "probes": len(summary["probes"])}
+    a_args, b_args = base_args + settings_args(own), base_args + settings_args(new)
     if own == new:
         result["plain"] = "same settings: nothing to check"
-        result["ddp_options"] = ddp_checks(summary, base_args + settings_args(own), steps,
-                                           rounds)
-        return result
-    a_rates, b_rates = [], []
-    for _ in range(rounds):  # A B A B ...
-        a_rates.append(plain_rate(base_args + settings_args(own), steps))
-        b_rates.append(plain_rate(base_args + settings_args(new), steps))
-    if None in a_rates or None in b_rates:
-        result["plain"] = {"error": "a plain launch failed", "a": a_rates, "b": b_rates}
-        return result
-    ratio = statistics.fmean(b_rates) / statistics.fmean(a_rates)
-    low, high = result["interval"] or (None, None)
-    paired = [p for p in summary["probes"] if p["kind"] == "paired" and p["status"] == "ok"]
-    probe_a = [p["throughput"] for p in paired if p["pair"]["role"] == "reference"]
-    probe_b = [p["throughput"] for p in paired if p["pair"]["role"] == "candidate"]
-    result["ddp_options"] = ddp_checks(summary, base_args + settings_args(own), steps, rounds)
-    result["plain"] = {
-        "a_samples_s": [round(r, 1) for r in a_rates],
-        "b_samples_s": [round(r, 1) for r in b_rates],
-        "ratio": round(ratio, 3),
-        "inside": low is not None and low <= ratio <= high,
-        "probe_vs_plain_a": _bench.rnd(statistics.fmean(probe_a) / statistics.fmean(a_rates), 3)
-        if probe_a else None,
-        "probe_vs_plain_b": _bench.rnd(statistics.fmean(probe_b) / statistics.fmean(b_rates), 3)
-        if probe_b else None}
+    else:
+        result["plain"] = judged(alternate(a_args, b_args, spec.steps, rounds, spec.cache),
+                                 result["interval"])
+        if "ratio" in result["plain"]:
+            result["plain"].update(probes_vs_plain(summary, result["plain"]))
+    result["ddp_options"] = ddp_checks(summary, a_args, spec.steps, rounds)
+    kept = summary["_persistent"]
+    if kept is not None:  # the recommendation as it is, and with persistent_workers=True
+        result["persistent_workers"] = {**kept, "plain": judged(alternate(
+            b_args, b_args + ["--persistent-workers"], spec.steps, rounds, spec.cache),
+            kept["interval"])}
     return result
+
+
+def probes_vs_plain(summary: dict[str, Any], plain: dict[str, Any]) -> dict[str, Any]:
+    """The tool's own paired windows against plain launches of the same settings."""
+    paired = [p for p in summary["probes"] if p["kind"] == "paired" and p["status"] == "ok"]
+    out = {}
+    for side, role, rates in (("a", "reference", plain["a_samples_s"]),
+                              ("b", "candidate", plain["b_samples_s"])):
+        probes = [p["throughput"] for p in paired if p["pair"]["role"] == role]
+        out[f"probe_vs_plain_{side}"] = _bench.rnd(
+            statistics.fmean(probes) / statistics.fmean(rates), 3) if probes else None
+    return out
 
 
 def option_args(options: dict[str, Any]) -> Optional[list[str]]:
@@ -157,39 +229,14 @@ def option_args(options: dict[str, Any]) -> Optional[list[str]]:
 def ddp_checks(summary: dict[str, Any], args: list[str], steps: int, rounds: int
                ) -> list[dict[str, Any]]:
     """Every DDP option the tool alternated with the script's own: its figure, interval and
-    verdict (``rules.claim.alternated_effects``, read from the summary as the rules read it)
-    beside plain launches with and without it, alternating."""
-    from types import SimpleNamespace
-
-    from ddp_profile.profiler.settings import GRADIENT_SYNC
-    from ddp_profile.rules.base import Thresholds
-    from ddp_profile.rules.claim import alternated_effects
-
-    thresholds = Thresholds()
-    effects = alternated_effects(SimpleNamespace(summary=summary),
-                                 thresholds.interval_confidence, thresholds.launch_sd)
+    verdict (``rules.claim.alternated_effects``, as the rules read them) beside plain launches
+    with and without it, alternating."""
     checks = []
-    for effect in effects.values():
-        extra = option_args(effect.options)
-        if GRADIENT_SYNC in effect.options or extra is None:
-            continue
-        a_rates, b_rates = [], []
-        for _ in range(rounds):
-            a_rates.append(plain_rate(args, steps))
-            b_rates.append(plain_rate(args + extra, steps))
-        check: dict[str, Any] = {"options": effect.options, "claim": round(effect.ratio, 3),
-                                 "interval": [round(v, 3) for v in effect.interval or ()],
-                                 "faster_beyond_noise": effect.faster}
-        if None in a_rates or None in b_rates:
-            check["plain"] = {"error": "a plain launch failed"}
-        else:
-            ratio = statistics.fmean(b_rates) / statistics.fmean(a_rates)
-            low, high = effect.interval or (None, None)
-            check["plain"] = {"a_samples_s": [round(r, 1) for r in a_rates],
-                              "b_samples_s": [round(r, 1) for r in b_rates],
-                              "ratio": round(ratio, 3),
-                              "inside": low is not None and low <= ratio <= high}
-        checks.append(check)
+    for effect in summary["_ddp_effects"]:
+        extra = option_args(effect["options"])
+        if extra is not None:
+            checks.append({**effect, "plain": judged(
+                alternate(args, args + extra, steps, rounds, None), effect["interval"])})
     return checks
 
 
@@ -285,6 +332,8 @@ def main() -> None:
     names = [n for n in args.workloads.split(",") if n] if args.workloads is not None \
         else list(QUICK if args.quick else WORKLOADS)  # --workloads "": the A/A alone
     rounds = args.rounds or (2 if args.quick else 3)
+    if any(WORKLOADS[n].cache for n in names):
+        _bench.ensure_files()
     results = []
     for name in names:
         results.append(workload(name, rounds))
@@ -293,6 +342,8 @@ def main() -> None:
               if isinstance(r.get("plain"), dict) and "inside" in r["plain"]]
     checks += [c["plain"]["inside"] for r in results for c in r.get("ddp_options") or []
                if "inside" in c["plain"]]
+    checks += [r["persistent_workers"]["plain"]["inside"] for r in results
+               if "inside" in (r.get("persistent_workers") or {}).get("plain", {})]
     trials = args.aa if args.aa is not None else (6 if args.quick else 10)
     aa_result = aa(trials) if trials else None
     print(json.dumps({"benchmark": "head_to_head", "machine": _bench.machine(),

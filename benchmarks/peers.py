@@ -60,7 +60,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -92,8 +91,7 @@ WORKLOADS = {  # name -> script arguments, the known cause, whether its loading 
                             "--batch-size", "8", "--samples", "4096"], "cause": "comm",
                    "tune": False},
 }
-FILES_DIR = os.path.join(tempfile.gettempdir(), "ddp-profile-peers-files")
-FILES, FILE_BYTES = 4096, 128 * 1024
+FILES_DIR = _bench.FILES_DIR
 WORKLOADS.update({  # one file per sample, read in one page-cache state (see the docstring)
     "files_cold": {"args": ["--files", FILES_DIR, "--batch-size", "64"],
                    "cause": "loading_wait", "tune": True,
@@ -104,35 +102,9 @@ WORKLOADS.update({  # one file per sample, read in one page-cache state (see the
 })
 
 
-def ensure_files() -> None:
-    """The file-backed workloads' files, written once and synced (dirty pages cannot be
-    dropped from the page cache)."""
-    os.makedirs(FILES_DIR, exist_ok=True)
-    for index in range(FILES):
-        path = os.path.join(FILES_DIR, f"{index:05d}.bin")
-        if os.path.exists(path) and os.path.getsize(path) == FILE_BYTES:
-            continue
-        with open(path, "wb") as handle:
-            handle.write(os.urandom(FILE_BYTES))
-            handle.flush()
-            os.fsync(handle.fileno())
-
-
 def set_cache(workload: dict) -> None:
     """Put a file-backed workload's files in its page-cache state before a launch."""
-    state = workload.get("cache")
-    if state is None:
-        return
-    from ddp_profile.profiler.rank.pagecache import drop
-
-    for name in os.listdir(FILES_DIR):
-        path = os.path.join(FILES_DIR, name)
-        if state == "cold":
-            drop(path)
-        else:
-            with open(path, "rb") as handle:
-                while handle.read(1 << 20):
-                    pass
+    _bench.set_cache(workload.get("cache"))
 
 
 def versions() -> dict:
@@ -282,7 +254,7 @@ def main(argv: list[str] | None = None) -> dict:
     have["ddp_profile"] = "ddp_profile" in opts.tools
     info = _bench.machine()
     if any(WORKLOADS[name].get("cache") for name in opts.workloads):
-        ensure_files()
+        _bench.ensure_files()
     recommendation, diagnosis = [], []
     for name in opts.workloads:
         workload = WORKLOADS[name]

@@ -54,6 +54,9 @@ def parse_args() -> argparse.Namespace:
     add("--num-workers", type=int, default=0)
     add("--prefetch-factor", type=int, default=None, help="with workers (default: torch's 2)")
     add("--pin-memory", action="store_true")
+    add("--persistent-workers", action="store_true", help="with workers: keep them across epochs")
+    add("--files", default="", help="a folder of one file per sample, read whole per fetch "
+        "(the workload of benchmarks/peers.py); the dataset's length is the number of files")
     add("--bucket-cap-mb", type=float, default=None, help="DDP's bucket_cap_mb (default: its own)")
     add("--gradient-as-bucket-view", action="store_true", help="DDP's gradient_as_bucket_view")
     add("--load-ms", type=float, default=0.0)
@@ -260,13 +263,19 @@ def main() -> None:
         local = int(os.environ.get("LOCAL_RANK", "0"))
         os.sched_setaffinity(0, {cores[local % len(cores)]})
     torch.manual_seed(0)
-    dataset = SyntheticDataset(args.samples, args.features, args.load_ms, args.cpu_ms)
+    if args.files:
+        from peers_train import FileDataset  # beside this script
+
+        dataset = FileDataset(args.files, args.features)
+    else:
+        dataset = SyntheticDataset(args.samples, args.features, args.load_ms, args.cpu_ms)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True) \
         if world > 1 else None
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
                         shuffle=sampler is None, drop_last=True, num_workers=args.num_workers,
                         pin_memory=args.pin_memory,
-                        prefetch_factor=args.prefetch_factor if args.num_workers else None)
+                        prefetch_factor=args.prefetch_factor if args.num_workers else None,
+                        persistent_workers=args.persistent_workers and args.num_workers > 0)
     layers: list[nn.Module] = [nn.Linear(args.features, args.hidden), nn.ReLU()]
     for _ in range(args.layers - 1):
         layers += [nn.Linear(args.hidden, args.hidden), nn.ReLU()]
