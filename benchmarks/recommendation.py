@@ -109,7 +109,7 @@ def head_to_head(scenario_args: list[str], configs: list[dict], reps: int, steps
     from ddp_profile.profiler.launch.ranks import LaunchSpec
     from ddp_profile.profiler.settings import LoaderSettings
     from ddp_profile.profiler.store.rundir import RunDir
-    from ddp_profile.profiler.sweep.measure import LedgerMeasurer
+    from ddp_profile.profiler.sweep.measure import LedgerMeasurer, Window
 
     work = _bench.scratch("h2h-")
     try:
@@ -123,7 +123,7 @@ def head_to_head(scenario_args: list[str], configs: list[dict], reps: int, steps
         for rep in range(reps):
             order = range(len(settings)) if rep % 2 == 0 else reversed(range(len(settings)))
             for index in order:
-                entry = measurer.measure(settings[index])
+                entry = measurer.measure(Window(settings[index]))
                 if entry["status"] == "ok" and entry.get("throughput"):
                     results[index].append(entry["throughput"])
         return results

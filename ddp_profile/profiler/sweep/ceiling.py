@@ -19,6 +19,7 @@ from typing import Any
 from ddp_profile.profiler.settings import LoaderSettings, config_label
 from ddp_profile.profiler.store.probes import CEILING_FAILED, Kind, Status, latest_ceiling
 from ddp_profile.profiler.sweep.climb import worth_tuning
+from ddp_profile.profiler.sweep.measure import Window
 
 
 def wanted(search: Any) -> bool:
@@ -51,8 +52,8 @@ def measure(search: Any) -> None:
     kept = latest_ceiling(search.entries)
     if kept is None or LoaderSettings.from_dict(kept.get("config")).batch_size \
             != config.batch_size:
-        search.measurer.measure(config, kind=Kind.CEILING, mode="ceiling",
-                                steps_per_s=search.steps_per_s(config, "ceiling"))
+        search.measurer.measure(Window(config, Kind.CEILING, mode="ceiling",
+                                       steps_per_s=search.steps_per_s(config, "ceiling")))
 
 
 def vet(search: Any) -> None:

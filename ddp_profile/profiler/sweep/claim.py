@@ -136,9 +136,9 @@ def confirm(search: Any) -> None:
             for index, role in enumerate(roles)])
         return
     for index, role in enumerate(roles):
-        entry = search.measurer.measure(configs[role], kind=Kind.PAIRED,
-                                        steps_per_s=search.steps_per_s(configs[role]),
-                                        pair={"role": role, "index": index, "group": group})
+        entry = search.measurer.measure(Window(
+            configs[role], Kind.PAIRED, steps_per_s=search.steps_per_s(configs[role]),
+            pair={"role": role, "index": index, "group": group}))
         if entry.get("status") != Status.OK:
             return  # a crash or an OOM would only repeat itself
 
@@ -206,9 +206,9 @@ def confirm_persistence(search: Any) -> None:
                                      f", {steps} steps each (epochs of {epoch})"})
     group = f"persistent-{len(search.entries):03d}"
     for index, role in enumerate(roles):
-        done = search.measurer.measure(
-            config, kind=Kind.PERSISTENT, steps=steps,
+        done = search.measurer.measure(Window(
+            config, Kind.PERSISTENT, steps=steps,
             pair={"role": role, "index": index, "group": group},
-            persistent_workers=True if role == CANDIDATE else None)
+            persistent_workers=True if role == CANDIDATE else None))
         if not done.ok:
             return  # a crash or an OOM would only repeat itself

@@ -142,8 +142,8 @@ def alternate(search: Any, candidates: list[dict[str, Any]], in_one_launch: bool
         placed = _placed(search, candidates, group, False)
     entries = []
     for ddp, pair in placed:
-        entry = search.measurer.measure(LoaderSettings(), kind=Kind.DDP, ddp=ddp,
-                                        steps_per_s=rate, pair=pair)
+        entry = search.measurer.measure(Window(LoaderSettings(), Kind.DDP, ddp=ddp,
+                                               steps_per_s=rate, pair=pair))
         entries.append(entry)
         if entry.get("status") != Status.OK:
             break  # a crash or an OOM would only repeat itself
@@ -187,10 +187,12 @@ def _ddp_probe(search: Any, options: dict[str, Any]) -> Entry:
     """The script's own settings with DDP ``options``, one launch."""
     assert search.baseline is not None
     rate = search.steps_per_s(normalise(LoaderSettings.from_dict(search.baseline.get("config"))))
-    entry = search.measurer.measure(LoaderSettings(), kind=Kind.DDP, ddp=options, steps_per_s=rate)
+    entry = search.measurer.measure(Window(LoaderSettings(), Kind.DDP, ddp=options,
+                                           steps_per_s=rate))
     if entry["status"] == Status.OK and relative_se(entry) > UNSTABLE_RSE:
-        entry = search.measurer.measure(LoaderSettings(), kind=Kind.DDP, ddp=options,
-                                        steps=search.options.steps * 2, steps_per_s=rate)
+        entry = search.measurer.measure(Window(LoaderSettings(), Kind.DDP, ddp=options,
+                                               steps=search.options.steps * 2,
+                                               steps_per_s=rate))
     return entry
 
 

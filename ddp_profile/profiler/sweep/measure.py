@@ -62,7 +62,8 @@ def no_progress(_event: str, _data: dict[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class Window:
-    """One configuration of a screen: what to apply, the entry's kind, the probe mode."""
+    """One configuration to measure: what to apply, the entry's kind, the probe mode; a probe
+    of its own (``Measurer.measure``) or one window of a screen (``measure_screen``)."""
 
     config: LoaderSettings
     kind: Kind = Kind.SWEEP
@@ -72,6 +73,10 @@ class Window:
     pair: Optional[dict[str, Any]] = None  # its place in the claim's alternation (``claim``)
     ddp: Optional[dict[str, Any]] = None  # DDP options of the window: in a screen, gradient
     # synchronisation alone (``GRADIENT_SYNC``) switches between windows; None: the script's
+    # own. In a launch of its own only (a screen's windows share their ranks' threads, and a
+    # loader is rebuilt at every switch):
+    threads: Optional[int] = None  # torch's intra-op threads in every rank
+    persistent_workers: Optional[bool] = None  # True: every loader keeps its workers
 
 
 class Measurer(Protocol):
@@ -81,19 +86,10 @@ class Measurer(Protocol):
     screen_unsupported: Optional[str]  # why screens cannot run (set by ``measure_screen``)
     timeout_s: float  # how long a launch of one probe may run
 
-    def measure(self, requested: LoaderSettings, kind: Kind = Kind.SWEEP,
-                steps: Optional[int] = None, mode: str = "normal",
-                threads: Optional[int] = None,
-                steps_per_s: Optional[float] = None,
-                ddp: Optional[dict[str, Any]] = None,
-                pair: Optional[dict[str, Any]] = None,
-                persistent_workers: Optional[bool] = None) -> ProbeRecord:
-        """One probe of ``requested`` (``None`` settings: the script's own); ``threads``
-        sets torch's intra-op threads in every rank; ``steps_per_s``, the steps a rank is
-        predicted to make per second, lengthens a fast probe's measurement
-        (``settings.burst_steps``); ``ddp``, DDP constructor options for every DDP the script
-        builds; ``pair``, the probe's place in the claim's alternation (``sweep.claim``);
-        ``persistent_workers``, True to keep every loader's workers across epochs."""
+    def measure(self, window: Window) -> ProbeRecord:
+        """One probe of ``window``, a launch of its own (``None`` settings: the script's own;
+        ``steps_per_s``, the steps a rank is predicted to make per second, lengthens a fast
+        probe's measurement, ``settings.burst_steps``)."""
 
     def measure_screen(self, windows: list[Window]) -> list[ProbeRecord]:
         """Several configurations in as few launches as possible, one entry each (in order);
@@ -138,46 +134,36 @@ class LedgerMeasurer:
         self.files: dict[str, None] = {}  # every file the producers read so far, in order
         self.warmed: list[dict[str, Any]] = []  # what warming the cache read, per launch
 
-    def measure(self, requested: LoaderSettings, kind: Kind = Kind.SWEEP,
-                steps: Optional[int] = None, mode: str = "normal",
-                threads: Optional[int] = None,
-                steps_per_s: Optional[float] = None,
-                ddp: Optional[dict[str, Any]] = None,
-                pair: Optional[dict[str, Any]] = None,
-                persistent_workers: Optional[bool] = None) -> ProbeRecord:
-        args = (requested, kind, steps, mode, threads, steps_per_s, ddp, pair,
-                persistent_workers)
-        entry = self._probe(*args)
+    def measure(self, window: Window) -> ProbeRecord:
+        entry = self._probe(window)
         if self._out_of_regime(entry):
-            entry = self._probe(*args)
+            entry = self._probe(window)
         return entry
 
-    def _probe(self, requested: LoaderSettings, kind: Kind, steps: Optional[int], mode: str,
-               threads: Optional[int], steps_per_s: Optional[float],
-               ddp: Optional[dict[str, Any]], pair: Optional[dict[str, Any]] = None,
-               persistent_workers: Optional[bool] = None) -> ProbeRecord:
+    def _probe(self, window: Window) -> ProbeRecord:
         """One launch of one configuration (or its finished entry of a resumed run)."""
         probe_id = f"p{len(self.entries):03d}"
-        steps = steps or self.steps
-        done = self._finished(probe_id, requested, kind, steps, screened=False)
-        if done is not None and (done.get("threads") != threads
-                                 or done.get("ddp_options") != ddp
-                                 or done.get("persistent_workers") != persistent_workers):
+        steps = window.steps or self.steps
+        done = self._finished(probe_id, window.config, window.kind, steps, screened=False)
+        if done is not None and (done.get("threads") != window.threads
+                                 or done.get("ddp_options") != window.ddp
+                                 or done.get("persistent_workers") != window.persistent_workers):
             done = None
         if done is not None:
             return self._record(done, reused=True)
         self.run_dir.discard_partial_probe(probe_id)
         plan = ProbePlan(probe_id=probe_id, out_dir=self.run_dir.probe_dir(probe_id),
-                         overrides=requested, warmup=self.warmup, steps=steps, mode=mode,
-                         inject_local_rank=self.local_rank_flag(),
-                         rdzv_id=f"{self.run_token}-{probe_id}", threads=threads,
-                         steps_per_s=steps_per_s, ddp=ddp, cache=self.plan_cache,
-                         persistent_workers=persistent_workers)
-        self.progress("start", {"probe_id": probe_id, "config": requested, "kind": kind})
+                         overrides=window.config, warmup=self.warmup, steps=steps,
+                         mode=window.mode, inject_local_rank=self.local_rank_flag(),
+                         rdzv_id=f"{self.run_token}-{probe_id}", threads=window.threads,
+                         steps_per_s=window.steps_per_s, ddp=window.ddp, cache=self.plan_cache,
+                         persistent_workers=window.persistent_workers)
+        self.progress("start", {"probe_id": probe_id, "config": window.config,
+                                "kind": window.kind})
         outcome = self._launch(plan, self.timeout_s)
-        entry = summarise_probe(plan, outcome, kind, self.timeout_s)
-        if pair is not None:
-            entry["pair"] = pair
+        entry = summarise_probe(plan, outcome, window.kind, self.timeout_s)
+        if window.pair is not None:
+            entry["pair"] = window.pair
         return self._record(entry)
 
     def _finished(self, probe_id: str, requested: LoaderSettings, kind: Kind, steps: int,
@@ -224,7 +210,7 @@ class LedgerMeasurer:
         self.progress("note", {"text": f"page cache: {self.regime.mode} ({self.regime.reason})"})
         if not self._out_of_regime(baseline):
             return baseline
-        return self.measure(LoaderSettings(), kind=Kind.BASELINE)
+        return self.measure(Window(LoaderSettings(), Kind.BASELINE))
 
     def _out_of_regime(self, entry: dict[str, Any]) -> bool:
         """Whether ``entry`` read its data in another page-cache state than the run's regime
@@ -268,6 +254,8 @@ class LedgerMeasurer:
         early (a crash, an OOM, a hang), the window it stopped in is recorded as that failure
         and the windows after it get a launch of their own. Each window becomes a ledger entry
         with ``screened`` true. Sets ``screen_unsupported`` when the loader cannot be rebuilt."""
+        if any(w.threads is not None or w.persistent_workers for w in windows):
+            raise ValueError("threads and persistent_workers need a launch of their own")
         done: list[dict[str, Any]] = []
         pending = list(windows)
         while pending and not self.screen_unsupported:
@@ -289,8 +277,7 @@ class LedgerMeasurer:
         the window read out of the run's page-cache regime."""
         if not self._out_of_regime(entry):
             return entry
-        return self._probe(window.config, window.kind, window.steps, window.mode, None,
-                           window.steps_per_s, window.ddp, window.pair)
+        return self._probe(window)
 
     def _screen_launch(self, pending: list[Window], ids: list[str],
                        done: list[dict[str, Any]]) -> int:

@@ -93,7 +93,7 @@ class Search:
 
     def run(self) -> list[Entry]:
         """Baseline, then the search, the repeats and the ceiling; every entry, in order."""
-        self.baseline = self.measurer.measure(LoaderSettings(), kind=Kind.BASELINE)
+        self.baseline = self.measurer.measure(Window(LoaderSettings(), Kind.BASELINE))
         self._check_baseline(self.baseline)
         self.baseline = self.measurer.settle_cache(self.baseline, self.options.cache)
         self._check_baseline(self.baseline)
@@ -138,9 +138,10 @@ class Search:
         if self.oom_batch is not None and (config.batch_size or 0) > self.oom_batch:
             return {"status": Status.SKIPPED.value, "config": config.to_dict(), "throughput": None}
         rate = self.steps_per_s(config)
-        entry = self.measurer.measure(config, steps_per_s=rate)
+        entry = self.measurer.measure(Window(config, steps_per_s=rate))
         if entry["status"] == Status.OK and relative_se(entry) > UNSTABLE_RSE:
-            entry = self.measurer.measure(config, steps=self.options.steps * 2, steps_per_s=rate)
+            entry = self.measurer.measure(Window(config, steps=self.options.steps * 2,
+                                                 steps_per_s=rate))
         if entry["status"] == Status.OOM and config.batch_size is not None:
             self.oom_batch = min(self.oom_batch or config.batch_size, config.batch_size - 1)
         return entry
@@ -180,7 +181,7 @@ class Search:
             return
         config = settings_of(best)
         for _ in range(self.options.repeat - len(self.launches_of(config))):
-            entry = self.measurer.measure(config, kind=Kind.REPEAT)
+            entry = self.measurer.measure(Window(config, Kind.REPEAT))
             if entry["status"] != Status.OK:
                 break  # a crash or an OOM would only repeat itself
 
@@ -202,7 +203,8 @@ class Search:
                                  entry.host.ranks_per_host or self.nproc_per_node,
                                  entry.host.worker_cores or 0.0, entry.host.cpus_available)
             if fit is not None:
-                self.measurer.measure(config, kind=Kind.THREADS, threads=fit, steps_per_s=rate)
+                self.measurer.measure(Window(config, Kind.THREADS, threads=fit,
+                                             steps_per_s=rate))
 
     # ---- the baseline ---------------------------------------------------------------------
     def _check_baseline(self, entry: Entry) -> None:

@@ -54,17 +54,12 @@ class ModelMeasurer:
         entry.update(extra)
         return entry
 
-    def measure(self, requested: LoaderSettings, kind: str = "sweep",
-                steps: Optional[int] = None, mode: str = "normal",
-                threads: Optional[int] = None,
-                steps_per_s: Optional[float] = None,
-                ddp: Optional[dict[str, Any]] = None,
-                pair: Optional[dict[str, Any]] = None,
-                persistent_workers: Optional[bool] = None) -> ProbeRecord:
+    def measure(self, window: Window) -> ProbeRecord:
         self.launches += 1
-        self.steps_asked.append(steps)
-        return self._entry(requested, kind, **({"pair": pair} if pair else {}),
-                           **({"persistent_workers": True} if persistent_workers else {}))
+        self.steps_asked.append(window.steps)
+        return self._entry(window.config, window.kind,
+                           **({"pair": window.pair} if window.pair else {}),
+                           **({"persistent_workers": True} if window.persistent_workers else {}))
 
     def measure_screen(self, windows: list[Window]) -> list[ProbeRecord]:
         if not windows or self.screen_unsupported:  # as the real one: nothing launched then
@@ -324,14 +319,10 @@ class ThreadsMeasurer(ModelMeasurer):
                      worker_cores=0.15 * workers)
         return entry
 
-    def measure(self, requested: LoaderSettings, kind: str = "sweep",
-                steps: Optional[int] = None, mode: str = "normal",
-                threads: Optional[int] = None,
-                steps_per_s: Optional[float] = None,
-                ddp: Optional[dict[str, Any]] = None,
-                pair: Optional[dict[str, Any]] = None) -> ProbeRecord:
-        entry = super().measure(requested, kind, steps, mode, threads, steps_per_s, pair=pair)
-        self.threads.append((kind, threads, LoaderSettings.from_dict(entry["config"])))
+    def measure(self, window: Window) -> ProbeRecord:
+        entry = super().measure(window)
+        self.threads.append((window.kind, window.threads,
+                             LoaderSettings.from_dict(entry["config"])))
         return entry
 
 
@@ -380,19 +371,13 @@ class CommMeasurer(ModelMeasurer):
         entry["comm"] = {"bucket_cap_bytes": 25 * 2 ** 20, "gradient_as_bucket_view": False}
         return entry
 
-    def measure(self, requested: LoaderSettings, kind: str = "sweep",
-                steps: Optional[int] = None, mode: str = "normal",
-                threads: Optional[int] = None,
-                steps_per_s: Optional[float] = None,
-                ddp: Optional[dict[str, Any]] = None,
-                pair: Optional[dict[str, Any]] = None) -> ProbeRecord:
-        if kind == "ddp":
-            self.ddp_asked.append(ddp)
-        self.synced = (ddp or {}).get("gradient_sync") is not False
-        self.options = {"ddp_options": ddp} if kind == "ddp" else {}
+    def measure(self, window: Window) -> ProbeRecord:
+        if window.kind == "ddp":
+            self.ddp_asked.append(window.ddp)
+        self.synced = (window.ddp or {}).get("gradient_sync") is not False
+        self.options = {"ddp_options": window.ddp} if window.kind == "ddp" else {}
         try:
-            return super().measure(requested, kind, steps, mode, threads, steps_per_s, ddp,
-                                   pair)
+            return super().measure(window)
         finally:
             self.synced, self.options = True, {}
 
