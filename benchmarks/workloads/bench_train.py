@@ -57,6 +57,8 @@ def parse_args() -> argparse.Namespace:
     add("--persistent-workers", action="store_true", help="with workers: keep them across epochs")
     add("--files", default="", help="a folder of one file per sample, read whole per fetch "
         "(the workload of benchmarks/peers.py); the dataset's length is the number of files")
+    add("--drop-after-read", action="store_true", help="with --files: drop each file from the "
+        "page cache once read, so that every epoch reads from storage")
     add("--bucket-cap-mb", type=float, default=None, help="DDP's bucket_cap_mb (default: its own)")
     add("--gradient-as-bucket-view", action="store_true", help="DDP's gradient_as_bucket_view")
     add("--load-ms", type=float, default=0.0)
@@ -266,7 +268,7 @@ def main() -> None:
     if args.files:
         from peers_train import FileDataset  # beside this script
 
-        dataset = FileDataset(args.files, args.features)
+        dataset = FileDataset(args.files, args.features, drop=args.drop_after_read)
     else:
         dataset = SyntheticDataset(args.samples, args.features, args.load_ms, args.cpu_ms)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True) \

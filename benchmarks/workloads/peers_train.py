@@ -87,11 +87,14 @@ def build(args: argparse.Namespace, world: int, rank: int):
 
 
 class FileDataset(torch.utils.data.Dataset):
-    """One file per sample, read whole each time it is fetched."""
+    """One file per sample, read whole each time it is fetched; with ``drop``, each file is
+    dropped from the page cache once read, so every epoch reads from storage (as a dataset
+    larger than memory does)."""
 
-    def __init__(self, root: str, features: int):
+    def __init__(self, root: str, features: int, drop: bool = False):
         self.paths = sorted(os.path.join(root, name) for name in os.listdir(root))
         self.features = features
+        self.drop = drop
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -99,6 +102,8 @@ class FileDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int):
         with open(self.paths[index], "rb") as handle:
             raw = handle.read()
+            if self.drop:
+                os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         x = torch.frombuffer(bytearray(raw[:4 * self.features]), dtype=torch.uint8).float()
         x = x.view(self.features, 4).mean(dim=1) / 255.0
         return x, index % 2
