@@ -199,6 +199,25 @@ def backlog_warmup(warmup: int, num_workers: Optional[int],
     return max(warmup, num_workers * (prefetch_factor or 2))
 
 
+MIN_WARMUP_S = 1.0  # a claim's launches each warm up about this long at least
+MAX_WARMUP_FACTOR = 10  # ... within this many times the run's --warmup
+
+
+def timed_warmup(warmup: int, steps_per_s: Optional[float]) -> int:
+    """Warm-up steps that also span about ``MIN_WARMUP_S`` where a rank is predicted to make
+    ``steps_per_s`` (within ``MAX_WARMUP_FACTOR`` times ``warmup``).
+
+    A launch's first second runs slower than its steady state, by time, not by steps: a deep
+    MLP's first 30 measured steps after 5 of warm-up took 5 % longer than its steps 100-200 at
+    batch 64 (24 ms steps) and 1.4 % at batch 256 (45 ms). Warmed up by steps alone, the side
+    with the shorter steps measures more of that second, and a claim across batch sizes read
+    high (2.26x and 2.22x where plain launches gave 2.08x).
+    """
+    if not steps_per_s or not steps_per_s > 0:
+        return warmup
+    return max(warmup, min(MAX_WARMUP_FACTOR * warmup, math.ceil(MIN_WARMUP_S * steps_per_s)))
+
+
 BURST_ROUNDS = 5  # a probe with workers measures at least this many rounds of them
 MIN_MEASURE_S = 1.0  # ... and, where that is predicted to take less, about this long
 MAX_BURST_ROUNDS = 10  # ... but no more rounds than this for the sake of time

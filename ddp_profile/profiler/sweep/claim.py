@@ -25,7 +25,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.settings import LoaderSettings, timed_warmup
 from ddp_profile.profiler.store.epochs import restart_share
 from ddp_profile.profiler.store.probes import Kind, Status, counts_for_choice
 from ddp_profile.profiler.sweep.choose import ChoiceThresholds
@@ -135,9 +135,11 @@ def confirm(search: Any) -> None:
                 configs[role]), pair={"role": role, "index": index, "group": group})
             for index, role in enumerate(roles)])
         return
-    for index, role in enumerate(roles):
+    for index, role in enumerate(roles):  # each side warmed up about as long (by time)
+        rate = search.steps_per_s(configs[role])
         entry = search.measurer.measure(Window(
-            configs[role], Kind.PAIRED, steps_per_s=search.steps_per_s(configs[role]),
+            configs[role], Kind.PAIRED, steps_per_s=rate,
+            warmup=timed_warmup(search.options.warmup, rate),
             pair={"role": role, "index": index, "group": group}))
         if entry.get("status") != Status.OK:
             return  # a crash or an OOM would only repeat itself

@@ -74,9 +74,10 @@ class Window:
     ddp: Optional[dict[str, Any]] = None  # DDP options of the window: in a screen, gradient
     # synchronisation alone (``GRADIENT_SYNC``) switches between windows; None: the script's
     # own. In a launch of its own only (a screen's windows share their ranks' threads, and a
-    # loader is rebuilt at every switch):
+    # loader is rebuilt at every switch; a window's warm-up is ``_window_warmup``'s):
     threads: Optional[int] = None  # torch's intra-op threads in every rank
     persistent_workers: Optional[bool] = None  # True: every loader keeps its workers
+    warmup: Optional[int] = None  # warm-up steps (None: the run's --warmup)
 
 
 class Measurer(Protocol):
@@ -153,7 +154,8 @@ class LedgerMeasurer:
             return self._record(done, reused=True)
         self.run_dir.discard_partial_probe(probe_id)
         plan = ProbePlan(probe_id=probe_id, out_dir=self.run_dir.probe_dir(probe_id),
-                         overrides=window.config, warmup=self.warmup, steps=steps,
+                         overrides=window.config, warmup=window.warmup or self.warmup,
+                         steps=steps,
                          mode=window.mode, inject_local_rank=self.local_rank_flag(),
                          rdzv_id=f"{self.run_token}-{probe_id}", threads=window.threads,
                          steps_per_s=window.steps_per_s, ddp=window.ddp, cache=self.plan_cache,
@@ -254,8 +256,9 @@ class LedgerMeasurer:
         early (a crash, an OOM, a hang), the window it stopped in is recorded as that failure
         and the windows after it get a launch of their own. Each window becomes a ledger entry
         with ``screened`` true. Sets ``screen_unsupported`` when the loader cannot be rebuilt."""
-        if any(w.threads is not None or w.persistent_workers for w in windows):
-            raise ValueError("threads and persistent_workers need a launch of their own")
+        if any(w.threads is not None or w.persistent_workers or w.warmup for w in windows):
+            raise ValueError("threads, persistent_workers and a warm-up of its own need a "
+                             "launch of their own")
         done: list[dict[str, Any]] = []
         pending = list(windows)
         while pending and not self.screen_unsupported:

@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 
 import pytest
 
-from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.settings import LoaderSettings, timed_warmup
 from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.profiler.sweep.choose import candidate_of, choose
 from ddp_profile.profiler.sweep.measure import Measurer, Window
@@ -27,6 +27,7 @@ class ModelMeasurer:
         self.model, self.screens, self.fail_after, self.own = model, screens, fail_after, own
         self.screen_rse = screen_rse  # a screen window's few steps: its throughput's RSE
         self.steps_asked: list[Optional[int]] = []
+        self.asked: list[Window] = []  # every launch of its own
         self.entries: list[ProbeRecord] = []
         self.screen_unsupported: Optional[str] = None
         self.timeout_s = 60.0
@@ -57,6 +58,7 @@ class ModelMeasurer:
     def measure(self, window: Window) -> ProbeRecord:
         self.launches += 1
         self.steps_asked.append(window.steps)
+        self.asked.append(window)
         return self._entry(window.config, window.kind,
                            **({"pair": window.pair} if window.pair else {}),
                            **({"persistent_workers": True} if window.persistent_workers else {}))
@@ -584,6 +586,10 @@ def test_a_larger_batch_is_alternated_launch_by_launch():
     assert [e["pair"]["role"] for e in paired] == ALTERNATION[:4] + ["reference"]
     assert not any(e.get("screened") for e in paired)
     assert {e["config"]["batch_size"] for e in paired} == {32, 128}
+    # each side warmed up about a second by its predicted rate (``settings.timed_warmup``)
+    asked = [w for w in fake.asked if w.kind == "paired"]
+    assert [w.warmup for w in asked] == [
+        timed_warmup(5, found.steps_per_s(w.config)) for w in asked]
 
 
 @pytest.mark.parametrize("model, pairs", [(compute_bound, 3), (io_bound, 0)])

@@ -15,6 +15,7 @@ from ddp_profile.profiler.settings import (
     backlog_warmup,
     burst_steps,
     mode_warmup,
+    timed_warmup,
 )
 from ddp_profile.profiler.store.record import read_jsonl
 from ddp_profile.profiler.store.results import read_probe_dir
@@ -175,6 +176,14 @@ def test_backlog_warmup_covers_the_startup_prefetch():
     assert backlog_warmup(5, 2, None) == 5
     assert backlog_warmup(5, 4, 2) == 8
     assert backlog_warmup(5, 8, 4) == 32
+
+
+def test_a_claims_launches_warm_up_for_about_a_second_each():
+    # the side with the shorter steps warms up for more of them: both about as long
+    assert timed_warmup(5, 41.0) == 41 and timed_warmup(5, 22.0) == 22
+    assert timed_warmup(5, 2.0) == 5  # slow steps: the run's warm-up is longer already
+    assert timed_warmup(5, 400.0) == 50  # within 10 times the run's warm-up
+    assert timed_warmup(5, None) == 5 and timed_warmup(5, 0.0) == 5  # no prediction
 
 
 def test_a_probe_with_workers_measures_several_rounds_of_them():
