@@ -159,7 +159,7 @@ def run_tool(work_load: Workload) -> dict[str, Any]:
     kept = persistent_effect(run, thresholds.interval_confidence, thresholds.launch_sd)
     summary["_persistent"] = None if kept is None else {
         "claim": round(kept.ratio, 3), "interval": [round(v, 3) for v in kept.interval],
-        "faster_beyond_noise": kept.interval[0] > 1.0}
+        "faster_beyond_noise": kept.faster}
     summary["_ddp_effects"] = [  # every DDP option alternated with the script's own
         {"options": effect.options, "claim": round(effect.ratio, 3),
          "interval": [round(v, 3) for v in effect.interval or ()],

@@ -46,6 +46,11 @@ class PairedClaim:
     candidates: int  # how many candidate windows or launches
     launches: int  # 1: windows of one launch
 
+    @property
+    def faster(self) -> bool:
+        """Faster beyond noise: the whole interval above 1."""
+        return self.interval[0] > 1.0
+
     def basis(self) -> str:
         where = "windows of one launch" if self.launches == 1 else f"{self.launches} launches"
         return (f"the script's settings and the recommendation alternated, "
@@ -137,13 +142,22 @@ def _fitted(probes: list[ProbeRecord], rates: list[Optional[float]], confidence:
                            for role, p, rate in zip(roles, probes, rates)])
     if fit is None:
         return None
-    half = t_quantile(0.5 + confidence / 2, fit.dof) * math.sqrt(
-        fit.errors[CANDIDATE] ** 2 + 2 * between(fit) ** 2 / CHECK_ROUNDS)
     gain = fit.gains[CANDIDATE]
-    return PairedClaim(ratio=math.exp(gain), interval=(math.exp(gain - half),
-                                                       math.exp(gain + half)),
+    return PairedClaim(ratio=math.exp(gain),
+                       interval=check_interval(fit, CANDIDATE, between(fit), confidence),
                        probes=tuple(p.id for p in probes), candidates=roles.count(CANDIDATE),
                        launches=len({p.launch for p in probes}))
+
+
+def check_interval(fit: Any, key: Optional[str], between: float, confidence: float
+                   ) -> tuple[float, float]:
+    """The interval of ``key``'s ratio for what a user's check would measure: the fit's
+    uncertainty and ``between``, the relative spread between launches, over ``CHECK_ROUNDS``
+    launches of each side (0 for windows of one launch: a measurement no user launches)."""
+    half = t_quantile(0.5 + confidence / 2, fit.dof) * math.sqrt(
+        fit.errors[key] ** 2 + 2 * between ** 2 / CHECK_ROUNDS)
+    gain = fit.gains[key]
+    return math.exp(gain - half), math.exp(gain + half)
 
 
 @dataclass(frozen=True)
@@ -178,11 +192,9 @@ def alternated_effects(run: Run, confidence: float, launch_sd: float
             continue
         launches = len({p.launch for p in probes})
         between = max(launch_sd, fit.residual_sd) if launches > 1 else 0.0
-        t = t_quantile(0.5 + confidence / 2, fit.dof)
         reference = _alternation_text(probes, fit.drift, launches)
         for key, gain in fit.gains.items():
-            half = t * math.sqrt(fit.errors[key] ** 2 + 2 * between ** 2 / CHECK_ROUNDS)
-            low, high = math.exp(gain - half), math.exp(gain + half)
+            low, high = check_interval(fit, key, between, confidence)
             mine = [p for p in probes if p.pair and p.pair.role == CANDIDATE
                     and options_key(dict(p.comm.options or {})) == key]
             effects[key] = DdpEffect(options=dict(mine[0].comm.options or {}),

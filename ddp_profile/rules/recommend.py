@@ -92,7 +92,7 @@ def kept_alive(run: Run, config: dict[str, Any], thresholds: Thresholds
     """``persistent_workers=True`` where it was measured with exactly ``config`` and ran faster
     beyond noise (``rules.claim.persistent_effect``); else None."""
     measured = persistent_effect(run, thresholds.interval_confidence, thresholds.launch_sd)
-    if measured is None or measured.interval[0] <= 1.0:
+    if measured is None or not measured.faster:
         return None
     ran = run.probe(measured.probes[0]).config.to_dict()
     return measured if describe_config(ran) == describe_config(config) else None
@@ -277,7 +277,7 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None) -> Recommendati
     speedup, interval, basis, unconfirmed = None, None, None, None
     claim = paired_claim(run, base, chosen, thresholds.interval_confidence,
                          thresholds.launch_sd) if chosen["id"] != base["id"] else None
-    if claim is not None and claim.interval[0] <= 1.0:
+    if claim is not None and not claim.faster:
         unconfirmed = (f"{describe_config(chosen)} ran faster in the search, but alternated with "
                        f"the script's settings it measured {claim.ratio:.2f}x "
                        f"[{claim.interval[0]:.2f}-{claim.interval[1]:.2f}] "

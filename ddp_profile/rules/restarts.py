@@ -115,11 +115,12 @@ def persistent_workers(run: Run, thresholds: Thresholds) -> Optional[Finding]:
 
 def _measured(run: Run, measured: PairedClaim,
               costly: list[tuple[pd.Series, dict[str, Any]]]) -> Optional[Finding]:
-    """The finding where ``persistent_workers=True`` was measured (``sweep.persistent``):
-    only where it ran faster beyond noise, with the restarts it removes."""
-    low, high = measured.interval
-    if low <= 1.0:
-        return None  # measured, and no gain this check can tell from none
+    """The finding where ``persistent_workers=True`` was measured
+    (``sweep.claim.confirm_persistence``): only where it ran faster beyond noise, with the
+    restarts it removes."""
+    if not measured.faster:
+        return None
+    low, high = measured.interval  # measured, and no gain this check can tell from none
     first = run.probe(measured.probes[0])
     settings = first.config.to_dict()
     restarts = [e for p, e in costly if describe_config(p) == describe_config(settings)]
