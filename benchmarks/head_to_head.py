@@ -138,7 +138,7 @@ def run_tool(work_load: Workload) -> dict[str, Any]:
     from ddp_profile.profiler.settings import GRADIENT_SYNC
     from ddp_profile.profiler.store.results import load_run
     from ddp_profile.rules.base import Thresholds
-    from ddp_profile.rules.claim import alternated_effects, persistent_effect
+    from ddp_profile.rules.claim import alternated_effects, persistent_effect, sides
 
     work = _bench.scratch("h2h-run-")
     out = os.path.join(work, "run")
@@ -159,7 +159,10 @@ def run_tool(work_load: Workload) -> dict[str, Any]:
     kept = persistent_effect(run, thresholds.interval_confidence, thresholds.launch_sd)
     summary["_persistent"] = None if kept is None else {
         "claim": round(kept.ratio, 3), "interval": [round(v, 3) for v in kept.interval],
-        "faster_beyond_noise": kept.faster}
+        "faster_beyond_noise": kept.faster,
+        # the script's settings against another configuration kept alive: where faster, the
+        # recommendation and its claim (checked as the claim)
+        "against_own": len({json.dumps(side, sort_keys=True) for side in sides(run, kept)}) > 1}
     summary["_ddp_effects"] = [  # every DDP option alternated with the script's own
         {"options": effect.options, "claim": round(effect.ratio, 3),
          "interval": [round(v, 3) for v in effect.interval or ()],
@@ -185,25 +188,33 @@ def workload(name: str, rounds: int) -> dict[str, Any]:
         "basis": (summary.get("recommendation") or {}).get("speedup_basis"),
         "tool_wall_s": round(summary["_wall_s"], 1), "probes": len(summary["probes"])}
     a_args, b_args = base_args + settings_args(own), base_args + settings_args(new)
+    kept = summary["_persistent"]
+    as_claim = bool(kept and kept["against_own"]
+                    and (summary.get("recommendation") or {}).get("persistent_workers"))
+    if as_claim:  # the recommendation keeps its workers alive: so do its plain launches
+        b_args.append("--persistent-workers")
+        result["recommended"] = {**new, "persistent_workers": True}
     if own == new:
         result["plain"] = "same settings: nothing to check"
     else:
         result["plain"] = judged(alternate(a_args, b_args, spec.steps, rounds, spec.cache),
                                  result["interval"])
         if "ratio" in result["plain"]:
-            result["plain"].update(probes_vs_plain(summary, result["plain"]))
+            result["plain"].update(probes_vs_plain(summary, result["plain"],
+                                                   "persistent" if as_claim else "paired"))
     result["ddp_options"] = ddp_checks(summary, a_args, spec.steps, rounds)
-    kept = summary["_persistent"]
-    if kept is not None:  # the recommendation as it is, and with persistent_workers=True
+    if kept is not None and not kept["against_own"]:  # the recommendation, and with it
         result["persistent_workers"] = {**kept, "plain": judged(alternate(
             b_args, b_args + ["--persistent-workers"], spec.steps, rounds, spec.cache),
             kept["interval"])}
     return result
 
 
-def probes_vs_plain(summary: dict[str, Any], plain: dict[str, Any]) -> dict[str, Any]:
-    """The tool's own paired windows against plain launches of the same settings."""
-    paired = [p for p in summary["probes"] if p["kind"] == "paired" and p["status"] == "ok"]
+def probes_vs_plain(summary: dict[str, Any], plain: dict[str, Any], kind: str = "paired"
+                    ) -> dict[str, Any]:
+    """The tool's own alternation (its probes of ``kind``) against plain launches of the same
+    settings."""
+    paired = [p for p in summary["probes"] if p["kind"] == kind and p["status"] == "ok"]
     out = {}
     for side, role, rates in (("a", "reference", plain["a_samples_s"]),
                               ("b", "candidate", plain["b_samples_s"])):

@@ -136,14 +136,16 @@ def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
         lines.append(f"baseline  {config_label(summary.get('baseline'))}: "
                      f"{_fmt_tp(baseline.get('throughput'))}"
                      f"{step_parts({'data_wait_fraction': 0, **baseline})}")
+    recommendation = summary.get("recommendation") or {}
     if summary.get("recommended"):
         speedup = summary.get("expected_speedup")
         interval = summary.get("expected_speedup_interval")
         spread = f" [{interval[0]:.2f}-{interval[1]:.2f}]" if interval else ""
-        lines.append(f"recommended {config_label(summary['recommended'])}: "
-                     f"{speedup:.2f}x{spread} vs baseline" if speedup else
-                     f"recommended {config_label(summary['recommended'])}")
-        basis = (summary.get("recommendation") or {}).get("speedup_basis")
+        label = config_label(summary["recommended"]) + (
+            " persistent_workers" if recommendation.get("persistent_workers") else "")
+        lines.append(f"recommended {label}: {speedup:.2f}x{spread} vs baseline" if speedup
+                     else f"recommended {label}")
+        basis = recommendation.get("speedup_basis")
         if speedup and basis:
             lines.append(f"  measured from {basis}")
     if summary.get("ceiling_throughput"):
@@ -162,10 +164,10 @@ def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
     for probe in [p for p in probes if p.get("short")][:5]:
         lines.append(f"  probe {probe['id']} short ({probe.get('steps_measured')} of "
                      f"{probe.get('steps')} steps): {probe.get('short_reason')}")
-    recommendation = summary.get("recommendation") or {}
     lines.extend(f"  note: {note}" for note in recommendation.get("notes") or []
                  if " is short, " in note or note.startswith("Not like for like"))
-    if recommendation.get("snippet") and summary.get("recommended") != summary.get("baseline"):
+    if recommendation.get("snippet") and (summary.get("recommended") != summary.get("baseline")
+                                          or recommendation.get("persistent_workers")):
         lines.append("  " + recommendation["snippet"])
     lines.append(f"run directory: {out}")
     return lines

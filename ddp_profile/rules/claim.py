@@ -51,9 +51,9 @@ class PairedClaim:
         """Faster beyond noise: the whole interval above 1."""
         return self.interval[0] > 1.0
 
-    def basis(self) -> str:
+    def basis(self, recommendation: str = "the recommendation") -> str:
         where = "windows of one launch" if self.launches == 1 else f"{self.launches} launches"
-        return (f"the script's settings and the recommendation alternated, "
+        return (f"the script's settings and {recommendation} alternated, "
                 f"{self.candidates} of each between the other's, {where} "
                 f"({self.probes[0]}-{self.probes[-1]})")
 
@@ -125,6 +125,13 @@ def persistent_effect(run: Run, confidence: float, launch_sd: float
         return _fitted(probes, rates, confidence,
                        lambda fit: max(launch_sd, fit.residual_sd))
     return run.derived(("persistent_effect", confidence, launch_sd), derive)
+
+
+def sides(run: Run, claim: PairedClaim) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The settings of an alternation's reference (``A``) and of its candidate (``B``)."""
+    probes = [run.probe(probe_id) for probe_id in claim.probes]
+    first = {p.pair.role: p.config.to_dict() for p in reversed(probes) if p.pair}
+    return first[REFERENCE], first[CANDIDATE]
 
 
 def _fitted(probes: list[ProbeRecord], rates: list[Optional[float]], confidence: float,

@@ -47,7 +47,7 @@ from ddp_profile.rules.base import (
     relative_error,
     storage_share,
 )
-from ddp_profile.rules.claim import PairedClaim, paired_claim, persistent_effect
+from ddp_profile.rules.claim import PairedClaim, paired_claim, persistent_effect, sides
 from ddp_profile.rules.cpuload import cpu_load
 from ddp_profile.rules.data import (
     CPU_FIX,
@@ -76,6 +76,7 @@ class Recommendation:
     baseline_probe_id: Optional[str] = None
     like_for_like: Optional[bool] = None  # False: baseline and pick read in other cache states
     speedup_basis: Optional[str] = None  # what the expected speedup was measured from
+    persistent_workers: bool = False  # the snippet keeps the workers alive (measured so)
 
 
 def recommendation_to_dict(rec: Recommendation) -> dict[str, Any]:
@@ -94,8 +95,27 @@ def kept_alive(run: Run, config: dict[str, Any], thresholds: Thresholds
     measured = persistent_effect(run, thresholds.interval_confidence, thresholds.launch_sd)
     if measured is None or not measured.faster:
         return None
-    ran = run.probe(measured.probes[0]).config.to_dict()
-    return measured if describe_config(ran) == describe_config(config) else None
+    reference, kept = sides(run, measured)
+    wanted = describe_config(config)
+    return measured if describe_config(reference) == describe_config(kept) == wanted else None
+
+
+def kept_alive_instead(run: Run, base: pd.Series, thresholds: Thresholds
+                       ) -> Optional[tuple[PairedClaim, pd.Series]]:
+    """Where the script's own settings (``base``) are kept: another configuration with
+    ``persistent_workers=True``, where it was alternated with them launch by launch and ran
+    faster beyond noise (``sweep.claim.persistence_subject``), and its first probe; else None."""
+    measured = persistent_effect(run, thresholds.interval_confidence, thresholds.launch_sd)
+    if measured is None or not measured.faster:
+        return None
+    reference, kept = sides(run, measured)
+    if describe_config(reference) != describe_config(config_of(base)) \
+            or describe_config(kept) == describe_config(reference):
+        return None
+    probes = run.probes
+    first = next(p for p in measured.probes if run.probe(p).pair
+                 and run.probe(p).pair.role == "candidate")
+    return measured, probes[probes["id"] == first].iloc[0]
 
 
 def snippet_for(config: dict[str, Any], persistent: bool = False) -> str:
@@ -284,20 +304,27 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None) -> Recommendati
                        f"({claim.probes[0]}-{claim.probes[-1]}): a gain this check cannot tell "
                        "from none, so the script's settings are kept.")
         chosen, claim = base, None
+    alive = kept_alive_instead(run, base, thresholds) if chosen["id"] == base["id"] else None
+    if alive is not None:  # measured against the script's settings: the claim itself
+        claim, chosen = alive
     if claim is not None:
-        speedup, interval, basis = claim.ratio, claim.interval, claim.basis()
+        speedup, interval, basis = claim.ratio, claim.interval, claim.basis(
+            "the recommendation with persistent_workers=True" if alive else "the recommendation")
     elif finite(chosen["throughput"]) and finite(base["throughput"]) and base["throughput"] > 0:
         speedup = float(chosen["throughput"] / base["throughput"])
         interval = speedup_interval(run, chosen["id"], base["id"], speedup, thresholds)
         if chosen["id"] != base["id"]:
             basis = (f"probes {base['id']} and {chosen['id']}, not alternated: the machine's "
                      "drift between them is in the figure")
-    kept = kept_alive(run, config_of(chosen), thresholds)
+    kept = kept_alive(run, config_of(chosen), thresholds) if alive is None else None
     ceiling = ceiling_probe(run)
     share = None
     if ceiling is not None and ceiling["throughput"] > 0 and finite(chosen["throughput"]):
         share = float(chosen["throughput"] / ceiling["throughput"])
     config = config_of(chosen)
+    persistent = bool(config.get("num_workers")) and (
+        loader_info(run, chosen["id"]).get("persistent_workers") is True or kept is not None
+        or alive is not None)
     like = None  # unknown: the same probe, or a cache share not measured on either side
     if chosen["id"] != base["id"] and all(storage_share(run, p["id"]) is not None
                                           for p in (base, chosen)):
@@ -305,8 +332,7 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None) -> Recommendati
     return Recommendation(
         config=config, probe_id=str(chosen["id"]), expected_speedup=speedup,
         expected_speedup_interval=interval, ceiling_share=share,
-        snippet=snippet_for(config, loader_info(run, chosen["id"]).get("persistent_workers")
-                            is True or kept is not None),
+        snippet=snippet_for(config, persistent), persistent_workers=persistent,
         notes=((unconfirmed,) if unconfirmed else ()) + _notes(run, base, chosen, thresholds,
                                                                share)
         + ((f"persistent_workers=True on top of it ran {kept.ratio:.2f}x [{kept.interval[0]:.2f}"

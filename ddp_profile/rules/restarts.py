@@ -28,7 +28,7 @@ from ddp_profile.rules.base import (
     probe_entry,
     probe_steps,
 )
-from ddp_profile.rules.claim import PairedClaim, persistent_effect
+from ddp_profile.rules.claim import PairedClaim, persistent_effect, sides
 from ddp_profile.rules.recommend import choose
 
 
@@ -121,26 +121,33 @@ def _measured(run: Run, measured: PairedClaim,
     if not measured.faster:
         return None
     low, high = measured.interval  # measured, and no gain this check can tell from none
-    first = run.probe(measured.probes[0])
-    settings = first.config.to_dict()
-    restarts = [e for p, e in costly if describe_config(p) == describe_config(settings)]
+    reference, kept = sides(run, measured)
+    restarts = [e for p, e in costly if describe_config(p) == describe_config(kept)]
     paid = ""
     if restarts:
         entry = restarts[-1]
         paid = (f"Starting the workers again costs {float(entry['epoch_restart_s']):.2f} s per "
                 f"epoch of {entry.get('epoch_steps')} steps. ")
     figure = f"{measured.ratio:.2f}x [{low:.2f}-{high:.2f}]"
-    alternated = (f"alternated A B A B A in launches, the same settings restarting their "
-                  f"workers (A) and keeping them (B), probes {measured.probes[0]}-"
-                  f"{measured.probes[-1]}")
+    letters = " ".join("B" if run.probe(p).pair and run.probe(p).pair.role == "candidate"
+                       else "A" for p in measured.probes)
+    if describe_config(reference) == describe_config(kept):
+        against = "the same settings restarting their workers (A) and keeping them (B)"
+        ran = f"With {describe_config(kept)}, persistent_workers=True ran {figure}"
+    else:  # the script's own settings kept, and a restarting configuration kept alive
+        against = (f"the script's own {describe_config(reference)} (A) and "
+                   f"{describe_config(kept)} keeping its workers (B)")
+        ran = (f"{describe_config(kept)} with persistent_workers=True ran {figure} the "
+               "script's own settings")
+    alternated = (f"alternated {letters} in launches, {against}, probes "
+                  f"{measured.probes[0]}-{measured.probes[-1]}")
     return Finding(
         rule="persistent-workers",
         severity="high" if measured.ratio >= 1.5 else "medium",
         title="DataLoader workers restart every epoch",
-        evidence=(f"{paid}With {describe_config(settings)}, persistent_workers=True ran "
-                  f"{figure} ({alternated}), each probe crossing an epoch boundary."),
+        evidence=f"{paid}{ran} ({alternated}), each probe crossing an epoch boundary.",
         recommendation=(f"Keep the workers alive: DataLoader(..., num_workers="
-                        f"{first.config.num_workers}, persistent_workers=True). Measured: "
+                        f"{kept.get('num_workers')}, persistent_workers=True). Measured: "
                         f"{figure}, {alternated}."))
 
 

@@ -84,3 +84,16 @@ def test_the_summary_says_what_the_speedup_was_measured_from_and_why_no_ceiling(
                                "alternated") for line in lines)
     assert "compute-only ceiling: none (p005: replaying cached batches ran 900.0 samples/s, " \
            "below)" in lines
+
+
+def test_a_recommendation_that_keeps_its_workers_alive_says_so_and_prints_its_snippet():
+    snippet = "DataLoader(dataset, batch_size=32, num_workers=3, persistent_workers=True)"
+    summary = {"script": "train.py", "probes": [], "findings": [],
+               "baseline": {"num_workers": 3, "batch_size": 32},
+               "recommended": {"num_workers": 3, "batch_size": 32}, "expected_speedup": None,
+               "recommendation": {"snippet": snippet, "persistent_workers": True}}
+    lines = summary_lines(summary, "out")
+    assert "recommended w=3 bs=32 persistent_workers" in lines and f"  {snippet}" in lines
+    summary["recommendation"]["persistent_workers"] = False
+    lines = summary_lines(summary, "out")
+    assert "recommended w=3 bs=32" in lines and f"  {snippet}" not in lines

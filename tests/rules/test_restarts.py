@@ -170,3 +170,68 @@ def test_persistent_workers_measured_within_noise_is_no_finding_and_not_in_the_s
     analysis = evaluate(run)
     assert "persistent_workers" not in analysis.recommendation.snippet
     assert "persistent-workers" not in [f.rule for f in analysis.findings]
+
+
+def kept_instead(gain: float, noise: tuple = ()):
+    """The script runs without workers (the baseline, kept: 3 workers restarting every
+    32-step epoch spend half of it starting, and run no faster as the script runs them);
+    then the sweep's alternation of the script's settings (A) and 3 workers with
+    ``persistent_workers=True`` (B), A B A B A in launches; B runs ``gain`` times A."""
+    builder = (RunBuilder(world_size=2)
+               .probe("base", kind="baseline", num_workers=0, prefetch_factor=None,
+                      throughput=1000.0).steps(n=20, data_wait=0.3)
+               .probe("w3", num_workers=3, throughput=990.0,
+                      entry={"throughput": 990.0, "steady_throughput": 2100.0,
+                             "epoch_steps": 32, "epoch_restart_s": 0.55})
+               .steps(n=20, data_wait=0.05))
+    for index, role in enumerate(("reference", "candidate") * 2 + ("reference",)):
+        rate = 1000.0 * (gain if role == "candidate" else 1.0) * (1.01 ** index)
+        rate *= noise[index] if index < len(noise) else 1.0
+        workers = 3 if role == "candidate" else 0
+        builder.probe(f"k{index}", kind="persistent", num_workers=workers,
+                      prefetch_factor=2 if workers else None, throughput=rate,
+                      loader={"persistent_workers": role == "candidate"},
+                      entry={"launch": f"k{index}",
+                             "pair": {"role": role, "index": index, "group": "persistent-003"},
+                             **({"persistent_workers": True} if role == "candidate" else {})})
+        builder.steps(n=20, data_wait=0.02)
+    return builder.build()
+
+
+def test_workers_kept_alive_against_the_kept_script_settings_become_the_recommendation():
+    """Measured against the script's own settings, launch by launch: the recommendation is
+    3 workers with persistent_workers=True, its expected speedup that alternation's, and the
+    finding says what ran against what; nothing of it is a prediction."""
+    from ddp_profile.rules import evaluate
+
+    run = kept_instead(1.9, noise=(1.0, 1.01, 0.99, 1.0, 1.005))
+    analysis = evaluate(run)
+    rec = analysis.recommendation
+    assert rec.config["num_workers"] == 3 and rec.persistent_workers
+    assert rec.probe_id == "k1" and rec.baseline_probe_id == "base"
+    assert "persistent_workers=True" in rec.snippet and "num_workers=3" in rec.snippet
+    assert rec.expected_speedup is not None and 1.85 < rec.expected_speedup < 1.95
+    low, high = rec.expected_speedup_interval
+    assert 1.0 < low < rec.expected_speedup < high
+    assert rec.speedup_basis.startswith("the script's settings and the recommendation with "
+                                        "persistent_workers=True alternated, 2 of each"), \
+        rec.speedup_basis
+    assert not any("on top of it" in note for note in rec.notes), rec.notes
+    finding = persistent_workers(run, T)
+    assert finding is not None
+    assert "num_workers=3, pin_memory=False, prefetch_factor=2, batch_size=32 with " \
+        "persistent_workers=True ran 1.9" in finding.evidence, finding.evidence
+    assert "the script's own num_workers=0" in finding.evidence
+    assert "alternated A B A B A in launches" in finding.evidence
+    assert "0.55 s per epoch of 32 steps" in finding.evidence
+    assert "prediction" not in finding.evidence + finding.recommendation
+
+
+def test_workers_kept_alive_within_noise_of_the_script_settings_leave_them_kept():
+    from ddp_profile.rules import evaluate
+
+    run = kept_instead(1.03, noise=(1.0, 0.95, 1.05, 1.04, 0.96))
+    rec = evaluate(run).recommendation
+    assert rec.config["num_workers"] == 0 and rec.probe_id == "base"
+    assert not rec.persistent_workers and "persistent_workers" not in rec.snippet
+    assert persistent_workers(run, T) is None

@@ -49,9 +49,10 @@ class Kind(str, Enum):
     DDP = "ddp"  # counterfactual: the same settings with other DDP options (bucket_cap_mb ...)
     PAIRED = "paired"  # the claim checked: the script's settings and the recommendation,
     # alternated in one launch (or launch by launch): read by the expected speedup only
-    PERSISTENT = "persistent"  # the recommendation with and without persistent_workers=True,
-    # alternated launch by launch (``persistent_workers`` set on the ones with): read by the
-    # persistent-workers finding and the snippet only
+    PERSISTENT = "persistent"  # the recommendation with and without persistent_workers=True
+    # (or the script's kept settings, and a restarting configuration with it), alternated
+    # launch by launch (``persistent_workers`` set on the ones with): read by the
+    # persistent-workers finding, the snippet and the recommendation only
     CACHE = "cache"  # a probe that read in another page-cache state than the run's regime,
     # then measured again in it (``profiler.cache``; ``MEASURED_AS`` its own kind): read by no
     # decision

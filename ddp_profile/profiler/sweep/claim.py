@@ -150,44 +150,84 @@ MAX_EPOCH_FACTOR = 4  # epochs of more steps than this many probes' are not cros
 MIN_EPOCHS = 2  # whole epochs a persistence probe spans, at least
 
 
+@dataclass(frozen=True)
+class PersistenceSubject:
+    """What ``confirm_persistence`` alternates: ``reference`` as it runs (``A``) and
+    ``candidate`` with ``persistent_workers=True`` (``B``), every probe crossing epochs of
+    ``epoch`` steps. The same settings on both sides, or, where the script's own settings are
+    kept, those (``A``) and the restarting configuration predicted to beat them (``B``)."""
+
+    reference: LoaderSettings
+    candidate: LoaderSettings
+    epoch: int
+
+    @property
+    def same(self) -> bool:
+        return self.reference == self.candidate
+
+
 def persistence_subject(search: Any, thresholds: ChoiceThresholds = DEFAULTS
-                        ) -> Optional[tuple[LoaderSettings, int]]:
+                        ) -> Optional[PersistenceSubject]:
     """The best configuration, where its workers start again every epoch of a known length
     and that costs it ``restart_share`` or more of the epoch (or more than can be told apart
-    from its steady steps: its start segment spans the epoch), and that epoch; else None."""
+    from its steady steps: its start segment spans the epoch). Where the best is the script's
+    own settings and they pay no such restarts: the restarting configuration at their batch
+    size (workers, costing ``restart_share`` or more) whose rate between restarts beats them
+    by ``restart_share`` or more, the fastest such. Kept alive it is predicted to win, so it
+    is measured against the script's settings rather than left a prediction. Else None."""
     best, base = search.best(), search.baseline
     if best is None or base is None or search.options.pairs <= 0 \
             or search.loader().get("persistent_workers") \
             or search.measurer.context(base).get("keeps_iterator"):
         return None
     config = normalise(LoaderSettings.from_dict(best.get("config")))
-    if not config.num_workers:
+    if config.num_workers:
+        shares = [restart_share(e) for e in search.entries if counts_for_choice(e)
+                  and normalise(LoaderSettings.from_dict(e.get("config"))) == config]
+        known = [s for s in shares if s is not None]
+        if not known or max(known) >= thresholds.restart_share:
+            epoch = _epoch(search, config)
+            return PersistenceSubject(config, config, epoch) if epoch else None
+    if best.get("id") != base.get("id") or not best.get("throughput"):
         return None
+    floor = (1 + thresholds.restart_share) * float(best["throughput"])
+    rivals = [e for e in search.entries if counts_for_choice(e)
+              and LoaderSettings.from_dict(e.get("config")).num_workers
+              and LoaderSettings.from_dict(e.get("config")).batch_size == config.batch_size
+              and (restart_share(e) or 0.0) >= thresholds.restart_share
+              and float(e.get("steady_throughput") or 0.0) >= floor]
+    if not rivals:
+        return None
+    rival = max(rivals, key=lambda e: float(e["steady_throughput"]))
+    candidate = normalise(LoaderSettings.from_dict(rival.get("config")))
+    epoch = _epoch(search, candidate)
+    return PersistenceSubject(config, candidate, epoch) if epoch else None
+
+
+def _epoch(search: Any, config: LoaderSettings) -> Optional[int]:
+    """Steps in an epoch at ``config``'s batch size, as the last probe at it counted them;
+    None where unknown (no probe can be sized to cross it)."""
     same = [e for e in search.entries if counts_for_choice(e) and e.get("epoch_steps")
             and LoaderSettings.from_dict(e.get("config")).batch_size == config.batch_size]
-    if not same:
-        return None  # the epoch's length is unknown: no probe can be sized to cross it
-    shares = [restart_share(e) for e in search.entries if counts_for_choice(e)
-              and normalise(LoaderSettings.from_dict(e.get("config"))) == config]
-    known = [s for s in shares if s is not None]
-    if known and max(known) < thresholds.restart_share:
-        return None  # measured, and cheap
-    return config, int(same[-1]["epoch_steps"])
+    return int(same[-1]["epoch_steps"]) if same else None
 
 
 def confirm_persistence(search: Any) -> None:
     """``persistent_workers=True`` measured, not predicted: the best configuration as it is
     (``A``) and with it (``B``), ``A B A B A`` launch by launch, where its workers restart
-    every epoch at a cost worth measuring (``persistence_subject``; ``store.epochs``); each
+    every epoch at a cost worth measuring; or the script's kept settings (``A``) and the
+    restarting configuration predicted to beat them with it (``B``) (``persistence_subject``;
+    ``store.epochs``); each
     probe spans whole epochs, at least two and the run's steps, and one step more. The probes are
-    ``Kind.PERSISTENT`` and count for nothing but the persistent-workers finding and the
-    recommended snippet (``rules.claim.persistent_effect``). Epochs longer than
+    ``Kind.PERSISTENT`` and count for nothing but the persistent-workers finding, the
+    recommended snippet and, where the script's settings are ``A``, the recommendation
+    (``rules.claim.persistent_effect``). Epochs longer than
     ``MAX_EPOCH_FACTOR`` times the run's steps are not crossed: the finding stays a labelled
     prediction there."""
     found = persistence_subject(search)
     if found is None:
         return
-    config, epoch = found
+    epoch = found.epoch
     if epoch > MAX_EPOCH_FACTOR * search.options.steps:
         search.progress("note", {"text": f"workers restart every epoch of {epoch} steps: too "
                                          "long to cross in a probe, persistent_workers=True "
@@ -202,14 +242,16 @@ def confirm_persistence(search: Any) -> None:
         search.progress("note", {"text": "persistent_workers=True is not measured: A B A leaves "
                                          "no room for its noise (--pairs 2 or more)"})
         return
-    search.progress("note", {"text": "measuring persistent_workers=True: the best settings "
-                                     "as they are (A) and with it (B), alternated, "
+    sides = ("the best settings as they are (A) and with it (B)" if found.same else
+             f"the script's settings (A) and {found.candidate.label()} with it (B)")
+    search.progress("note", {"text": f"measuring persistent_workers=True: {sides}, alternated, "
                                      f"{' '.join('A' if r == REFERENCE else 'B' for r in roles)}"
                                      f", {steps} steps each (epochs of {epoch})"})
     group = f"persistent-{len(search.entries):03d}"
     for index, role in enumerate(roles):
         done = search.measurer.measure(Window(
-            config, Kind.PERSISTENT, steps=steps,
+            found.reference if role == REFERENCE else found.candidate, Kind.PERSISTENT,
+            steps=steps,
             pair={"role": role, "index": index, "group": group},
             persistent_workers=True if role == CANDIDATE else None))
         if not done.ok:

@@ -665,6 +665,60 @@ def test_persistent_workers_are_not_measured_across_long_epochs_or_without_pairs
             == (pairs == 1), notes
 
 
+class StartingMeasurer(RestartingMeasurer):
+    """The script runs without workers; workers spend most of each 16-step epoch starting
+    again, so as the script runs them none beats it (90 % of its rate), while between
+    restarts they run io_bound's rate."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(epoch=16, **kwargs)
+        self.own = LoaderSettings(0, False, None, 32)
+
+    def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        entry = super()._line(requested, kind, **extra)
+        if entry.get("steady_throughput"):
+            entry["throughput"] = 0.9 * io_bound(LoaderSettings(0, False, None, 32))[0]
+        return entry
+
+
+def test_workers_kept_alive_are_measured_against_the_kept_script_settings():
+    """No configuration beats the script's own as the script runs it, but one pays half its
+    epoch restarting and would beat it kept alive: the script's settings (A) and the fastest
+    such between restarts with persistent_workers=True (B) alternate, A B A B A."""
+    notes: list[str] = []
+    fake = StartingMeasurer()
+    found = Search(fake, SPACE, SweepOptions(pairs=3, ceiling=False, comm=False),
+                   progress=lambda kind, data: notes.append(str(data.get("text"))))
+    found.run()
+    best = found.best()
+    assert best is not None and best.config == found.baseline.config  # kept
+    kept = [e for e in found.entries if e.kind == "persistent"]
+    assert [e.pair.role for e in kept] == ["reference", "candidate"] * 2 + ["reference"]
+    assert {e.config for e in kept if e.pair.role == "reference"} == {found.baseline.config}
+    alive = {e.config for e in kept if e.pair.role == "candidate"}
+    fastest = max((e for e in found.entries if e.kind in ("sweep", "baseline")
+                   and e.get("steady_throughput")), key=lambda e: e["steady_throughput"])
+    assert alive == {fastest.config} and fastest.config.num_workers
+    assert [bool(e.get("persistent_workers")) for e in kept] == [False, True] * 2 + [False]
+    assert any(f"the script's settings (A) and {fastest.config.label()} with it (B)" in n
+               for n in notes), notes
+
+
+def test_no_workers_kept_alive_where_none_would_beat_the_script_settings():
+    """Restarts cost the workers little of their rate: nothing kept alive is predicted to
+    beat the script's settings by the restart share, so nothing is alternated."""
+    class Cheap(StartingMeasurer):
+        def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+            entry = super()._line(requested, kind, **extra)
+            if entry.get("steady_throughput"):
+                entry["steady_throughput"] = 1.1 * entry["throughput"]
+            return entry
+
+    found = Search(Cheap(), SPACE, SweepOptions(pairs=3, ceiling=False, comm=False))
+    found.run()
+    assert not [e for e in found.entries if e.kind == "persistent"]
+
+
 def cold_files(config: LoaderSettings) -> tuple[float, float]:
     """One cold file per sample: each worker adds 1,500 samples/s up to 9,000 (2,000 without
     workers); the loop waits for the rest."""
