@@ -24,6 +24,7 @@ from typing import Optional
 
 import pandas as pd
 
+from ddp_profile.profiler.store.probes import Kind
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.profiler.sweep.choose import better, compute_bound, noise, pool
 from ddp_profile.rules.base import (
@@ -61,7 +62,8 @@ def _setting_text(finding: Finding, run: Run, rec: Recommendation,
     advice = finding.advice
     assert advice is not None
     probes = _measured(run)
-    chosen = _row(probes, rec.probe_id)
+    chosen = _row(ok_probes(run, kinds=[k.value for k in Kind]), rec.probe_id)  # of any kind:
+    # the recommendation may rest on its alternation with persistent workers (rules.recommend)
     if chosen is not None and advice.wants(chosen):
         if rec.probe_id == rec.baseline_probe_id:
             return (f"Measured: the script's own settings (probe {chosen['id']}, "
