@@ -146,13 +146,13 @@ def test_persistent_workers_measured_faster_is_told_as_measured_and_set_in_the_s
     run = measured_persistence(1.6, noise=(1.0, 1.01, 0.99, 1.0, 1.005))
     finding = persistent_workers(run, T)
     assert finding is not None and finding.rule == "persistent-workers"
-    assert "persistent_workers=True ran 1.61x [1.5" in finding.evidence, finding.evidence
+    assert "persistent_workers=True ran 1.61x [1.4" in finding.evidence, finding.evidence
     assert "alternated A B A B A in launches" in finding.evidence
     assert "probes k0-k4" in finding.evidence and "3.00 s per epoch of 62 steps" in \
         finding.evidence
     assert finding.recommendation.startswith(
         "Keep the workers alive: DataLoader(..., num_workers=2, persistent_workers=True). "
-        "Measured: 1.61x [1.5")
+        "Measured: 1.61x [1.4")
     assert "prediction" not in finding.evidence + finding.recommendation
     assert finding.severity == "high"
     analysis = evaluate(run)
