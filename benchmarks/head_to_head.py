@@ -8,8 +8,12 @@ script's own settings (A) and the recommendation (B) alternately, ``A B A B ...`
 (``--rounds`` of each); each launch times its whole loop after the warm-up (mean step, epoch
 restarts included) and the check is the ratio of B's mean throughput to A's. Reported per
 workload: the claim, its interval, the plain ratio, whether the interval holds it, and the
-tool's own paired windows against the plain launches of the same settings (probe / plain,
-target within 10 %). Each DDP option the tool measured (alternated with the script's own) is
+tool's probes against plain launches of the same settings: each plain launch is followed by a
+ddp-profile probe of the same settings (one launch, the run's default steps and warm-up,
+every patch and sampler on), so that the two are read close in time (``probe_vs_plain_a``,
+``_b``: mean over mean, target within 10 %); beside it the claim's own windows, measured in
+the tool's run minutes before (``claim_vs_plain_a``, ``_b``: the machine's drift in between
+is in them). Each DDP option the tool measured (alternated with the script's own) is
 checked the same way: plain launches with the script's DDP options and with the option,
 alternating, beside the tool's figure, interval and verdict; so is ``persistent_workers=True``
 where the tool measured it (the recommendation plainly, and with it).
@@ -27,8 +31,8 @@ another process loads the CPUs on and off (1 s busy on every core, 1 s idle): ho
 tool's interval for "B over A" excludes 1.0, that is, calls two identical configurations
 different beyond noise (target at most 5 %).
 
-    python benchmarks/head_to_head.py --quick     # 2 workloads, 2 rounds, A/A x 6 (~8 min)
-    python benchmarks/head_to_head.py             # 7 workloads, 3 rounds, A/A x 10
+    python benchmarks/head_to_head.py --quick     # 2 workloads, 2 rounds, A/A x 6 (~10 min)
+    python benchmarks/head_to_head.py             # 7 workloads, 3 rounds, A/A x 10 (~27 min)
 
 The last line printed is a JSON object. Run it alone on the machine.
 """
@@ -110,19 +114,62 @@ def plain_rate(args: list[str], steps: int, cache: Optional[str] = None) -> Opti
         _bench.cleanup(work)
 
 
+def probe_rate(args: list[str], config: dict[str, Any], cache: Optional[str],
+               persistent: bool = False) -> Optional[float]:
+    """Global samples/s of one ddp-profile probe of ``config`` (the script run with ``args``,
+    its settings overridden as the tool does; the run's default steps and warm-up, every
+    patch and sampler on), the files put in ``cache``'s state first; None where it failed."""
+    from ddp_profile.commands.project_config import RUN_DEFAULTS
+    from ddp_profile.profiler.launch.ranks import LaunchSpec
+    from ddp_profile.profiler.settings import LoaderSettings
+    from ddp_profile.profiler.store.probes import Kind
+    from ddp_profile.profiler.store.rundir import RunDir
+    from ddp_profile.profiler.sweep.measure import LedgerMeasurer, Window
+
+    work = _bench.scratch("h2h-probe-")
+    try:
+        run_dir = RunDir(os.path.join(work, "run"))
+        run_dir.create({"script": _bench.WORKLOAD})
+        spec = LaunchSpec(script=_bench.WORKLOAD, script_args=(*args, "--steps", "100000"),
+                          nproc_per_node=_bench.NPROC)
+        measurer = LedgerMeasurer(run_dir, spec, steps=RUN_DEFAULTS["steps"],
+                                  warmup=RUN_DEFAULTS["warmup"], timeout_s=300,
+                                  cache="cold" if cache == "cold" else "auto")
+        _bench.set_cache(cache)
+        entry = measurer.measure(Window(LoaderSettings.from_dict(config), Kind.SWEEP,
+                                        persistent_workers=True if persistent else None))
+        return float(entry.throughput) if entry.ok and entry.throughput else None
+    finally:
+        _bench.cleanup(work)
+
+
 def alternate(a_args: list[str], b_args: list[str], steps: int, rounds: int,
-              cache: Optional[str]) -> dict[str, Any]:
+              cache: Optional[str], probes: Optional[tuple[list[str], dict, dict, bool]] = None
+              ) -> dict[str, Any]:
     """Plain launches of A and B alternating, ``rounds`` of each: the ratio of B's mean
-    throughput to A's."""
-    a_rates, b_rates = [], []
-    for _ in range(rounds):  # A B A B ...
+    throughput to A's. With ``probes`` (the script's own arguments, A's settings, B's, and
+    whether B keeps its workers), a ddp-profile probe of each side follows that side's plain
+    launch, so the tool's probes are read against plain launches of the same settings close
+    in time (``probe_vs_plain_a``, ``_b``: mean over mean)."""
+    a_rates, b_rates, a_probes, b_probes = [], [], [], []
+    for _ in range(rounds):  # A B A B ..., each plain launch followed by its probe
         a_rates.append(plain_rate(a_args, steps, cache))
+        if probes:
+            a_probes.append(probe_rate(probes[0], probes[1], cache))
         b_rates.append(plain_rate(b_args, steps, cache))
+        if probes:
+            b_probes.append(probe_rate(probes[0], probes[2], cache, probes[3]))
     if None in a_rates or None in b_rates:
         return {"error": "a plain launch failed", "a": a_rates, "b": b_rates}
-    return {"a_samples_s": [round(r, 1) for r in a_rates],
-            "b_samples_s": [round(r, 1) for r in b_rates],
-            "ratio": round(statistics.fmean(b_rates) / statistics.fmean(a_rates), 3)}
+    result = {"a_samples_s": [round(r, 1) for r in a_rates],
+              "b_samples_s": [round(r, 1) for r in b_rates],
+              "ratio": round(statistics.fmean(b_rates) / statistics.fmean(a_rates), 3)}
+    for side, rates, plain in (("a", a_probes, a_rates), ("b", b_probes, b_rates)):
+        if rates and None not in rates:
+            result[f"probe_samples_s_{side}"] = [round(r, 1) for r in rates]
+            result[f"probe_vs_plain_{side}"] = round(
+                statistics.fmean(rates) / statistics.fmean(plain), 3)
+    return result
 
 
 def judged(check: dict[str, Any], interval: Optional[list[float]]) -> dict[str, Any]:
@@ -197,8 +244,9 @@ def workload(name: str, rounds: int) -> dict[str, Any]:
     if own == new:
         result["plain"] = "same settings: nothing to check"
     else:
-        result["plain"] = judged(alternate(a_args, b_args, spec.steps, rounds, spec.cache),
-                                 result["interval"])
+        result["plain"] = judged(alternate(
+            a_args, b_args, spec.steps, rounds, spec.cache,
+            probes=(a_args, dict(own), dict(new), as_claim)), result["interval"])
         if "ratio" in result["plain"]:
             result["plain"].update(probes_vs_plain(summary, result["plain"],
                                                    "persistent" if as_claim else "paired"))
@@ -212,14 +260,14 @@ def workload(name: str, rounds: int) -> dict[str, Any]:
 
 def probes_vs_plain(summary: dict[str, Any], plain: dict[str, Any], kind: str = "paired"
                     ) -> dict[str, Any]:
-    """The tool's own alternation (its probes of ``kind``) against plain launches of the same
-    settings."""
+    """The tool's own alternation (its probes of ``kind``, in its run, minutes before) against
+    plain launches of the same settings (``claim_vs_plain_a``, ``_b``)."""
     paired = [p for p in summary["probes"] if p["kind"] == kind and p["status"] == "ok"]
     out = {}
     for side, role, rates in (("a", "reference", plain["a_samples_s"]),
                               ("b", "candidate", plain["b_samples_s"])):
         probes = [p["throughput"] for p in paired if p["pair"]["role"] == role]
-        out[f"probe_vs_plain_{side}"] = _bench.rnd(
+        out[f"claim_vs_plain_{side}"] = _bench.rnd(
             statistics.fmean(probes) / statistics.fmean(rates), 3) if probes else None
     return out
 

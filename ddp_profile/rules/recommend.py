@@ -26,6 +26,7 @@ from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.profiler.sweep.choose import choose as choose_candidate
 from ddp_profile.profiler.sweep.choose import compute_bound
+from ddp_profile.profiler.sweep.claim import CANDIDATE
 from ddp_profile.rules.base import (
     Thresholds,
     as_int,
@@ -114,7 +115,7 @@ def kept_alive_instead(run: Run, base: pd.Series, thresholds: Thresholds
         return None
     probes = run.probes
     first = next(p for p in measured.probes if run.probe(p).pair
-                 and run.probe(p).pair.role == "candidate")
+                 and run.probe(p).pair.role == CANDIDATE)
     return measured, probes[probes["id"] == first].iloc[0]
 
 

@@ -15,6 +15,7 @@ import pandas as pd
 from ddp_profile.profiler.store.epochs import restart_share
 from ddp_profile.profiler.store.probes import Kind
 from ddp_profile.profiler.store.results import Run
+from ddp_profile.profiler.sweep.claim import CANDIDATE
 from ddp_profile.rules.base import (
     Finding,
     Thresholds,
@@ -129,7 +130,7 @@ def _measured(run: Run, measured: PairedClaim,
         paid = (f"Starting the workers again costs {float(entry['epoch_restart_s']):.2f} s per "
                 f"epoch of {entry.get('epoch_steps')} steps. ")
     figure = f"{measured.ratio:.2f}x [{low:.2f}-{high:.2f}]"
-    letters = " ".join("B" if run.probe(p).pair and run.probe(p).pair.role == "candidate"
+    letters = " ".join("B" if run.probe(p).pair and run.probe(p).pair.role == CANDIDATE
                        else "A" for p in measured.probes)
     if describe_config(reference) == describe_config(kept):
         against = "the same settings restarting their workers (A) and keeping them (B)"
