@@ -105,8 +105,16 @@ def paired_claim(run: Run, reference: dict[str, Any], candidate: dict[str, Any],
     from their alternation; None where there is none, or a probe of it failed. ``launch_sd``:
     the least relative SD between launches of one setting."""
     probes = alternation(run, reference, candidate)
-    return _fitted(probes, [p.throughput for p in probes], confidence, lambda fit: launches_spread(
+    return _fitted(probes, as_run(probes), confidence, lambda fit: launches_spread(
         run, {_settings(reference), _settings(candidate)}, launch_sd))
+
+
+def as_run(probes: list[ProbeRecord]) -> list[Optional[float]]:
+    """Each probe's rate as the script runs it: by the wall clock over the whole epochs its
+    steps span, boundaries and all, where every probe of the alternation spanned one
+    (``sweep.claim.whole_epoch_steps``: nothing modelled); else the rates as measured."""
+    whole = bool(probes) and all(p.epochs_throughput for p in probes)
+    return [p.epochs_throughput if whole else p.throughput for p in probes]
 
 
 def persistent_effect(run: Run, confidence: float, launch_sd: float
@@ -118,11 +126,7 @@ def persistent_effect(run: Run, confidence: float, launch_sd: float
     def derive() -> Optional[PairedClaim]:
         groups = alternations(run, Kind.PERSISTENT)
         probes = groups[-1] if groups else []
-        # each side as the script runs it over whole epochs, boundaries and all, where every
-        # probe spanned one (the wall clock: nothing modelled); else the rates as run
-        whole = bool(probes) and all(p.epochs_throughput for p in probes)
-        rates = [p.epochs_throughput if whole else p.throughput for p in probes]
-        return _fitted(probes, rates, confidence,
+        return _fitted(probes, as_run(probes), confidence,
                        lambda fit: max(launch_sd, fit.residual_sd))
     return run.derived(("persistent_effect", confidence, launch_sd), derive)
 

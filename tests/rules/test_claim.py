@@ -16,7 +16,8 @@ ROLES = ["reference", "candidate"] * 3 + ["reference"]
 
 
 def drifting_run(gain: float, drift: float, noise: tuple[float, ...] = (1.0,) * 7,
-                 launches: bool = False, searched: float = 3000.0):
+                 launches: bool = False, searched: float = 3000.0,
+                 epochs: tuple[float, ...] = ()):
     """The baseline (no workers) measured at 1,000 samples/s, 4 workers at ``searched`` (by
     default 3,000: 2.2x faster than the script, measured while the machine ran 1.36x faster,
     so 3x claimed apart); then the alternation, the machine speeding up by ``drift`` a
@@ -32,8 +33,21 @@ def drifting_run(gain: float, drift: float, noise: tuple[float, ...] = (1.0,) * 
         launch = f"p{2 + index:03d}" if launches else "p002-screen"
         builder.probe(f"p{2 + index:03d}", kind="paired", throughput=rate, **workers,
                       entry={"pair": {"role": role, "index": index, "group": "claim-002"},
-                             "launch": launch}).steps(n=10)
+                             "launch": launch,
+                             **({"epochs_throughput": rate * epochs[index]}
+                                if index < len(epochs) else {})}).steps(n=10)
     return builder.build()
+
+
+def test_windows_spanning_whole_epochs_are_read_by_their_wall_clock():
+    """Every window spanned whole epochs: each is read by the wall clock over them, the
+    restarts as paid; 4 workers pay 20 % of their rate at each boundary (the script none)."""
+    paid = tuple(0.8 if role == "candidate" else 1.0 for role in ROLES)
+    run = drifting_run(gain=2.2, drift=1.0, epochs=paid)
+    probes = run.summary["probes"]
+    assert paired_claim(run, probes[0], probes[1], 0.9).ratio == pytest.approx(2.2 * 0.8)
+    part = drifting_run(gain=2.2, drift=1.0, epochs=paid[:6])  # one window did not: as run
+    assert paired_claim(part, *part.summary["probes"][:2], 0.9).ratio == pytest.approx(2.2)
 
 
 def test_a_drifting_machine_cancels_out_of_the_alternation():

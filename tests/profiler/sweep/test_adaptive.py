@@ -646,6 +646,29 @@ def test_persistent_workers_are_measured_where_the_best_settings_pay_restarts():
     assert fake.steps_asked[-5:] == [2 * 20 + 1] * 5  # whole epochs, 2 at least, past 30 steps
 
 
+def test_a_claim_whose_sides_restart_their_workers_spans_whole_epochs():
+    """The script's own 2 workers restart every 20-step epoch: each window of the claim's
+    alternation measures two whole epochs and the step after (read by the wall clock over
+    them); with 500-step epochs, the run's steps (the restart model)."""
+    windows: list[Window] = []
+
+    class Recording(RestartingMeasurer):
+        def measure_screen(self, asked: list[Window]) -> list[ProbeRecord]:
+            windows.extend(asked)
+            return super().measure_screen(asked)
+
+    found = Search(Recording(epoch=20), SPACE, SweepOptions(pairs=3, ceiling=False, comm=False))
+    found.run()
+    paired = [w for w in windows if w.kind == "paired"]
+    assert len(paired) == 7 and {w.steps for w in paired} == {2 * 20 + 1}
+    windows.clear()
+    found = Search(Recording(epoch=500), SPACE, SweepOptions(pairs=3, ceiling=False,
+                                                             comm=False))
+    found.run()
+    paired = [w for w in windows if w.kind == "paired"]
+    assert len(paired) == 7 and {w.steps for w in paired} == {None}
+
+
 def test_persistent_workers_are_not_measured_across_long_epochs_or_without_pairs():
     notes: list[str] = []
     fake = RestartingMeasurer(epoch=500)  # more than 4 probes' steps
@@ -706,7 +729,8 @@ def test_workers_kept_alive_are_measured_against_the_kept_script_settings():
 
 def test_no_workers_kept_alive_where_none_would_beat_the_script_settings():
     """Restarts cost the workers little of their rate: nothing kept alive is predicted to
-    beat the script's settings by the restart share, so nothing is alternated."""
+    beat the script's settings by the restart share, so nothing is alternated; nor where the
+    script's settings hardly wait for data (nothing for workers to win back)."""
     class Cheap(StartingMeasurer):
         def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
             entry = super()._line(requested, kind, **extra)
@@ -716,6 +740,18 @@ def test_no_workers_kept_alive_where_none_would_beat_the_script_settings():
 
     found = Search(Cheap(), SPACE, SweepOptions(pairs=3, ceiling=False, comm=False))
     found.run()
+    assert not [e for e in found.entries if e.kind == "persistent"]
+
+    class Computing(StartingMeasurer):  # the script's own settings hardly wait for data
+        def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+            entry = super()._line(requested, kind, **extra)
+            if not entry["config"].get("num_workers"):
+                entry["data_wait_fraction"] = 0.01
+            return entry
+
+    found = Search(Computing(), SPACE, SweepOptions(pairs=3, ceiling=False, comm=False))
+    found.run()
+    assert found.best().config == found.baseline.config
     assert not [e for e in found.entries if e.kind == "persistent"]
 
 
