@@ -115,10 +115,12 @@ def plain_rate(args: list[str], steps: int, cache: Optional[str] = None) -> Opti
 
 
 def probe_rate(args: list[str], config: dict[str, Any], cache: Optional[str],
-               persistent: bool = False) -> Optional[float]:
+               persistent: bool = False, samples_s: Optional[float] = None) -> Optional[float]:
     """Global samples/s of one ddp-profile probe of ``config`` (the script run with ``args``,
     its settings overridden as the tool does; the run's default steps and warm-up, every
-    patch and sampler on), the files put in ``cache``'s state first; None where it failed."""
+    patch and sampler on), the files put in ``cache``'s state first; None where it failed.
+    ``samples_s``: the rate it is expected to run at (the plain launch's), from which the
+    probe sizes its measurement as the tool does from its prediction (``burst_steps``)."""
     from ddp_profile.commands.project_config import RUN_DEFAULTS
     from ddp_profile.profiler.launch.ranks import LaunchSpec
     from ddp_profile.profiler.settings import LoaderSettings
@@ -136,8 +138,11 @@ def probe_rate(args: list[str], config: dict[str, Any], cache: Optional[str],
                                   warmup=RUN_DEFAULTS["warmup"], timeout_s=300,
                                   cache="cold" if cache == "cold" else "auto")
         _bench.set_cache(cache)
-        entry = measurer.measure(Window(LoaderSettings.from_dict(config), Kind.SWEEP,
-                                        persistent_workers=True if persistent else None))
+        batch = config.get("batch_size") or 16
+        entry = measurer.measure(Window(
+            LoaderSettings.from_dict(config), Kind.SWEEP,
+            steps_per_s=samples_s / (_bench.NPROC * batch) if samples_s else None,
+            persistent_workers=True if persistent else None))
         return float(entry.throughput) if entry.ok and entry.throughput else None
     finally:
         _bench.cleanup(work)
@@ -155,10 +160,10 @@ def alternate(a_args: list[str], b_args: list[str], steps: int, rounds: int,
     for _ in range(rounds):  # A B A B ..., each plain launch followed by its probe
         a_rates.append(plain_rate(a_args, steps, cache))
         if probes:
-            a_probes.append(probe_rate(probes[0], probes[1], cache))
+            a_probes.append(probe_rate(probes[0], probes[1], cache, samples_s=a_rates[-1]))
         b_rates.append(plain_rate(b_args, steps, cache))
         if probes:
-            b_probes.append(probe_rate(probes[0], probes[2], cache, probes[3]))
+            b_probes.append(probe_rate(probes[0], probes[2], cache, probes[3], b_rates[-1]))
     if None in a_rates or None in b_rates:
         return {"error": "a plain launch failed", "a": a_rates, "b": b_rates}
     result = {"a_samples_s": [round(r, 1) for r in a_rates],

@@ -104,7 +104,6 @@ class Thresholds(ChoiceThresholds):
     host_sync_severe_share: float = 0.15  # ... "medium" at or above this
     bootstrap_resamples: int = 1000
     bootstrap_seed: int = 0
-    interval_confidence: float = 0.95  # a claim's interval: a plain check lands inside 19 in 20
 
 
 Rule = Callable[[Run, Thresholds], Optional[Finding]]

@@ -15,6 +15,10 @@ latency-bound workers ran 3,069 and 2,150 samples/s: an interval of the windows'
 4.83-5.07x, missed the 4.62x they measured.) Without such an alternation (``--pairs 0``, the
 script's own settings chosen, a probe of it failed) there is no paired claim and the
 recommendation says what its figure rests on instead.
+
+The fit, the interval and the verdict (``PairedClaim``, ``paired``) are the sweep's
+(``profiler.sweep.claim``), which reads the same verdict to decide what it measures next;
+this module finds the alternations in a stored run and words what they say.
 """
 
 from __future__ import annotations
@@ -23,53 +27,19 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.profiler.sweep.choose import candidate_of, launch_spread
-from ddp_profile.profiler.sweep.claim import CANDIDATE, REFERENCE, fit_alternation
+from ddp_profile.profiler.sweep.claim import (
+    CANDIDATE,
+    REFERENCE,
+    PairedClaim,
+    as_run,
+    check_interval,
+    fitted,
+    paired,
+    settings_key,
+)
 from ddp_profile.profiler.sweep.communication import alternation_fit, options_key
-from ddp_profile.rules.gate.statistics import t_quantile
-
-MEASURING_KINDS = (Kind.BASELINE, Kind.SWEEP, Kind.REPEAT, Kind.PAIRED)  # the script's settings
-# as they run it: their launches show the spread between launches
-CHECK_ROUNDS = 3  # plain launches of each setting a user's check alternates
-
-
-@dataclass(frozen=True)
-class PairedClaim:
-    """The speedup the alternation measured, and its interval."""
-
-    ratio: float
-    interval: tuple[float, float]
-    probes: tuple[str, ...]  # in the order they ran
-    candidates: int  # how many candidate windows or launches
-    launches: int  # 1: windows of one launch
-
-    @property
-    def faster(self) -> bool:
-        """Faster beyond noise: the whole interval above 1."""
-        return self.interval[0] > 1.0
-
-    def basis(self, recommendation: str = "the recommendation") -> str:
-        where = "windows of one launch" if self.launches == 1 else f"{self.launches} launches"
-        return (f"the script's settings and {recommendation} alternated, "
-                f"{self.candidates} of each between the other's, {where} "
-                f"({self.probes[0]}-{self.probes[-1]})")
-
-
-def _settings(probe: Any) -> tuple:
-    """The four settings of a summary probe (its ``config``) or a probes-table row."""
-    config = probe.get("config")
-    source = config if isinstance(config, dict) else probe
-    return tuple(_plain(source.get(key)) for key in SETTING_KEYS)
-
-
-def _plain(value: Any) -> Any:
-    """A table's NaN is a summary's None; its numpy ints are ints."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
-    return value.item() if hasattr(value, "item") else value
 
 
 def alternations(run: Run, kind: Kind) -> list[list[ProbeRecord]]:
@@ -84,19 +54,11 @@ def alternations(run: Run, kind: Kind) -> list[list[ProbeRecord]]:
 
 def alternation(run: Run, reference: Any, candidate: Any) -> list[ProbeRecord]:
     """The last alternation of ``reference``'s settings and ``candidate``'s, in order."""
-    wanted = {REFERENCE: _settings(reference), CANDIDATE: _settings(candidate)}
+    wanted = {REFERENCE: settings_key(reference), CANDIDATE: settings_key(candidate)}
     for group in reversed(alternations(run, Kind.PAIRED)):
-        if all(p.pair and _settings(p) == wanted.get(p.pair.role) for p in group):
+        if all(p.pair and settings_key(p) == wanted.get(p.pair.role) for p in group):
             return group
     return []
-
-
-def launches_spread(run: Run, settings: set[tuple], floor: float) -> float:
-    """The relative SD between launches of the same settings (``settings``) this run shows,
-    at least ``floor``: every ok measurement of them, by launch."""
-    measured = [candidate_of(p) for p in run.records
-                if p.measured and p.kind in MEASURING_KINDS and _settings(p) in settings]
-    return max(floor, launch_spread(measured))
 
 
 def paired_claim(run: Run, reference: dict[str, Any], candidate: dict[str, Any],
@@ -105,16 +67,7 @@ def paired_claim(run: Run, reference: dict[str, Any], candidate: dict[str, Any],
     from their alternation; None where there is none, or a probe of it failed. ``launch_sd``:
     the least relative SD between launches of one setting."""
     probes = alternation(run, reference, candidate)
-    return _fitted(probes, as_run(probes), confidence, lambda fit: launches_spread(
-        run, {_settings(reference), _settings(candidate)}, launch_sd))
-
-
-def as_run(probes: list[ProbeRecord]) -> list[Optional[float]]:
-    """Each probe's rate as the script runs it: by the wall clock over the whole epochs its
-    steps span, boundaries and all, where every probe of the alternation spanned one
-    (``sweep.claim.whole_epoch_steps``: nothing modelled); else the rates as measured."""
-    whole = bool(probes) and all(p.epochs_throughput for p in probes)
-    return [p.epochs_throughput if whole else p.throughput for p in probes]
+    return paired(run.records, probes, confidence, launch_sd)
 
 
 def persistent_effect(run: Run, confidence: float, launch_sd: float
@@ -126,8 +79,8 @@ def persistent_effect(run: Run, confidence: float, launch_sd: float
     def derive() -> Optional[PairedClaim]:
         groups = alternations(run, Kind.PERSISTENT)
         probes = groups[-1] if groups else []
-        return _fitted(probes, as_run(probes), confidence,
-                       lambda fit: max(launch_sd, fit.residual_sd))
+        return fitted(probes, as_run(probes), confidence,
+                      lambda fit: max(launch_sd, fit.residual_sd))
     return run.derived(("persistent_effect", confidence, launch_sd), derive)
 
 
@@ -136,39 +89,6 @@ def sides(run: Run, claim: PairedClaim) -> tuple[dict[str, Any], dict[str, Any]]
     probes = [run.probe(probe_id) for probe_id in claim.probes]
     first = {p.pair.role: p.config.to_dict() for p in reversed(probes) if p.pair}
     return first[REFERENCE], first[CANDIDATE]
-
-
-def _fitted(probes: list[ProbeRecord], rates: list[Optional[float]], confidence: float,
-            between: Any) -> Optional[PairedClaim]:
-    """The candidate's gain over the reference in an alternation (``fit_alternation`` of
-    ``rates``, one per probe, in order) with an interval for what a user's check measures: the
-    fit's uncertainty and ``between(fit)``, the spread between launches, over
-    ``CHECK_ROUNDS`` launches of each. None where a probe failed or the fit has no room."""
-    if not probes or any(not p.measured or not math.isfinite(r or math.nan)
-                         for p, r in zip(probes, rates)):
-        return None
-    roles = [p.pair.role if p.pair else None for p in probes]
-    fit = fit_alternation([(CANDIDATE if role == CANDIDATE else None,
-                            float(p.pair.index if p.pair else 0), float(rate or 0.0))
-                           for role, p, rate in zip(roles, probes, rates)])
-    if fit is None:
-        return None
-    gain = fit.gains[CANDIDATE]
-    return PairedClaim(ratio=math.exp(gain),
-                       interval=check_interval(fit, CANDIDATE, between(fit), confidence),
-                       probes=tuple(p.id for p in probes), candidates=roles.count(CANDIDATE),
-                       launches=len({p.launch for p in probes}))
-
-
-def check_interval(fit: Any, key: Optional[str], between: float, confidence: float
-                   ) -> tuple[float, float]:
-    """The interval of ``key``'s ratio for what a user's check would measure: the fit's
-    uncertainty and ``between``, the relative spread between launches, over ``CHECK_ROUNDS``
-    launches of each side (0 for windows of one launch: a measurement no user launches)."""
-    half = t_quantile(0.5 + confidence / 2, fit.dof) * math.sqrt(
-        fit.errors[key] ** 2 + 2 * between ** 2 / CHECK_ROUNDS)
-    gain = fit.gains[key]
-    return math.exp(gain - half), math.exp(gain + half)
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ class ChoiceThresholds:
     clear_gain: float = 0.05  # a compute-bound script moves only for a gain above this
     tie_rse: float = 0.05  # a tie is claimed only by a measurement at most this uncertain
     launch_sd: float = 0.025  # relative SD between launches of one configuration (measured)
+    interval_confidence: float = 0.95  # a claim's interval: a plain check lands inside 19 in 20
     comm_probe_share: float = 0.03  # DDP's timers show this share of a step exposed: the
     # sweep measures the step without gradient synchronisation
     comm_exposed_share: float = 0.10  # communication costs this share of a step (measured

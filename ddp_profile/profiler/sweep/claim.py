@@ -25,10 +25,16 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ddp_profile.profiler.settings import LoaderSettings, timed_warmup
+from ddp_profile.profiler.quantiles import t_quantile
+from ddp_profile.profiler.settings import SETTING_KEYS, LoaderSettings, timed_warmup
 from ddp_profile.profiler.store.epochs import restart_share
-from ddp_profile.profiler.store.probes import Kind, Status, counts_for_choice
-from ddp_profile.profiler.sweep.choose import ChoiceThresholds, candidate_of, compute_bound
+from ddp_profile.profiler.store.probes import Kind, ProbeRecord, Status, counts_for_choice
+from ddp_profile.profiler.sweep.choose import (
+    ChoiceThresholds,
+    candidate_of,
+    compute_bound,
+    launch_spread,
+)
 from ddp_profile.profiler.sweep.measure import Window
 from ddp_profile.profiler.sweep.space import normalise
 
@@ -147,6 +153,129 @@ def confirm(search: Any) -> None:
             return  # a crash or an OOM would only repeat itself
 
 
+# ---- the claim's verdict ---------------------------------------------------------------------
+MEASURING_KINDS = (Kind.BASELINE, Kind.SWEEP, Kind.REPEAT, Kind.PAIRED)  # the script's settings
+# as they run it: their launches show the spread between launches
+CHECK_ROUNDS = 3  # plain launches of each setting a user's check alternates
+
+
+@dataclass(frozen=True)
+class PairedClaim:
+    """The speedup the alternation measured, and its interval."""
+
+    ratio: float
+    interval: tuple[float, float]
+    probes: tuple[str, ...]  # in the order they ran
+    candidates: int  # how many candidate windows or launches
+    launches: int  # 1: windows of one launch
+
+    @property
+    def faster(self) -> bool:
+        """Faster beyond noise: the whole interval above 1."""
+        return self.interval[0] > 1.0
+
+    def basis(self, recommendation: str = "the recommendation") -> str:
+        where = "windows of one launch" if self.launches == 1 else f"{self.launches} launches"
+        return (f"the script's settings and {recommendation} alternated, "
+                f"{self.candidates} of each between the other's, {where} "
+                f"({self.probes[0]}-{self.probes[-1]})")
+
+
+def settings_key(probe: Any) -> tuple:
+    """The four settings of a summary probe (its ``config``) or a probes-table row."""
+    config = probe.get("config")
+    source = config if isinstance(config, dict) else probe
+    return tuple(_plain(source.get(key)) for key in SETTING_KEYS)
+
+
+def _plain(value: Any) -> Any:
+    """A table's NaN is a summary's None; its numpy ints are ints."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return value.item() if hasattr(value, "item") else value
+
+
+
+def launches_spread(records: Sequence[ProbeRecord], settings: set[tuple], floor: float
+                    ) -> float:
+    """The relative SD between launches of the same settings (``settings``) that ``records``
+    (a run's probes) show, at least ``floor``: every ok measurement of them, by launch."""
+    measured = [candidate_of(p) for p in records
+                if p.measured and p.kind in MEASURING_KINDS and settings_key(p) in settings]
+    return max(floor, launch_spread(measured))
+
+
+
+def as_run(probes: list[ProbeRecord]) -> list[Optional[float]]:
+    """Each probe's rate as the script runs it: by the wall clock over the whole epochs its
+    steps span, boundaries and all, where every probe of the alternation spanned one
+    (``whole_epoch_steps``: nothing modelled); else the rates as measured."""
+    whole = bool(probes) and all(p.epochs_throughput for p in probes)
+    return [p.epochs_throughput if whole else p.throughput for p in probes]
+
+
+
+def fitted(probes: list[ProbeRecord], rates: list[Optional[float]], confidence: float,
+            between: Any) -> Optional[PairedClaim]:
+    """The candidate's gain over the reference in an alternation (``fit_alternation`` of
+    ``rates``, one per probe, in order) with an interval for what a user's check measures: the
+    fit's uncertainty and ``between(fit)``, the spread between launches, over
+    ``CHECK_ROUNDS`` launches of each. None where a probe failed or the fit has no room."""
+    if not probes or any(not p.measured or not math.isfinite(r or math.nan)
+                         for p, r in zip(probes, rates)):
+        return None
+    roles = [p.pair.role if p.pair else None for p in probes]
+    fit = fit_alternation([(CANDIDATE if role == CANDIDATE else None,
+                            float(p.pair.index if p.pair else 0), float(rate or 0.0))
+                           for role, p, rate in zip(roles, probes, rates)])
+    if fit is None:
+        return None
+    gain = fit.gains[CANDIDATE]
+    return PairedClaim(ratio=math.exp(gain),
+                       interval=check_interval(fit, CANDIDATE, between(fit), confidence),
+                       probes=tuple(p.id for p in probes), candidates=roles.count(CANDIDATE),
+                       launches=len({p.launch for p in probes}))
+
+
+def check_interval(fit: Any, key: Optional[str], between: float, confidence: float
+                   ) -> tuple[float, float]:
+    """The interval of ``key``'s ratio for what a user's check would measure: the fit's
+    uncertainty and ``between``, the relative spread between launches, over ``CHECK_ROUNDS``
+    launches of each side (0 for windows of one launch: a measurement no user launches)."""
+    half = t_quantile(0.5 + confidence / 2, fit.dof) * math.sqrt(
+        fit.errors[key] ** 2 + 2 * between ** 2 / CHECK_ROUNDS)
+    gain = fit.gains[key]
+    return math.exp(gain - half), math.exp(gain + half)
+
+
+def paired(records: Sequence[ProbeRecord], probes: list[ProbeRecord], confidence: float,
+           launch_sd: float) -> Optional[PairedClaim]:
+    """The claim of the alternation ``probes`` (in order), its interval's spread between
+    launches from every launch of its two settings among ``records``, at least
+    ``launch_sd``; None where a probe failed or the fit has no room."""
+    sides = {settings_key(p) for p in probes}
+    return fitted(probes, as_run(probes), confidence,
+                  lambda fit: launches_spread(records, sides, launch_sd))
+
+
+def claim_holds(search: Any, thresholds: ChoiceThresholds = DEFAULTS) -> bool:
+    """Whether the search's best stands as the recommendation: it is the script's own
+    settings, or the last claim's alternation (``confirm``) measured it faster beyond noise,
+    or there is none to say otherwise (``--pairs 0``, a failed probe)."""
+    best, base = search.best(), search.baseline
+    if best is None or base is None or best.get("id") == base.get("id"):
+        return True
+    groups: dict[str, list[ProbeRecord]] = {}
+    for entry in search.entries:
+        if entry.kind == Kind.PAIRED and entry.pair is not None:
+            groups.setdefault(entry.pair.group, []).append(entry)
+    if not groups:
+        return True
+    last = sorted(list(groups.values())[-1], key=lambda p: p.pair.index)
+    claim = paired(search.entries, last, thresholds.interval_confidence, thresholds.launch_sd)
+    return claim is None or claim.faster
+
+
 # ---- whole epochs ---------------------------------------------------------------------------
 MAX_EPOCH_FACTOR = 4  # epochs of more steps than this many probes' are not crossed
 MIN_EPOCHS = 2  # whole epochs a claim's or a persistence probe spans, at least
@@ -207,16 +336,19 @@ def persistence_subject(search: Any, thresholds: ChoiceThresholds = DEFAULTS
                         ) -> Optional[PersistenceSubject]:
     """The best configuration, where its workers start again every epoch of a known length
     and that costs it ``restart_share`` or more of the epoch (or more than can be told apart
-    from its steady steps: its start segment spans the epoch). Where the best is the script's
-    own settings, they pay no such restarts and they wait for data (not ``compute_bound``):
-    the restarting configuration at their batch size (workers, costing ``restart_share`` or
-    more) whose rate between restarts beats them by ``restart_share`` or more, the fastest
-    such. Kept alive it is predicted to win, so it is measured against the script's settings
-    rather than left a prediction. Else None."""
+    from its steady steps: its start segment spans the epoch). Where the recommendation is the
+    script's own settings (the best, or the claim's check kept them: ``claim_holds``), they
+    pay no such restarts and they wait for data (not ``compute_bound``): the restarting
+    configuration at their batch size (workers, costing ``restart_share`` or more) whose rate
+    between restarts beats them by ``restart_share`` or more, the fastest such. Kept alive it
+    is predicted to win, so it is measured against the script's settings rather than left a
+    prediction. Else None."""
     best, base = search.best(), search.baseline
     if best is None or base is None or search.options.pairs <= 0 \
             or not restarts(search):
         return None
+    if not claim_holds(search, thresholds):
+        best = base  # the claim's check keeps the script's settings: they are the reference
     config = normalise(LoaderSettings.from_dict(best.get("config")))
     if config.num_workers:
         shares = [restart_share(e) for e in search.entries if counts_for_choice(e)

@@ -47,6 +47,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ddp_profile.defaults import ALPHA, CONFIDENCE, MAX_REGRESSION, MIN_SAMPLES, POWER
+from ddp_profile.profiler.quantiles import z_quantile
 
 EXACT_MAX_PAIRS = 400  # exact U distribution (no ties) up to n1 * n2 pairs, e.g. 20 x 20
 MAX_MATERIALISED_PAIRS = 4_000_000  # beyond this, order statistics are found by bisection
@@ -247,11 +248,6 @@ def hodges_lehmann(baseline: Sequence[float], current: Sequence[float],
     return ShiftEstimate(shift=shift, low=low, high=high, rank=k, method=used)
 
 
-def z_quantile(probability: float) -> float:
-    """The standard normal quantile."""
-    return _NORMAL.inv_cdf(probability)
-
-
 def min_detectable_regression(log_low: float, log_high: float, *, confidence: float = CONFIDENCE,
                               max_regression: float = MAX_REGRESSION, alpha: float = ALPHA,
                               power: float = POWER) -> float:
@@ -297,21 +293,6 @@ def steps_for_reach(log_low: float, log_high: float, n_baseline: int, n_current:
                     target / (z_quantile(1.0 - alpha) + z_power))
     inverse_n = 1.0 / n_baseline + 1.0 / n_current
     return math.ceil(2.0 / inverse_n * (se / se_wanted) ** 2)
-
-
-def t_quantile(probability: float, df: int) -> float:
-    """Student's t quantile, by the Cornish-Fisher expansion around the normal one.
-
-    At 0.95 (the one-sided end of a 90 % interval) within 1.5 % of the exact value for
-    ``df >= 2``; at 0.99 within 1 % from ``df >= 4``. The launch-level interval it sets is
-    informative, not part of the decision.
-    """
-    if df < 1:
-        return math.inf
-    z = z_quantile(probability)
-    z3, z5, z7 = z ** 3, z ** 5, z ** 7
-    return (z + (z3 + z) / (4 * df) + (5 * z5 + 16 * z3 + 3 * z) / (96 * df ** 2)
-            + (3 * z7 + 19 * z5 + 17 * z3 - 15 * z) / (384 * df ** 3))
 
 
 def launch_medians(launches: Sequence[Sequence[float]],

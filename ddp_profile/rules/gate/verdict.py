@@ -43,6 +43,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ddp_profile.defaults import ALPHA, CONFIDENCE, MAX_REGRESSION, MIN_SAMPLES, POWER
+from ddp_profile.profiler.quantiles import t_quantile, z_quantile
 from ddp_profile.rules.gate.statistics import (
     finite_positive,
     hodges_lehmann,
@@ -50,8 +51,6 @@ from ddp_profile.rules.gate.statistics import (
     mann_whitney_less,
     min_detectable_regression,
     steps_for_reach,
-    t_quantile,
-    z_quantile,
 )
 
 PASS = "pass"

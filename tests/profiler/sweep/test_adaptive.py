@@ -727,6 +727,30 @@ def test_workers_kept_alive_are_measured_against_the_kept_script_settings():
                for n in notes), notes
 
 
+def test_where_the_claims_check_keeps_the_script_settings_workers_kept_alive_face_them():
+    """The search's best (workers restarting every 16-step epoch) ran no faster than the
+    script's settings in the claim's check: the recommendation keeps them, so the workers kept
+    alive are measured against the script's settings, not against the best as it runs."""
+    class Unconfirmed(RestartingMeasurer):
+        def __init__(self) -> None:
+            super().__init__(epoch=16)
+            self.own = LoaderSettings(0, False, None, 32)
+
+        def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+            entry = super()._line(requested, kind, **extra)
+            if kind == "paired":  # the check sees no gain
+                entry["throughput"] = io_bound(self.own)[0]
+            return entry
+
+    found = Search(Unconfirmed(), SPACE, SweepOptions(pairs=3, ceiling=False, comm=False))
+    found.run()
+    assert found.best().config != found.baseline.config  # the search's best, unconfirmed
+    kept = [e for e in found.entries if e.kind == "persistent"]
+    assert [e.pair.role for e in kept] == ["reference", "candidate"] * 2 + ["reference"]
+    assert {e.config for e in kept if e.pair.role == "reference"} == {found.baseline.config}
+    assert all(e.config.num_workers for e in kept if e.pair.role == "candidate")
+
+
 def test_no_workers_kept_alive_where_none_would_beat_the_script_settings():
     """Restarts cost the workers little of their rate: nothing kept alive is predicted to
     beat the script's settings by the restart share, so nothing is alternated; nor where the

@@ -9,8 +9,9 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
+from ddp_profile.profiler.quantiles import t_quantile
 from ddp_profile.reports.ci import detectability_warning, launch_warning, reason
-from ddp_profile.rules.gate.statistics import min_detectable_regression, steps_for_reach, t_quantile
+from ddp_profile.rules.gate.statistics import min_detectable_regression, steps_for_reach
 from ddp_profile.rules.gate.verdict import INCONCLUSIVE, PASS, REGRESSION, compare, compare_launches
 from tests.rules.gate.samples import throughput
 
