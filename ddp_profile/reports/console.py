@@ -141,11 +141,11 @@ def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
         speedup = summary.get("expected_speedup")
         interval = summary.get("expected_speedup_interval")
         spread = f" [{interval[0]:.2f}-{interval[1]:.2f}]" if interval else ""
-        label = config_label(summary["recommended"]) + (
-            " persistent_workers" if recommendation.get("persistent_workers") else "")
+        basis = recommendation.get("speedup_basis") or ""
+        label = config_label(summary["recommended"]) + (  # in the figure where measured so
+            " persistent_workers" if "persistent_workers=True" in basis else "")
         lines.append(f"recommended {label}: {speedup:.2f}x{spread} vs baseline" if speedup
                      else f"recommended {label}")
-        basis = recommendation.get("speedup_basis")
         if speedup and basis:
             lines.append(f"  measured from {basis}")
     if summary.get("ceiling_throughput"):
@@ -164,8 +164,9 @@ def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
     for probe in [p for p in probes if p.get("short")][:5]:
         lines.append(f"  probe {probe['id']} short ({probe.get('steps_measured')} of "
                      f"{probe.get('steps')} steps): {probe.get('short_reason')}")
+    told = ("Not like for like", "persistent_workers=True on top")  # notes the figure needs
     lines.extend(f"  note: {note}" for note in recommendation.get("notes") or []
-                 if " is short, " in note or note.startswith("Not like for like"))
+                 if " is short, " in note or note.startswith(told))
     if recommendation.get("snippet") and (summary.get("recommended") != summary.get("baseline")
                                           or recommendation.get("persistent_workers")):
         lines.append("  " + recommendation["snippet"])

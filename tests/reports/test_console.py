@@ -88,12 +88,23 @@ def test_the_summary_says_what_the_speedup_was_measured_from_and_why_no_ceiling(
 
 def test_a_recommendation_that_keeps_its_workers_alive_says_so_and_prints_its_snippet():
     snippet = "DataLoader(dataset, batch_size=32, num_workers=3, persistent_workers=True)"
+    basis = ("the script's settings and the recommendation with persistent_workers=True "
+             "alternated, 2 of each between the other's, 5 launches (p014-p018)")
     summary = {"script": "train.py", "probes": [], "findings": [],
-               "baseline": {"num_workers": 3, "batch_size": 32},
-               "recommended": {"num_workers": 3, "batch_size": 32}, "expected_speedup": None,
-               "recommendation": {"snippet": snippet, "persistent_workers": True}}
+               "baseline": {"num_workers": 0, "batch_size": 32},
+               "recommended": {"num_workers": 3, "batch_size": 32}, "expected_speedup": 1.5,
+               "recommendation": {"snippet": snippet, "persistent_workers": True,
+                                  "speedup_basis": basis}}
     lines = summary_lines(summary, "out")
-    assert "recommended w=3 bs=32 persistent_workers" in lines and f"  {snippet}" in lines
-    summary["recommendation"]["persistent_workers"] = False
+    assert "recommended w=3 bs=32 persistent_workers: 1.50x vs baseline" in lines
+    assert f"  {snippet}" in lines and f"  measured from {basis}" in lines
+    # kept alive on top of the recommendation: not in its figure, and the note says so
+    on_top = "persistent_workers=True on top of it ran 1.17x [1.05-1.31] (probes p022-p026)"
+    summary.update(baseline={"num_workers": 3, "batch_size": 32})
+    summary["recommendation"].update(speedup_basis=None, notes=[on_top])
     lines = summary_lines(summary, "out")
-    assert "recommended w=3 bs=32" in lines and f"  {snippet}" not in lines
+    assert "recommended w=3 bs=32: 1.50x vs baseline" in lines
+    assert f"  note: {on_top}" in lines and f"  {snippet}" in lines
+    summary["recommendation"].update(persistent_workers=False, notes=[])
+    lines = summary_lines(summary, "out")
+    assert f"  {snippet}" not in lines
