@@ -12,7 +12,10 @@ differs (it cannot change mid-epoch without changing ``len(loader)``) or the loa
 rebuilt, each is a launch of its own, ``A B A B A``. Every B stands between two A's, so the
 launch's level and a linear drift cancel in the comparison; ``rules.recommend`` reads the
 alternation (``pair``: role, position, group) and makes the expected speedup and its interval
-from it alone. These probes (``Kind.PAIRED``) count for nothing else.
+from it alone. These probes (``Kind.PAIRED``) count for nothing else. The verdict on an
+alternation (``paired``: the fit, the interval for a user's check, faster beyond noise) is
+this module's, read by the rules and by the sweep itself (``claim_holds``: what the
+persistent-workers alternation measures against).
 
 ``search``: the ``sweep.search.Search`` that calls in (not imported: no cycle).
 """
@@ -182,7 +185,8 @@ class PairedClaim:
 
 
 def settings_key(probe: Any) -> tuple:
-    """The four settings of a summary probe (its ``config``) or a probes-table row."""
+    """The four settings of a probe record or a summary probe (their ``config``) or of a
+    probes-table row."""
     config = probe.get("config")
     source = config if isinstance(config, dict) else probe
     return tuple(_plain(source.get(key)) for key in SETTING_KEYS)
@@ -195,7 +199,6 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
-
 def launches_spread(records: Sequence[ProbeRecord], settings: set[tuple], floor: float
                     ) -> float:
     """The relative SD between launches of the same settings (``settings``) that ``records``
@@ -205,14 +208,12 @@ def launches_spread(records: Sequence[ProbeRecord], settings: set[tuple], floor:
     return max(floor, launch_spread(measured))
 
 
-
 def as_run(probes: list[ProbeRecord]) -> list[Optional[float]]:
     """Each probe's rate as the script runs it: by the wall clock over the whole epochs its
     steps span, boundaries and all, where every probe of the alternation spanned one
     (``whole_epoch_steps``: nothing modelled); else the rates as measured."""
     whole = bool(probes) and all(p.epochs_throughput for p in probes)
     return [p.epochs_throughput if whole else p.throughput for p in probes]
-
 
 
 def fitted(probes: list[ProbeRecord], rates: list[Optional[float]], confidence: float,
