@@ -124,6 +124,22 @@ def plain_rate(args: list[str], steps: int, cache: Optional[str] = None) -> Opti
         _bench.cleanup(work)
 
 
+def ledger_measurer(work: str, args: list[str], cache: str = "auto") -> Any:
+    """The tool's own measurer over a fresh run directory under ``work``: the workload run
+    with ``args`` (its loop long enough for any probe), the run's default steps and warm-up."""
+    from ddp_profile.commands.project_config import RUN_DEFAULTS
+    from ddp_profile.profiler.launch.ranks import LaunchSpec
+    from ddp_profile.profiler.store.rundir import RunDir
+    from ddp_profile.profiler.sweep.measure import LedgerMeasurer
+
+    run_dir = RunDir(os.path.join(work, "run"))
+    run_dir.create({"script": _bench.WORKLOAD})
+    spec = LaunchSpec(script=_bench.WORKLOAD, script_args=(*args, "--steps", "100000"),
+                      nproc_per_node=_bench.NPROC)
+    return LedgerMeasurer(run_dir, spec, steps=RUN_DEFAULTS["steps"],
+                          warmup=RUN_DEFAULTS["warmup"], timeout_s=300, cache=cache)
+
+
 def probe_rate(args: list[str], config: dict[str, Any], cache: Optional[str],
                persistent: bool = False, samples_s: Optional[float] = None) -> Optional[float]:
     """Global samples/s of one ddp-profile probe of ``config`` (the script run with ``args``,
@@ -131,22 +147,13 @@ def probe_rate(args: list[str], config: dict[str, Any], cache: Optional[str],
     patch and sampler on), the files put in ``cache``'s state first; None where it failed.
     ``samples_s``: the rate it is expected to run at (the plain launch's), from which the
     probe sizes its measurement as the tool does from its prediction (``burst_steps``)."""
-    from ddp_profile.commands.project_config import RUN_DEFAULTS
-    from ddp_profile.profiler.launch.ranks import LaunchSpec
     from ddp_profile.profiler.settings import LoaderSettings
     from ddp_profile.profiler.store.probes import Kind
-    from ddp_profile.profiler.store.rundir import RunDir
-    from ddp_profile.profiler.sweep.measure import LedgerMeasurer, Window
+    from ddp_profile.profiler.sweep.measure import Window
 
     work = _bench.scratch("h2h-probe-")
     try:
-        run_dir = RunDir(os.path.join(work, "run"))
-        run_dir.create({"script": _bench.WORKLOAD})
-        spec = LaunchSpec(script=_bench.WORKLOAD, script_args=(*args, "--steps", "100000"),
-                          nproc_per_node=_bench.NPROC)
-        measurer = LedgerMeasurer(run_dir, spec, steps=RUN_DEFAULTS["steps"],
-                                  warmup=RUN_DEFAULTS["warmup"], timeout_s=300,
-                                  cache="cold" if cache == "cold" else "auto")
+        measurer = ledger_measurer(work, args, "cold" if cache == "cold" else "auto")
         _bench.set_cache(cache)
         batch = config.get("batch_size") or 16
         entry = measurer.measure(Window(
@@ -350,29 +357,23 @@ def on_off_load(stop: Any) -> None:
 def aa_trial(index: int, args: list[str]) -> Optional[bool]:
     """One alternation of a configuration with itself; True where the tool's interval of the
     'speedup' excludes 1.0 (a false claim), None where a window failed."""
-    from ddp_profile.profiler.launch.ranks import LaunchSpec
     from ddp_profile.profiler.settings import LoaderSettings
     from ddp_profile.profiler.store.results import load_run
-    from ddp_profile.profiler.store.rundir import RunDir
     from ddp_profile.profiler.sweep.claim import order
-    from ddp_profile.profiler.sweep.measure import LedgerMeasurer, Window
+    from ddp_profile.profiler.sweep.measure import Window
     from ddp_profile.rules.base import Thresholds
     from ddp_profile.rules.claim import paired_claim
 
     work = _bench.scratch("h2h-aa-")
     try:
-        run_dir = RunDir(os.path.join(work, "run"))
-        run_dir.create({"script": _bench.WORKLOAD})
-        spec = LaunchSpec(script=_bench.WORKLOAD, script_args=(*args, "--steps", "100000"),
-                          nproc_per_node=_bench.NPROC)
-        measurer = LedgerMeasurer(run_dir, spec, steps=30, warmup=5, timeout_s=300)
+        measurer = ledger_measurer(work, args)  # 30 steps, 5 of warm-up
         config = LoaderSettings(num_workers=2, pin_memory=False, prefetch_factor=2)
         entries = measurer.measure_screen([
             Window(config, "paired", pair={"role": role, "index": i, "group": f"aa{index}"})
             for i, role in enumerate(order(3))])
         if len(entries) < 7 or any(e["status"] != "ok" for e in entries):
             return None
-        run = load_run(run_dir.path)
+        run = load_run(measurer.run_dir.path)
         claim = paired_claim(run, entries[0], entries[1], Thresholds().interval_confidence)
         if claim is None:
             return None
