@@ -39,17 +39,13 @@ from ddp_profile.profiler.sweep.claim import (
     paired,
     settings_key,
 )
+from ddp_profile.profiler.sweep.claim import alternations as records_alternations
 from ddp_profile.profiler.sweep.communication import alternation_fit, options_key
 
 
 def alternations(run: Run, kind: Kind) -> list[list[ProbeRecord]]:
-    """Every alternation of probes of ``kind`` (``ProbeRecord.pair``), in the order they
-    ran, each in its own order."""
-    groups: dict[str, list[ProbeRecord]] = {}
-    for probe in run.records:
-        if probe.kind == kind and probe.pair is not None:
-            groups.setdefault(probe.pair.group, []).append(probe)
-    return [sorted(g, key=lambda p: p.pair.index if p.pair else 0) for g in groups.values()]
+    """Every alternation of probes of ``kind`` in the run (``sweep.claim.alternations``)."""
+    return records_alternations(run.records, kind)
 
 
 def alternation(run: Run, reference: Any, candidate: Any) -> list[ProbeRecord]:
@@ -86,9 +82,8 @@ def persistent_effect(run: Run, confidence: float, launch_sd: float
 
 def sides(run: Run, claim: PairedClaim) -> tuple[dict[str, Any], dict[str, Any]]:
     """The settings of an alternation's reference (``A``) and of its candidate (``B``)."""
-    probes = [run.probe(probe_id) for probe_id in claim.probes]
-    first = {p.pair.role: p.config.to_dict() for p in reversed(probes) if p.pair}
-    return first[REFERENCE], first[CANDIDATE]
+    return (run.probe(claim.first(REFERENCE)).config.to_dict(),
+            run.probe(claim.first(CANDIDATE)).config.to_dict())
 
 
 @dataclass(frozen=True)

@@ -89,14 +89,24 @@ def recommendation_to_dict(rec: Recommendation) -> dict[str, Any]:
     return data
 
 
-def kept_alive(run: Run, config: dict[str, Any], thresholds: Thresholds
-               ) -> Optional[PairedClaim]:
-    """``persistent_workers=True`` where it was measured with exactly ``config`` and ran faster
-    beyond noise (``rules.claim.persistent_effect``); else None."""
+def _alive(run: Run, thresholds: Thresholds
+           ) -> Optional[tuple[PairedClaim, dict[str, Any], dict[str, Any]]]:
+    """``persistent_workers=True`` where it was measured faster beyond noise
+    (``rules.claim.persistent_effect``), with the settings of its two sides; else None."""
     measured = persistent_effect(run, thresholds.interval_confidence, thresholds.launch_sd)
     if measured is None or not measured.faster:
         return None
-    reference, kept = sides(run, measured)
+    return (measured, *sides(run, measured))
+
+
+def kept_alive(run: Run, config: dict[str, Any], thresholds: Thresholds
+               ) -> Optional[PairedClaim]:
+    """``persistent_workers=True`` where it was measured with exactly ``config`` on both
+    sides and ran faster beyond noise; else None."""
+    found = _alive(run, thresholds)
+    if found is None:
+        return None
+    measured, reference, kept = found
     wanted = describe_config(config)
     return measured if describe_config(reference) == describe_config(kept) == wanted else None
 
@@ -106,17 +116,15 @@ def kept_alive_instead(run: Run, base: pd.Series, thresholds: Thresholds
     """Where the script's own settings (``base``) are kept: another configuration with
     ``persistent_workers=True``, where it was alternated with them launch by launch and ran
     faster beyond noise (``sweep.claim.persistence_subject``), and its first probe; else None."""
-    measured = persistent_effect(run, thresholds.interval_confidence, thresholds.launch_sd)
-    if measured is None or not measured.faster:
+    found = _alive(run, thresholds)
+    if found is None:
         return None
-    reference, kept = sides(run, measured)
+    measured, reference, kept = found
     if describe_config(reference) != describe_config(config_of(base)) \
             or describe_config(kept) == describe_config(reference):
         return None
     probes = run.probes
-    first = next(p for p in measured.probes if run.probe(p).pair
-                 and run.probe(p).pair.role == CANDIDATE)
-    return measured, probes[probes["id"] == first].iloc[0]
+    return measured, probes[probes["id"] == measured.first(CANDIDATE)].iloc[0]
 
 
 def snippet_for(config: dict[str, Any], persistent: bool = False) -> str:

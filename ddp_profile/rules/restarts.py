@@ -15,7 +15,6 @@ import pandas as pd
 from ddp_profile.profiler.store.epochs import restart_share
 from ddp_profile.profiler.store.probes import Kind
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.profiler.sweep.claim import CANDIDATE
 from ddp_profile.rules.base import (
     Finding,
     Thresholds,
@@ -130,8 +129,6 @@ def _measured(run: Run, measured: PairedClaim,
         paid = (f"Starting the workers again costs {float(entry['epoch_restart_s']):.2f} s per "
                 f"epoch of {entry.get('epoch_steps')} steps. ")
     figure = f"{measured.ratio:.2f}x [{low:.2f}-{high:.2f}]"
-    letters = " ".join("B" if run.probe(p).pair and run.probe(p).pair.role == CANDIDATE
-                       else "A" for p in measured.probes)
     if describe_config(reference) == describe_config(kept):
         against = "the same settings restarting their workers (A) and keeping them (B)"
         ran = f"With {describe_config(kept)}, persistent_workers=True ran {figure}"
@@ -140,7 +137,7 @@ def _measured(run: Run, measured: PairedClaim,
                    f"{describe_config(kept)} keeping its workers (B)")
         ran = (f"{describe_config(kept)} with persistent_workers=True ran {figure} the "
                "script's own settings")
-    alternated = (f"alternated {letters} in launches, {against}, probes "
+    alternated = (f"alternated {measured.letters} in launches, {against}, probes "
                   f"{measured.probes[0]}-{measured.probes[-1]}")
     return Finding(
         rule="persistent-workers",

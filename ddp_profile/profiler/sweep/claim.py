@@ -171,6 +171,16 @@ class PairedClaim:
     probes: tuple[str, ...]  # in the order they ran
     candidates: int  # how many candidate windows or launches
     launches: int  # 1: windows of one launch
+    roles: tuple[str, ...] = ()  # each probe's, REFERENCE or CANDIDATE, in ``probes``' order
+
+    @property
+    def letters(self) -> str:
+        """``A B A B A``: the alternation as it ran."""
+        return " ".join("B" if role == CANDIDATE else "A" for role in self.roles)
+
+    def first(self, role: str) -> str:
+        """The first probe of ``role``."""
+        return self.probes[self.roles.index(role)]
 
     @property
     def faster(self) -> bool:
@@ -235,7 +245,8 @@ def fitted(probes: list[ProbeRecord], rates: list[Optional[float]], confidence: 
     return PairedClaim(ratio=math.exp(gain),
                        interval=check_interval(fit, CANDIDATE, between(fit), confidence),
                        probes=tuple(p.id for p in probes), candidates=roles.count(CANDIDATE),
-                       launches=len({p.launch for p in probes}))
+                       launches=len({p.launch for p in probes}),
+                       roles=tuple(str(role) for role in roles))
 
 
 def check_interval(fit: Any, key: Optional[str], between: float, confidence: float
@@ -266,15 +277,22 @@ def claim_holds(search: Any, thresholds: ChoiceThresholds = DEFAULTS) -> bool:
     best, base = search.best(), search.baseline
     if best is None or base is None or best.get("id") == base.get("id"):
         return True
-    groups: dict[str, list[ProbeRecord]] = {}
-    for entry in search.entries:
-        if entry.kind == Kind.PAIRED and entry.pair is not None:
-            groups.setdefault(entry.pair.group, []).append(entry)
+    groups = alternations(search.entries, Kind.PAIRED)
     if not groups:
         return True
-    last = sorted(list(groups.values())[-1], key=lambda p: p.pair.index)
-    claim = paired(search.entries, last, thresholds.interval_confidence, thresholds.launch_sd)
+    claim = paired(search.entries, groups[-1], thresholds.interval_confidence,
+                   thresholds.launch_sd)
     return claim is None or claim.faster
+
+
+def alternations(records: Sequence[ProbeRecord], kind: Kind) -> list[list[ProbeRecord]]:
+    """Every alternation of probes of ``kind`` among ``records`` (``ProbeRecord.pair``), in
+    the order they ran, each in its own order."""
+    groups: dict[str, list[ProbeRecord]] = {}
+    for probe in records:
+        if probe.kind == kind and probe.pair is not None:
+            groups.setdefault(probe.pair.group, []).append(probe)
+    return [sorted(g, key=lambda p: p.pair.index if p.pair else 0) for g in groups.values()]
 
 
 # ---- whole epochs ---------------------------------------------------------------------------
