@@ -43,12 +43,16 @@ CONCURRENT = (
         "script_that_ends_early")),
     "tests/e2e/test_findings.py::test_ranks_that_each_read_the_whole_dataset",
 )
+# ... except these, under a prefix above, which assert measured rates: the plain contract
+# shape asserts that workers win and that persistent_workers=True is faster beyond noise
+ALONE = ("tests/e2e/test_contract.py::test_a_switch_mid_epoch_keeps_each_epoch_at_its_length"
+         "[plain]",)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list) -> None:
     for item in items:
-        if item.nodeid.startswith(CONCURRENT):
+        if item.nodeid.startswith(CONCURRENT) and not item.nodeid.startswith(ALONE):
             item.add_marker(pytest.mark.concurrent)
 
 
