@@ -7,6 +7,9 @@ without the instrumentation installed, interleaved, in one process; the differen
 divided by a real step time, is the overhead ratio. The rank's loop loads in-process
 (``num_workers=0``), so its per-batch meter is included; a DataLoader worker's side (the meter
 and its per-worker file) is timed the same way on a worker's fetch loop and added per step.
+The watch on the files a fetch opens (``profiler.rank.pagecache``) is timed on fetches of
+small files read whole from the page cache, the loading where it weighs most: its added time
+per file, and the fetch's time with it against without (``files_fetch_ratio``).
 
     python benchmarks/overhead_micro.py [--quick] [--step-ms 36]
 
@@ -21,12 +24,13 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Optional
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from ddp_profile.profiler.rank import loadcost, patches
+from ddp_profile.profiler.rank import loadcost, pagecache, patches
 from ddp_profile.profiler.rank.instrument import Instrumentation
 from ddp_profile.profiler.settings import ProbePlan
 
@@ -88,6 +92,49 @@ def worker_batches(batches: int, out_dir: str, metered: bool) -> float:
     return elapsed / batches
 
 
+FILES, FILE_BYTES, FILES_PER_FETCH = 1024, 32 * 1024, 64
+
+
+def write_files(folder: str) -> list[str]:
+    paths = []
+    for index in range(FILES):
+        path = f"{folder}/{index:05d}.bin"
+        with open(path, "wb") as handle:
+            handle.write(bytes(range(256)) * (FILE_BYTES // 256))
+        paths.append(path)
+    return paths
+
+
+def file_fetches(paths: list[str], reads: Optional[pagecache.FileReads]) -> float:
+    """Seconds per file of fetches reading ``FILES_PER_FETCH`` files whole, each fetch
+    watched by ``reads`` (as the meter does) where given."""
+    start = time.perf_counter()
+    for first in range(0, len(paths), FILES_PER_FETCH):
+        if reads is not None:
+            reads.begin()
+        for path in paths[first:first + FILES_PER_FETCH]:
+            with open(path, "rb") as handle:
+                handle.read()
+        if reads is not None:
+            reads.end()
+    return (time.perf_counter() - start) / len(paths)
+
+
+def files_watch(reps: int) -> tuple[float, float]:
+    """(seconds per file unwatched, added seconds per file watched): interleaved, over files
+    every fetch has seen before (the steady state after a probe's first epoch)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = write_files(tmp)
+        reads = pagecache.watch(pagecache.FileReads(cold=False))
+        file_fetches(paths, reads)  # first reads: records every file once
+        bare, watched = [], []
+        for rep in range(reps * 4):
+            order = [(None, bare), (reads, watched)][::1 if rep % 2 == 0 else -1]
+            for watcher, results in order:
+                results.append(file_fetches(paths, watcher))
+    return statistics.median(bare), statistics.median(w - b for w, b in zip(watched, bare))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -114,6 +161,7 @@ def main() -> None:
             bare.append(worker_batches(steps, tmp, False))
             metered.append(worker_batches(steps, f"{tmp}/{rep}", True))
     worker_us = statistics.median(m - b for m, b in zip(metered, bare)) * 1e6
+    file_s, file_added_s = files_watch(reps)
     step_us = statistics.median(h - p for h, p in zip(hooked, plain)) * 1e6
     # a step consumes one batch: a worker's added time lands on the step where loading is
     # the bottleneck, so the whole instrumentation costs the sum per step
@@ -127,6 +175,9 @@ def main() -> None:
         "worker_plain_batch_us": round(statistics.median(bare) * 1e6, 2),
         "worker_added_us_per_batch": round(worker_us, 2),
         "added_us_per_step": round(added_us, 2),
+        "file_read_us": round(file_s * 1e6, 2),
+        "files_added_us_per_file": round(file_added_s * 1e6, 3),
+        "files_fetch_ratio": round(1 + file_added_s / file_s, 4),
         "reference_step_ms": args.step_ms,
         "overhead_ratio_at_reference_step": round(1 + added_us / (args.step_ms * 1e3), 5),
         "target_ratio": 1.01,

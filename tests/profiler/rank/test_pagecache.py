@@ -65,3 +65,19 @@ def test_the_cold_regime_drops_each_file_after_the_fetch_that_read_it(tmp_path):
     before = storage_bytes()
     open(path, "rb").read()
     assert storage_bytes() - before < (1 << 20) * 0.1  # kept: read from the page cache
+
+
+def test_a_file_is_recorded_when_first_read_however_it_was_opened_before(tmp_path,
+                                                                         monkeypatch):
+    path = written(tmp_path / "sample", 64)
+    reads = watch(FileReads(cold=False))
+    reads.begin()
+    open(path, "ab").close()  # appended to, not read
+    reads.end()
+    assert reads.take_new() == []
+    monkeypatch.chdir(tmp_path)
+    reads.begin()
+    open("sample", "rb").close()  # relative and absolute: one file
+    open(path, "rb").close()
+    reads.end()
+    assert reads.take_new() == [path]
