@@ -143,7 +143,7 @@ def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
         spread = f" [{interval[0]:.2f}-{interval[1]:.2f}]" if interval else ""
         basis = recommendation.get("speedup_basis") or ""
         label = config_label(summary["recommended"]) + (  # in the figure where measured so
-            " persistent_workers" if "persistent_workers=True" in basis else "")
+            " persistent_workers" if recommendation.get("persistent_in_speedup") else "")
         lines.append(f"recommended {label}: {speedup:.2f}x{spread} vs baseline" if speedup
                      else f"recommended {label}")
         if speedup and basis:

@@ -78,6 +78,7 @@ class Recommendation:
     like_for_like: Optional[bool] = None  # False: baseline and pick read in other cache states
     speedup_basis: Optional[str] = None  # what the expected speedup was measured from
     persistent_workers: bool = False  # the snippet keeps the workers alive (measured so)
+    persistent_in_speedup: bool = False  # the expected speedup was measured with them kept
 
 
 def recommendation_to_dict(rec: Recommendation) -> dict[str, Any]:
@@ -342,6 +343,7 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None) -> Recommendati
         config=config, probe_id=str(chosen["id"]), expected_speedup=speedup,
         expected_speedup_interval=interval, ceiling_share=share,
         snippet=snippet_for(config, persistent), persistent_workers=persistent,
+        persistent_in_speedup=alive is not None,
         notes=((unconfirmed,) if unconfirmed else ()) + _notes(run, base, chosen, thresholds,
                                                                share)
         + ((f"persistent_workers=True on top of it ran {kept.ratio:.2f}x [{kept.interval[0]:.2f}"

@@ -94,14 +94,15 @@ def test_a_recommendation_that_keeps_its_workers_alive_says_so_and_prints_its_sn
                "baseline": {"num_workers": 0, "batch_size": 32},
                "recommended": {"num_workers": 3, "batch_size": 32}, "expected_speedup": 1.5,
                "recommendation": {"snippet": snippet, "persistent_workers": True,
-                                  "speedup_basis": basis}}
+                                  "persistent_in_speedup": True, "speedup_basis": basis}}
     lines = summary_lines(summary, "out")
     assert "recommended w=3 bs=32 persistent_workers: 1.50x vs baseline" in lines
     assert f"  {snippet}" in lines and f"  measured from {basis}" in lines
     # kept alive on top of the recommendation: not in its figure, and the note says so
     on_top = "persistent_workers=True on top of it ran 1.17x [1.05-1.31] (probes p022-p026)"
     summary.update(baseline={"num_workers": 3, "batch_size": 32})
-    summary["recommendation"].update(speedup_basis=None, notes=[on_top])
+    summary["recommendation"].update(speedup_basis=None, persistent_in_speedup=False,
+                                     notes=[on_top])
     lines = summary_lines(summary, "out")
     assert "recommended w=3 bs=32: 1.50x vs baseline" in lines
     assert f"  note: {on_top}" in lines and f"  {snippet}" in lines

@@ -208,6 +208,7 @@ def test_workers_kept_alive_against_the_kept_script_settings_become_the_recommen
     analysis = evaluate(run)
     rec = analysis.recommendation
     assert rec.config["num_workers"] == 3 and rec.persistent_workers
+    assert rec.persistent_in_speedup  # the console prints it in the figure's label
     assert rec.probe_id == "k1" and rec.baseline_probe_id == "base"
     assert "persistent_workers=True" in rec.snippet and "num_workers=3" in rec.snippet
     assert rec.expected_speedup is not None and 1.85 < rec.expected_speedup < 1.95
@@ -237,4 +238,5 @@ def test_workers_kept_alive_within_noise_of_the_script_settings_leave_them_kept(
     rec = evaluate(run).recommendation
     assert rec.config["num_workers"] == 0 and rec.probe_id == "base"
     assert not rec.persistent_workers and "persistent_workers" not in rec.snippet
+    assert not rec.persistent_in_speedup
     assert persistent_workers(run, T) is None
