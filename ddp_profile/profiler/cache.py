@@ -21,9 +21,9 @@ measured in one state, the state the job itself runs in:
 producers read per sample x the dataset's length, against ``MemAvailable``. ``--cache
 cold|warm|as-is`` forces one. Where the baseline's reads were not in the run's regime (under
 ``cold`` it read more than ``CACHE_MARGIN`` of its bytes from the cache; under ``warm`` more
-than ``WARM_STORAGE_SHARE`` from storage) it is measured again in the regime, and the first measurement is kept
-as kind ``cache``, read by no decision. Files opened by C libraries are neither recorded nor
-dropped (see ``pagecache``): under ``cold`` their reads stay as they are.
+than ``WARM_STORAGE_SHARE`` from storage) it is measured again in the regime, and the first
+measurement is kept as kind ``cache``, read by no decision. Files opened by C libraries are
+neither recorded nor dropped (see ``pagecache``): under ``cold`` their reads stay as they are.
 """
 
 from __future__ import annotations
