@@ -52,11 +52,11 @@ class FileReads:
 
     The watch on ``open`` lies on every sample's read, so it only notes what was opened (a
     lookup and an append) and ``end`` handles, once per fetch, what it has not handled
-    before. Normalised and checked in place, each open of a cached file cost 1.8 µs (fetches
-    of 32 KiB files: 1.14x as long; ``benchmarks/overhead_micro.py``); so, 0.4-0.5 µs
-    (1.04x). A file seen for the first time costs more (its path made absolute only where it
-    is not, recorded, written out): 1.8 µs, 3.1 before, where a short probe's first epoch
-    reads every file for the first time."""
+    before. Normalised and checked at the open, a watched open of a cached file cost 1.8 µs
+    (fetches of 32 KiB files took 1.14x as long; ``benchmarks/overhead_micro.py``); noted
+    only, 0.4-0.5 µs (1.04x). A file seen for the first time costs more (its path made
+    absolute only where it is not, recorded, written out): 1.8 µs, 3.1 when every path was
+    made absolute; a short probe's first epoch sees every file for the first time."""
 
     def __init__(self, cold: bool):
         self.cold = cold
