@@ -209,7 +209,8 @@ def finalize(run_dir: RunDir, meta: dict[str, Any], sweep: Sweep, gpu: dict[str,
                             search={"axes": sweep.axes.to_dict() if sweep.axes else None,
                                     "timeout_s": sweep.timeout_s,
                                     "cache": {**sweep.measurer.regime.to_dict(),
-                                              "warmed": sweep.measurer.warmed}},
+                                              "warmed": sweep.measurer.warmed,
+                                              "unheld": sweep.measurer.regime_unheld}},
                             capacity=run_capacity)
     run: Optional[Run] = None
     try:
