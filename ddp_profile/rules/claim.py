@@ -33,25 +33,20 @@ from ddp_profile.profiler.sweep.claim import (
     CANDIDATE,
     REFERENCE,
     PairedClaim,
+    alternations,
     as_run,
     check_interval,
     fitted,
     paired,
     settings_key,
 )
-from ddp_profile.profiler.sweep.claim import alternations as records_alternations
 from ddp_profile.profiler.sweep.communication import alternation_fit, options_key
-
-
-def alternations(run: Run, kind: Kind) -> list[list[ProbeRecord]]:
-    """Every alternation of probes of ``kind`` in the run (``sweep.claim.alternations``)."""
-    return records_alternations(run.records, kind)
 
 
 def alternation(run: Run, reference: Any, candidate: Any) -> list[ProbeRecord]:
     """The last alternation of ``reference``'s settings and ``candidate``'s, in order."""
     wanted = {REFERENCE: settings_key(reference), CANDIDATE: settings_key(candidate)}
-    for group in reversed(alternations(run, Kind.PAIRED)):
+    for group in reversed(alternations(run.records, Kind.PAIRED)):
         if all(p.pair and settings_key(p) == wanted.get(p.pair.role) for p in group):
             return group
     return []
@@ -73,7 +68,7 @@ def persistent_effect(run: Run, confidence: float, launch_sd: float
     fit's uncertainty and the spread between launches, as for the claim); None where none
     finished. Derived once per Run (the rule and the snippet read it)."""
     def derive() -> Optional[PairedClaim]:
-        groups = alternations(run, Kind.PERSISTENT)
+        groups = alternations(run.records, Kind.PERSISTENT)
         probes = groups[-1] if groups else []
         return fitted(probes, as_run(probes), confidence,
                       lambda fit: max(launch_sd, fit.residual_sd))
@@ -112,7 +107,7 @@ def alternated_effects(run: Run, confidence: float, launch_sd: float
     fit's uncertainty and the spread between launches (the fit's residual, at least
     ``launch_sd``) over ``CHECK_ROUNDS`` launches of each."""
     effects: dict[str, DdpEffect] = {}
-    for probes in alternations(run, Kind.DDP):  # DDP options with the script's own
+    for probes in alternations(run.records, Kind.DDP):  # DDP options with the script's own
         fit = alternation_fit(list(probes))
         if fit is None:
             continue
