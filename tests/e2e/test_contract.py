@@ -81,8 +81,10 @@ def test_a_switch_mid_epoch_keeps_each_epoch_at_its_length(cli, run_dir, shape):
     # plain: an accumulation remainder of 0 (timm's shape) divides by zero on a batch past
     # the end; the others with the script's own worker, kept alive (persistent, repeat)
     workers = ["--workers", "1"] if shape in ("persistent", "repeat") else []
-    if shape == "plain":  # 24 ms asleep a batch: 2 workers win beyond noise on a busy machine
-        workers = ["--load-ms", "3"]
+    if shape == "plain":  # 24 ms asleep a batch: 2 workers win beyond noise on a busy machine;
+        # each worker's start-up 80 ms (a dataset opening its files), paid again every 23-step
+        # epoch (about 280 ms with 2 workers): keeping them alive wins beyond noise there too
+        workers = ["--load-ms", "3", "--worker-start-ms", "80"]
     # the claim's alternation (A B A B A B A: six switches mid-epoch and back) and the
     # prefetch screen in one of them; the others switch in the ladder's screen alone
     pairs = [] if shape == "plain" else ["--pairs", "0", "--prefetch-factor", "2"]

@@ -19,6 +19,7 @@ total overruns, and the loop asserts the count itself. At each epoch's end it pr
 """
 
 import argparse
+import functools
 import time
 
 import torch
@@ -41,6 +42,11 @@ def sample(index: int, load_ms: float):
         time.sleep(load_ms / 1000)
     x = torch.randn(FEATURES, generator=torch.Generator().manual_seed(index))
     return x, int(x.sum() > 0)
+
+
+def start_worker(start_ms: float, worker_id: int) -> None:
+    """A worker's own start-up (a dataset opening its files or database in each worker)."""
+    time.sleep(start_ms / 1000)
 
 
 class Samples(Dataset):
@@ -133,6 +139,8 @@ def build_loader(args, rank: int, world: int):
     data = Samples(args.samples, args.load_ms)
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, seed=1)
     kwargs = dict(batch_size=args.batch_size, sampler=sampler, num_workers=args.workers)
+    if args.worker_start_ms:
+        kwargs["worker_init_fn"] = functools.partial(start_worker, args.worker_start_ms)
     if args.shape == "persistent":
         return DataLoader(data, persistent_workers=args.workers > 0, **kwargs)
     if args.shape == "repeat":
@@ -149,6 +157,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--load-ms", type=float, default=1.0)
+    parser.add_argument("--worker-start-ms", type=float, default=0.0)
     parser.add_argument("--accum", type=int, default=1)
     parser.add_argument("--epochs", type=int, default=1000)
     args = parser.parse_args()
