@@ -285,6 +285,14 @@ def claim_holds(search: Any, thresholds: ChoiceThresholds = DEFAULTS) -> bool:
     return claim is None or claim.faster
 
 
+def recommended(search: Any, thresholds: ChoiceThresholds = DEFAULTS) -> Optional[ProbeRecord]:
+    """The configuration the run recommends, as the sweep can tell it: the search's best
+    where it stands (``claim_holds``), else the script's own settings; the rules read the same
+    verdict from the same probes (``rules.recommend``). What ``--repeat`` launches again, and
+    the reference of the persistence check."""
+    return search.best() if claim_holds(search, thresholds) else search.baseline
+
+
 def alternations(records: Sequence[ProbeRecord], kind: Kind) -> list[list[ProbeRecord]]:
     """Every alternation of probes of ``kind`` among ``records`` (``ProbeRecord.pair``), in
     the order they ran, each in its own order."""
@@ -362,12 +370,10 @@ def persistence_subject(search: Any, thresholds: ChoiceThresholds = DEFAULTS
     between restarts beats them by ``restart_share`` or more, the fastest such. Kept alive it
     is predicted to win, so it is measured against the script's settings rather than left a
     prediction. Else None."""
-    best, base = search.best(), search.baseline
+    best, base = recommended(search, thresholds), search.baseline
     if best is None or base is None or search.options.pairs <= 0 \
             or not restarts(search):
         return None
-    if not claim_holds(search, thresholds):
-        best = base  # the claim's check keeps the script's settings: they are the reference
     config = normalise(LoaderSettings.from_dict(best.get("config")))
     if config.num_workers:
         shares = [restart_share(e) for e in search.entries if counts_for_choice(e)

@@ -1,4 +1,4 @@
-"""Plan the probes of one run over an injected measurer: baseline, search, repeats, ceiling.
+"""Plan the probes of one run over an injected measurer: baseline, search, ceiling, repeats.
 
 ``Search(measurer, space, options).run()`` decides what to measure and asks a ``Measurer``
 (``profiler.sweep.measure``) for each measurement; ``Sweep`` is the real run: the ledger
@@ -9,7 +9,8 @@ sizes (``sweep.adaptive``); without screens it climbs the worker ladder (``sweep
 The compute-only ceiling is ``sweep.ceiling``'s, the communication counterfactuals
 ``sweep.communication``'s.
 The best measured configuration is ``sweep.choose``'s alone, as in the recommendation;
-``--repeat`` re-measures exactly that configuration.
+``--repeat`` re-measures exactly the configuration recommended (``sweep.claim.recommended``:
+that one, or the script's own where the claim's check did not find it faster).
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ class Search:
         return self.measurer.entries
 
     def run(self) -> list[Entry]:
-        """Baseline, then the search, the repeats and the ceiling; every entry, in order."""
+        """Baseline, then the search, the ceiling, the claim's check and the repeats; every
+        entry, in order."""
         self.baseline = self.measurer.measure(Window(LoaderSettings(), Kind.BASELINE))
         self._check_baseline(self.baseline)
         self.baseline = self.measurer.settle_cache(self.baseline, self.options.cache)
@@ -112,11 +114,11 @@ class Search:
             communication.measure(self, larger_batches=not self.options.single
                                   and self.options.search == "adaptive")
         self.threads()
-        self.repeat()
         if self.wants_ceiling():
             ceiling.measure(self)
         ceiling.vet(self)
         claim.confirm(self)
+        self.repeat()  # after the claim's check, which can keep the script's settings
         claim.confirm_persistence(self)
         return self.entries
 
@@ -173,10 +175,11 @@ class Search:
 
     # ---- after the search -----------------------------------------------------------------
     def repeat(self) -> None:
-        """Measure the recommended configuration again in fresh launches (kind ``repeat``),
-        until ``options.repeat`` successful launches of it exist. Repeats never choose: they
-        show how much whole launches of one configuration differ, which the gate needs."""
-        best = self.best() or self.baseline
+        """Measure the recommended configuration (``claim.recommended``) again in fresh
+        launches (kind ``repeat``), until ``options.repeat`` successful launches of it exist.
+        Repeats never choose: they show how much whole launches of one configuration differ,
+        which the gate needs."""
+        best = claim.recommended(self) or self.baseline
         if self.options.repeat <= 1 or best is None or best["status"] != Status.OK:
             return
         config = settings_of(best)

@@ -11,6 +11,7 @@ import pytest
 from ddp_profile.profiler.settings import LoaderSettings, timed_warmup
 from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.profiler.sweep.choose import candidate_of, choose
+from ddp_profile.profiler.sweep.claim import claim_holds
 from ddp_profile.profiler.sweep.measure import Measurer, Window
 from ddp_profile.profiler.sweep.search import Search, SweepOptions
 from ddp_profile.profiler.sweep.space import Axes, SearchSpace, grid
@@ -199,6 +200,32 @@ def test_repeat_keeps_a_compute_bound_baseline_against_a_small_gain():
     assert found.best()["kind"] == "baseline"  # ...which does not clear clear_gain
     repeats = [e for e in found.entries if e["kind"] == "repeat"]
     assert [e["config"] for e in repeats] == [found.baseline["config"]]
+
+
+class UnconfirmedMeasurer(ModelMeasurer):
+    """The search's windows answer from the model; the claim's alternation (kind ``paired``)
+    measures both sides at the script's own rate, give or take 1 %: the gain the search saw
+    does not hold up when checked."""
+
+    def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        line = super()._line(requested, kind, **extra)
+        if kind == "paired":
+            line["throughput"] = self.model(self.own)[0] * (1.01 if len(self.entries) % 2
+                                                            else 0.99)
+        return line
+
+
+def test_repeat_measures_the_script_settings_where_the_claim_check_kept_them():
+    fake = UnconfirmedMeasurer(io_bound)
+    found = Search(fake, SPACE, SweepOptions(search="adaptive", ceiling=False, repeat=3))
+    found.run()
+    assert found.best()["config"] != found.baseline["config"]  # the search found a gain...
+    paired = [e for e in found.entries if e["kind"] == "paired"]
+    assert len(paired) >= 5 and not claim_holds(found)  # ...its check did not
+    repeats = [e for e in found.entries if e["kind"] == "repeat"]
+    assert repeats and all(e["config"] == found.baseline["config"] for e in repeats)
+    assert len(found.launches_of(LoaderSettings.from_dict(found.baseline["config"]))) == 3
+    assert found.entries.index(paired[-1]) < found.entries.index(repeats[0])
 
 
 def test_repeat_stops_at_a_failed_launch():
