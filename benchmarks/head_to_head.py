@@ -34,6 +34,13 @@ different beyond noise (target at most 5 %).
     python benchmarks/head_to_head.py --quick     # 2 workloads, 2 rounds, A/A x 6 (~10 min)
     python benchmarks/head_to_head.py             # 7 workloads, 3 rounds, A/A x 10 (~27 min)
 
+``--probe-check [KEY=VALUE ...]``: only the probes against plain launches, of each workload's
+own settings (or these over them), ``--rounds`` times (8): a plain launch, then a probe.
+
+    python benchmarks/head_to_head.py --workloads files_warm --probe-check          # ~4 min
+    python benchmarks/head_to_head.py --workloads latency_bound --probe-check \
+        num_workers=13 prefetch_factor=4                                            # ~4 min
+
 The last line printed is a JSON object. Run it alone on the machine.
 """
 
@@ -294,6 +301,53 @@ def probes_vs_plain(summary: dict[str, Any], plain: dict[str, Any], kind: str = 
     return out
 
 
+def own_settings(args: list[str]) -> dict[str, Any]:
+    """The loader settings bench_train.py runs with ``args``."""
+    def given(flag: str) -> Optional[str]:
+        return args[args.index(flag) + 1] if flag in args else None
+
+    workers = int(given("--num-workers") or 0)
+    prefetch = given("--prefetch-factor")
+    return {"num_workers": workers, "pin_memory": "--pin-memory" in args,
+            "prefetch_factor": int(prefetch) if prefetch and workers else None,
+            "batch_size": int(given("--batch-size") or 16)}
+
+
+def probe_check(name: str, rounds: int, settings: dict[str, Any]) -> dict[str, Any]:
+    """The tool's probe of one configuration (the workload's own settings, ``settings`` over
+    them) against plain launches of it: ``rounds`` times a plain launch, then a probe sized
+    from its rate; mean over mean (``probe_vs_plain``) and each round's ratio. Longer than the
+    three rounds of a claim's check, it tells a bias of the probes from launch noise."""
+    spec = WORKLOADS[name]
+    script_args = list(spec.args)
+    config = {**own_settings(script_args), **settings}
+    plain_args = _without_settings(script_args) + settings_args(config)
+    plain, probes = [], []
+    for _ in range(rounds):
+        plain.append(plain_rate(plain_args, spec.steps, spec.cache))
+        probes.append(probe_rate(script_args, config, spec.cache, samples_s=plain[-1]))
+    pairs = [(p, q) for p, q in zip(plain, probes) if p and q]
+    result: dict[str, Any] = {"workload": name, "config": config, "rounds": rounds,
+                              "plain_samples_s": [_bench.rnd(r, 1) for r in plain],
+                              "probe_samples_s": [_bench.rnd(r, 1) for r in probes]}
+    if len(pairs) < rounds:
+        result["error"] = f"{rounds - len(pairs)} round(s) failed"
+    if pairs:
+        result["probe_vs_plain"] = round(statistics.fmean(q for _, q in pairs)
+                                         / statistics.fmean(p for p, _ in pairs), 3)
+        result["round_ratios"] = [round(q / p, 3) for p, q in pairs]
+    return result
+
+
+def _setting(text: str) -> tuple[str, Any]:
+    key, _, value = text.partition("=")
+    if key not in ("num_workers", "pin_memory", "prefetch_factor", "batch_size"):
+        raise argparse.ArgumentTypeError(f"not a loader setting: {key}")
+    if key == "pin_memory":
+        return key, value.lower() in ("1", "true")
+    return key, None if value.lower() in ("", "none") else int(value)
+
+
 def option_args(options: dict[str, Any]) -> Optional[list[str]]:
     """bench_train.py's arguments for DDP options (None: one it cannot set)."""
     args: list[str] = []
@@ -403,12 +457,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--aa", type=int, default=None, help="A/A trials (0: none)")
     parser.add_argument("--workloads", default=None, help="comma list of " + ",".join(WORKLOADS))
+    parser.add_argument("--probe-check", nargs="*", type=_setting, default=None,
+                        metavar="KEY=VALUE", help="only the probes against plain launches of "
+                        "each workload's settings (these over them), --rounds times (8)")
     args = parser.parse_args()
     names = [n for n in args.workloads.split(",") if n] if args.workloads is not None \
         else list(QUICK if args.quick else WORKLOADS)  # --workloads "": the A/A alone
     rounds = args.rounds or (2 if args.quick else 3)
     if any(WORKLOADS[n].cache for n in names):
         _bench.ensure_files()
+    if args.probe_check is not None:
+        checks = [probe_check(name, args.rounds or 8, dict(args.probe_check)) for name in names]
+        print(json.dumps({"benchmark": "head_to_head", "mode": "probe_check",
+                          "machine": _bench.machine(), "checks": checks}))
+        return
     results = []
     for name in names:
         results.append(workload(name, rounds))
