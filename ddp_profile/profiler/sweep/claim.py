@@ -286,10 +286,9 @@ def claim_holds(search: Any, thresholds: ChoiceThresholds = DEFAULTS) -> bool:
 
 
 def recommended(search: Any, thresholds: ChoiceThresholds = DEFAULTS) -> Optional[ProbeRecord]:
-    """The configuration the run recommends, as the sweep can tell it: the search's best
-    where it stands (``claim_holds``), else the script's own settings; the rules read the same
-    verdict from the same probes (``rules.recommend``). What ``--repeat`` launches again, and
-    the reference of the persistence check."""
+    """What the run recommends, as the sweep tells it: the search's best where it stands
+    (``claim_holds``), else the script's own settings (``rules.recommend`` reads the same
+    verdict); what ``--repeat`` launches again, and the persistence check's reference."""
     return search.best() if claim_holds(search, thresholds) else search.baseline
 
 
