@@ -10,6 +10,7 @@
   datasets), never fetching an item. Ranks with equal digests built the same dataset; a
   dataset that holds nothing readable (or its rank) gets None or a digest of its own.
 * ``worker_pids(iterator)``: the pids of a DataLoader iterator's own worker processes.
+* ``memory_available()``: the host's available memory.
 """
 
 from __future__ import annotations
@@ -160,3 +161,15 @@ def worker_pids(iterator: Any) -> list[int]:
         if isinstance(pid, int):
             pids.append(pid)
     return pids
+
+
+def memory_available() -> Optional[int]:
+    """The host's available memory (bytes, ``MemAvailable``), or None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

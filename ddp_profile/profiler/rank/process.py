@@ -13,8 +13,7 @@ import time
 from typing import Any, Optional
 
 from ddp_profile.profiler.cpus import cpus_available
-from ddp_profile.profiler.rank.facts import thread_facts
-from ddp_profile.profiler.rank.loadcost import memory_available
+from ddp_profile.profiler.rank.facts import memory_available, thread_facts
 from ddp_profile.profiler.settings import ProbePlan
 from ddp_profile.profiler.store.record import SCHEMA_VERSION
 

@@ -221,7 +221,7 @@ class LedgerMeasurer:
         return COLD if self.regime.cold else None
 
     def settle_cache(self, baseline: dict[str, Any], requested: str) -> dict[str, Any]:
-        from ddp_profile.profiler.rank.loadcost import memory_available
+        from ddp_profile.profiler.rank.facts import memory_available
 
         loader = self.context(baseline).get("loader") or {}
         self.regime = decide(requested, baseline, loader.get("dataset_len"), memory_available())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ddp_profile.profiler.rank import loadcost, patches
+from ddp_profile.profiler.rank import facts, loadcost, patches
 from ddp_profile.profiler.rank.instrument import Instrumentation
 from ddp_profile.profiler.settings import ProbePlan
 from ddp_profile.profiler.store.results import read_probe_dir
@@ -135,9 +136,30 @@ def test_worker_0_alone_reads_its_private_rss_for_the_loader(tmp_path):
     assert not any(r.get("private_rss") for r in data.batch_costs if r["worker"] != 0)
 
 
+HEAP = [(i, [i]) for i in range(300_000)]  # a large heap for a full collection to walk
+
+
+def _collate_collecting(batch: list) -> torch.Tensor:
+    """A collate of 4 small tensors in which a full garbage collection falls."""
+    gc.collect()
+    return torch.stack(batch)
+
+
+def test_a_garbage_collection_in_the_collate_is_not_the_collates_cost(tmp_path):
+    # a full collection lands where an allocation crosses a threshold: in a collate of 0.1 ms
+    # it once made the collate read as most of a sample's cost (150 ms of 64 samples)
+    records = _run(tmp_path, {"batch_size": 4, "collate_fn": _collate_collecting}, Costly(8))
+    assert len(records) == 2
+    for record in records:
+        assert record["gc_s"] >= 0.01, record  # a full collection over HEAP's 600,000 objects
+        assert record["collate_cpu_s"] < record["gc_s"] / 5, record
+        assert record["collate_s"] < record["gc_s"] / 5, record
+        assert record["cpu_s"] >= record["gc_s"] * 0.8, record  # still the producer's CPU
+
+
 def test_private_rss_and_memory_available_are_read():
     assert loadcost.private_rss() > 0
-    assert loadcost.memory_available() > 0
+    assert facts.memory_available() > 0
 
 
 def test_a_workers_private_rss_is_read_at_its_first_flush_then_seldom(tmp_path, monkeypatch):
