@@ -154,7 +154,8 @@ def test_a_garbage_collection_in_the_collate_is_not_the_collates_cost(tmp_path):
         assert record["gc_s"] >= 0.01, record  # a full collection over HEAP's 600,000 objects
         assert record["collate_cpu_s"] < record["gc_s"] / 5, record
         assert record["collate_s"] < record["gc_s"] / 5, record
-        assert record["cpu_s"] >= record["gc_s"] * 0.8, record  # still the producer's CPU
+        # still the producer's CPU (gc_s is wall time: a busy machine can preempt the collector)
+        assert record["cpu_s"] >= record["gc_s"] * 0.5, record
 
 
 def test_private_rss_and_memory_available_are_read():
