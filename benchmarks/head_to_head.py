@@ -114,7 +114,8 @@ def plain_rate(args: list[str], steps: int, cache: Optional[str] = None) -> Opti
     from ddp_profile.profiler.settings import backlog_warmup
 
     def given(flag: str) -> Optional[int]:
-        return int(args[args.index(flag) + 1]) if flag in args else None
+        value = _flag(args, flag)
+        return int(value) if value is not None else None
 
     batch = given("--batch-size") or 16
     warmup = backlog_warmup(WARMUP, given("--num-workers"), given("--prefetch-factor"))
@@ -301,16 +302,18 @@ def probes_vs_plain(summary: dict[str, Any], plain: dict[str, Any], kind: str = 
     return out
 
 
+def _flag(args: list[str], flag: str) -> Optional[str]:
+    """The value given to ``flag`` in bench_train.py's ``args``, or None."""
+    return args[args.index(flag) + 1] if flag in args else None
+
+
 def own_settings(args: list[str]) -> dict[str, Any]:
     """The loader settings bench_train.py runs with ``args``."""
-    def given(flag: str) -> Optional[str]:
-        return args[args.index(flag) + 1] if flag in args else None
-
-    workers = int(given("--num-workers") or 0)
-    prefetch = given("--prefetch-factor")
+    workers = int(_flag(args, "--num-workers") or 0)
+    prefetch = _flag(args, "--prefetch-factor")
     return {"num_workers": workers, "pin_memory": "--pin-memory" in args,
             "prefetch_factor": int(prefetch) if prefetch and workers else None,
-            "batch_size": int(given("--batch-size") or 16)}
+            "batch_size": int(_flag(args, "--batch-size") or 16)}
 
 
 def probe_check(name: str, rounds: int, settings: dict[str, Any]) -> dict[str, Any]:
@@ -340,8 +343,10 @@ def probe_check(name: str, rounds: int, settings: dict[str, Any]) -> dict[str, A
 
 
 def _setting(text: str) -> tuple[str, Any]:
+    from ddp_profile.profiler.settings import SETTING_KEYS
+
     key, _, value = text.partition("=")
-    if key not in ("num_workers", "pin_memory", "prefetch_factor", "batch_size"):
+    if key not in SETTING_KEYS:
         raise argparse.ArgumentTypeError(f"not a loader setting: {key}")
     if key == "pin_memory":
         return key, value.lower() in ("1", "true")
