@@ -87,7 +87,7 @@ def profiled(args: list[str], warmup: int, steps: int) -> dict:
 def _sync_cost(probes: list[dict]) -> float | None:
     """1 - (the baseline pooled with its twin) / (the probe without synchronisation), as the
     exposed-communication rule reads them (not floored at the noise)."""
-    from ddp_profile.profiler.sweep.choose import candidate_of, pool
+    from ddp_profile.profiler.decide.choose import candidate_of, pool
 
     def last(options: dict) -> dict | None:
         found = [p for p in probes if p.get("status") == "ok" and p.get("kind") == "ddp"

@@ -148,6 +148,11 @@ def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
                      else f"recommended {label}")
         if speedup and basis:
             lines.append(f"  measured from {basis}")
+    for item in recommendation.get("unsettled") or []:  # measured faster, not established
+        lines.append(f"  not established: {config_label(item['config'])} measured "
+                     f"{item['ratio']:.2f}x the script's settings ({item['probe']}): "
+                     f"{item['why']}")
+        lines.append(f"    to settle it: {item['settle']}")
     if summary.get("ceiling_throughput"):
         lines.append(f"compute-only ceiling: {_fmt_tp(summary['ceiling_throughput'])}")
     elif summary.get("ceiling_failed"):

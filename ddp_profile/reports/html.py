@@ -159,6 +159,11 @@ def build_headline(run: Run, roles: dict[str, str]) -> dict[str, Any]:
         "recommended_throughput_text": fmt(rec_tp, ",.1f", " samples/s"),
         "snippet": recommendation.get("snippet") or "",
         "notes": [str(n) for n in recommendation.get("notes") or []],
+        "unsettled": [{"text": f"{settings_text(item.get('config'))}: "
+                               f"{float(item.get('ratio') or 0):.2f}× the script's settings "
+                               f"({item.get('probe')}); {item.get('why')}",
+                       "settle": str(item.get("settle") or "")}
+                      for item in recommendation.get("unsettled") or []],
     }
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Optional
 
+from ddp_profile.profiler.decide.choose import with_launch_spread
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.profiler.sweep.choose import with_launch_spread
 from ddp_profile.rules import comm, data, distributed, gpu, host, restarts
 from ddp_profile.rules.base import (
     SEVERITIES,

@@ -21,10 +21,10 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 import pandas as pd
 
 from ddp_profile.profiler.cache import CACHE_MARGIN
+from ddp_profile.profiler.decide.choose import Candidate, ChoiceThresholds, candidate_of
 from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.probes import CHOICE_KINDS, Kind, data_wait_share, ok_mask
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.profiler.sweep.choose import Candidate, ChoiceThresholds, candidate_of
 
 SEVERITIES = ("high", "medium", "low")
 
@@ -66,7 +66,7 @@ class Thresholds(ChoiceThresholds):
     """Every number the rules and the recommendation decide with: ``Thresholds(**overrides)``.
 
     The recommendation's own (``data_wait_fraction``, ``noise_floor``, ``noise_sigmas``,
-    ``clear_gain``) are inherited from ``profiler.sweep.choose.ChoiceThresholds``: one set,
+    ``clear_gain``) are inherited from ``profiler.decide.choose.ChoiceThresholds``: one set,
     which the sweep uses too.
     """
 
@@ -395,7 +395,7 @@ def relative_error(run: Run, probe_id: str) -> float:
 
 
 def candidate(run: Run, probe: pd.Series) -> Candidate:
-    """A probe row as the one chooser (``profiler.sweep.choose``) sees it: its summary.json
+    """A probe row as the one chooser (``profiler.decide.choose``) sees it: its summary.json
     entry built by the chooser's own ``candidate_of``, completed from the run's tables where a
     run recorded before a field was kept lacks it (the standard error from the per-step
     times; the data-wait share from the steps)."""

@@ -27,9 +27,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ddp_profile.profiler.store.probes import Kind, ProbeRecord
-from ddp_profile.profiler.store.results import Run
-from ddp_profile.profiler.sweep.claim import (
+from ddp_profile.profiler.decide.evidence import alternation
+from ddp_profile.profiler.decide.paired import (
     CANDIDATE,
     REFERENCE,
     PairedClaim,
@@ -38,18 +37,10 @@ from ddp_profile.profiler.sweep.claim import (
     check_interval,
     fitted,
     paired,
-    settings_key,
 )
+from ddp_profile.profiler.store.probes import Kind, ProbeRecord
+from ddp_profile.profiler.store.results import Run
 from ddp_profile.profiler.sweep.communication import alternation_fit, options_key
-
-
-def alternation(run: Run, reference: Any, candidate: Any) -> list[ProbeRecord]:
-    """The last alternation of ``reference``'s settings and ``candidate``'s, in order."""
-    wanted = {REFERENCE: settings_key(reference), CANDIDATE: settings_key(candidate)}
-    for group in reversed(alternations(run.records, Kind.PAIRED)):
-        if all(p.pair and settings_key(p) == wanted.get(p.pair.role) for p in group):
-            return group
-    return []
 
 
 def paired_claim(run: Run, reference: dict[str, Any], candidate: dict[str, Any],
@@ -57,7 +48,7 @@ def paired_claim(run: Run, reference: dict[str, Any], candidate: dict[str, Any],
     """The speedup of ``candidate`` over ``reference`` (probe rows or entries with a config)
     from their alternation; None where there is none, or a probe of it failed. ``launch_sd``:
     the least relative SD between launches of one setting."""
-    probes = alternation(run, reference, candidate)
+    probes = alternation(run.records, reference, candidate)
     return paired(run.records, probes, confidence, launch_sd)
 
 

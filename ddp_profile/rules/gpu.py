@@ -10,9 +10,9 @@ from typing import Optional
 
 import pandas as pd
 
+from ddp_profile.profiler.decide.choose import better, most_certain
 from ddp_profile.profiler.store.probes import Status
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.profiler.sweep.choose import better, most_certain
 from ddp_profile.rules.base import (
     Advice,
     Finding,
@@ -59,7 +59,7 @@ def _pin_gain(run: Run) -> Optional[tuple[float, pd.Series, bool]]:
     pin_memory, the pinned probe, and whether it is faster beyond noise.
 
     Each configuration's measurements (a probe and its longer re-measurement, say) are pooled
-    as the choice pools them (``sweep.choose.most_certain``), and "beyond noise" is the
+    as the choice pools them (``decide.choose.most_certain``), and "beyond noise" is the
     choice's test (``better``): a short, unstable probe never speaks alone for its setting.
     """
     probes = ok_probes(run)

@@ -10,9 +10,9 @@ from typing import Optional
 import pandas as pd
 
 from ddp_profile.profiler.cpus import threads_to_fit
+from ddp_profile.profiler.decide.choose import better
 from ddp_profile.profiler.store.probes import Kind
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.profiler.sweep.choose import better
 from ddp_profile.rules.base import (
     Advice,
     Finding,

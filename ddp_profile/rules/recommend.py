@@ -1,7 +1,7 @@
 """The recommended DataLoader configuration: the best measured probe, with its uncertainty.
 
 ``recommend(run, thresholds) -> Recommendation`` builds a ``Candidate`` of each ok probe of
-kind baseline or sweep and asks ``profiler.sweep.choose.choose``, the one author of the
+kind baseline or sweep and asks ``profiler.decide.choose.choose``, the one author of the
 choice (the sweep asks the same function what to confirm and what to ``--repeat``): the
 highest global throughput; probes within noise of it are a tie, won by the cheapest setting;
 a compute-bound baseline is kept unless another probe is faster by more than both the noise
@@ -16,17 +16,19 @@ and the snippet.
 from __future__ import annotations
 
 import math
+import shlex
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
 
-from ddp_profile.profiler.settings import SETTING_KEYS
+from ddp_profile.profiler.decide import evidence
+from ddp_profile.profiler.decide.choose import choose as choose_candidate
+from ddp_profile.profiler.decide.choose import compute_bound
+from ddp_profile.profiler.decide.paired import CANDIDATE
+from ddp_profile.profiler.settings import SETTING_KEYS, LoaderSettings
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.profiler.sweep.choose import choose as choose_candidate
-from ddp_profile.profiler.sweep.choose import compute_bound
-from ddp_profile.profiler.sweep.claim import CANDIDATE
 from ddp_profile.rules.base import (
     Thresholds,
     as_int,
@@ -48,7 +50,7 @@ from ddp_profile.rules.base import (
     relative_error,
     storage_share,
 )
-from ddp_profile.rules.claim import PairedClaim, paired_claim, persistent_effect, sides
+from ddp_profile.rules.claim import PairedClaim, persistent_effect, sides
 from ddp_profile.rules.cpuload import cpu_load
 from ddp_profile.rules.data import (
     CPU_FIX,
@@ -79,6 +81,8 @@ class Recommendation:
     speedup_basis: Optional[str] = None  # what the expected speedup was measured from
     persistent_workers: bool = False  # the snippet keeps the workers alive (measured so)
     persistent_in_speedup: bool = False  # the expected speedup was measured with them kept
+    unsettled: tuple[dict[str, Any], ...] = ()  # measured faster, not established
+    # (``decide.evidence.seen``): probe, config, ratio, why, settle (the command that would)
 
 
 def recommendation_to_dict(rec: Recommendation) -> dict[str, Any]:
@@ -87,6 +91,7 @@ def recommendation_to_dict(rec: Recommendation) -> dict[str, Any]:
     data["expected_speedup_interval"] = (list(rec.expected_speedup_interval)
                                          if rec.expected_speedup_interval else None)
     data["notes"] = list(rec.notes)
+    data["unsettled"] = [dict(item) for item in rec.unsettled]
     return data
 
 
@@ -148,7 +153,7 @@ def snippet_for(config: dict[str, Any], persistent: bool = False) -> str:
 
 
 def choose(run: Run, base: pd.Series, thresholds: Thresholds) -> pd.Series:
-    """The recommended probe row: ``profiler.sweep.choose.choose`` over the ok probes."""
+    """The recommended probe row: ``profiler.decide.choose.choose`` over the ok probes."""
     probes = ok_probes(run)
     probes = probes[probes["throughput"].apply(finite) & (probes["throughput"] > 0)]
     if probes.empty or not finite(base.get("throughput")):
@@ -157,6 +162,39 @@ def choose(run: Run, base: pd.Series, thresholds: Thresholds) -> pd.Series:
     chosen = choose_candidate([candidate(run, row) for row in rows.values()],
                               candidate(run, base), thresholds)
     return rows.get(chosen.id, base) if chosen is not None else base
+
+
+def settle_command(run: Run, config: LoaderSettings, short: bool) -> str:
+    """The run that would settle an undecided configuration: it alone against the script's
+    settings, with a longer alternation; more epochs first where its probes ran short."""
+    summary = run.summary
+    flags = [f"--{key.replace('_', '-')} {str(value).lower()}"
+             for key, value in config.to_dict().items() if value is not None]
+    if summary.get("launcher") == "none":
+        flags.append("--launcher none")
+    elif summary.get("nproc_per_node"):
+        flags.append(f"--nproc-per-node {summary['nproc_per_node']}")
+    args = summary.get("script_args") or []
+    command = (f"ddp-profile run {shlex.quote(str(summary.get('script') or 'train.py'))} "
+               f"{' '.join(flags)} --pairs 5" + (f" -- {shlex.join(args)}" if args else ""))
+    if short:
+        return ("give the script more epochs (or data) in its arguments, so that each probe "
+                f"reaches --warmup + --steps, then: {command}")
+    return command
+
+
+def _unsettled(run: Run, base: pd.Series, decided: evidence.Verdict,
+               thresholds: Thresholds) -> tuple[dict[str, Any], ...]:
+    return tuple({"probe": seen.probe, "config": seen.config.to_dict(),
+                  "ratio": round(seen.ratio, 4), "why": seen.why,
+                  "settle": settle_command(run, seen.config, seen.short)}
+                 for seen in evidence.seen(run.records, run.probe(str(base["id"])), decided,
+                                           thresholds))
+
+
+def _row(run: Run, probe_id: str) -> pd.Series:
+    probes = run.probes
+    return probes[probes["id"] == probe_id].iloc[0]
 
 
 def speedup_interval(run: Run, chosen: str, base: str, point: float,
@@ -305,21 +343,27 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None) -> Recommendati
                               notes=("No probe finished: nothing was measured to recommend.",))
     chosen = choose(run, base, thresholds)
     speedup, interval, basis, unconfirmed = None, None, None, None
-    claim = paired_claim(run, base, chosen, thresholds.interval_confidence,
-                         thresholds.launch_sd) if chosen["id"] != base["id"] else None
-    if claim is not None and not claim.faster:
-        unconfirmed = (f"{describe_config(chosen)} ran faster in the search, but alternated with "
-                       f"the script's settings it measured {claim.ratio:.2f}x "
-                       f"[{claim.interval[0]:.2f}-{claim.interval[1]:.2f}] "
-                       f"({claim.probes[0]}-{claim.probes[-1]}): a gain this check cannot tell "
-                       "from none, so the script's settings are kept.")
-        chosen, claim = base, None
+    decided = evidence.verdict(run.records, run.probe(str(base["id"])),
+                               run.probe(str(chosen["id"])), thresholds)
+    claim, chosen = decided.claim, _row(run, decided.pick.id)
+    if decided.checked is not None and decided.checked_probe is not None:
+        checked = decided.checked
+        how = ("measured faster than the script's settings in the search, though not beyond "
+               "its noise" if decided.undecided else "ran faster in the search")
+        unconfirmed = (f"{describe_config(_row(run, decided.checked_probe.id))} {how}, but "
+                       f"alternated with the script's settings it measured {checked.ratio:.2f}x "
+                       f"[{checked.interval[0]:.2f}-{checked.interval[1]:.2f}] "
+                       f"({checked.probes[0]}-{checked.probes[-1]}): a gain this check cannot "
+                       "tell from none, so the script's settings are kept.")
     alive = kept_alive_instead(run, base, thresholds) if chosen["id"] == base["id"] else None
     if alive is not None:  # measured against the script's settings: the claim itself
         claim, chosen = alive
     if claim is not None:
         speedup, interval, basis = claim.ratio, claim.interval, claim.basis(
             "the recommendation with persistent_workers=True" if alive else "the recommendation")
+        if decided.undecided and alive is None:
+            basis += ("; the search measured it faster but not beyond its noise, so it was "
+                      "alternated")
     elif finite(chosen["throughput"]) and finite(base["throughput"]) and base["throughput"] > 0:
         speedup = float(chosen["throughput"] / base["throughput"])
         interval = speedup_interval(run, chosen["id"], base["id"], speedup, thresholds)
@@ -351,4 +395,5 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None) -> Recommendati
             "A B A B A in launches; not in the expected speedup): see the persistent-workers "
             "finding.",) if kept is not None else ()),
         throughput=float(chosen["throughput"]) if finite(chosen["throughput"]) else None,
-        baseline_probe_id=str(base["id"]), like_for_like=like, speedup_basis=basis)
+        baseline_probe_id=str(base["id"]), like_for_like=like, speedup_basis=basis,
+        unsettled=_unsettled(run, base, decided, thresholds) if alive is None else ())

@@ -24,9 +24,9 @@ from typing import Optional
 
 import pandas as pd
 
+from ddp_profile.profiler.decide.choose import better, compute_bound, noise, pool
 from ddp_profile.profiler.store.probes import Kind
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.profiler.sweep.choose import better, compute_bound, noise, pool
 from ddp_profile.rules.base import (
     Finding,
     Thresholds,

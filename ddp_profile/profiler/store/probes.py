@@ -8,7 +8,7 @@ subclasses, so ``entry["kind"] == Kind.THREADS`` and JSON both work unchanged.
 
 Which probes count is decided here alone:
 
-* ``counts_for_choice``: what the recommendation may pick (``sweep.choose``): the script's
+* ``counts_for_choice``: what the recommendation may pick (``decide.choose``): the script's
   own settings (``baseline``) and the searched ones (``sweep``), measured ok.
 * ``counts_for_gate``: what the CI gate may compare or pool: those, and the ``repeat``
   launches of the recommended configuration. Never a counterfactual that runs the script

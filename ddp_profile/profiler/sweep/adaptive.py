@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Optional
 
+from ddp_profile.profiler.decide.choose import UNSTABLE_RSE, relative_se
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.probes import Entry, Kind, Status
 from ddp_profile.profiler.sweep import ceiling
@@ -23,7 +24,6 @@ from ddp_profile.profiler.sweep.capacity import (
     loading_line,
     next_workers,
 )
-from ddp_profile.profiler.sweep.choose import UNSTABLE_RSE, relative_se
 from ddp_profile.profiler.sweep.climb import (
     beats,
     climb_points,

@@ -31,9 +31,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Optional, Sequence
 
 from ddp_profile.profiler.cpus import cpus_per_rank
+from ddp_profile.profiler.decide.choose import UNSTABLE_RSE, Candidate, ChoiceThresholds, better
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.probes import ProbeRecord
-from ddp_profile.profiler.sweep.choose import UNSTABLE_RSE, Candidate, ChoiceThresholds, better
 
 DEFAULT_THRESHOLDS = ChoiceThresholds()
 WORKER_CAP = 64  # per rank, unless the user lists worker counts

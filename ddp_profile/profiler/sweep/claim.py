@@ -22,103 +22,63 @@ persistent-workers alternation measures against).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
-import numpy as np
-
-from ddp_profile.profiler.quantiles import t_quantile
-from ddp_profile.profiler.settings import SETTING_KEYS, LoaderSettings, timed_warmup
-from ddp_profile.profiler.store.epochs import restart_share
-from ddp_profile.profiler.store.probes import Kind, ProbeRecord, Status, counts_for_choice
-from ddp_profile.profiler.sweep.choose import (
+from ddp_profile.profiler.decide import evidence
+from ddp_profile.profiler.decide.choose import (
     ChoiceThresholds,
     candidate_of,
     compute_bound,
-    launch_spread,
 )
+from ddp_profile.profiler.decide.evidence import Verdict
+from ddp_profile.profiler.decide.paired import (  # noqa: F401 (the claim's names, read here)
+    CANDIDATE,
+    CHECK_ROUNDS,
+    MEASURING_KINDS,
+    REFERENCE,
+    AlternationFit,
+    PairedClaim,
+    alternations,
+    as_run,
+    check_interval,
+    fit_alternation,
+    fitted,
+    launches_spread,
+    order,
+    paired,
+    room_for_noise,
+    rounds,
+    settings_key,
+)
+from ddp_profile.profiler.settings import LoaderSettings, timed_warmup
+from ddp_profile.profiler.store.epochs import restart_share
+from ddp_profile.profiler.store.probes import Kind, ProbeRecord, Status, counts_for_choice
 from ddp_profile.profiler.sweep.measure import Window
 from ddp_profile.profiler.sweep.space import normalise
 
-REFERENCE, CANDIDATE = "reference", "candidate"
 WINDOW_PAIRS = 3  # A B A B A B A in one launch
 LAUNCH_PAIRS = 2  # A B A B A, a launch each
 DEFAULTS = ChoiceThresholds()
 
 
-def order(pairs: int) -> list[str]:
-    """The alternation: every candidate between two references."""
-    return [REFERENCE, CANDIDATE] * pairs + [REFERENCE]
-
-
-def rounds(candidates: int, pairs: int) -> list[int]:
-    """Several candidates against one reference: ``A B A C A`` per round (``pairs`` rounds),
-    every candidate between two references; the candidate's index, or -1 for the reference."""
-    sequence = [-1]
-    for _ in range(pairs):
-        for index in range(candidates):
-            sequence += [index, -1]
-    return sequence
-
-
-def room_for_noise(measurements: int, candidates: int) -> bool:
-    """Whether an alternation of ``measurements`` leaves a degree of freedom for its noise
-    beside the level, the drift and a gain per candidate (``fit_alternation``)."""
-    return measurements - 2 - candidates >= 1
-
-
-@dataclass(frozen=True)
-class AlternationFit:
-    """``log rate = level + gain[candidate] + drift x position``, fitted by least squares to an
-    alternation: each candidate's log speedup over the reference with its standard error,
-    the drift per position, and how far one measurement sits from the fit."""
-
-    gains: dict[str, float]
-    errors: dict[str, float]
-    drift: float
-    residual_sd: float
-    dof: int
-
-    def ratio(self, key: str) -> float:
-        return math.exp(self.gains[key])
-
-
-def fit_alternation(rows: Sequence[tuple[Optional[str], float, float]]
-                    ) -> Optional[AlternationFit]:
-    """``rows``: (candidate key, None for the reference; position; rate) of every
-    measurement of one alternation. None where a rate is not positive, a candidate or the
-    reference is missing, or no degree of freedom is left for the noise (``A B A``: level,
-    drift and gain fit it exactly)."""
-    keys = sorted({key for key, _, _ in rows if key is not None})
-    if not keys or all(key is not None for key, _, _ in rows) \
-            or any(not rate > 0 or not math.isfinite(rate) for _, _, rate in rows):
-        return None
-    if not room_for_noise(len(rows), len(keys)):
-        return None
-    dof = len(rows) - 2 - len(keys)
-    design = np.array([[1.0, float(position), *[1.0 if key == k else 0.0 for k in keys]]
-                       for key, position, _ in rows])
-    logs = np.log([float(rate) for _, _, rate in rows])
-    coef, *_ = np.linalg.lstsq(design, logs, rcond=None)
-    residual = logs - design @ coef
-    variance = float(residual @ residual) / dof
-    try:
-        inverse = np.linalg.inv(design.T @ design)
-    except np.linalg.LinAlgError:
-        return None
-    return AlternationFit(
-        gains={k: float(coef[2 + i]) for i, k in enumerate(keys)},
-        errors={k: math.sqrt(variance * inverse[2 + i, 2 + i]) for i, k in enumerate(keys)},
-        drift=float(coef[1]), residual_sd=math.sqrt(variance), dof=dof)
+def launch_pairs(pairs: int) -> int:
+    """The B launches of a claim checked in launches: ``LAUNCH_PAIRS`` for the default three
+    pairs (a launch costs more than a window), one fewer than asked above that
+    (``--pairs 5``: A B A B A B A B A)."""
+    return pairs if pairs <= LAUNCH_PAIRS else max(LAUNCH_PAIRS, pairs - 1)
 
 
 def confirm(search: Any) -> None:
-    """Alternate the script's settings and the best configuration (see the module docstring);
-    nothing where the best is the script's own, nothing measured, or ``--pairs 0``."""
-    base, best = search.baseline, search.best()
-    if search.options.pairs <= 0 or base is None or best is None \
-            or base.get("status") != Status.OK or best is base:
+    """Alternate the script's settings and the subject of the check (the best configuration,
+    or where the search kept the script's settings a gain it measured but could not tell from
+    noise: ``decide.evidence.subject``; see the module docstring); nothing where there is
+    none, or ``--pairs 0``."""
+    base = search.baseline
+    if search.options.pairs <= 0 or base is None or not base.ok:
+        return
+    best = evidence.subject(search.entries, base, search.best())
+    if best is None:
         return
     reference = normalise(LoaderSettings.from_dict(base.get("config")))
     candidate = normalise(LoaderSettings.from_dict(best.get("config")))
@@ -128,8 +88,7 @@ def confirm(search: Any) -> None:
     configs = {REFERENCE: reference, CANDIDATE: candidate}
     in_one_launch = reference.batch_size == candidate.batch_size \
         and not search.measurer.screen_unsupported
-    roles = order(search.options.pairs if in_one_launch else min(search.options.pairs,
-                                                                    LAUNCH_PAIRS))
+    roles = order(search.options.pairs if in_one_launch else launch_pairs(search.options.pairs))
     letters = " ".join("A" if role == REFERENCE else "B" for role in roles)
     where = "in one launch" if in_one_launch else "a launch each"
     if not room_for_noise(len(roles), 1):
@@ -137,8 +96,11 @@ def confirm(search: Any) -> None:
                                          "for its noise (--pairs 2 or more)"})
         return
     steps = whole_epoch_steps(search, configs.values())
-    search.progress("note", {"text": "checking the claim: the script's settings (A) and the "
-                                     f"recommendation (B) alternated, {letters}, {where}"
+    top = search.best()
+    what = "the recommendation" if top is not None and top.id == best.id else \
+        f"{candidate.label()}, faster in the search but not beyond its noise,"
+    search.progress("note", {"text": "checking the claim: the script's settings (A) and "
+                                     f"{what} (B) alternated, {letters}, {where}"
                                      + (f", {steps} steps each (whole epochs)" if steps else "")})
     if in_one_launch:
         search.measurer.measure_screen([
@@ -156,150 +118,27 @@ def confirm(search: Any) -> None:
             return  # a crash or an OOM would only repeat itself
 
 
-# ---- the claim's verdict ---------------------------------------------------------------------
-MEASURING_KINDS = (Kind.BASELINE, Kind.SWEEP, Kind.REPEAT, Kind.PAIRED)  # the script's settings
-# as they run it: their launches show the spread between launches
-CHECK_ROUNDS = 3  # plain launches of each setting a user's check alternates
-
-
-@dataclass(frozen=True)
-class PairedClaim:
-    """The speedup the alternation measured, and its interval."""
-
-    ratio: float
-    interval: tuple[float, float]
-    probes: tuple[str, ...]  # in the order they ran
-    candidates: int  # how many candidate windows or launches
-    launches: int  # 1: windows of one launch
-    roles: tuple[str, ...] = ()  # each probe's, REFERENCE or CANDIDATE, in ``probes``' order
-
-    @property
-    def letters(self) -> str:
-        """``A B A B A``: the alternation as it ran."""
-        return " ".join("B" if role == CANDIDATE else "A" for role in self.roles)
-
-    def first(self, role: str) -> str:
-        """The first probe of ``role``."""
-        return self.probes[self.roles.index(role)]
-
-    @property
-    def faster(self) -> bool:
-        """Faster beyond noise: the whole interval above 1."""
-        return self.interval[0] > 1.0
-
-    def basis(self, recommendation: str = "the recommendation") -> str:
-        where = "windows of one launch" if self.launches == 1 else f"{self.launches} launches"
-        return (f"the script's settings and {recommendation} alternated, "
-                f"{self.candidates} of each between the other's, {where} "
-                f"({self.probes[0]}-{self.probes[-1]})")
-
-
-def settings_key(probe: Any) -> tuple:
-    """The four settings of a probe record or a summary probe (their ``config``) or of a
-    probes-table row."""
-    config = probe.get("config")
-    source = config if isinstance(config, dict) else probe
-    return tuple(_plain(source.get(key)) for key in SETTING_KEYS)
-
-
-def _plain(value: Any) -> Any:
-    """A table's NaN is a summary's None; its numpy ints are ints."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+def verdict(search: Any, thresholds: ChoiceThresholds = DEFAULTS) -> Optional[Verdict]:
+    """The evidence's verdict on the sweep so far (``decide.evidence.verdict``, the one the
+    rules read); None before the baseline measured ok."""
+    base = search.baseline
+    if base is None or not base.ok:
         return None
-    return value.item() if hasattr(value, "item") else value
-
-
-def launches_spread(records: Sequence[ProbeRecord], settings: set[tuple], floor: float
-                    ) -> float:
-    """The relative SD between launches of the same settings (``settings``) that ``records``
-    (a run's probes) show, at least ``floor``: every ok measurement of them, by launch."""
-    measured = [candidate_of(p) for p in records
-                if p.measured and p.kind in MEASURING_KINDS and settings_key(p) in settings]
-    return max(floor, launch_spread(measured))
-
-
-def as_run(probes: list[ProbeRecord]) -> list[Optional[float]]:
-    """Each probe's rate as the script runs it: by the wall clock over the whole epochs its
-    steps span, boundaries and all, where every probe of the alternation spanned one
-    (``whole_epoch_steps``: nothing modelled); else the rates as measured."""
-    whole = bool(probes) and all(p.epochs_throughput for p in probes)
-    return [p.epochs_throughput if whole else p.throughput for p in probes]
-
-
-def fitted(probes: list[ProbeRecord], rates: list[Optional[float]], confidence: float,
-            between: Any) -> Optional[PairedClaim]:
-    """The candidate's gain over the reference in an alternation (``fit_alternation`` of
-    ``rates``, one per probe, in order) with an interval for what a user's check measures: the
-    fit's uncertainty and ``between(fit)``, the spread between launches, over
-    ``CHECK_ROUNDS`` launches of each. None where a probe failed or the fit has no room."""
-    if not probes or any(not p.measured or not math.isfinite(r or math.nan)
-                         for p, r in zip(probes, rates)):
-        return None
-    roles = [p.pair.role if p.pair else None for p in probes]
-    fit = fit_alternation([(CANDIDATE if role == CANDIDATE else None,
-                            float(p.pair.index if p.pair else 0), float(rate or 0.0))
-                           for role, p, rate in zip(roles, probes, rates)])
-    if fit is None:
-        return None
-    gain = fit.gains[CANDIDATE]
-    return PairedClaim(ratio=math.exp(gain),
-                       interval=check_interval(fit, CANDIDATE, between(fit), confidence),
-                       probes=tuple(p.id for p in probes), candidates=roles.count(CANDIDATE),
-                       launches=len({p.launch for p in probes}),
-                       roles=tuple(str(role) for role in roles))
-
-
-def check_interval(fit: Any, key: Optional[str], between: float, confidence: float
-                   ) -> tuple[float, float]:
-    """The interval of ``key``'s ratio for what a user's check would measure: the fit's
-    uncertainty and ``between``, the relative spread between launches, over ``CHECK_ROUNDS``
-    launches of each side (0 for windows of one launch: a measurement no user launches)."""
-    half = t_quantile(0.5 + confidence / 2, fit.dof) * math.sqrt(
-        fit.errors[key] ** 2 + 2 * between ** 2 / CHECK_ROUNDS)
-    gain = fit.gains[key]
-    return math.exp(gain - half), math.exp(gain + half)
-
-
-def paired(records: Sequence[ProbeRecord], probes: list[ProbeRecord], confidence: float,
-           launch_sd: float) -> Optional[PairedClaim]:
-    """The claim of the alternation ``probes`` (in order), its interval's spread between
-    launches from every launch of its two settings among ``records``, at least
-    ``launch_sd``; None where a probe failed or the fit has no room."""
-    sides = {settings_key(p) for p in probes}
-    return fitted(probes, as_run(probes), confidence,
-                  lambda fit: launches_spread(records, sides, launch_sd))
+    return evidence.verdict(search.entries, base, search.best(), thresholds)
 
 
 def claim_holds(search: Any, thresholds: ChoiceThresholds = DEFAULTS) -> bool:
-    """Whether the search's best stands as the recommendation: it is the script's own
-    settings, or the last claim's alternation (``confirm``) measured it faster beyond noise,
-    or there is none to say otherwise (``--pairs 0``, a failed probe)."""
-    best, base = search.best(), search.baseline
-    if best is None or base is None or best.get("id") == base.get("id"):
-        return True
-    groups = alternations(search.entries, Kind.PAIRED)
-    if not groups:
-        return True
-    claim = paired(search.entries, groups[-1], thresholds.interval_confidence,
-                   thresholds.launch_sd)
-    return claim is None or claim.faster
+    """Whether the search's best stands as the recommendation (``verdict``)."""
+    decided, best = verdict(search, thresholds), search.best()
+    return decided is None or best is None or decided.pick.id == best.id
 
 
 def recommended(search: Any, thresholds: ChoiceThresholds = DEFAULTS) -> Optional[ProbeRecord]:
-    """What the run recommends, as the sweep tells it: the search's best where it stands
-    (``claim_holds``), else the script's own settings (``rules.recommend`` reads the same
-    verdict); what ``--repeat`` launches again, and the persistence check's reference."""
-    return search.best() if claim_holds(search, thresholds) else search.baseline
-
-
-def alternations(records: Sequence[ProbeRecord], kind: Kind) -> list[list[ProbeRecord]]:
-    """Every alternation of probes of ``kind`` among ``records`` (``ProbeRecord.pair``), in
-    the order they ran, each in its own order."""
-    groups: dict[str, list[ProbeRecord]] = {}
-    for probe in records:
-        if probe.kind == kind and probe.pair is not None:
-            groups.setdefault(probe.pair.group, []).append(probe)
-    return [sorted(g, key=lambda p: p.pair.index if p.pair else 0) for g in groups.values()]
+    """What the run recommends, as the sweep tells it (``verdict``: the search's best where
+    it stands, an undecided gain the check established, else the script's own settings);
+    what ``--repeat`` launches again, and the persistence check's reference."""
+    decided = verdict(search, thresholds)
+    return decided.pick if decided is not None else search.best()
 
 
 # ---- whole epochs ---------------------------------------------------------------------------

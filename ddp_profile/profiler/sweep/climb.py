@@ -12,6 +12,7 @@ import math
 from dataclasses import replace
 from typing import Callable, Optional
 
+from ddp_profile.profiler.decide.choose import better, candidate_of, not_worse
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.probes import (
     Entry,
@@ -21,7 +22,6 @@ from ddp_profile.profiler.store.probes import (
     is_ok,
 )
 from ddp_profile.profiler.sweep.capacity import ClimbPoint
-from ddp_profile.profiler.sweep.choose import better, candidate_of, not_worse
 from ddp_profile.profiler.sweep.space import normalise
 
 SETTLED_DATA_WAIT = 0.05  # below this share of waiting, loading settings cannot help more

@@ -18,15 +18,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ddp_profile.profiler.settings import GRADIENT_SYNC, LoaderSettings
-from ddp_profile.profiler.store.probes import Entry, Kind, Status
-from ddp_profile.profiler.sweep.choose import (
+from ddp_profile.profiler.decide.choose import (
     UNSTABLE_RSE,
     ChoiceThresholds,
     comm_bound,
     exposed_share,
     relative_se,
 )
+from ddp_profile.profiler.settings import GRADIENT_SYNC, LoaderSettings
+from ddp_profile.profiler.store.probes import Entry, Kind, Status
 from ddp_profile.profiler.sweep.claim import (
     CANDIDATE,
     LAUNCH_PAIRS,

@@ -8,7 +8,7 @@ Grid search measures every combination. Adaptive search runs two screens, then t
 sizes (``sweep.adaptive``); without screens it climbs the worker ladder (``sweep.climb``).
 The compute-only ceiling is ``sweep.ceiling``'s, the communication counterfactuals
 ``sweep.communication``'s.
-The best measured configuration is ``sweep.choose``'s alone, as in the recommendation;
+The best measured configuration is ``decide.choose``'s alone, as in the recommendation;
 ``--repeat`` re-measures exactly the configuration recommended (``sweep.claim.recommended``:
 that one, or the script's own where the claim's check did not find it faster).
 """
@@ -21,6 +21,12 @@ from typing import Any, Optional
 
 from ddp_profile.errors import NoDataLoader, ProbeTimeout, ScriptFailed
 from ddp_profile.profiler.cpus import cpus_available, threads_to_fit
+from ddp_profile.profiler.decide.choose import (
+    UNSTABLE_RSE,
+    candidate_of,
+    choose,
+    relative_se,
+)
 from ddp_profile.profiler.launch.coordinate import Coordinator
 from ddp_profile.profiler.launch.ranks import LaunchSpec, ignore_hangup, restore_hangup
 from ddp_profile.profiler.settings import LoaderSettings
@@ -38,12 +44,6 @@ from ddp_profile.profiler.sweep import adaptive, ceiling, claim, communication
 from ddp_profile.profiler.sweep.capacity import (
     Capacity,
     run_model,
-)
-from ddp_profile.profiler.sweep.choose import (
-    UNSTABLE_RSE,
-    candidate_of,
-    choose,
-    relative_se,
 )
 from ddp_profile.profiler.sweep.measure import (
     LedgerMeasurer,

@@ -8,10 +8,10 @@ from typing import Any, Callable, Optional
 
 import pytest
 
+from ddp_profile.profiler.decide.choose import candidate_of, choose
 from ddp_profile.profiler.settings import LoaderSettings, timed_warmup
 from ddp_profile.profiler.store.probes import ProbeRecord
-from ddp_profile.profiler.sweep.choose import candidate_of, choose
-from ddp_profile.profiler.sweep.claim import claim_holds
+from ddp_profile.profiler.sweep.claim import claim_holds, recommended
 from ddp_profile.profiler.sweep.measure import Measurer, Window
 from ddp_profile.profiler.sweep.search import Search, SweepOptions
 from ddp_profile.profiler.sweep.space import Axes, SearchSpace, grid
@@ -846,3 +846,38 @@ def test_a_rung_faster_within_its_screens_noise_is_climbed_past_and_a_flat_one_i
 
     found, fake = run(flat)
     assert max(c.num_workers or 0 for c in fake.measured) <= 2  # the first screen's ladder
+
+
+def modest(config: LoaderSettings) -> tuple[float, float]:
+    """Any worker hides the loading: 1.15x the script's settings, which wait 30 %."""
+    return (1150.0, 0.05) if config.num_workers else (1000.0, 0.3)
+
+
+class NoisyMeasurer(ModelMeasurer):
+    """Every probe of the search measured ±20 % (a short script's few steps)."""
+
+    def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        return {**super()._line(requested, kind, **extra), "throughput_rse": 0.2}
+
+
+class NoisyUnconfirmed(NoisyMeasurer, UnconfirmedMeasurer):
+    """... and the alternation measures both sides at the script's rate."""
+
+
+def test_an_undecided_gain_is_alternated_and_the_alternation_decides():
+    """Every probe measured ±20 %: workers ran 1.15x, not beyond that noise, so the search
+    keeps the script's settings; the gain is alternated with them (A B A B A B A) instead of
+    dropped, and the alternation's verdict moves the recommendation."""
+    fake = NoisyMeasurer(modest, screen_rse=0.2)
+    found = Search(fake, SPACE, SweepOptions(search="adaptive", ceiling=False, comm=False))
+    found.run()
+    assert found.best()["kind"] == "baseline"
+    paired = [e for e in found.entries if e["kind"] == "paired"]
+    assert [e.pair.role for e in paired] == ["reference", "candidate"] * 3 + ["reference"]
+    assert recommended(found).config.num_workers and not claim_holds(found)
+
+    fake = NoisyUnconfirmed(modest, screen_rse=0.2)  # the alternation: no gain
+    found = Search(fake, SPACE, SweepOptions(search="adaptive", ceiling=False, comm=False))
+    found.run()
+    assert len([e for e in found.entries if e["kind"] == "paired"]) == 7
+    assert recommended(found).id == found.baseline.id

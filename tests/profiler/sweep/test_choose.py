@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from ddp_profile.profiler.settings import LoaderSettings
-from ddp_profile.profiler.sweep.choose import (
+from ddp_profile.profiler.decide.choose import (
     Candidate,
     ChoiceThresholds,
     better,
@@ -13,6 +12,7 @@ from ddp_profile.profiler.sweep.choose import (
     noise,
     with_launch_spread,
 )
+from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.rules import Thresholds
 
 
@@ -109,8 +109,8 @@ def test_the_rules_thresholds_are_the_same_set():
 
 
 def test_a_changed_batch_size_needs_a_clear_gain():
+    from ddp_profile.profiler.decide.choose import Candidate, choose
     from ddp_profile.profiler.settings import LoaderSettings
-    from ddp_profile.profiler.sweep.choose import Candidate, choose
 
     base = Candidate("base", LoaderSettings(0, False, None, 32), 1000.0, rse=0.002,
                      data_wait_fraction=0.5, kind="baseline")

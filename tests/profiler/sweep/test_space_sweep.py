@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import os
 
+from ddp_profile.profiler.decide.choose import candidate_of, choose, noise
 from ddp_profile.profiler.launch.ranks import LaunchOutcome
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.rundir import RunDir
-from ddp_profile.profiler.sweep.choose import candidate_of, choose, noise
 from ddp_profile.profiler.sweep.measure import merge_outcomes
 from ddp_profile.profiler.sweep.space import SearchSpace, grid, resolve_axes, worker_ladder
 
@@ -136,7 +136,7 @@ def test_predicted_rung_from_the_baseline_data_wait():
 
 
 def test_choose_passes_over_a_short_probe_unless_every_probe_is_short():
-    from ddp_profile.profiler.sweep.choose import Candidate, choose
+    from ddp_profile.profiler.decide.choose import Candidate, choose
 
     base = Candidate("p0", LoaderSettings(num_workers=0), 100.0, kind="baseline",
                      data_wait_fraction=0.5)

@@ -1,0 +1,187 @@
+"""What the run's evidence establishes: the recommendation's verdict, and what stays open.
+
+``choose`` names the best measured configuration; this module decides what the run says of
+it, from the alternations that checked it (``decide.paired``). The sweep reads the same
+functions to decide what to alternate next, the rules to write the recommendation, so the
+two never read one probe two ways.
+
+- **The subject of the check** (``subject``): the best where it is not the script's own
+  settings; else, where a configuration measured faster than them but not beyond noise (its
+  probes a few steps short, a window's burst, two launches at other levels), that one: an
+  *undecided* gain is a question for an alternation, not a "no". Undecided is measured
+  faster by more than ``noise_floor`` (by more than ``clear_gain`` for another batch size or
+  a compute-bound baseline, as ``choose`` asks), pooled over its measurements, short ones
+  included: a probe the script ended three steps early is evidence with a wider interval.
+- **The verdict** (``verdict``): the subject where its last alternation with the script's
+  settings measured it faster beyond noise (and by ``clear_gain`` where ``choose`` asks for
+  that), or where the best stands with nothing to say otherwise (``--pairs 0``, a failed
+  probe); else the script's settings, with the alternation that did not establish it.
+- **What was seen** (``seen``): every configuration that measured faster than the
+  recommendation and is not it, with its figure, why it is not established and what would
+  settle it; never "no faster" where probes measured faster.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from ddp_profile.profiler.decide.choose import (
+    Candidate,
+    ChoiceThresholds,
+    candidate_of,
+    compute_bound,
+    most_certain,
+    noise,
+)
+from ddp_profile.profiler.decide.paired import (
+    CANDIDATE,
+    REFERENCE,
+    PairedClaim,
+    alternations,
+    paired,
+    settings_key,
+)
+from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.store.probes import Kind, ProbeRecord
+
+DEFAULTS = ChoiceThresholds()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the run recommends and what it rests on."""
+
+    pick: ProbeRecord  # the recommendation's probe (the baseline where nothing is established)
+    claim: Optional[PairedClaim] = None  # the alternation that established it
+    checked: Optional[PairedClaim] = None  # an alternation that did not establish its subject
+    checked_probe: Optional[ProbeRecord] = None  # that subject's probe
+    undecided: bool = False  # the subject was not the search's best but an undecided gain
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A configuration that measured faster than the recommendation and is not it."""
+
+    probe: str  # the probe that speaks for it
+    config: LoaderSettings
+    ratio: float  # its pooled throughput / the script's settings'
+    why: str  # why it is not established
+    short: bool  # every measurement of it ran fewer steps than asked
+
+
+def _pooled(records: Sequence[ProbeRecord]) -> list[Candidate]:
+    """One candidate per configuration (``choose.most_certain``), short ones included."""
+    usable = [candidate_of(r) for r in records if r.counts_for_choice and r.measured]
+    return most_certain([c for c in usable if math.isfinite(c.throughput)
+                         and c.throughput > 0])
+
+
+def _record(records: Sequence[ProbeRecord], probe_id: str) -> ProbeRecord:
+    return next(r for r in records if r.id == probe_id)
+
+
+def needed_gain(base: Candidate, config: LoaderSettings,
+                thresholds: ChoiceThresholds = DEFAULTS) -> float:
+    """The gain a configuration must show over the script's settings to move them: a
+    ``clear_gain`` for another batch size or a compute-bound baseline, else ``noise_floor``."""
+    if config.batch_size != base.config.batch_size or compute_bound(base, thresholds):
+        return max(thresholds.clear_gain, thresholds.noise_floor)
+    return thresholds.noise_floor
+
+
+def undecided(records: Sequence[ProbeRecord], base: ProbeRecord,
+              thresholds: ChoiceThresholds = DEFAULTS) -> Optional[ProbeRecord]:
+    """The configuration that measured fastest, by more than ``needed_gain`` over the
+    script's settings (pooled), where ``choose`` kept those; None where none did."""
+    pooled = _pooled(records)
+    own = next((c for c in pooled if c.config == candidate_of(base).config), None)
+    if own is None:
+        return None
+    faster = [c for c in pooled if c.config != own.config
+              and c.throughput > own.throughput * (1 + needed_gain(own, c.config, thresholds))]
+    if not faster:
+        return None
+    return _record(records, max(faster, key=lambda c: c.throughput).id)
+
+
+def subject(records: Sequence[ProbeRecord], base: ProbeRecord, best: Optional[ProbeRecord],
+            thresholds: ChoiceThresholds = DEFAULTS) -> Optional[ProbeRecord]:
+    """What the claim's alternation checks against the script's settings (module docstring)."""
+    if best is not None and best.id != base.id \
+            and settings_key(best) != settings_key(base):
+        return best
+    return undecided(records, base, thresholds)
+
+
+def alternation(records: Sequence[ProbeRecord], reference: ProbeRecord,
+                candidate: ProbeRecord) -> list[ProbeRecord]:
+    """The last alternation of ``reference``'s settings and ``candidate``'s, in order."""
+    wanted = {REFERENCE: settings_key(reference), CANDIDATE: settings_key(candidate)}
+    for group in reversed(alternations(records, Kind.PAIRED)):
+        if all(p.pair and settings_key(p) == wanted.get(p.pair.role) for p in group):
+            return group
+    return []
+
+
+def verdict(records: Sequence[ProbeRecord], base: ProbeRecord, best: Optional[ProbeRecord],
+            thresholds: ChoiceThresholds = DEFAULTS) -> Verdict:
+    """The recommendation's probe and the alternation it rests on (module docstring)."""
+    target = subject(records, base, best, thresholds)
+    if target is None:
+        return Verdict(pick=best or base)
+    claim = paired(records, alternation(records, base, target),
+                   thresholds.interval_confidence, thresholds.launch_sd)
+    is_best = best is not None and target.id == best.id
+    if is_best and (claim is None or claim.faster):
+        return Verdict(pick=target, claim=claim)
+    gain = needed_gain(candidate_of(base), LoaderSettings.from_dict(target.get("config")),
+                       thresholds)
+    if not is_best and claim is not None and claim.faster and claim.ratio > 1 + gain:
+        return Verdict(pick=target, claim=claim, undecided=True)
+    return Verdict(pick=base, checked=claim, checked_probe=target, undecided=not is_best)
+
+
+def seen(records: Sequence[ProbeRecord], base: ProbeRecord, decided: Verdict,
+         thresholds: ChoiceThresholds = DEFAULTS) -> list[Seen]:
+    """Every configuration that measured faster than the recommendation (by more than
+    ``noise_floor``, pooled) and is not it, fastest first, with why it is not established."""
+    pooled = _pooled(records)
+    by_config = {c.config: c for c in pooled}
+    own = by_config.get(candidate_of(base).config)
+    pick = by_config.get(candidate_of(decided.pick).config)
+    if own is None or pick is None:
+        return []
+    found = []
+    for c in sorted(pooled, key=lambda c: -c.throughput):
+        if c.config in (pick.config, own.config) \
+                or c.throughput <= pick.throughput * (1 + thresholds.noise_floor):
+            continue
+        short = all(r.short for r in records if r.counts_for_choice and r.measured
+                    and candidate_of(r).config == c.config)
+        found.append(Seen(probe=c.id, config=c.config, ratio=c.throughput / own.throughput,
+                          why=_why(c, own, pick, decided, short, thresholds), short=short))
+    return found
+
+
+def _why(c: Candidate, own: Candidate, pick: Candidate, decided: Verdict, short: bool,
+         thresholds: ChoiceThresholds) -> str:
+    checked = decided.checked_probe
+    if decided.checked is not None and checked is not None \
+            and candidate_of(checked).config == c.config:
+        claim = decided.checked
+        return (f"alternated with the script's settings it measured {claim.ratio:.2f}x "
+                f"[{claim.interval[0]:.2f}-{claim.interval[1]:.2f}] ({claim.probes[0]}-"
+                f"{claim.probes[-1]}): a gain this check cannot tell from none")
+    parts = []
+    if short:
+        parts.append("its probes ran fewer steps than asked (the script ended first)")
+    if c.throughput <= pick.throughput * (1 + noise(c, pick, thresholds)):
+        parts.append(f"within the noise of its measurement (±{noise(c, pick, thresholds):.0%})")
+    if c.config.batch_size != own.config.batch_size:
+        parts.append(f"another batch size moves only for a gain beyond noise and "
+                     f"{thresholds.clear_gain:.0%}")
+    if checked is not None and candidate_of(checked).config != c.config:
+        parts.append("the check went to the configuration that measured fastest")
+    return "; ".join(parts) or "not checked against the script's settings"

@@ -1,0 +1,105 @@
+"""What the evidence establishes (``decide.evidence``): an undecided gain is alternated, not
+dropped; a checked gain moves the recommendation only beyond noise; what stays open is said."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ddp_profile.profiler.decide import evidence
+from ddp_profile.profiler.decide.choose import ChoiceThresholds, candidate_of, choose
+from ddp_profile.profiler.store.probes import ProbeRecord
+
+OWN = {"num_workers": 0, "pin_memory": False, "prefetch_factor": None, "batch_size": 64}
+
+
+def probe(index: int, throughput: float, kind: str = "sweep", rse: float = 0.01,
+          **config: Any) -> ProbeRecord:
+    line = {"id": f"p{index:03d}", "kind": kind, "status": "ok",
+            "config": {**OWN, **config}, "throughput": throughput, "throughput_rse": rse,
+            "data_wait_fraction": 0.5, "steps_measured": 30}
+    return ProbeRecord.from_json(line)
+
+
+def alternated(start: int, reference: float, candidate: float, **config: Any
+               ) -> list[ProbeRecord]:
+    """``A B A B A B A`` windows of one launch, the candidate at ``config``."""
+    probes = []
+    for index, role in enumerate(["reference", "candidate"] * 3 + ["reference"]):
+        line = probe(start + index, candidate if role == "candidate" else reference, "paired",
+                     **(config if role == "candidate" else {})).to_json()
+        line.update(pair={"role": role, "index": index, "group": "claim-x"},
+                    launch=f"p{start:03d}-screen")
+        probes.append(ProbeRecord.from_json(line))
+    return probes
+
+
+def best_of(records: list[ProbeRecord]) -> ProbeRecord:
+    chosen = choose([candidate_of(r) for r in records if r.counts_for_choice],
+                    candidate_of(records[0]))
+    return next(r for r in records if r.id == chosen.id)
+
+
+def test_a_gain_within_noise_is_the_subject_of_the_check():
+    """Two workers measured 1.3x in a noisy screen window (±15 %): ``choose`` keeps the
+    script's settings, and the window becomes what the check alternates."""
+    records = [probe(0, 1000.0, "baseline"), probe(1, 1300.0, rse=0.15, num_workers=2,
+                                                    prefetch_factor=2)]
+    assert best_of(records).id == "p000"
+    assert evidence.subject(records, records[0], best_of(records)).id == "p001"
+    open_ = evidence.verdict(records, records[0], best_of(records))
+    assert open_.pick.id == "p000" and open_.checked is None and open_.undecided
+    [seen] = evidence.seen(records, records[0], open_)
+    assert seen.probe == "p001" and seen.ratio == pytest.approx(1.3)
+    assert "within the noise" in seen.why
+
+
+def test_a_short_probe_is_evidence_not_nothing():
+    """Batch 256 measured 2.4x in a probe the script ended 3 steps short: ``choose`` sets short
+    probes aside; the evidence layer alternates it."""
+    short = probe(2, 2400.0, batch_size=256).to_json()
+    short.update(short=True, steps_measured=27)
+    records = [probe(0, 1000.0, "baseline"), probe(1, 1500.0, batch_size=128),
+               ProbeRecord.from_json(short)]
+    assert evidence.subject(records, records[0], records[0]).id == "p002"
+    [first, second] = evidence.seen(records, records[0], evidence.verdict(
+        records, records[0], records[0]))
+    assert first.short and "fewer steps than asked" in first.why
+    assert second.probe == "p001" and not second.short
+
+
+def test_the_alternation_decides_an_undecided_gain():
+    searched = [probe(0, 1000.0, "baseline"), probe(1, 1300.0, rse=0.15, num_workers=2,
+                                                     prefetch_factor=2)]
+    held = searched + alternated(2, 1000.0, 1200.0, num_workers=2, prefetch_factor=2)
+    decided = evidence.verdict(held, held[0], best_of(held))
+    assert decided.pick.id == "p001" and decided.undecided
+    assert decided.claim.ratio == pytest.approx(1.2) and decided.claim.faster
+    assert evidence.seen(held, held[0], decided) == []
+
+    gone = searched + alternated(2, 1000.0, 1000.0, num_workers=2, prefetch_factor=2)
+    kept = evidence.verdict(gone, gone[0], best_of(gone))
+    assert kept.pick.id == "p000" and kept.checked.ratio == pytest.approx(1.0)
+    [seen] = evidence.seen(gone, gone[0], kept)
+    assert "cannot tell from none" in seen.why and "1.00x" in seen.why
+
+
+def test_nothing_to_check_where_nothing_measured_faster():
+    records = [probe(0, 1000.0, "baseline"), probe(1, 1010.0, num_workers=2, prefetch_factor=2),
+               probe(2, 700.0, num_workers=4, prefetch_factor=2)]
+    assert evidence.subject(records, records[0], best_of(records)) is None
+    decided = evidence.verdict(records, records[0], best_of(records))
+    assert decided.pick.id == "p000" and evidence.seen(records, records[0], decided) == []
+
+
+def test_another_batch_size_needs_a_clear_gain_even_when_checked():
+    """Batch 128 alternated at 1.08x, beyond noise but under a ``clear_gain`` of 10 %: not a
+    reason to change the training's batch size; 1.15x is."""
+    strict = ChoiceThresholds(clear_gain=0.10)
+    records = [probe(0, 1000.0, "baseline"), probe(1, 1200.0, rse=0.2, batch_size=128)]
+    small = records + alternated(2, 1000.0, 1080.0, batch_size=128)
+    decided = evidence.verdict(small, small[0], best_of(small), strict)
+    assert decided.pick.id == "p000" and decided.checked.faster
+    clear = records + alternated(2, 1000.0, 1150.0, batch_size=128)
+    assert evidence.verdict(clear, clear[0], best_of(clear), strict).pick.id == "p001"
