@@ -18,14 +18,13 @@ from typing import Any, Optional
 
 from ddp_profile.errors import BadRunDir, Interrupted, ScriptInvalid, ScriptNotFound, UsageError
 from ddp_profile.profiler.launch import allocation
-from ddp_profile.profiler.launch.coordinate import Coordinator, coordinator_address
+from ddp_profile.profiler.launch.coordinate import Coordinator, coordinator_address, follow
 from ddp_profile.profiler.launch.ranks import LaunchSpec
 from ddp_profile.profiler.store.probes import Status
 from ddp_profile.profiler.store.results import Run, assemble, load_run, read_probes
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.store.summary import build_summary
 from ddp_profile.profiler.sweep.capacity import run_capacity
-from ddp_profile.profiler.sweep.measure import follow
 from ddp_profile.profiler.sweep.search import Sweep, SweepOptions
 from ddp_profile.profiler.sweep.space import SearchSpace
 from ddp_profile.reports.console import ConsoleProgress, print_summary

@@ -13,8 +13,13 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Optional
+
+from ddp_profile.profiler.launch.ranks import LaunchOutcome, LaunchSpec, launch
+from ddp_profile.profiler.settings import ProbePlan
+from ddp_profile.profiler.store.rundir import RunDir
 
 COORD_PORT_OFFSET = 1  # the coordinator listens on the rendezvous / master port + 1
 WAIT_FOR_PLAN_S = 6 * 3600.0
@@ -91,3 +96,36 @@ def coordinator_address(torchrun_args: tuple[str, ...], allocation: Any
     members = int(nnodes.split(":")[-1])
     return host or "127.0.0.1", int(port or 29400) + COORD_PORT_OFFSET, \
         int(options.get("--node-rank", "0")), members
+
+
+def merge_outcomes(leader: LaunchOutcome, followers: list[dict[str, Any]]) -> LaunchOutcome:
+    """One outcome for a probe that ran on several nodes: any timeout, the first failure."""
+    returncode = leader.returncode
+    timed_out = leader.timed_out
+    for follower in followers:
+        if follower.get("missing"):
+            returncode = returncode or 1
+            continue
+        timed_out = timed_out or bool(follower.get("timed_out"))
+        if not returncode and follower.get("returncode"):
+            returncode = follower["returncode"]
+    return replace(leader, returncode=returncode, timed_out=timed_out)
+
+
+def follow(coordinator: Coordinator, spec: LaunchSpec, run_dir: RunDir,
+           local_rank_flag: Optional[str] = None) -> int:
+    """A follower's whole sweep: launch what the leader publishes, upload the records."""
+    index = 0
+    while True:
+        message = coordinator.next_plan(index)
+        if message.get("done"):
+            return index
+        plan = ProbePlan.from_json(message["plan"])
+        plan = replace(plan, out_dir=run_dir.probe_dir(plan.probe_id),
+                       inject_local_rank=local_rank_flag)
+        run_dir.discard_partial_probe(plan.probe_id)
+        outcome = launch(spec, plan, float(message["timeout_s"]))
+        coordinator.upload(index, plan.out_dir, {"returncode": outcome.returncode,
+                                                 "timed_out": outcome.timed_out,
+                                                 "wall_s": outcome.wall_s})
+        index += 1

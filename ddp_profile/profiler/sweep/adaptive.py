@@ -28,6 +28,7 @@ from ddp_profile.profiler.sweep.climb import (
     beats,
     climb_points,
     climb_workers,
+    condemned,
     slower_than_baseline,
     waits_for_data,
     worth_tuning,
@@ -69,7 +70,7 @@ def run(search: Any) -> None:
     if search.loader().get("iterable"):  # known from the baseline: no launch wasted on it
         search.measurer.screen_unsupported = ("its IterableDataset's stream cannot continue "
                                               "in a new iterator mid-epoch")
-    screened = search.measurer.measure_screen(windows)
+    screened = search.measurer.measure_screen(windows, condemned(search.baseline))
     ceiling.vet(search)
     if search.measurer.screen_unsupported:
         search.progress("note", {"text": "the DataLoader cannot be rebuilt in place "

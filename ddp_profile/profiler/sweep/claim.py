@@ -54,6 +54,7 @@ from ddp_profile.profiler.decide.paired import (  # noqa: F401 (the claim's name
 from ddp_profile.profiler.settings import LoaderSettings, timed_warmup
 from ddp_profile.profiler.store.epochs import restart_share
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord, Status, counts_for_choice
+from ddp_profile.profiler.sweep.climb import condemned_by
 from ddp_profile.profiler.sweep.measure import Window
 from ddp_profile.profiler.sweep.space import normalise
 
@@ -228,7 +229,9 @@ def persistence_subject(search: Any, thresholds: ChoiceThresholds = DEFAULTS
               and LoaderSettings.from_dict(e.get("config")).num_workers
               and LoaderSettings.from_dict(e.get("config")).batch_size == config.batch_size
               and (restart_share(e) or 0.0) >= thresholds.restart_share
-              and float(e.get("steady_throughput") or 0.0) >= floor]
+              and float(e.get("steady_throughput") or 0.0) >= floor
+              and not condemned_by(search.entries, LoaderSettings.from_dict(e.get("config")),
+                                   base)]
     if not rivals:
         return None
     rival = max(rivals, key=lambda e: float(e["steady_throughput"]))

@@ -25,7 +25,7 @@ from ddp_profile.profiler.cache import (
     recorded_files,
     warm,
 )
-from ddp_profile.profiler.launch.coordinate import Coordinator
+from ddp_profile.profiler.launch.coordinate import Coordinator, merge_outcomes
 from ddp_profile.profiler.launch.ranks import (
     LaunchOutcome,
     LaunchSpec,
@@ -80,6 +80,10 @@ class Window:
     warmup: Optional[int] = None  # warm-up steps (None: the run's --warmup)
 
 
+Condemned = Callable[[list, Window], bool]  # (a screen's entries so far, a window it has yet
+# to launch) -> whether what it measured condemns that window (``sweep.climb.condemned``)
+
+
 class Measurer(Protocol):
     """Turns configurations into ledger entries; the search's only way to measure."""
 
@@ -92,9 +96,11 @@ class Measurer(Protocol):
         ``steps_per_s``, the steps a rank is predicted to make per second, lengthens a fast
         probe's measurement, ``settings.burst_steps``)."""
 
-    def measure_screen(self, windows: list[Window]) -> list[ProbeRecord]:
+    def measure_screen(self, windows: list[Window],
+                       condemned: Optional[Condemned] = None) -> list[ProbeRecord]:
         """Several configurations in as few launches as possible, one entry each (in order);
-        fewer entries than windows when a launch stopped early or screens are unsupported."""
+        fewer entries than windows when a launch stopped early or screens are unsupported,
+        and none for a window ``condemned`` before a further launch."""
 
     def context(self, entry: dict[str, Any]) -> dict[str, Any]:
         """The rank context of a measured probe (device, cpus_available, ...), {} if none."""
@@ -267,30 +273,45 @@ class LedgerMeasurer:
         self.progress("reused" if reused else "done", {"entry": record})
         return record
 
-    def measure_screen(self, windows: list[Window]) -> list[dict[str, Any]]:
+    def measure_screen(self, windows: list[Window],
+                       condemned: Optional[Condemned] = None) -> list[dict[str, Any]]:
         """Measure several configurations in as few launches as possible (see
         ``profiler.sweep.screen``): one launch runs them one after another; when it stops
-        early (a crash, an OOM, a hang), the window it stopped in is recorded as that failure
-        and the windows after it get a launch of their own. Each window becomes a ledger entry
-        with ``screened`` true. Sets ``screen_unsupported`` when the loader cannot be rebuilt."""
+        early (a crash, an OOM, a hang, the script's end), the window it stopped in is
+        recorded as that failure and the windows after it get a launch of their own, less
+        those ``condemned(measured so far, window)`` by what the screen measured. Each window
+        becomes a ledger entry with ``screened`` true. Sets ``screen_unsupported`` when the
+        loader cannot be rebuilt."""
         if any(w.threads is not None or w.persistent_workers or w.warmup for w in windows):
             raise ValueError("threads, persistent_workers and a warm-up of its own need a "
                              "launch of their own")
         done: list[dict[str, Any]] = []
+        ran: list[Window] = []
         pending = list(windows)
         while pending and not self.screen_unsupported:
+            if condemned is not None and done:
+                dropped = [w for w in pending if condemned(done, w)]
+                pending = [w for w in pending if w not in dropped]
+                if dropped:
+                    self.progress("note", {"text": "not launched, condemned by the rungs below "
+                                                   "them: " + ", ".join(w.config.label()
+                                                                        for w in dropped)})
+                if not pending:
+                    break
             first = len(self.entries)
             ids = [f"p{first + i:03d}" for i in range(len(pending))]
             reused = self._reuse_screened(pending, ids)
             done += reused
+            ran += pending[:len(reused)]
             pending, ids = pending[len(reused):], ids[len(reused):]
             if not pending:
                 break
             consumed = self._screen_launch(pending, ids, done)
             if consumed == 0:
                 break
+            ran += pending[:consumed]
             pending = pending[consumed:]
-        return [self._in_regime(entry, window) for entry, window in zip(done, windows)]
+        return [self._in_regime(entry, window) for entry, window in zip(done, ran)]
 
     def _in_regime(self, entry: dict[str, Any], window: Window) -> dict[str, Any]:
         """A screened window, or its configuration measured again in a launch of its own where
@@ -400,36 +421,3 @@ class LedgerMeasurer:
         if inflight and inflight.get("tag"):
             kill_tagged(str(inflight["tag"]))
         self.run_dir.clear_inflight()
-
-
-def merge_outcomes(leader: LaunchOutcome, followers: list[dict[str, Any]]) -> LaunchOutcome:
-    """One outcome for a probe that ran on several nodes: any timeout, the first failure."""
-    returncode = leader.returncode
-    timed_out = leader.timed_out
-    for follower in followers:
-        if follower.get("missing"):
-            returncode = returncode or 1
-            continue
-        timed_out = timed_out or bool(follower.get("timed_out"))
-        if not returncode and follower.get("returncode"):
-            returncode = follower["returncode"]
-    return replace(leader, returncode=returncode, timed_out=timed_out)
-
-
-def follow(coordinator: Coordinator, spec: LaunchSpec, run_dir: RunDir,
-           local_rank_flag: Optional[str] = None) -> int:
-    """A follower's whole sweep: launch what the leader publishes, upload the records."""
-    index = 0
-    while True:
-        message = coordinator.next_plan(index)
-        if message.get("done"):
-            return index
-        plan = ProbePlan.from_json(message["plan"])
-        plan = replace(plan, out_dir=run_dir.probe_dir(plan.probe_id),
-                       inject_local_rank=local_rank_flag)
-        run_dir.discard_partial_probe(plan.probe_id)
-        outcome = launch(spec, plan, float(message["timeout_s"]))
-        coordinator.upload(index, plan.out_dir, {"returncode": outcome.returncode,
-                                                 "timed_out": outcome.timed_out,
-                                                 "wall_s": outcome.wall_s})
-        index += 1

@@ -64,7 +64,8 @@ class ModelMeasurer:
                            **({"pair": window.pair} if window.pair else {}),
                            **({"persistent_workers": True} if window.persistent_workers else {}))
 
-    def measure_screen(self, windows: list[Window]) -> list[ProbeRecord]:
+    def measure_screen(self, windows: list[Window], condemned: Any = None
+                       ) -> list[ProbeRecord]:
         if not windows or self.screen_unsupported:  # as the real one: nothing launched then
             return []
         if not self.screens:
@@ -301,7 +302,8 @@ class LoadingMeasurer(ModelMeasurer):
             "loading": {"cpu_per_sample_s": 1e-4, "wait_per_sample_s": 2e-3,
                         "runq_per_sample_s": None, "worker_private_rss": None}, **extra})
 
-    def measure_screen(self, windows: list[Window]) -> list[ProbeRecord]:
+    def measure_screen(self, windows: list[Window], condemned: Any = None
+                       ) -> list[ProbeRecord]:
         self.windows += windows
         self.screens_asked.append(list(windows))
         return super().measure_screen(windows)
@@ -410,7 +412,8 @@ class CommMeasurer(ModelMeasurer):
         finally:
             self.synced, self.options = True, {}
 
-    def measure_screen(self, windows: list[Window]) -> list[ProbeRecord]:
+    def measure_screen(self, windows: list[Window], condemned: Any = None
+                       ) -> list[ProbeRecord]:
         entries: list[ProbeRecord] = []
         self.screens.append([w.ddp for w in windows])
         for window in windows:  # gradient synchronisation switches between windows
@@ -680,7 +683,8 @@ def test_a_claim_whose_sides_restart_their_workers_spans_whole_epochs():
     windows: list[Window] = []
 
     class Recording(RestartingMeasurer):
-        def measure_screen(self, asked: list[Window]) -> list[ProbeRecord]:
+        def measure_screen(self, asked: list[Window], condemned: Any = None
+                           ) -> list[ProbeRecord]:
             windows.extend(asked)
             return super().measure_screen(asked)
 

@@ -235,3 +235,52 @@ def _worker_file(directory, rank, records):
     os.makedirs(os.path.join(directory, "workers"), exist_ok=True)
     with open(os.path.join(directory, "workers", f"r{rank}-l0-w0-p1.jsonl"), "w") as handle:
         handle.write("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_a_spilled_screen_launches_no_rung_its_lower_rungs_condemned(tmp_path):
+    """The script ended after two windows of a screen of four rungs and a ceiling: 1 and 13
+    workers both ran slower than the script's own settings beyond noise, so 26 and 52 workers
+    and the ceiling at 52 are not launched (they were: 52 killed, the ceiling timed out);
+    where the lower rungs won, the rest gets its launch."""
+    from ddp_profile.profiler.launch.ranks import LaunchSpec
+    from ddp_profile.profiler.store.probes import Kind
+    from ddp_profile.profiler.store.rundir import RunDir
+    from ddp_profile.profiler.sweep.climb import condemned
+    from ddp_profile.profiler.sweep.measure import LedgerMeasurer, Window
+
+    def line(probe_id: str, kind: str, workers: int, throughput: float) -> dict:
+        return {"id": probe_id, "kind": kind, "status": "ok", "throughput": throughput,
+                "throughput_rse": 0.01,
+                "config": {"num_workers": workers, "pin_memory": False,
+                           "prefetch_factor": 2 if workers else None, "batch_size": 16}}
+
+    class EndingScript(LedgerMeasurer):
+        """Each launch measures two windows, then the script ends."""
+
+        def __init__(self, rates: dict[int, float], *args):
+            super().__init__(*args)
+            self.rates, self.launched = rates, []
+
+        def _screen_launch(self, pending, ids, done):
+            self.launched.append([w.config.num_workers for w in pending])
+            for window, probe_id in list(zip(pending, ids))[:2]:
+                workers = window.config.num_workers or 0
+                done.append(self._record(line(probe_id, window.kind.value, workers,
+                                              self.rates[workers])))
+            return min(2, len(pending))
+
+    def screen(rates: dict[int, float]) -> EndingScript:
+        run_dir = RunDir(str(tmp_path / f"run-{len(list(tmp_path.iterdir()))}"))
+        run_dir.create({"script": "train.py"})
+        found = EndingScript(rates, run_dir, LaunchSpec(script="train.py"), 10, 2, 60.0)
+        base = found._record(line("p000", "baseline", 0, 896.0))
+        rungs = [Window(LoaderSettings(w, False, 2, 16)) for w in (1, 13, 26, 52)]
+        rungs.append(Window(LoaderSettings(52, False, 2, 16), Kind.CEILING, "ceiling"))
+        measured = found.measure_screen(rungs, condemned(base))
+        assert [e.id for e in measured] == [f"p{i:03d}" for i in range(1, len(measured) + 1)]
+        return found
+
+    losing = screen({1: 593.0, 13: 98.0, 26: 52.0, 52: 30.0})
+    assert losing.launched == [[1, 13, 26, 52, 52]]
+    winning = screen({1: 1400.0, 13: 2600.0, 26: 2500.0, 52: 2000.0})
+    assert winning.launched == [[1, 13, 26, 52, 52], [26, 52, 52], [52]]

@@ -6,10 +6,10 @@ import json
 import os
 
 from ddp_profile.profiler.decide.choose import candidate_of, choose, noise
+from ddp_profile.profiler.launch.coordinate import merge_outcomes
 from ddp_profile.profiler.launch.ranks import LaunchOutcome
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.rundir import RunDir
-from ddp_profile.profiler.sweep.measure import merge_outcomes
 from ddp_profile.profiler.sweep.space import SearchSpace, grid, resolve_axes, worker_ladder
 
 
