@@ -169,12 +169,16 @@ def test_recommendation_to_dict_is_plain():
     assert data["config"]["num_workers"] == 4
 
 
-def test_a_short_probe_is_not_recommended_over_full_ones():
-    run = loader_sweep(("w2", {"num_workers": 2}, 0.02),
-                       ("w4", {"num_workers": 4, "short": True}, 0.0)).build()
-    rec = recommend(run, T)
+def test_a_short_probe_is_recommended_over_full_ones_only_beyond_its_wider_error():
+    close = loader_sweep(("w2", {"num_workers": 2}, 0.02),
+                         ("w4", {"num_workers": 4, "short": True}, 0.016)).build()
+    rec = recommend(close, T)
     assert rec.probe_id == "w2"
     assert not any(" is short, " in note for note in rec.notes)
+    clear = loader_sweep(("w2", {"num_workers": 2}, 0.02),
+                         ("w4", {"num_workers": 4, "short": True}, 0.0)).build()
+    rec = recommend(clear, T)
+    assert rec.probe_id == "w4" and any(" is short, " in note for note in rec.notes)
 
 
 def test_a_recommendation_that_rests_on_a_short_probe_says_so():

@@ -44,6 +44,7 @@ from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.probes import Kind, data_wait_share, is_measured
 
 UNSTABLE_RSE = 0.05  # a probe whose throughput is this uncertain is measured again, longer
+SHORT_RSE = 0.05  # the least relative error of a short probe's throughput (``widened``)
 
 
 @dataclass(frozen=True)
@@ -198,14 +199,13 @@ def choose(candidates: Sequence[Candidate], baseline: Optional[Candidate] = None
 
     ``candidates`` are successful measurements of kind baseline or sweep (``baseline`` among
     them when it succeeded); ones without a positive, finite throughput are ignored, and short
-    ones (fewer measured steps than asked) too unless every one is short. Launches are
-    compared with the spread these candidates' own launches showed (``with_launch_spread``).
+    ones (fewer measured steps than asked) count with a wider error (``widened``). Launches
+    are compared with the spread these candidates' own launches showed
+    (``with_launch_spread``).
     """
     thresholds = with_launch_spread(thresholds, candidates)
-    usable = most_certain([c for c in candidates
+    usable = most_certain([widened(c) for c in candidates
                            if math.isfinite(c.throughput) and c.throughput > 0])
-    full = [c for c in usable if not c.short]
-    usable = full or usable  # a short probe is chosen only when every probe is short
     if not usable:
         return baseline
     top = reference(usable, thresholds)
@@ -228,6 +228,14 @@ def choose(candidates: Sequence[Candidate], baseline: Optional[Candidate] = None
             1 + max(noise(pick, kept, thresholds), thresholds.clear_gain)):
         return kept  # a batch size changes training: only for a clear gain
     return pick
+
+
+def widened(candidate: Candidate) -> Candidate:
+    """A short measurement (the script ended before the probe's steps) as evidence with a
+    wider interval: its relative error at least ``SHORT_RSE``. A 4-epoch script measured batch
+    256 at 3.5x its own in a probe 3 steps short; set aside, the run kept batch 64."""
+    return replace(candidate, rse=max(candidate.rse, SHORT_RSE)) if candidate.short \
+        else candidate
 
 
 def _costlier_not_faster(pick: Candidate, baseline: Optional[Candidate],

@@ -179,7 +179,8 @@ def _why(c: Candidate, own: Candidate, pick: Candidate, decided: Verdict, short:
         parts.append("its probes ran fewer steps than asked (the script ended first)")
     if c.throughput <= pick.throughput * (1 + noise(c, pick, thresholds)):
         parts.append(f"within the noise of its measurement (±{noise(c, pick, thresholds):.0%})")
-    if c.config.batch_size != own.config.batch_size:
+    if c.config.batch_size != own.config.batch_size and c.throughput <= pick.throughput * (
+            1 + max(noise(c, pick, thresholds), thresholds.clear_gain)):
         parts.append(f"another batch size moves only for a gain beyond noise and "
                      f"{thresholds.clear_gain:.0%}")
     if checked is not None and candidate_of(checked).config != c.config:

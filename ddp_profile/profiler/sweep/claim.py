@@ -8,14 +8,16 @@ the script's own, ``confirm`` measures the two again, alternately: the reference
 script's settings) and the candidate (``B``), ``A B A B A B A``. Where the two differ in loader
 settings only, that is one launch whose windows switch between them (each window starts its
 own workers in its warm-up and continues the epoch, as a screen's do); where the batch size
-differs (it cannot change mid-epoch without changing ``len(loader)``) or the loader cannot be
-rebuilt, each is a launch of its own, ``A B A B A``. Every B stands between two A's, so the
-launch's level and a linear drift cancel in the comparison; ``rules.recommend`` reads the
-alternation (``pair``: role, position, group) and makes the expected speedup and its interval
-from it alone. These probes (``Kind.PAIRED``) count for nothing else. The verdict on an
-alternation (``paired``: the fit, the interval for a user's check, faster beyond noise) is
-this module's, read by the rules and by the sweep itself (``claim_holds``: what the
-persistent-workers alternation measures against).
+differs (it cannot change mid-epoch without changing ``len(loader)``), the loader cannot be
+rebuilt, or the script ended before a probe's steps (its windows would spill into launches at
+levels of their own), each is a whole launch of the script, ``A B A B A``. Every B stands
+between two A's, so the launch's level and a linear drift cancel in the comparison. Where the
+search kept the script's settings but measured a gain it could not tell from noise, that gain
+is the candidate (``decide.evidence.subject``). ``rules.recommend`` reads the alternation
+(``pair``: role, position, group) and makes the expected speedup and its interval from it
+alone; these probes (``Kind.PAIRED``) count for nothing else. The verdict on an alternation is
+``decide.evidence.verdict``'s, read by the rules and by the sweep itself (``recommended``:
+what ``--repeat`` and the persistent-workers alternation measure).
 
 ``search``: the ``sweep.search.Search`` that calls in (not imported: no cycle).
 """
@@ -87,11 +89,14 @@ def confirm(search: Any) -> None:
         return
     group = f"claim-{len(search.entries):03d}"
     configs = {REFERENCE: reference, CANDIDATE: candidate}
+    ends = any(e.short for e in search.entries)  # windows of one launch would outrun it
     in_one_launch = reference.batch_size == candidate.batch_size \
-        and not search.measurer.screen_unsupported
+        and not search.measurer.screen_unsupported and not ends
     roles = order(search.options.pairs if in_one_launch else launch_pairs(search.options.pairs))
     letters = " ".join("A" if role == REFERENCE else "B" for role in roles)
-    where = "in one launch" if in_one_launch else "a launch each"
+    where = "in one launch" if in_one_launch else "a launch each" + (
+        " (the script ended before a probe's steps: one launch would not hold the windows)"
+        if ends and reference.batch_size == candidate.batch_size else "")
     if not room_for_noise(len(roles), 1):
         search.progress("note", {"text": f"the claim is not checked: {letters} leaves no room "
                                          "for its noise (--pairs 2 or more)"})

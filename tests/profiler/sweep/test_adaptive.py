@@ -885,3 +885,22 @@ def test_an_undecided_gain_is_alternated_and_the_alternation_decides():
     found.run()
     assert len([e for e in found.entries if e["kind"] == "paired"]) == 7
     assert recommended(found).id == found.baseline.id
+
+
+class EndingMeasurer(ModelMeasurer):
+    """A short script: every probe of the search ends a few steps short."""
+
+    def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        line = super()._line(requested, kind, **extra)
+        return {**line, "short": True, "steps_measured": 27} if kind != "paired" else line
+
+
+def test_a_script_that_ends_early_is_checked_in_whole_launches():
+    """Where the script ended before a probe's steps, the claim's windows would spill into
+    launches at levels of their own: each side is a whole launch, A B A B A."""
+    fake = EndingMeasurer(io_bound)
+    found = Search(fake, SPACE, SweepOptions(search="adaptive", ceiling=False, comm=False))
+    found.run()
+    launched = [w.pair["role"] for w in fake.asked if w.kind == "paired"]
+    assert launched == ["reference", "candidate"] * 2 + ["reference"]
+    assert recommended(found).config.num_workers  # short probes are evidence: workers won

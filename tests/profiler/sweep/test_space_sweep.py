@@ -135,15 +135,19 @@ def test_predicted_rung_from_the_baseline_data_wait():
     assert predicted_rung({"status": "crash"}, ladder) == 0
 
 
-def test_choose_passes_over_a_short_probe_unless_every_probe_is_short():
+def test_a_short_probe_counts_with_a_wider_error():
+    """A probe the script ended early is evidence, not nothing: it wins beyond its widened
+    error (``SHORT_RSE``), and within it the full measurement does."""
     from ddp_profile.profiler.decide.choose import Candidate, choose
 
     base = Candidate("p0", LoaderSettings(num_workers=0), 100.0, kind="baseline",
                      data_wait_fraction=0.5)
-    short = Candidate("p1", LoaderSettings(num_workers=2), 300.0, short=True)
-    full = Candidate("p2", LoaderSettings(num_workers=4), 200.0)
-    assert choose([base, short, full], base).id == "p2"
-    assert choose([short], short).id == "p1"
+    full = Candidate("p2", LoaderSettings(num_workers=2), 200.0, rse=0.01)
+    clear = Candidate("p1", LoaderSettings(num_workers=4), 300.0, short=True)
+    close = Candidate("p1", LoaderSettings(num_workers=4), 215.0, short=True)
+    assert choose([base, clear, full], base).id == "p1"
+    assert choose([base, close, full], base).id == "p2"
+    assert choose([clear], clear).id == "p1"
 
 
 def test_the_measurer_amends_by_a_new_record_in_the_old_ones_place(tmp_path):
