@@ -26,7 +26,7 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ddp_profile.profiler.rank.hook import HOOK_DIR
 from ddp_profile.profiler.settings import (
@@ -93,6 +93,7 @@ class LaunchOutcome:
     wall_s: float
     log_path: str
     strays_killed: int = 0
+    stopped: bool = False  # ended early because ``watch`` said what it measured was enough
 
 
 def probe_env(spec: LaunchSpec, plan: ProbePlan, tag: str) -> dict[str, str]:
@@ -116,14 +117,18 @@ def new_tag() -> str:
     return uuid.uuid4().hex
 
 
-def launch(spec: LaunchSpec, plan: ProbePlan, timeout_s: float, tag: Optional[str] = None
-           ) -> LaunchOutcome:
-    """Run one probe to completion, timeout or interruption; never leave a process behind."""
+WATCH_EVERY_S = 1.0  # how often a watched launch asks its watch
+
+
+def launch(spec: LaunchSpec, plan: ProbePlan, timeout_s: float, tag: Optional[str] = None,
+           watch: Optional[Callable[[], bool]] = None) -> LaunchOutcome:
+    """Run one probe to completion, timeout or interruption, or until ``watch()`` (asked
+    every ``WATCH_EVERY_S``) says to stop; never leave a process behind."""
     os.makedirs(plan.out_dir, exist_ok=True)
     log_path = os.path.join(plan.out_dir, "launcher.log")
     tag = tag or new_tag()
     started = time.monotonic()
-    timed_out = interrupted = False
+    timed_out = interrupted = stopped = False
     env = probe_env(spec, plan, tag)
     with open(log_path, "ab") as log:
         process: Any = _Agent(spec.torchrun_argv(plan), env, log_path) \
@@ -131,7 +136,7 @@ def launch(spec: LaunchSpec, plan: ProbePlan, timeout_s: float, tag: Optional[st
                 spec.command(plan), env=env, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            process.wait(timeout=timeout_s)
+            stopped = _wait(process, started + timeout_s, watch)
         except subprocess.TimeoutExpired:
             timed_out = True
         except KeyboardInterrupt:
@@ -142,10 +147,26 @@ def launch(spec: LaunchSpec, plan: ProbePlan, timeout_s: float, tag: Optional[st
             strays = kill_tagged(tag)
     outcome = LaunchOutcome(returncode=process.returncode, timed_out=timed_out,
                             interrupted=interrupted, wall_s=time.monotonic() - started,
-                            log_path=log_path, strays_killed=strays)
+                            log_path=log_path, strays_killed=strays, stopped=stopped)
     if interrupted:
         raise KeyboardInterrupt
     return outcome
+
+
+def _wait(process: Any, deadline: float, watch: Optional[Callable[[], bool]]) -> bool:
+    """Wait for ``process`` until ``deadline`` (``TimeoutExpired`` past it); True where
+    ``watch`` asked to stop it first."""
+    while True:
+        left = deadline - time.monotonic()
+        if watch is None or left <= WATCH_EVERY_S:
+            process.wait(timeout=max(left, 0.0))
+            return False
+        try:
+            process.wait(timeout=WATCH_EVERY_S)
+            return False
+        except subprocess.TimeoutExpired:
+            if watch():
+                return True
 
 
 _FORK_SERVER: Optional[Any] = None

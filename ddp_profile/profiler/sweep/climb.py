@@ -23,6 +23,7 @@ from ddp_profile.profiler.store.probes import (
     is_ok,
 )
 from ddp_profile.profiler.sweep.capacity import ClimbPoint
+from ddp_profile.profiler.sweep.screen import window_rates
 from ddp_profile.profiler.sweep.space import normalise
 
 SETTLED_DATA_WAIT = 0.05  # below this share of waiting, loading settings cannot help more
@@ -97,6 +98,30 @@ def condemned(baseline: Entry) -> Callable[[list[Entry], Any], bool]:
         return window.kind in (Kind.SWEEP, Kind.CEILING) \
             and condemned_by(done, window.config, baseline)
     return judge
+
+
+WATCHED_RSE = 0.1  # the error a running window's rate is read with: stopped only well beyond
+
+
+def watched(plan: Any, pending: list[Any], done: list[Entry],
+            condemned: Optional[Callable[[list[Entry], Any], bool]]
+            ) -> Optional[Callable[[], bool]]:
+    """What a running screen is watched with: whether the windows every rank has left
+    (``screen.window_rates``), read with ``WATCHED_RSE``, condemn every window it has yet to
+    finish (``condemned``, over ``done`` and them); None without ``condemned``."""
+    if condemned is None:
+        return None
+
+    def stop() -> bool:
+        rates = window_rates(plan.out_dir)
+        seen = [ProbeRecord.from_json({
+            "id": f"{plan.probe_id}-w{index}", "kind": pending[index].kind.value,
+            "status": "ok", "config": pending[index].config.to_dict(), "throughput": rate,
+            "throughput_rse": WATCHED_RSE}) for index, rate in rates.items()
+            if index < len(pending)]
+        rest = pending[len(rates):]
+        return bool(seen and rest) and all(condemned([*done, *seen], w) for w in rest)
+    return stop
 
 
 def holds(candidate: Entry, incumbent: Entry) -> bool:

@@ -43,6 +43,7 @@ from ddp_profile.profiler.settings import (
 )
 from ddp_profile.profiler.store.probes import MEASURED_AS, Kind, ProbeRecord, Status
 from ddp_profile.profiler.store.rundir import RunDir
+from ddp_profile.profiler.sweep.climb import watched
 from ddp_profile.profiler.sweep.probe import summarise_probe
 from ddp_profile.profiler.sweep.screen import split_screen
 from ddp_profile.profiler.sweep.space import Axes
@@ -201,7 +202,8 @@ class LedgerMeasurer:
             return None
         return done
 
-    def _launch(self, plan: ProbePlan, timeout_s: float) -> LaunchOutcome:
+    def _launch(self, plan: ProbePlan, timeout_s: float,
+                watch: Optional[Callable[[], bool]] = None) -> LaunchOutcome:
         """Launch one probe (on every node of a coordinated run) and wait for its records."""
         if self.regime.warm and self.files:
             budget = FITS_SHARE * self.regime.memory_available \
@@ -214,7 +216,8 @@ class LedgerMeasurer:
         if self.coordinator is not None:
             self.coordinator.publish(self.launches, {"plan": plan.to_json(),
                                                      "timeout_s": timeout_s})
-        outcome = launch(self.spec, plan, timeout_s, tag=tag)
+        outcome = launch(self.spec, plan, timeout_s, tag=tag,
+                         watch=watch if self.coordinator is None else None)
         if self.coordinator is not None:
             outcome = merge_outcomes(outcome, self.coordinator.gather(
                 self.launches, plan.out_dir, timeout_s + FOLLOWER_GRACE_S))
@@ -306,7 +309,7 @@ class LedgerMeasurer:
             pending, ids = pending[len(reused):], ids[len(reused):]
             if not pending:
                 break
-            consumed = self._screen_launch(pending, ids, done)
+            consumed = self._screen_launch(pending, ids, done, condemned)
             if consumed == 0:
                 break
             ran += pending[:consumed]
@@ -320,10 +323,11 @@ class LedgerMeasurer:
             return entry
         return self._held(self._probe(window))
 
-    def _screen_launch(self, pending: list[Window], ids: list[str],
-                       done: list[dict[str, Any]]) -> int:
+    def _screen_launch(self, pending: list[Window], ids: list[str], done: list[dict[str, Any]],
+                       condemned: Optional[Condemned] = None) -> int:
         """One launch running ``pending``; the windows it finished (or failed in) are appended
-        to ``done``; returns how many."""
+        to ``done``; returns how many. Stopped early where the windows it finished condemn
+        every one it has left (``watched``): the window it stopped in is not recorded."""
         launch_id = f"{ids[0]}-screen"
         for probe_id in (launch_id, *ids):
             self.run_dir.discard_partial_probe(probe_id)
@@ -341,7 +345,10 @@ class LedgerMeasurer:
         timeout_s = self.screen_timeout(len(pending))
         self.progress("start", {"probe_id": launch_id, "config": pending[0].config,
                                 "kind": "screen", "windows": len(pending)})
-        outcome = self._launch(plan, timeout_s)
+        outcome = self._launch(plan, timeout_s, watched(plan, pending, done, condemned))
+        if outcome.stopped:
+            self.progress("note", {"text": f"{launch_id} stopped: the windows it measured "
+                                           "condemn every one it had left"})
         splits = split_screen(plan.out_dir, [self.run_dir.probe_dir(i) for i in ids],
                               plan.window_starts(), plan.window_lengths())
         consumed = 0
@@ -349,8 +356,8 @@ class LedgerMeasurer:
             if split.unsupported is not None:
                 self.screen_unsupported = split.unsupported
                 break
-            if not split.complete and not split.started and consumed:
-                break  # the launch stopped in an earlier window
+            if not split.complete and (outcome.stopped or not split.started and consumed):
+                break  # the launch stopped in an earlier window, or was stopped in this one
             window_outcome = outcome if not split.complete else replace(
                 outcome, returncode=0, timed_out=False, wall_s=split.span_s)
             window_plan = ProbePlan(probe_id=probe_id, out_dir=self.run_dir.probe_dir(probe_id),

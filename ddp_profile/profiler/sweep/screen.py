@@ -222,3 +222,38 @@ def _split_workers(launch_dir: str, out_dir: str, ranks: dict[Any, _RankScreen],
             os.makedirs(os.path.join(out_dir, WORKER_DIR), exist_ok=True)
             with open(os.path.join(out_dir, WORKER_DIR, name), "w", encoding="utf-8") as handle:
                 handle.write("".join(dumps(r) + "\n" for r in kept))
+
+
+def window_rates(launch_dir: str) -> dict[int, float]:
+    """Global samples/s over the measured steps of each window that every rank has left (a
+    step of a later window recorded), from what the ranks of a running screen have flushed so
+    far; {} until every rank (the context's ``world_size``) wrote steps. What the sweep reads
+    to stop a screen whose windows left are condemned (``sweep.climb.condemned``)."""
+    steps: dict[Any, list[dict[str, Any]]] = {}
+    world = None
+    names = os.listdir(launch_dir) if os.path.isdir(launch_dir) else []
+    for name in sorted(n for n in names if n.startswith("rank-") and n.endswith(".jsonl")):
+        records, _ = read_jsonl(os.path.join(launch_dir, name))
+        loader = _training_loader_id(records)
+        for record in records:
+            if record.get("kind") == "context":
+                world = record.get("world_size")
+            elif record.get("kind") == "step" and record.get("loader_id") == loader \
+                    and record.get("window") is not None:
+                steps.setdefault(record.get("rank"), []).append(record)
+    if not world or len(steps) < int(world):
+        return {}
+    left = min(max(s["window"] for s in mine) for mine in steps.values())
+    rates = {}
+    for window in range(left):
+        by_step: dict[int, list[dict[str, Any]]] = {}
+        for mine in steps.values():
+            for s in mine:
+                if s["window"] == window and s.get("measured"):
+                    by_step.setdefault(s["step"], []).append(s)
+        full = [group for group in by_step.values() if len(group) == len(steps)]
+        seconds = sum(max(s["data_wait_s"] + s["compute_s"] + s["other_s"] for s in group)
+                      for group in full)
+        if seconds > 0:
+            rates[window] = sum(s.get("samples") or 0 for g in full for s in g) / seconds
+    return rates

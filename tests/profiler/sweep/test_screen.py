@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from ddp_profile.profiler.launch.ranks import LaunchOutcome
 from ddp_profile.profiler.rank.hook import HOOK_DIR
 from ddp_profile.profiler.settings import (
@@ -261,7 +263,7 @@ def test_a_spilled_screen_launches_no_rung_its_lower_rungs_condemned(tmp_path):
             super().__init__(*args)
             self.rates, self.launched = rates, []
 
-        def _screen_launch(self, pending, ids, done):
+        def _screen_launch(self, pending, ids, done, condemned=None):
             self.launched.append([w.config.num_workers for w in pending])
             for window, probe_id in list(zip(pending, ids))[:2]:
                 workers = window.config.num_workers or 0
@@ -284,3 +286,45 @@ def test_a_spilled_screen_launches_no_rung_its_lower_rungs_condemned(tmp_path):
     assert losing.launched == [[1, 13, 26, 52, 52]]
     winning = screen({1: 1400.0, 13: 2600.0, 26: 2500.0, 52: 2000.0})
     assert winning.launched == [[1, 13, 26, 52, 52], [26, 52, 52], [52]]
+
+
+def test_a_running_screens_window_rates_cover_the_windows_every_rank_left(tmp_path):
+    """Read while the launch runs: windows 0 and 1 are left by both ranks (rank 1 is slower
+    in window 1: the step takes the slower rank's time), window 2 is still running; a torn
+    last line is skipped."""
+    from ddp_profile.profiler.sweep.screen import window_rates
+
+    def step(rank: int, index: int, window: int, seconds: float) -> str:
+        return json.dumps({"kind": "step", "rank": rank, "loader_id": 0, "step": index,
+                           "window": window, "measured": index % 10 >= 2, "samples": 16,
+                           "data_wait_s": seconds, "compute_s": 0.0, "other_s": 0.0})
+
+    assert window_rates(str(tmp_path)) == {}
+    for rank in (0, 1):
+        lines = [json.dumps({"kind": "context", "rank": rank, "world_size": 2})]
+        lines += [step(rank, i, i // 10, 0.1 if rank == 0 or i < 10 else 0.4)
+                  for i in range(25 if rank == 0 else 21)]
+        (tmp_path / f"rank-{rank}.jsonl").write_text("\n".join(lines) + '\n{"kind": "st')
+    rates = window_rates(str(tmp_path))
+    assert set(rates) == {0, 1}
+    assert rates[0] == pytest.approx(32 / 0.1) and rates[1] == pytest.approx(32 / 0.4)
+
+
+def test_a_watched_launch_stops_when_its_watch_says_so():
+    """``launch``'s wait asks its watch every second and stops the process group at its
+    word; unwatched, it waits to the deadline."""
+    import time
+
+    from ddp_profile.profiler.launch.ranks import _wait
+
+    asked = []
+    process = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        started = time.monotonic()
+        assert _wait(process, started + 25, lambda: asked.append(1) or len(asked) >= 2)
+        assert len(asked) == 2 and time.monotonic() - started < 10 and process.poll() is None
+        with pytest.raises(subprocess.TimeoutExpired):
+            _wait(process, time.monotonic() + 0.5, None)
+    finally:
+        process.kill()
+        process.wait()
