@@ -85,7 +85,7 @@ def condemned_by(entries: list[Entry], config: LoaderSettings, baseline: Entry) 
     26 timed out, in a launch that measured nothing of use)."""
     workers = config.num_workers or 0
     rungs = [(e, LoaderSettings.from_dict(e.get("config"))) for e in entries
-             if e.get("kind") == Kind.SWEEP]
+             if e.get("kind") == Kind.SWEEP and is_measured(e)]  # a failed rung says nothing
     lower = [e for e, rung in rungs if (rung.num_workers or 0) < workers
              and rung.batch_size == config.batch_size]
     return bool(workers and lower) and all(slower_than_baseline(e, baseline) for e in lower)
@@ -113,7 +113,7 @@ def watched(plan: Any, pending: list[Any], done: list[Entry],
         return None
 
     def stop() -> bool:
-        rates = window_rates(plan.out_dir)
+        rates = window_rates(plan.out_dir, [w.config.to_dict() for w in pending])
         seen = [ProbeRecord.from_json({
             "id": f"{plan.probe_id}-w{index}", "kind": pending[index].kind.value,
             "status": "ok", "config": pending[index].config.to_dict(), "throughput": rate,

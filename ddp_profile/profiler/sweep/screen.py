@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ddp_profile.profiler.settings import window_index
+from ddp_profile.profiler.store.epochs import rank_step_stats
 from ddp_profile.profiler.store.record import (
     ITERATOR_OUTLIVES_EPOCH,
     WORKER_DIR,
@@ -224,36 +225,39 @@ def _split_workers(launch_dir: str, out_dir: str, ranks: dict[Any, _RankScreen],
                 handle.write("".join(dumps(r) + "\n" for r in kept))
 
 
-def window_rates(launch_dir: str) -> dict[int, float]:
-    """Global samples/s over the measured steps of each window that every rank has left (a
-    step of a later window recorded), from what the ranks of a running screen have flushed so
-    far; {} until every rank (the context's ``world_size``) wrote steps. What the sweep reads
-    to stop a screen whose windows left are condemned (``sweep.climb.condemned``)."""
-    steps: dict[Any, list[dict[str, Any]]] = {}
+def window_rates(launch_dir: str, overrides: list[dict[str, Any]]) -> dict[int, float]:
+    """Global samples/s as run (``store.epochs.rank_step_stats``: a restart charged per epoch
+    where the window's workers restart) of each window that every rank has left (a step of a
+    later window recorded), from what the ranks of a running screen flushed so far; the
+    slowest rank's rate times the ranks. {} until every rank (the context's ``world_size``)
+    wrote steps. ``overrides``: each window's settings. What the sweep reads to stop a screen
+    whose windows left are condemned (``sweep.climb.watched``)."""
+    ranks: dict[Any, tuple[list[dict[str, Any]], dict[str, Any]]] = {}
     world = None
     names = os.listdir(launch_dir) if os.path.isdir(launch_dir) else []
     for name in sorted(n for n in names if n.startswith("rank-") and n.endswith(".jsonl")):
         records, _ = read_jsonl(os.path.join(launch_dir, name))
-        loader = _training_loader_id(records)
-        for record in records:
-            if record.get("kind") == "context":
-                world = record.get("world_size")
-            elif record.get("kind") == "step" and record.get("loader_id") == loader \
-                    and record.get("window") is not None:
-                steps.setdefault(record.get("rank"), []).append(record)
-    if not world or len(steps) < int(world):
+        loader_id = _training_loader_id(records)
+        steps = [r for r in records if r.get("kind") == "step" and r.get("window") is not None
+                 and r.get("loader_id") == loader_id]
+        loader = next((r for r in records if r.get("kind") == "loader"
+                       and r.get("loader_id") == loader_id), {})
+        world = next((r.get("world_size") for r in records if r.get("kind") == "context"), world)
+        if steps:
+            ranks[name] = (steps, loader)
+    if not world or len(ranks) < int(world):
         return {}
-    left = min(max(s["window"] for s in mine) for mine in steps.values())
     rates = {}
-    for window in range(left):
-        by_step: dict[int, list[dict[str, Any]]] = {}
-        for mine in steps.values():
-            for s in mine:
-                if s["window"] == window and s.get("measured"):
-                    by_step.setdefault(s["step"], []).append(s)
-        full = [group for group in by_step.values() if len(group) == len(steps)]
-        seconds = sum(max(s["data_wait_s"] + s["compute_s"] + s["other_s"] for s in group)
-                      for group in full)
-        if seconds > 0:
-            rates[window] = sum(s.get("samples") or 0 for g in full for s in g) / seconds
+    for window in range(min(max(s["window"] for s in steps) for steps, _ in ranks.values())):
+        if window >= len(overrides):
+            break
+        per_rank = []
+        for steps, loader in ranks.values():
+            applied = {**(loader.get("applied") or {}),
+                       **{k: v for k, v in overrides[window].items() if v is not None}}
+            stats = rank_step_stats([s for s in steps if s["window"] == window],
+                                    {**loader, "applied": applied})
+            per_rank.append(stats["throughput"])
+        if per_rank and all(rate > 0 for rate in per_rank):
+            rates[window] = min(per_rank) * len(per_rank)
     return rates

@@ -290,7 +290,7 @@ def test_a_spilled_screen_launches_no_rung_its_lower_rungs_condemned(tmp_path):
 
 def test_a_running_screens_window_rates_cover_the_windows_every_rank_left(tmp_path):
     """Read while the launch runs: windows 0 and 1 are left by both ranks (rank 1 is slower
-    in window 1: the step takes the slower rank's time), window 2 is still running; a torn
+    in window 1: the slowest rank's rate, times the ranks), window 2 is still running; a torn
     last line is skipped."""
     from ddp_profile.profiler.sweep.screen import window_rates
 
@@ -299,13 +299,13 @@ def test_a_running_screens_window_rates_cover_the_windows_every_rank_left(tmp_pa
                            "window": window, "measured": index % 10 >= 2, "samples": 16,
                            "data_wait_s": seconds, "compute_s": 0.0, "other_s": 0.0})
 
-    assert window_rates(str(tmp_path)) == {}
+    assert window_rates(str(tmp_path), [{}] * 3) == {}
     for rank in (0, 1):
         lines = [json.dumps({"kind": "context", "rank": rank, "world_size": 2})]
         lines += [step(rank, i, i // 10, 0.1 if rank == 0 or i < 10 else 0.4)
                   for i in range(25 if rank == 0 else 21)]
         (tmp_path / f"rank-{rank}.jsonl").write_text("\n".join(lines) + '\n{"kind": "st')
-    rates = window_rates(str(tmp_path))
+    rates = window_rates(str(tmp_path), [{}] * 3)
     assert set(rates) == {0, 1}
     assert rates[0] == pytest.approx(32 / 0.1) and rates[1] == pytest.approx(32 / 0.4)
 
