@@ -52,6 +52,31 @@ def test_mp_spawn_script_with_launcher_none(cli, run_dir):
     assert all(r["steps"] == 20 for r in probe["per_rank"])
 
 
+def test_spawned_ranks_that_run_to_the_scripts_end_report_it_and_its_errors(cli, run_dir):
+    """A spawned rank whose function returns ends as a probe does (its records, then out,
+    its DDP module never freed: a freed reducer's gloo group can deadlock the rank on the
+    GIL); one that raises is recorded with its exception (the spawn patch reaches the
+    spawned ranks: it once looked for ``_wrap`` on the function ``spawn``)."""
+    whole = ["--steps", "400", *ONE_PROBE[ONE_PROBE.index("--warmup"):]]
+    result = cli(["run", os.path.join(SCRIPTS, "spawn_train.py"), "--launcher", "none",
+                  "--out", run_dir, *ONE_PROBE[:ONE_PROBE.index("--steps")], *whole, "--",
+                  str(free_port_pair()), "1"], out=run_dir)
+    assert result.returncode == 0, result.stderr
+    probe = result.summary()["probes"][0]
+    assert probe["status"] == "ok" and probe["short"] is True
+    ends = [json.loads(line) for rank in (0, 1) for line in open(
+        os.path.join(run_dir, "probes", "p000", f"rank-{rank}.jsonl"), encoding="utf-8")
+        if '"kind":"end"' in line.replace(" ", "")]
+    assert [e["reason"] for e in ends] == ["script_exit"] * 2
+
+    failing = run_dir + "-failing"
+    result = cli(["run", os.path.join(SCRIPTS, "spawn_train.py"), "--launcher", "none",
+                  "--out", failing, *ONE_PROBE[:ONE_PROBE.index("--steps")], *whole, "--",
+                  str(free_port_pair()), "1", "1"], out=failing)
+    assert result.returncode == 5, result.stderr
+    assert "RuntimeError: rank 1 failed after its loop" in result.stderr
+
+
 def test_legacy_local_rank_script_works_unchanged(cli, run_dir):
     result = cli(["run", os.path.join(SCRIPTS, "legacy_launch_train.py"), "--out", run_dir,
                   *ONE_PROBE], out=run_dir)

@@ -55,6 +55,7 @@ class Hooks(Protocol):
     def on_optimizer_step(self) -> None: ...
     def gradient_sync(self) -> bool: ...
     def on_exception(self, exc_type: type, exc: BaseException, tb: Any) -> None: ...
+    def stop(self, reason: str) -> None: ...
 
 
 Maker = Callable[[Any], Any]  # the original function -> its patched replacement
@@ -161,6 +162,8 @@ def _ddp_init(instr: Hooks, signature: inspect.Signature) -> Maker:
                         device_type=first.device.type if first is not None else None,
                         module=len(instr.comm.modules))
             instr.ddp_modules.append(weakref.ref(self))
+            if _SPAWNED_DDP:
+                _SPAWNED_DDP.append(self)
             instr.comm.track(self)
         return __init__
     return make
@@ -340,19 +343,38 @@ def watch_host_syncs(instr: Hooks) -> bool:
     return True
 
 
+_SPAWNED_DDP: list[Any] = []  # a spawned rank's DDP modules, kept past its function's return
+
+
 def _patch_spawn(instr: Hooks) -> None:
-    """Ranks started by ``torch.multiprocessing.spawn`` report their exceptions too."""
-    import torch.multiprocessing.spawn as spawn_module
+    """Ranks started by ``torch.multiprocessing.spawn`` report their exceptions too, and end
+    as a probe does once their function returns (``stop``: records, workers, ``os._exit``),
+    their DDP modules kept alive until then. Freed as the function returns, a DDP module's
+    reducer destroys its gloo process group, which joins its worker thread while holding the
+    GIL; a worker thread still destroying the last all-reduce's work waits for the GIL to
+    release a Python object that work captured: the rank hangs (1 launch in 10 of a spawn
+    script whose probes ran to its end, each a 60 s timeout and a lost probe; py-spy: the
+    main thread in ``~ProcessGroupGloo`` -> ``thread::join``, the worker in
+    ``~AsyncAllreduceWork`` -> ``gil_scoped_acquire``)."""
+    import importlib
+
+    # the module: ``import torch.multiprocessing.spawn as m`` binds the function ``spawn``,
+    # which torch.multiprocessing exports under the module's name (and which has no ``_wrap``)
+    spawn_module = importlib.import_module("torch.multiprocessing.spawn")
 
     def make_wrap(original: Any) -> Any:
         @functools.wraps(original)
         def _wrap(fn: Any, i: int, args: Any, *rest: Any, **kwargs: Any) -> Any:
             def recorded(*fn_args: Any) -> Any:
+                _SPAWNED_DDP.append(None)  # this process is a spawned rank: keep its modules
                 try:
-                    return fn(*fn_args)
+                    result = fn(*fn_args)
                 except Exception as exc:
                     instr.on_exception(type(exc), exc, exc.__traceback__)
                     raise
+                if len(_SPAWNED_DDP) > 1 and not instr.stopping:
+                    instr.stop("script_exit")
+                return result
             return original(recorded, i, args, *rest, **kwargs)
         return _wrap
 
