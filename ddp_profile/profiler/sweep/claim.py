@@ -10,7 +10,9 @@ settings only, that is one launch whose windows switch between them (each window
 own workers in its warm-up and continues the epoch, as a screen's do); where the batch size
 differs (it cannot change mid-epoch without changing ``len(loader)``), the loader cannot be
 rebuilt, or the script ended before a probe's steps (its windows would spill into launches at
-levels of their own), each is a whole launch of the script, ``A B A B A``. Every B stands
+levels of their own), each is a whole launch of the script, ``A B A B A``, and one more pair at
+a time while it measures a gain it cannot yet tell from none (up to ``MAX_CLAIM_LAUNCHES``:
+undecided is a question to measure, not a "no"). Every B stands
 between two A's, so the launch's level and a linear drift cancel in the comparison. Where the
 search kept the script's settings but measured a gain it could not tell from noise, that gain
 is the candidate (``decide.evidence.subject``). ``rules.recommend`` reads the alternation
@@ -114,7 +116,9 @@ def confirm(search: Any) -> None:
                 configs[role]), pair={"role": role, "index": index, "group": group})
             for index, role in enumerate(roles)])
         return
-    for index, role in enumerate(roles):  # each side warmed up about as long (by time)
+    index = 0
+    while index < len(roles):  # each side warmed up about as long (by time)
+        role = roles[index]
         rate = search.steps_per_s(configs[role])
         entry = search.measurer.measure(Window(
             configs[role], Kind.PAIRED, steps=steps, steps_per_s=rate,
@@ -122,6 +126,26 @@ def confirm(search: Any) -> None:
             pair={"role": role, "index": index, "group": group}))
         if entry.get("status") != Status.OK:
             return  # a crash or an OOM would only repeat itself
+        index += 1
+        if index == len(roles) and len(roles) < MAX_CLAIM_LAUNCHES \
+                and undecided(search, best):
+            roles += [CANDIDATE, REFERENCE]
+            search.progress("note", {"text": "the check measured a gain it cannot tell from "
+                                             "none yet: one more pair of launches, B A"})
+
+
+MAX_CLAIM_LAUNCHES = 9  # a claim checked in launches that stays undecided: A B A B A B A B A
+
+
+def undecided(search: Any, subject: ProbeRecord,
+              thresholds: ChoiceThresholds = DEFAULTS) -> bool:
+    """Whether the claim's alternation so far measured ``subject`` faster than the script's
+    settings by more than ``noise_floor`` without the interval deciding it (above 1)."""
+    claim = paired(search.entries, evidence.alternation(search.entries, search.baseline,
+                                                        subject),
+                   thresholds.interval_confidence, thresholds.launch_sd)
+    return claim is not None and not claim.faster \
+        and claim.ratio > 1 + thresholds.noise_floor
 
 
 def verdict(search: Any, thresholds: ChoiceThresholds = DEFAULTS) -> Optional[Verdict]:

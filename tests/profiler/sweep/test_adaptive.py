@@ -11,6 +11,7 @@ import pytest
 from ddp_profile.profiler.decide.choose import candidate_of, choose
 from ddp_profile.profiler.settings import LoaderSettings, timed_warmup
 from ddp_profile.profiler.store.probes import ProbeRecord
+from ddp_profile.profiler.sweep import claim
 from ddp_profile.profiler.sweep.claim import claim_holds, recommended
 from ddp_profile.profiler.sweep.measure import Measurer, Window
 from ddp_profile.profiler.sweep.search import Search, SweepOptions
@@ -904,3 +905,34 @@ def test_a_script_that_ends_early_is_checked_in_whole_launches():
     launched = [w.pair["role"] for w in fake.asked if w.kind == "paired"]
     assert launched == ["reference", "candidate"] * 2 + ["reference"]
     assert recommended(found).config.num_workers  # short probes are evidence: workers won
+
+
+class WobblyPairs(ModelMeasurer):
+    """The claim's launches scatter ±8 % around the model, one high, one low, in turn."""
+
+    def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        line = super()._line(requested, kind, **extra)
+        if kind == "paired":
+            line["throughput"] *= (1.08, 0.92, 0.95, 1.05)[len(self.entries) % 4]
+        return line
+
+
+def batch_gain(config: LoaderSettings) -> tuple[float, float]:
+    """Batch 64 runs 1.12x the script's 32; workers add nothing (a compute-bound loader)."""
+    return (1120.0 if config.batch_size == 64 else 1000.0), 0.3
+
+
+def test_an_undecided_check_in_launches_measures_more_pairs_up_to_its_budget():
+    """A B A B A that measured a gain it cannot tell from none goes on, B A at a time, until
+    the interval decides or nine launches were spent; one that decides stops at five."""
+    space = SearchSpace(num_workers=(0,), batch_size=(32, 64))
+    wobbly = WobblyPairs(batch_gain)
+    found = Search(wobbly, space, SweepOptions(search="adaptive", ceiling=False, comm=False))
+    found.run()
+    launched = [w.pair["role"] for w in wobbly.asked if w.kind == "paired"]
+    assert 5 < len(launched) <= claim.MAX_CLAIM_LAUNCHES
+    assert launched == (["reference", "candidate"] * 5)[:len(launched) - 1] + ["reference"]
+
+    steady = ModelMeasurer(batch_gain)
+    Search(steady, space, SweepOptions(search="adaptive", ceiling=False, comm=False)).run()
+    assert len([w for w in steady.asked if w.kind == "paired"]) == 5
