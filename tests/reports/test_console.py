@@ -109,3 +109,20 @@ def test_a_recommendation_that_keeps_its_workers_alive_says_so_and_prints_its_sn
     summary["recommendation"].update(persistent_workers=False, notes=[])
     lines = summary_lines(summary, "out")
     assert f"  {snippet}" not in lines
+
+
+def test_the_summary_names_what_measured_faster_and_was_not_established():
+    """Never silent where probes measured faster: each open gain with its figure, why, and
+    the command that would settle it."""
+    summary = {"script": "t.py", "world_size": 2, "device": "cpu", "probes": [],
+               "recommended": {"num_workers": 0, "batch_size": 64}, "expected_speedup": 1.0,
+               "recommendation": {"unsettled": [{
+                   "probe": "p014", "ratio": 2.43,
+                   "config": {"num_workers": 0, "pin_memory": False, "batch_size": 256},
+                   "why": "its probes ran fewer steps than asked (the script ended first)",
+                   "settle": "ddp-profile run t.py --batch-size 256 --pairs 5"}]}}
+    lines = summary_lines(summary, "out")
+    at = lines.index("  not established: w=0 pin=false bs=256 measured 2.43x the script's "
+                     "settings (p014): its probes ran fewer steps than asked (the script "
+                     "ended first)")
+    assert lines[at + 1] == "    to settle it: ddp-profile run t.py --batch-size 256 --pairs 5"

@@ -216,6 +216,22 @@ def _rename_probe(run, old: str, new: str):
                                samples=rename(run.samples, "probe_id"))
 
 
+def test_what_measured_faster_and_stays_open_is_shown_and_inert(data_bound_run):
+    """The report says, under the recommendation, what measured faster and was not
+    established, and the command that would settle it (the script's arguments are the
+    user's: they come out as text)."""
+    summary = dict(data_bound_run.summary)
+    summary["recommendation"] = {**(summary.get("recommendation") or {}), "unsettled": [{
+        "probe": "p002", "ratio": 1.31, "config": {"num_workers": 1, "batch_size": 32},
+        "why": "alternated with the script's settings it measured 1.14x [0.81-1.60]",
+        "settle": "ddp-profile run t.py --num-workers 1 --pairs 5 -- --tag '<b>x</b>'"}]}
+    html = render_report(dataclasses.replace(data_bound_run, summary=summary))
+    block = re.search(r'<div id="unsettled">(.*?)</div>\s*</section>', html, flags=re.S)
+    assert block is not None and "Measured faster, not established" in block.group(1)
+    assert "num_workers=1, batch_size=32: 1.31× the script&#39;s settings (p002)" in html
+    assert "&lt;b&gt;x&lt;/b&gt;" in block.group(1) and "<b>x</b>" not in html
+
+
 def test_write_report_writes_the_file(data_bound_run, tmp_path):
     path = write_report(data_bound_run, str(tmp_path / "report.html"))
     with open(path, encoding="utf-8") as handle:
