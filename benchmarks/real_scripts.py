@@ -1,0 +1,179 @@
+"""Head to head on real scripts: the default search's recommendation against the best of a plain
+grid over the same axes, in fresh plain launches, alternating, whole process less start-up.
+
+For each workload: ``--runs`` runs of ``ddp-profile run`` under the default search, each its
+recommendation and interval; then the plain grid, every configuration launched ``--rounds``
+times round robin (c1 c2 ... c1 c2 ...: drift spreads over all), each launch's wall time less
+the median of launches that do no epoch (start-up: imports, the model, the data's index); a
+configuration's speed is the script's own settings' median time over its own. A run scores its
+recommendation's speed over the grid's best (>= 0.95 wanted) and whether its interval holds
+the recommendation's plain speed.
+
+Scripts we did not write are never copied into this repository: fetch them and point at them
+(``--timm-script``; docs/benchmarks.md names the commits). ``short_mlp`` is our own
+(``workloads/short_mlp.py``, 2 gloo ranks). Prints one JSON object.
+
+    python benchmarks/real_scripts.py --workloads short_mlp --runs 3
+    python benchmarks/real_scripts.py --workloads timm --runs 1 --rounds 2 \\
+        --timm-script ~/pytorch-image-models/train.py --images ~/imgs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOOL = [sys.executable, "-m", "ddp_profile"]
+
+
+@dataclass(frozen=True)
+class Script:
+    """A real script: how to start it, its own settings, and the grid's axes."""
+
+    path: str
+    nproc: int
+    args: Callable[[dict[str, Any]], list[str]]  # a configuration -> the script's arguments
+    own: dict[str, Any]  # the script's own settings (as the user runs it)
+    grid: list[dict[str, Any]]  # the plain grid, the script's own settings among them
+    idle: list[str]  # arguments of a launch that trains no epoch (start-up only)
+    env: tuple[tuple[str, str], ...] = (("OMP_NUM_THREADS", "1"),)
+
+
+def short_mlp(_: argparse.Namespace) -> Script:
+    def args(config: dict[str, Any]) -> list[str]:
+        return ["--num-workers", str(config["num_workers"]), "--batch-size",
+                str(config["batch_size"])]
+    grid = [{"num_workers": w, "batch_size": b} for b in (64, 128, 256) for w in (0, 2)]
+    return Script(os.path.join(HERE, "workloads", "short_mlp.py"), 2, args,
+                  {"num_workers": 2, "batch_size": 64}, grid, ["--epochs", "0"])
+
+
+def timm(options: argparse.Namespace) -> Script:
+    if not options.timm_script or not options.images:
+        raise SystemExit("timm: give --timm-script (its train.py) and --images (an ImageFolder "
+                         "with train/ and validation/)")
+    out = tempfile.mkdtemp(prefix="timm-out-")
+
+    def args(config: dict[str, Any], epochs: int = options.epochs) -> list[str]:
+        return [options.images, "--model", "resnet18", "--img-size", "64", "-b",
+                str(config["batch_size"]), "-j", str(config["num_workers"]), "--epochs",
+                str(epochs), "--device", "cpu", "--no-prefetcher", "--train-split", "train",
+                "--val-split", "validation", "--output", out]
+    grid = [{"num_workers": w, "batch_size": 32} for w in (0, 1, 2)]
+    own = {"num_workers": 0, "batch_size": 32}
+    return Script(os.path.abspath(options.timm_script), 1, args, own, grid, args(own, epochs=0))
+
+
+WORKLOADS: dict[str, Callable[[argparse.Namespace], Script]] = {"short_mlp": short_mlp,
+                                                                "timm": timm}
+
+
+def command(script: Script, extra: list[str]) -> list[str]:
+    if script.nproc > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                str(script.nproc), script.path, *extra]
+    return [sys.executable, script.path, *extra]
+
+
+def wall(argv: list[str], env: dict[str, str], cwd: str) -> Optional[float]:
+    """Seconds a plain launch took, whole process; None where it failed."""
+    started = time.monotonic()
+    done = subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, timeout=1800)
+    return time.monotonic() - started if done.returncode == 0 else None
+
+
+def key(config: dict[str, Any]) -> tuple:
+    return (config.get("num_workers") or 0, config.get("batch_size"))
+
+
+def plain_grid(script: Script, rounds: int, extra: list[dict[str, Any]], cwd: str
+               ) -> dict[tuple, float]:
+    """Each configuration's speed against the script's own settings, plain launches round
+    robin, whole process less the median start-up."""
+    env = {**os.environ, **dict(script.env)}
+    configs = {key(c): c for c in [*script.grid, *extra]}
+    times: dict[tuple, list[float]] = {k: [] for k in configs}
+    idle: list[float] = []
+    for _ in range(rounds):
+        idle_wall = wall(command(script, script.idle), env, cwd)
+        if idle_wall is not None:
+            idle.append(idle_wall)
+        for k, config in configs.items():
+            seconds = wall(command(script, script.args(config)), env, cwd)
+            if seconds is not None:
+                times[k].append(seconds)
+    start_up = statistics.median(idle) if idle else 0.0
+    medians = {k: statistics.median(v) - start_up for k, v in times.items() if v}
+    own = medians.get(key(script.own))
+    return {k: own / v for k, v in medians.items() if own and v > 0}
+
+
+def tool_run(script: Script, index: int, cwd: str) -> dict[str, Any]:
+    """One ``ddp-profile run`` under the default search: what it recommends and how sure."""
+    out = os.path.join(cwd, f"run-{index}")
+    started = time.monotonic()
+    argv = [*TOOL, "run", script.path, "--out", out, "--quiet", "--no-report",
+            "--nproc-per-node", str(script.nproc), "--", *script.args(script.own)]
+    done = subprocess.run(argv, env={**os.environ, **dict(script.env)}, cwd=cwd,
+                          capture_output=True, text=True, timeout=3600)
+    result: dict[str, Any] = {"exit": done.returncode, "wall_s": round(time.monotonic()
+                                                                       - started, 1)}
+    if done.returncode != 0:
+        return {**result, "error": done.stderr.strip().splitlines()[-1:]}
+    with open(os.path.join(out, "summary.json"), encoding="utf-8") as handle:
+        summary = json.load(handle)
+    probes = summary["probes"]
+    return {**result, "recommended": summary["recommended"],
+            "speedup": summary["expected_speedup"],
+            "interval": summary.get("expected_speedup_interval"),
+            "probes_ok": sum(p["status"] == "ok" for p in probes), "probes": len(probes),
+            "unsettled": [(u["config"], u["ratio"]) for u in
+                          (summary.get("recommendation") or {}).get("unsettled") or []]}
+
+
+def score(run: dict[str, Any], speeds: dict[tuple, float]) -> dict[str, Any]:
+    """A run's recommendation against the grid's best, in the plain launches."""
+    if "recommended" not in run:
+        return run
+    mine = speeds.get(key(run["recommended"]))
+    best = max(speeds.values())
+    interval = run.get("interval")
+    return {**run, "plain_speed": round(mine, 3) if mine else None,
+            "of_best": round(mine / best, 3) if mine else None,
+            "inside": bool(interval and mine and interval[0] <= mine <= interval[1])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", default="short_mlp")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--timm-script")
+    parser.add_argument("--images")
+    parser.add_argument("--epochs", type=int, default=4)
+    options = parser.parse_args()
+    report: dict[str, Any] = {}
+    for name in options.workloads.split(","):
+        script = WORKLOADS[name](options)
+        with tempfile.TemporaryDirectory(prefix=f"real-{name}-") as cwd:
+            runs = [tool_run(script, index, cwd) for index in range(options.runs)]
+            extra = [r["recommended"] for r in runs if "recommended" in r]
+            speeds = plain_grid(script, options.rounds, extra, cwd)
+        report[name] = {"grid": {f"w={k[0]} bs={k[1]}": round(v, 3) for k, v in
+                                 sorted(speeds.items())},
+                        "runs": [score(run, speeds) for run in runs]}
+        print(json.dumps({name: report[name]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

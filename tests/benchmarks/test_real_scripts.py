@@ -1,0 +1,33 @@
+"""The real-scripts benchmark's pure parts: a configuration as the script's own arguments,
+and how a run's recommendation is scored against the plain grid."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+
+import real_scripts  # noqa: E402
+
+
+def test_a_configuration_launches_as_the_scripts_own_flags():
+    timm = real_scripts.timm(argparse.Namespace(timm_script="train.py", images="/imgs",
+                                                epochs=4))
+    args = timm.args({"num_workers": 2, "batch_size": 64})
+    assert args[args.index("-j") + 1] == "2" and args[args.index("-b") + 1] == "64"
+    assert timm.idle[timm.idle.index("--epochs") + 1] == "0"
+    assert real_scripts.key(timm.own) in {real_scripts.key(c) for c in timm.grid}
+    mlp = real_scripts.short_mlp(argparse.Namespace())
+    assert mlp.args({"num_workers": 0, "batch_size": 256}) == ["--num-workers", "0",
+                                                               "--batch-size", "256"]
+
+
+def test_a_run_is_scored_against_the_grids_best_and_its_own_interval():
+    speeds = {(2, 64): 1.0, (0, 64): 1.2, (0, 256): 2.0}
+    run = {"recommended": {"num_workers": 0, "batch_size": 64}, "interval": [1.1, 1.4]}
+    scored = real_scripts.score(run, speeds)
+    assert scored["of_best"] == 0.6 and scored["inside"] is True
+    missed = real_scripts.score({**run, "interval": [1.3, 1.5]}, speeds)
+    assert missed["inside"] is False
