@@ -416,9 +416,9 @@ def on_off_load(stop: Any) -> None:
 def aa_trial(index: int, args: list[str]) -> Optional[bool]:
     """One alternation of a configuration with itself; True where the tool's interval of the
     'speedup' excludes 1.0 (a false claim), None where a window failed."""
+    from ddp_profile.profiler.decide.paired import order
     from ddp_profile.profiler.settings import LoaderSettings
     from ddp_profile.profiler.store.results import load_run
-    from ddp_profile.profiler.sweep.claim import order
     from ddp_profile.profiler.sweep.measure import Window
     from ddp_profile.rules.base import Thresholds
     from ddp_profile.rules.claim import paired_claim

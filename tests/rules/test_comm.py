@@ -32,7 +32,7 @@ def alternated(builder: RunBuilder, gains: dict, drift: float = 0.0, rounds: int
     """DDP options (``gains``: options text -> (options, true speedup)) alternated with the
     script's own, ``A B A C A`` per round, on a machine whose speed moves ``drift`` per place:
     each entry a launch of its own, or windows of ``launch``."""
-    from ddp_profile.profiler.sweep.claim import rounds as sequence_of
+    from ddp_profile.profiler.decide.paired import rounds as sequence_of
 
     candidates = list(gains.values())
     for index, i in enumerate(sequence_of(len(candidates), rounds)):

@@ -36,24 +36,12 @@ from ddp_profile.profiler.decide.choose import (
     compute_bound,
 )
 from ddp_profile.profiler.decide.evidence import Verdict
-from ddp_profile.profiler.decide.paired import (  # noqa: F401 (the claim's names, read here)
+from ddp_profile.profiler.decide.paired import (
     CANDIDATE,
-    CHECK_ROUNDS,
-    MEASURING_KINDS,
     REFERENCE,
-    AlternationFit,
-    PairedClaim,
-    alternations,
-    as_run,
-    check_interval,
-    fit_alternation,
-    fitted,
-    launches_spread,
     order,
     paired,
     room_for_noise,
-    rounds,
-    settings_key,
 )
 from ddp_profile.profiler.settings import LoaderSettings, timed_warmup
 from ddp_profile.profiler.store.epochs import restart_share

@@ -2,7 +2,7 @@
 
 Each is a probe of kind ``ddp`` (``store.probes.Kind.DDP``): the script's own settings with
 other DDP options (``ProbePlan.ddp``, applied by the rank hook), never in the choice. Each is
-measured beside the script's own DDP options, alternated (``claim.rounds``), so that what a
+measured beside the script's own DDP options, alternated (``decide.paired.rounds``), so that what a
 launch's level and the machine's drift add cancels (launch against launch, an option that
 plain launches measure at 1.11x was once read as 1.55x): the step without gradient
 synchronisation in windows of one launch (``GRADIENT_SYNC`` switches between steps), DDP
@@ -25,17 +25,16 @@ from ddp_profile.profiler.decide.choose import (
     exposed_share,
     relative_se,
 )
-from ddp_profile.profiler.settings import GRADIENT_SYNC, LoaderSettings
-from ddp_profile.profiler.store.probes import Entry, Kind, Status
-from ddp_profile.profiler.sweep.claim import (
+from ddp_profile.profiler.decide.paired import (
     CANDIDATE,
-    LAUNCH_PAIRS,
     REFERENCE,
-    WINDOW_PAIRS,
     fit_alternation,
     room_for_noise,
     rounds,
 )
+from ddp_profile.profiler.settings import GRADIENT_SYNC, LoaderSettings
+from ddp_profile.profiler.store.probes import Entry, Kind, Status
+from ddp_profile.profiler.sweep.claim import LAUNCH_PAIRS, WINDOW_PAIRS
 from ddp_profile.profiler.sweep.climb import beats
 from ddp_profile.profiler.sweep.measure import Window
 from ddp_profile.profiler.sweep.space import normalise
@@ -120,7 +119,7 @@ def options_key(options: dict[str, Any]) -> str:
 def alternate(search: Any, candidates: list[dict[str, Any]], in_one_launch: bool
               ) -> list[Entry]:
     """The script's own settings with its own DDP options (the reference) and with each of
-    ``candidates`` (DDP options), alternated ``A B A C A ...`` (``claim.rounds``): windows of
+    ``candidates`` (DDP options), alternated ``A B A C A ...`` (``decide.paired.rounds``): windows of
     one launch where ``in_one_launch`` and the loader can be rebuilt (gradient
     synchronisation alone switches between steps; at least ``WINDOW_PAIRS`` rounds), else a
     launch each (at most ``LAUNCH_PAIRS`` rounds). Each entry carries its
@@ -173,7 +172,7 @@ def _placed(search: Any, candidates: list[dict[str, Any]], group: str, windows: 
 
 
 def alternation_fit(entries: list[Entry]) -> Any:
-    """The fit of an alternation's entries (``claim.fit_alternation``; each candidate by its
+    """The fit of an alternation's entries (``decide.paired.fit_alternation``; each candidate by its
     options), None where one failed or too few ran."""
     if not entries or any(e.get("status") != Status.OK or not e.get("throughput")
                           or not isinstance(e.get("pair"), dict) for e in entries):

@@ -27,7 +27,7 @@ def test_find_unused_parameters_off_only_where_none_was_unused():
 
 
 def test_an_alternation_places_every_candidate_between_two_references():
-    from ddp_profile.profiler.sweep.claim import rounds
+    from ddp_profile.profiler.decide.paired import rounds
 
     assert rounds(1, 3) == [-1, 0, -1, 0, -1, 0, -1]
     assert rounds(2, 2) == [-1, 0, -1, 1, -1, 0, -1, 1, -1]
@@ -36,7 +36,7 @@ def test_an_alternation_places_every_candidate_between_two_references():
 def test_the_fit_of_an_alternation_cancels_a_drifting_machine():
     """A machine 10 % faster each place: two options (1.2x and 0.9x) alternated with the
     reference, A B A C A B A C A, come out at their own speedups."""
-    from ddp_profile.profiler.sweep.claim import fit_alternation, rounds
+    from ddp_profile.profiler.decide.paired import fit_alternation, rounds
 
     gains = {0: 1.2, 1: 0.9}
     rows = [(None if i < 0 else f"o{i}", float(place),
@@ -50,7 +50,7 @@ def test_the_fit_of_an_alternation_cancels_a_drifting_machine():
 
 
 def test_an_alternation_without_room_for_its_noise_fits_nothing():
-    from ddp_profile.profiler.sweep.claim import fit_alternation
+    from ddp_profile.profiler.decide.paired import fit_alternation
 
     # A B A: level, drift and gain fit it exactly, nothing is left to tell the noise
     assert fit_alternation([(None, 0.0, 100.0), ("b", 1.0, 150.0), (None, 2.0, 110.0)]) is None
