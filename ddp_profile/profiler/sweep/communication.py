@@ -119,8 +119,8 @@ def options_key(options: dict[str, Any]) -> str:
 def alternate(search: Any, candidates: list[dict[str, Any]], in_one_launch: bool
               ) -> list[Entry]:
     """The script's own settings with its own DDP options (the reference) and with each of
-    ``candidates`` (DDP options), alternated ``A B A C A ...`` (``decide.paired.rounds``): windows of
-    one launch where ``in_one_launch`` and the loader can be rebuilt (gradient
+    ``candidates`` (DDP options), alternated ``A B A C A ...`` (``decide.paired.rounds``):
+    windows of one launch where ``in_one_launch`` and the loader can be rebuilt (gradient
     synchronisation alone switches between steps; at least ``WINDOW_PAIRS`` rounds), else a
     launch each (at most ``LAUNCH_PAIRS`` rounds). Each entry carries its
     place (``pair``: role, index, group); a failed launch ends the alternation."""
