@@ -13,9 +13,10 @@ two never read one probe two ways.
   a compute-bound baseline, as ``choose`` asks), pooled over its measurements, short ones
   included: a probe the script ended three steps early is evidence with a wider interval.
 - **The verdict** (``verdict``): the subject where its last alternation with the script's
-  settings measured it faster beyond noise (and by ``clear_gain`` where ``choose`` asks for
-  that), or where the best stands with nothing to say otherwise (``--pairs 0``, a failed
-  probe); else the script's settings, with the alternation that did not establish it.
+  settings measured it faster beyond noise (``PairedClaim.faster``) and by more than
+  ``noise_floor`` (``clear_gain`` where ``choose`` asks for that: the choice's own floors), or
+  where the best stands with nothing to say otherwise (``--pairs 0``, a failed probe); else
+  the script's settings, with the alternation that did not establish it.
 - **What was seen** (``seen``): every configuration that measured faster than the
   recommendation and is not it, with its figure, why it is not established and what would
   settle it; never "no faster" where probes measured faster.
@@ -134,12 +135,11 @@ def verdict(records: Sequence[ProbeRecord], base: ProbeRecord, best: Optional[Pr
     claim = paired(records, alternation(records, base, target),
                    thresholds.interval_confidence, thresholds.launch_sd)
     is_best = best is not None and target.id == best.id
-    if is_best and (claim is None or claim.faster):
-        return Verdict(pick=target, claim=claim)
     gain = needed_gain(candidate_of(base), LoaderSettings.from_dict(target.get("config")),
-                       thresholds)
-    if not is_best and claim is not None and claim.faster and claim.ratio > 1 + gain:
-        return Verdict(pick=target, claim=claim, undecided=True)
+                       thresholds) if not is_best else thresholds.noise_floor
+    if is_best and claim is None or claim is not None and claim.faster \
+            and claim.ratio > 1 + gain:
+        return Verdict(pick=target, claim=claim, undecided=not is_best)
     return Verdict(pick=base, checked=claim, checked_probe=target, undecided=not is_best)
 
 
