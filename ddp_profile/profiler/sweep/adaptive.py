@@ -88,7 +88,9 @@ def run(search: Any) -> None:
             search.measurer.measure_screen(second_screen(search, best))
             best = search.best()
     if best is not None:
-        try_axis(search, best, "batch_size")
+        batched = try_axis(search, best, "batch_size")
+        if settings_of(batched).batch_size != settings_of(best).batch_size:
+            rescreen(search, batched)
 
 
 def first_workers(search: Any) -> list[int]:
@@ -203,6 +205,23 @@ def second_screen(search: Any, best: Entry) -> list[Window]:
     if uncertain is not None and uncertain.config not in unique:
         windows.insert(1 if best.get("screened") else 0, uncertain)
     return windows
+
+
+def rescreen(search: Any, best: Entry) -> None:
+    """The worker counts measured before, again at the batch size the search moved to, in
+    one screen: what a batch costs to load and to pass between processes changes with its
+    size, so the best loader at the script's batch size need not be the best at another (a
+    short MLP on in-memory data kept its 2 workers at batch 256 and ran 0.75 of batch 256
+    without workers in plain launches)."""
+    current = normalise(settings_of(best))
+    workers = sorted({settings_of(e).num_workers or 0 for e in search.ok_entries()
+                      if e.get("kind") in (Kind.BASELINE, Kind.SWEEP)})
+    configs = [normalise(replace(current, num_workers=w,
+                                 prefetch_factor=current.prefetch_factor if w else None))
+               for w in workers]
+    windows = [search.window(c) for c in dict.fromkeys(configs) if search.find(c) is None]
+    if windows:
+        search.measurer.measure_screen(windows, condemned(search.baseline))
 
 
 def try_axis(search: Any, best: Entry, axis: str) -> Entry:

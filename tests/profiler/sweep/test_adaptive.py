@@ -936,3 +936,21 @@ def test_an_undecided_check_in_launches_measures_more_pairs_up_to_its_budget():
     steady = ModelMeasurer(batch_gain)
     Search(steady, space, SweepOptions(search="adaptive", ceiling=False, comm=False)).run()
     assert len([w for w in steady.asked if w.kind == "paired"]) == 5
+
+
+def loader_by_batch(config: LoaderSettings) -> tuple[float, float]:
+    """Workers help at the script's batch of 32 (1.1x) and cost at 64 (no workers: 2.0x the
+    script's settings, 2 workers 1.5x): the batch's loading and passing cost changes."""
+    workers = config.num_workers or 0
+    if config.batch_size == 64:
+        return (2000.0, 0.05) if workers == 0 else (1500.0 - 10.0 * workers, 0.3)
+    return (1000.0, 0.3) if workers == 0 else (1100.0 - 5.0 * abs(workers - 2), 0.2)
+
+
+def test_the_worker_counts_are_measured_again_at_the_batch_size_the_search_moved_to():
+    space = SearchSpace(num_workers=(0, 2), batch_size=(32, 64))
+    fake = ModelMeasurer(loader_by_batch)
+    found = Search(fake, space, SweepOptions(search="adaptive", ceiling=False, comm=False))
+    found.run()
+    assert LoaderSettings(0, False, None, 64) in fake.measured
+    assert recommended(found).config == LoaderSettings(0, False, None, 64)
