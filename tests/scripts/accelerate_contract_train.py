@@ -6,6 +6,7 @@ finished epoch as ``epoch E rank R: N batches of len L.``.
 """
 
 import math
+import sys
 import time
 
 import torch
@@ -17,11 +18,14 @@ ACCUMULATE = 3
 
 
 class Samples(Dataset):
+    def __init__(self, load_ms: float):
+        self.load_ms = load_ms
+
     def __len__(self) -> int:
         return 368
 
     def __getitem__(self, index: int):
-        time.sleep(0.001)
+        time.sleep(self.load_ms / 1000)
         x = torch.randn(16, generator=torch.Generator().manual_seed(index))
         return x, int(x.sum() > 0)
 
@@ -30,7 +34,8 @@ def main() -> None:
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATE)
     model = nn.Linear(16, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    loader = DataLoader(Samples(), batch_size=8, shuffle=True)
+    load_ms = float(sys.argv[1]) if len(sys.argv) > 1 else 1.0  # per sample, asleep
+    loader = DataLoader(Samples(load_ms), batch_size=8, shuffle=True)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     for epoch in range(1000):
         batches = steps = 0

@@ -73,7 +73,8 @@ class Counted(pl.LightningModule):
 
 def main() -> None:
     workers = int(sys.argv[1]) if len(sys.argv) > 1 else 0
-    train = DataLoader(Samples(368, 1.0), batch_size=8, shuffle=True, num_workers=workers)
+    load_ms = float(sys.argv[2]) if len(sys.argv) > 2 else 1.0  # per sample, asleep
+    train = DataLoader(Samples(368, load_ms), batch_size=8, shuffle=True, num_workers=workers)
     val = DataLoader(Samples(64, 0.0), batch_size=8)
     trainer = pl.Trainer(strategy="ddp", accelerator="cpu", devices=2, max_epochs=200,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
