@@ -117,6 +117,12 @@ def kept_alive(run: Run, config: dict[str, Any], thresholds: Thresholds
     return measured if describe_config(reference) == describe_config(kept) == wanted else None
 
 
+def _row(run: Run, probe_id: str) -> pd.Series:
+    """The probes-table row of ``probe_id``."""
+    probes = run.probes
+    return probes[probes["id"] == probe_id].iloc[0]
+
+
 def kept_alive_instead(run: Run, base: pd.Series, thresholds: Thresholds
                        ) -> Optional[tuple[PairedClaim, pd.Series]]:
     """Where the script's own settings (``base``) are kept: another configuration with
@@ -129,8 +135,7 @@ def kept_alive_instead(run: Run, base: pd.Series, thresholds: Thresholds
     if describe_config(reference) != describe_config(config_of(base)) \
             or describe_config(kept) == describe_config(reference):
         return None
-    probes = run.probes
-    return measured, probes[probes["id"] == measured.first(CANDIDATE)].iloc[0]
+    return measured, _row(run, measured.first(CANDIDATE))
 
 
 def snippet_for(config: dict[str, Any], persistent: bool = False) -> str:
@@ -190,11 +195,6 @@ def _unsettled(run: Run, base: pd.Series, decided: evidence.Verdict,
                   "settle": settle_command(run, seen.config, seen.short)}
                  for seen in evidence.seen(run.records, run.probe(str(base["id"])), decided,
                                            thresholds))
-
-
-def _row(run: Run, probe_id: str) -> pd.Series:
-    probes = run.probes
-    return probes[probes["id"] == probe_id].iloc[0]
 
 
 def speedup_interval(run: Run, chosen: str, base: str, point: float,

@@ -70,7 +70,8 @@ def confirm(search: Any) -> None:
     base = search.baseline
     if search.options.pairs <= 0 or base is None or not base.ok:
         return
-    best = evidence.subject(search.entries, base, search.best())
+    top = search.best()
+    best = evidence.subject(search.entries, base, top)
     if best is None:
         return
     reference = normalise(LoaderSettings.from_dict(base.get("config")))
@@ -92,7 +93,6 @@ def confirm(search: Any) -> None:
                                          "for its noise (--pairs 2 or more)"})
         return
     steps = whole_epoch_steps(search, configs.values())
-    top = search.best()
     what = "the recommendation" if top is not None and top.id == best.id else \
         f"{candidate.label()}, faster in the search but not beyond its noise,"
     search.progress("note", {"text": "checking the claim: the script's settings (A) and "
