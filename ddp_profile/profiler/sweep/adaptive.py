@@ -214,11 +214,8 @@ def rescreen(search: Any, best: Entry) -> None:
     short MLP on in-memory data kept its 2 workers at batch 256 and ran 0.75 of batch 256
     without workers in plain launches)."""
     current = normalise(settings_of(best))
-    workers = sorted({settings_of(e).num_workers or 0 for e in search.ok_entries()
-                      if e.get("kind") in (Kind.BASELINE, Kind.SWEEP)})
-    configs = [normalise(replace(current, num_workers=w,
-                                 prefetch_factor=current.prefetch_factor if w else None))
-               for w in workers]
+    workers = sorted({settings_of(e).num_workers or 0 for e in search.ok_entries()})
+    configs = [normalise(replace(current, num_workers=w)) for w in workers]
     windows = [search.window(c) for c in dict.fromkeys(configs) if search.find(c) is None]
     if windows:
         search.measurer.measure_screen(windows, condemned(search.baseline))
