@@ -256,19 +256,74 @@ def gate(
     markdown: Optional[str] = typer.Option(None, help="Write Markdown here (also "
                                            "$GITHUB_STEP_SUMMARY when set)."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the verdict as JSON."),
+    against: Optional[str] = typer.Option(None, help="Paired: run the project file's script "
+                                          "and pinned configuration at this git revision "
+                                          "(or this script) and in the working tree, "
+                                          "alternated in launches (`against` in the project "
+                                          "file)."),
+    max_launches: Optional[int] = typer.Option(None, help="Paired: launches in all at most "
+                                               "(default 15: A B ... A)."),
+    out: Optional[str] = typer.Option(None, help="Paired: the job's directory (default: `out` "
+                                      "in the project file, else ddp-profile-gate)."),
+    quiet: bool = typer.Option(False, help="Paired: no progress output."),
 ) -> int:
-    """CI regression gate: exit 0 pass, 1 regression, 9 inconclusive, 10 incomparable."""
+    """CI regression gate: exit 0 pass, 1 regression, 9 inconclusive, 10 incomparable.
+
+    With --against REF (or `against` in the project file, when no BASELINE is given), the
+    change and its reference are measured in one job, alternated (docs/ci.md)."""
     from ddp_profile.commands.gate import run_gate
     from ddp_profile.commands.project_config import find_project_config, resolve
 
+    project = find_project_config()
+    if against is not None or (baseline is None and project is not None
+                               and project.get("against")):
+        from ddp_profile.commands.against import run_paired_gate
+
+        request = _paired_request(project, against, max_launches, max_regression, out, config)
+        return run_paired_gate(request, junit=junit, markdown=markdown, json_out=json_out,
+                               quiet=quiet)
     given = resolve({"baseline": baseline, "out": current, "max_regression": max_regression},
-                    find_project_config(), {"max_regression": MAX_REGRESSION})
+                    project, {"max_regression": MAX_REGRESSION})
     baseline, current, max_regression = given["baseline"], given["out"], given["max_regression"]
     if baseline is None or current is None:
         raise UsageError("gate needs BASELINE and CURRENT (or `baseline` and `out` in "
                          "ddp-profile.toml or the tool.ddp-profile table of pyproject.toml)")
     return run_gate(baseline, current, config=config, max_regression=max_regression,
                     alpha=alpha, force=force, junit=junit, markdown=markdown, json_out=json_out)
+
+
+def _paired_request(project, against: Optional[str], max_launches: Optional[int],
+                    max_regression: Optional[float], out: Optional[str], config: Optional[str]):
+    """The paired gate's job from the command line over the project file (its script, its
+    arguments and its one configuration)."""
+    from ddp_profile.commands.against import PairedRequest
+    from ddp_profile.commands.gate import parse_config
+    from ddp_profile.commands.project_config import RUN_DEFAULTS, check_command_line, resolve
+    from ddp_profile.profiler.decide.gate import DEFAULT_MAX_LAUNCHES
+    from ddp_profile.profiler.settings import SETTING_KEYS, LoaderSettings
+
+    if project is None or not project.get("script"):
+        raise UsageError("gate --against needs a project file naming the script "
+                         "(ddp-profile.toml or [tool.ddp-profile] in pyproject.toml)")
+    given = resolve({"against": against, "max_launches": max_launches, "out": out,
+                     "max_regression": max_regression}, project,
+                    {**RUN_DEFAULTS, "max_launches": DEFAULT_MAX_LAUNCHES,
+                     "max_regression": MAX_REGRESSION, "out": "ddp-profile-gate"})
+    check_command_line(given, ("max_launches", "max_regression"))
+    space = _space(given.get("num_workers"), given.get("pin_memory"),
+                   given.get("prefetch_factor"), given.get("batch_size")).to_dict()
+    if any(values and len(values) > 1 for values in space.values()):
+        raise UsageError("gate --against runs one configuration: give one value per axis in "
+                         "the project file (num_workers = [4]), or --config")
+    pinned = {key: (space.get(key) or [None])[0] for key in SETTING_KEYS}
+    pinned.update(parse_config(config) or {})
+    return PairedRequest(
+        against=given["against"], script=given["script"],
+        script_args=tuple(given.get("args") or ()), out=given["out"],
+        config=LoaderSettings(**pinned), launcher=given["launcher"],
+        nproc_per_node=given.get("nproc_per_node"), steps=given["steps"],
+        warmup=given["warmup"], timeout_s=given.get("timeout"), cache=given["cache"],
+        max_launches=given["max_launches"], max_regression=given["max_regression"])
 
 
 @app.command("baseline")

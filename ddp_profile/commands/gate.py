@@ -111,7 +111,7 @@ def _median(values: list[float]) -> float:
     return statistics.median(finite) if finite else math.nan
 
 
-def _write_text(path: str, text: str, what: str) -> None:
+def write_text(path: str, text: str, what: str) -> None:
     """Write atomically (temporary file + rename); ``-`` means standard output."""
     if path == "-":
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
@@ -144,11 +144,11 @@ def run_gate(baseline_path: str, current_path: str, *, config: ConfigArg = None,
     ci.render_console(result, console)
     text = ci.markdown(result)
     if junit:
-        _write_text(junit, ci.junit_xml(result), "JUnit XML")
+        write_text(junit, ci.junit_xml(result), "JUnit XML")
     if markdown:
-        _write_text(markdown, text, "Markdown summary")
+        write_text(markdown, text, "Markdown summary")
     if json_out:
-        _write_text(json_out, json.dumps(ci.to_json(result), indent=2) + "\n", "JSON result")
+        write_text(json_out, json.dumps(ci.to_json(result), indent=2) + "\n", "JSON result")
     ci.write_github_summary(text)
     return _EXIT[result.status]
 
@@ -171,7 +171,7 @@ def run_baseline_export(run_dir: str, out_path: str, config: ConfigArg = None,
     are returned.
     """
     data = export_baseline(load_run(run_dir), parse_config(config))
-    _write_text(out_path, json.dumps(data, indent=1) + "\n", "baseline")
+    write_text(out_path, json.dumps(data, indent=1) + "\n", "baseline")
     warnings = baseline_warnings(data["samples"], max_regression)
     for warning in warnings:
         sys.stderr.write(f"warning: {warning}\n")

@@ -92,7 +92,7 @@ def _cpu_model() -> Optional[str]:
     return platform.processor() or None
 
 
-def _meta(request: RunRequest, nproc: int) -> dict[str, Any]:
+def run_meta(request: RunRequest, nproc: int) -> dict[str, Any]:
     return {
         "schema_version": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "script": os.path.abspath(request.script), "script_args": list(request.script_args),
@@ -131,7 +131,7 @@ def start_run(request: RunRequest) -> str:
                             "local_rank_flag": request.local_rank_flag or
                             detect_local_rank_flag(request.script)})
     out = request.out or default_out_dir(request.script)
-    meta = _meta(request, nproc)
+    meta = run_meta(request, nproc)
     found = allocation.detect()
     if found is not None:  # the ranks already exist: run this one in place, no nested launch
         meta.update(launcher="inplace", nproc_per_node=1, allocation=asdict(found))

@@ -41,9 +41,9 @@ from ddp_profile.rules.gate.verdict import (
 
 GITHUB_SUMMARY_LIMIT = 1024 * 1024  # bytes GitHub accepts in one step's summary
 ENV_ROWS = ("device", "world_size", "torch_version", "cpu_model", "gpu_name", "hostname")
-_STATUS_WORD = {PASS: "pass", REGRESSION: "REGRESSION", INCONCLUSIVE: "inconclusive"}
-_STATUS_STYLE = {PASS: "green", REGRESSION: "bold red", INCONCLUSIVE: "yellow"}
-_STATUS_ICON = {PASS: "\u2705", REGRESSION: "\u274c", INCONCLUSIVE: "\u26a0\ufe0f"}
+STATUS_WORD = {PASS: "pass", REGRESSION: "REGRESSION", INCONCLUSIVE: "inconclusive"}
+STATUS_STYLE = {PASS: "green", REGRESSION: "bold red", INCONCLUSIVE: "yellow"}
+STATUS_ICON = {PASS: "\u2705", REGRESSION: "\u274c", INCONCLUSIVE: "\u26a0\ufe0f"}
 _XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 
 
@@ -191,7 +191,7 @@ def _confidence(result: GateResult) -> float:
 
 
 def _headline(result: GateResult) -> str:
-    return (f"ddp-profile gate: {_STATUS_WORD[result.status]} "
+    return (f"ddp-profile gate: {STATUS_WORD[result.status]} "
             f"(tolerance {result.max_regression * 100:g} %, alpha {result.alpha:g})")
 
 
@@ -214,7 +214,7 @@ def render_console(result: GateResult, console: Optional[Console] = None) -> Non
                       f"{row['current']}\n({n_cur})",
                       escape(f"{row['change']}\n[{row['interval'].rstrip(' %')}]"), row["p"],
                       row["detectable"],
-                      f"[{_STATUS_STYLE[status]}]{_STATUS_WORD[status]}[/]")
+                      f"[{STATUS_STYLE[status]}]{STATUS_WORD[status]}[/]")
     console.print(table)
     split = split_rows(result)
     if split:
@@ -227,7 +227,7 @@ def render_console(result: GateResult, console: Optional[Console] = None) -> Non
         console.print(f"warning: {warning}", style="yellow", markup=False, highlight=False)
 
 
-def _xml_text(text: Any) -> str:
+def xml_text(text: Any) -> str:
     return _XML_INVALID.sub("\ufffd", str(text))
 
 
@@ -258,32 +258,32 @@ def junit_xml(result: GateResult) -> str:
     for name, value in (("baseline", result.baseline.get("source")),
                         ("current", result.current.get("source")),
                         ("max_regression", result.max_regression), ("alpha", result.alpha)):
-        ET.SubElement(properties, "property", name=name, value=_xml_text(value))
+        ET.SubElement(properties, "property", name=name, value=xml_text(value))
     comparison = result.comparison
     verdict = comparison.verdict
     case = ET.SubElement(suite, "testcase", classname="ddp_profile.gate",
-                         name=_xml_text(f"throughput [{comparison.label}]"), time="0")
+                         name=xml_text(f"throughput [{comparison.label}]"), time="0")
     if verdict.status == REGRESSION:
         failure = ET.SubElement(case, "failure", type="ThroughputRegression",
-                                message=_xml_text(reason(verdict)))
-        failure.text = _xml_text(_details(result, comparison))
+                                message=xml_text(reason(verdict)))
+        failure.text = xml_text(_details(result, comparison))
     elif verdict.status == INCONCLUSIVE:
-        ET.SubElement(case, "skipped", message=_xml_text(reason(verdict)))
-    ET.SubElement(case, "system-out").text = _xml_text(_details(result, comparison))
+        ET.SubElement(case, "skipped", message=xml_text(reason(verdict)))
+    ET.SubElement(case, "system-out").text = xml_text(_details(result, comparison))
     if result.warnings:
-        ET.SubElement(suite, "system-err").text = _xml_text("\n".join(result.warnings))
+        ET.SubElement(suite, "system-err").text = xml_text("\n".join(result.warnings))
     ET.indent(suites)
     return ('<?xml version="1.0" encoding="UTF-8"?>\n'
             + ET.tostring(suites, encoding="unicode") + "\n")
 
 
-def _md_cell(text: Any) -> str:
+def md_cell(text: Any) -> str:
     return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
+    lines += ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in rows]
     return lines
 
 
@@ -294,13 +294,13 @@ def _environment_lines(result: GateResult) -> list[str]:
              "-" if cur_env.get(key) is None else str(cur_env.get(key))] for key in ENV_ROWS]
     rows.append(["source", str(result.baseline.get("source")), str(result.current.get("source"))])
     return (["<details><summary>Environment</summary>", ""]
-            + _md_table(["", "Baseline", "Current"], rows) + ["", "</details>"])
+            + md_table(["", "Baseline", "Current"], rows) + ["", "</details>"])
 
 
 def markdown(result: GateResult, limit_bytes: int = GITHUB_SUMMARY_LIMIT - 4096) -> str:
     """The gate's Markdown summary; table rows are cut to stay under ``limit_bytes``."""
     status = result.status
-    lines = [f"## {_STATUS_ICON[status]} {_headline(result)}", "",
+    lines = [f"## {STATUS_ICON[status]} {_headline(result)}", "",
              f"A configuration fails when a one-sided Mann-Whitney U test gives p < "
              f"{result.alpha:g} **and** the {_confidence(result) * 100:g} % interval of the "
              f"Hodges-Lehmann throughput ratio (current / baseline, from all pairs of steps) "
@@ -313,22 +313,22 @@ def markdown(result: GateResult, limit_bytes: int = GITHUB_SUMMARY_LIMIT - 4096)
               f"{_confidence(result) * 100:g} % CI", "p", "Detectable", "Steps b / c",
               "Verdict"]
     rows = [[r["config"], r["baseline"], r["current"], r["change"], r["interval"], r["p"],
-             r["detectable"], r["steps"], f"{_STATUS_ICON[r['status']]} {r['status']}"]
+             r["detectable"], r["steps"], f"{STATUS_ICON[r['status']]} {r['status']}"]
             for r in _rows(result)]
     comparison = result.comparison
-    tail = ["", f"- **{_md_cell(comparison.label)}**: {_md_cell(reason(comparison.verdict))}"]
-    tail += [f"- warning: {_md_cell(w)}" for w in result.warnings]
+    tail = ["", f"- **{md_cell(comparison.label)}**: {md_cell(reason(comparison.verdict))}"]
+    tail += [f"- warning: {md_cell(w)}" for w in result.warnings]
     split = split_rows(result)
     if split:
         tail += ["", "Where a step's time goes (mean ms per measured step):", ""]
-        tail += _md_table(["Part", "Baseline", "Current", "Change"], split)
+        tail += md_table(["Part", "Baseline", "Current", "Change"], split)
     tail += [""] + _environment_lines(result) + [""]
-    text = "\n".join(lines + _md_table(header, rows) + tail)
+    text = "\n".join(lines + md_table(header, rows) + tail)
     kept = len(rows)
     while len(text.encode("utf-8")) > limit_bytes and kept > 0:
         kept //= 2  # drop the reasons and environment, then halve the table until it fits
         note = f"_{len(rows) - kept} more row(s) left out to stay under {limit_bytes} bytes._"
-        text = "\n".join(lines + _md_table(header, rows[:kept]) + ["", note, ""])
+        text = "\n".join(lines + md_table(header, rows[:kept]) + ["", note, ""])
     return text
 
 

@@ -1,0 +1,249 @@
+"""``ddp-profile gate --against REF``: the change and its reference, alternated in one job.
+
+Both sides run the project's pinned configuration, a launch each, ``A B A B A`` (``A`` the
+reference, ``B`` the working tree as it is), then one more ``B A`` at a time while the
+verdict is open, up to ``max_launches``. Each launch is a probe of the tool's own measurer in
+the side's run directory (``OUT/reference``, ``OUT/current``: a launch's steps, split and
+telemetry stay there, as for ``ddp-profile run``), warmed up by time as the claim's launches
+are. The verdict is ``decide.gate.judge``'s; the outputs are ``reports.gate_paired``'s, and
+``OUT/gate.json`` holds the result whatever it is.
+
+A side that fails to start (or crashes, or hangs) ends the job with a one-line error naming it
+(``ScriptFailed``), its launches kept; the reference's checkout is removed however it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional
+
+from ddp_profile.defaults import CONFIDENCE, MAX_REGRESSION
+from ddp_profile.errors import ExitCode, ScriptFailed, UsageError
+from ddp_profile.profiler.decide import gate
+from ddp_profile.profiler.decide.paired import CANDIDATE, REFERENCE, order
+from ddp_profile.profiler.settings import MIN_WARMUP_S, LoaderSettings, timed_warmup
+from ddp_profile.profiler.store.probes import Kind, ProbeRecord
+from ddp_profile.profiler.store.results import read_probe_dir
+from ddp_profile.profiler.store.rundir import RunDir
+from ddp_profile.profiler.sweep.measure import LedgerMeasurer, Window
+
+_EXIT = {gate.PASS: ExitCode.OK, gate.REGRESSION: ExitCode.REGRESSION,
+         gate.INCONCLUSIVE: ExitCode.INCONCLUSIVE}
+GROUP = "gate"
+
+
+@dataclass(frozen=True)
+class PairedRequest:
+    """What one paired gate job runs (the project file's settings, the command line's)."""
+
+    against: str
+    script: str
+    script_args: tuple[str, ...]
+    out: str
+    config: LoaderSettings = LoaderSettings()  # the pinned configuration
+    launcher: str = "torchrun"
+    nproc_per_node: Optional[int] = None
+    steps: int = 30
+    warmup: int = 5
+    timeout_s: Optional[float] = None
+    cache: str = "as-is"
+    max_launches: int = gate.DEFAULT_MAX_LAUNCHES
+    max_regression: float = MAX_REGRESSION
+    confidence: float = CONFIDENCE
+
+
+@dataclass(frozen=True)
+class PairedResult:
+    """Everything the job measured and decided, for the reports (no I/O there)."""
+
+    against: str  # the reference as the reports name it
+    current: str  # the current side's script
+    config: LoaderSettings
+    launches: tuple[gate.Launch, ...]
+    environments: tuple[dict[str, Any], ...]  # per launch, in the same order
+    verdict: gate.PairedVerdict
+    notes: tuple[str, ...] = ()
+    out: str = ""
+    steps: int = 0
+    max_launches: int = 0
+
+    @property
+    def status(self) -> str:
+        return self.verdict.status
+
+
+@dataclass
+class _Side:
+    name: str  # "reference" | "current"
+    label: str
+    measurer: LedgerMeasurer
+    environments: list[dict[str, Any]] = field(default_factory=list)
+
+
+def check_request(request: PairedRequest) -> None:
+    if request.max_launches < gate.MIN_LAUNCHES:
+        raise UsageError(f"--max-launches: {request.max_launches} is below the "
+                         f"{gate.MIN_LAUNCHES} of A B A B A")
+    if not 0 <= request.max_regression < 1:
+        raise UsageError(f"--max-regression must be in [0, 1), got {request.max_regression}")
+    if os.path.exists(request.out) and os.listdir(request.out):
+        raise UsageError(f"--out {request.out} exists and is not empty: remove it, or name "
+                         f"another directory")
+
+
+def _side(name: str, label: str, script: str, request: PairedRequest,
+          python_path: Optional[str], progress: Callable[[str], None]) -> _Side:
+    from ddp_profile.commands.run import RunRequest, default_nproc, run_meta, spec_from_meta
+    from ddp_profile.profiler.sweep.search import SweepOptions
+    from ddp_profile.profiler.sweep.space import SearchSpace
+
+    nproc = request.nproc_per_node or default_nproc()
+    meta = run_meta(RunRequest(script=script, script_args=request.script_args, out=None,
+                               launcher=request.launcher, nproc_per_node=nproc,
+                               space=SearchSpace(), options=SweepOptions(
+                                   steps=request.steps, warmup=request.warmup,
+                                   timeout_s=request.timeout_s, single=True,
+                                   cache=request.cache)), nproc)
+    meta["gate"] = {"side": name, "against": label}
+    run_dir = RunDir(os.path.join(request.out, name))
+    run_dir.create(meta)
+    spec = spec_from_meta(meta)
+    if python_path:
+        spec = replace(spec, extra_env=spec.extra_env + (("PYTHONPATH", python_path),))
+    measurer = LedgerMeasurer(run_dir, spec, request.steps, request.warmup,
+                              timeout_s=request.timeout_s,
+                              cache="cold" if request.cache == "cold" else "as-is")
+    return _Side(name, label, measurer)
+
+
+def _environment(side: _Side, entry: ProbeRecord) -> dict[str, Any]:
+    """What ``decide.gate.environment_differences`` compares of one launch."""
+    context = side.measurer.context(entry)
+    found = {key: context.get(key) for key in gate.COMPARED}
+    clocks, throttled = [], []
+    for data in read_probe_dir(side.measurer.run_dir.probe_dir(entry.id)):
+        for sample in data.samples:
+            if sample.get("source") != "gpu":
+                continue
+            clock, reasons = sample.get("gpu_sm_clock_mhz"), sample.get("gpu_throttle_reasons")
+            if isinstance(clock, (int, float)) and clock == clock:
+                clocks.append(float(clock))
+            if isinstance(reasons, (int, float)) and reasons == reasons:
+                throttled.append(1.0 if int(reasons) & gate.THROTTLED else 0.0)
+    if clocks:
+        found["sm_clock_mhz"] = statistics.median(clocks)
+    if throttled:
+        found["throttled"] = sum(throttled) / len(throttled)
+    return found
+
+
+def _measure(side: _Side, index: int, request: PairedRequest, rate: Optional[float],
+             progress: Callable[[str], None]) -> ProbeRecord:
+    role = REFERENCE if side.name == "reference" else CANDIDATE
+    entry = side.measurer.measure(Window(
+        request.config, Kind.PAIRED, warmup=timed_warmup(request.warmup, rate),
+        pair={"role": role, "index": index, "group": GROUP}))
+    if not entry.measured:
+        why = entry.line.get("reason") or ("no measured step" if entry.ok else entry.status)
+        raise ScriptFailed(f"the {side.name} side ({side.label}) failed in launch {entry.id}: "
+                           f"{why}; its log is in "
+                           f"{side.measurer.run_dir.probe_dir(entry.id)} (the launches so "
+                           f"far are kept in {request.out})")
+    side.environments.append(_environment(side, entry))
+    progress(f"{side.name} {entry.id}: {entry.throughput:,.1f} samples/s")
+    return entry
+
+
+def _steps_per_s(entry: ProbeRecord) -> Optional[float]:
+    medians = [r.step_time_median_s for r in entry.ranks if r.step_time_median_s]
+    return 1.0 / max(medians) if medians else None
+
+
+def measure_alternation(request: PairedRequest, reference_script: str, reference_label: str,
+                        python_path: Optional[str], progress: Callable[[str], None],
+                        fixed: Optional[int] = None) -> PairedResult:
+    """Run the alternation (``fixed``: exactly that many launches, for the benchmarks) and
+    judge it."""
+    sides = {REFERENCE: _side("reference", reference_label, reference_script, request,
+                              python_path, progress),
+             CANDIDATE: _side("current", request.script, request.script, request, None,
+                              progress)}
+    roles = order(fixed // 2 if fixed else (gate.MIN_LAUNCHES - 1) // 2)
+    launches: list[gate.Launch] = []
+    environments: list[dict[str, Any]] = []
+    rates: dict[str, float] = {}
+    verdict: Optional[gate.PairedVerdict] = None
+    notes: list[str] = []
+    while len(launches) < len(roles):
+        role = roles[len(launches)]
+        side = sides[role]
+        rate = rates.get(role) or next(iter(rates.values()), None)
+        entry = _measure(side, len(launches), request, rate, progress)
+        if not rates and timed_warmup(request.warmup, _steps_per_s(entry)) > request.warmup:
+            # the first launch warmed up by steps alone, under MIN_WARMUP_S: it sized the
+            # warm-up by time that every launch gets, and is measured again with it
+            side.environments.pop()
+            rates[role] = _steps_per_s(entry) or 0.0
+            progress(f"{entry.id} sized the warm-up ({timed_warmup(request.warmup, rates[role])}"
+                     f" steps, about {MIN_WARMUP_S:g} s); measured again")
+            continue
+        rates.setdefault(role, _steps_per_s(entry) or 0.0)
+        launches.append(gate.Launch(role, len(launches), entry.throughput, entry.id))
+        environments.append(side.environments[-1])
+        if len(launches) < len(roles):
+            continue
+        differences, notes = gate.environment_differences(
+            sides[REFERENCE].environments, sides[CANDIDATE].environments)
+        verdict = gate.judge(launches, max_regression=request.max_regression,
+                             confidence=request.confidence, differences=differences)
+        if fixed is None and gate.more(verdict, len(launches), request.max_launches):
+            roles += [CANDIDATE, REFERENCE]
+            progress(f"current / reference {verdict.ratio:.3f} [{verdict.low:.3f}-"
+                     f"{verdict.high:.3f}] straddles {1 - request.max_regression:g}: one more "
+                     f"pair, B A")
+    assert verdict is not None
+    return PairedResult(against=reference_label, current=request.script, config=request.config,
+                        launches=tuple(launches), environments=tuple(environments),
+                        verdict=verdict, notes=tuple(notes), out=request.out,
+                        steps=request.steps, max_launches=request.max_launches)
+
+
+def run_paired_gate(request: PairedRequest, *, junit: Optional[str] = None,
+                    markdown: Optional[str] = None, json_out: Optional[str] = None,
+                    quiet: bool = False) -> ExitCode:
+    """The whole job: check out the reference, alternate, judge, write every output; the
+    verdict's exit code."""
+    from ddp_profile.commands.gate import write_text
+    from ddp_profile.commands.reference import checked_out
+    from ddp_profile.commands.run import check_script
+    from ddp_profile.reports import ci, gate_paired
+
+    check_request(request)
+    check_script(request.script)
+
+    def progress(text: str) -> None:
+        if not quiet:
+            print(f"ddp-profile gate: {text}", flush=True)
+
+    with checked_out(request.against, request.script) as reference:
+        check_script(reference.script)
+        progress(f"{reference.label} (A) against the working tree (B), "
+                 f"{request.config.label()}, {request.steps} steps a launch")
+        result = measure_alternation(request, reference.script, reference.label,
+                                     reference.python_path, progress)
+    document = gate_paired.to_json(result)
+    with open(os.path.join(request.out, "gate.json"), "w", encoding="utf-8") as handle:
+        json.dump(document, handle, indent=2)
+    gate_paired.render_console(result)
+    text = gate_paired.markdown(result)
+    if junit:
+        write_text(junit, gate_paired.junit_xml(result), "JUnit XML")
+    if markdown:
+        write_text(markdown, text, "Markdown summary")
+    if json_out:
+        write_text(json_out, json.dumps(document, indent=2) + "\n", "JSON result")
+    ci.write_github_summary(text)
+    return _EXIT[result.status]

@@ -1,0 +1,82 @@
+"""``ddp-profile gate --against REF`` refuses bad input with one line and its exit code before
+anything launches or is checked out (the real CLI, in a subprocess, in a real git
+repository)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ddp_profile.errors import ExitCode
+
+PROJECT = 'script = "train.py"\nnum_workers = [0]\n'
+
+
+def git(repo, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.email=t@example.com", "-c", "user.name=t", *args],
+                          cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def cli(cwd, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ddp_profile", "gate", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture()
+def repo(tmp_path):
+    """HEAD~1 holds only a README; HEAD adds train.py and the project file."""
+    git(tmp_path, "init", "-q")
+    (tmp_path / "README").write_text("x\n")
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-qm", "readme")
+    (tmp_path / "train.py").write_text("print('train')\n")
+    (tmp_path / "ddp-profile.toml").write_text(PROJECT)
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-qm", "train")
+    return tmp_path
+
+
+def one_line(done: subprocess.CompletedProcess, code: int, *words: str) -> str:
+    assert done.returncode == code, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ddp-profile: error: "), done.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, project, code, words", [
+    (["--against", "no-such-branch"], PROJECT, ExitCode.USAGE, ["no such revision"]),
+    (["--against", "HEAD~1"], PROJECT, ExitCode.SCRIPT_NOT_FOUND,
+     ["the reference has no train.py"]),
+    (["--against", "HEAD", "--max-launches", "3"], PROJECT, ExitCode.USAGE,
+     ["--max-launches", "below"]),
+    (["--against", "HEAD"], PROJECT.replace("[0]", "[0, 2]"), ExitCode.USAGE,
+     ["one configuration"]),
+    (["--against", "HEAD"], PROJECT + "max_launches = 2\n", ExitCode.USAGE, ["max_launches"]),
+    ([], PROJECT + 'against = "HEAD~1"\n', ExitCode.SCRIPT_NOT_FOUND,
+     ["the reference has no train.py"]),
+])
+def test_bad_references_and_settings_are_one_line_and_leave_nothing(repo, args, project, code,
+                                                                     words):
+    (repo / "ddp-profile.toml").write_text(project)
+    one_line(cli(repo, *args), code, *words)
+    assert git(repo, "worktree", "list").count("\n") == 0
+    assert not os.path.exists(repo / "ddp-profile-gate")
+
+
+def test_no_repository_no_project_file_and_a_used_out_directory(repo, tmp_path_factory):
+    bare = tmp_path_factory.mktemp("bare")
+    (bare / "train.py").write_text("")
+    (bare / "ddp-profile.toml").write_text(PROJECT)
+    one_line(cli(bare, "--against", "HEAD"), ExitCode.USAGE, "not in a git repository")
+    empty = tmp_path_factory.mktemp("empty")
+    one_line(cli(empty, "--against", "HEAD"), ExitCode.USAGE, "needs a project file")
+    (repo / "used").mkdir()
+    (repo / "used" / "gate.json").write_text("{}")
+    one_line(cli(repo, "--against", "HEAD", "--out", "used"), ExitCode.USAGE,
+             "exists and is not empty")
+    assert (repo / "used" / "gate.json").read_text() == "{}"  # nothing lost

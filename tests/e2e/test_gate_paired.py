@@ -1,0 +1,115 @@
+"""``ddp-profile gate --against REF`` in a temporary git repository, end to end: the real CLI,
+a git worktree of the reference, real torchrun launches of both sides alternated.
+
+The repository's ``train.py`` runs the built-in workload with a step dominated by one known
+sleep (as tests/e2e/test_gate.py's, steady on a busy 2-core machine): 50 ms at HEAD~1 and HEAD;
+the working tree makes it 75 ms (a third slower). HEAD~2 is a script that fails to start. The
+project file pins one configuration and a 15 % tolerance (a 2-core CI box shared with other
+tests: unchanged code must pass there in a few launches).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from ddp_profile.errors import ExitCode
+from tests.conftest import DEMO, probe_processes, run_cli
+
+pytestmark = pytest.mark.e2e
+
+WRAPPER = """import runpy
+import sys
+
+STEP_SLEEP_MS = "{ms}"
+sys.argv = [{demo!r}, *sys.argv[1:], "--step-sleep-ms", STEP_SLEEP_MS]
+runpy.run_path({demo!r}, run_name="__main__")
+"""
+PROJECT = """script = "train.py"
+args = ["--hidden", "32", "--layers", "1", "--batch-size", "8"]
+num_workers = [0]
+steps = 30
+warmup = 20
+max_regression = 0.15
+max_launches = 9
+"""
+
+
+def git(repo, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.email=t@example.com", "-c", "user.name=t", *args],
+                          cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("paired")
+    git(root, "init", "-q")
+    (root / "ddp-profile.toml").write_text(PROJECT)
+    for text, message in (("raise SystemExit('cannot start: no such dataset')\n", "broken"),
+                          (WRAPPER.format(ms=50, demo=DEMO), "50 ms"),
+                          (WRAPPER.format(ms=50, demo=DEMO) + "# unchanged speed\n", "comment")):
+        (root / "train.py").write_text(text)
+        git(root, "add", "-A")
+        git(root, "commit", "-qm", message)
+    return root
+
+
+def gate(repo, name: str, *args: str):
+    out = str(repo / name)
+    result = run_cli(["gate", "--out", out, "--json", str(repo / f"{name}.json"),
+                      "--junit", str(repo / f"{name}.xml"), "--markdown",
+                      str(repo / f"{name}.md"), *args], out=out, timeout=600)
+    document = None
+    if os.path.exists(repo / f"{name}.json"):
+        document = json.loads((repo / f"{name}.json").read_text())
+    return result, document
+
+
+def test_gate_against_head_1_passes_unchanged_code_and_fails_a_slower_working_tree(repo):
+    result, same = gate(repo, "same", "--against", "HEAD~1")
+    assert result.returncode == ExitCode.OK, result.stdout + result.stderr
+    assert same["status"] == "pass" and same["mode"] == "paired"
+    sides = [launch["side"] for launch in same["launches"]]
+    assert len(sides) >= 5 and len(sides) % 2 == 1
+    assert sides == ["reference", "current"] * (len(sides) // 2) + ["reference"]
+    assert 0.85 < same["verdict"]["low"] <= same["verdict"]["ratio"] <= same["verdict"]["high"]
+    assert same["against"].startswith("HEAD~1 (")
+    assert json.load(open(repo / "same" / "gate.json"))["status"] == "pass"
+
+    (repo / "train.py").write_text(WRAPPER.format(ms=75, demo=DEMO))  # uncommitted
+    try:
+        result, slow = gate(repo, "slow", "--against", "HEAD~1")
+    finally:
+        git(repo, "checkout", "--", "train.py")
+    assert result.returncode == ExitCode.REGRESSION, result.stdout + result.stderr
+    assert slow["status"] == "regression" and slow["verdict"]["high"] < 0.85
+    assert 0.55 < slow["verdict"]["ratio"] < 0.8  # 50 ms against 75 ms (and the rest of a step)
+    failure = ET.parse(repo / "slow.xml").getroot().find(".//failure")
+    assert failure is not None and "slower beyond the 15 % tolerance" in failure.get("message")
+    markdown = (repo / "slow.md").read_text()
+    assert "REGRESSION" in markdown and "| 2 | B current |" in markdown
+    assert "REGRESSION" in result.stdout and "B current" in result.stdout
+    # both sides' launches are real probes, in their own run directories
+    ledgers = [len(open(repo / "slow" / side / "ledger.jsonl").readlines())
+               for side in ("reference", "current")]
+    assert ledgers[0] == ledgers[1] + 1
+    assert git(repo, "worktree", "list").count("\n") == 0  # the checkouts are gone
+    tracked = [line for line in git(repo, "status", "--porcelain").splitlines()
+               if not line.startswith("??")]
+    assert tracked == []  # the working tree as it was
+    assert not probe_processes()
+
+
+def test_a_reference_that_fails_to_start_is_one_line_and_keeps_what_ran(repo):
+    result, document = gate(repo, "broken", "--against", "HEAD~2")
+    assert result.returncode == ExitCode.SCRIPT_FAILED, result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("ddp-profile:")]
+    assert len(errors) == 1 and "the reference side (HEAD~2" in errors[0]
+    assert document is None
+    assert os.path.exists(repo / "broken" / "reference" / "ledger.jsonl")
+    assert git(repo, "worktree", "list").count("\n") == 0
+    assert not probe_processes()
