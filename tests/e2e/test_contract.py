@@ -81,6 +81,10 @@ def test_a_switch_mid_epoch_keeps_each_epoch_at_its_length(cli, run_dir, shape):
     # plain: an accumulation remainder of 0 (timm's shape) divides by zero on a batch past
     # the end; the others with the script's own worker, kept alive (persistent, repeat)
     workers = ["--workers", "1"] if shape in ("persistent", "repeat") else []
+    if shape == "wrapper":  # 4 ms a sample: workers win, so the ladder's screen goes on past
+        # its first rung (at the default 1 ms, a machine busy with other tests saw 1 worker
+        # lose beyond noise, and the screen rightly stopped there)
+        workers = ["--load-ms", "4"]
     if shape == "plain":  # 24 ms asleep a batch: 2 workers win beyond noise on a busy machine;
         # each worker's start-up 80 ms (a dataset opening its files), paid again every 23-step
         # epoch (about 280 ms with 2 workers): keeping them alive wins beyond noise there too
