@@ -72,33 +72,35 @@ def profiled(args: list[str], warmup: int, steps: int) -> dict:
         path = os.path.join(work, "run", "summary.json")
         if proc.returncode != 0 or not os.path.exists(path):
             return {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}"}
+        from ddp_profile.profiler.store.probes import records
+
         with open(path) as handle:
-            probes = json.load(handle)["probes"]
+            probes = list(records(json.load(handle)["probes"]))
         probe = probes[0]
-        comm = probe.get("comm") or {}
+        comm = probe.comm.fields
         cost = _sync_cost(probes)
         return {"exposed_s": comm.get("exposed_s"), "comm_s": comm.get("comm_s"),
-                "fraction": probe.get("comm_fraction"), "step_s": comm.get("step_s"),
+                "fraction": probe.comm.exposed_fraction, "step_s": comm.get("step_s"),
                 "timed_steps": comm.get("timed_steps"), "unsynced_share": cost}
     finally:
         _bench.cleanup(work)
 
 
-def _sync_cost(probes: list[dict]) -> float | None:
+def _sync_cost(probes: list) -> float | None:
     """1 - (the baseline pooled with its twin) / (the probe without synchronisation), as the
-    exposed-communication rule reads them (not floored at the noise)."""
+    exposed-communication rule reads them (not floored at the noise). ``probes``: the run's
+    ``store.probes.ProbeRecord``s."""
     from ddp_profile.profiler.decide.choose import candidate_of, pool
 
-    def last(options: dict) -> dict | None:
-        found = [p for p in probes if p.get("status") == "ok" and p.get("kind") == "ddp"
-                 and p.get("ddp_options") == options]
+    def last(options: dict):
+        found = [p for p in probes if p.ok and p.kind == "ddp" and p.comm.options == options]
         return found[-1] if found else None
 
     unsynced, twin = last({"gradient_sync": False}), last({})
     if unsynced is None:
         return None
     reference = pool([candidate_of(p) for p in (probes[0], twin) if p is not None])
-    return 1.0 - reference.throughput / unsynced["throughput"]
+    return 1.0 - reference.throughput / unsynced.throughput
 
 
 def main(argv: list[str] | None = None) -> dict:

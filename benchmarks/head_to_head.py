@@ -430,7 +430,7 @@ def aa_trial(index: int, args: list[str]) -> Optional[bool]:
         entries = measurer.measure_screen([
             Window(config, "paired", pair={"role": role, "index": i, "group": f"aa{index}"})
             for i, role in enumerate(order(3))])
-        if len(entries) < 7 or any(e["status"] != "ok" for e in entries):
+        if len(entries) < 7 or any(not e.ok for e in entries):
             return None
         run = load_run(measurer.run_dir.path)
         claim = paired_claim(run, entries[0], entries[1], Thresholds().interval_confidence)

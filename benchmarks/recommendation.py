@@ -124,8 +124,8 @@ def head_to_head(scenario_args: list[str], configs: list[dict], reps: int, steps
             order = range(len(settings)) if rep % 2 == 0 else reversed(range(len(settings)))
             for index in order:
                 entry = measurer.measure(Window(settings[index]))
-                if entry["status"] == "ok" and entry.get("throughput"):
-                    results[index].append(entry["throughput"])
+                if entry.ok and entry.throughput:
+                    results[index].append(entry.throughput)
         return results
     finally:
         _bench.cleanup(work)

@@ -20,7 +20,7 @@ from ddp_profile.errors import BadRunDir, Interrupted, ScriptInvalid, ScriptNotF
 from ddp_profile.profiler.launch import allocation
 from ddp_profile.profiler.launch.coordinate import Coordinator, coordinator_address, follow
 from ddp_profile.profiler.launch.ranks import LaunchSpec
-from ddp_profile.profiler.store.probes import Status
+from ddp_profile.profiler.store.probes import records
 from ddp_profile.profiler.store.results import Run, assemble, load_run, read_probes
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.store.summary import build_summary
@@ -202,8 +202,8 @@ def finalize(run_dir: RunDir, meta: dict[str, Any], sweep: Sweep, gpu: dict[str,
     """The summary from the ledger and, for a finished run, the rules' findings and
     recommendation: the run is loaded once and evaluated once, summary.json written once (also
     when the rules fail), and the report rendered from the same loaded run."""
-    entries = sweep.entries or run_dir.ledger()
-    tables = read_probes(run_dir.path, [str(e["id"]) for e in entries])  # read once
+    entries = sweep.entries or records(run_dir.ledger())
+    tables = read_probes(run_dir.path, [e.id for e in entries])  # read once
     summary = build_summary(meta, entries, tables.first_context(), gpu, state,
                             search={"axes": sweep.axes.to_dict() if sweep.axes else None,
                                     "timeout_s": sweep.timeout_s,
@@ -213,7 +213,7 @@ def finalize(run_dir: RunDir, meta: dict[str, Any], sweep: Sweep, gpu: dict[str,
                             capacity=run_capacity)
     run: Optional[Run] = None
     try:
-        if state == "complete" and any(e["status"] == Status.OK for e in entries):
+        if state == "complete" and any(e.ok for e in entries):
             run = assemble(run_dir.path, meta, summary, tables)
             from ddp_profile.rules import evaluate
 

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Optional
 
 from ddp_profile.profiler.rank.pagecache import drop
+from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.profiler.store.record import WORKER_DIR, read_jsonl
 
 MODES = ("auto", "cold", "warm", "as-is")
@@ -74,15 +75,14 @@ def _gb(value: float) -> str:
     return f"{value / 1e9:.2f} GB"
 
 
-def decide(requested: str, baseline: dict[str, Any], dataset_len: Optional[int],
+def decide(requested: str, baseline: ProbeRecord, dataset_len: Optional[int],
            memory: Optional[int]) -> Regime:
     """The run's regime, from the request and the baseline's measured reads."""
-    loading = baseline.get("loading") or {}
-    read = loading.get("read_per_sample_bytes")
-    epoch = read * dataset_len if isinstance(read, (int, float)) and dataset_len else None
+    read = baseline.loading.read_per_sample_bytes if baseline.loading is not None else None
+    epoch = read * dataset_len if read is not None and dataset_len else None
     if requested != "auto":
         return Regime(requested, requested, f"--cache {requested}", epoch, memory)
-    if not isinstance(read, (int, float)):
+    if read is None:
         return Regime(requested, "as-is", "the producers' reads were not measured", None, memory)
     if read < IN_MEMORY_READ_B:
         return Regime(requested, "as-is", f"the producers read {read:,.0f} bytes per sample: "
@@ -99,10 +99,10 @@ def decide(requested: str, baseline: dict[str, Any], dataset_len: Optional[int],
                   epoch, memory)
 
 
-def out_of_regime(regime: Regime, baseline: dict[str, Any]) -> bool:
-    """Whether the baseline read in another state than the regime's (see the docstring)."""
-    share = (baseline.get("loading") or {}).get("storage_share")
-    if not isinstance(share, (int, float)):
+def out_of_regime(regime: Regime, probe: ProbeRecord) -> bool:
+    """Whether a probe read in another state than the regime's (see the docstring)."""
+    share = probe.loading.storage_share if probe.loading is not None else None
+    if share is None:
         return False
     if regime.cold:
         return share < 1 - CACHE_MARGIN

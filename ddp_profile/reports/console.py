@@ -7,8 +7,8 @@ import sys
 import time
 from typing import Any, Optional
 
-from ddp_profile.profiler.settings import config_label
-from ddp_profile.profiler.store.probes import Kind, Status, counts_for_choice
+from ddp_profile.profiler.settings import LoaderSettings, config_label
+from ddp_profile.profiler.store.probes import Kind, ProbeRecord, counts_for_choice, records
 from ddp_profile.profiler.sweep.capacity import loading_line
 
 
@@ -25,7 +25,7 @@ class ConsoleProgress:
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.count = 0
         self.total: Optional[int] = None
-        self.best: Optional[dict[str, Any]] = None
+        self.best: Optional[ProbeRecord] = None
         self.started = time.monotonic()
         self._bar: Any = None
         self._task: Any = None
@@ -65,24 +65,24 @@ class ConsoleProgress:
 
     def _describe(self, text: str) -> None:
         if self._bar is not None:
-            best = f" | best {_fmt_tp(self.best['throughput'])}" if self.best else ""
+            best = f" | best {_fmt_tp(self.best.throughput)}" if self.best else ""
             self._bar.update(self._task, description=text + best)
 
-    def _finished(self, entry: dict[str, Any], reused: bool) -> None:
+    def _finished(self, entry: ProbeRecord, reused: bool) -> None:
         self.count += 1
-        if counts_for_choice(entry) and entry.get("throughput") and (
-                self.best is None or entry["throughput"] > self.best["throughput"]):
+        if counts_for_choice(entry) and entry.throughput and (
+                self.best is None or entry.throughput > (self.best.throughput or 0.0)):
             self.best = entry
-        result = _fmt_tp(entry.get("throughput")) if entry.get("status") == Status.OK else \
-            f"{entry.get('status')}: {entry.get('error')}"
-        wait_text = step_parts(entry) if entry["status"] == Status.OK else ""
-        options = {**({"threads": entry["threads"]} if entry.get("threads") else {}),
-                   **(entry.get("ddp_options") or {})}
+        result = _fmt_tp(entry.throughput) if entry.ok else f"{entry.status}: {entry.error}"
+        wait_text = step_parts(entry) if entry.ok else ""
+        options = {**({"threads": entry.threads} if entry.threads else {}),
+                   **(entry.comm.options or {})}
         option_text = "".join(f" {k}={v}" for k, v in options.items())
         total = f"/{max(self.total, self.count)}" if self.total else ""
-        short = f" SHORT: {entry.get('short_reason')}" if entry.get("short") else ""
-        line = (f"[{self.count}{total}] {entry.get('id')} {entry.get('kind')} "
-                f"{config_label(entry.get('config') or entry.get('requested'))}{option_text}: "
+        short = f" SHORT: {entry.short_reason}" if entry.short else ""
+        ran = entry.config if entry.config != LoaderSettings() else entry.requested
+        line = (f"[{self.count}{total}] {entry.id} {entry.kind} "
+                f"{ran.label()}{option_text}: "
                 f"{result}"
                 f"{wait_text}{' (from the ledger)' if reused else ''}{short}")
         if self._bar is not None:
@@ -108,16 +108,17 @@ class ConsoleProgress:
 BOUNDS = {"cpu": "CPU-bound", "wait": "wait-bound", "mixed": "CPU and waiting mixed"}
 
 
-def step_parts(entry: dict[str, Any]) -> str:
+def step_parts(entry: ProbeRecord) -> str:
     """", data wait 12%, exposed comm 31%": the measured parts of a probe's steps; on CUDA
     ", data wait 25% (GPU idle for it 0%)": what the wait cost the GPU."""
-    wait, comm = entry.get("data_wait_fraction"), entry.get("comm_fraction")
-    starved = entry.get("gpu_starved_fraction")
+    wait, comm = entry.data_wait_fraction, entry.comm.exposed_fraction
+    starved = entry.gpu.starved_fraction
     text = f", data wait {wait:.0%}" if wait is not None else ""
     if text and starved is not None:
         text += f" (GPU idle for it {starved:.0%})"
-    loading = entry.get("loading") or {}
-    read, share = loading.get("read_per_sample_bytes"), loading.get("storage_share")
+    loading = entry.loading
+    read = loading.read_per_sample_bytes if loading is not None else None
+    share = loading.storage_share if loading is not None else None
     if read and share is not None:
         text += f", {read / 1e6:.2f} MB read per sample, {share:.0%} from storage"
     return text + (f", exposed comm {comm:.0%}" if comm is not None else "")
@@ -125,17 +126,17 @@ def step_parts(entry: dict[str, Any]) -> str:
 
 def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
     """The concise end-of-run text (plain lines; tested directly)."""
-    probes = summary.get("probes", [])
-    ok = [p for p in probes if p.get("status") == Status.OK]
-    baseline = next((p for p in probes if p.get("kind") == Kind.BASELINE), None)
+    # a probe recorded before its data wait was kept: read as one that waited none
+    probes = records({"data_wait_fraction": 0, **line} for line in summary.get("probes", []))
+    ok = [p for p in probes if p.ok]
+    baseline = next((p for p in probes if p.kind == Kind.BASELINE), None)
     lines = [f"ddp-profile: {summary.get('script')} on {summary.get('world_size') or '?'} rank(s), "
              f"device {summary.get('device')}; {len(ok)}/{len(probes)} probe(s) ok"]
     if not summary.get("gpu_available"):
         lines.append(f"GPU metrics unavailable: {summary.get('gpu_unavailable_reason')}")
-    if baseline and baseline.get("status") == Status.OK:
+    if baseline and baseline.ok:
         lines.append(f"baseline  {config_label(summary.get('baseline'))}: "
-                     f"{_fmt_tp(baseline.get('throughput'))}"
-                     f"{step_parts({'data_wait_fraction': 0, **baseline})}")
+                     f"{_fmt_tp(baseline.throughput)}{step_parts(baseline)}")
     recommendation = summary.get("recommendation") or {}
     if summary.get("recommended"):
         speedup = summary.get("expected_speedup")
@@ -163,12 +164,11 @@ def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
         lines.append(f"loading: {loading_line(capacity)} ({kind})")
     for finding in summary.get("findings", [])[:8]:
         lines.append(f"  [{finding['severity']}] {finding['rule']}: {finding['title']}")
-    failed = [p for p in probes if p.get("status") != Status.OK]
-    for probe in failed[:5]:
-        lines.append(f"  probe {probe['id']} {probe['status']}: {probe.get('error')}")
-    for probe in [p for p in probes if p.get("short")][:5]:
-        lines.append(f"  probe {probe['id']} short ({probe.get('steps_measured')} of "
-                     f"{probe.get('steps')} steps): {probe.get('short_reason')}")
+    for probe in [p for p in probes if not p.ok][:5]:
+        lines.append(f"  probe {probe.id} {probe.status}: {probe.error}")
+    for probe in [p for p in probes if p.short][:5]:
+        lines.append(f"  probe {probe.id} short ({probe.steps_measured} of "
+                     f"{probe.steps_asked} steps): {probe.short_reason}")
     told = ("Not like for like", "persistent_workers=True on top")  # notes the figure needs
     lines.extend(f"  note: {note}" for note in recommendation.get("notes") or []
                  if " is short, " in note or note.startswith(told))

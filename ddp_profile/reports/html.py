@@ -23,7 +23,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 import plotly.offline
 
-from ddp_profile.profiler.settings import SETTING_KEYS
+from ddp_profile.profiler.settings import SETTING_KEYS, LoaderSettings
 from ddp_profile.profiler.store.atomic import write_text_atomic
 from ddp_profile.profiler.store.probes import Kind, gate_mask, ok_mask
 from ddp_profile.profiler.store.results import Run
@@ -223,10 +223,11 @@ def build_failed(run: Run) -> list[dict[str, Any]]:
         if probe.ok:
             continue
         failed.append({"id": probe.id, "status": probe.status.value,
-                       "settings": settings_text(probe.get("config")),
-                       "reason": str(probe.get("reason") or ""),
-                       "error": str(probe.get("error") or ""),
-                       "root_cause_rank": fmt(probe.get("root_cause_rank"))})
+                       "settings": settings_text(probe.config.to_dict()
+                                                 if probe.config != LoaderSettings() else None),
+                       "reason": probe.reason or "",
+                       "error": probe.error or "",
+                       "root_cause_rank": fmt(probe.root_cause_rank)})
     return failed
 
 
@@ -337,8 +338,8 @@ def build_report_data(run: Run, findings: Optional[list[dict[str, Any]]] = None
         "gpu": {"available": gpu, "reason": str(summary.get("gpu_unavailable_reason")
                                                 or "no GPU samples were recorded")},
         "warnings": [str(w) for w in run.warnings] + [
-            f"probe {p.get('id')} is short ({p.get('steps_measured')} of {p.get('steps')} "
-            f"steps): {p.get('short_reason')}" for p in run.records if p.short],
+            f"probe {p.id} is short ({p.steps_measured} of {p.steps_asked} "
+            f"steps): {p.short_reason}" for p in run.records if p.short],
         "probe_count": len(run.probes),
         "client": {"figures": {name: figure_json(fig) for name, fig in charts.items()},
                    "probes": details,

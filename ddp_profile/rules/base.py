@@ -16,14 +16,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import pandas as pd
 
 from ddp_profile.profiler.cache import CACHE_MARGIN
-from ddp_profile.profiler.decide.choose import Candidate, ChoiceThresholds, candidate_of
-from ddp_profile.profiler.settings import SETTING_KEYS
-from ddp_profile.profiler.store.probes import CHOICE_KINDS, Kind, data_wait_share, ok_mask
+from ddp_profile.profiler.decide.choose import Candidate, ChoiceThresholds
+from ddp_profile.profiler.settings import SETTING_KEYS, LoaderSettings
+from ddp_profile.profiler.store.probe_parts import Loading
+from ddp_profile.profiler.store.probes import (
+    CHOICE_KINDS,
+    Kind,
+    ProbeRecord,
+    data_wait_share,
+    ok_mask,
+)
 from ddp_profile.profiler.store.results import Run
 
 SEVERITIES = ("high", "medium", "low")
@@ -128,20 +135,27 @@ def baseline_probe(run: Run) -> Optional[pd.Series]:
     return (marked if not marked.empty else probes).iloc[0]
 
 
-def probe_entry(run: Run, probe_id: Any) -> Mapping[str, Any]:
+def probe_entry(run: Run, probe_id: Any) -> Optional[ProbeRecord]:
     """The record of a probe (``store.probes.ProbeRecord``: its summary.json item, typed;
-    {} if absent)."""
+    None if absent)."""
     try:
         return run.probe(str(probe_id))
     except KeyError:
-        return {}
+        return None
+
+
+def loading_of(run: Run, probe_id: Any) -> Optional[Loading]:
+    """What producing a probe's samples cost (``store.probe_parts.Loading``); None where
+    unmeasured."""
+    entry = probe_entry(run, probe_id)
+    return entry.loading if entry is not None else None
 
 
 def storage_share(run: Run, probe_id: Any) -> Optional[float]:
     """The share of the bytes a probe's producers read that came from storage, not the page
     cache (``sweep.capacity.LoadingCost.storage_share``); None where unknown."""
-    share = (probe_entry(run, probe_id).get("loading") or {}).get("storage_share")
-    return float(share) if finite(share) else None
+    loading = loading_of(run, probe_id)
+    return loading.storage_share if loading is not None else None
 
 
 def cache_mismatch(run: Run, base: pd.Series, other: pd.Series,
@@ -230,7 +244,8 @@ def data_wait(run: Run, probe: pd.Series) -> Optional[tuple[float, float]]:
         waited = pd.concat([waited, steps["gpu_gap_s"]], axis=1).min(axis=1)
     per_step = float(waited.mean()) if waited is not None else math.nan
     # the probe's own share; a CUDA run recorded before the GPU's share was: from its steps
-    fraction = data_wait_share(probe) if recorded or not on_gpu else None
+    fraction = data_wait_share(probe.get("gpu_starved_fraction"), probe.get("data_wait_fraction")) \
+        if recorded or not on_gpu else None
     if fraction is None and waited is not None and steps["step_s"].sum() > 0:
         fraction = waited.sum() / steps["step_s"].sum()
     if not finite(fraction):
@@ -297,7 +312,8 @@ def local_ranks(run: Run, probe_id: str) -> int:
     ``sweep.probe`` from the ranks' contexts), else the most contexts of the probe on one
     hostname; without either the summary's ``ranks_per_host`` or ``nproc_per_node``, else the
     world size."""
-    decided = as_int(probe_entry(run, probe_id).get("ranks_per_host"))
+    entry = probe_entry(run, probe_id)
+    decided = entry.host.ranks_per_host if entry is not None else None
     if decided:
         return decided
     hosts = [ctx.get("hostname") for (pid, _), ctx in run.contexts.items()
@@ -323,7 +339,9 @@ def cpus_available(run: Run, probe_id: str) -> Optional[int]:
     its ranks, ``sweep.probe``), else its context's (``profiler.cpus``), else ``cpu_count``."""
     ctx = probe_context(run, probe_id)
     env = run.summary.get("environment") or {}
-    for value in (probe_entry(run, probe_id).get("cpus_available"), ctx.get("cpus_available"),
+    entry = probe_entry(run, probe_id)
+    for value in (entry.host.cpus_available if entry is not None else None,
+                  ctx.get("cpus_available"),
                   ctx.get("cpu_count"), env.get("cpu_count")):
         if as_int(value):
             return as_int(value)
@@ -383,30 +401,29 @@ def relative_error(run: Run, probe_id: str) -> float:
     """Relative standard error of a probe's throughput (0 if unknown): the probe's own
     batch-means estimate when recorded, else from its per-step times."""
     probe = probe_entry(run, probe_id)
-    if finite(probe.get("throughput_rse")):
-        return float(probe["throughput_rse"])
+    if probe is not None and finite(probe.throughput_rse):
+        return float(probe.throughput_rse)
     times = global_steps(run, probe_id)["step_s"]
     if len(times) >= 2 and times.mean() > 0:
         return float(times.std(ddof=1) / times.mean() / math.sqrt(len(times)))
-    if finite(probe.get("step_time_cv")):
-        steps = max(1, as_int(probe.get("steps_measured"), 1) or 1)
-        return float(probe["step_time_cv"]) / math.sqrt(steps)
+    if probe is not None and finite(probe.step_time_cv):
+        steps = max(1, probe.steps_measured or 1)
+        return float(probe.step_time_cv) / math.sqrt(steps)
     return 0.0
 
 
 def candidate(run: Run, probe: pd.Series) -> Candidate:
-    """A probe row as the one chooser (``profiler.decide.choose``) sees it: its summary.json
-    entry built by the chooser's own ``candidate_of``, completed from the run's tables where a
-    run recorded before a field was kept lacks it (the standard error from the per-step
-    times; the data-wait share from the steps)."""
-    entry = {**probe_entry(run, probe["id"]), "id": probe["id"],
-             "config": config_of(probe), "throughput": probe["throughput"],
-             "kind": probe.get("kind") or Kind.SWEEP.value, "short": is_short(probe),
-             "launch": launch_of(probe), "throughput_rse": relative_error(run, probe["id"])}
+    """A probe row as the one chooser (``profiler.decide.choose``) sees it, completed from
+    the run's tables where a run recorded before a field was kept lacks it (the standard
+    error from the per-step times, ``relative_error``; the data-wait share from the steps,
+    ``data_wait``)."""
     waited = data_wait(run, probe)
-    entry.update(gpu_starved_fraction=None,
-                 data_wait_fraction=waited[0] if waited is not None else None)
-    return candidate_of(entry)
+    return Candidate(id=str(probe["id"]), config=LoaderSettings.from_dict(config_of(probe)),
+                     throughput=float(probe["throughput"] or 0.0),
+                     rse=relative_error(run, probe["id"]),
+                     data_wait_fraction=waited[0] if waited is not None else None,
+                     kind=Kind(probe.get("kind") or Kind.SWEEP), short=is_short(probe),
+                     launch=launch_of(probe))
 
 
 def launch_of(probe: pd.Series) -> str:

@@ -43,9 +43,9 @@ from ddp_profile.profiler.store.results import Run
 from ddp_profile.profiler.sweep.communication import alternation_fit, options_key
 
 
-def paired_claim(run: Run, reference: dict[str, Any], candidate: dict[str, Any],
+def paired_claim(run: Run, reference: ProbeRecord, candidate: ProbeRecord,
                  confidence: float, launch_sd: float = 0.025) -> Optional[PairedClaim]:
-    """The speedup of ``candidate`` over ``reference`` (probe rows or entries with a config)
+    """The speedup of ``candidate`` over ``reference`` (probes, read by their settings)
     from their alternation; None where there is none, or a probe of it failed. ``launch_sd``:
     the least relative SD between launches of one setting."""
     probes = alternation(run.records, reference, candidate)

@@ -44,9 +44,10 @@ SLOW_ENV = {"NCCL_IB_DISABLE": ("1", "InfiniBand is disabled: the all-reduce goe
 def baseline_comm(run: Run) -> tuple[Optional[Any], dict[str, Any]]:
     """The baseline probe and its ``comm`` record ({} when none was measured)."""
     base = baseline_probe(run)
+    entry = probe_entry(run, base["id"]) if base is not None else None
     if base is None:
         return None, {}
-    return base, probe_entry(run, base["id"]).get("comm") or {}
+    return base, dict(entry.comm.fields) if entry is not None else {}
 
 
 def _mb(value: Optional[float]) -> str:
@@ -149,9 +150,8 @@ def latest_ddp_probes(run: Run) -> dict[str, tuple[dict[str, Any], Any]]:
     latest: dict[str, tuple[dict[str, Any], Any]] = {}
     for _, probe in ok_probes(run, kinds=(Kind.DDP,)).iterrows():
         entry = probe_entry(run, probe["id"])
-        options = entry.get("ddp_options")
-        if isinstance(options, dict) and finite(probe["throughput"]) \
-                and entry.get("pair") is None:
+        options = dict(entry.comm.options) if entry and entry.comm.options is not None else None
+        if options is not None and finite(probe["throughput"]) and entry.pair is None:
             latest[options_key(options)] = (options, probe)
     return latest
 
@@ -379,8 +379,9 @@ def host_sync_per_step(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     if base is None or (syncs.get("steps_with_syncs") or 0) < 0.5:
         return None
     entry = probe_entry(run, base["id"])
-    idle, starved = entry.get("gpu_idle_fraction"), entry.get("gpu_starved_fraction")
-    if not finite(idle):
+    idle = entry.gpu.idle_fraction if entry is not None else None
+    starved = entry.gpu.starved_fraction if entry is not None else None
+    if idle is None or not finite(idle):
         return None
     unexplained = idle - (starved if finite(starved) else 0.0)
     if unexplained < thresholds.host_sync_idle_share:

@@ -24,11 +24,11 @@ from ddp_profile.rules.base import (
     finite,
     gpu_timed,
     is_data_bound,
+    loading_of,
     metric,
     ms,
     ok_probes,
     pct,
-    probe_entry,
     storage_caveat,
 )
 from ddp_profile.rules.cpuload import cpu_load
@@ -79,9 +79,11 @@ def _runnable_evidence(capacity: dict) -> str:
 def storage_evidence(run: Run, base: pd.Series) -> str:
     """What the baseline's producers read per sample and how much of it came from storage
     (MB/s from disk at the baseline's rate), where they read files ("" otherwise)."""
-    loading = probe_entry(run, base["id"]).get("loading") or {}
-    read, storage = loading.get("read_per_sample_bytes"), loading.get("storage_per_sample_bytes")
-    share = loading.get("storage_share")
+    loading = loading_of(run, base["id"])
+    if loading is None:
+        return ""
+    read, storage = loading.read_per_sample_bytes, loading.storage_per_sample_bytes
+    share = loading.storage_share
     if not (finite(read) and finite(share) and finite(storage)) or read < STORAGE_READ_BYTES:
         return ""
     text = f" The baseline's producers read {read / 1024:,.0f} KiB per sample, {pct(share)} " \
@@ -89,7 +91,7 @@ def storage_evidence(run: Run, base: pd.Series) -> str:
     rate = base.get("throughput")
     if share < 0.05 or not finite(rate):
         return text + " (the rest from the page cache)."
-    wait = loading.get("wait_per_sample_s")
+    wait = loading.wait_per_sample_s
     return (text + f": {storage * float(rate) / 1e6:,.1f} MB/s from storage at its "
             f"{float(rate):,.0f} samples/s"
             + (f", {ms(wait)} of blocked waiting per sample" if finite(wait) else "") + ".")
@@ -257,19 +259,21 @@ def cpu_cost(run: Run, probe: pd.Series) -> tuple[str, str]:
     nothing to decode) whole batches fetched at once; else transforms, and decoding where
     the producers read from files -> ``CPU_FIX``; where they read (almost) nothing per sample
     (under ``IN_MEMORY_READ_B``: the samples are made in memory) -> transforms alone."""
-    loading = probe_entry(run, probe["id"]).get("loading") or {}
-    per = (loading.get("cpu_per_sample_s") or 0.0) + (loading.get("wait_per_sample_s") or 0.0)
-    collate = loading.get("collate_per_sample_s") or 0.0
-    if loading.get("collate_cpu_per_sample_s") is not None:
-        per, collate = loading.get("cpu_per_sample_s") or 0.0, loading["collate_cpu_per_sample_s"]
+    loading = loading_of(run, probe["id"])
+    if loading is None:
+        return "preprocessing", CPU_FIX
+    per = (loading.cpu_per_sample_s or 0.0) + (loading.wait_per_sample_s or 0.0)
+    collate = loading.collate_per_sample_s or 0.0
+    if loading.collate_cpu_per_sample_s is not None:
+        per, collate = loading.cpu_per_sample_s or 0.0, loading.collate_cpu_per_sample_s
     if per <= 0:
         return "preprocessing", CPU_FIX
     if collate >= COLLATE_SHARE * per:
         return "collating", (f"collate_fn takes {ms(collate)} of the {ms(per)} a sample costs: "
                              "a cheaper collate_fn (stack ready tensors, no per-sample Python), "
                              "or batches made by the dataset")
-    read = loading.get("read_per_sample_bytes")
-    files = isinstance(read, (int, float)) and read >= IN_MEMORY_READ_B
+    read = loading.read_per_sample_bytes
+    files = read is not None and read >= IN_MEMORY_READ_B
     if per - collate < FAST_FETCH_S and files:
         return "per-sample file reads", (
             f"fetching a sample takes only {ms(per - collate)}, a {read / 1e6:.2f} MB file "
@@ -283,7 +287,7 @@ def cpu_cost(run: Run, probe: pd.Series) -> tuple[str, str]:
             "dataset __getitems__(indices) that slices its tensors, or a BatchSampler passed "
             "as sampler= with batch_size=None), or keep an in-memory dataset on the device "
             "and index it in the loop")
-    if isinstance(read, (int, float)) and not files:
+    if read is not None and not files:
         return "preprocessing", (f"the samples are made in memory ({read:,.0f} bytes read per "
                                  f"sample): there are no files to decode; {IN_MEMORY_FIX}")
     return "preprocessing", CPU_FIX

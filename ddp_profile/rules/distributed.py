@@ -170,8 +170,9 @@ def no_ddp(run: Run, thresholds: Thresholds) -> Optional[Finding]:
         return None
     reduced = "no rank all-reduced anything"
     if not events_named(run, "collective", probe["id"]).empty:
-        share = ((probe_entry(run, probe["id"]).get("comm") or {}).get("collectives")
-                 or {}).get("steps_with_calls")
+        entry = probe_entry(run, probe["id"])
+        comm = entry.comm.fields if entry is not None else {}
+        share = (comm.get("collectives") or {}).get("steps_with_calls")
         if share is None or share >= 0.5:
             return None  # the script may average the gradients itself
         reduced = (f"the script's own all-reduce ran in {share:.0%} of the training steps "

@@ -291,7 +291,8 @@ def _notes(run: Run, base: pd.Series, chosen: pd.Series, thresholds: Thresholds,
            share: Optional[float]) -> tuple[str, ...]:
     notes = []
     own = candidate(run, base)
-    comm = probe_entry(run, base["id"]).get("comm_fraction")
+    entry = probe_entry(run, base["id"])
+    comm = entry.comm.exposed_fraction if entry is not None else None
     if compute_bound(own, thresholds) and comm is not None \
             and comm >= thresholds.comm_exposed_share:
         notes.append(f"The baseline waits only {pct(own.data_wait_fraction)} of each step for "

@@ -8,12 +8,13 @@ epoch) and its ``steady_throughput`` between restarts.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import pandas as pd
 
 from ddp_profile.profiler.store.epochs import restart_share
-from ddp_profile.profiler.store.probes import Kind
+from ddp_profile.profiler.store.probe_parts import Epochs
+from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import (
     Finding,
@@ -42,16 +43,21 @@ def keeps_its_iterator(run: Run) -> bool:
                if probe_id not in forced)
 
 
-def _restarting(run: Run) -> list[tuple[pd.Series, dict[str, Any]]]:
+Restarting = tuple[pd.Series, ProbeRecord, Epochs]  # a probe row, its record, its epochs
+
+
+def _restarting(run: Run) -> list[Restarting]:
     """Ok probes whose loader restarts every epoch, measured with its cost."""
     if keeps_its_iterator(run):
         return []
     found = []
     for _, probe in ok_probes(run).iterrows():
         entry = probe_entry(run, probe["id"])
-        steady, restart = entry.get("steady_throughput"), entry.get("epoch_restart_s")
-        if finite(steady) and steady > 0 and finite(restart) and finite(probe["throughput"]):
-            found.append((probe, entry))
+        epochs = entry.epochs if entry is not None else None
+        if epochs is not None and finite(epochs.steady_throughput) \
+                and epochs.steady_throughput > 0 and finite(epochs.restart_s) \
+                and finite(probe["throughput"]):
+            found.append((probe, entry, epochs))
     return found
 
 
@@ -70,8 +76,8 @@ def persistent_workers(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     Runs recorded before the restart was measured fall back to the restarts' first batches.
     None where the loader keeps one iterator across epochs (``keeps_its_iterator``).
     """
-    costly = [(p, e) for p, e in _restarting(run)
-              if (restart_share(e) or 0.0) >= thresholds.restart_share]
+    costly = [found for found in _restarting(run)
+              if (restart_share(found[1]) or 0.0) >= thresholds.restart_share]
     measured = persistent_effect(run, thresholds.interval_confidence, thresholds.launch_sd)
     if measured is not None:
         return _measured(run, measured, costly)
@@ -80,21 +86,22 @@ def persistent_workers(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     base = baseline_probe(run)
     chosen = choose(run, base, thresholds) if base is not None else None
 
-    def gain(pair: tuple[pd.Series, dict[str, Any]]) -> Optional[float]:
+    def gain(found: Restarting) -> Optional[float]:
         if chosen is None or not finite(chosen["throughput"]) or chosen["throughput"] <= 0:
             return None
-        return float(pair[1]["steady_throughput"]) / float(chosen["throughput"])
+        return found[2].steady_throughput / float(chosen["throughput"])
 
     # the script's own loader pays the restarts; another configuration's only matter where
     # keeping its workers alive is predicted to beat the recommendation
-    costly = [pair for pair in costly if (base is not None and pair[0]["id"] == base["id"])
-              or (gain(pair) or 0.0) >= 1 + thresholds.restart_share]
+    costly = [found for found in costly if (base is not None and found[0]["id"] == base["id"])
+              or (gain(found) or 0.0) >= 1 + thresholds.restart_share]
     if not costly:
         return None
-    probe, entry = max(costly, key=lambda pair: pair[1]["steady_throughput"])
-    steady, restart = float(entry["steady_throughput"]), float(entry["epoch_restart_s"])
+    top = max(costly, key=lambda found: found[2].steady_throughput)
+    probe, entry, epochs = top
+    steady, restart = epochs.steady_throughput, epochs.restart_s
     share = restart_share(entry) or 0.0
-    ratio = gain((probe, entry))
+    ratio = gain(top)
     workers = as_int(probe.get("num_workers"), 0)
     versus = (f", {ratio:.2f}x the recommended {describe_config(chosen)} as the script runs it"
               if ratio is not None and chosen is not None and chosen["id"] != probe["id"]
@@ -104,7 +111,7 @@ def persistent_workers(run: Run, thresholds: Thresholds) -> Optional[Finding]:
         severity="high" if ratio is not None and ratio >= 1.5 else "medium",
         title="DataLoader workers restart every epoch",
         evidence=(f"With {describe_config(probe)}, starting the workers again costs "
-                  f"{restart:.2f} s per epoch of {entry.get('epoch_steps')} steps, "
+                  f"{restart:.2f} s per epoch of {epochs.steps} steps, "
                   f"{pct(share)} of the epoch: {probe['throughput']:,.0f} samples/s as run, "
                   f"{steady:,.0f} samples/s between restarts."),
         recommendation=(f"Keep the workers alive: DataLoader(..., num_workers={workers}, "
@@ -113,8 +120,7 @@ def persistent_workers(run: Run, thresholds: Thresholds) -> Optional[Finding]:
                         "between restarts, not a measurement of persistent workers."))
 
 
-def _measured(run: Run, measured: PairedClaim,
-              costly: list[tuple[pd.Series, dict[str, Any]]]) -> Optional[Finding]:
+def _measured(run: Run, measured: PairedClaim, costly: list[Restarting]) -> Optional[Finding]:
     """The finding where ``persistent_workers=True`` was measured
     (``sweep.claim.confirm_persistence``): only where it ran faster beyond noise, with the
     restarts it removes."""
@@ -122,12 +128,12 @@ def _measured(run: Run, measured: PairedClaim,
         return None
     low, high = measured.interval  # measured, and no gain this check can tell from none
     reference, kept = sides(run, measured)
-    restarts = [e for p, e in costly if describe_config(p) == describe_config(kept)]
+    restarts = [epochs for p, _, epochs in costly if describe_config(p) == describe_config(kept)]
     paid = ""
     if restarts:
-        entry = restarts[-1]
-        paid = (f"Starting the workers again costs {float(entry['epoch_restart_s']):.2f} s per "
-                f"epoch of {entry.get('epoch_steps')} steps. ")
+        epochs = restarts[-1]
+        paid = (f"Starting the workers again costs {epochs.restart_s:.2f} s per "
+                f"epoch of {epochs.steps} steps. ")
     figure = f"{measured.ratio:.2f}x [{low:.2f}-{high:.2f}]"
     if describe_config(reference) == describe_config(kept):
         against = "the same settings restarting their workers (A) and keeping them (B)"
@@ -175,7 +181,8 @@ def _from_first_batches(run: Run, thresholds: Thresholds) -> Optional[Finding]:
         return None
     worst = None
     for _, probe in ok_probes(run).iterrows():
-        if "epoch_restart_s" in probe_entry(run, probe["id"]):
+        entry = probe_entry(run, probe["id"])
+        if entry is not None and entry.epochs is not None:
             continue  # measured by the epochs: below the threshold there
         if loader_info(run, probe["id"]).get("persistent_workers") is not False \
                 or (as_int(probe.get("num_workers"), 0) or 0) <= 0:

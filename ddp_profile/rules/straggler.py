@@ -16,9 +16,9 @@ from ddp_profile.rules.base import (
     Finding,
     Thresholds,
     baseline_probe,
+    loading_of,
     ms,
     pct,
-    probe_entry,
     probe_steps,
 )
 from ddp_profile.rules.host import baseline_oversubscribed
@@ -156,10 +156,10 @@ def _colder_rank(run: Run, probe: pd.Series, rank: int, excess: float,
     """Why a lagging rank's lag is its cache state, or None: its producers read from storage
     a share of their bytes ``cache_margin`` above the other ranks' median (the rest came from
     the page cache), and it waited for data at least half its lag longer than they did."""
-    shares = ((probe_entry(run, probe["id"]).get("loading") or {})
-              .get("storage_share_by_rank") or {})
+    loading = loading_of(run, probe["id"])
+    shares = loading.storage_share_by_rank if loading is not None else {}
     mine = shares.get(str(rank))
-    others = [float(v) for k, v in shares.items() if k != str(rank) and v is not None]
+    others = [v for k, v in shares.items() if k != str(rank)]
     if mine is None or not others:
         return None
     rest = float(pd.Series(others).median())

@@ -7,13 +7,14 @@ import os
 import pytest
 
 from ddp_profile.profiler.cache import decide, out_of_regime, recorded_files, warm
+from ddp_profile.profiler.store.probes import ProbeRecord
 
 GB = 1_000_000_000
 
 
-def baseline(read_b=None, storage_share=None) -> dict:
-    return {"status": "ok", "loading": {"read_per_sample_bytes": read_b,
-                                        "storage_share": storage_share}}
+def baseline(read_b=None, storage_share=None) -> ProbeRecord:
+    return ProbeRecord.from_json({"id": "p000", "status": "ok", "loading": {
+        "read_per_sample_bytes": read_b, "storage_share": storage_share}})
 
 
 def test_auto_reads_warm_what_fits_in_half_the_memory_and_cold_what_does_not():

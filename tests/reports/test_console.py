@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.reports.console import ConsoleProgress, step_parts, summary_lines
 
 SHORT = {"id": "p000", "kind": "baseline", "status": "ok", "throughput": 100.0,
@@ -12,12 +13,18 @@ SHORT = {"id": "p000", "kind": "baseline", "status": "ok", "throughput": 100.0,
          "short_reason": "the script ended after 1 measured step(s) of the 10 asked: run more"}
 
 
+def record(line: dict) -> ProbeRecord:
+    """A probe as the sweep reports it (an ok one of its own settings where ``line`` is
+    silent)."""
+    return ProbeRecord.from_json({"id": "p000", "status": "ok", **line})
+
+
 def test_progress_line_marks_a_short_probe():
     stream = io.StringIO()
-    ConsoleProgress(stream=stream)("done", {"entry": SHORT})
+    ConsoleProgress(stream=stream)("done", {"entry": record(SHORT)})
     assert "SHORT: the script ended after 1 measured step(s) of the 10 asked" in stream.getvalue()
     stream = io.StringIO()
-    ConsoleProgress(stream=stream)("done", {"entry": {**SHORT, "short": False}})
+    ConsoleProgress(stream=stream)("done", {"entry": record({**SHORT, "short": False})})
     assert "SHORT" not in stream.getvalue()
 
 
@@ -37,12 +44,12 @@ def test_adaptive_progress_shows_no_made_up_total():
     stream = io.StringIO()
     progress = ConsoleProgress(stream=stream)
     progress("axes", {"grid": [1, 2, 3, 4, 5], "counted": False})
-    progress("done", {"entry": {**SHORT, "short": False}})
+    progress("done", {"entry": record({**SHORT, "short": False})})
     assert stream.getvalue().startswith("[1] p000")
     stream = io.StringIO()
     progress = ConsoleProgress(stream=stream)
     progress("axes", {"grid": [1, 2, 3, 4, 5], "counted": True})
-    progress("done", {"entry": {**SHORT, "short": False}})
+    progress("done", {"entry": record({**SHORT, "short": False})})
     assert stream.getvalue().startswith("[1/7] p000")
 
 
@@ -58,15 +65,14 @@ def test_summary_shows_the_loading_and_runnable_time_only_where_notable():
 
 
 def test_a_probe_line_says_what_the_wait_cost_the_gpu_and_where_its_bytes_came_from():
-    cuda = step_parts({"data_wait_fraction": 0.63, "gpu_starved_fraction": 0.0,
-                       "comm_fraction": 0.02})
+    cuda = step_parts(record({"data_wait_fraction": 0.63, "gpu_starved_fraction": 0.0,
+                              "comm_fraction": 0.02}))
     assert cuda == ", data wait 63% (GPU idle for it 0%), exposed comm 2%"
-    files = step_parts({"data_wait_fraction": 0.5, "loading": {
-        "read_per_sample_bytes": 131072, "storage_share": 0.95}})
+    files = step_parts(record({"data_wait_fraction": 0.5, "loading": {
+        "read_per_sample_bytes": 131072, "storage_share": 0.95}}))
     assert files == ", data wait 50%, 0.13 MB read per sample, 95% from storage"
-    assert step_parts({"data_wait_fraction": 0.5, "loading": {"read_per_sample_bytes": 8,
-                                                              "storage_share": None}}) \
-        == ", data wait 50%"
+    assert step_parts(record({"data_wait_fraction": 0.5, "loading": {
+        "read_per_sample_bytes": 8, "storage_share": None}})) == ", data wait 50%"
 
 
 def test_the_summary_says_what_the_speedup_was_measured_from_and_why_no_ceiling():

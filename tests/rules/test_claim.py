@@ -44,15 +44,15 @@ def test_windows_spanning_whole_epochs_are_read_by_their_wall_clock():
     restarts as paid; 4 workers pay 20 % of their rate at each boundary (the script none)."""
     paid = tuple(0.8 if role == "candidate" else 1.0 for role in ROLES)
     run = drifting_run(gain=2.2, drift=1.0, epochs=paid)
-    probes = run.summary["probes"]
+    probes = run.records
     assert paired_claim(run, probes[0], probes[1], 0.9).ratio == pytest.approx(2.2 * 0.8)
     part = drifting_run(gain=2.2, drift=1.0, epochs=paid[:6])  # one window did not: as run
-    assert paired_claim(part, *part.summary["probes"][:2], 0.9).ratio == pytest.approx(2.2)
+    assert paired_claim(part, *part.records[:2], 0.9).ratio == pytest.approx(2.2)
 
 
 def test_a_drifting_machine_cancels_out_of_the_alternation():
     run = drifting_run(gain=2.2, drift=1.05)
-    probes = run.summary["probes"]
+    probes = run.records
     claim = paired_claim(run, probes[0], probes[1], 0.9)
     assert claim.ratio == pytest.approx(2.2)
     assert claim.candidates == 3 and claim.launches == 1
@@ -61,7 +61,7 @@ def test_a_drifting_machine_cancels_out_of_the_alternation():
     low, high = claim.interval
     assert low < 2.2 < high and high / low > 1.4
     steady = drifting_run(gain=2.2, drift=1.05, searched=2200.0)
-    low, high = paired_claim(steady, *steady.summary["probes"][:2], 0.9).interval
+    low, high = paired_claim(steady, *steady.records[:2], 0.9).interval
     assert 2.05 < low < 2.2 < high < 2.35  # launches agree: the least spread, 2.5 % a launch
     rec = recommend(run, Thresholds())
     assert rec.config["num_workers"] == 4
@@ -71,7 +71,7 @@ def test_a_drifting_machine_cancels_out_of_the_alternation():
 
 def test_noisy_windows_widen_the_interval_around_the_true_gain():
     run = drifting_run(gain=2.2, drift=1.02, noise=(1.0, 1.06, 0.95, 0.97, 1.04, 1.03, 0.98))
-    probes = run.summary["probes"]
+    probes = run.records
     claim = paired_claim(run, probes[0], probes[1], 0.9)
     low, high = claim.interval
     assert low < 2.2 < high and high / low > 1.1
@@ -80,20 +80,21 @@ def test_noisy_windows_widen_the_interval_around_the_true_gain():
 
 def test_launches_are_an_alternation_too_and_a_failed_one_leaves_no_claim():
     run = drifting_run(gain=2.2, drift=1.05, launches=True)
-    probes = run.summary["probes"]
+    probes = run.records
     claim = paired_claim(run, probes[0], probes[1], 0.9)
     assert claim.launches == 7 and claim.ratio == pytest.approx(2.2)
-    probes[5]["status"] = "crash"  # a run read with one launch failed: a Run of its own
-    run = dataclasses.replace(run, summary={**run.summary, "probes": probes})
-    assert paired_claim(run, probes[0], probes[1], 0.9) is None
+    lines = run.summary["probes"]
+    lines[5]["status"] = "crash"  # a run read with one launch failed: a Run of its own
+    run = dataclasses.replace(run, summary={**run.summary, "probes": lines})
+    assert paired_claim(run, run.records[0], run.records[1], 0.9) is None
     rec = recommend(run, Thresholds())
     assert "not alternated" in rec.speedup_basis  # the unpaired figure, said to be so
 
 
 def test_an_alternation_of_other_settings_is_not_read():
     run = drifting_run(gain=2.2, drift=1.05)
-    probes = run.summary["probes"]
-    other = {**probes[1], "config": {**probes[1]["config"], "num_workers": 8}}
+    probes = run.records
+    other = probes[1].amended({"config": {**probes[1].config.to_dict(), "num_workers": 8}})
     assert paired_claim(run, probes[0], other, 0.9) is None
 
 

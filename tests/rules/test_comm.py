@@ -289,10 +289,12 @@ def test_the_cost_of_synchronisation_is_read_from_windows_alternated_in_one_laun
 
 
 def test_a_larger_bucket_cap_is_neither_tried_nor_suggested_for_one_bucket():
+    from ddp_profile.profiler.store.probes import ProbeRecord
     from ddp_profile.profiler.sweep.communication import ddp_counterfactuals
 
     one = comm(0.03, buckets=1, modules=1)["comm"]
-    assert ddp_counterfactuals({"comm": one}) == [{"gradient_as_bucket_view": True}]
+    baseline = ProbeRecord.from_json({"id": "p000", "status": "ok", "comm": one})
+    assert ddp_counterfactuals(baseline) == [{"gradient_as_bucket_view": True}]
     run = run_with({**comm(0.03, buckets=1, modules=1)}, larger=2.0)
     extra = exposed_communication(run, T).advice.extra
     assert "bucket_cap_mb" not in extra and "gradient_as_bucket_view=True" in extra, extra

@@ -38,10 +38,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from ddp_profile.profiler.settings import LoaderSettings
-from ddp_profile.profiler.store.probes import Kind, data_wait_share, is_measured
+from ddp_profile.profiler.store.probes import Kind, ProbeRecord, is_measured
 
 UNSTABLE_RSE = 0.05  # a probe whose throughput is this uncertain is measured again, longer
 SHORT_RSE = 0.05  # the least relative error of a short probe's throughput (``widened``)
@@ -85,12 +85,12 @@ class Candidate:
     launch: Optional[str] = None  # the launch that measured it (None: unknown)
 
 
-def exposed_share(entry: dict[str, Any], thresholds: ChoiceThresholds = ChoiceThresholds()
+def exposed_share(record: ProbeRecord, thresholds: ChoiceThresholds = ChoiceThresholds()
                   ) -> bool:
     """Whether DDP's timers show a probe's exposed communication (``comm_fraction``: the
     all-reduce backward did not cover, ``store.comm``) at ``comm_probe_share`` of its steps
     or more: worth measuring the step without it."""
-    share = entry.get("comm_fraction")
+    share = record.comm.exposed_fraction
     return share is not None and share >= thresholds.comm_probe_share
 
 
@@ -104,19 +104,20 @@ def sync_share(synced: Candidate, unsynced: Candidate,
     return 1.0 - synced.throughput / unsynced.throughput
 
 
-def comm_bound(entry: dict[str, Any], unsynced: Optional[dict[str, Any]],
-               twin: Optional[dict[str, Any]] = None,
+def comm_bound(record: ProbeRecord, unsynced: Optional[ProbeRecord],
+               twin: Optional[ProbeRecord] = None,
                thresholds: ChoiceThresholds = ChoiceThresholds()) -> bool:
     """Whether communication costs ``comm_exposed_share`` of a probe's steps or more: as
     measured against ``unsynced`` (its settings without gradient synchronisation) where that
     ran ok, the probe pooled with its ``twin`` (the same settings measured again beside the
     counterfactuals: one launch of a script can run at a level of its own); else as DDP's
     timers show it."""
-    if is_measured(unsynced) and is_measured(entry):
-        reference = pool([candidate_of(e) for e in (entry, twin) if is_measured(e)])
+    if unsynced is not None and is_measured(unsynced) and is_measured(record):
+        reference = pool([candidate_of(r) for r in (record, twin)
+                          if r is not None and is_measured(r)])
         return sync_share(reference, candidate_of(unsynced), thresholds) \
             >= thresholds.comm_exposed_share
-    share = entry.get("comm_fraction")
+    share = record.comm.exposed_fraction
     return share is not None and share >= thresholds.comm_exposed_share
 
 
@@ -303,20 +304,17 @@ def _certainty(candidate: Candidate) -> float:
     return candidate.rse if candidate.rse > 0 else math.inf
 
 
-def relative_se(entry: dict[str, Any]) -> float:
-    """Relative standard error of a ledger entry's throughput: by batch means when recorded,
-    else from the per-step coefficient of variation."""
-    if entry.get("throughput_rse") is not None:
-        return float(entry["throughput_rse"])
-    cv = entry.get("step_time_cv") or 0.0
-    return cv / math.sqrt(max(1, entry.get("steps_measured") or 1))
+def relative_se(record: ProbeRecord) -> float:
+    """Relative standard error of a probe's throughput: by batch means when recorded, else
+    from the per-step coefficient of variation."""
+    if record.throughput_rse is not None:
+        return record.throughput_rse
+    cv = record.step_time_cv or 0.0
+    return cv / math.sqrt(max(1, record.steps_measured or 1))
 
 
-def candidate_of(entry: dict[str, Any]) -> Candidate:
-    """A ledger entry (a probe of summary.json) as a candidate."""
-    return Candidate(id=str(entry.get("id")), config=LoaderSettings.from_dict(entry.get("config")),
-                     throughput=float(entry.get("throughput") or 0.0), rse=relative_se(entry),
-                     data_wait_fraction=data_wait_share(entry),
-                     kind=Kind(entry.get("kind") or Kind.SWEEP),
-                     short=entry.get("short") is True,
-                     launch=str(entry.get("launch") or entry.get("id")))
+def candidate_of(record: ProbeRecord) -> Candidate:
+    """A probe as a candidate."""
+    return Candidate(id=record.id, config=record.config, throughput=record.throughput or 0.0,
+                     rse=relative_se(record), data_wait_fraction=record.data_wait_share,
+                     kind=record.kind, short=record.short, launch=record.launch)

@@ -135,7 +135,7 @@ def verdict(records: Sequence[ProbeRecord], base: ProbeRecord, best: Optional[Pr
     claim = paired(records, alternation(records, base, target),
                    thresholds.interval_confidence, thresholds.launch_sd)
     is_best = best is not None and target.id == best.id
-    gain = needed_gain(candidate_of(base), LoaderSettings.from_dict(target.get("config")),
+    gain = needed_gain(candidate_of(base), target.config,
                        thresholds) if not is_best else thresholds.noise_floor
     if is_best and claim is None or claim is not None and claim.faster \
             and claim.ratio > 1 + gain:

@@ -138,19 +138,9 @@ class PairedClaim:
                 f"({self.probes[0]}-{self.probes[-1]}){fit}")
 
 
-def settings_key(probe: Any) -> tuple:
-    """The four settings of a probe record or a summary probe (their ``config``) or of a
-    probes-table row."""
-    config = probe.get("config")
-    source = config if isinstance(config, dict) else probe
-    return tuple(_plain(source.get(key)) for key in SETTING_KEYS)
-
-
-def _plain(value: Any) -> Any:
-    """A table's NaN is a summary's None; its numpy ints are ints."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
-    return value.item() if hasattr(value, "item") else value
+def settings_key(probe: ProbeRecord) -> tuple:
+    """The four settings a probe ran, as a key."""
+    return tuple(getattr(probe.config, key) for key in SETTING_KEYS)
 
 
 def launches_spread(records: Sequence[ProbeRecord], settings: set[tuple], floor: float

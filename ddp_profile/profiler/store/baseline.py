@@ -113,9 +113,9 @@ def config_matches(probe_config: Mapping[str, Any], wanted: Mapping[str, Any]) -
                for key, value in wanted.items() if value is not None)
 
 
-def _throughput(probe: Mapping[str, Any]) -> float:
-    value = probe.get("throughput")
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else -1.0
+def _throughput(probe: ProbeRecord) -> float:
+    value = probe.throughput
+    return value if value is not None and math.isfinite(value) else -1.0
 
 
 def choose_probe(run: Run, config: Optional[Mapping[str, Any]] = None) -> ProbeRecord:
@@ -125,25 +125,24 @@ def choose_probe(run: Run, config: Optional[Mapping[str, Any]] = None) -> ProbeR
     if not candidates:
         raise BadRunDir(f"no successful probe to compare in {run.path}")
     if config is not None:
-        matching = [p for p in candidates if config_matches(p.get("config") or {}, config)]
+        matching = [p for p in candidates if config_matches(p.config.to_dict(), config)]
         if not matching:
             raise ConfigNotFound(f"no successful probe with {config_label(config)} in {run.path}")
         return max(matching, key=_throughput)
     recommended = run.summary.get("recommended")
     if isinstance(recommended, dict) and any(v is not None for v in recommended.values()):
         matching = [p for p in candidates
-                    if config_matches(p.get("config") or {}, recommended)]
+                    if config_matches(p.config.to_dict(), recommended)]
         if matching:
             return max(matching, key=_throughput)
     return max(candidates, key=_throughput)
 
 
-def same_config_probes(run: Run, probe: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+def same_config_probes(run: Run, probe: ProbeRecord) -> list[ProbeRecord]:
     """Every probe that counts for the gate measuring exactly ``probe``'s configuration, in
     order (``probe`` among them): the launches of one side."""
-    config = probe.get("config") or {}
     return [p for p in run.records
-            if p.counts_for_gate and (p.get("config") or {}) == config] or [probe]
+            if p.counts_for_gate and p.config == probe.config] or [probe]
 
 
 def _side_from_run(run: Run, config: Optional[Mapping[str, Any]]) -> GateSide:
@@ -154,7 +153,7 @@ def _side_from_run(run: Run, config: Optional[Mapping[str, Any]]) -> GateSide:
     launches, probe_ids = [], []
     measured = same_config_probes(run, probe)
     for launch in measured:
-        probe_id = str(launch.get("id"))
+        probe_id = launch.id
         ranks = run.steps.loc[run.steps["probe_id"] == probe_id, "rank"].nunique() \
             if not run.steps.empty else 0
         if world_size and ranks and ranks < world_size:
@@ -168,8 +167,8 @@ def _side_from_run(run: Run, config: Optional[Mapping[str, Any]]) -> GateSide:
         probe_ids.append(probe_id)
     throughputs = [t for t in map(_throughput, measured) if t >= 0]
     return GateSide(source=run.path, kind="run", environment=environment,
-                    config=dict(probe.get("config") or {}),
-                    probe_id=",".join(probe_ids) or str(probe.get("id")),
+                    config=probe.config.to_dict(),
+                    probe_id=",".join(probe_ids) or probe.id,
                     throughput=statistics.median(throughputs) if throughputs else None,
                     samples=[v for launch in launches for v in launch], warnings=warnings,
                     launches=launches, probe_ids=probe_ids,

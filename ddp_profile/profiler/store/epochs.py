@@ -31,7 +31,10 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from ddp_profile.profiler.store.probes import ProbeRecord
 
 
 def step_seconds(step: dict[str, Any]) -> float:
@@ -135,14 +138,14 @@ def rank_step_stats(steps: list[dict[str, Any]], loader: Optional[dict[str, Any]
             "segment_steps": cost.segment_steps if cost else frozenset()}
 
 
-def restart_share(entry: Mapping[str, Any]) -> Optional[float]:
+def restart_share(record: "ProbeRecord") -> Optional[float]:
     """The share of an epoch a probe's loader spent starting its workers again, from its
     summary (``1 - throughput / steady_throughput``: the rate as run against the rate between
     restarts); None where no restart was measured."""
-    steady, rate = entry.get("steady_throughput"), entry.get("throughput")
-    if not entry.get("epoch_restart_s") or not steady or not rate:
+    epochs, rate = record.epochs, record.throughput
+    if epochs is None or not epochs.restart_s or not epochs.steady_throughput or not rate:
         return None
-    return max(0.0, 1.0 - float(rate) / float(steady))
+    return max(0.0, 1.0 - rate / epochs.steady_throughput)
 
 
 def whole_epochs(steps: list[dict[str, Any]], loader: Optional[dict[str, Any]]

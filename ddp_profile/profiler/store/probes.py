@@ -4,7 +4,9 @@ it is made from and written back to keeps its keys).
 
 A ledger entry (``profiler.sweep.probe.summarise_probe``; the ``probes[]`` items of
 summary.json) stores ``status`` and ``kind`` as plain strings; the enums here are ``str``
-subclasses, so ``entry["kind"] == Kind.THREADS`` and JSON both work unchanged.
+subclasses, so ``record.kind == "threads"`` and JSON both work unchanged. Every reader reads
+a probe as a ``ProbeRecord``, made from its line in one place (``ProbeRecord.from_json``;
+its parts, ``store.probe_parts``).
 
 Which probes count is decided here alone:
 
@@ -21,9 +23,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Sequence
 
 from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.store.probe_parts import (
+    Communication,
+    Epochs,
+    Gpu,
+    Host,
+    Loading,
+    Pair,
+    RankFigures,
+    count,
+    number,
+    text,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -34,7 +48,6 @@ class Status(str, Enum):
     OOM = "oom"
     CRASH = "crash"
     TIMEOUT = "timeout"
-    SKIPPED = "skipped"  # not launched (a smaller batch size already ran out of memory)
 
     def __str__(self) -> str:
         return self.value
@@ -61,8 +74,6 @@ class Kind(str, Enum):
         return self.value
 
 
-Entry = Mapping[str, Any]  # a probe as the sweep holds it: its ledger line, or its ProbeRecord
-
 CEILING_FAILED = "ceiling_failed"  # why a ceiling probe is none (it ran below a loading rate)
 MEASURED_AS = "measured_as"  # the kind a probe set aside as ``cache`` was measured as
 
@@ -70,38 +81,37 @@ CHOICE_KINDS = (Kind.BASELINE, Kind.SWEEP)
 GATE_KINDS = (Kind.BASELINE, Kind.SWEEP, Kind.REPEAT)
 
 
-def data_wait_share(entry: Mapping[str, Any]) -> Optional[float]:
+def data_wait_share(starved: Any, wait: Any) -> Optional[float]:
     """The share of each step that waiting for data costs the job: on CUDA, where each step's
-    GPU gap was timed, the time the GPU sat idle while its host waited for data
-    (``gpu_starved_fraction``); else the host's own wait (``data_wait_fraction``).
+    GPU gap was timed, the time the GPU sat idle while its host waited for data (``starved``,
+    a probe's ``gpu_starved_fraction``); else the host's own wait (``wait``, its
+    ``data_wait_fraction``). None where neither is a number.
 
     A CUDA host that waits for a batch while the GPU still works through queued steps loses
     nothing: the host's wait says the loader is slow, only the GPU's says it bounds the job.
     """
-    starved = entry.get("gpu_starved_fraction")
     if isinstance(starved, (int, float)) and starved == starved:
         return float(starved)
-    wait = entry.get("data_wait_fraction")
     return float(wait) if isinstance(wait, (int, float)) and wait == wait else None
 
 
-def is_ok(entry: Mapping[str, Any]) -> bool:
-    return entry.get("status") == Status.OK
+def is_ok(record: Optional["ProbeRecord"]) -> bool:
+    return record is not None and record.status == Status.OK
 
 
-def is_measured(entry: Optional[Mapping[str, Any]]) -> bool:
+def is_measured(record: Optional["ProbeRecord"]) -> bool:
     """Measured ok, with a throughput (a probe that ran but measured no step has none)."""
-    return entry is not None and is_ok(entry) and bool(entry.get("throughput"))
+    return record is not None and is_ok(record) and bool(record.throughput)
 
 
-def counts_for_choice(entry: Mapping[str, Any]) -> bool:
+def counts_for_choice(record: "ProbeRecord") -> bool:
     """A measurement the recommendation may choose (see the module docstring)."""
-    return is_ok(entry) and entry.get("kind", Kind.SWEEP) in CHOICE_KINDS
+    return is_ok(record) and record.kind in CHOICE_KINDS
 
 
-def counts_for_gate(entry: Mapping[str, Any]) -> bool:
+def counts_for_gate(record: "ProbeRecord") -> bool:
     """A measurement the CI gate may compare or pool (see the module docstring)."""
-    return is_ok(entry) and entry.get("kind", Kind.SWEEP) in GATE_KINDS
+    return is_ok(record) and record.kind in GATE_KINDS
 
 
 # The same predicates over the probes table (``store.results.Run.probes``: a row a probe)
@@ -121,33 +131,15 @@ def gate_mask(probes: "pd.DataFrame") -> "pd.Series":
     return ok_mask(probes, GATE_KINDS)
 
 
-def latest_ceiling(entries: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+def latest_ceiling(records: Sequence["ProbeRecord"]) -> Optional["ProbeRecord"]:
     """The last ok compute-only measurement (a screened one may be superseded by a probe at
-    the recommended batch size) that is a ceiling (``CEILING_FAILED``: one that ran below a
+    the recommended batch size) that is a ceiling (``ceiling_failed``: one that ran below a
     rate measured with loading is none)."""
-    return next((e for e in reversed(entries) if e.get("kind") == Kind.CEILING
-                 and is_ok(e) and not e.get(CEILING_FAILED)), None)
+    return next((r for r in reversed(records) if r.kind == Kind.CEILING
+                 and is_ok(r) and not r.ceiling_failed), None)
 
 
 # ---- the record ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Pair:
-    """A probe's place in an alternation (the claim's, a DDP option's): its role, its place
-    in the order they ran, and the alternation it belongs to."""
-
-    role: str  # "reference" | "candidate"
-    index: int
-    group: str
-
-
-@dataclass(frozen=True)
-class Gpu:
-    """What CUDA events showed of a probe's steps (None: not on CUDA)."""
-
-    idle_fraction: Optional[float]  # the GPU idle between steps, of the step time
-    starved_fraction: Optional[float]  # idle while its host waited for data
-
-
 @dataclass(frozen=True)
 class CacheMiss:
     """A probe set aside as kind ``cache``: it read out of the run's page-cache regime, and
@@ -157,55 +149,13 @@ class CacheMiss:
     mode: Optional[str]  # the regime it missed
     storage_share: Optional[float]  # the share of its bytes read from storage
 
-
-@dataclass(frozen=True)
-class Loading:
-    """The producers' measured cost per sample (``sweep.capacity.loading_cost``)."""
-
-    cpu_per_sample_s: Optional[float]
-    wait_per_sample_s: Optional[float]
-    storage_share: Optional[float]  # of the bytes read, the share that came from storage
-    read_per_sample_bytes: Optional[float]
-    fields: Mapping[str, Any]  # every key, as recorded
-
-
-@dataclass(frozen=True)
-class Communication:
-    """DDP's reducer timers and the script's collectives (``store.comm.probe_comm``)."""
-
-    exposed_fraction: Optional[float]  # the all-reduce backward did not cover, of the step
-    options: Optional[Mapping[str, Any]]  # the probe's DDP options (None: the script's own)
-    fields: Mapping[str, Any]  # every key of its ``comm``, as recorded
-
-
-@dataclass(frozen=True)
-class RankFigures:
-    """One rank's figures of a probe (a ``per_rank`` item)."""
-
-    rank: int
-    data_wait_fraction: Optional[float]
-    step_time_median_s: Optional[float]
-
-
-@dataclass(frozen=True)
-class Host:
-    """What a probe's ranks had of their machine, and what its workers used of it."""
-
-    cpus_available: Optional[float]  # the fewest CPUs a rank could use (affinity, cgroup)
-    ranks_per_host: Optional[int]
-    intra_op_threads: Optional[int]  # the most any rank ran with
-    worker_cores: Optional[float]  # the cores its DataLoader workers were measured busy on
-    loop_demand: Optional[float]  # samples/s the loop would consume if data were free
-
-
-def _number(value: Any) -> Optional[float]:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and value == value else None
-
-
-def _count(value: Any) -> Optional[int]:
-    number = _number(value)
-    return int(number) if number is not None else None
+    @classmethod
+    def of(cls, kind: Kind, line: Mapping[str, Any]) -> Optional["CacheMiss"]:
+        if kind != Kind.CACHE or line.get(MEASURED_AS) not in Kind._value2member_map_:
+            return None
+        missed = line.get("regime_miss") or {}
+        return cls(Kind(line[MEASURED_AS]), missed.get("mode"),
+                   number(missed.get("storage_share")))
 
 
 class BadProbeRecord(ValueError):
@@ -213,21 +163,41 @@ class BadProbeRecord(ValueError):
 
 
 @dataclass(frozen=True, eq=False)
-class ProbeRecord(Mapping[str, Any]):
-    """One probe as the ledger holds it, typed where decisions read it.
+class ProbeRecord:
+    """One probe as the ledger holds it, typed: every reader reads these fields.
 
     Made from a ledger line (or a summary.json ``probes[]`` item) in one place,
-    ``from_json``, and written back with ``to_json``: every key of the line is kept as it was,
-    so the ledger and summary.json keep their keys. The record reads as the line (a
-    read-only mapping) for the keys that have no typed field yet.
+    ``from_json``, and written back with ``to_json``: ``line`` keeps every key of it as it
+    was, so the ledger and summary.json keep their keys; it is there to be written, not read.
     """
 
-    line: Mapping[str, Any]
+    line: Mapping[str, Any]  # the line as read, for ``to_json`` and ``amended`` only
     id: str
     kind: Kind
     status: Status
-    config: LoaderSettings  # the settings that ran
+    config: LoaderSettings  # the settings that ran (all None: no training loader ran)
+    requested: LoaderSettings  # the settings the probe asked for
     throughput: Optional[float]  # global samples/s (None unless ok)
+    launch: str  # the launch that measured it: its screen's, else its own
+    screened: bool  # a window of a screen
+    short: bool  # measured fewer steps than asked (the script ended first)
+    short_reason: Optional[str]
+    reason: Optional[str]  # why it failed (``no_dataloader`` ...)
+    error: Optional[str]
+    root_cause_rank: Optional[int]
+    wall_s: Optional[float]  # its launch's wall time (a window's span)
+    steps_asked: Optional[int]  # the measured steps it asked for (``--steps``, or more)
+    time_to_first_batch_s: Optional[float]
+    steps_measured: Optional[int]
+    step_time_cv: Optional[float]
+    throughput_rse: Optional[float]  # relative standard error by batch means
+    data_wait_fraction: Optional[float]  # the host's wait, of the step time
+    epochs_throughput: Optional[float]  # samples/s over whole epochs by the wall clock
+    # (``store.epochs.whole_epochs``; None where it spanned none)
+    score: Optional[float]  # throughput / the ceiling's (summary.json's items only)
+    ceiling_failed: Optional[str]  # why a ceiling probe is none (``CEILING_FAILED``)
+    threads: Optional[int]  # the intra-op threads it was told to run with (None: its own)
+    persistent_workers: Optional[bool]  # True: run with persistent workers (None: its own)
     pair: Optional[Pair]
     gpu: Gpu
     cache: Optional[CacheMiss]
@@ -235,6 +205,7 @@ class ProbeRecord(Mapping[str, Any]):
     comm: Communication
     ranks: tuple[RankFigures, ...]
     host: Host
+    epochs: Optional[Epochs]  # None: recorded before the restarts were measured
 
     @classmethod
     def from_json(cls, line: Mapping[str, Any]) -> "ProbeRecord":
@@ -248,58 +219,44 @@ class ProbeRecord(Mapping[str, Any]):
     @classmethod
     def _typed(cls, line: Mapping[str, Any]) -> "ProbeRecord":
         kind = Kind(line.get("kind") or Kind.SWEEP.value)
-        status = Status(line.get("status"))
-        pair = line.get("pair")
-        missed = line.get("regime_miss") or {}
-        loading = line.get("loading")
-        comm = line.get("comm") or {}
+        launch, persistent = line.get("launch"), line.get("persistent_workers")
         return cls(
-            line=MappingProxyType(dict(line)), id=str(line["id"]), kind=kind, status=status,
+            line=MappingProxyType(dict(line)), id=str(line["id"]), kind=kind,
+            status=Status(line.get("status")),
             config=LoaderSettings.from_dict(line.get("config")),
-            throughput=_number(line.get("throughput")),
-            pair=Pair(str(pair.get("role")), int(pair.get("index") or 0), str(pair.get("group")))
-            if isinstance(pair, Mapping) else None,
-            gpu=Gpu(_number(line.get("gpu_idle_fraction")),
-                    _number(line.get("gpu_starved_fraction"))),
-            cache=CacheMiss(Kind(line[MEASURED_AS]), missed.get("mode"),
-                            _number(missed.get("storage_share")))
-            if kind == Kind.CACHE and line.get(MEASURED_AS) in Kind._value2member_map_ else None,
-            loading=Loading(_number(loading.get("cpu_per_sample_s")),
-                            _number(loading.get("wait_per_sample_s")),
-                            _number(loading.get("storage_share")),
-                            _number(loading.get("read_per_sample_bytes")),
-                            MappingProxyType(dict(loading)))
-            if isinstance(loading, Mapping) else None,
-            comm=Communication(_number(line.get("comm_fraction")),
-                               line.get("ddp_options") if isinstance(line.get("ddp_options"),
-                                                                    Mapping) else None,
-                               MappingProxyType(dict(comm))),
-            ranks=tuple(RankFigures(int(r["rank"]), _number(r.get("data_wait_fraction")),
-                                    _number(r.get("step_time_median_s")))
-                        for r in line.get("per_rank") or ()),
-            host=Host(_number(line.get("cpus_available")), _count(line.get("ranks_per_host")),
-                      _count(line.get("intra_op_threads")),
-                      _number(line.get("worker_cores")),
-                      _number(line.get("loop_demand"))))
+            requested=LoaderSettings.from_dict(line.get("requested")),
+            throughput=number(line.get("throughput")),
+            launch=launch if isinstance(launch, str) and launch else str(line["id"]),
+            screened=bool(line.get("screened")), short=line.get("short") is True,
+            short_reason=text(line.get("short_reason")), reason=text(line.get("reason")),
+            error=text(line.get("error")), root_cause_rank=count(line.get("root_cause_rank")),
+            wall_s=number(line.get("wall_s")), steps_asked=count(line.get("steps")),
+            time_to_first_batch_s=number(line.get("time_to_first_batch_s")),
+            steps_measured=count(line.get("steps_measured")),
+            step_time_cv=number(line.get("step_time_cv")),
+            throughput_rse=number(line.get("throughput_rse")),
+            data_wait_fraction=number(line.get("data_wait_fraction")),
+            epochs_throughput=number(line.get("epochs_throughput")),
+            score=number(line.get("score")),
+            ceiling_failed=text(line.get(CEILING_FAILED) or None),
+            threads=count(line.get("threads")),
+            persistent_workers=persistent if isinstance(persistent, bool) else None,
+            pair=Pair.of(line.get("pair")), gpu=Gpu.of(line), cache=CacheMiss.of(kind, line),
+            loading=Loading.of(line.get("loading")), comm=Communication.of(line),
+            ranks=RankFigures.of(line), host=Host.of(line), epochs=Epochs.of(line))
 
     def to_json(self) -> dict[str, Any]:
         """The ledger line, as it was read (plain JSON types)."""
         return dict(self.line)
 
-    # the line's keys, read-only
-    def __getitem__(self, key: str) -> Any:
-        return self.line[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.line)
-
-    def __len__(self) -> int:
-        return len(self.line)
+    def amended(self, fields: Mapping[str, Any]) -> "ProbeRecord":
+        """The record with ``fields`` laid over its line (``store.results.AMENDS``)."""
+        return ProbeRecord.from_json({**self.line, **fields})
 
     # what the record counts for (the module's predicates)
     @property
     def ok(self) -> bool:
-        return self.status == Status.OK
+        return is_ok(self)
 
     @property
     def measured(self) -> bool:
@@ -314,24 +271,9 @@ class ProbeRecord(Mapping[str, Any]):
         return counts_for_gate(self)
 
     @property
-    def launch(self) -> str:
-        """The launch that measured it: its screen's, else its own."""
-        launch = self.line.get("launch")
-        return launch if isinstance(launch, str) and launch else self.id
-
-    @property
-    def short(self) -> bool:
-        return self.line.get("short") is True
-
-    @property
-    def epochs_throughput(self) -> Optional[float]:
-        """Global samples/s over the whole epochs its measured steps spanned, by the wall clock
-        (``store.epochs.whole_epochs``; None where it spanned none)."""
-        return _number(self.line.get("epochs_throughput"))
-
-    @property
     def data_wait_share(self) -> Optional[float]:
-        return data_wait_share(self)
+        """``data_wait_share`` of its GPU's starved share and its host's wait."""
+        return data_wait_share(self.gpu.starved_fraction, self.data_wait_fraction)
 
 
 def records(lines: Iterable[Mapping[str, Any]]) -> tuple[ProbeRecord, ...]:

@@ -286,18 +286,17 @@ def fold_amendments(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _probe_row(record: ProbeRecord) -> dict[str, Any]:
     """A record's row of the probes table."""
-    line, config = record.line, record.line.get("config") or {}
     return {"id": record.id, "kind": record.kind.value, "status": record.status.value,
-            **{k: config.get(k) for k in SETTING_KEYS},
+            **record.config.to_dict(),
             "throughput": _nan(record.throughput),
-            "data_wait_fraction": _nan(line.get("data_wait_fraction")),
+            "data_wait_fraction": _nan(record.data_wait_fraction),
             "gpu_idle_fraction": _nan(record.gpu.idle_fraction),
             "gpu_starved_fraction": _nan(record.gpu.starved_fraction),
             "comm_fraction": _nan(record.comm.exposed_fraction),
-            "score": _nan(line.get("score")), "wall_s": _nan(line.get("wall_s")),
-            "error": line.get("error"), "root_cause_rank": line.get("root_cause_rank"),
-            "steps_measured": line.get("steps_measured"), "short": record.short,
-            "short_reason": line.get("short_reason"), "launch": record.launch}
+            "score": _nan(record.score), "wall_s": _nan(record.wall_s),
+            "error": record.error, "root_cause_rank": record.root_cause_rank,
+            "steps_measured": record.steps_measured, "short": record.short,
+            "short_reason": record.short_reason, "launch": record.launch}
 
 
 def _rank_rows(probe_id: str, data: RankData, out: dict[str, list]) -> None:

@@ -11,9 +11,8 @@ from __future__ import annotations
 import platform
 from typing import Any, Callable, Optional, Sequence
 
-from ddp_profile.profiler.settings import SETTING_KEYS
-from ddp_profile.profiler.store.probes import CEILING_FAILED, Kind, ProbeRecord, latest_ceiling
-from ddp_profile.profiler.store.probes import records as probe_records
+from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.store.probes import Kind, ProbeRecord, latest_ceiling
 from ddp_profile.profiler.store.record import SCHEMA_VERSION
 
 # (probes, rank context, ranks sharing a host, ceiling samples/s) -> the capacity model
@@ -21,13 +20,12 @@ CapacityModel = Callable[[Sequence[ProbeRecord], dict[str, Any], Optional[int],
                           Optional[float]], Optional[dict[str, Any]]]
 
 
-def _settings(config: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
-    if not config:
-        return None
-    return {k: config.get(k) for k in SETTING_KEYS}
+def _settings(config: LoaderSettings) -> Optional[dict[str, Any]]:
+    """The settings a probe ran (None where no training loader ran)."""
+    return config.to_dict() if config != LoaderSettings() else None
 
 
-def build_summary(meta: dict[str, Any], entries: list[dict[str, Any]],
+def build_summary(meta: dict[str, Any], entries: Sequence[ProbeRecord],
                   context: Optional[dict[str, Any]], gpu: dict[str, Any],
                   state: str, search: Optional[dict[str, Any]] = None,
                   capacity: Optional[CapacityModel] = None) -> dict[str, Any]:
@@ -36,15 +34,12 @@ def build_summary(meta: dict[str, Any], entries: list[dict[str, Any]],
     sweep decided (axes, timeout, cache regime), over the metadata's; ``capacity``: the
     capacity model to run over the probes (none: no model)."""
     context = context or {}
-    baseline = next((e for e in entries if e.get("kind") == Kind.BASELINE), None)
+    baseline = next((e for e in entries if e.kind == Kind.BASELINE), None)
     ceiling = latest_ceiling(entries)
-    ceiling_tp = ceiling.get("throughput") if ceiling else None
-    probes = []
-    for entry in entries:
-        probe = dict(entry)
-        tp = probe.get("throughput")
-        probe["score"] = tp / ceiling_tp if tp and ceiling_tp else None
-        probes.append(probe)
+    ceiling_tp = ceiling.throughput if ceiling else None
+    probes = [{**entry.to_json(), "score": entry.throughput / ceiling_tp
+               if entry.throughput and ceiling_tp else None} for entry in entries]
+    ranks_per_host = baseline.host.ranks_per_host if baseline is not None else None
     return {
         "schema_version": SCHEMA_VERSION,
         "state": state,  # running | complete | interrupted | failed
@@ -52,7 +47,7 @@ def build_summary(meta: dict[str, Any], entries: list[dict[str, Any]],
         "script_args": meta.get("script_args", []),
         "launcher": meta.get("launcher"),
         "nproc_per_node": meta.get("nproc_per_node"),
-        "ranks_per_host": (baseline or {}).get("ranks_per_host"),  # as observed
+        "ranks_per_host": ranks_per_host,  # as observed
         "world_size": context.get("world_size"),
         "device": context.get("device", "cpu"),
         "backend": context.get("backend"),
@@ -72,18 +67,18 @@ def build_summary(meta: dict[str, Any], entries: list[dict[str, Any]],
             "command_line": meta.get("command_line"),
         },
         "search": {**(meta.get("search") or {}), **(search or {})},
-        "baseline": _settings(baseline.get("config")) if baseline else None,
+        "baseline": _settings(baseline.config) if baseline else None,
         "recommended": None,
         "recommended_probe": None,
         "expected_speedup": None,
         "expected_speedup_interval": None,
         "ceiling_throughput": ceiling_tp,
-        "ceiling_probe": ceiling.get("id") if ceiling else None,
+        "ceiling_probe": ceiling.id if ceiling else None,
         "ceiling_failed": None if ceiling else next(
-            (f"{e['id']}: {e[CEILING_FAILED]}" for e in reversed(entries)
-             if e.get(CEILING_FAILED)), None),
-        "capacity": capacity(probe_records(probes), context, (baseline or {}).get("ranks_per_host")
-                             or meta.get("nproc_per_node"), ceiling_tp) if capacity else None,
+            (f"{e.id}: {e.ceiling_failed}" for e in reversed(entries) if e.ceiling_failed),
+            None),
+        "capacity": capacity(entries, context, ranks_per_host or meta.get("nproc_per_node"),
+                             ceiling_tp) if capacity else None,
         "probes": probes,
         "findings": [],
         "recommendation": None,

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from ddp_profile.profiler.decide.choose import UNSTABLE_RSE, relative_se
 from ddp_profile.profiler.settings import LoaderSettings
-from ddp_profile.profiler.store.probes import Entry, Kind, Status
+from ddp_profile.profiler.store.probes import Kind, ProbeRecord, Status
 from ddp_profile.profiler.sweep import ceiling
 from ddp_profile.profiler.sweep.capacity import (
     CLIMB_STOP_CPU_SHARE,
@@ -39,11 +39,6 @@ from ddp_profile.profiler.sweep.space import normalise
 MAX_CLIMB_LAUNCHES = 3  # launches the climb may add past the first screen
 
 
-
-def settings_of(entry: Entry) -> LoaderSettings:
-    return LoaderSettings.from_dict(entry.get("config"))
-
-
 def run(search: Any) -> None:
     """Two screens, then the batch sizes. The first screen runs the whole worker ladder
     (and the ceiling) in one launch; the second confirms the best screened configuration
@@ -54,7 +49,7 @@ def run(search: Any) -> None:
     baseline for an IterableDataset: its stream cannot continue in a new iterator) falls
     back to climbing the first screen's ladder with one probe per configuration."""
     assert search.axes is not None and search.baseline is not None
-    own = settings_of(search.baseline)
+    own = search.baseline.config
     start = LoaderSettings(None, own.pin_memory if own.pin_memory is not None else False,
                            min(search.axes.prefetch_factor), own.batch_size)
     ladder = list(search.axes.num_workers)
@@ -89,7 +84,7 @@ def run(search: Any) -> None:
             best = search.best()
     if best is not None:
         batched = try_axis(search, best, "batch_size")
-        if settings_of(batched).batch_size != settings_of(best).batch_size:
+        if batched.config.batch_size != best.config.batch_size:
             rescreen(search, batched)
 
 
@@ -126,14 +121,14 @@ def recalibrate(search: Any, workers: int) -> None:
             search.axes, num_workers=tuple(sorted({*search.axes.num_workers, workers}))))
 
 
-def all_slower(search: Any, screened: list[Entry]) -> bool:
+def all_slower(search: Any, screened: list[ProbeRecord]) -> bool:
     """Whether every worker count a screen measured ran slower than the script's own
     settings beyond noise: more workers cost the loop, and the climb does not go on (a
     note says so)."""
-    rungs = [e for e in screened if e.get("kind") == Kind.SWEEP]
-    if not rungs or not all(slower_than_baseline(e, search.baseline or {}) for e in rungs):
+    rungs = [e for e in screened if e.kind == Kind.SWEEP]
+    if not rungs or not all(slower_than_baseline(e, search.baseline) for e in rungs):
         return False
-    workers = ", ".join(str(settings_of(e).num_workers) for e in rungs)
+    workers = ", ".join(str(e.config.num_workers) for e in rungs)
     search.progress("note", {"text": f"every worker count screened ({workers}) ran slower "
                                      "than the script's own settings: no further climb"})
     return True
@@ -154,7 +149,7 @@ def climb(search: Any, start: LoaderSettings, launches: int = MAX_CLIMB_LAUNCHES
         recalibrate(search, following)
         config = normalise(replace(start, num_workers=following))
         search.measurer.measure_screen([search.window(config)])
-        if slower_than_baseline(search.find(config) or {}, search.baseline or {}):
+        if slower_than_baseline(search.find(config), search.baseline):
             return  # more workers cost the loop: the climb stops here
 
 
@@ -163,9 +158,9 @@ def outlasted(search: Any, start: LoaderSettings, points: list[Any]) -> bool:
     if not points:
         return False
     top = max(point.workers for point in points)
-    entry = search.find(normalise(replace(start, num_workers=top))) or {}
-    wall = entry.get("wall_s")
-    if not isinstance(wall, (int, float)) or wall <= search.measurer.timeout_s:
+    entry = search.find(normalise(replace(start, num_workers=top)))
+    wall = entry.wall_s if entry is not None else None
+    if wall is None or wall <= search.measurer.timeout_s:
         return False
     search.progress("note", {"text": f"{top} workers took {wall:.0f} s, beyond the "
                                      f"{search.measurer.timeout_s:.0f} s a launch gets: no "
@@ -173,57 +168,57 @@ def outlasted(search: Any, start: LoaderSettings, points: list[Any]) -> bool:
     return True
 
 
-def contender(search: Any, best: Entry) -> Optional[Window]:
+def contender(search: Any, best: ProbeRecord) -> Optional[Window]:
     """A screened window faster than the choice, but tied with it only because its
     throughput is uncertain (relative SE above ``UNSTABLE_RSE``: a window's few steps of a
     bursty loader): measured again, twice as long, in the second screen, so that the
     choice rests on a measurement that can tell them apart."""
-    top = max(search.ok_entries(), key=lambda e: e["throughput"], default=None)
-    if top is None or top is best or not top.get("screened") \
-            or top["throughput"] <= best["throughput"] or relative_se(top) <= UNSTABLE_RSE:
+    top = max(search.ok_entries(), key=lambda e: e.throughput, default=None)
+    if top is None or top is best or not top.screened \
+            or top.throughput <= best.throughput or relative_se(top) <= UNSTABLE_RSE:
         return None
-    return search.window(normalise(settings_of(top)), steps=search.options.steps * 2)
+    return search.window(normalise(top.config), steps=search.options.steps * 2)
 
 
-def second_screen(search: Any, best: Entry) -> list[Window]:
+def second_screen(search: Any, best: ProbeRecord) -> list[Window]:
     """A fresh measurement of a screened best, an uncertain contender twice as long, then
     the best's prefetch and pinning variants."""
     assert search.axes is not None
-    current = normalise(settings_of(best))
-    configs = [current] if best.get("screened") else []
+    current = normalise(best.config)
+    configs = [current] if best.screened else []
     if current.num_workers and waits_for_data(best):
         configs += [normalise(replace(current, prefetch_factor=v))
                     for v in search.axes.prefetch_factor]
     configs += [normalise(replace(current, pin_memory=v)) for v in search.axes.pin_memory]
     unique: list[LoaderSettings] = []
     for config in configs:
-        if config not in unique and (config == current and best.get("screened")
+        if config not in unique and (config == current and best.screened
                                      or search.find(config) is None):
             unique.append(config)
     windows = [search.window(c) for c in unique]
     uncertain = contender(search, best)
     if uncertain is not None and uncertain.config not in unique:
-        windows.insert(1 if best.get("screened") else 0, uncertain)
+        windows.insert(1 if best.screened else 0, uncertain)
     return windows
 
 
-def rescreen(search: Any, best: Entry) -> None:
+def rescreen(search: Any, best: ProbeRecord) -> None:
     """The worker counts measured before, again at the batch size the search moved to, in
     one screen: what a batch costs to load and to pass between processes changes with its
     size, so the best loader at the script's batch size need not be the best at another (a
     short MLP on in-memory data kept its 2 workers at batch 256 and ran 0.75 of batch 256
     without workers in plain launches)."""
-    current = normalise(settings_of(best))
-    workers = sorted({settings_of(e).num_workers or 0 for e in search.ok_entries()})
+    current = normalise(best.config)
+    workers = sorted({e.config.num_workers or 0 for e in search.ok_entries()})
     configs = [normalise(replace(current, num_workers=w)) for w in workers]
     windows = [search.window(c) for c in dict.fromkeys(configs) if search.find(c) is None]
     if windows:
         search.measurer.measure_screen(windows, condemned(search.baseline))
 
 
-def try_axis(search: Any, best: Entry, axis: str) -> Entry:
+def try_axis(search: Any, best: ProbeRecord, axis: str) -> ProbeRecord:
     assert search.axes is not None
-    current = normalise(settings_of(best))
+    current = normalise(best.config)
     values = getattr(search.axes, axis)
     if axis == "prefetch_factor" and (not current.num_workers or not waits_for_data(best)):
         return best  # prefetching only helps a loop that still waits for data
@@ -234,7 +229,7 @@ def try_axis(search: Any, best: Entry, axis: str) -> Entry:
         entry = search.measure_config(candidate)
         if beats(entry, best):
             best = entry
-        elif axis == "batch_size" and entry.get("status") == Status.OOM:
+        elif axis == "batch_size" and entry is not None and entry.status == Status.OOM:
             break
     return best
 

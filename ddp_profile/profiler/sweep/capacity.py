@@ -283,12 +283,12 @@ def _runq_dict(runq: Optional[RunQueue]) -> Optional[dict[str, Any]]:
 def most_contended(probes: Sequence[ProbeRecord]) -> Optional[RunQueue]:
     """The run-queue time of the probe whose producers were runnable the largest share of
     their wall time (None when no probe recorded it)."""
-    known = [p for p in probes if p.loading and p.loading.fields.get("runq_share") is not None]
+    known = [(p.loading.runq_share, p.loading.runq_per_sample_s, p) for p in probes
+             if p.loading is not None and p.loading.runq_share is not None]
     if not known:
         return None
-    top = max(known, key=lambda p: p.loading.fields["runq_share"])
-    return RunQueue(per_sample_s=float(top.loading.fields["runq_per_sample_s"]),
-                    share=float(top.loading.fields["runq_share"]),
+    share, per_sample, top = max(known, key=lambda found: found[0])
+    return RunQueue(per_sample_s=float(per_sample), share=share,
                     workers=top.config.num_workers or 0)
 
 
@@ -329,8 +329,7 @@ def capacity_model(probes: Sequence[ProbeRecord], cpus_per_rank: float, ranks: i
     # blocked waiting (runnable time apart where recorded; where not, the waiting includes
     # it): the least contended probe shows the loader's own waiting best
     wait = min(p.loading.wait_per_sample_s or 0.0 for p in measured)
-    rss = [p.loading.fields["worker_private_rss"] for p in measured
-           if p.loading.fields.get("worker_private_rss")]
+    rss = [p.loading.worker_private_rss for p in measured if p.loading.worker_private_rss]
     memory_workers = None
     if rss and memory_available:
         memory_workers = int(memory_available / ranks // max(rss))
@@ -342,8 +341,8 @@ def capacity_model(probes: Sequence[ProbeRecord], cpus_per_rank: float, ranks: i
 
 def _median_pinning(probes: Sequence[ProbeRecord]) -> Optional[float]:
     """Median pinning time per sample of the probes that pinned (None: none did)."""
-    pins = [p.loading.fields["pin_per_sample_s"] for p in probes
-            if p.loading and p.loading.fields.get("pin_per_sample_s")]
+    pins = [p.loading.pin_per_sample_s for p in probes
+            if p.loading is not None and p.loading.pin_per_sample_s]
     return statistics.median(pins) if pins else None
 
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp_profile.profiler.settings import LoaderSettings, config_label
-from ddp_profile.profiler.store.probes import CEILING_FAILED, Kind, Status, latest_ceiling
+from ddp_profile.profiler.store.probes import CEILING_FAILED, Kind, latest_ceiling
 from ddp_profile.profiler.sweep.climb import worth_tuning
 from ddp_profile.profiler.sweep.measure import Window
 
@@ -31,7 +30,7 @@ def wanted(search: Any) -> bool:
         return False
     loader = search.loader()
     why = None
-    if search.baseline.get("status") == Status.OK and not worth_tuning(search.baseline):
+    if search.baseline.ok and not worth_tuning(search.baseline):
         why = "loading takes too little of the baseline's steps to win back"
     elif loader.get("iterable") and loader.get("dataset_len") is None:
         why = ("the training loader's IterableDataset has no length: replayed batches could "
@@ -48,10 +47,9 @@ def measure(search: Any) -> None:
     """The compute-only probe, at the recommended configuration's batch size (unless the
     ceiling measured already is at that batch size)."""
     best = search.best() or search.baseline
-    config = LoaderSettings.from_dict(best.get("config"))
+    config = best.config
     kept = latest_ceiling(search.entries)
-    if kept is None or LoaderSettings.from_dict(kept.get("config")).batch_size \
-            != config.batch_size:
+    if kept is None or kept.config.batch_size != config.batch_size:
         search.measurer.measure(Window(config, Kind.CEILING, mode="ceiling",
                                        steps_per_s=search.steps_per_s(config, "ceiling")))
 
@@ -59,18 +57,16 @@ def measure(search: Any) -> None:
 def vet(search: Any) -> None:
     """Mark every ceiling measured below a loading rate at its batch size."""
     for entry in search.entries:
-        if entry.get("kind") != Kind.CEILING or entry.get("status") != Status.OK \
-                or entry.get(CEILING_FAILED):
+        if entry.kind != Kind.CEILING or not entry.ok or entry.ceiling_failed:
             continue
-        batch = LoaderSettings.from_dict(entry.get("config")).batch_size
-        faster = [e for e in search.ok_entries()
-                  if LoaderSettings.from_dict(e.get("config")).batch_size == batch
-                  and e["throughput"] > entry["throughput"]]
+        batch = entry.config.batch_size
+        faster = [e for e in search.ok_entries() if e.config.batch_size == batch
+                  and e.throughput > entry.throughput]
         if not faster:
             continue
-        top = max(faster, key=lambda e: e["throughput"])
-        why = (f"replaying cached batches ran {entry['throughput']:,.1f} samples/s, below the "
-               f"{top['throughput']:,.1f} that {top['id']} ({config_label(top.get('config'))}) "
+        top = max(faster, key=lambda e: e.throughput)
+        why = (f"replaying cached batches ran {entry.throughput:,.1f} samples/s, below the "
+               f"{top.throughput:,.1f} that {top.id} ({top.config.label()}) "
                "measured with loading")
         search.measurer.amend(entry, {CEILING_FAILED: why})
-        search.progress("note", {"text": f"{entry['id']}: not a ceiling: {why}"})
+        search.progress("note", {"text": f"{entry.id}: not a ceiling: {why}"})

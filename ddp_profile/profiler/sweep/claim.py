@@ -45,7 +45,7 @@ from ddp_profile.profiler.decide.paired import (
 )
 from ddp_profile.profiler.settings import LoaderSettings, timed_warmup
 from ddp_profile.profiler.store.epochs import restart_share
-from ddp_profile.profiler.store.probes import Kind, ProbeRecord, Status, counts_for_choice
+from ddp_profile.profiler.store.probes import Kind, ProbeRecord, counts_for_choice
 from ddp_profile.profiler.sweep.climb import condemned_by
 from ddp_profile.profiler.sweep.measure import Window
 from ddp_profile.profiler.sweep.space import normalise
@@ -74,8 +74,8 @@ def confirm(search: Any) -> None:
     best = evidence.subject(search.entries, base, top)
     if best is None:
         return
-    reference = normalise(LoaderSettings.from_dict(base.get("config")))
-    candidate = normalise(LoaderSettings.from_dict(best.get("config")))
+    reference = normalise(base.config)
+    candidate = normalise(best.config)
     if reference == candidate:
         return
     group = f"claim-{len(search.entries):03d}"
@@ -112,7 +112,7 @@ def confirm(search: Any) -> None:
             configs[role], Kind.PAIRED, steps=steps, steps_per_s=rate,
             warmup=timed_warmup(search.options.warmup, rate),
             pair={"role": role, "index": index, "group": group}))
-        if entry.get("status") != Status.OK:
+        if not entry.ok:
             return  # a crash or an OOM would only repeat itself
         index += 1
         if index == len(roles) and len(roles) < MAX_CLAIM_LAUNCHES \
@@ -230,29 +230,27 @@ def persistence_subject(search: Any, thresholds: ChoiceThresholds = DEFAULTS
     if best is None or base is None or search.options.pairs <= 0 \
             or not restarts(search):
         return None
-    config = normalise(LoaderSettings.from_dict(best.get("config")))
+    config = normalise(best.config)
     if config.num_workers:
         shares = [restart_share(e) for e in search.entries if counts_for_choice(e)
-                  and normalise(LoaderSettings.from_dict(e.get("config"))) == config]
+                  and normalise(e.config) == config]
         known = [s for s in shares if s is not None]
         if not known or max(known) >= thresholds.restart_share:
             epoch = _epoch(search, config)
             return PersistenceSubject(config, config, epoch) if epoch else None
-    if best.get("id") != base.get("id") or not best.get("throughput") \
+    if best.id != base.id or not best.throughput \
             or compute_bound(candidate_of(base), thresholds):
         return None  # another best, or a script that hardly waits for data: nothing to win
-    floor = (1 + thresholds.restart_share) * float(best["throughput"])
+    floor = (1 + thresholds.restart_share) * best.throughput
     rivals = [e for e in search.entries if counts_for_choice(e)
-              and LoaderSettings.from_dict(e.get("config")).num_workers
-              and LoaderSettings.from_dict(e.get("config")).batch_size == config.batch_size
+              and e.config.num_workers and e.config.batch_size == config.batch_size
               and (restart_share(e) or 0.0) >= thresholds.restart_share
-              and float(e.get("steady_throughput") or 0.0) >= floor
-              and not condemned_by(search.entries, LoaderSettings.from_dict(e.get("config")),
-                                   base)]
+              and steady_throughput(e) >= floor
+              and not condemned_by(search.entries, e.config, base)]
     if not rivals:
         return None
-    rival = max(rivals, key=lambda e: float(e["steady_throughput"]))
-    candidate = normalise(LoaderSettings.from_dict(rival.get("config")))
+    rival = max(rivals, key=steady_throughput)
+    candidate = normalise(rival.config)
     epoch = _epoch(search, candidate)
     return PersistenceSubject(config, candidate, epoch) if epoch else None
 
@@ -260,9 +258,15 @@ def persistence_subject(search: Any, thresholds: ChoiceThresholds = DEFAULTS
 def _epoch(search: Any, config: LoaderSettings) -> Optional[int]:
     """Steps in an epoch at ``config``'s batch size, as the last probe at it counted them;
     None where unknown (no probe can be sized to cross it)."""
-    same = [e for e in search.entries if counts_for_choice(e) and e.get("epoch_steps")
-            and LoaderSettings.from_dict(e.get("config")).batch_size == config.batch_size]
-    return int(same[-1]["epoch_steps"]) if same else None
+    steps = [e.epochs.steps for e in search.entries if counts_for_choice(e)
+             and e.epochs is not None and e.epochs.steps
+             and e.config.batch_size == config.batch_size]
+    return steps[-1] if steps else None
+
+
+def steady_throughput(record: ProbeRecord) -> float:
+    """Its samples/s between restarts (0: no restart measured)."""
+    return (record.epochs.steady_throughput or 0.0) if record.epochs is not None else 0.0
 
 
 def confirm_persistence(search: Any) -> None:

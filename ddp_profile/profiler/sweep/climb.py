@@ -14,14 +14,7 @@ from typing import Any, Callable, Optional
 
 from ddp_profile.profiler.decide.choose import better, candidate_of, not_worse
 from ddp_profile.profiler.settings import LoaderSettings
-from ddp_profile.profiler.store.probes import (
-    Entry,
-    Kind,
-    ProbeRecord,
-    data_wait_share,
-    is_measured,
-    is_ok,
-)
+from ddp_profile.profiler.store.probes import Kind, ProbeRecord, is_measured, is_ok
 from ddp_profile.profiler.sweep.capacity import ClimbPoint
 from ddp_profile.profiler.sweep.screen import window_rates
 from ddp_profile.profiler.sweep.space import normalise
@@ -31,9 +24,9 @@ CLIMB_PATIENCE = 1  # rungs of the worker ladder tried past one that did not pay
 
 
 
-def waits_for_data(entry: Entry) -> bool:
+def waits_for_data(entry: ProbeRecord) -> bool:
     """Whether waiting for data still costs a measurable share of each step."""
-    fraction = data_wait_share(entry)
+    fraction = entry.data_wait_share
     return fraction is None or fraction >= SETTLED_DATA_WAIT
 
 
@@ -46,14 +39,14 @@ def winnable_share(entry: ProbeRecord) -> Optional[float]:
     iterator's own bookkeeping) stays whatever the workers do, and workers add a transfer per
     batch.
     """
-    fraction = data_wait_share(entry)
+    fraction = entry.data_wait_share
     loading, throughput, ranks = entry.loading, entry.throughput, len(entry.ranks) or 1
     if entry.config.num_workers or loading is None or not throughput:
         return fraction
-    per_sample = sum(loading.fields.get(key) or 0.0 for key in
-                     ("cpu_per_sample_s", "wait_per_sample_s", "runq_per_sample_s",
-                      "pin_per_sample_s"))
-    share = per_sample * float(throughput) / ranks
+    per_sample = sum(part or 0.0 for part in (
+        loading.cpu_per_sample_s, loading.wait_per_sample_s, loading.runq_per_sample_s,
+        loading.pin_per_sample_s))
+    share = per_sample * throughput / ranks
     return min(share, fraction) if fraction is not None else share
 
 
@@ -64,37 +57,40 @@ def worth_tuning(entry: ProbeRecord) -> bool:
     return share is None or share >= SETTLED_DATA_WAIT
 
 
-def beats(candidate: Entry, incumbent: Optional[Entry]) -> bool:
-    """A successful measurement faster than the incumbent beyond noise (or the first one)."""
+def beats(candidate: Optional[ProbeRecord], incumbent: Optional[ProbeRecord]) -> bool:
+    """A successful measurement faster than the incumbent beyond noise (or the first one);
+    None (not launched) beats nothing."""
     if not is_measured(candidate):
         return False
     return incumbent is None or better(candidate_of(candidate), candidate_of(incumbent))
 
 
-def slower_than_baseline(entry: Entry, baseline: Entry) -> bool:
+def slower_than_baseline(entry: Optional[ProbeRecord], baseline: Optional[ProbeRecord]
+                         ) -> bool:
     """A successful measurement slower than the script's own settings beyond noise."""
     return is_measured(entry) and is_measured(baseline) \
         and better(candidate_of(baseline), candidate_of(entry))
 
 
-def condemned_by(entries: list[Entry], config: LoaderSettings, baseline: Entry) -> bool:
+def condemned_by(entries: list[ProbeRecord], config: LoaderSettings,
+                 baseline: ProbeRecord) -> bool:
     """Whether ``entries`` condemn ``config``: it has more workers than rungs of its batch
     size, and those all ran slower than the script's own settings beyond noise. More workers
     only cost such a loop more (a 2-rank script whose samples sleep 2 ms ran 593, 98 and 52
     samples/s with 1, 13 and 26 workers against 896 without: 52 were killed, and a ceiling at
     26 timed out, in a launch that measured nothing of use)."""
     workers = config.num_workers or 0
-    rungs = [(e, LoaderSettings.from_dict(e.get("config"))) for e in entries
-             if e.get("kind") == Kind.SWEEP and is_measured(e)]  # a failed rung says nothing
+    rungs = [(e, e.config) for e in entries
+             if e.kind == Kind.SWEEP and is_measured(e)]  # a failed rung says nothing
     lower = [e for e, rung in rungs if (rung.num_workers or 0) < workers
              and rung.batch_size == config.batch_size]
     return bool(workers and lower) and all(slower_than_baseline(e, baseline) for e in lower)
 
 
-def condemned(baseline: Entry) -> Callable[[list[Entry], Any], bool]:
+def condemned(baseline: ProbeRecord) -> Callable[[list[ProbeRecord], Any], bool]:
     """A screen's ``measure.Condemned``: a rung, or the ceiling at a rung's settings, that
     the screen's measurements so far condemn (``condemned_by``)."""
-    def judge(done: list[Entry], window: Any) -> bool:
+    def judge(done: list[ProbeRecord], window: Any) -> bool:
         return window.kind in (Kind.SWEEP, Kind.CEILING) \
             and condemned_by(done, window.config, baseline)
     return judge
@@ -103,8 +99,8 @@ def condemned(baseline: Entry) -> Callable[[list[Entry], Any], bool]:
 WATCHED_RSE = 0.1  # the error a running window's rate is read with: stopped only well beyond
 
 
-def watched(plan: Any, pending: list[Any], done: list[Entry],
-            condemned: Optional[Callable[[list[Entry], Any], bool]]
+def watched(plan: Any, pending: list[Any], done: list[ProbeRecord],
+            condemned: Optional[Callable[[list[ProbeRecord], Any], bool]]
             ) -> Optional[Callable[[], bool]]:
     """What a running screen is watched with: whether the windows every rank has left
     (``screen.window_rates``), read with ``WATCHED_RSE``, condemn every window it has yet to
@@ -124,22 +120,22 @@ def watched(plan: Any, pending: list[Any], done: list[Entry],
     return stop
 
 
-def holds(candidate: Entry, incumbent: Entry) -> bool:
+def holds(candidate: Optional[ProbeRecord], incumbent: ProbeRecord) -> bool:
     """A successful measurement at least as fast as the incumbent, within noise."""
     return is_measured(candidate) and not_worse(candidate_of(candidate), candidate_of(incumbent))
 
 
-def predicted_rung(baseline: Optional[Entry], ladder: list[int]) -> int:
+def predicted_rung(baseline: Optional[ProbeRecord], ladder: list[int]) -> int:
     """The worker-ladder rung the baseline's own measurement points at.
 
     A data-bound loop consumes one batch per step time T, of which (1 - f) is compute (f the
     data-wait share); ``w`` workers each deliver a batch every L = T * max(w, 1). Enough
     workers to keep up: L / ((1 - f) T) = max(w, 1) / (1 - f). Not data-bound: stay put.
     """
-    if not baseline or not is_ok(baseline):
+    if baseline is None or not is_ok(baseline):
         return 0
-    workers = LoaderSettings.from_dict(baseline.get("config")).num_workers or 0
-    fraction = data_wait_share(baseline)
+    workers = baseline.config.num_workers or 0
+    fraction = baseline.data_wait_share
     needed = workers
     if fraction is not None and fraction >= SETTLED_DATA_WAIT:
         needed = math.ceil(max(workers, 1) / max(1.0 - fraction, 0.05))
@@ -149,15 +145,17 @@ def predicted_rung(baseline: Optional[Entry], ladder: list[int]) -> int:
     return len(ladder) - 1
 
 
-def climb_workers(measure: Callable[[LoaderSettings], Entry], baseline: Entry,
-                  start: LoaderSettings, ladder: list[int]) -> Optional[Entry]:
+def climb_workers(measure: Callable[[LoaderSettings], Optional[ProbeRecord]],
+                  baseline: ProbeRecord, start: LoaderSettings, ladder: list[int]
+                  ) -> Optional[ProbeRecord]:
     """Hill-climb the worker ladder from the rung the baseline predicts; the best entry.
 
     Down while a cheaper rung is at least as fast (within noise), else up while a rung is
     faster beyond noise (one rung of patience) and the loop still waits for data; a rung
-    slower than the baseline beyond noise ends the climb at once.
+    slower than the baseline beyond noise ends the climb at once. A rung ``measure`` did not
+    launch (None) is no better than a failed one.
     """
-    def at(index: int) -> Entry:
+    def at(index: int) -> Optional[ProbeRecord]:
         return measure(normalise(replace(start, num_workers=ladder[index])))
 
     index = predicted_rung(baseline, ladder)
@@ -188,17 +186,17 @@ def climb_workers(measure: Callable[[LoaderSettings], Entry], baseline: Entry,
     return best
 
 
-def climb_points(entries: list[Entry], start: LoaderSettings) -> list[ClimbPoint]:
+def climb_points(entries: list[ProbeRecord], start: LoaderSettings) -> list[ClimbPoint]:
     """The measured worker counts of ``start``'s pinning and batch size, as
     ``capacity.next_workers`` sees them: the latest measurement of each configuration (one
     measured again, longer, replaces its screen's)."""
     points: dict[tuple, ClimbPoint] = {}
     for entry in entries:
-        config = LoaderSettings.from_dict(entry.get("config"))
+        config, seen = entry.config, candidate_of(entry)
         if (config.pin_memory, config.batch_size) != (start.pin_memory, start.batch_size):
             continue
-        loading, seen = entry.get("loading") or {}, candidate_of(entry)
         points[(config.num_workers or 0, config.prefetch_factor)] = ClimbPoint(
             int(config.num_workers or 0), seen.throughput, seen.rse, waits_for_data(entry),
-            loading.get("cpu_share"), entry.get("cpu_busy"), launch=seen.launch)
+            entry.loading.cpu_share if entry.loading is not None else None,
+            entry.host.cpu_busy, launch=seen.launch)
     return list(points.values())

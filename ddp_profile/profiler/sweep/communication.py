@@ -16,7 +16,7 @@ its batch-size clause.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Mapping
 
 from ddp_profile.profiler.decide.choose import (
     UNSTABLE_RSE,
@@ -33,7 +33,7 @@ from ddp_profile.profiler.decide.paired import (
     rounds,
 )
 from ddp_profile.profiler.settings import GRADIENT_SYNC, LoaderSettings
-from ddp_profile.profiler.store.probes import Entry, Kind, Status
+from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.sweep.claim import LAUNCH_PAIRS, WINDOW_PAIRS
 from ddp_profile.profiler.sweep.climb import beats
 from ddp_profile.profiler.sweep.measure import Window
@@ -42,7 +42,7 @@ from ddp_profile.profiler.sweep.space import normalise
 DEFAULT_BUCKET_CAP_MB = 25  # DDP's bucket_cap_mb when the script gives none
 
 
-def ddp_counterfactuals(baseline: Entry) -> list[dict[str, Any]]:
+def ddp_counterfactuals(baseline: ProbeRecord) -> list[dict[str, Any]]:
     """The DDP options measured where communication costs: 4x the bucket cap (fewer, larger
     all-reduces: the 25 MB default is often too small for fast links, and on a slow one larger
     buckets can overlap less), and ``gradient_as_bucket_view=True`` (gradients are views into
@@ -53,7 +53,7 @@ def ddp_counterfactuals(baseline: Entry) -> list[dict[str, Any]]:
     change nothing but the launch, and its figure would be noise read as an effect.
     Compression hooks are not tried: they change numerics, and registering one would make the
     script's own ``register_comm_hook`` fail."""
-    comm = baseline.get("comm") or {}
+    comm = baseline.comm.fields
     cap = comm.get("bucket_cap_bytes")
     cap_mb = cap / 2 ** 20 if cap else DEFAULT_BUCKET_CAP_MB
     options: list[dict[str, Any]] = [] if one_bucket(comm) else [
@@ -65,7 +65,7 @@ def ddp_counterfactuals(baseline: Entry) -> list[dict[str, Any]]:
     return options
 
 
-def one_bucket(comm: dict[str, Any]) -> bool:
+def one_bucket(comm: Mapping[str, Any]) -> bool:
     """Every DDP module's gradients travel in one bucket (the summary's ``comm``: ``buckets``
     against ``modules``): a larger bucket cap cannot change the all-reduces."""
     buckets, modules = comm.get("buckets"), comm.get("modules") or 1
@@ -83,7 +83,7 @@ def measure(search: Any, larger_batches: bool = True) -> None:
     options (``ddp_counterfactuals``), alternated with the script's own. ``search``: the
     ``sweep.search.Search`` that calls in (not imported: no cycle)."""
     baseline = search.baseline
-    if baseline is None or baseline.get("status") != Status.OK or not exposed_share(baseline):
+    if baseline is None or not baseline.ok or not exposed_share(baseline):
         return
     if not unsynchronised(search):
         return
@@ -117,7 +117,7 @@ def options_key(options: dict[str, Any]) -> str:
 
 
 def alternate(search: Any, candidates: list[dict[str, Any]], in_one_launch: bool
-              ) -> list[Entry]:
+              ) -> list[ProbeRecord]:
     """The script's own settings with its own DDP options (the reference) and with each of
     ``candidates`` (DDP options), alternated ``A B A C A ...`` (``decide.paired.rounds``):
     windows of one launch where ``in_one_launch`` and the loader can be rebuilt (gradient
@@ -125,7 +125,7 @@ def alternate(search: Any, candidates: list[dict[str, Any]], in_one_launch: bool
     launch each (at most ``LAUNCH_PAIRS`` rounds). Each entry carries its
     place (``pair``: role, index, group); a failed launch ends the alternation."""
     assert search.baseline is not None
-    config = normalise(LoaderSettings.from_dict(search.baseline.get("config")))
+    config = normalise(search.baseline.config)
     rate = search.steps_per_s(config)
     group = f"ddp-{len(search.entries):03d}"
     windows = in_one_launch and not search.measurer.screen_unsupported
@@ -144,7 +144,7 @@ def alternate(search: Any, candidates: list[dict[str, Any]], in_one_launch: bool
         entry = search.measurer.measure(Window(LoaderSettings(), Kind.DDP, ddp=ddp,
                                                steps_per_s=rate, pair=pair))
         entries.append(entry)
-        if entry.get("status") != Status.OK:
+        if not entry.ok:
             break  # a crash or an OOM would only repeat itself
     return entries
 
@@ -171,24 +171,23 @@ def _placed(search: Any, candidates: list[dict[str, Any]], group: str, windows: 
             for index, i in enumerate(sequence)]
 
 
-def alternation_fit(entries: list[Entry]) -> Any:
+def alternation_fit(entries: list[ProbeRecord]) -> Any:
     """The fit of an alternation's entries (``decide.paired.fit_alternation``; each candidate by its
     options), None where one failed or too few ran."""
-    if not entries or any(e.get("status") != Status.OK or not e.get("throughput")
-                          or not isinstance(e.get("pair"), dict) for e in entries):
+    if not entries or any(not e.measured or e.pair is None for e in entries):
         return None
     return fit_alternation([
-        (None if e["pair"]["role"] == REFERENCE else options_key(e.get("ddp_options") or {}),
-         float(e["pair"]["index"]), float(e["throughput"])) for e in entries])
+        (None if e.pair.role == REFERENCE else options_key(dict(e.comm.options or {})),
+         float(e.pair.index), e.throughput) for e in entries])
 
 
-def _ddp_probe(search: Any, options: dict[str, Any]) -> Entry:
+def _ddp_probe(search: Any, options: dict[str, Any]) -> ProbeRecord:
     """The script's own settings with DDP ``options``, one launch."""
     assert search.baseline is not None
-    rate = search.steps_per_s(normalise(LoaderSettings.from_dict(search.baseline.get("config"))))
+    rate = search.steps_per_s(normalise(search.baseline.config))
     entry = search.measurer.measure(Window(LoaderSettings(), Kind.DDP, ddp=options,
                                            steps_per_s=rate))
-    if entry["status"] == Status.OK and relative_se(entry) > UNSTABLE_RSE:
+    if entry.ok and relative_se(entry) > UNSTABLE_RSE:
         entry = search.measurer.measure(Window(LoaderSettings(), Kind.DDP, ddp=options,
                                                steps=search.options.steps * 2,
                                                steps_per_s=rate))
@@ -199,9 +198,8 @@ def _larger_batches(search: Any) -> None:
     """The best configuration so far with 2x, then 4x its per-rank batch, while it gains."""
     assert search.baseline is not None
     best = search.best() or search.baseline
-    current = normalise(LoaderSettings.from_dict(best.get("config")))
-    batch = current.batch_size or LoaderSettings.from_dict(search.baseline.get("config")
-                                                           ).batch_size
+    current = normalise(best.config)
+    batch = current.batch_size or search.baseline.config.batch_size
     if not batch:
         return
     for factor in (2, 4):

@@ -13,7 +13,7 @@ Tests inject a modelled measurer instead.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 from ddp_profile.profiler.cache import (
     AS_IS,
@@ -41,7 +41,7 @@ from ddp_profile.profiler.settings import (
     burst_steps,
     mode_warmup,
 )
-from ddp_profile.profiler.store.probes import MEASURED_AS, Kind, ProbeRecord, Status
+from ddp_profile.profiler.store.probes import MEASURED_AS, Kind, ProbeRecord
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.sweep.climb import watched
 from ddp_profile.profiler.sweep.probe import summarise_probe
@@ -88,7 +88,7 @@ Condemned = Callable[[list, Window], bool]  # (a screen's entries so far, a wind
 class Measurer(Protocol):
     """Turns configurations into ledger entries; the search's only way to measure."""
 
-    entries: list[Mapping[str, Any]]  # every measurement of this sweep, in order (records)
+    entries: list[ProbeRecord]  # every measurement of this sweep, in order
     screen_unsupported: Optional[str]  # why screens cannot run (set by ``measure_screen``)
     timeout_s: float  # how long a launch of one probe may run
 
@@ -103,7 +103,7 @@ class Measurer(Protocol):
         fewer entries than windows when a launch stopped early or screens are unsupported,
         and none for a window ``condemned`` before a further launch."""
 
-    def context(self, entry: dict[str, Any]) -> dict[str, Any]:
+    def context(self, entry: ProbeRecord) -> dict[str, Any]:
         """The rank context of a measured probe (device, cpus_available, ...), {} if none."""
 
     def calibrate(self, baseline: ProbeRecord, axes: Axes) -> None:
@@ -133,7 +133,7 @@ class LedgerMeasurer:
         self.launches = 0  # probes launched by this process (the coordinated probe index)
         self.run_token = new_tag()[:12]
         self.ledger = run_dir.ledger()
-        self.entries: list[Mapping[str, Any]] = []  # ProbeRecords
+        self.entries: list[ProbeRecord] = []
         self.screen_unsupported: Optional[str] = None
         self.window_loop_s = 0.0  # estimated seconds of one screen window's loop
         # the page cache's state for every launch (``profiler.cache``): asked for cold, from the
@@ -155,10 +155,9 @@ class LedgerMeasurer:
     def _held(self, entry: ProbeRecord) -> ProbeRecord:
         """``entry``, measured again because the first read out of the regime; where it read
         out of it again, the regime is not held here (``regime_unheld``), said once."""
-        if self.regime_unheld is None and entry.get("status") == Status.OK \
-                and out_of_regime(self.regime, entry):
-            share = entry["loading"]["storage_share"]
-            self.regime_unheld = (f"{entry['id']}, measured again, read {share:.0%} of its "
+        if self.regime_unheld is None and entry.ok and out_of_regime(self.regime, entry):
+            share = entry.loading.storage_share if entry.loading is not None else None
+            self.regime_unheld = (f"{entry.id}, measured again, read {share:.0%} of its "
                                   f"bytes from storage again: this machine does not hold the "
                                   f"{self.regime.mode} regime")
             self.progress("note", {"text": f"{self.regime_unheld}; no probe is measured again"})
@@ -169,9 +168,9 @@ class LedgerMeasurer:
         probe_id = f"p{len(self.entries):03d}"
         steps = window.steps or self.steps
         done = self._finished(probe_id, window.config, window.kind, steps, screened=False)
-        if done is not None and (done.get("threads") != window.threads
-                                 or done.get("ddp_options") != window.ddp
-                                 or done.get("persistent_workers") != window.persistent_workers):
+        if done is not None and (done.threads != window.threads
+                                 or done.comm.options != window.ddp
+                                 or done.persistent_workers != window.persistent_workers):
             done = None
         if done is not None:
             return self._record(done, reused=True)
@@ -189,16 +188,16 @@ class LedgerMeasurer:
         entry = summarise_probe(plan, outcome, window.kind, self.timeout_s)
         if window.pair is not None:
             entry["pair"] = window.pair
-        return self._record(entry)
+        return self._record(ProbeRecord.from_json(entry))
 
     def _finished(self, probe_id: str, requested: LoaderSettings, kind: Kind, steps: int,
-                  screened: bool) -> Optional[dict[str, Any]]:
-        """The ledger entry of a resumed run that measured exactly this, if any."""
-        done = next((e for e in self.ledger if e.get("id") == probe_id), None)
-        if done is None or done.get("requested") != requested.to_dict() \
-                or (done.get(MEASURED_AS) or done.get("kind")) != kind \
-                or done.get("steps") != steps \
-                or bool(done.get("screened")) != screened:
+                  screened: bool) -> Optional[ProbeRecord]:
+        """The probe of a resumed run's ledger that measured exactly this, if any."""
+        line = next((e for e in self.ledger if e.get("id") == probe_id), None)
+        done = ProbeRecord.from_json(line) if line is not None else None
+        if done is None or done.requested != requested \
+                or (done.cache.measured_as if done.cache is not None else done.kind) != kind \
+                or done.steps_asked != steps or done.screened != screened:
             return None
         return done
 
@@ -229,7 +228,7 @@ class LedgerMeasurer:
     def plan_cache(self) -> Optional[str]:
         return COLD if self.regime.cold else None
 
-    def settle_cache(self, baseline: dict[str, Any], requested: str) -> dict[str, Any]:
+    def settle_cache(self, baseline: ProbeRecord, requested: str) -> ProbeRecord:
         from ddp_profile.profiler.rank.facts import memory_available
 
         loader = self.context(baseline).get("loader") or {}
@@ -239,36 +238,35 @@ class LedgerMeasurer:
             return baseline
         return self.measure(Window(LoaderSettings(), Kind.BASELINE))
 
-    def _out_of_regime(self, entry: dict[str, Any]) -> bool:
+    def _out_of_regime(self, entry: ProbeRecord) -> bool:
         """Whether ``entry`` read its data in another page-cache state than the run's regime
         (``cache.out_of_regime``); if so it is set aside as kind ``cache`` (by an appended
         ledger line, ``measured_as`` its own kind), for the caller to measure it again. An
         entry a resumed run set aside already is one too."""
-        if entry.get("kind") == Kind.CACHE and entry.get(MEASURED_AS):
+        if entry.cache is not None:
             return True
-        if self.regime_unheld is not None or entry.get("status") != Status.OK \
+        if self.regime_unheld is not None or not entry.ok \
                 or not out_of_regime(self.regime, entry):
             return False
-        share = entry["loading"]["storage_share"]
-        self.progress("note", {"text": f"{entry['id']} ({entry.get('kind')}) read {share:.0%} "
+        share = entry.loading.storage_share if entry.loading is not None else None
+        self.progress("note", {"text": f"{entry.id} ({entry.kind}) read {share:.0%} "
                                        f"of its bytes from storage, out of the "
                                        f"{self.regime.mode} regime: measured again in it"})
-        self.amend(entry, {"kind": Kind.CACHE.value, MEASURED_AS: entry.get("kind"),
+        self.amend(entry, {"kind": Kind.CACHE.value, MEASURED_AS: entry.kind.value,
                            "regime_miss": {"mode": self.regime.mode, "storage_share": share}})
         return True
 
-    def amend(self, entry: Mapping[str, Any], fields: dict[str, Any]) -> ProbeRecord:
+    def amend(self, entry: ProbeRecord, fields: dict[str, Any]) -> ProbeRecord:
         """A recorded entry corrected: an appended ledger line, and the amended record in
         its place among the entries."""
-        amended = ProbeRecord.from_json({**entry, **fields})
+        amended = entry.amended(fields)
         self.entries[:] = [amended if e is entry else e for e in self.entries]
-        self.run_dir.amend(str(entry["id"]), fields)
+        self.run_dir.amend(entry.id, fields)
         return amended
 
-    def _record(self, entry: Mapping[str, Any], reused: bool = False) -> ProbeRecord:
-        """A measured probe's ledger line, as a record among the entries (appended to the
-        ledger unless a resumed run's)."""
-        record = ProbeRecord.from_json(entry)
+    def _record(self, record: ProbeRecord, reused: bool = False) -> ProbeRecord:
+        """A measured probe among the entries (its line appended to the ledger unless a
+        resumed run's)."""
         if not reused:
             self.run_dir.append(record.to_json())
             self.run_dir.clear_inflight()
@@ -277,7 +275,7 @@ class LedgerMeasurer:
         return record
 
     def measure_screen(self, windows: list[Window],
-                       condemned: Optional[Condemned] = None) -> list[dict[str, Any]]:
+                       condemned: Optional[Condemned] = None) -> list[ProbeRecord]:
         """Measure several configurations in as few launches as possible (see
         ``profiler.sweep.screen``): one launch runs them one after another; when it stops
         early (a crash, an OOM, a hang, the script's end), the window it stopped in is
@@ -288,7 +286,7 @@ class LedgerMeasurer:
         if any(w.threads is not None or w.persistent_workers or w.warmup for w in windows):
             raise ValueError("threads, persistent_workers and a warm-up of its own need a "
                              "launch of their own")
-        done: list[dict[str, Any]] = []
+        done: list[ProbeRecord] = []
         ran: list[Window] = []
         pending = list(windows)
         while pending and not self.screen_unsupported:
@@ -316,14 +314,14 @@ class LedgerMeasurer:
             pending = pending[consumed:]
         return [self._in_regime(entry, window) for entry, window in zip(done, ran)]
 
-    def _in_regime(self, entry: dict[str, Any], window: Window) -> dict[str, Any]:
+    def _in_regime(self, entry: ProbeRecord, window: Window) -> ProbeRecord:
         """A screened window, or its configuration measured again in a launch of its own where
         the window read out of the run's page-cache regime."""
         if not self._out_of_regime(entry):
             return entry
         return self._held(self._probe(window))
 
-    def _screen_launch(self, pending: list[Window], ids: list[str], done: list[dict[str, Any]],
+    def _screen_launch(self, pending: list[Window], ids: list[str], done: list[ProbeRecord],
                        condemned: Optional[Condemned] = None) -> int:
         """One launch running ``pending``; the windows it finished (or failed in) are appended
         to ``done``; returns how many. Stopped early where the windows it finished condemn
@@ -368,7 +366,7 @@ class LedgerMeasurer:
             entry.update(screened=True, launch=launch_id, launch_wall_s=round(outcome.wall_s, 3))
             if window.pair is not None:
                 entry["pair"] = window.pair
-            done.append(self._record(entry))
+            done.append(self._record(ProbeRecord.from_json(entry)))
             consumed += 1
             if not split.complete:
                 break
@@ -381,14 +379,14 @@ class LedgerMeasurer:
         return backlog_warmup(self.warmup, window.config.num_workers,
                               window.config.prefetch_factor)
 
-    def _reuse_screened(self, pending: list[Window], ids: list[str]) -> list[dict[str, Any]]:
+    def _reuse_screened(self, pending: list[Window], ids: list[str]) -> list[ProbeRecord]:
         """The leading windows a resumed run already measured (same ids, same requests)."""
         reused = []
         for window, probe_id in zip(pending, ids):
             entry = self._finished(probe_id, window.config, window.kind,
                                    window.steps or self.steps,
                                    screened=True)
-            if entry is None or entry.get("ddp_options") != window.ddp:
+            if entry is None or entry.comm.options != window.ddp:
                 break
             reused.append(self._record(entry, reused=True))
         return reused
@@ -397,13 +395,13 @@ class LedgerMeasurer:
         """Size the timeouts from the baseline: a probe gets ``TIMEOUT_FACTOR`` times the
         baseline's wall time (unless ``--timeout`` was given), a screen window its loop's."""
         if not self.fixed_timeout:
-            self.timeout_s = max(MIN_TIMEOUT_S, TIMEOUT_FACTOR * baseline["wall_s"])
+            self.timeout_s = max(MIN_TIMEOUT_S, TIMEOUT_FACTOR * (baseline.wall_s or 0.0))
         medians = [r.step_time_median_s or 0.0 for r in baseline.ranks]
         workers = max(axes.num_workers)
         self.window_loop_s = max(medians, default=0.0) * (
             max(self.warmup, workers * max(axes.prefetch_factor))
             + burst_steps(self.steps, workers))
-        self.window_loop_s += baseline.get("time_to_first_batch_s") or 0.0
+        self.window_loop_s += baseline.time_to_first_batch_s or 0.0
 
     def screen_timeout(self, windows: int) -> float:
         """The first window gets a probe's timeout; each further one what its steps and a
@@ -411,10 +409,10 @@ class LedgerMeasurer:
         per_window = max(MIN_WINDOW_TIMEOUT_S, TIMEOUT_FACTOR * self.window_loop_s)
         return self.timeout_s + (windows - 1) * per_window
 
-    def context(self, entry: dict[str, Any]) -> dict[str, Any]:
+    def context(self, entry: ProbeRecord) -> dict[str, Any]:
         from ddp_profile.profiler.store.results import read_probe_dir
 
-        for data in read_probe_dir(self.run_dir.probe_dir(entry["id"])):
+        for data in read_probe_dir(self.run_dir.probe_dir(entry.id)):
             if data.context:
                 return data.context
         return {}

@@ -31,8 +31,8 @@ from ddp_profile.profiler.launch.coordinate import Coordinator
 from ddp_profile.profiler.launch.ranks import LaunchSpec, ignore_hangup, restore_hangup
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.probes import (
-    Entry,
     Kind,
+    ProbeRecord,
     Status,
     counts_for_choice,
     counts_for_gate,
@@ -69,10 +69,6 @@ class SweepOptions:
     cache: str = "auto"  # the page-cache regime asked for (``profiler.cache``)
 
 
-def settings_of(entry: Entry) -> LoaderSettings:
-    return LoaderSettings.from_dict(entry.get("config"))
-
-
 class Search:
     """The decisions of one sweep, over a measurer (real or modelled)."""
 
@@ -84,15 +80,15 @@ class Search:
         self.nproc_per_node = nproc_per_node
         self.progress = progress
         self.axes: Optional[Axes] = None
-        self.baseline: Optional[Entry] = None
+        self.baseline: Optional[ProbeRecord] = None
         self.oom_batch: Optional[int] = None
         self.ceiling_skip_noted = False
 
     @property
-    def entries(self) -> list[Entry]:
+    def entries(self) -> list[ProbeRecord]:
         return self.measurer.entries
 
-    def run(self) -> list[Entry]:
+    def run(self) -> list[ProbeRecord]:
         """Baseline, then the search, the ceiling, the claim's check and the repeats; every
         entry, in order."""
         self.baseline = self.measurer.measure(Window(LoaderSettings(), Kind.BASELINE))
@@ -132,43 +128,44 @@ class Search:
         return self.measurer.context(self.baseline).get("loader") or {}
 
     # ---- measuring ------------------------------------------------------------------------
-    def measure_config(self, config: LoaderSettings) -> Entry:
-        """Measure a full configuration; re-measure longer once if its steps are unstable."""
+    def measure_config(self, config: LoaderSettings) -> Optional[ProbeRecord]:
+        """Measure a full configuration; re-measure longer once if its steps are unstable.
+        None: not launched (a smaller batch size already ran out of memory)."""
         known = self.find(config)
         if known is not None:
             return known
         if self.oom_batch is not None and (config.batch_size or 0) > self.oom_batch:
-            return {"status": Status.SKIPPED.value, "config": config.to_dict(), "throughput": None}
+            return None
         rate = self.steps_per_s(config)
         entry = self.measurer.measure(Window(config, steps_per_s=rate))
-        if entry["status"] == Status.OK and relative_se(entry) > UNSTABLE_RSE:
+        if entry.ok and relative_se(entry) > UNSTABLE_RSE:
             entry = self.measurer.measure(Window(config, steps=self.options.steps * 2,
                                                  steps_per_s=rate))
-        if entry["status"] == Status.OOM and config.batch_size is not None:
+        if entry.status == Status.OOM and config.batch_size is not None:
             self.oom_batch = min(self.oom_batch or config.batch_size, config.batch_size - 1)
         return entry
 
-    def find(self, config: LoaderSettings) -> Optional[Entry]:
+    def find(self, config: LoaderSettings) -> Optional[ProbeRecord]:
         """The latest ok measurement of exactly this configuration, if any."""
         for entry in reversed(self.entries):
-            if counts_for_choice(entry) and normalise(settings_of(entry)) == config:
+            if counts_for_choice(entry) and normalise(entry.config) == config:
                 return entry
         return None
 
-    def launches_of(self, config: LoaderSettings) -> list[Entry]:
+    def launches_of(self, config: LoaderSettings) -> list[ProbeRecord]:
         """The launches of exactly ``config`` that the gate may pool (``counts_for_gate``: a
         threads or DDP counterfactual runs the script otherwise, and is none of them)."""
         return [e for e in self.entries if counts_for_gate(e)
-                and normalise(settings_of(e)) == normalise(config)]
+                and normalise(e.config) == normalise(config)]
 
     # ---- choosing -------------------------------------------------------------------------
-    def ok_entries(self) -> list[Entry]:
+    def ok_entries(self) -> list[ProbeRecord]:
         return [e for e in self.entries if counts_for_choice(e) and is_measured(e)]
 
-    def best(self) -> Optional[Entry]:
+    def best(self) -> Optional[ProbeRecord]:
         """The entry ``choose`` picks among the baseline and sweep measurements so far."""
-        entries = {str(e.get("id")): e for e in self.ok_entries()}
-        base = self.baseline if self.baseline and self.baseline.get("status") == Status.OK else None
+        entries = {e.id: e for e in self.ok_entries()}
+        base = self.baseline if self.baseline is not None and self.baseline.ok else None
         chosen = choose([candidate_of(e) for e in entries.values()],
                         candidate_of(base) if base is not None else None)
         return entries.get(chosen.id) if chosen is not None else None
@@ -180,12 +177,12 @@ class Search:
         Repeats never choose: they show how much whole launches of one configuration differ,
         which the gate needs."""
         best = claim.recommended(self) or self.baseline
-        if self.options.repeat <= 1 or best is None or best["status"] != Status.OK:
+        if self.options.repeat <= 1 or best is None or not best.ok:
             return
-        config = settings_of(best)
+        config = best.config
         for _ in range(self.options.repeat - len(self.launches_of(config))):
             entry = self.measurer.measure(Window(config, Kind.REPEAT))
-            if entry["status"] != Status.OK:
+            if not entry.ok:
                 break  # a crash or an OOM would only repeat itself
 
     def threads(self) -> None:
@@ -195,11 +192,11 @@ class Search:
         oversubscribes the CPUs with intra-op threads (``cpus.threads_to_fit``), the same
         settings again with the threads that fit."""
         base, best = self.baseline, self.best()
-        if base is None or base.get("status") != Status.OK:
+        if base is None or not base.ok:
             return
         subjects = [(base, LoaderSettings(), None)]
-        if best is not None and normalise(settings_of(best)) != normalise(settings_of(base)):
-            config = normalise(settings_of(best))
+        if best is not None and normalise(best.config) != normalise(base.config):
+            config = normalise(best.config)
             subjects.append((best, config, self.steps_per_s(config)))
         for entry, config, rate in subjects:
             fit = threads_to_fit(entry.host.intra_op_threads,
@@ -210,17 +207,17 @@ class Search:
                                              steps_per_s=rate))
 
     # ---- the baseline ---------------------------------------------------------------------
-    def _check_baseline(self, entry: Entry) -> None:
-        if entry["status"] == Status.OK:
+    def _check_baseline(self, entry: ProbeRecord) -> None:
+        if entry.ok:
             return
-        if entry.get("reason") == "no_dataloader":
+        if entry.reason == "no_dataloader":
             raise NoDataLoader(f"{self.script}: "
-                               f"{entry.get('error') or 'no DataLoader was iterated'}; "
+                               f"{entry.error or 'no DataLoader was iterated'}; "
                                f"nothing to measure")
-        if entry["status"] == Status.TIMEOUT:
+        if entry.status == Status.TIMEOUT:
             raise ProbeTimeout(f"the script's own settings did not finish a probe: "
-                               f"{entry.get('error')}")
-        raise ScriptFailed(f"the script failed with its own settings: {entry.get('error')}")
+                               f"{entry.error}")
+        raise ScriptFailed(f"the script failed with its own settings: {entry.error}")
 
     def _host(self) -> tuple[int, int]:
         """The CPUs the baseline's ranks could use (their context's ``cpus_available``) and
@@ -228,20 +225,20 @@ class Search:
         assert self.baseline is not None
         context = self.measurer.context(self.baseline)
         return (int(context.get("cpus_available") or cpus_available()),
-                int(self.baseline.get("ranks_per_host") or self.nproc_per_node))
+                self.baseline.host.ranks_per_host or self.nproc_per_node)
 
     def _axes(self) -> Axes:
         assert self.baseline is not None
         context = self.measurer.context(self.baseline)
         cpus, local_ranks = self._host()
-        return resolve_axes(self.space, settings_of(self.baseline),
+        return resolve_axes(self.space, self.baseline.config,
                             context.get("device", "cpu"), cpus, local_ranks)
 
     def _requested_single(self) -> LoaderSettings:
         space = self.space
         return LoaderSettings(*(values[0] if values else None for values in (
             space.num_workers, space.pin_memory, space.prefetch_factor, space.batch_size))
-        ).merged_over(settings_of(self.baseline))
+        ).merged_over(self.baseline.config)
 
     # ---- adaptive -------------------------------------------------------------------------
     def adaptive(self) -> None:
@@ -257,13 +254,13 @@ class Search:
         compute-only demand for a ceiling window); None where unknown. It lengthens the
         measurement of a fast window (``settings.burst_steps``)."""
         model = self.capacity() if self.baseline is not None else None
-        batch = config.batch_size or (settings_of(self.baseline).batch_size
+        batch = config.batch_size or (self.baseline.config.batch_size
                                       if self.baseline is not None else None)
         if model is None or not batch:
             return None
         known = self.find(config) if mode == "normal" else None
         if known is not None:
-            samples = float(known["throughput"])
+            samples = known.throughput or 0.0
         elif mode == "ceiling":
             samples = model.demand
         else:
@@ -277,7 +274,7 @@ class Search:
         context = {**self.measurer.context(self.baseline), "cpus_available": cpus}
         ceiling = latest_ceiling(self.entries)
         return run_model(self.ok_entries(), context, local_ranks,
-                         ceiling.get("throughput") if ceiling else None)
+                         ceiling.throughput if ceiling else None)
 
 class Sweep:
     """The real sweep of one run directory: ``Search`` over a ``LedgerMeasurer``."""
@@ -292,7 +289,7 @@ class Sweep:
         self.coordinator = coordinator
 
     @property
-    def entries(self) -> list[Entry]:
+    def entries(self) -> list[ProbeRecord]:
         return self.measurer.entries
 
     @property
@@ -303,7 +300,7 @@ class Sweep:
     def timeout_s(self) -> float:
         return self.measurer.timeout_s
 
-    def run(self) -> list[Entry]:
+    def run(self) -> list[ProbeRecord]:
         """The whole sweep; a closed terminal (SIGHUP) does not stop it."""
         previous = ignore_hangup()
         try:

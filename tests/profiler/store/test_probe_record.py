@@ -40,10 +40,26 @@ def test_a_record_types_what_decisions_read_and_writes_back_every_key():
     assert record.loading is not None and record.loading.storage_share == 0.5
     assert record.launch == "p003-screen" and record.cache is None
     assert record.to_json() == LINE  # ledger and summary.json keep their keys
-    assert record["some_future_key"] == [1, 2] and dict(record) == LINE  # read as the line
+    assert record.screened and record.throughput_rse == 0.02 and record.data_wait_share == 0.05
+    assert record.requested == LoaderSettings() and record.epochs is None
     assert not record.counts_for_choice and not record.counts_for_gate  # a counterfactual
-    with pytest.raises(TypeError):
-        record["throughput"] = 1.0  # type: ignore[index]
+    with pytest.raises(TypeError):  # read by its fields only, never as the raw line
+        record["throughput"]  # type: ignore[index]
+    assert not hasattr(record, "get") and not hasattr(record, "keys")
+
+
+def test_a_record_amended_is_a_new_record_of_the_amended_line():
+    record = ProbeRecord.from_json({**LINE, "kind": "ceiling"})
+    amended = record.amended({"ceiling_failed": "below p002"})
+    assert record.ceiling_failed is None and amended.ceiling_failed == "below p002"
+    assert amended.to_json() == {**LINE, "kind": "ceiling", "ceiling_failed": "below p002"}
+
+
+def test_the_epoch_restarts_are_typed_where_the_line_measured_them():
+    record = ProbeRecord.from_json({**LINE, "epoch_restart_s": 0.4, "epoch_steps": 62,
+                                    "steady_throughput": 900.0})
+    assert record.epochs is not None and record.epochs.steps == 62
+    assert (record.epochs.restart_s, record.epochs.steady_throughput) == (0.4, 900.0)
 
 
 def test_a_probe_set_aside_out_of_the_cache_regime_says_what_it_was_measured_as():

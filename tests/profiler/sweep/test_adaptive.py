@@ -80,7 +80,7 @@ class ModelMeasurer:
                             **({"pair": w.pair} if w.pair else {}))
                 for w in windows]
 
-    def context(self, entry: dict[str, Any]) -> dict[str, Any]:
+    def context(self, entry: ProbeRecord) -> dict[str, Any]:
         return {"device": "cuda", "cpus_available": 32}
 
     def calibrate(self, baseline: ProbeRecord, axes: Axes) -> None:
@@ -90,7 +90,7 @@ class ModelMeasurer:
         return baseline  # modelled probes read no files
 
     def amend(self, entry: ProbeRecord, fields: dict[str, Any]) -> ProbeRecord:
-        amended = ProbeRecord.from_json({**entry, **fields})
+        amended = entry.amended(fields)
         self.entries[:] = [amended if e is entry else e for e in self.entries]
         return amended
 
@@ -144,13 +144,13 @@ def test_adaptive_screens_reach_the_grid_best_in_three_launches(model):
     configs = grid(found.axes)
     grid_best = max(model(c)[0] for c in configs)
     chosen = found.best()
-    assert chosen["throughput"] >= 0.95 * grid_best
+    assert chosen.throughput >= 0.95 * grid_best
     # the baseline, the worker-ladder screen, the confirming screen; the grid launches each
     assert fake.launches == 3, fake.launches
     assert len(fake.measured) < len(configs) + 1
     # the choice was measured again in a fresh launch: not only inside the ladder's screen
-    confirmations = [e for e in found.entries if e["config"] == chosen["config"]]
-    assert len(confirmations) >= 2 or not chosen.get("screened")
+    confirmations = [e for e in found.entries if e.config == chosen.config]
+    assert len(confirmations) >= 2 or not chosen.screened
 
 
 @pytest.mark.parametrize("model", [io_bound, cpu_bound])
@@ -158,7 +158,7 @@ def test_adaptive_without_screens_climbs_with_fewer_probes(model):
     found, fake = search(model, screens=False)
     configs = grid(found.axes)
     grid_best = max(model(c)[0] for c in configs)
-    assert found.best()["throughput"] >= 0.95 * grid_best
+    assert found.best().throughput >= 0.95 * grid_best
     assert fake.launches <= 0.5 * (len(configs) + 1), (fake.launches, len(configs))
 
 
@@ -166,12 +166,12 @@ def test_grid_measures_every_configuration_once():
     found, fake = search(io_bound, search="grid")
     assert fake.measured[0] == OWN  # the baseline first
     assert set(fake.measured[1:]) == set(grid(found.axes)) - {OWN}
-    assert found.best()["config"]["num_workers"] == 8  # the fewest workers reaching 3000/s
+    assert found.best().config.num_workers == 8  # the fewest workers reaching 3000/s
 
 
 def test_a_compute_bound_baseline_gets_no_worker_ladder():
     found, fake = search(compute_bound)
-    assert found.best()["kind"] == "baseline"
+    assert found.best().kind == "baseline"
     assert {c.num_workers for c in fake.measured} == {0}  # pinning variants only
     assert fake.launches == 2
 
@@ -179,29 +179,29 @@ def test_a_compute_bound_baseline_gets_no_worker_ladder():
 def test_the_search_best_is_the_one_choice():
     for model in (io_bound, cpu_bound, compute_bound, mildly_bound):
         found, _ = search(model)
-        ok = [e for e in found.entries if e["status"] == "ok"
-              and e["kind"] in ("baseline", "sweep")]
+        ok = [e for e in found.entries if e.status == "ok"
+              and e.kind in ("baseline", "sweep")]
         chosen = choose([candidate_of(e) for e in ok], candidate_of(found.baseline))
-        assert found.best()["id"] == chosen.id
+        assert found.best().id == chosen.id
 
 
 @pytest.mark.parametrize("model", [io_bound, mildly_bound])
 def test_repeat_measures_exactly_the_recommended_configuration(model):
     found, _ = search(model, repeat=3)
     best = found.best()
-    repeats = [e for e in found.entries if e["kind"] == "repeat"]
-    assert repeats and all(e["config"] == best["config"] for e in repeats)
-    assert len(found.launches_of(LoaderSettings.from_dict(best["config"]))) == 3
+    repeats = [e for e in found.entries if e.kind == "repeat"]
+    assert repeats and all(e.config == best.config for e in repeats)
+    assert len(found.launches_of(best.config)) == 3
     assert found.best() is best  # repeats never take part in the choice
 
 
 def test_repeat_keeps_a_compute_bound_baseline_against_a_small_gain():
     found, fake = search(mildly_bound, repeat=2)
-    faster = max(found.entries, key=lambda e: e["throughput"])
-    assert faster["config"]["num_workers"] > 0  # the ladder found the 4 % faster setting...
-    assert found.best()["kind"] == "baseline"  # ...which does not clear clear_gain
-    repeats = [e for e in found.entries if e["kind"] == "repeat"]
-    assert [e["config"] for e in repeats] == [found.baseline["config"]]
+    faster = max(found.entries, key=lambda e: e.throughput)
+    assert faster.config.num_workers > 0  # the ladder found the 4 % faster setting...
+    assert found.best().kind == "baseline"  # ...which does not clear clear_gain
+    repeats = [e for e in found.entries if e.kind == "repeat"]
+    assert [e.config for e in repeats] == [found.baseline.config]
 
 
 class UnconfirmedMeasurer(ModelMeasurer):
@@ -221,19 +221,19 @@ def test_repeat_measures_the_script_settings_where_the_claim_check_kept_them():
     fake = UnconfirmedMeasurer(io_bound)
     found = Search(fake, SPACE, SweepOptions(search="adaptive", ceiling=False, repeat=3))
     found.run()
-    assert found.best()["config"] != found.baseline["config"]  # the search found a gain...
-    paired = [e for e in found.entries if e["kind"] == "paired"]
+    assert found.best().config != found.baseline.config  # the search found a gain...
+    paired = [e for e in found.entries if e.kind == "paired"]
     assert len(paired) >= 5 and not claim_holds(found)  # ...its check did not
-    repeats = [e for e in found.entries if e["kind"] == "repeat"]
-    assert repeats and all(e["config"] == found.baseline["config"] for e in repeats)
-    assert len(found.launches_of(LoaderSettings.from_dict(found.baseline["config"]))) == 3
+    repeats = [e for e in found.entries if e.kind == "repeat"]
+    assert repeats and all(e.config == found.baseline.config for e in repeats)
+    assert len(found.launches_of(found.baseline.config)) == 3
     assert found.entries.index(paired[-1]) < found.entries.index(repeats[0])
 
 
 def test_repeat_stops_at_a_failed_launch():
     found, _ = search(io_bound, repeat=6, fail_after=4)
-    repeats = [e for e in found.entries if e["kind"] == "repeat"]
-    assert [e["status"] for e in repeats] == ["ok", "crash"]
+    repeats = [e for e in found.entries if e.kind == "repeat"]
+    assert [e.status for e in repeats] == ["ok", "crash"]
 
 
 def cpu_bound_two_workers(config: LoaderSettings) -> tuple[float, float]:
@@ -247,17 +247,17 @@ def test_an_uncertain_faster_window_is_measured_again_longer_and_then_chosen():
     # screened windows are uncertain (RSE 15 %): 12 % faster is within their noise alone
     found, fake = search(cpu_bound_two_workers, screen_rse=0.15)
     assert SweepOptions().steps * 2 in fake.steps_asked
-    assert (found.best()["config"]["num_workers"] or 0) >= 2
+    assert (found.best().config.num_workers or 0) >= 2
     # ... in the second screen's launch, not one of its own: baseline, ladder, second screen
-    assert fake.launches == 3 and not [e for e in fake.entries if not e.get("screened")
-                                       and e["kind"] == "sweep"]
+    assert fake.launches == 3 and not [e for e in fake.entries if not e.screened
+                                       and e.kind == "sweep"]
 
 
 def test_certain_windows_are_not_measured_again():
     found, fake = search(cpu_bound_two_workers, screen_rse=0.01)
-    assert not [e for e in fake.entries if not e.get("screened") and e["kind"] == "sweep"]
+    assert not [e for e in fake.entries if not e.screened and e.kind == "sweep"]
     assert SweepOptions().steps * 2 not in fake.steps_asked
-    assert found.best()["config"]["num_workers"] == 2
+    assert found.best().config.num_workers == 2
 
 
 def test_what_loading_could_win_back_is_measured_where_batches_are_made():
@@ -295,7 +295,7 @@ class LoadingMeasurer(ModelMeasurer):
         self.windows: list[Window] = []
         self.screens_asked: list[list[Window]] = []
 
-    def context(self, entry: dict[str, Any]) -> dict[str, Any]:
+    def context(self, entry: ProbeRecord) -> dict[str, Any]:
         return {"device": "cpu", "cpus_available": self.cpus}
 
     def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
@@ -321,9 +321,9 @@ def test_fast_windows_are_told_their_predicted_step_rate():
     assert ceiling == pytest.approx(6000.0 / 16)
     # measured once, a configuration's own rate predicts its next measurement
     again = fake.screens_asked[-1][0]
-    first = next(e for e in fake.entries if e.get("screened")
-                 and LoaderSettings.from_dict(e["config"]) == again.config)
-    assert again.steps_per_s == pytest.approx(first["throughput"] / 16)
+    first = next(e for e in fake.entries if e.screened
+                 and e.config == again.config)
+    assert again.steps_per_s == pytest.approx(first.throughput / 16)
 
 
 def test_the_first_screen_brackets_the_predicted_worker_count():
@@ -354,7 +354,7 @@ class ThreadsMeasurer(ModelMeasurer):
     def measure(self, window: Window) -> ProbeRecord:
         entry = super().measure(window)
         self.threads.append((window.kind, window.threads,
-                             LoaderSettings.from_dict(entry["config"])))
+                             entry.config))
         return entry
 
 
@@ -362,12 +362,12 @@ def test_the_best_configurations_threads_are_measured_where_its_workers_tip_the_
     fake = ThreadsMeasurer(io_bound)
     found = Search(fake, SPACE, SweepOptions(pairs=0, ceiling=False))
     found.run()
-    best = LoaderSettings.from_dict(found.best()["config"])
+    best = found.best().config
     assert best.num_workers >= 8  # 2 threads + 1.2 busy cores > 3 CPUs
     counterfactuals = [(t, c) for kind, t, c in fake.threads if kind == "threads"]
     # the baseline (no workers) fits its 2 CPUs: only the best configuration is measured again
     assert counterfactuals == [(1, best)]
-    assert found.best()["kind"] == "sweep"  # a threads probe never competes in the choice
+    assert found.best().kind == "sweep"  # a threads probe never competes in the choice
 
 
 def test_no_threads_counterfactual_where_the_best_configuration_fits():
@@ -437,12 +437,12 @@ def test_exposed_communication_is_measured_then_tuned():
     sync_windows = next(s for s in fake.screens if unsynced in s)
     assert sync_windows == [{}, unsynced] * 3 + [{}]
     assert fake.ddp_asked == [{}, cap, {}, view, {}, cap, {}, view, {}]
-    pairs = [e["pair"] for e in fake.entries if e["kind"] == "ddp"]
-    assert [p["index"] for p in pairs] == list(range(7)) + list(range(9))
-    assert len({p["group"] for p in pairs}) == 2
+    pairs = [e.pair for e in fake.entries if e.kind == "ddp"]
+    assert [p.index for p in pairs] == list(range(7)) + list(range(9))
+    assert len({p.group for p in pairs}) == 2
     assert {32, 64, 128} <= {c.batch_size for c in fake.measured}
-    assert found.best()["config"]["batch_size"] == 128
-    assert found.best()["kind"] == "sweep"  # a DDP probe never competes in the choice
+    assert found.best().config.batch_size == 128
+    assert found.best().kind == "sweep"  # a DDP probe never competes in the choice
 
 
 def test_without_alternations_the_sync_cost_is_a_launch_beside_a_twin_and_no_option_is_tried():
@@ -451,7 +451,7 @@ def test_without_alternations_the_sync_cost_is_a_launch_beside_a_twin_and_no_opt
     found.run()
     assert fake.ddp_asked == [{}, {"gradient_sync": False}]
     assert not [s for s in fake.screens if {"gradient_sync": False} in s]
-    assert found.best()["config"]["batch_size"] == 128
+    assert found.best().config.batch_size == 128
 
 
 def test_what_the_timers_miss_is_measured_and_what_costs_nothing_is_not_tuned():
@@ -491,7 +491,7 @@ def test_a_rung_slower_than_the_baseline_ends_the_climb():
                          own=LoaderSettings(2, False, 2, 32))
     workers = [c.num_workers for c in fake.measured]
     assert 8 in workers and 16 not in workers, workers
-    assert found.best()["config"]["num_workers"] == 4
+    assert found.best().config.num_workers == 4
 
 
 def short_epochs(config: LoaderSettings) -> tuple[float, float]:
@@ -511,7 +511,7 @@ def test_no_climb_past_a_screen_whose_every_worker_count_lost_to_the_baseline():
     screened = {c.num_workers for c in fake.measured if c.num_workers}
     assert screened == first  # nothing climbed past the first screen
     assert any("ran slower than the script's own settings" in n for n in notes), notes
-    assert found.best()["kind"] == "baseline"
+    assert found.best().kind == "baseline"
 
 
 def still_climbing(config: LoaderSettings) -> tuple[float, float]:
@@ -552,13 +552,13 @@ def test_a_ceiling_below_a_rate_measured_with_loading_is_no_ceiling(screens):
     fake = CeilingMeasurer(io_bound, ceiling=1000.0, screens=screens)  # io_bound reaches 3000
     found = Search(fake, SPACE, SweepOptions(pairs=0, ceiling=True))
     found.run()
-    ceilings = [e for e in found.entries if e["kind"] == "ceiling"]
-    assert ceilings and all("below the 3,000.0" in e["ceiling_failed"] for e in ceilings)
+    ceilings = [e for e in found.entries if e.kind == "ceiling"]
+    assert ceilings and all("below the 3,000.0" in e.ceiling_failed for e in ceilings)
     assert latest_ceiling(found.entries) is None
     sound = CeilingMeasurer(io_bound, ceiling=5000.0, screens=screens)
     found = Search(sound, SPACE, SweepOptions(pairs=0, ceiling=True))
     found.run()
-    assert latest_ceiling(found.entries)["throughput"] == 5000.0
+    assert latest_ceiling(found.entries).throughput == 5000.0
 
 
 class IterableMeasurer(LoadingMeasurer):
@@ -568,7 +568,7 @@ class IterableMeasurer(LoadingMeasurer):
         super().__init__(model, **kwargs)
         self.length = length
 
-    def context(self, entry: dict[str, Any]) -> dict[str, Any]:
+    def context(self, entry: ProbeRecord) -> dict[str, Any]:
         return {**super().context(entry),
                 "loader": {"iterable": True, "dataset_len": self.length}}
 
@@ -577,10 +577,10 @@ def test_an_iterable_dataset_is_climbed_one_launch_a_rung_without_a_screen():
     fake = IterableMeasurer(io_bound, 4096, cpus=2, own=LoaderSettings(0, False, None, 16))
     found = Search(fake, SearchSpace(), SweepOptions(pairs=0, ceiling=True))
     found.run()
-    assert not [e for e in found.entries if e.get("screened")]
+    assert not [e for e in found.entries if e.screened]
     # the capacity model's worker counts, past the 2 CPUs, one probe each
     assert max(c.num_workers or 0 for c in fake.measured) > 2
-    assert [e for e in found.entries if e["kind"] == "ceiling"]  # it has a length
+    assert [e for e in found.entries if e.kind == "ceiling"]  # it has a length
 
 
 def test_an_iterable_dataset_without_a_length_gets_no_ceiling():
@@ -589,7 +589,7 @@ def test_an_iterable_dataset_without_a_length_gets_no_ceiling():
     found = Search(fake, SearchSpace(), SweepOptions(pairs=0, ceiling=True),
                    progress=lambda event, data: notes.append(data.get("text", "")))
     found.run()
-    assert not [e for e in found.entries if e["kind"] == "ceiling"]
+    assert not [e for e in found.entries if e.kind == "ceiling"]
     assert any("has no length" in n for n in notes), notes
 
 
@@ -600,23 +600,23 @@ def test_the_claim_is_checked_in_one_launch_alternating_the_scripts_settings_and
     fake = ModelMeasurer(io_bound)
     found = Search(fake, SPACE, SweepOptions(ceiling=False))
     found.run()
-    paired = [e for e in found.entries if e["kind"] == "paired"]
-    assert [e["pair"]["role"] for e in paired] == ALTERNATION
-    assert all(e.get("screened") for e in paired) and fake.launches == 4  # one launch more
+    paired = [e for e in found.entries if e.kind == "paired"]
+    assert [e.pair.role for e in paired] == ALTERNATION
+    assert all(e.screened for e in paired) and fake.launches == 4  # one launch more
     best = found.best()
-    assert best["kind"] == "sweep"  # the alternation counts for nothing else
-    assert {e["pair"]["role"]: e["config"] for e in paired} == {
-        "reference": found.baseline["config"], "candidate": best["config"]}
+    assert best.kind == "sweep"  # the alternation counts for nothing else
+    assert {e.pair.role: e.config for e in paired} == {
+        "reference": found.baseline.config, "candidate": best.config}
 
 
 def test_a_larger_batch_is_alternated_launch_by_launch():
     fake = CommMeasurer()
     found = Search(fake, SPACE, SweepOptions(ceiling=False))
     found.run()
-    paired = [e for e in found.entries if e["kind"] == "paired"]
-    assert [e["pair"]["role"] for e in paired] == ALTERNATION[:4] + ["reference"]
-    assert not any(e.get("screened") for e in paired)
-    assert {e["config"]["batch_size"] for e in paired} == {32, 128}
+    paired = [e for e in found.entries if e.kind == "paired"]
+    assert [e.pair.role for e in paired] == ALTERNATION[:4] + ["reference"]
+    assert not any(e.screened for e in paired)
+    assert {e.config.batch_size for e in paired} == {32, 128}
     # each side warmed up about a second by its predicted rate (``settings.timed_warmup``)
     asked = [w for w in fake.asked if w.kind == "paired"]
     assert [w.warmup for w in asked] == [
@@ -627,7 +627,7 @@ def test_a_larger_batch_is_alternated_launch_by_launch():
 def test_no_alternation_where_the_script_keeps_its_settings_or_none_is_asked(model, pairs):
     found = Search(ModelMeasurer(model), SPACE, SweepOptions(ceiling=False, pairs=pairs))
     found.run()
-    assert not [e for e in found.entries if e["kind"] == "paired"]
+    assert not [e for e in found.entries if e.kind == "paired"]
 
 
 def test_an_alternation_with_no_room_for_its_noise_is_not_launched():
@@ -637,7 +637,7 @@ def test_an_alternation_with_no_room_for_its_noise_is_not_launched():
     fake = CommMeasurer()
     found = Search(fake, SPACE, SweepOptions(pairs=1, ceiling=False))
     found.run()
-    assert not [e for e in fake.entries if e["kind"] == "paired"]
+    assert not [e for e in fake.entries if e.kind == "paired"]
     assert [{}, {"gradient_sync": False}] * 3 + [{}] in fake.screens
     # two options: A B A C A leaves one degree of freedom, and runs
     assert fake.ddp_asked == [{}, {"bucket_cap_mb": 100}, {}, {"gradient_as_bucket_view": True},
@@ -671,7 +671,7 @@ def test_persistent_workers_are_measured_where_the_best_settings_pay_restarts():
     found.run()
     kept = [e for e in found.entries if e.kind == "persistent"]
     assert [e.pair.role for e in kept] == ["reference", "candidate"] * 2 + ["reference"]
-    assert [bool(e.get("persistent_workers")) for e in kept] == [False, True] * 2 + [False]
+    assert [bool(e.persistent_workers) for e in kept] == [False, True] * 2 + [False]
     assert len({e.config for e in kept}) == 1
     assert kept[0].config == found.best().config  # the best settings, as found
     assert fake.steps_asked[-5:] == [2 * 20 + 1] * 5  # whole epochs, 2 at least, past 30 steps
@@ -752,9 +752,10 @@ def test_workers_kept_alive_are_measured_against_the_kept_script_settings():
     assert {e.config for e in kept if e.pair.role == "reference"} == {found.baseline.config}
     alive = {e.config for e in kept if e.pair.role == "candidate"}
     fastest = max((e for e in found.entries if e.kind in ("sweep", "baseline")
-                   and e.get("steady_throughput")), key=lambda e: e["steady_throughput"])
+                   and e.epochs and e.epochs.steady_throughput),
+                  key=lambda e: e.epochs.steady_throughput)
     assert alive == {fastest.config} and fastest.config.num_workers
-    assert [bool(e.get("persistent_workers")) for e in kept] == [False, True] * 2 + [False]
+    assert [bool(e.persistent_workers) for e in kept] == [False, True] * 2 + [False]
     assert any(f"the script's settings (A) and {fastest.config.label()} with it (B)" in n
                for n in notes), notes
 
@@ -844,7 +845,7 @@ def test_a_rung_faster_within_its_screens_noise_is_climbed_past_and_a_flat_one_i
 
     found, fake = run(cold_files)
     assert max(c.num_workers or 0 for c in fake.measured) >= 4
-    assert found.best()["config"]["num_workers"] >= 4
+    assert found.best().config.num_workers >= 4
 
     def flat(config: LoaderSettings) -> tuple[float, float]:
         return (2000.0 if config.num_workers else 1900.0), 0.5  # workers: +5 %, no more
@@ -876,15 +877,15 @@ def test_an_undecided_gain_is_alternated_and_the_alternation_decides():
     fake = NoisyMeasurer(modest, screen_rse=0.2)
     found = Search(fake, SPACE, SweepOptions(search="adaptive", ceiling=False, comm=False))
     found.run()
-    assert found.best()["kind"] == "baseline"
-    paired = [e for e in found.entries if e["kind"] == "paired"]
+    assert found.best().kind == "baseline"
+    paired = [e for e in found.entries if e.kind == "paired"]
     assert [e.pair.role for e in paired] == ["reference", "candidate"] * 3 + ["reference"]
     assert recommended(found).config.num_workers and not claim_holds(found)
 
     fake = NoisyUnconfirmed(modest, screen_rse=0.2)  # the alternation: no gain
     found = Search(fake, SPACE, SweepOptions(search="adaptive", ceiling=False, comm=False))
     found.run()
-    assert len([e for e in found.entries if e["kind"] == "paired"]) == 7
+    assert len([e for e in found.entries if e.kind == "paired"]) == 7
     assert recommended(found).id == found.baseline.id
 
 

@@ -134,18 +134,16 @@ def test_model_from_probes_takes_the_ceiling_as_demand_when_measured():
     assert from_loop.demand == 1200.0
     from_ceiling = capacity_model(probes, 1.0, 2, None, ceiling=5000.0)
     assert from_ceiling.demand == 5000.0
-    assert capacity_model([ProbeRecord.from_json({**probes[0], "loading": None})], 1.0, 2,
-                          None) is None
+    assert capacity_model([probes[0].amended({"loading": None})], 1.0, 2, None) is None
 
 
 def test_summary_capacity_per_rank_cpus_and_measured_points():
     from ddp_profile.profiler.sweep.capacity import run_capacity
 
     cost = loading_cost([(batches(0.1, 3.0), None)])
-    probes = [ProbeRecord.from_json(line) for line in (
-        {**probe(cost, 0, 6000.0), "kind": "baseline", "throughput": 560.0},
-        {**probe(cost, 2, 1800.0), "throughput": 1150.0},
-        {**probe(cost, 4, 0.0), "status": "crash", "loading": None})]
+    probes = [probe(cost, 0, 6000.0).amended({"kind": "baseline", "throughput": 560.0}),
+              probe(cost, 2, 1800.0).amended({"throughput": 1150.0}),
+              probe(cost, 4, 0.0).amended({"status": "crash", "loading": None})]
     context = {"world_size": 2, "cpus_available": 2, "memory_available": None}
     capacity = run_capacity(probes, context, local_ranks=2, ceiling=None)
     assert capacity["cpus_per_rank"] == 1.0 and capacity["ranks"] == 2

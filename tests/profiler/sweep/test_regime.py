@@ -6,7 +6,7 @@ from __future__ import annotations
 from ddp_profile.profiler.cache import decide
 from ddp_profile.profiler.launch.ranks import LaunchSpec
 from ddp_profile.profiler.settings import LoaderSettings
-from ddp_profile.profiler.store.probes import Kind
+from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.sweep.measure import LedgerMeasurer, Window
 
@@ -21,7 +21,8 @@ def measurer(tmp_path, shares: list[float]) -> tuple[LedgerMeasurer, list[str]]:
     notes: list[str] = []
     found = LedgerMeasurer(run_dir, LaunchSpec(script="train.py"), steps=10, warmup=2,
                            progress=lambda kind, data: notes.append(data.get("text", "")))
-    found.regime = decide("warm", {"loading": {"read_per_sample_bytes": 4096}}, 1000, GB)
+    found.regime = decide("warm", ProbeRecord.from_json({
+        "id": "p000", "status": "ok", "loading": {"read_per_sample_bytes": 4096}}), 1000, GB)
     pending = list(shares)
 
     def launch(window: Window):
@@ -29,7 +30,7 @@ def measurer(tmp_path, shares: list[float]) -> tuple[LedgerMeasurer, list[str]]:
                  "config": window.config.to_dict(), "throughput": 100.0,
                  "loading": {"storage_share": pending.pop(0),
                              "read_per_sample_bytes": 4096}}
-        return found._record(entry)
+        return found._record(ProbeRecord.from_json(entry))
 
     found._probe = launch  # type: ignore[method-assign]
     return found, notes
@@ -41,16 +42,17 @@ def window() -> Window:
 
 def test_a_probe_read_from_storage_under_the_warm_regime_is_measured_again(tmp_path):
     found, notes = measurer(tmp_path, [0.10, 0.0, 0.01])
-    assert found.measure(window())["id"] == "p001"  # 10 % from storage: not warm
-    assert found.entries[0]["kind"] == "cache" and found.entries[0]["measured_as"] == "sweep"
-    assert found.measure(window())["id"] == "p002"  # 1 %: warm
+    assert found.measure(window()).id == "p001"  # 10 % from storage: not warm
+    missed = found.entries[0].cache
+    assert found.entries[0].kind == "cache" and missed and missed.measured_as == "sweep"
+    assert found.measure(window()).id == "p002"  # 1 %: warm
     assert found.regime_unheld is None and len(found.entries) == 3
 
 
 def test_a_regime_the_machine_does_not_hold_stops_the_measuring_again(tmp_path):
     found, notes = measurer(tmp_path, [0.30, 0.25, 0.40, 0.35])
-    assert found.measure(window())["id"] == "p001"  # measured again, out again
+    assert found.measure(window()).id == "p001"  # measured again, out again
     assert found.regime_unheld is not None and "25%" in found.regime_unheld
     assert sum("does not hold the warm regime" in note for note in notes) == 1
-    assert found.measure(window())["id"] == "p002"  # kept as it is: one launch, not two
-    assert len(found.entries) == 3 and found.entries[2]["kind"] == "sweep"
+    assert found.measure(window()).id == "p002"  # kept as it is: one launch, not two
+    assert len(found.entries) == 3 and found.entries[2].kind == "sweep"

@@ -245,16 +245,17 @@ def test_a_spilled_screen_launches_no_rung_its_lower_rungs_condemned(tmp_path):
     and the ceiling at 52 are not launched (they were: 52 killed, the ceiling timed out);
     where the lower rungs won, the rest gets its launch."""
     from ddp_profile.profiler.launch.ranks import LaunchSpec
-    from ddp_profile.profiler.store.probes import Kind
+    from ddp_profile.profiler.store.probes import Kind, ProbeRecord
     from ddp_profile.profiler.store.rundir import RunDir
     from ddp_profile.profiler.sweep.climb import condemned
     from ddp_profile.profiler.sweep.measure import LedgerMeasurer, Window
 
-    def line(probe_id: str, kind: str, workers: int, throughput: float) -> dict:
-        return {"id": probe_id, "kind": kind, "status": "ok", "throughput": throughput,
-                "throughput_rse": 0.01,
-                "config": {"num_workers": workers, "pin_memory": False,
-                           "prefetch_factor": 2 if workers else None, "batch_size": 16}}
+    def line(probe_id: str, kind: str, workers: int, throughput: float) -> ProbeRecord:
+        return ProbeRecord.from_json({
+            "id": probe_id, "kind": kind, "status": "ok", "throughput": throughput,
+            "throughput_rse": 0.01,
+            "config": {"num_workers": workers, "pin_memory": False,
+                       "prefetch_factor": 2 if workers else None, "batch_size": 16}})
 
     class EndingScript(LedgerMeasurer):
         """Each launch measures two windows, then the script ends."""

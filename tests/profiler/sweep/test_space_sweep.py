@@ -9,6 +9,7 @@ from ddp_profile.profiler.decide.choose import candidate_of, choose, noise
 from ddp_profile.profiler.launch.coordinate import merge_outcomes
 from ddp_profile.profiler.launch.ranks import LaunchOutcome
 from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.sweep.space import SearchSpace, grid, resolve_axes, worker_ladder
 
@@ -38,17 +39,19 @@ def test_grid_prunes_prefetch_without_workers():
     assert all(c.prefetch_factor is None for c in configs if c.num_workers == 0)
 
 
-def entry(workers, throughput, cv=0.0, steps=30, pin=False, prefetch=2):
-    return {"id": f"w{workers}-{throughput}", "config": {"num_workers": workers, "pin_memory": pin,
-                       "prefetch_factor": prefetch if workers else None, "batch_size": 8},
-            "throughput": throughput, "step_time_cv": cv, "steps_measured": steps}
+def entry(workers, throughput, cv=0.0, steps=30, pin=False, prefetch=2) -> ProbeRecord:
+    return ProbeRecord.from_json({
+        "id": f"w{workers}-{throughput}", "status": "ok",
+        "config": {"num_workers": workers, "pin_memory": pin,
+                   "prefetch_factor": prefetch if workers else None, "batch_size": 8},
+        "throughput": throughput, "step_time_cv": cv, "steps_measured": steps})
 
 
 def test_ties_within_noise_go_to_the_cheaper_configuration():
     cheap, costly = entry(2, 1000.0, cv=0.05), entry(8, 1010.0, cv=0.05)
-    assert choose([candidate_of(costly), candidate_of(cheap)]).id == cheap["id"]
+    assert choose([candidate_of(costly), candidate_of(cheap)]).id == cheap.id
     clearly_faster = entry(8, 1500.0, cv=0.05)
-    assert choose([candidate_of(cheap), candidate_of(clearly_faster)]).id == clearly_faster["id"]
+    assert choose([candidate_of(cheap), candidate_of(clearly_faster)]).id == clearly_faster.id
 
 
 def tie_tolerance(a, b):
@@ -127,12 +130,14 @@ def test_predicted_rung_from_the_baseline_data_wait():
 
     ladder = [0, 1, 2, 4, 8]
     def base(workers, wait):
-        return {"status": "ok", "config": {"num_workers": workers}, "data_wait_fraction": wait}
+        return ProbeRecord.from_json({"id": "p000", "status": "ok",
+                                      "config": {"num_workers": workers},
+                                      "data_wait_fraction": wait})
     assert predicted_rung(base(0, 0.75), ladder) == 3  # 1 / 0.25 = 4 workers keep up
     assert predicted_rung(base(2, 0.5), ladder) == 3  # 2 / 0.5 = 4
     assert predicted_rung(base(2, 0.01), ladder) == 2  # not data-bound: stay at its own 2
     assert predicted_rung(base(0, 0.99), ladder) == 4  # beyond the ladder: its top
-    assert predicted_rung({"status": "crash"}, ladder) == 0
+    assert predicted_rung(ProbeRecord.from_json({"id": "p000", "status": "crash"}), ladder) == 0
 
 
 def test_a_short_probe_counts_with_a_wider_error():
@@ -154,7 +159,6 @@ def test_the_measurer_amends_by_a_new_record_in_the_old_ones_place(tmp_path):
     """The sweep holds frozen records: a correction is a new record among the entries (and an
     appended ledger line), and a run read back from the ledger sees the same."""
     from ddp_profile.profiler.launch.ranks import LaunchSpec
-    from ddp_profile.profiler.store.probes import ProbeRecord
     from ddp_profile.profiler.store.results import load_run
     from ddp_profile.profiler.sweep.measure import LedgerMeasurer
 
@@ -167,11 +171,11 @@ def test_the_measurer_amends_by_a_new_record_in_the_old_ones_place(tmp_path):
     run_dir.create({"script": "train.py"})
     measurer = LedgerMeasurer(run_dir, LaunchSpec(script="train.py"), steps=10, warmup=2,
                               timeout_s=60)
-    first = measurer._record(probe("p000", kind="baseline"))
-    ceiling = measurer._record(probe("p001", kind="ceiling"))
+    first = measurer._record(ProbeRecord.from_json(probe("p000", kind="baseline")))
+    ceiling = measurer._record(ProbeRecord.from_json(probe("p001", kind="ceiling")))
     assert isinstance(first, ProbeRecord) and measurer.entries == [first, ceiling]
     amended = measurer.amend(ceiling, {"ceiling_failed": "below p000"})
     assert measurer.entries[0] is first and measurer.entries[1] is amended
-    assert amended["ceiling_failed"] == "below p000" and "ceiling_failed" not in ceiling
+    assert amended.ceiling_failed == "below p000" and ceiling.ceiling_failed is None
     assert [line.get("ceiling_failed") for line in load_run(run_dir.path).summary["probes"]] \
         == [None, "below p000"]
