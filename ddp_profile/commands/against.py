@@ -147,7 +147,7 @@ def _measure(side: _Side, index: int, request: PairedRequest, rate: Optional[flo
         request.config, Kind.PAIRED, warmup=timed_warmup(request.warmup, rate),
         pair={"role": role, "index": index, "group": GROUP}))
     if not entry.measured:
-        why = entry.line.get("reason") or ("no measured step" if entry.ok else entry.status)
+        why = entry.reason or ("no measured step" if entry.ok else entry.status)
         raise ScriptFailed(f"the {side.name} side ({side.label}) failed in launch {entry.id}: "
                            f"{why}; its log is in "
                            f"{side.measurer.run_dir.probe_dir(entry.id)} (the launches so "

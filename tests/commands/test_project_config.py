@@ -42,6 +42,8 @@ cache = "cold"
 out = "runs/current"
 max_regression = 0.1
 baseline = "ci/baseline.json"
+against = "origin/main"
+max_launches = 11
 """
 
 
@@ -58,6 +60,7 @@ def test_dedicated_file_gives_every_key_in_command_line_form(tmp_path):
     assert config.values["pin_memory"] == "true,false"
     assert config.values["prefetch_factor"] == "2,4"
     assert config.values["batch_size"] == "64"
+    assert config.values["against"] == "origin/main" and config.values["max_launches"] == 11
     assert config.values["timeout"] == 90.0 and config.values["max_regression"] == 0.1
     assert config.values["ceiling"] is False and config.values["launcher"] == "none"
     assert config.values["comm"] is False
@@ -291,12 +294,33 @@ def test_gate_reads_paths_and_tolerance_from_the_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr(gate_module, "run_gate", fake_gate)
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "ddp-profile.toml").write_text(FULL)
+    (tmp_path / "ddp-profile.toml").write_text(FULL.replace('against = "origin/main"\n', ""))
     assert cli._dispatch(["gate"]) == ExitCode.OK
     assert (seen["baseline"], seen["current"], seen["max_regression"]) == (
         os.path.join("ci", "baseline.json"), os.path.join("runs", "current"), 0.1)
     assert cli._dispatch(["gate", "b.json", "cur", "--max-regression", "0.02"]) == ExitCode.OK
     assert (seen["baseline"], seen["current"], seen["max_regression"]) == ("b.json", "cur", 0.02)
+
+
+def test_against_in_the_file_makes_a_bare_gate_the_paired_one(tmp_path, monkeypatch):
+    from ddp_profile.commands import against as against_module
+
+    seen = []
+    monkeypatch.setattr(against_module, "run_paired_gate",
+                        lambda request, **kwargs: seen.append(request) or ExitCode.OK)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ddp-profile.toml").write_text(FULL.replace("[0, 2, 4]", "[2]").replace(
+        "[true, false]", "true").replace('"2,4"', "4"))
+    assert cli._dispatch(["gate"]) == ExitCode.OK
+    request = seen[-1]
+    assert (request.against, request.max_launches, request.max_regression) == (
+        "origin/main", 11, 0.1)
+    assert request.config.label() == "w=2 pin=true pf=4 bs=64"
+    assert os.path.abspath(request.script) == str(tmp_path / "train.py") and request.steps == 40
+    assert cli._dispatch(["gate", "--against", "v1.0", "--max-launches", "7",
+                          "--config", "w=4"]) == ExitCode.OK
+    assert (seen[-1].against, seen[-1].max_launches, seen[-1].config.num_workers) == (
+        "v1.0", 7, 4)
 
 
 def test_gate_without_paths_or_file_is_a_usage_error(tmp_path, monkeypatch, capsys):
