@@ -43,6 +43,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ddp_profile.defaults import ALPHA, CONFIDENCE, MAX_REGRESSION, MIN_SAMPLES, POWER
+from ddp_profile.profiler.decide.gate import INCONCLUSIVE, PASS, REGRESSION
 from ddp_profile.profiler.quantiles import t_quantile, z_quantile
 from ddp_profile.rules.gate.statistics import (
     finite_positive,
@@ -53,9 +54,6 @@ from ddp_profile.rules.gate.statistics import (
     steps_for_reach,
 )
 
-PASS = "pass"
-REGRESSION = "regression"
-INCONCLUSIVE = "inconclusive"
 RISK_TARGET = 0.01  # launch-level false-alarm risk above this earns launches_needed
 # Why a verdict came out as it did (its wording is reports.ci.reason):
 TOO_FEW = "too_few"  # fewer than min_samples usable steps on a side
