@@ -263,6 +263,9 @@ def gate(
                                           "file)."),
     max_launches: Optional[int] = typer.Option(None, help="Paired: launches in all at most "
                                                "(default 15: A B ... A)."),
+    measure_s: Optional[float] = typer.Option(None, help="Paired: seconds each launch "
+                                              "measures at least (default 10; `steps` at "
+                                              "least)."),
     out: Optional[str] = typer.Option(None, help="Paired: the job's directory (default: `out` "
                                       "in the project file, else ddp-profile-gate)."),
     quiet: bool = typer.Option(False, help="Paired: no progress output."),
@@ -279,7 +282,8 @@ def gate(
                                and project.get("against")):
         from ddp_profile.commands.against import run_paired_gate
 
-        request = _paired_request(project, against, max_launches, max_regression, out, config)
+        request = _paired_request(project, against, max_launches, max_regression, out, config,
+                                  measure_s)
         return run_paired_gate(request, junit=junit, markdown=markdown, json_out=json_out,
                                quiet=quiet)
     given = resolve({"baseline": baseline, "out": current, "max_regression": max_regression},
@@ -293,10 +297,11 @@ def gate(
 
 
 def _paired_request(project, against: Optional[str], max_launches: Optional[int],
-                    max_regression: Optional[float], out: Optional[str], config: Optional[str]):
+                    max_regression: Optional[float], out: Optional[str], config: Optional[str],
+                    measure_s: Optional[float]):
     """The paired gate's job from the command line over the project file (its script, its
     arguments and its one configuration)."""
-    from ddp_profile.commands.against import PairedRequest
+    from ddp_profile.commands.against import MEASURE_S, PairedRequest
     from ddp_profile.commands.gate import parse_config
     from ddp_profile.commands.project_config import RUN_DEFAULTS, check_command_line, resolve
     from ddp_profile.profiler.decide.gate import DEFAULT_MAX_LAUNCHES
@@ -306,10 +311,11 @@ def _paired_request(project, against: Optional[str], max_launches: Optional[int]
         raise UsageError("gate --against needs a project file naming the script "
                          "(ddp-profile.toml or [tool.ddp-profile] in pyproject.toml)")
     given = resolve({"against": against, "max_launches": max_launches, "out": out,
-                     "max_regression": max_regression}, project,
+                     "max_regression": max_regression, "measure_s": measure_s}, project,
                     {**RUN_DEFAULTS, "max_launches": DEFAULT_MAX_LAUNCHES,
-                     "max_regression": MAX_REGRESSION, "out": "ddp-profile-gate"})
-    check_command_line(given, ("max_launches", "max_regression"))
+                     "max_regression": MAX_REGRESSION, "out": "ddp-profile-gate",
+                     "measure_s": MEASURE_S})
+    check_command_line(given, ("max_launches", "max_regression", "measure_s"))
     space = _space(given.get("num_workers"), given.get("pin_memory"),
                    given.get("prefetch_factor"), given.get("batch_size")).to_dict()
     if any(values and len(values) > 1 for values in space.values()):
@@ -323,7 +329,8 @@ def _paired_request(project, against: Optional[str], max_launches: Optional[int]
         config=LoaderSettings(**pinned), launcher=given["launcher"],
         nproc_per_node=given.get("nproc_per_node"), steps=given["steps"],
         warmup=given["warmup"], timeout_s=given.get("timeout"), cache=given["cache"],
-        max_launches=given["max_launches"], max_regression=given["max_regression"])
+        max_launches=given["max_launches"], max_regression=given["max_regression"],
+        measure_s=given["measure_s"])
 
 
 @app.command("baseline")

@@ -15,6 +15,7 @@ A side that fails to start (or crashes, or hangs) ends the job with a one-line e
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 from dataclasses import dataclass, field, replace
@@ -28,11 +29,20 @@ from ddp_profile.profiler.settings import MIN_WARMUP_S, LoaderSettings, timed_wa
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.store.results import read_probe_dir
 from ddp_profile.profiler.store.rundir import RunDir
-from ddp_profile.profiler.sweep.measure import LedgerMeasurer, Window
+from ddp_profile.profiler.sweep.measure import (
+    MIN_TIMEOUT_S,
+    TIMEOUT_FACTOR,
+    LedgerMeasurer,
+    Window,
+)
 
 _EXIT = {gate.PASS: ExitCode.OK, gate.REGRESSION: ExitCode.REGRESSION,
          gate.INCONCLUSIVE: ExitCode.INCONCLUSIVE}
 GROUP = "gate"
+MEASURE_S = 10.0  # seconds each launch measures at least: a neighbour that comes and goes
+# every second or two (the head-to-head's on/off load) moves a 4 s window of 150 steps by
+# 8.5 % (SD), more than the tolerance; over a longer window it averages out
+MAX_STEPS_FACTOR = 20  # ... but no more than this many times the file's steps
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,7 @@ class PairedRequest:
     timeout_s: Optional[float] = None
     cache: str = "as-is"
     max_launches: int = gate.DEFAULT_MAX_LAUNCHES
+    measure_s: float = MEASURE_S  # each launch measures at least this long
     max_regression: float = MAX_REGRESSION
     confidence: float = CONFIDENCE
 
@@ -95,7 +106,7 @@ def check_request(request: PairedRequest) -> None:
 
 
 def _side(name: str, label: str, script: str, request: PairedRequest,
-          python_path: Optional[str], progress: Callable[[str], None]) -> _Side:
+          python_path: Optional[str]) -> _Side:
     from ddp_profile.commands.run import RunRequest, default_nproc, run_meta, spec_from_meta
     from ddp_profile.profiler.sweep.search import SweepOptions
     from ddp_profile.profiler.sweep.space import SearchSpace
@@ -140,11 +151,11 @@ def _environment(side: _Side, entry: ProbeRecord) -> dict[str, Any]:
     return found
 
 
-def _measure(side: _Side, index: int, request: PairedRequest, rate: Optional[float],
+def _measure(side: _Side, index: int, request: PairedRequest, warmup: int, steps: int,
              progress: Callable[[str], None]) -> ProbeRecord:
     role = REFERENCE if side.name == "reference" else CANDIDATE
     entry = side.measurer.measure(Window(
-        request.config, Kind.PAIRED, warmup=timed_warmup(request.warmup, rate),
+        request.config, Kind.PAIRED, steps=steps, warmup=warmup,
         pair={"role": role, "index": index, "group": GROUP}))
     if not entry.measured:
         why = entry.reason or ("no measured step" if entry.ok else entry.status)
@@ -162,35 +173,51 @@ def _steps_per_s(entry: ProbeRecord) -> Optional[float]:
     return 1.0 / max(medians) if medians else None
 
 
+def launch_plan(request: PairedRequest, entry: ProbeRecord) -> tuple[int, int]:
+    """(warm-up, measured steps) of every launch the verdict counts, sized by the first:
+    a warm-up of about ``MIN_WARMUP_S`` (as the claim's launches), and at least
+    ``measure_s`` seconds measured (within ``MAX_STEPS_FACTOR`` times the file's steps)."""
+    rate = _steps_per_s(entry)
+    steps = request.steps
+    if rate and request.measure_s:
+        steps = max(steps, min(MAX_STEPS_FACTOR * steps, math.ceil(request.measure_s * rate)))
+    return timed_warmup(request.warmup, rate), steps
+
+
 def measure_alternation(request: PairedRequest, reference_script: str, reference_label: str,
                         python_path: Optional[str], progress: Callable[[str], None],
                         fixed: Optional[int] = None) -> PairedResult:
     """Run the alternation (``fixed``: exactly that many launches, for the benchmarks) and
-    judge it."""
+    judge it. The first launch sizes the rest (``launch_plan``); where it ran other steps, it
+    is measured again with them and not counted."""
     sides = {REFERENCE: _side("reference", reference_label, reference_script, request,
-                              python_path, progress),
-             CANDIDATE: _side("current", request.script, request.script, request, None,
-                              progress)}
+                              python_path),
+             CANDIDATE: _side("current", request.script, request.script, request, None)}
     roles = order(fixed // 2 if fixed else (gate.MIN_LAUNCHES - 1) // 2)
     launches: list[gate.Launch] = []
     environments: list[dict[str, Any]] = []
-    rates: dict[str, float] = {}
+    plan: Optional[tuple[int, int]] = None
     verdict: Optional[gate.PairedVerdict] = None
+    sized: list[str] = []
     notes: list[str] = []
     while len(launches) < len(roles):
         role = roles[len(launches)]
         side = sides[role]
-        rate = rates.get(role) or next(iter(rates.values()), None)
-        entry = _measure(side, len(launches), request, rate, progress)
-        if not rates and timed_warmup(request.warmup, _steps_per_s(entry)) > request.warmup:
-            # the first launch warmed up by steps alone, under MIN_WARMUP_S: it sized the
-            # warm-up by time that every launch gets, and is measured again with it
-            side.environments.pop()
-            rates[role] = _steps_per_s(entry) or 0.0
-            progress(f"{entry.id} sized the warm-up ({timed_warmup(request.warmup, rates[role])}"
-                     f" steps, about {MIN_WARMUP_S:g} s); measured again")
-            continue
-        rates.setdefault(role, _steps_per_s(entry) or 0.0)
+        warmup, steps = plan or (request.warmup, request.steps)
+        entry = _measure(side, len(launches), request, warmup, steps, progress)
+        if plan is None:
+            plan = launch_plan(request, entry)
+            if not request.timeout_s:
+                for each in sides.values():
+                    each.measurer.timeout_s = max(MIN_TIMEOUT_S, TIMEOUT_FACTOR * float(
+                        entry.wall_s or 0.0) * plan[1] / request.steps)
+            if plan != (warmup, steps):
+                side.environments.pop()
+                sized.append(f"the first launch ({entry.id}) sized the rest: {plan[0]} steps "
+                             f"of warm-up (about {MIN_WARMUP_S:g} s), {plan[1]} measured "
+                             f"(at least {request.measure_s:g} s); it is not counted")
+                progress(sized[-1])
+                continue
         launches.append(gate.Launch(role, len(launches), entry.throughput, entry.id))
         environments.append(side.environments[-1])
         if len(launches) < len(roles):
@@ -204,11 +231,11 @@ def measure_alternation(request: PairedRequest, reference_script: str, reference
             progress(f"current / reference {verdict.ratio:.3f} [{verdict.low:.3f}-"
                      f"{verdict.high:.3f}] straddles {1 - request.max_regression:g}: one more "
                      f"pair, B A")
-    assert verdict is not None
+    assert verdict is not None and plan is not None
     return PairedResult(against=reference_label, current=request.script, config=request.config,
                         launches=tuple(launches), environments=tuple(environments),
-                        verdict=verdict, notes=tuple(notes), out=request.out,
-                        steps=request.steps, max_launches=request.max_launches)
+                        verdict=verdict, notes=tuple(sized + notes), out=request.out,
+                        steps=plan[1], max_launches=request.max_launches)
 
 
 def run_paired_gate(request: PairedRequest, *, junit: Optional[str] = None,

@@ -18,7 +18,7 @@ Keys and types::
     repeat = 3                          (launches of the recommended configuration)
     pairs = 3                           (the claim checked: A B alternations; 0: not checked)
     out = "ddp-profile-current"         baseline = "baseline.json"     max_regression = 0.05
-    against = "origin/main"             max_launches = 15   (the paired gate: ``gate --against``)
+    against = "origin/main"   max_launches = 15   measure_s = 10.0   (the paired gate)
 
 Every problem (unknown key, wrong type, bad value, unreadable TOML) is a ``UsageError`` with a
 one-line message naming the file and the key. Pure data in, data out: nothing here runs a probe.
@@ -188,7 +188,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "batch_size": _axis_text, "steps": _int(1), "warmup": _int(0), "timeout": _timeout,
     "repeat": _int(1), "pairs": _int(0), "cache": _choice,
     "search": _choice, "ceiling": _bool, "comm": _bool, "out": _text, "max_regression": _fraction,
-    "baseline": _text, "against": _text, "max_launches": _int(5),
+    "baseline": _text, "against": _text, "max_launches": _int(5), "measure_s": _timeout,
 }
 KNOWN_KEYS = tuple(_CHECKS)
 

@@ -44,6 +44,7 @@ max_regression = 0.1
 baseline = "ci/baseline.json"
 against = "origin/main"
 max_launches = 11
+measure_s = 5
 """
 
 

@@ -36,6 +36,7 @@ steps = 30
 warmup = 20
 max_regression = 0.15
 max_launches = 9
+measure_s = 1.0
 """
 
 
