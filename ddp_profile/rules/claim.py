@@ -1,5 +1,5 @@
 """The expected speedup from the claim's own check: the script's settings and the
-recommendation, alternated close in time (``profiler.sweep.claim``).
+recommendation, alternated close in time (the sweep's ``claim``).
 
 The probes of one alternation (kind ``paired``, ``pair``: role, position, group) are read as
 ``log rate = level + gain x [candidate] + drift x position``: every candidate stands between two
@@ -16,9 +16,9 @@ latency-bound workers ran 3,069 and 2,150 samples/s: an interval of the windows'
 script's own settings chosen, a probe of it failed) there is no paired claim and the
 recommendation says what its figure rests on instead.
 
-The fit, the interval and the verdict (``PairedClaim``, ``paired``) are the sweep's
-(``profiler.sweep.claim``), which reads the same verdict to decide what it measures next;
-this module finds the alternations in a stored run and words what they say.
+The fit, the interval and the verdict (``PairedClaim``, ``paired``) are the decision layer's
+(``profiler.decide.paired``), which the sweep's claim reads too, to decide what it measures
+next; this module finds the alternations in a stored run and words what they say.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ddp_profile.profiler.decide.ddp import alternation_fit, options_key
 from ddp_profile.profiler.decide.evidence import alternation
 from ddp_profile.profiler.decide.paired import (
     CANDIDATE,
@@ -40,7 +41,6 @@ from ddp_profile.profiler.decide.paired import (
 )
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.profiler.sweep.communication import alternation_fit, options_key
 
 
 def paired_claim(run: Run, reference: ProbeRecord, candidate: ProbeRecord,

@@ -13,11 +13,11 @@ from types import MappingProxyType
 from typing import Any, Mapping, Optional
 
 from ddp_profile.profiler.decide.choose import Candidate, better, not_worse, pool
+from ddp_profile.profiler.decide.ddp import one_bucket, options_key
 from ddp_profile.profiler.rank.comm import TORCH_DIR
 from ddp_profile.profiler.settings import GRADIENT_SYNC
 from ddp_profile.profiler.store.probes import Kind
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.profiler.sweep.communication import one_bucket, options_key
 from ddp_profile.rules.base import (
     Advice,
     Finding,

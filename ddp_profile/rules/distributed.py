@@ -10,8 +10,8 @@ from typing import Any, Optional
 
 import pandas as pd
 
+from ddp_profile.profiler.decide.ddp import options_key
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.profiler.sweep.communication import options_key
 from ddp_profile.rules.base import (
     Finding,
     Thresholds,

@@ -289,8 +289,8 @@ def test_the_cost_of_synchronisation_is_read_from_windows_alternated_in_one_laun
 
 
 def test_a_larger_bucket_cap_is_neither_tried_nor_suggested_for_one_bucket():
+    from ddp_profile.profiler.decide.ddp import ddp_counterfactuals
     from ddp_profile.profiler.store.probes import ProbeRecord
-    from ddp_profile.profiler.sweep.communication import ddp_counterfactuals
 
     one = comm(0.03, buckets=1, modules=1)["comm"]
     baseline = ProbeRecord.from_json({"id": "p000", "status": "ok", "comm": one})

@@ -14,21 +14,18 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Optional
 
+from ddp_profile.profiler.decide.capacity import WORKER_CAP, loading_line
 from ddp_profile.profiler.decide.choose import UNSTABLE_RSE, relative_se
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord, Status
 from ddp_profile.profiler.sweep import ceiling
-from ddp_profile.profiler.sweep.capacity import (
-    CLIMB_STOP_CPU_SHARE,
-    WORKER_CAP,
-    loading_line,
-    next_workers,
-)
 from ddp_profile.profiler.sweep.climb import (
+    CLIMB_STOP_CPU_SHARE,
     beats,
     climb_points,
     climb_workers,
     condemned,
+    next_workers,
     slower_than_baseline,
     waits_for_data,
     worth_tuning,
@@ -136,7 +133,7 @@ def all_slower(search: Any, screened: list[ProbeRecord]) -> bool:
 
 def climb(search: Any, start: LoaderSettings, launches: int = MAX_CLIMB_LAUNCHES) -> None:
     """Past the first screen: one more worker count per launch while ``next_workers``
-    says the loop still gains (``sweep.capacity``), none is slower than the baseline, and
+    says the loop still gains (``climb.next_workers``), none is slower than the baseline, and
     the last rung took less than a launch's timeout (the next, with more workers to
     start, would not finish)."""
     for _ in range(launches):

@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 from ddp_profile.errors import NoDataLoader, ProbeTimeout, ScriptFailed
 from ddp_profile.profiler.cpus import cpus_available, threads_to_fit
+from ddp_profile.profiler.decide.capacity import Capacity, run_model
 from ddp_profile.profiler.decide.choose import (
     UNSTABLE_RSE,
     candidate_of,
@@ -41,10 +42,6 @@ from ddp_profile.profiler.store.probes import (
 )
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.sweep import adaptive, ceiling, claim, communication
-from ddp_profile.profiler.sweep.capacity import (
-    Capacity,
-    run_model,
-)
 from ddp_profile.profiler.sweep.measure import (
     LedgerMeasurer,
     Measurer,
@@ -268,7 +265,7 @@ class Search:
         return samples / model.ranks / batch if math.isfinite(samples) and samples > 0 else None
 
     def capacity(self) -> Optional[Capacity]:
-        """The capacity model from what was measured so far (``sweep.capacity``)."""
+        """The capacity model from what was measured so far (``decide.capacity``)."""
         assert self.baseline is not None
         cpus, local_ranks = self._host()
         context = {**self.measurer.context(self.baseline), "cpus_available": cpus}
