@@ -97,8 +97,8 @@ def check_request(request: PairedRequest) -> None:
 def _side(name: str, label: str, script: str, request: PairedRequest,
           python_path: Optional[str], progress: Callable[[str], None]) -> _Side:
     from ddp_profile.commands.run import RunRequest, default_nproc, run_meta, spec_from_meta
-    from ddp_profile.profiler.sweep.search import SweepOptions
     from ddp_profile.profiler.sweep.space import SearchSpace
+    from ddp_profile.profiler.sweep.state import SweepOptions
 
     nproc = request.nproc_per_node or default_nproc()
     meta = run_meta(RunRequest(script=script, script_args=request.script_args, out=None,

@@ -25,8 +25,9 @@ from ddp_profile.profiler.store.probes import records
 from ddp_profile.profiler.store.results import Run, assemble, load_run, read_probes
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.store.summary import build_summary
-from ddp_profile.profiler.sweep.search import Sweep, SweepOptions
+from ddp_profile.profiler.sweep.search import Sweep
 from ddp_profile.profiler.sweep.space import SearchSpace
+from ddp_profile.profiler.sweep.state import SweepOptions
 from ddp_profile.reports.console import ConsoleProgress, print_summary
 
 

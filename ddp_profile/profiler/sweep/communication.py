@@ -33,9 +33,10 @@ from ddp_profile.profiler.sweep.claim import LAUNCH_PAIRS, WINDOW_PAIRS
 from ddp_profile.profiler.sweep.climb import beats
 from ddp_profile.profiler.sweep.measure import Window
 from ddp_profile.profiler.sweep.space import normalise
+from ddp_profile.profiler.sweep.state import SearchState
 
 
-def measure(search: Any, larger_batches: bool = True) -> None:
+def measure(search: SearchState, larger_batches: bool = True) -> None:
     """Where DDP's timers show exposed communication (``choose.exposed_share``), first the
     step without gradient synchronisation (every forward as under ``no_sync()``) alternated
     with the script's (``unsynchronised``): what communication costs. Where it costs
@@ -44,7 +45,7 @@ def measure(search: Any, larger_batches: bool = True) -> None:
     4x the per-rank batch (the all-reduce moves the same gradients per step whatever the
     batch; the finding says that a batch size changes the optimisation); then other DDP
     options (``ddp_counterfactuals``), alternated with the script's own. ``search``: the
-    ``sweep.search.Search`` that calls in (not imported: no cycle)."""
+    ``sweep.search.Search`` that calls in (``sweep.state.SearchState``)."""
     baseline = search.baseline
     if baseline is None or not baseline.ok or not exposed_share(baseline):
         return
@@ -57,7 +58,7 @@ def measure(search: Any, larger_batches: bool = True) -> None:
         alternate(search, options, in_one_launch=False)
 
 
-def unsynchronised(search: Any) -> bool:
+def unsynchronised(search: SearchState) -> bool:
     """Measure the step without gradient synchronisation; whether it saves
     ``comm_exposed_share`` of the step or more. Alternated with the script's step in windows
     of one launch (``A B A B A B A`` for ``--pairs 3``; launches ``A B A B A`` where the
@@ -74,7 +75,7 @@ def unsynchronised(search: Any) -> bool:
     return comm_bound(search.baseline, _ddp_probe(search, unsynced), twin)
 
 
-def alternate(search: Any, candidates: list[dict[str, Any]], in_one_launch: bool
+def alternate(search: SearchState, candidates: list[dict[str, Any]], in_one_launch: bool
               ) -> list[ProbeRecord]:
     """The script's own settings with its own DDP options (the reference) and with each of
     ``candidates`` (DDP options), alternated ``A B A C A ...`` (``decide.paired.rounds``):
@@ -107,7 +108,7 @@ def alternate(search: Any, candidates: list[dict[str, Any]], in_one_launch: bool
     return entries
 
 
-def _placed(search: Any, candidates: list[dict[str, Any]], group: str, windows: bool
+def _placed(search: SearchState, candidates: list[dict[str, Any]], group: str, windows: bool
             ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """The alternation's DDP options and places, in order; told to the user (or why it is
     not run)."""
@@ -129,7 +130,7 @@ def _placed(search: Any, candidates: list[dict[str, Any]], group: str, windows: 
             for index, i in enumerate(sequence)]
 
 
-def _ddp_probe(search: Any, options: dict[str, Any]) -> ProbeRecord:
+def _ddp_probe(search: SearchState, options: dict[str, Any]) -> ProbeRecord:
     """The script's own settings with DDP ``options``, one launch."""
     assert search.baseline is not None
     rate = search.steps_per_s(normalise(search.baseline.config))
@@ -142,7 +143,7 @@ def _ddp_probe(search: Any, options: dict[str, Any]) -> ProbeRecord:
     return entry
 
 
-def _larger_batches(search: Any) -> None:
+def _larger_batches(search: SearchState) -> None:
     """The best configuration so far with 2x, then 4x its per-rank batch, while it gains."""
     assert search.baseline is not None
     best = search.best() or search.baseline

@@ -16,7 +16,6 @@ that one, or the script's own where the claim's check did not find it faster).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Optional
 
 from ddp_profile.errors import NoDataLoader, ProbeTimeout, ScriptFailed
@@ -50,20 +49,7 @@ from ddp_profile.profiler.sweep.measure import (
     no_progress,
 )
 from ddp_profile.profiler.sweep.space import Axes, SearchSpace, grid, normalise, resolve_axes
-
-
-@dataclass(frozen=True)
-class SweepOptions:
-    search: str = "adaptive"  # grid | adaptive
-    steps: int = 30
-    warmup: int = 5
-    timeout_s: Optional[float] = None
-    ceiling: bool = True
-    comm: bool = True  # the communication counterfactuals (``Search.communication``)
-    single: bool = False  # measure the requested settings only (no search)
-    repeat: int = 1  # launches of the recommended configuration in all (the gate's repeats)
-    pairs: int = 3  # the claim checked: A B alternations of the baseline and the best (claim)
-    cache: str = "auto"  # the page-cache regime asked for (``profiler.cache``)
+from ddp_profile.profiler.sweep.state import SweepOptions
 
 
 class Search:
@@ -79,7 +65,7 @@ class Search:
         self.axes: Optional[Axes] = None
         self.baseline: Optional[ProbeRecord] = None
         self.oom_batch: Optional[int] = None
-        self.ceiling_skip_noted = False
+        self._noted: set[str] = set()  # topics already told the user (``note_once``)
 
     @property
     def entries(self) -> list[ProbeRecord]:
@@ -117,6 +103,12 @@ class Search:
 
     def wants_ceiling(self) -> bool:
         return ceiling.wanted(self)
+
+    def note_once(self, topic: str, text: str) -> None:
+        """Tell the user ``text`` the first time ``topic`` comes up in this sweep."""
+        if topic not in self._noted:
+            self._noted.add(topic)
+            self.progress("note", {"text": text})
 
     def loader(self) -> dict[str, Any]:
         """The training loader as the script built it (the baseline's context)."""
