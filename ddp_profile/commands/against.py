@@ -28,7 +28,8 @@ from ddp_profile.profiler.settings import MIN_WARMUP_S, LoaderSettings, timed_wa
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.store.results import read_probe_dir
 from ddp_profile.profiler.store.rundir import RunDir
-from ddp_profile.profiler.sweep.measure import LedgerMeasurer, Window
+from ddp_profile.profiler.sweep.measure import LedgerMeasurer
+from ddp_profile.profiler.sweep.state import Window
 
 _EXIT = {gate.PASS: ExitCode.OK, gate.REGRESSION: ExitCode.REGRESSION,
          gate.INCONCLUSIVE: ExitCode.INCONCLUSIVE}

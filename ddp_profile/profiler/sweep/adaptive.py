@@ -30,9 +30,8 @@ from ddp_profile.profiler.sweep.climb import (
     waits_for_data,
     worth_tuning,
 )
-from ddp_profile.profiler.sweep.measure import Window
 from ddp_profile.profiler.sweep.space import normalise
-from ddp_profile.profiler.sweep.state import SearchState
+from ddp_profile.profiler.sweep.state import SearchState, Window
 
 MAX_CLIMB_LAUNCHES = 3  # launches the climb may add past the first screen
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from ddp_profile.profiler.store.probes import CEILING_FAILED, Kind, latest_ceiling
 from ddp_profile.profiler.sweep.climb import worth_tuning
-from ddp_profile.profiler.sweep.measure import Window
-from ddp_profile.profiler.sweep.state import SearchState
+from ddp_profile.profiler.sweep.state import SearchState, Window
 
 
 def wanted(search: SearchState) -> bool:

@@ -47,9 +47,8 @@ from ddp_profile.profiler.settings import LoaderSettings, timed_warmup
 from ddp_profile.profiler.store.epochs import restart_share
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord, counts_for_choice
 from ddp_profile.profiler.sweep.climb import condemned_by
-from ddp_profile.profiler.sweep.measure import Window
 from ddp_profile.profiler.sweep.space import normalise
-from ddp_profile.profiler.sweep.state import SearchState
+from ddp_profile.profiler.sweep.state import SearchState, Window
 
 WINDOW_PAIRS = 3  # A B A B A B A in one launch
 LAUNCH_PAIRS = 2  # A B A B A, a launch each

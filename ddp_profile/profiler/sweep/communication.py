@@ -31,9 +31,8 @@ from ddp_profile.profiler.settings import GRADIENT_SYNC, LoaderSettings
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.sweep.claim import LAUNCH_PAIRS, WINDOW_PAIRS
 from ddp_profile.profiler.sweep.climb import beats
-from ddp_profile.profiler.sweep.measure import Window
 from ddp_profile.profiler.sweep.space import normalise
-from ddp_profile.profiler.sweep.state import SearchState
+from ddp_profile.profiler.sweep.state import SearchState, Window
 
 
 def measure(search: SearchState, larger_batches: bool = True) -> None:

@@ -41,15 +41,9 @@ from ddp_profile.profiler.store.probes import (
 )
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.sweep import adaptive, ceiling, claim, communication
-from ddp_profile.profiler.sweep.measure import (
-    LedgerMeasurer,
-    Measurer,
-    ProgressFn,
-    Window,
-    no_progress,
-)
+from ddp_profile.profiler.sweep.measure import LedgerMeasurer
 from ddp_profile.profiler.sweep.space import Axes, SearchSpace, grid, normalise, resolve_axes
-from ddp_profile.profiler.sweep.state import SweepOptions
+from ddp_profile.profiler.sweep.state import Measurer, ProgressFn, SweepOptions, Window, no_progress
 
 
 class Search:
