@@ -13,13 +13,13 @@ import os
 import random
 from typing import Any
 
+from ddp_profile.profiler.decide.capacity import run_capacity
 from ddp_profile.profiler.launch.ranks import LaunchOutcome
 from ddp_profile.profiler.settings import LoaderSettings, ProbePlan
 from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.profiler.store.record import dumps
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.store.summary import build_summary
-from ddp_profile.profiler.sweep.capacity import run_capacity
 from ddp_profile.profiler.sweep.probe import summarise_probe
 
 WARMUP = 3

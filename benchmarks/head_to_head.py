@@ -157,7 +157,7 @@ def probe_rate(args: list[str], config: dict[str, Any], cache: Optional[str],
     probe sizes its measurement as the tool does from its prediction (``burst_steps``)."""
     from ddp_profile.profiler.settings import LoaderSettings
     from ddp_profile.profiler.store.probes import Kind
-    from ddp_profile.profiler.sweep.measure import Window
+    from ddp_profile.profiler.sweep.state import Window
 
     work = _bench.scratch("h2h-probe-")
     try:
@@ -419,7 +419,7 @@ def aa_trial(index: int, args: list[str]) -> Optional[bool]:
     from ddp_profile.profiler.decide.paired import order
     from ddp_profile.profiler.settings import LoaderSettings
     from ddp_profile.profiler.store.results import load_run
-    from ddp_profile.profiler.sweep.measure import Window
+    from ddp_profile.profiler.sweep.state import Window
     from ddp_profile.rules.base import Thresholds
     from ddp_profile.rules.claim import paired_claim
 

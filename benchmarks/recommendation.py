@@ -109,7 +109,8 @@ def head_to_head(scenario_args: list[str], configs: list[dict], reps: int, steps
     from ddp_profile.profiler.launch.ranks import LaunchSpec
     from ddp_profile.profiler.settings import LoaderSettings
     from ddp_profile.profiler.store.rundir import RunDir
-    from ddp_profile.profiler.sweep.measure import LedgerMeasurer, Window
+    from ddp_profile.profiler.sweep.measure import LedgerMeasurer
+    from ddp_profile.profiler.sweep.state import Window
 
     work = _bench.scratch("h2h-")
     try:

@@ -100,7 +100,7 @@ def run(
     """
     _survive_hangup()
     from ddp_profile.commands.run import RunRequest, execute, start_run
-    from ddp_profile.profiler.sweep.search import SweepOptions
+    from ddp_profile.profiler.sweep.state import SweepOptions
 
     given = _merge_run_settings(dict(
         script=script, args=script_args or None, nproc_per_node=nproc_per_node,
@@ -210,8 +210,8 @@ def demo(
     _survive_hangup()
     from ddp_profile.commands.run import RunRequest, execute, start_run
     from ddp_profile.examples import DEMO_SCRIPT
-    from ddp_profile.profiler.sweep.search import SweepOptions
     from ddp_profile.profiler.sweep.space import SearchSpace
+    from ddp_profile.profiler.sweep.state import SweepOptions
 
     out = start_run(RunRequest(
         script=DEMO_SCRIPT, script_args=("--load-ms", "2", "--batch-size", "16"), out=out,

@@ -29,12 +29,8 @@ from ddp_profile.profiler.settings import MIN_WARMUP_S, LoaderSettings, timed_wa
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.store.results import read_probe_dir
 from ddp_profile.profiler.store.rundir import RunDir
-from ddp_profile.profiler.sweep.measure import (
-    MIN_TIMEOUT_S,
-    TIMEOUT_FACTOR,
-    LedgerMeasurer,
-    Window,
-)
+from ddp_profile.profiler.sweep.measure import MIN_TIMEOUT_S, TIMEOUT_FACTOR, LedgerMeasurer
+from ddp_profile.profiler.sweep.state import Window
 
 _EXIT = {gate.PASS: ExitCode.OK, gate.REGRESSION: ExitCode.REGRESSION,
          gate.INCONCLUSIVE: ExitCode.INCONCLUSIVE}
@@ -108,8 +104,8 @@ def check_request(request: PairedRequest) -> None:
 def _side(name: str, label: str, script: str, request: PairedRequest,
           python_path: Optional[str]) -> _Side:
     from ddp_profile.commands.run import RunRequest, default_nproc, run_meta, spec_from_meta
-    from ddp_profile.profiler.sweep.search import SweepOptions
     from ddp_profile.profiler.sweep.space import SearchSpace
+    from ddp_profile.profiler.sweep.state import SweepOptions
 
     nproc = request.nproc_per_node or default_nproc()
     meta = run_meta(RunRequest(script=script, script_args=request.script_args, out=None,

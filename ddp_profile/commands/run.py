@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Optional
 
 from ddp_profile.errors import BadRunDir, Interrupted, ScriptInvalid, ScriptNotFound, UsageError
+from ddp_profile.profiler.decide.capacity import run_capacity
 from ddp_profile.profiler.launch import allocation
 from ddp_profile.profiler.launch.coordinate import Coordinator, coordinator_address, follow
 from ddp_profile.profiler.launch.ranks import LaunchSpec
@@ -24,9 +25,9 @@ from ddp_profile.profiler.store.probes import records
 from ddp_profile.profiler.store.results import Run, assemble, load_run, read_probes
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.store.summary import build_summary
-from ddp_profile.profiler.sweep.capacity import run_capacity
-from ddp_profile.profiler.sweep.search import Sweep, SweepOptions
+from ddp_profile.profiler.sweep.search import Sweep
 from ddp_profile.profiler.sweep.space import SearchSpace
+from ddp_profile.profiler.sweep.state import SweepOptions
 from ddp_profile.reports.console import ConsoleProgress, print_summary
 
 

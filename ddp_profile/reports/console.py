@@ -7,9 +7,9 @@ import sys
 import time
 from typing import Any, Optional
 
+from ddp_profile.profiler.decide.capacity import loading_line
 from ddp_profile.profiler.settings import LoaderSettings, config_label
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord, counts_for_choice, records
-from ddp_profile.profiler.sweep.capacity import loading_line
 
 
 def _fmt_tp(value: Optional[float]) -> str:

@@ -282,7 +282,7 @@ def _level(x: list[int], value: float, name: str, color: str, dash: str, hover: 
 
 def capacity_by_workers(capacity: Optional[Mapping], probes: pd.DataFrame) -> Optional[go.Figure]:
     """The input pipeline's modelled capacity and the loop's demand by worker count, with the
-    probes' measured throughput on it; None without a capacity model (see ``sweep.capacity``).
+    probes' measured throughput on it; None without a capacity model (see ``decide.capacity``).
     """
     if not capacity or not capacity.get("curve"):
         return None

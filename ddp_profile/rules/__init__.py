@@ -3,7 +3,9 @@
 A rule is ``rule(run, thresholds) -> Finding | None`` over the tables of
 ``ddp_profile.profiler.store.results.Run``; ``RULES`` is the one registry. Rules do no I/O and no
 plotting, and return None when the tables they need are empty. Every number they decide with
-is a field of ``Thresholds``: ``evaluate(run, Thresholds(data_wait_fraction=0.3))``.
+is a field of ``Thresholds``: ``evaluate(run, Thresholds(data_wait_fraction=0.3))``. The rules
+that cite what the run's alternations established (``READ_EVIDENCE``) take it as a third
+argument, ``known``: one ``claim.Evidence`` per evaluation, so that each fit is read once.
 Triggers are documented on each rule and in ``docs/rules.md``.
 """
 
@@ -23,19 +25,27 @@ from ddp_profile.rules.base import (
     finite,
     ok_probes,
 )
+from ddp_profile.rules.claim import Evidence
 from ddp_profile.rules.recommend import Recommendation, recommend, recommendation_to_dict
 from ddp_profile.rules.voice import in_one_voice
 
 RULES: list[Rule] = [*data.RULES, *restarts.RULES, *host.RULES, *gpu.RULES, *distributed.RULES,
                      *comm.RULES]
+# the rules handed the evaluation's reading of the alternations (``known``)
+READ_EVIDENCE = (restarts.persistent_workers, distributed.find_unused_parameters,
+                 comm.exposed_communication, comm.allreduce_per_micro_batch)
 
 
-def run_rules(run: Run, thresholds: Optional[Thresholds] = None) -> list[Finding]:
+def run_rules(run: Run, thresholds: Optional[Thresholds] = None,
+              known: Optional[Evidence] = None) -> list[Finding]:
     """Every registered rule's finding, most severe first (registry order within a severity),
     as the rules decided it: a finding that advises a setting has its ``advice`` and no
-    recommendation yet (``evaluate`` words it, ``rules.voice``)."""
+    recommendation yet (``evaluate`` words it, ``rules.voice``). ``known``: what the run's
+    alternations established (None: read here, once)."""
     thresholds = thresholds or Thresholds()
-    findings = [f for f in (rule(run, thresholds) for rule in RULES) if f is not None]
+    known = known or Evidence(run, thresholds)
+    findings = [f for f in (rule(run, thresholds, known) if rule in READ_EVIDENCE
+                            else rule(run, thresholds) for rule in RULES) if f is not None]
     return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
 
 
@@ -79,8 +89,9 @@ def evaluate(run: Run, thresholds: Optional[Thresholds] = None) -> Analysis:
     or a prediction labelled as such).
     """
     thresholds = measured_thresholds(run, thresholds or Thresholds())
-    rec = recommend(run, thresholds)
-    return Analysis(in_one_voice(run_rules(run, thresholds), run, rec, thresholds), rec)
+    known = Evidence(run, thresholds)  # the alternations' fits, read once for every reader
+    rec = recommend(run, thresholds, known)
+    return Analysis(in_one_voice(run_rules(run, thresholds, known), run, rec, thresholds), rec)
 
 
 def finding_to_dict(finding: Finding) -> dict[str, Any]:

@@ -153,7 +153,7 @@ def loading_of(run: Run, probe_id: Any) -> Optional[Loading]:
 
 def storage_share(run: Run, probe_id: Any) -> Optional[float]:
     """The share of the bytes a probe's producers read that came from storage, not the page
-    cache (``sweep.capacity.LoadingCost.storage_share``); None where unknown."""
+    cache (``decide.capacity.LoadingCost.storage_share``); None where unknown."""
     loading = loading_of(run, probe_id)
     return loading.storage_share if loading is not None else None
 

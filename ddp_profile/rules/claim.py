@@ -1,5 +1,5 @@
 """The expected speedup from the claim's own check: the script's settings and the
-recommendation, alternated close in time (``profiler.sweep.claim``).
+recommendation, alternated close in time (the sweep's ``claim``).
 
 The probes of one alternation (kind ``paired``, ``pair``: role, position, group) are read as
 ``log rate = level + gain x [candidate] + drift x position``: every candidate stands between two
@@ -16,17 +16,21 @@ latency-bound workers ran 3,069 and 2,150 samples/s: an interval of the windows'
 script's own settings chosen, a probe of it failed) there is no paired claim and the
 recommendation says what its figure rests on instead.
 
-The fit, the interval and the verdict (``PairedClaim``, ``paired``) are the sweep's
-(``profiler.sweep.claim``), which reads the same verdict to decide what it measures next;
-this module finds the alternations in a stored run and words what they say.
+The fit, the interval and the verdict (``PairedClaim``, ``paired``) are the decision layer's
+(``profiler.decide.paired``), which the sweep's claim reads too, to decide what it measures
+next; this module finds the alternations in a stored run and words what they say.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from functools import cached_property
+from types import MappingProxyType
+from typing import Any, Mapping, Optional
 
+from ddp_profile.profiler.decide.choose import Candidate, better, not_worse, pool
+from ddp_profile.profiler.decide.ddp import alternation_fit, options_key
 from ddp_profile.profiler.decide.evidence import alternation
 from ddp_profile.profiler.decide.paired import (
     CANDIDATE,
@@ -38,9 +42,17 @@ from ddp_profile.profiler.decide.paired import (
     fitted,
     paired,
 )
+from ddp_profile.profiler.settings import GRADIENT_SYNC
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.profiler.sweep.communication import alternation_fit, options_key
+from ddp_profile.rules.base import (
+    Thresholds,
+    baseline_probe,
+    candidate,
+    finite,
+    ok_probes,
+    probe_entry,
+)
 
 
 def paired_claim(run: Run, reference: ProbeRecord, candidate: ProbeRecord,
@@ -57,13 +69,10 @@ def persistent_effect(run: Run, confidence: float, launch_sd: float
     """``persistent_workers=True`` against the same settings restarting their workers, from
     the last alternation that measured it (``sweep.claim.confirm_persistence``; launches: the
     fit's uncertainty and the spread between launches, as for the claim); None where none
-    finished. Derived once per Run (the rule and the snippet read it)."""
-    def derive() -> Optional[PairedClaim]:
-        groups = alternations(run.records, Kind.PERSISTENT)
-        probes = groups[-1] if groups else []
-        return fitted(probes, as_run(probes), confidence,
-                      lambda fit: max(launch_sd, fit.residual_sd))
-    return run.derived(("persistent_effect", confidence, launch_sd), derive)
+    finished. The rule and the snippet read it once per evaluation (``Evidence.persistent``)."""
+    groups = alternations(run.records, Kind.PERSISTENT)
+    probes = groups[-1] if groups else []
+    return fitted(probes, as_run(probes), confidence, lambda fit: max(launch_sd, fit.residual_sd))
 
 
 def sides(run: Run, claim: PairedClaim) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -133,3 +142,75 @@ def _alternation_text(probes: list[ProbeRecord], drift: float, launches: int) ->
             f"{probes[-1].id}; the script's own options ran {min(rates):,.0f}-"
             f"{max(rates):,.0f} samples/s in its {len(rates)} {unit.split()[0]}, "
             f"a drift of {math.expm1(drift):+.1%} per place")
+
+
+def latest_ddp_probes(run: Run) -> dict[str, tuple[dict[str, Any], Any]]:
+    """options text -> (options, probe row) of the last ok ``ddp`` probe with those options
+    measured on its own, not in an alternation (a re-measurement, twice as long, comes last)."""
+    latest: dict[str, tuple[dict[str, Any], Any]] = {}
+    for _, probe in ok_probes(run, kinds=(Kind.DDP,)).iterrows():
+        entry = probe_entry(run, probe["id"])
+        options = dict(entry.comm.options) if entry and entry.comm.options is not None else None
+        if options is not None and finite(probe["throughput"]) and entry.pair is None:
+            latest[options_key(options)] = (options, probe)
+    return latest
+
+
+def reference(run: Run, base: Any) -> tuple[Candidate, str]:
+    """What a DDP counterfactual measured on its own is judged against: the baseline pooled
+    with its twin (the script's settings and DDP options measured again beside them:
+    ``ddp_options`` {}), and how to name it."""
+    twin = latest_ddp_probes(run).get(options_key({}))
+    if twin is None:
+        return candidate(run, base), f"probe {base['id']}"
+    return (pool([candidate(run, base), candidate(run, twin[1])]),
+            f"probes {base['id']} and {twin[1]['id']}, pooled")
+
+
+def ddp_effects(run: Run, thresholds: Thresholds) -> dict[str, DdpEffect]:
+    """options text -> each DDP counterfactual against the script's own DDP options: from the
+    last alternation that measured it (``alternated_effects``), else (``--pairs 0``, a run
+    written before alternations) its last probe on its own, against the baseline pooled with
+    its twin: launch against launch, which no verdict may rest on alone. Four rules read it,
+    once per evaluation (``Evidence.ddp_effects``)."""
+    effects: dict[str, DdpEffect] = {}
+    base = baseline_probe(run)
+    if base is not None:
+        theirs, name = reference(run, base)
+        for key, (options, probe) in latest_ddp_probes(run).items():
+            if not options or not theirs.throughput > 0:
+                continue
+            mine = candidate(run, probe)
+            effects[key] = DdpEffect(
+                options=options, ratio=float(probe["throughput"] / theirs.throughput),
+                interval=None, faster=better(mine, theirs, thresholds),
+                slower=not not_worse(mine, theirs, thresholds), probes=f"probe {probe['id']}",
+                reference=name)
+    effects.update(alternated_effects(run, thresholds.interval_confidence,
+                                      thresholds.launch_sd))
+    return effects
+
+
+class Evidence:
+    """What a run's alternations and counterfactuals establish, read at most once per
+    evaluation: ``rules.evaluate`` makes one and hands it to the rules and the recommendation
+    that cite it (several read the same fits). A rule called on its own reads its own."""
+
+    def __init__(self, run: Run, thresholds: Thresholds) -> None:
+        self._run, self._thresholds = run, thresholds
+
+    @cached_property
+    def ddp_effects(self) -> Mapping[str, DdpEffect]:
+        """options text -> each DDP counterfactual against the script's own (``ddp_effects``)."""
+        return MappingProxyType(ddp_effects(self._run, self._thresholds))
+
+    @cached_property
+    def persistent(self) -> Optional[PairedClaim]:
+        """``persistent_workers=True`` against restarting workers (``persistent_effect``)."""
+        return persistent_effect(self._run, self._thresholds.interval_confidence,
+                                 self._thresholds.launch_sd)
+
+    def sync_effect(self) -> Optional[DdpEffect]:
+        """The script's settings without gradient synchronisation against with it, if
+        measured."""
+        return self.ddp_effects.get(options_key({GRADIENT_SYNC: False}))

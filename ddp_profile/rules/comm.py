@@ -9,29 +9,24 @@ timers and the script's collectives, measured per step) and decides on it alone.
 from __future__ import annotations
 
 import os
-from types import MappingProxyType
 from typing import Any, Mapping, Optional
 
-from ddp_profile.profiler.decide.choose import Candidate, better, not_worse, pool
+from ddp_profile.profiler.decide.ddp import one_bucket, options_key
 from ddp_profile.profiler.rank.comm import TORCH_DIR
 from ddp_profile.profiler.settings import GRADIENT_SYNC
-from ddp_profile.profiler.store.probes import Kind
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.profiler.sweep.communication import one_bucket, options_key
 from ddp_profile.rules.base import (
     Advice,
     Finding,
     Thresholds,
     as_int,
     baseline_probe,
-    candidate,
     finite,
     ms,
-    ok_probes,
     pct,
     probe_entry,
 )
-from ddp_profile.rules.claim import DdpEffect, alternated_effects
+from ddp_profile.rules.claim import DdpEffect, Evidence
 
 # NCCL settings that route an all-reduce the slow way, and what they do
 SLOW_ENV = {"NCCL_IB_DISABLE": ("1", "InfiniBand is disabled: the all-reduce goes over TCP "
@@ -73,7 +68,8 @@ def _transfer(comm: dict[str, Any]) -> str:
     return " ".join(parts) + f", {where}{achieved}"
 
 
-def exposed_communication(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+def exposed_communication(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None
+                          ) -> Optional[Finding]:
     """Gradient communication costs a large share of each step.
 
     Measured where the sweep ran the script's settings without gradient synchronisation (a
@@ -84,12 +80,14 @@ def exposed_communication(run: Run, thresholds: Thresholds) -> Optional[Finding]
     steps). Trigger (baseline probe): that share >= ``comm_exposed_share``; "high" at or above
     ``comm_exposed_severe``. The timers explain it (ms exposed and overlapped, bytes, buckets,
     bandwidth). The advice, a larger per-rank batch (the all-reduce costs the same per step
-    whatever the batch), is worded from the probes that ran it (``rules.voice``).
+    whatever the batch), is worded from the probes that ran it (``rules.voice``). ``known``:
+    the evaluation's reading of the counterfactuals (``claim.Evidence``; None: read here).
     """
     base, comm = baseline_comm(run)
     if base is None:
         return None
-    unsynced = sync_effect(run, thresholds)
+    known = known or Evidence(run, thresholds)
+    unsynced = known.sync_effect()
     timed = comm.get("exposed_fraction") is not None and (comm.get("timed_steps") or 0) >= 3
     if unsynced is not None:
         share = saved_share(unsynced)
@@ -114,7 +112,7 @@ def exposed_communication(run: Run, thresholds: Thresholds) -> Optional[Finding]
     slow = _environment(comm)
     if slow:
         evidence += " The environment explains part of it: " + "; ".join(slow) + "."
-    measured, tried = _ddp_counterfactuals(run, base, thresholds)
+    measured, tried = _ddp_counterfactuals(known.ddp_effects)
     untried = [f"DDP(..., bucket_cap_mb=...) larger than "
                f"{(comm.get('bucket_cap_bytes') or 25 * 2 ** 20) / 2 ** 20:.0f}"
                if "bucket_cap_mb" not in tried and not one_bucket(comm) else "",
@@ -144,75 +142,17 @@ def exposed_communication(run: Run, thresholds: Thresholds) -> Optional[Finding]
         advice=advice)
 
 
-def latest_ddp_probes(run: Run) -> dict[str, tuple[dict[str, Any], Any]]:
-    """options text -> (options, probe row) of the last ok ``ddp`` probe with those options
-    measured on its own, not in an alternation (a re-measurement, twice as long, comes last)."""
-    latest: dict[str, tuple[dict[str, Any], Any]] = {}
-    for _, probe in ok_probes(run, kinds=(Kind.DDP,)).iterrows():
-        entry = probe_entry(run, probe["id"])
-        options = dict(entry.comm.options) if entry and entry.comm.options is not None else None
-        if options is not None and finite(probe["throughput"]) and entry.pair is None:
-            latest[options_key(options)] = (options, probe)
-    return latest
-
-
-def reference(run: Run, base: Any) -> tuple[Candidate, str]:
-    """What a DDP counterfactual measured on its own is judged against: the baseline pooled
-    with its twin (the script's settings and DDP options measured again beside them:
-    ``ddp_options`` {}), and how to name it."""
-    twin = latest_ddp_probes(run).get(options_key({}))
-    if twin is None:
-        return candidate(run, base), f"probe {base['id']}"
-    return (pool([candidate(run, base), candidate(run, twin[1])]),
-            f"probes {base['id']} and {twin[1]['id']}, pooled")
-
-
-def ddp_effects(run: Run, thresholds: Thresholds) -> Mapping[str, DdpEffect]:
-    """options text -> each DDP counterfactual against the script's own DDP options: from the
-    last alternation that measured it (``rules.claim.alternated_effects``), else (``--pairs
-    0``, a run written before alternations) its last probe on its own, against the baseline
-    pooled with its twin: launch against launch, which no verdict may rest on alone. Derived
-    once per Run and thresholds (four rules read it)."""
-    return run.derived(("ddp_effects", thresholds),
-                       lambda: MappingProxyType(_ddp_effects(run, thresholds)))
-
-
-def _ddp_effects(run: Run, thresholds: Thresholds) -> dict[str, DdpEffect]:
-    effects: dict[str, DdpEffect] = {}
-    base = baseline_probe(run)
-    if base is not None:
-        theirs, name = reference(run, base)
-        for key, (options, probe) in latest_ddp_probes(run).items():
-            if not options or not theirs.throughput > 0:
-                continue
-            mine = candidate(run, probe)
-            effects[key] = DdpEffect(
-                options=options, ratio=float(probe["throughput"] / theirs.throughput),
-                interval=None, faster=better(mine, theirs, thresholds),
-                slower=not not_worse(mine, theirs, thresholds), probes=f"probe {probe['id']}",
-                reference=name)
-    effects.update(alternated_effects(run, thresholds.interval_confidence,
-                                      thresholds.launch_sd))
-    return effects
-
-
-def sync_effect(run: Run, thresholds: Thresholds) -> Optional[DdpEffect]:
-    """The script's settings without gradient synchronisation against with it, if measured."""
-    return ddp_effects(run, thresholds).get(options_key({GRADIENT_SYNC: False}))
-
-
 def saved_share(unsynced: DdpEffect) -> float:
     """The share of a step that gradient synchronisation costs: 0 unless the step without it
     ran faster beyond noise."""
     return 1.0 - 1.0 / unsynced.ratio if unsynced.faster else 0.0
 
 
-def _ddp_counterfactuals(run: Run, base: Any, thresholds: Thresholds) -> tuple[str, set[str]]:
-    """"Measured: ..." for the DDP-option counterfactuals (``ddp_effects``) and the option
+def _ddp_counterfactuals(effects: Mapping[str, DdpEffect]) -> tuple[str, set[str]]:
+    """"Measured: ..." for the DDP-option counterfactuals (``claim.ddp_effects``) and the option
     names they tried. "Use it" only for an option faster beyond noise in an alternation with
     the script's own, and slower than the step without any synchronisation."""
     parts, tried, references = [], set(), {}
-    effects = ddp_effects(run, thresholds)
     unsynced = effects.get(options_key({GRADIENT_SYNC: False}))
     for effect in effects.values():
         if GRADIENT_SYNC in effect.options:
@@ -240,14 +180,16 @@ def _ddp_counterfactuals(run: Run, base: Any, thresholds: Thresholds) -> tuple[s
             + "; ".join(parts) + ".", tried)
 
 
-def allreduce_per_micro_batch(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+def allreduce_per_micro_batch(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None
+                              ) -> Optional[Finding]:
     """Gradient accumulation that all-reduces after every micro-batch.
 
     Trigger (baseline probe): several forward/backward passes per optimizer step
     (``forwards_per_optimizer_step`` >= ``micro_batch_syncs``) and as many gradient
     synchronisations (``syncs_per_optimizer_step`` >= ``micro_batch_syncs``): none ran under
     ``no_sync()``. The saving is a prediction from the exposed communication measured per
-    synchronisation.
+    synchronisation, or from the step measured without it (``known``, as for
+    ``exposed_communication``).
     """
     base, comm = baseline_comm(run)
     syncs = comm.get("syncs_per_optimizer_step")
@@ -260,7 +202,7 @@ def allreduce_per_micro_batch(run: Run, thresholds: Thresholds) -> Optional[Find
                 f"({_mb(comm.get('gradient_bytes'))} each time), where one all-reduce per "
                 "optimizer step gives the same gradients.")
     saving = ""
-    unsynced = sync_effect(run, thresholds)
+    unsynced = (known or Evidence(run, thresholds)).sync_effect()
     exposed, step = comm.get("exposed_s"), comm.get("step_s")
     if unsynced is not None:
         share = saved_share(unsynced)

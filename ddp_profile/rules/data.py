@@ -11,8 +11,8 @@ from typing import Optional
 import pandas as pd
 
 from ddp_profile.profiler.cache import IN_MEMORY_READ_B
+from ddp_profile.profiler.decide.capacity import STORAGE_READ_BYTES, bound_of
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.profiler.sweep.capacity import STORAGE_READ_BYTES, bound_of
 from ddp_profile.rules.base import (
     Advice,
     Finding,
@@ -36,7 +36,7 @@ from ddp_profile.rules.host import baseline_oversubscribed
 
 
 def capacity_of(run: Run) -> Optional[dict]:
-    """The run's measured loading capacity (``summary.capacity``, see ``sweep.capacity``)."""
+    """The run's measured loading capacity (``summary.capacity``, see ``decide.capacity``)."""
     capacity = run.summary.get("capacity")
     return capacity if isinstance(capacity, dict) and finite(capacity.get("cpu_share")) \
         else None
@@ -44,7 +44,7 @@ def capacity_of(run: Run) -> Optional[dict]:
 
 def loading_bound(capacity: dict, thresholds: Thresholds) -> str:
     """"cpu", "wait" or "mixed": decided here, from the measured CPU share of producing a
-    sample and the rules' thresholds (``sweep.capacity.bound_of``, the test the climb asks
+    sample and the rules' thresholds (``decide.capacity.bound_of``, the test the climb asks
     with the same thresholds)."""
     return bound_of(float(capacity["cpu_share"]), thresholds)
 

@@ -10,8 +10,8 @@ from typing import Any, Optional
 
 import pandas as pd
 
+from ddp_profile.profiler.decide.ddp import options_key
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.profiler.sweep.communication import options_key
 from ddp_profile.rules.base import (
     Finding,
     Thresholds,
@@ -24,7 +24,7 @@ from ddp_profile.rules.base import (
     probe_steps,
     world_size,
 )
-from ddp_profile.rules.comm import ddp_effects
+from ddp_profile.rules.claim import Evidence
 from ddp_profile.rules.straggler import straggler
 
 
@@ -276,11 +276,14 @@ def backend_mismatch(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     return None
 
 
-def find_unused_parameters(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+def find_unused_parameters(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None
+                           ) -> Optional[Finding]:
     """find_unused_parameters=True although every parameter gets a gradient.
 
     Trigger: a ``ddp`` event with ``find_unused_parameters`` true, and every
-    ``ddp_unused_parameters`` event reports ``params_without_grad`` == 0.
+    ``ddp_unused_parameters`` event reports ``params_without_grad`` == 0. Where a ``ddp``
+    probe measured it off (``known``: the evaluation's ``claim.Evidence``; None: read here),
+    "medium" when faster beyond noise.
     """
     ddp = events_named(run, "ddp")
     if ddp.empty or not any(d.get("find_unused_parameters") for d in ddp["data"]):
@@ -289,7 +292,7 @@ def find_unused_parameters(run: Run, thresholds: Thresholds) -> Optional[Finding
     if not checks or any(d.get("params_without_grad") != 0 for d in checks):
         return None
     total = max((d.get("params_total") or 0 for d in checks), default=0)
-    measured, severity = _measured_without_search(run, thresholds)
+    measured, severity = _measured_without_search(known or Evidence(run, thresholds))
     return Finding(
         rule="find-unused-parameters", severity=severity,
         title="find_unused_parameters=True without unused parameters",
@@ -300,11 +303,11 @@ def find_unused_parameters(run: Run, thresholds: Thresholds) -> Optional[Finding
         ranks=_event_ranks(ddp))
 
 
-def _measured_without_search(run: Run, thresholds: Thresholds) -> tuple[str, str]:
+def _measured_without_search(known: Evidence) -> tuple[str, str]:
     """" Measured: ..." where a ``ddp`` probe ran the script's settings with
     ``find_unused_parameters=False``, and the severity: "medium" when it was faster than the
     baseline beyond noise, else "low"."""
-    effect = ddp_effects(run, thresholds).get(options_key({"find_unused_parameters": False}))
+    effect = known.ddp_effects.get(options_key({"find_unused_parameters": False}))
     if effect is None:
         return "", "low"
     faster = effect.faster and effect.interval is not None

@@ -50,7 +50,7 @@ from ddp_profile.rules.base import (
     relative_error,
     storage_share,
 )
-from ddp_profile.rules.claim import PairedClaim, persistent_effect, sides
+from ddp_profile.rules.claim import Evidence, PairedClaim, sides
 from ddp_profile.rules.cpuload import cpu_load
 from ddp_profile.rules.data import (
     CPU_FIX,
@@ -95,21 +95,20 @@ def recommendation_to_dict(rec: Recommendation) -> dict[str, Any]:
     return data
 
 
-def _alive(run: Run, thresholds: Thresholds
+def _alive(run: Run, known: Evidence
            ) -> Optional[tuple[PairedClaim, dict[str, Any], dict[str, Any]]]:
     """``persistent_workers=True`` where it was measured faster beyond noise
-    (``rules.claim.persistent_effect``), with the settings of its two sides; else None."""
-    measured = persistent_effect(run, thresholds.interval_confidence, thresholds.launch_sd)
+    (``rules.claim.Evidence.persistent``), with the settings of its two sides; else None."""
+    measured = known.persistent
     if measured is None or not measured.faster:
         return None
     return (measured, *sides(run, measured))
 
 
-def kept_alive(run: Run, config: dict[str, Any], thresholds: Thresholds
-               ) -> Optional[PairedClaim]:
+def kept_alive(run: Run, config: dict[str, Any], known: Evidence) -> Optional[PairedClaim]:
     """``persistent_workers=True`` where it was measured with exactly ``config`` on both
     sides and ran faster beyond noise; else None."""
-    found = _alive(run, thresholds)
+    found = _alive(run, known)
     if found is None:
         return None
     measured, reference, kept = found
@@ -123,12 +122,12 @@ def _row(run: Run, probe_id: str) -> pd.Series:
     return probes[probes["id"] == probe_id].iloc[0]
 
 
-def kept_alive_instead(run: Run, base: pd.Series, thresholds: Thresholds
+def kept_alive_instead(run: Run, base: pd.Series, known: Evidence
                        ) -> Optional[tuple[PairedClaim, pd.Series]]:
     """Where the script's own settings (``base``) are kept: another configuration with
     ``persistent_workers=True``, where it was alternated with them launch by launch and ran
     faster beyond noise (``sweep.claim.persistence_subject``), and its first probe; else None."""
-    found = _alive(run, thresholds)
+    found = _alive(run, known)
     if found is None:
         return None
     measured, reference, kept = found
@@ -333,9 +332,13 @@ def _short_notes(base: pd.Series, chosen: pd.Series) -> list[str]:
     return notes
 
 
-def recommend(run: Run, thresholds: Optional[Thresholds] = None) -> Recommendation:
-    """The best measured configuration, or the script's own settings if none was measured."""
+def recommend(run: Run, thresholds: Optional[Thresholds] = None,
+              known: Optional[Evidence] = None) -> Recommendation:
+    """The best measured configuration, or the script's own settings if none was measured.
+    ``known``: the evaluation's reading of the run's alternations (``claim.Evidence``; None:
+    read here)."""
     thresholds = thresholds or Thresholds()
+    known = known or Evidence(run, thresholds)
     base = baseline_probe(run)
     if base is None:
         config = {k: (run.summary.get("baseline") or {}).get(k) for k in SETTING_KEYS}
@@ -356,7 +359,7 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None) -> Recommendati
                        f"[{checked.interval[0]:.2f}-{checked.interval[1]:.2f}] "
                        f"({checked.probes[0]}-{checked.probes[-1]}): a gain this check cannot "
                        "tell from none, so the script's settings are kept.")
-    alive = kept_alive_instead(run, base, thresholds) if chosen["id"] == base["id"] else None
+    alive = kept_alive_instead(run, base, known) if chosen["id"] == base["id"] else None
     if alive is not None:  # measured against the script's settings: the claim itself
         claim, chosen = alive
     if claim is not None:
@@ -371,7 +374,7 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None) -> Recommendati
         if chosen["id"] != base["id"]:
             basis = (f"probes {base['id']} and {chosen['id']}, not alternated: the machine's "
                      "drift between them is in the figure")
-    kept = kept_alive(run, config_of(chosen), thresholds) if alive is None else None
+    kept = kept_alive(run, config_of(chosen), known) if alive is None else None
     ceiling = ceiling_probe(run)
     share = None
     if ceiling is not None and ceiling["throughput"] > 0 and finite(chosen["throughput"]):

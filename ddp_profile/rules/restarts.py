@@ -29,7 +29,7 @@ from ddp_profile.rules.base import (
     probe_entry,
     probe_steps,
 )
-from ddp_profile.rules.claim import PairedClaim, persistent_effect, sides
+from ddp_profile.rules.claim import Evidence, PairedClaim, sides
 from ddp_profile.rules.recommend import choose
 
 
@@ -61,7 +61,8 @@ def _restarting(run: Run) -> list[Restarting]:
     return found
 
 
-def persistent_workers(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+def persistent_workers(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None
+                       ) -> Optional[Finding]:
     """Workers are started again every epoch, and that start-up is a significant share of it.
 
     Trigger: an ok probe of a loader that restarts (workers, ``persistent_workers`` false) whose
@@ -74,11 +75,13 @@ def persistent_workers(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     but without the restarts, against the recommended configuration as the script runs it.
     "high" when that is ``clear_gain`` or more above the recommendation by more than half.
     Runs recorded before the restart was measured fall back to the restarts' first batches.
-    None where the loader keeps one iterator across epochs (``keeps_its_iterator``).
+    None where the loader keeps one iterator across epochs (``keeps_its_iterator``). Where an
+    alternation measured persistent workers (``known``: the evaluation's ``claim.Evidence``;
+    None: read here), the finding says what it measured instead.
     """
     costly = [found for found in _restarting(run)
               if (restart_share(found[1]) or 0.0) >= thresholds.restart_share]
-    measured = persistent_effect(run, thresholds.interval_confidence, thresholds.launch_sd)
+    measured = (known or Evidence(run, thresholds)).persistent
     if measured is not None:
         return _measured(run, measured, costly)
     if not costly:

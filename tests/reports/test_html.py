@@ -323,7 +323,7 @@ def test_a_single_sample_is_drawn_as_a_point():
 
 
 def test_capacity_chart_shows_the_model_and_the_measured_points(data_bound_run):
-    from ddp_profile.profiler.sweep.capacity import Capacity
+    from ddp_profile.profiler.decide.capacity import Capacity
 
     assert "capacity" not in build_report_data(data_bound_run)["client"]["figures"]
     model = Capacity(cpu_per_sample_s=1e-4, wait_per_sample_s=3e-3, cpus_per_rank=1.0,
@@ -341,7 +341,7 @@ def test_capacity_chart_shows_the_model_and_the_measured_points(data_bound_run):
     assert 'id="capacity"' in render_report(run)
     assert "runnable" not in figure["layout"]["title"]["text"]
     # pinning that limits, and producers that queued for busy CPUs, are shown too
-    from ddp_profile.profiler.sweep.capacity import RunQueue
+    from ddp_profile.profiler.decide.capacity import RunQueue
 
     busy = dataclasses.replace(model, pin_per_sample_s=2e-4,
                                contention=RunQueue(per_sample_s=1.7e-3, share=0.35, workers=38))

@@ -17,10 +17,10 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 import pandas as pd
 
+from ddp_profile.profiler.decide.capacity import loading_cost, loop_demand, run_capacity
 from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.probes import records
 from ddp_profile.profiler.store.results import PROBE_COLUMNS, STEP_COLUMNS, Run
-from ddp_profile.profiler.sweep.capacity import loading_cost, loop_demand, run_capacity
 
 Value = Union[float, None, Callable[[int, int], Optional[float]]]
 

@@ -289,8 +289,8 @@ def test_the_cost_of_synchronisation_is_read_from_windows_alternated_in_one_laun
 
 
 def test_a_larger_bucket_cap_is_neither_tried_nor_suggested_for_one_bucket():
+    from ddp_profile.profiler.decide.ddp import ddp_counterfactuals
     from ddp_profile.profiler.store.probes import ProbeRecord
-    from ddp_profile.profiler.sweep.communication import ddp_counterfactuals
 
     one = comm(0.03, buckets=1, modules=1)["comm"]
     baseline = ProbeRecord.from_json({"id": "p000", "status": "ok", "comm": one})
@@ -350,32 +350,37 @@ def test_host_sync_fixes_follow_the_source_line_of_each_site():
                for fix in ("synchronize", "non_blocking", "every n steps"))
 
 
-def test_the_ddp_counterfactuals_are_derived_once_per_run_and_not_carried_to_a_replaced_one(
+def test_one_evaluation_fits_the_ddp_counterfactuals_once_for_every_rule_that_reads_them(
         monkeypatch):
-    """Four rules read the DDP counterfactuals: one evaluation fits them once; a Run made
-    from it with another summary (``dataclasses.replace``) fits its own."""
+    """Four rules read the DDP counterfactuals: one evaluation fits them once (its
+    ``claim.Evidence``); another evaluation, or other thresholds, is another reading."""
     import dataclasses
+    import inspect
 
-    from ddp_profile.rules import comm as comm_rules
-    from ddp_profile.rules import measured_thresholds
+    from ddp_profile.rules import READ_EVIDENCE, RULES, measured_thresholds
+    from ddp_profile.rules import claim as claim_rules
+    from ddp_profile.rules.claim import Evidence
 
     builder = (RunBuilder(world_size=2).probe("base", kind="baseline", num_workers=0,
                                               batch_size=8, entry=comm(0.03))
                .steps(compute=0.1, jitter=0.01))
     run = alternated(builder, {"cap": ({"bucket_cap_mb": 100}, 1.10)}).build()
     fits = []
-    real = comm_rules.alternated_effects
-    monkeypatch.setattr(comm_rules, "alternated_effects",
+    real = claim_rules.alternated_effects
+    monkeypatch.setattr(claim_rules, "alternated_effects",
                         lambda *args: fits.append(1) or real(*args))
     findings = evaluate(run, T).findings
     assert "exposed-communication" in [f.rule for f in findings], findings
     assert len(fits) == 1, fits
     thresholds = measured_thresholds(run, T)  # what evaluate decided with
-    first = comm_rules.ddp_effects(run, thresholds)
-    assert comm_rules.ddp_effects(run, thresholds) is first and len(fits) == 1
+    known = Evidence(run, thresholds)
+    first = known.ddp_effects
+    assert known.ddp_effects is first and len(fits) == 2
     assert "bucket_cap_mb=100" in first
-    other = dataclasses.replace(run, summary=dict(run.summary))
-    assert comm_rules.ddp_effects(other, thresholds) == first and len(fits) == 2
+    assert Evidence(run, thresholds).ddp_effects == first and len(fits) == 3
     # other thresholds are another reading
-    comm_rules.ddp_effects(run, dataclasses.replace(thresholds, interval_confidence=0.8))
-    assert len(fits) == 3
+    other = Evidence(run, dataclasses.replace(thresholds, interval_confidence=0.8))
+    assert "bucket_cap_mb=100" in other.ddp_effects and len(fits) == 4
+    # the rules handed the reading are those that take it
+    assert set(READ_EVIDENCE) == {rule for rule in RULES
+                                  if "known" in inspect.signature(rule).parameters}

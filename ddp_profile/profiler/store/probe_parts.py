@@ -67,7 +67,7 @@ class Gpu:
 
 @dataclass(frozen=True)
 class Loading:
-    """The producers' measured cost per sample (``sweep.capacity.LoadingCost.to_dict``, plus
+    """The producers' measured cost per sample (``decide.capacity.LoadingCost.to_dict``, plus
     the pinning's and, where ranks differ, each rank's storage share)."""
 
     cpu_per_sample_s: Optional[float]

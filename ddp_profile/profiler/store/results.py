@@ -32,7 +32,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Hashable, Optional, TypeVar
+from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
@@ -48,7 +48,6 @@ STEP_COLUMNS = ["probe_id", "rank", "node", "loader_id", "step", "measured", "t_
                 "data_wait_s", "compute_s", "other_s", "forward_s", "step_s", "samples",
                 "gpu_busy_s", "gpu_gap_s", "comm_s", "coll_s", "coll_n", "syncs",
                 "runq_s"]
-T = TypeVar("T")
 PROBE_COLUMNS = ["id", "kind", "status", *SETTING_KEYS, "throughput", "data_wait_fraction",
                  "gpu_idle_fraction", "gpu_starved_fraction", "comm_fraction", "score", "wall_s",
                  "error", "root_cause_rank", "steps_measured", "short", "short_reason", "launch"]
@@ -219,16 +218,6 @@ class Run:
     events: pd.DataFrame
     contexts: dict[tuple[str, int], dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
-    # readings derived from this Run, once each (``derived``); a replaced Run starts empty
-    _derived: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False,
-                                          compare=False)
-
-    def derived(self, key: Hashable, compute: Callable[[], T]) -> T:
-        """``compute()`` the first time ``key`` is asked of this Run, the same value after: a
-        reading several rules share (the DDP counterfactuals) is derived once per Run."""
-        if key not in self._derived:
-            self._derived[key] = compute()
-        return self._derived[key]
 
     @cached_property
     def records(self) -> tuple[ProbeRecord, ...]:

@@ -3,7 +3,7 @@
 ``build_summary`` composes every field the run itself gives (the probes, the baseline, the
 ceiling, the search, the capacity model); ``commands.run.finalize`` adds the analysis's
 (``rules.evaluate``: findings, recommendation) to it once. The capacity model is the sweep's
-(``sweep.capacity.run_capacity``), handed in by the caller: the store does not reach up.
+(``decide.capacity.run_capacity``), handed in by the caller: the store does not reach up.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ worker count per launch while the capacity model says the loop still gains; the 
 confirms the best screened configuration in a fresh launch and tries its prefetch and pinning
 variants in the same launch. The climb stops on evidence: at a screen whose every worker count
 ran slower than the script's own settings, at a rung slower than them, and past a rung that
-outlasted a launch's timeout. ``search``: the ``sweep.search.Search`` that calls in (not
-imported: no cycle).
+outlasted a launch's timeout. ``search``: the ``sweep.search.Search`` that calls in
+(``sweep.state.SearchState``).
 """
 
 from __future__ import annotations
@@ -14,32 +14,29 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Optional
 
+from ddp_profile.profiler.decide.capacity import WORKER_CAP, loading_line
 from ddp_profile.profiler.decide.choose import UNSTABLE_RSE, relative_se
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord, Status
 from ddp_profile.profiler.sweep import ceiling
-from ddp_profile.profiler.sweep.capacity import (
-    CLIMB_STOP_CPU_SHARE,
-    WORKER_CAP,
-    loading_line,
-    next_workers,
-)
 from ddp_profile.profiler.sweep.climb import (
+    CLIMB_STOP_CPU_SHARE,
     beats,
     climb_points,
     climb_workers,
     condemned,
+    next_workers,
     slower_than_baseline,
     waits_for_data,
     worth_tuning,
 )
-from ddp_profile.profiler.sweep.measure import Window
 from ddp_profile.profiler.sweep.space import normalise
+from ddp_profile.profiler.sweep.state import SearchState, Window
 
 MAX_CLIMB_LAUNCHES = 3  # launches the climb may add past the first screen
 
 
-def run(search: Any) -> None:
+def run(search: SearchState) -> None:
     """Two screens, then the batch sizes. The first screen runs the whole worker ladder
     (and the ceiling) in one launch; the second confirms the best screened configuration
     in a fresh launch and, in the same launch, tries its prefetch and pinning variants.
@@ -88,7 +85,7 @@ def run(search: Any) -> None:
             rescreen(search, batched)
 
 
-def first_workers(search: Any) -> list[int]:
+def first_workers(search: SearchState) -> list[int]:
     """The worker counts of the first screen: the ones the user gave (always measured),
     else the ladder up to the CPUs and the count the capacity model predicts meets the
     loop's demand (past the CPU count when loading mostly waits; then half and twice that
@@ -113,7 +110,7 @@ def first_workers(search: Any) -> list[int]:
     return sorted(workers)
 
 
-def recalibrate(search: Any, workers: int) -> None:
+def recalibrate(search: SearchState, workers: int) -> None:
     """Window timeouts sized for ``workers`` (their prefetch backlog is longer)."""
     assert search.axes is not None and search.baseline is not None
     if workers > max(search.axes.num_workers):
@@ -121,7 +118,7 @@ def recalibrate(search: Any, workers: int) -> None:
             search.axes, num_workers=tuple(sorted({*search.axes.num_workers, workers}))))
 
 
-def all_slower(search: Any, screened: list[ProbeRecord]) -> bool:
+def all_slower(search: SearchState, screened: list[ProbeRecord]) -> bool:
     """Whether every worker count a screen measured ran slower than the script's own
     settings beyond noise: more workers cost the loop, and the climb does not go on (a
     note says so)."""
@@ -134,9 +131,9 @@ def all_slower(search: Any, screened: list[ProbeRecord]) -> bool:
     return True
 
 
-def climb(search: Any, start: LoaderSettings, launches: int = MAX_CLIMB_LAUNCHES) -> None:
+def climb(search: SearchState, start: LoaderSettings, launches: int = MAX_CLIMB_LAUNCHES) -> None:
     """Past the first screen: one more worker count per launch while ``next_workers``
-    says the loop still gains (``sweep.capacity``), none is slower than the baseline, and
+    says the loop still gains (``climb.next_workers``), none is slower than the baseline, and
     the last rung took less than a launch's timeout (the next, with more workers to
     start, would not finish)."""
     for _ in range(launches):
@@ -153,7 +150,7 @@ def climb(search: Any, start: LoaderSettings, launches: int = MAX_CLIMB_LAUNCHES
             return  # more workers cost the loop: the climb stops here
 
 
-def outlasted(search: Any, start: LoaderSettings, points: list[Any]) -> bool:
+def outlasted(search: SearchState, start: LoaderSettings, points: list[Any]) -> bool:
     """Whether the climb's top rung so far took longer than a launch's timeout."""
     if not points:
         return False
@@ -168,7 +165,7 @@ def outlasted(search: Any, start: LoaderSettings, points: list[Any]) -> bool:
     return True
 
 
-def contender(search: Any, best: ProbeRecord) -> Optional[Window]:
+def contender(search: SearchState, best: ProbeRecord) -> Optional[Window]:
     """A screened window faster than the choice, but tied with it only because its
     throughput is uncertain (relative SE above ``UNSTABLE_RSE``: a window's few steps of a
     bursty loader): measured again, twice as long, in the second screen, so that the
@@ -180,7 +177,7 @@ def contender(search: Any, best: ProbeRecord) -> Optional[Window]:
     return search.window(normalise(top.config), steps=search.options.steps * 2)
 
 
-def second_screen(search: Any, best: ProbeRecord) -> list[Window]:
+def second_screen(search: SearchState, best: ProbeRecord) -> list[Window]:
     """A fresh measurement of a screened best, an uncertain contender twice as long, then
     the best's prefetch and pinning variants."""
     assert search.axes is not None
@@ -202,7 +199,7 @@ def second_screen(search: Any, best: ProbeRecord) -> list[Window]:
     return windows
 
 
-def rescreen(search: Any, best: ProbeRecord) -> None:
+def rescreen(search: SearchState, best: ProbeRecord) -> None:
     """The worker counts measured before, again at the batch size the search moved to, in
     one screen: what a batch costs to load and to pass between processes changes with its
     size, so the best loader at the script's batch size need not be the best at another (a
@@ -216,7 +213,7 @@ def rescreen(search: Any, best: ProbeRecord) -> None:
         search.measurer.measure_screen(windows, condemned(search.baseline))
 
 
-def try_axis(search: Any, best: ProbeRecord, axis: str) -> ProbeRecord:
+def try_axis(search: SearchState, best: ProbeRecord, axis: str) -> ProbeRecord:
     assert search.axes is not None
     current = normalise(best.config)
     values = getattr(search.axes, axis)

@@ -9,19 +9,17 @@ rates (within its noise, the best configuration is at the ceiling): either way i
 ceiling to score against. It is marked failed with why
 (``store.probes.CEILING_FAILED``, an appended ledger line) and read as none
 (``store.probes.latest_ceiling``). ``search``: the ``sweep.search.Search`` that calls in
-(not imported: no cycle).
+(``sweep.state.SearchState``).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from ddp_profile.profiler.store.probes import CEILING_FAILED, Kind, latest_ceiling
 from ddp_profile.profiler.sweep.climb import worth_tuning
-from ddp_profile.profiler.sweep.measure import Window
+from ddp_profile.profiler.sweep.state import SearchState, Window
 
 
-def wanted(search: Any) -> bool:
+def wanted(search: SearchState) -> bool:
     """The compute-only probe is worth a launch only when loading settings could win back a
     measurable share of the baseline's steps (``climb.worth_tuning``): otherwise the loop is
     at its ceiling already. Nor where a replay could not end the script's epochs where they
@@ -37,13 +35,11 @@ def wanted(search: Any) -> bool:
                "not end its epochs where they end")
     if why is None:
         return True
-    if not search.ceiling_skip_noted:
-        search.ceiling_skip_noted = True
-        search.progress("note", {"text": f"no compute-only ceiling probe: {why}"})
+    search.note_once("no ceiling", f"no compute-only ceiling probe: {why}")
     return False
 
 
-def measure(search: Any) -> None:
+def measure(search: SearchState) -> None:
     """The compute-only probe, at the recommended configuration's batch size (unless the
     ceiling measured already is at that batch size)."""
     best = search.best() or search.baseline
@@ -54,7 +50,7 @@ def measure(search: Any) -> None:
                                        steps_per_s=search.steps_per_s(config, "ceiling")))
 
 
-def vet(search: Any) -> None:
+def vet(search: SearchState) -> None:
     """Mark every ceiling measured below a loading rate at its batch size."""
     for entry in search.entries:
         if entry.kind != Kind.CEILING or not entry.ok or entry.ceiling_failed:

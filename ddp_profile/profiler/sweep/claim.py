@@ -21,7 +21,7 @@ alone; these probes (``Kind.PAIRED``) count for nothing else. The verdict on an 
 ``decide.evidence.verdict``'s, read by the rules and by the sweep itself (``recommended``:
 what ``--repeat`` and the persistent-workers alternation measure).
 
-``search``: the ``sweep.search.Search`` that calls in (not imported: no cycle).
+``search``: the ``sweep.search.Search`` that calls in (``sweep.state.SearchState``).
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ from ddp_profile.profiler.settings import LoaderSettings, timed_warmup
 from ddp_profile.profiler.store.epochs import restart_share
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord, counts_for_choice
 from ddp_profile.profiler.sweep.climb import condemned_by
-from ddp_profile.profiler.sweep.measure import Window
 from ddp_profile.profiler.sweep.space import normalise
+from ddp_profile.profiler.sweep.state import SearchState, Window
 
 WINDOW_PAIRS = 3  # A B A B A B A in one launch
 LAUNCH_PAIRS = 2  # A B A B A, a launch each
@@ -62,7 +62,7 @@ def launch_pairs(pairs: int) -> int:
     return pairs if pairs <= LAUNCH_PAIRS else max(LAUNCH_PAIRS, pairs - 1)
 
 
-def confirm(search: Any) -> None:
+def confirm(search: SearchState) -> None:
     """Alternate the script's settings and the subject of the check (the best configuration,
     or where the search kept the script's settings a gain it measured but could not tell from
     noise: ``decide.evidence.subject``; see the module docstring); nothing where there is
@@ -125,7 +125,7 @@ def confirm(search: Any) -> None:
 MAX_CLAIM_LAUNCHES = 9  # a claim checked in launches that stays undecided: A B A B A B A B A
 
 
-def undecided(search: Any, subject: ProbeRecord,
+def undecided(search: SearchState, subject: ProbeRecord,
               thresholds: ChoiceThresholds = DEFAULTS) -> bool:
     """Whether the claim's alternation so far measured ``subject`` faster than the script's
     settings by more than ``noise_floor`` without the interval deciding it (above 1)."""
@@ -136,7 +136,7 @@ def undecided(search: Any, subject: ProbeRecord,
         and claim.ratio > 1 + thresholds.noise_floor
 
 
-def verdict(search: Any, thresholds: ChoiceThresholds = DEFAULTS) -> Optional[Verdict]:
+def verdict(search: SearchState, thresholds: ChoiceThresholds = DEFAULTS) -> Optional[Verdict]:
     """The evidence's verdict on the sweep so far (``decide.evidence.verdict``, the one the
     rules read); None before the baseline measured ok."""
     base = search.baseline
@@ -145,13 +145,14 @@ def verdict(search: Any, thresholds: ChoiceThresholds = DEFAULTS) -> Optional[Ve
     return evidence.verdict(search.entries, base, search.best(), thresholds)
 
 
-def claim_holds(search: Any, thresholds: ChoiceThresholds = DEFAULTS) -> bool:
+def claim_holds(search: SearchState, thresholds: ChoiceThresholds = DEFAULTS) -> bool:
     """Whether the search's best stands as the recommendation (``verdict``)."""
     decided, best = verdict(search, thresholds), search.best()
     return decided is None or best is None or decided.pick.id == best.id
 
 
-def recommended(search: Any, thresholds: ChoiceThresholds = DEFAULTS) -> Optional[ProbeRecord]:
+def recommended(search: SearchState, thresholds: ChoiceThresholds = DEFAULTS
+                ) -> Optional[ProbeRecord]:
     """What the run recommends, as the sweep tells it (``verdict``: the search's best where
     it stands, an undecided gain the check established, else the script's own settings);
     what ``--repeat`` launches again, and the persistence check's reference."""
@@ -164,7 +165,7 @@ MAX_EPOCH_FACTOR = 4  # epochs of more steps than this many probes' are not cros
 MIN_EPOCHS = 2  # whole epochs a claim's or a persistence probe spans, at least
 
 
-def restarts(search: Any) -> bool:
+def restarts(search: SearchState) -> bool:
     """Whether the script's loader starts its workers again at every epoch: it neither keeps
     them (``persistent_workers``) nor keeps one iterator across epochs."""
     base = search.baseline
@@ -179,7 +180,7 @@ def spanning(epoch: int, steps: int) -> int:
     return epoch * max(MIN_EPOCHS, -(-steps // epoch)) + 1
 
 
-def whole_epoch_steps(search: Any, configs: Any) -> Optional[int]:
+def whole_epoch_steps(search: SearchState, configs: Any) -> Optional[int]:
     """The steps each probe of the claim measures where a side restarts its workers every
     epoch of a known length no longer than ``MAX_EPOCH_FACTOR`` runs' steps (every side then
     spans whole epochs, and ``rules.claim`` reads each by the wall clock over them: the
@@ -215,7 +216,7 @@ class PersistenceSubject:
         return self.reference == self.candidate
 
 
-def persistence_subject(search: Any, thresholds: ChoiceThresholds = DEFAULTS
+def persistence_subject(search: SearchState, thresholds: ChoiceThresholds = DEFAULTS
                         ) -> Optional[PersistenceSubject]:
     """The best configuration, where its workers start again every epoch of a known length
     and that costs it ``restart_share`` or more of the epoch (or more than can be told apart
@@ -255,7 +256,7 @@ def persistence_subject(search: Any, thresholds: ChoiceThresholds = DEFAULTS
     return PersistenceSubject(config, candidate, epoch) if epoch else None
 
 
-def _epoch(search: Any, config: LoaderSettings) -> Optional[int]:
+def _epoch(search: SearchState, config: LoaderSettings) -> Optional[int]:
     """Steps in an epoch at ``config``'s batch size, as the last probe at it counted them;
     None where unknown (no probe can be sized to cross it)."""
     steps = [e.epochs.steps for e in search.entries if counts_for_choice(e)
@@ -269,7 +270,7 @@ def steady_throughput(record: ProbeRecord) -> float:
     return (record.epochs.steady_throughput or 0.0) if record.epochs is not None else 0.0
 
 
-def confirm_persistence(search: Any) -> None:
+def confirm_persistence(search: SearchState) -> None:
     """``persistent_workers=True`` measured, not predicted: the best configuration as it is
     (``A``) and with it (``B``), ``A B A B A`` launch by launch, where its workers restart
     every epoch at a cost worth measuring; or the script's kept settings (``A``) and the

@@ -3,25 +3,35 @@
 Used by the adaptive search when the DataLoader cannot be rebuilt in place (no screens): one
 probe per rung. It starts from the rung the baseline's data-wait share predicts, steps down
 while a cheaper rung does as well and up while throughput rises beyond noise (one rung of
-patience; only while the loop still waits for data).
+patience; only while the loop still waits for data). Where it can (screens), the climb adds one
+worker count per launch past the largest measured one (``next_workers``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
-from ddp_profile.profiler.decide.choose import better, candidate_of, not_worse
+from ddp_profile.profiler.decide.capacity import DEFAULT_THRESHOLDS, bound_of
+from ddp_profile.profiler.decide.choose import (
+    UNSTABLE_RSE,
+    Candidate,
+    ChoiceThresholds,
+    better,
+    candidate_of,
+    not_worse,
+)
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord, is_measured, is_ok
-from ddp_profile.profiler.sweep.capacity import ClimbPoint
 from ddp_profile.profiler.sweep.screen import window_rates
 from ddp_profile.profiler.sweep.space import normalise
 
 SETTLED_DATA_WAIT = 0.05  # below this share of waiting, loading settings cannot help more
 CLIMB_PATIENCE = 1  # rungs of the worker ladder tried past one that did not pay (noise)
-
+CLIMB_STOP_CPU_SHARE = 0.5  # loading mostly CPU: more workers than the CPUs cannot help
+CPU_SATURATED = 0.9  # share of the available CPUs busy at which more workers cannot help
+STRONG_GAIN = 1.25  # ... unless the last climb step still gained this much
 
 
 def waits_for_data(entry: ProbeRecord) -> bool:
@@ -188,7 +198,7 @@ def climb_workers(measure: Callable[[LoaderSettings], Optional[ProbeRecord]],
 
 def climb_points(entries: list[ProbeRecord], start: LoaderSettings) -> list[ClimbPoint]:
     """The measured worker counts of ``start``'s pinning and batch size, as
-    ``capacity.next_workers`` sees them: the latest measurement of each configuration (one
+    ``next_workers`` sees them: the latest measurement of each configuration (one
     measured again, longer, replaces its screen's)."""
     points: dict[tuple, ClimbPoint] = {}
     for entry in entries:
@@ -200,3 +210,73 @@ def climb_points(entries: list[ProbeRecord], start: LoaderSettings) -> list[Clim
             entry.loading.cpu_share if entry.loading is not None else None,
             entry.host.cpu_busy, launch=seen.launch)
     return list(points.values())
+
+
+# ---- the screens' climb: one worker count more per launch, while it pays ----------------
+
+@dataclass(frozen=True)
+class ClimbPoint:
+    """One measured worker count, as the climb sees it."""
+
+    workers: int
+    throughput: float  # global samples/s
+    rse: float = 0.0  # relative standard error of the throughput
+    waits: bool = True  # the loop still waits for data
+    cpu_share: Optional[float] = None  # measured CPU share of producing a sample
+    cpu_busy: Optional[float] = None  # share of the available CPUs busy while measured
+    launch: Optional[str] = None  # the launch that measured it (None: unknown)
+
+    def candidate(self) -> Candidate:
+        """As the choice sees it: whether one count beats another is ``choose.better``'s."""
+        return Candidate(id=f"w{self.workers}", config=LoaderSettings(self.workers),
+                         throughput=self.throughput, rse=self.rse, launch=self.launch)
+
+
+def uncertain_rise(top: ClimbPoint, below: ClimbPoint,
+                   thresholds: ChoiceThresholds = DEFAULT_THRESHOLDS) -> bool:
+    """The top rung ran faster than the best smaller one by more than ``clear_gain``, and its
+    own measurement is too uncertain to say whether beyond noise (relative SE above
+    ``UNSTABLE_RSE``: a screen window's few steps of a bursty loader, such as cold files
+    read one per sample). The climb is exploration: it takes that rise as a reason to measure
+    one more rung; the choice and the claim's alternation, not the climb, decide on noise."""
+    return top.rse > UNSTABLE_RSE and top.throughput > (1 + thresholds.clear_gain) \
+        * below.throughput
+
+
+def next_workers(points: list[ClimbPoint], limit: int) -> Optional[int]:
+    """The next worker count to measure past the largest measured one, or None to stop.
+
+    Climb (double, up to ``limit``: memory bound and cap) while the largest count measured is
+    faster beyond noise than every smaller one (``choose.better``, the choice's one test: two
+    launches also differ by a launch's own level), or faster by more than ``clear_gain`` where
+    its measurement is too uncertain to tell (``uncertain_rise``), its loop still waits for
+    data, and the CPUs are not saturated: measured, less than ``CPU_SATURATED`` of the
+    available CPUs busy while its steps ran (whoever kept them busy), and loading is not
+    CPU-bound (``bound_of``, runnable time not counted as waiting); where CPU use was not
+    sampled, loading that is mostly CPU (``CLIMB_STOP_CPU_SHARE``) counts as saturated.
+
+    Busy CPUs stop the climb only where the largest count gained less than ``STRONG_GAIN``
+    over the best smaller one: they predict that the next doubling will not pay, and a strong
+    last step is measured evidence against that prediction (latency-bound workers, 7 then 14
+    per rank on 2 CPUs, ran 1.5x faster with the CPUs 93 % busy).
+    """
+    if not points:
+        return None
+    top = max(points, key=lambda p: p.workers)
+    below = [p for p in points if p.workers < top.workers]
+    if below:
+        best_below = max(below, key=lambda p: p.throughput)
+        if not better(top.candidate(), best_below.candidate()) and not uncertain_rise(
+                top, best_below):
+            return None  # no longer rising beyond noise
+    if not top.waits:
+        return None  # nothing left to hide
+    gain = top.throughput / max(p.throughput for p in below) if below else math.inf
+    if top.cpu_busy is not None and top.cpu_busy >= CPU_SATURATED and gain < STRONG_GAIN:
+        return None  # the CPUs are saturated: more workers only queue for them
+    share = top.cpu_share
+    if share is not None and (bound_of(share) == "cpu" if top.cpu_busy is not None
+                              else share >= CLIMB_STOP_CPU_SHARE):
+        return None  # CPU-bound loading: the CPUs, not the worker count, limit it
+    following = min(max(2 * top.workers, 1), limit)
+    return following if following > top.workers else None

@@ -16,7 +16,7 @@ its batch-size clause.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import Any
 
 from ddp_profile.profiler.decide.choose import (
     UNSTABLE_RSE,
@@ -25,54 +25,17 @@ from ddp_profile.profiler.decide.choose import (
     exposed_share,
     relative_se,
 )
-from ddp_profile.profiler.decide.paired import (
-    CANDIDATE,
-    REFERENCE,
-    fit_alternation,
-    room_for_noise,
-    rounds,
-)
+from ddp_profile.profiler.decide.ddp import alternation_fit, ddp_counterfactuals, options_key
+from ddp_profile.profiler.decide.paired import CANDIDATE, REFERENCE, room_for_noise, rounds
 from ddp_profile.profiler.settings import GRADIENT_SYNC, LoaderSettings
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.sweep.claim import LAUNCH_PAIRS, WINDOW_PAIRS
 from ddp_profile.profiler.sweep.climb import beats
-from ddp_profile.profiler.sweep.measure import Window
 from ddp_profile.profiler.sweep.space import normalise
-
-DEFAULT_BUCKET_CAP_MB = 25  # DDP's bucket_cap_mb when the script gives none
-
-
-def ddp_counterfactuals(baseline: ProbeRecord) -> list[dict[str, Any]]:
-    """The DDP options measured where communication costs: 4x the bucket cap (fewer, larger
-    all-reduces: the 25 MB default is often too small for fast links, and on a slow one larger
-    buckets can overlap less), and ``gradient_as_bucket_view=True`` (gradients are views into
-    the buckets: no copy in and out) where the script leaves it off, and
-    ``find_unused_parameters=False`` where the script sets it and DDP found no unused
-    parameter (it then searches the autograd graph every step for nothing). No larger cap
-    where each DDP module's gradients already fit in one bucket (``one_bucket``): it would
-    change nothing but the launch, and its figure would be noise read as an effect.
-    Compression hooks are not tried: they change numerics, and registering one would make the
-    script's own ``register_comm_hook`` fail."""
-    comm = baseline.comm.fields
-    cap = comm.get("bucket_cap_bytes")
-    cap_mb = cap / 2 ** 20 if cap else DEFAULT_BUCKET_CAP_MB
-    options: list[dict[str, Any]] = [] if one_bucket(comm) else [
-        {"bucket_cap_mb": int(round(4 * cap_mb))}]
-    if not comm.get("gradient_as_bucket_view"):
-        options.append({"gradient_as_bucket_view": True})
-    if comm.get("find_unused_parameters") and comm.get("unused_parameter_size") == 0:
-        options.append({"find_unused_parameters": False})
-    return options
+from ddp_profile.profiler.sweep.state import SearchState, Window
 
 
-def one_bucket(comm: Mapping[str, Any]) -> bool:
-    """Every DDP module's gradients travel in one bucket (the summary's ``comm``: ``buckets``
-    against ``modules``): a larger bucket cap cannot change the all-reduces."""
-    buckets, modules = comm.get("buckets"), comm.get("modules") or 1
-    return isinstance(buckets, int) and buckets <= modules
-
-
-def measure(search: Any, larger_batches: bool = True) -> None:
+def measure(search: SearchState, larger_batches: bool = True) -> None:
     """Where DDP's timers show exposed communication (``choose.exposed_share``), first the
     step without gradient synchronisation (every forward as under ``no_sync()``) alternated
     with the script's (``unsynchronised``): what communication costs. Where it costs
@@ -81,7 +44,7 @@ def measure(search: Any, larger_batches: bool = True) -> None:
     4x the per-rank batch (the all-reduce moves the same gradients per step whatever the
     batch; the finding says that a batch size changes the optimisation); then other DDP
     options (``ddp_counterfactuals``), alternated with the script's own. ``search``: the
-    ``sweep.search.Search`` that calls in (not imported: no cycle)."""
+    ``sweep.search.Search`` that calls in (``sweep.state.SearchState``)."""
     baseline = search.baseline
     if baseline is None or not baseline.ok or not exposed_share(baseline):
         return
@@ -94,7 +57,7 @@ def measure(search: Any, larger_batches: bool = True) -> None:
         alternate(search, options, in_one_launch=False)
 
 
-def unsynchronised(search: Any) -> bool:
+def unsynchronised(search: SearchState) -> bool:
     """Measure the step without gradient synchronisation; whether it saves
     ``comm_exposed_share`` of the step or more. Alternated with the script's step in windows
     of one launch (``A B A B A B A`` for ``--pairs 3``; launches ``A B A B A`` where the
@@ -111,12 +74,7 @@ def unsynchronised(search: Any) -> bool:
     return comm_bound(search.baseline, _ddp_probe(search, unsynced), twin)
 
 
-def options_key(options: dict[str, Any]) -> str:
-    """A DDP counterfactual's name: its options, sorted (``rules.comm`` reads the same)."""
-    return ", ".join(f"{k}={v}" for k, v in sorted(options.items()))
-
-
-def alternate(search: Any, candidates: list[dict[str, Any]], in_one_launch: bool
+def alternate(search: SearchState, candidates: list[dict[str, Any]], in_one_launch: bool
               ) -> list[ProbeRecord]:
     """The script's own settings with its own DDP options (the reference) and with each of
     ``candidates`` (DDP options), alternated ``A B A C A ...`` (``decide.paired.rounds``):
@@ -149,7 +107,7 @@ def alternate(search: Any, candidates: list[dict[str, Any]], in_one_launch: bool
     return entries
 
 
-def _placed(search: Any, candidates: list[dict[str, Any]], group: str, windows: bool
+def _placed(search: SearchState, candidates: list[dict[str, Any]], group: str, windows: bool
             ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """The alternation's DDP options and places, in order; told to the user (or why it is
     not run)."""
@@ -171,17 +129,7 @@ def _placed(search: Any, candidates: list[dict[str, Any]], group: str, windows: 
             for index, i in enumerate(sequence)]
 
 
-def alternation_fit(entries: list[ProbeRecord]) -> Any:
-    """The fit of an alternation's entries (``decide.paired.fit_alternation``; each candidate by its
-    options), None where one failed or too few ran."""
-    if not entries or any(not e.measured or e.pair is None for e in entries):
-        return None
-    return fit_alternation([
-        (None if e.pair.role == REFERENCE else options_key(dict(e.comm.options or {})),
-         float(e.pair.index), e.throughput) for e in entries])
-
-
-def _ddp_probe(search: Any, options: dict[str, Any]) -> ProbeRecord:
+def _ddp_probe(search: SearchState, options: dict[str, Any]) -> ProbeRecord:
     """The script's own settings with DDP ``options``, one launch."""
     assert search.baseline is not None
     rate = search.steps_per_s(normalise(search.baseline.config))
@@ -194,7 +142,7 @@ def _ddp_probe(search: Any, options: dict[str, Any]) -> ProbeRecord:
     return entry
 
 
-def _larger_batches(search: Any) -> None:
+def _larger_batches(search: SearchState) -> None:
     """The best configuration so far with 2x, then 4x its per-rank batch, while it gains."""
     assert search.baseline is not None
     best = search.best() or search.baseline

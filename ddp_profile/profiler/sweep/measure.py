@@ -1,4 +1,4 @@
-"""What the search measures through: the ``Measurer`` protocol and the real one, ``LedgerMeasurer``.
+"""The real measurer of the search, ``LedgerMeasurer`` (the protocol: ``sweep.state.Measurer``).
 
 The search (``profiler.sweep.search``) decides *what* to measure; a measurer turns a
 configuration into a probe record (``store.probes.ProbeRecord`` of its ledger line: id, kind,
@@ -12,8 +12,8 @@ Tests inject a modelled measurer instead.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional, Protocol
+from dataclasses import replace
+from typing import Any, Callable, Optional
 
 from ddp_profile.profiler.cache import (
     AS_IS,
@@ -47,77 +47,13 @@ from ddp_profile.profiler.sweep.climb import watched
 from ddp_profile.profiler.sweep.probe import summarise_probe
 from ddp_profile.profiler.sweep.screen import split_screen
 from ddp_profile.profiler.sweep.space import Axes
+from ddp_profile.profiler.sweep.state import Condemned, ProgressFn, Window, no_progress
 
 DEFAULT_FIRST_TIMEOUT_S = 600.0
 MIN_TIMEOUT_S = 60.0
 TIMEOUT_FACTOR = 4.0
 FOLLOWER_GRACE_S = 120.0  # how long the leader waits for a follower's records after its own
 MIN_WINDOW_TIMEOUT_S = 30.0
-
-ProgressFn = Callable[[str, dict[str, Any]], None]
-
-
-def no_progress(_event: str, _data: dict[str, Any]) -> None:
-    """The default progress callback: reports nothing."""
-
-
-@dataclass(frozen=True)
-class Window:
-    """One configuration to measure: what to apply, the entry's kind, the probe mode; a probe
-    of its own (``Measurer.measure``) or one window of a screen (``measure_screen``)."""
-
-    config: LoaderSettings
-    kind: Kind = Kind.SWEEP
-    mode: str = "normal"
-    steps: Optional[int] = None  # measured steps asked (None: the run's ``--steps``)
-    steps_per_s: Optional[float] = None  # predicted steps/s of a rank (``burst_steps``)
-    pair: Optional[dict[str, Any]] = None  # its place in the claim's alternation (``claim``)
-    ddp: Optional[dict[str, Any]] = None  # DDP options of the window: in a screen, gradient
-    # synchronisation alone (``GRADIENT_SYNC``) switches between windows; None: the script's
-    # own. In a launch of its own only (a screen's windows share their ranks' threads, and a
-    # loader is rebuilt at every switch; a window's warm-up is ``_window_warmup``'s):
-    threads: Optional[int] = None  # torch's intra-op threads in every rank
-    persistent_workers: Optional[bool] = None  # True: every loader keeps its workers
-    warmup: Optional[int] = None  # warm-up steps (None: the run's --warmup)
-
-
-Condemned = Callable[[list, Window], bool]  # (a screen's entries so far, a window it has yet
-# to launch) -> whether what it measured condemns that window (``sweep.climb.condemned``)
-
-
-class Measurer(Protocol):
-    """Turns configurations into ledger entries; the search's only way to measure."""
-
-    entries: list[ProbeRecord]  # every measurement of this sweep, in order
-    screen_unsupported: Optional[str]  # why screens cannot run (set by ``measure_screen``)
-    timeout_s: float  # how long a launch of one probe may run
-
-    def measure(self, window: Window) -> ProbeRecord:
-        """One probe of ``window``, a launch of its own (``None`` settings: the script's own;
-        ``steps_per_s``, the steps a rank is predicted to make per second, lengthens a fast
-        probe's measurement, ``settings.burst_steps``)."""
-
-    def measure_screen(self, windows: list[Window],
-                       condemned: Optional[Condemned] = None) -> list[ProbeRecord]:
-        """Several configurations in as few launches as possible, one entry each (in order);
-        fewer entries than windows when a launch stopped early or screens are unsupported,
-        and none for a window ``condemned`` before a further launch."""
-
-    def context(self, entry: ProbeRecord) -> dict[str, Any]:
-        """The rank context of a measured probe (device, cpus_available, ...), {} if none."""
-
-    def calibrate(self, baseline: ProbeRecord, axes: Axes) -> None:
-        """Told the baseline's measurement and the axes once they are known."""
-
-    def settle_cache(self, baseline: ProbeRecord, requested: str) -> ProbeRecord:
-        """Decide the run's page-cache regime from the baseline (``profiler.cache``) and apply it
-        to every later launch; the baseline, measured again in the regime where its reads
-        were not in it (the first then kept as kind ``cache``)."""
-
-    def amend(self, entry: ProbeRecord, fields: dict[str, Any]) -> ProbeRecord:
-        """Correct a measured entry (in memory and, for good, in the run's record); the
-        corrected one."""
-
 
 class LedgerMeasurer:
     """The real measurer: launches probes, appends them to the ledger, re-uses finished ones."""

@@ -7,13 +7,13 @@ import re
 import statistics
 from typing import Any, Optional
 
+from ddp_profile.profiler.decide.capacity import loading_cost, loop_demand
 from ddp_profile.profiler.launch.ranks import LaunchOutcome
 from ddp_profile.profiler.settings import BURST_ROUNDS, ProbePlan
 from ddp_profile.profiler.store.comm import probe_comm
 from ddp_profile.profiler.store.epochs import rank_step_stats, step_seconds, whole_epochs
 from ddp_profile.profiler.store.probes import Kind, Status
 from ddp_profile.profiler.store.results import RankData, read_probe_dir
-from ddp_profile.profiler.sweep.capacity import loading_cost, loop_demand
 
 OOM_PATTERNS = ("out of memory", "can't allocate memory", "cannot allocate memory",
                 "outofmemoryerror", "memoryerror")
@@ -176,7 +176,7 @@ def _ranks_per_host(ranks: list[RankData]) -> Optional[int]:
 
 def _loading(ranks: list[RankData]) -> dict[str, Any]:
     """``loading``: what producing the training loader's samples cost (see
-    ``sweep.capacity``), and ``loop_demand``: the loop's samples/s with free data."""
+    ``decide.capacity``), and ``loop_demand``: the loop's samples/s with free data."""
     groups, rss = [], {}
     for data in ranks:
         loader_id = data.training_loader_id

@@ -16,11 +16,11 @@ that one, or the script's own where the claim's check did not find it faster).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Optional
 
 from ddp_profile.errors import NoDataLoader, ProbeTimeout, ScriptFailed
 from ddp_profile.profiler.cpus import cpus_available, threads_to_fit
+from ddp_profile.profiler.decide.capacity import Capacity, run_model
 from ddp_profile.profiler.decide.choose import (
     UNSTABLE_RSE,
     candidate_of,
@@ -41,32 +41,9 @@ from ddp_profile.profiler.store.probes import (
 )
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.sweep import adaptive, ceiling, claim, communication
-from ddp_profile.profiler.sweep.capacity import (
-    Capacity,
-    run_model,
-)
-from ddp_profile.profiler.sweep.measure import (
-    LedgerMeasurer,
-    Measurer,
-    ProgressFn,
-    Window,
-    no_progress,
-)
+from ddp_profile.profiler.sweep.measure import LedgerMeasurer
 from ddp_profile.profiler.sweep.space import Axes, SearchSpace, grid, normalise, resolve_axes
-
-
-@dataclass(frozen=True)
-class SweepOptions:
-    search: str = "adaptive"  # grid | adaptive
-    steps: int = 30
-    warmup: int = 5
-    timeout_s: Optional[float] = None
-    ceiling: bool = True
-    comm: bool = True  # the communication counterfactuals (``Search.communication``)
-    single: bool = False  # measure the requested settings only (no search)
-    repeat: int = 1  # launches of the recommended configuration in all (the gate's repeats)
-    pairs: int = 3  # the claim checked: A B alternations of the baseline and the best (claim)
-    cache: str = "auto"  # the page-cache regime asked for (``profiler.cache``)
+from ddp_profile.profiler.sweep.state import Measurer, ProgressFn, SweepOptions, Window, no_progress
 
 
 class Search:
@@ -82,7 +59,7 @@ class Search:
         self.axes: Optional[Axes] = None
         self.baseline: Optional[ProbeRecord] = None
         self.oom_batch: Optional[int] = None
-        self.ceiling_skip_noted = False
+        self._noted: set[str] = set()  # topics already told the user (``note_once``)
 
     @property
     def entries(self) -> list[ProbeRecord]:
@@ -120,6 +97,12 @@ class Search:
 
     def wants_ceiling(self) -> bool:
         return ceiling.wanted(self)
+
+    def note_once(self, topic: str, text: str) -> None:
+        """Tell the user ``text`` the first time ``topic`` comes up in this sweep."""
+        if topic not in self._noted:
+            self._noted.add(topic)
+            self.progress("note", {"text": text})
 
     def loader(self) -> dict[str, Any]:
         """The training loader as the script built it (the baseline's context)."""
@@ -268,7 +251,7 @@ class Search:
         return samples / model.ranks / batch if math.isfinite(samples) and samples > 0 else None
 
     def capacity(self) -> Optional[Capacity]:
-        """The capacity model from what was measured so far (``sweep.capacity``)."""
+        """The capacity model from what was measured so far (``decide.capacity``)."""
         assert self.baseline is not None
         cpus, local_ranks = self._host()
         context = {**self.measurer.context(self.baseline), "cpus_available": cpus}

@@ -13,9 +13,9 @@ from ddp_profile.profiler.settings import LoaderSettings, timed_warmup
 from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.profiler.sweep import claim
 from ddp_profile.profiler.sweep.claim import claim_holds, recommended
-from ddp_profile.profiler.sweep.measure import Measurer, Window
-from ddp_profile.profiler.sweep.search import Search, SweepOptions
+from ddp_profile.profiler.sweep.search import Search
 from ddp_profile.profiler.sweep.space import Axes, SearchSpace, grid
+from ddp_profile.profiler.sweep.state import Measurer, SweepOptions, Window
 
 Model = Callable[[LoaderSettings], tuple[float, float]]  # -> (samples/s, data-wait share)
 OWN = LoaderSettings(0, False, None, 32)  # the modelled script's own settings

@@ -1,4 +1,5 @@
-"""The capacity model on modelled workloads: latency-bound, CPU-bound, mixed, memory-capped."""
+"""The capacity model on modelled workloads (latency-bound, CPU-bound, mixed, memory-capped), and
+the screens' climb over it."""
 
 from __future__ import annotations
 
@@ -7,18 +8,16 @@ from typing import Optional
 
 import pytest
 
-from ddp_profile.profiler.store.probes import ProbeRecord
-from ddp_profile.profiler.sweep.capacity import (
-    CLIMB_STOP_CPU_SHARE,
+from ddp_profile.profiler.decide.capacity import (
     Capacity,
-    ClimbPoint,
     bound_of,
     capacity_model,
     loading_cost,
     loading_line,
     loop_demand,
-    next_workers,
 )
+from ddp_profile.profiler.store.probes import ProbeRecord
+from ddp_profile.profiler.sweep.climb import CLIMB_STOP_CPU_SHARE, ClimbPoint, next_workers
 
 
 def batches(cpu_ms: float, wait_ms: float, count: int = 20, size: int = 16, pid: int = 1,
@@ -138,7 +137,7 @@ def test_model_from_probes_takes_the_ceiling_as_demand_when_measured():
 
 
 def test_summary_capacity_per_rank_cpus_and_measured_points():
-    from ddp_profile.profiler.sweep.capacity import run_capacity
+    from ddp_profile.profiler.decide.capacity import run_capacity
 
     cost = loading_cost([(batches(0.1, 3.0), None)])
     probes = [probe(cost, 0, 6000.0).amended({"kind": "baseline", "throughput": 560.0}),

@@ -8,7 +8,8 @@ from ddp_profile.profiler.launch.ranks import LaunchSpec
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.store.rundir import RunDir
-from ddp_profile.profiler.sweep.measure import LedgerMeasurer, Window
+from ddp_profile.profiler.sweep.measure import LedgerMeasurer
+from ddp_profile.profiler.sweep.state import Window
 
 GB = 10 ** 9
 

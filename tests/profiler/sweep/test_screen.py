@@ -248,7 +248,8 @@ def test_a_spilled_screen_launches_no_rung_its_lower_rungs_condemned(tmp_path):
     from ddp_profile.profiler.store.probes import Kind, ProbeRecord
     from ddp_profile.profiler.store.rundir import RunDir
     from ddp_profile.profiler.sweep.climb import condemned
-    from ddp_profile.profiler.sweep.measure import LedgerMeasurer, Window
+    from ddp_profile.profiler.sweep.measure import LedgerMeasurer
+    from ddp_profile.profiler.sweep.state import Window
 
     def line(probe_id: str, kind: str, workers: int, throughput: float) -> ProbeRecord:
         return ProbeRecord.from_json({

@@ -7,8 +7,8 @@ from typing import Optional
 
 import pytest
 
+from ddp_profile.profiler.decide.ddp import ddp_counterfactuals
 from ddp_profile.profiler.store.probes import ProbeRecord
-from ddp_profile.profiler.sweep.communication import ddp_counterfactuals
 
 
 def baseline(comm: Optional[dict] = None) -> ProbeRecord:

@@ -31,8 +31,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Optional, Sequence
 
 from ddp_profile.profiler.cpus import cpus_per_rank
-from ddp_profile.profiler.decide.choose import UNSTABLE_RSE, Candidate, ChoiceThresholds, better
-from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.decide.choose import ChoiceThresholds
 from ddp_profile.profiler.store.probes import ProbeRecord
 
 DEFAULT_THRESHOLDS = ChoiceThresholds()
@@ -356,76 +355,3 @@ def run_model(probes: Sequence[ProbeRecord], context: dict[str, Any],
     cpus = context.get("cpus_available") or context.get("cpu_count") or 1
     return capacity_model(probes, cpus_per_rank(cpus, local_ranks or ranks), ranks,
                           context.get("memory_available"), ceiling=ceiling)
-
-
-CLIMB_STOP_CPU_SHARE = 0.5  # loading mostly CPU: more workers than the CPUs cannot help
-CPU_SATURATED = 0.9  # share of the available CPUs busy at which more workers cannot help
-STRONG_GAIN = 1.25  # ... unless the last climb step still gained this much
-
-
-@dataclass(frozen=True)
-class ClimbPoint:
-    """One measured worker count, as the climb sees it."""
-
-    workers: int
-    throughput: float  # global samples/s
-    rse: float = 0.0  # relative standard error of the throughput
-    waits: bool = True  # the loop still waits for data
-    cpu_share: Optional[float] = None  # measured CPU share of producing a sample
-    cpu_busy: Optional[float] = None  # share of the available CPUs busy while measured
-    launch: Optional[str] = None  # the launch that measured it (None: unknown)
-
-    def candidate(self) -> Candidate:
-        """As the choice sees it: whether one count beats another is ``choose.better``'s."""
-        return Candidate(id=f"w{self.workers}", config=LoaderSettings(self.workers),
-                         throughput=self.throughput, rse=self.rse, launch=self.launch)
-
-
-def uncertain_rise(top: ClimbPoint, below: ClimbPoint,
-                   thresholds: ChoiceThresholds = DEFAULT_THRESHOLDS) -> bool:
-    """The top rung ran faster than the best smaller one by more than ``clear_gain``, and its
-    own measurement is too uncertain to say whether beyond noise (relative SE above
-    ``UNSTABLE_RSE``: a screen window's few steps of a bursty loader, such as cold files
-    read one per sample). The climb is exploration: it takes that rise as a reason to measure
-    one more rung; the choice and the claim's alternation, not the climb, decide on noise."""
-    return top.rse > UNSTABLE_RSE and top.throughput > (1 + thresholds.clear_gain) \
-        * below.throughput
-
-
-def next_workers(points: list[ClimbPoint], limit: int) -> Optional[int]:
-    """The next worker count to measure past the largest measured one, or None to stop.
-
-    Climb (double, up to ``limit``: memory bound and cap) while the largest count measured is
-    faster beyond noise than every smaller one (``choose.better``, the choice's one test: two
-    launches also differ by a launch's own level), or faster by more than ``clear_gain`` where
-    its measurement is too uncertain to tell (``uncertain_rise``), its loop still waits for
-    data, and the CPUs are not saturated: measured, less than ``CPU_SATURATED`` of the
-    available CPUs busy while its steps ran (whoever kept them busy), and loading is not
-    CPU-bound (``bound_of``, runnable time not counted as waiting); where CPU use was not
-    sampled, loading that is mostly CPU (``CLIMB_STOP_CPU_SHARE``) counts as saturated.
-
-    Busy CPUs stop the climb only where the largest count gained less than ``STRONG_GAIN``
-    over the best smaller one: they predict that the next doubling will not pay, and a strong
-    last step is measured evidence against that prediction (latency-bound workers, 7 then 14
-    per rank on 2 CPUs, ran 1.5x faster with the CPUs 93 % busy).
-    """
-    if not points:
-        return None
-    top = max(points, key=lambda p: p.workers)
-    below = [p for p in points if p.workers < top.workers]
-    if below:
-        best_below = max(below, key=lambda p: p.throughput)
-        if not better(top.candidate(), best_below.candidate()) and not uncertain_rise(
-                top, best_below):
-            return None  # no longer rising beyond noise
-    if not top.waits:
-        return None  # nothing left to hide
-    gain = top.throughput / max(p.throughput for p in below) if below else math.inf
-    if top.cpu_busy is not None and top.cpu_busy >= CPU_SATURATED and gain < STRONG_GAIN:
-        return None  # the CPUs are saturated: more workers only queue for them
-    share = top.cpu_share
-    if share is not None and (bound_of(share) == "cpu" if top.cpu_busy is not None
-                              else share >= CLIMB_STOP_CPU_SHARE):
-        return None  # CPU-bound loading: the CPUs, not the worker count, limit it
-    following = min(max(2 * top.workers, 1), limit)
-    return following if following > top.workers else None
