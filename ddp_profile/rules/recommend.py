@@ -26,7 +26,7 @@ import pandas as pd
 from ddp_profile.profiler.decide import evidence
 from ddp_profile.profiler.decide.choose import choose as choose_candidate
 from ddp_profile.profiler.decide.choose import compute_bound
-from ddp_profile.profiler.decide.paired import CANDIDATE
+from ddp_profile.profiler.decide.paired import CANDIDATE, one_time_start
 from ddp_profile.profiler.settings import SETTING_KEYS, LoaderSettings
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import (
@@ -368,6 +368,9 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None,
         if decided.undecided and alive is None:
             basis += ("; the search measured it faster but not beyond its noise, so it was "
                       "alternated")
+        start = one_time_start(run.records, claim)
+        if start is not None:
+            basis += f"; {start.words()}"
     elif finite(chosen["throughput"]) and finite(base["throughput"]) and base["throughput"] > 0:
         speedup = float(chosen["throughput"] / base["throughput"])
         interval = speedup_interval(run, chosen["id"], base["id"], speedup, thresholds)

@@ -12,6 +12,7 @@ from typing import Optional
 
 import pandas as pd
 
+from ddp_profile.profiler.decide.paired import one_time_start
 from ddp_profile.profiler.store.epochs import restart_share
 from ddp_profile.profiler.store.probe_parts import Epochs
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
@@ -148,6 +149,9 @@ def _measured(run: Run, measured: PairedClaim, costly: list[Restarting]) -> Opti
                "script's own settings")
     alternated = (f"alternated {measured.letters} in launches, {against}, probes "
                   f"{measured.probes[0]}-{measured.probes[-1]}")
+    start = one_time_start(run.records, measured)
+    if start is not None:
+        alternated += f"; {start.words()}"
     return Finding(
         rule="persistent-workers",
         severity="high" if measured.ratio >= 1.5 else "medium",

@@ -213,3 +213,53 @@ def alternations(records: Sequence[ProbeRecord], kind: Kind) -> list[list[ProbeR
         if probe.kind == kind and probe.pair is not None:
             groups.setdefault(probe.pair.group, []).append(probe)
     return [sorted(g, key=lambda p: p.pair.index if p.pair else 0) for g in groups.values()]
+
+
+@dataclass(frozen=True)
+class OneTimeStart:
+    """What the candidate of an alternation pays once per run and no probe measures: its first
+    batch waited ``seconds`` longer than the reference's (workers starting where the reference
+    starts none, or fewer). A claim of persistent workers is per epoch once they run; this is
+    its price, won back after ``break_even_s`` of the reference's training at the claimed
+    gain."""
+
+    seconds: float
+    reference_s: float  # the median first batch of each side
+    candidate_s: float
+    ratio: float
+
+    @property
+    def break_even_s(self) -> Optional[float]:
+        saved = 1.0 - 1.0 / self.ratio  # of each second the reference trains
+        return self.seconds / saved if saved > 0 else None
+
+    def words(self) -> str:
+        after = (f"won back after about {self.break_even_s:.0f} s of training at "
+                 f"{self.ratio:.2f}x" if self.break_even_s is not None else "not won back")
+        return (f"per epoch once the workers run: starting them costs {self.seconds:.1f} s "
+                f"once per run (the first batch waited {self.candidate_s:.1f} s against "
+                f"{self.reference_s:.1f} s), in no probe, {after}")
+
+
+ONE_TIME_FLOOR_S = 0.2  # a difference of first batches below this goes unsaid
+
+
+def one_time_start(records: Sequence[ProbeRecord], claim: PairedClaim
+                   ) -> Optional[OneTimeStart]:
+    """The candidate's one-time start-up beyond the reference's, from the first batches of
+    the alternation's own launches (``claim.probes``); None in windows of one launch (a window
+    starts no run) or below ``ONE_TIME_FLOOR_S``."""
+    if claim.launches <= 1:
+        return None
+    by_id = {p.id: p for p in records}
+    waits: dict[str, list[float]] = {REFERENCE: [], CANDIDATE: []}
+    for probe_id, role in zip(claim.probes, claim.roles):
+        first = by_id[probe_id].time_to_first_batch_s if probe_id in by_id else None
+        if first is not None and role in waits:
+            waits[role].append(first)
+    if not waits[REFERENCE] or not waits[CANDIDATE]:
+        return None
+    reference, candidate = (float(np.median(waits[r])) for r in (REFERENCE, CANDIDATE))
+    if candidate - reference < ONE_TIME_FLOOR_S:
+        return None
+    return OneTimeStart(candidate - reference, reference, candidate, claim.ratio)

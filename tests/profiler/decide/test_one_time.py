@@ -1,0 +1,40 @@
+"""The candidate's one-time start-up that no probe measures (``decide.paired.one_time_start``):
+read from the first batches of the alternation's own launches."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddp_profile.profiler.decide.paired import PairedClaim, one_time_start
+from ddp_profile.profiler.store.probes import ProbeRecord
+
+ROLES = ("reference", "candidate", "reference", "candidate", "reference")
+
+
+def launches(firsts: tuple[float, float], launch_each: bool = True) -> list[ProbeRecord]:
+    return [ProbeRecord.from_json({
+        "id": f"p{i:03d}", "kind": "persistent", "status": "ok", "throughput": 100.0,
+        "config": {"num_workers": 1 if role == "candidate" else 0},
+        "time_to_first_batch_s": firsts[role == "candidate"] + 0.01 * i,
+        "launch": f"p{i:03d}" if launch_each else "p000"}) for i, role in enumerate(ROLES)]
+
+
+def claim(ratio: float, launches_: int = 5) -> PairedClaim:
+    return PairedClaim(ratio=ratio, interval=(ratio - 0.05, ratio + 0.05),
+                       probes=tuple(f"p{i:03d}" for i in range(5)), candidates=2,
+                       launches=launches_, roles=ROLES)
+
+
+def test_the_workers_start_up_is_the_difference_of_first_batches_and_its_break_even():
+    start = one_time_start(launches((0.1, 2.6)), claim(1.07))
+    assert start is not None and start.seconds == pytest.approx(2.5, abs=0.02)
+    # 7 % faster saves 0.0654 s of each second the reference trains: 2.5 s take ~38 s
+    assert start.break_even_s == pytest.approx(2.5 / (1 - 1 / 1.07), rel=0.01)
+    assert "won back after about 38 s of training at 1.07x" in start.words()
+    assert one_time_start(launches((0.1, 2.6)), claim(0.95)).break_even_s is None
+
+
+def test_nothing_is_said_below_the_floor_or_in_windows_of_one_launch():
+    assert one_time_start(launches((0.1, 0.2)), claim(1.07)) is None
+    assert one_time_start(launches((0.1, 2.6)), claim(1.07, launches_=1)) is None
+    assert one_time_start([], claim(1.07)) is None
