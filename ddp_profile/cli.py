@@ -27,22 +27,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                        "DataLoader settings fix it.")
 
 
-def _space(num_workers: Optional[str], pin_memory: Optional[str], prefetch_factor: Optional[str],
-           batch_size: Optional[str]):
-    from ddp_profile.profiler.settings import AXIS_MINIMUM, parse_bool_list, parse_int_list
-    from ddp_profile.profiler.sweep.space import SearchSpace
-
-    try:
-        values = (parse_int_list("--num-workers", num_workers, AXIS_MINIMUM["num_workers"]),
-                  parse_bool_list("--pin-memory", pin_memory),
-                  parse_int_list("--prefetch-factor", prefetch_factor,
-                                 AXIS_MINIMUM["prefetch_factor"]),
-                  parse_int_list("--batch-size", batch_size, AXIS_MINIMUM["batch_size"]))
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    return SearchSpace(*(tuple(v) if v is not None else None for v in values))
-
-
 @app.command()
 def run(
     script: Optional[str] = typer.Argument(None, help="The training script, unmodified "
@@ -99,6 +83,7 @@ def run(
     pyproject.toml, in the current directory (see docs/ci.md); the command line wins.
     """
     _survive_hangup()
+    from ddp_profile.commands.project_config import search_space
     from ddp_profile.commands.run import RunRequest, execute, start_run
     from ddp_profile.profiler.sweep.state import SweepOptions
 
@@ -115,8 +100,7 @@ def run(
         if given["script"] is not None:
             _check_resume_script(out, given["script"])
     else:
-        space = _space(given["num_workers"], given["pin_memory"], given["prefetch_factor"],
-                       given["batch_size"])
+        space = search_space(given)
         single = all(v is None or len(v) == 1 for v in (space.num_workers, space.pin_memory,
                                                           space.prefetch_factor, space.batch_size))
         options = SweepOptions(search=given["search"], steps=given["steps"],
@@ -280,10 +264,11 @@ def gate(
     project = find_project_config()
     if against is not None or (baseline is None and project is not None
                                and project.get("against")):
-        from ddp_profile.commands.against import run_paired_gate
+        from ddp_profile.commands.against import paired_request, run_paired_gate
 
-        request = _paired_request(project, against, max_launches, max_regression, out, config,
-                                  measure_s)
+        request = paired_request(project, against=against, max_launches=max_launches,
+                                 max_regression=max_regression, out=out, config=config,
+                                 measure_s=measure_s)
         return run_paired_gate(request, junit=junit, markdown=markdown, json_out=json_out,
                                quiet=quiet)
     given = resolve({"baseline": baseline, "out": current, "max_regression": max_regression},
@@ -294,43 +279,6 @@ def gate(
                          "ddp-profile.toml or the tool.ddp-profile table of pyproject.toml)")
     return run_gate(baseline, current, config=config, max_regression=max_regression,
                     alpha=alpha, force=force, junit=junit, markdown=markdown, json_out=json_out)
-
-
-def _paired_request(project, against: Optional[str], max_launches: Optional[int],
-                    max_regression: Optional[float], out: Optional[str], config: Optional[str],
-                    measure_s: Optional[float]):
-    """The paired gate's job from the command line over the project file (its script, its
-    arguments and its one configuration)."""
-    from ddp_profile.commands.against import MEASURE_S, PairedRequest
-    from ddp_profile.commands.gate import parse_config
-    from ddp_profile.commands.project_config import RUN_DEFAULTS, check_command_line, resolve
-    from ddp_profile.profiler.decide.gate import DEFAULT_MAX_LAUNCHES
-    from ddp_profile.profiler.settings import SETTING_KEYS, LoaderSettings
-
-    if project is None or not project.get("script"):
-        raise UsageError("gate --against needs a project file naming the script "
-                         "(ddp-profile.toml or [tool.ddp-profile] in pyproject.toml)")
-    given = resolve({"against": against, "max_launches": max_launches, "out": out,
-                     "max_regression": max_regression, "measure_s": measure_s}, project,
-                    {**RUN_DEFAULTS, "max_launches": DEFAULT_MAX_LAUNCHES,
-                     "max_regression": MAX_REGRESSION, "out": "ddp-profile-gate",
-                     "measure_s": MEASURE_S})
-    check_command_line(given, ("max_launches", "max_regression", "measure_s"))
-    space = _space(given.get("num_workers"), given.get("pin_memory"),
-                   given.get("prefetch_factor"), given.get("batch_size")).to_dict()
-    if any(values and len(values) > 1 for values in space.values()):
-        raise UsageError("gate --against runs one configuration: give one value per axis in "
-                         "the project file (num_workers = [4]), or --config")
-    pinned = {key: (space.get(key) or [None])[0] for key in SETTING_KEYS}
-    pinned.update(parse_config(config) or {})
-    return PairedRequest(
-        against=given["against"], script=given["script"],
-        script_args=tuple(given.get("args") or ()), out=given["out"],
-        config=LoaderSettings(**pinned), launcher=given["launcher"],
-        nproc_per_node=given.get("nproc_per_node"), steps=given["steps"],
-        warmup=given["warmup"], timeout_s=given.get("timeout"), cache=given["cache"],
-        max_launches=given["max_launches"], max_regression=given["max_regression"],
-        measure_s=given["measure_s"])
 
 
 @app.command("baseline")

@@ -25,7 +25,12 @@ from ddp_profile.defaults import CONFIDENCE, MAX_REGRESSION
 from ddp_profile.errors import ExitCode, ScriptFailed, UsageError
 from ddp_profile.profiler.decide import gate
 from ddp_profile.profiler.decide.paired import CANDIDATE, REFERENCE, order
-from ddp_profile.profiler.settings import MIN_WARMUP_S, LoaderSettings, timed_warmup
+from ddp_profile.profiler.settings import (
+    MIN_WARMUP_S,
+    SETTING_KEYS,
+    LoaderSettings,
+    timed_warmup,
+)
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.store.results import read_probe_dir
 from ddp_profile.profiler.store.rundir import RunDir
@@ -88,6 +93,45 @@ class _Side:
     label: str
     measurer: LedgerMeasurer
     environments: list[dict[str, Any]] = field(default_factory=list)
+
+
+def paired_request(project: Any, *, against: Optional[str] = None,
+                   max_launches: Optional[int] = None, max_regression: Optional[float] = None,
+                   out: Optional[str] = None, config: Optional[str] = None,
+                   measure_s: Optional[float] = None) -> PairedRequest:
+    """The job from the command line's options over the project file (``ProjectConfig``: its
+    script, arguments and one configuration; ``--config`` over the file's axes)."""
+    from ddp_profile.commands.gate import parse_config
+    from ddp_profile.commands.project_config import (
+        RUN_DEFAULTS,
+        check_command_line,
+        resolve,
+        search_space,
+    )
+
+    if project is None or not project.get("script"):
+        raise UsageError("gate --against needs a project file naming the script "
+                         "(ddp-profile.toml or [tool.ddp-profile] in pyproject.toml)")
+    given = resolve({"against": against, "max_launches": max_launches, "out": out,
+                     "max_regression": max_regression, "measure_s": measure_s}, project,
+                    {**RUN_DEFAULTS, "max_launches": gate.DEFAULT_MAX_LAUNCHES,
+                     "max_regression": MAX_REGRESSION, "out": "ddp-profile-gate",
+                     "measure_s": MEASURE_S})
+    check_command_line(given, ("max_launches", "max_regression", "measure_s"))
+    space = search_space(given).to_dict()
+    if any(values and len(values) > 1 for values in space.values()):
+        raise UsageError("gate --against runs one configuration: give one value per axis in "
+                         "the project file (num_workers = [4]), or --config")
+    pinned = {key: (space.get(key) or [None])[0] for key in SETTING_KEYS}
+    pinned.update(parse_config(config) or {})
+    return PairedRequest(
+        against=given["against"], script=given["script"],
+        script_args=tuple(given.get("args") or ()), out=given["out"],
+        config=LoaderSettings(**pinned), launcher=given["launcher"],
+        nproc_per_node=given.get("nproc_per_node"), steps=given["steps"],
+        warmup=given["warmup"], timeout_s=given.get("timeout"), cache=given["cache"],
+        max_launches=given["max_launches"], max_regression=given["max_regression"],
+        measure_s=given["measure_s"])
 
 
 def check_request(request: PairedRequest) -> None:

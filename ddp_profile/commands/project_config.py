@@ -29,10 +29,13 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 from ddp_profile.errors import UsageError
 from ddp_profile.profiler.settings import AXIS_MINIMUM, parse_bool_list, parse_int_list
+
+if TYPE_CHECKING:
+    from ddp_profile.profiler.sweep.space import SearchSpace
 
 DEDICATED_FILE = "ddp-profile.toml"
 PYPROJECT_FILE = "pyproject.toml"
@@ -232,6 +235,24 @@ def check_command_line(values: Mapping[str, Any], keys: Sequence[str]) -> None:
             if message.startswith(f"{key}:"):
                 message = message[len(key) + 1:]
             raise UsageError(f"--{key.replace('_', '-')}:{message}") from None
+
+
+def search_space(values: Mapping[str, Any]) -> "SearchSpace":
+    """The search axes of command-line form ``values`` (comma strings, ``None`` where not
+    given), checked: a bad value is a ``UsageError`` naming its option."""
+    from ddp_profile.profiler.sweep.space import SearchSpace
+
+    try:
+        axes = (parse_int_list("--num-workers", values.get("num_workers"),
+                               AXIS_MINIMUM["num_workers"]),
+                parse_bool_list("--pin-memory", values.get("pin_memory")),
+                parse_int_list("--prefetch-factor", values.get("prefetch_factor"),
+                               AXIS_MINIMUM["prefetch_factor"]),
+                parse_int_list("--batch-size", values.get("batch_size"),
+                               AXIS_MINIMUM["batch_size"]))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return SearchSpace(*(tuple(v) if v is not None else None for v in axes))
 
 
 # ---- merging ----------------------------------------------------------------------------------
