@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -106,6 +107,7 @@ class CliResult:
         with open(os.path.join(self.out, "summary.json"), encoding="utf-8") as handle:
             summary = json.load(handle)
         assert_no_ceiling_below_a_loading_rate(summary)
+        assert_findings_agree_with_probes(summary)
         return summary
 
     def ledger(self) -> list[dict]:
@@ -113,6 +115,44 @@ class CliResult:
         from ddp_profile.profiler.store.results import read_ledger
 
         return read_ledger(self.out)[0]
+
+
+PROBE_ID = re.compile(r"\bp\d{3}\b")
+
+
+def assert_findings_agree_with_probes(summary: dict) -> None:
+    """Every run of the suite: what its findings and its recommendation say agrees with the
+    probes they stand on. Every probe they cite exists; the recommended probe ran ok with the
+    recommended settings, the baseline's too; the expected speedup lies in its interval; each
+    configuration named as measured faster but not established did measure faster, ran ok, and
+    is not the recommendation."""
+    probes = {p["id"]: p for p in summary.get("probes") or []}
+    rec = summary.get("recommendation") or {}
+    texts = [text for f in summary.get("findings") or []
+             for text in (f.get("evidence"), f.get("recommendation")) if text]
+    texts += [*(rec.get("notes") or []), rec.get("speedup_basis") or ""]
+    texts += [item.get("why") or "" for item in rec.get("unsettled") or []]
+    cited = {found for text in texts
+             for found in PROBE_ID.findall(text if isinstance(text, str) else json.dumps(text))}
+    assert cited <= set(probes), (sorted(cited - set(probes)), texts)
+    chosen = summary.get("recommended_probe")
+    if chosen is not None:
+        probe = probes[chosen]
+        assert probe["status"] == "ok", probe
+        recommended = summary.get("recommended") or {}
+        ran = probe.get("config") or {}
+        assert all(ran.get(k) == v for k, v in recommended.items()
+                   if v is not None and ran.get(k) is not None), (recommended, ran)
+        speedup = summary.get("expected_speedup")
+        interval = summary.get("expected_speedup_interval")
+        if speedup is not None and interval:
+            assert interval[0] <= speedup <= interval[1], (speedup, interval)
+    base = rec.get("baseline_probe_id")
+    if base is not None:
+        assert probes[base]["status"] == "ok", probes[base]
+    for item in rec.get("unsettled") or []:
+        assert probes[item["probe"]]["status"] == "ok" and item["ratio"] > 1.0, item
+        assert item["probe"] != chosen, item
 
 
 def assert_no_ceiling_below_a_loading_rate(summary: dict) -> None:
