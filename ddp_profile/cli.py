@@ -246,7 +246,7 @@ def gate(
                                           "alternated in launches (`against` in the project "
                                           "file)."),
     max_launches: Optional[int] = typer.Option(None, help="Paired: launches in all at most "
-                                               "(default 15: A B ... A)."),
+                                               "(default 19: A B ... A)."),
     measure_s: Optional[float] = typer.Option(None, help="Paired: seconds each launch "
                                               "measures at least (default 10; `steps` at "
                                               "least)."),

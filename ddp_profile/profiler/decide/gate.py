@@ -41,7 +41,7 @@ STRADDLES = "straddles"  # across it: more launches would decide
 TOO_FEW = "too_few"  # a side failed, or no room for the noise yet
 ENVIRONMENT = "environment"  # the sides ran in different environments
 MIN_LAUNCHES = 5  # A B A B A: the level, the drift, the gain and two degrees of freedom
-DEFAULT_MAX_LAUNCHES = 15  # A B ... A: 8 of the reference, 7 of the current side
+DEFAULT_MAX_LAUNCHES = 19  # A B ... A: 10 of the reference, 9 of the current side
 SIDES = {REFERENCE: "reference", CANDIDATE: "current"}
 
 
