@@ -18,7 +18,7 @@ from ddp_profile.profiler.rank import facts, patches
 from ddp_profile.profiler.rank.instrument import Instrumentation
 from ddp_profile.profiler.rank.loading import clocks, loadcost
 from ddp_profile.profiler.settings import ProbePlan
-from ddp_profile.profiler.store.results import read_probe_dir
+from ddp_profile.profiler.store.probedir import read_probe_dir
 from tests.conftest import REPO
 
 
