@@ -7,7 +7,7 @@ without the instrumentation installed, interleaved, in one process; the differen
 divided by a real step time, is the overhead ratio. The rank's loop loads in-process
 (``num_workers=0``), so its per-batch meter is included; a DataLoader worker's side (the meter
 and its per-worker file) is timed the same way on a worker's fetch loop and added per step.
-The watch on the files a fetch opens (``profiler.rank.pagecache``) is timed on fetches of
+The watch on the files a fetch opens (``profiler.rank.loading.pagecache``) is timed on fetches of
 small files read whole from the page cache, the loading where it weighs most: its added time
 per file, and the fetch's time with it against without (``files_fetch_ratio``).
 
@@ -31,8 +31,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from ddp_profile.profiler.rank import loadcost, pagecache, patches
+from ddp_profile.profiler.rank import patches
 from ddp_profile.profiler.rank.instrument import Instrumentation
+from ddp_profile.profiler.rank.loading import loadcost, pagecache
 from ddp_profile.profiler.settings import ProbePlan
 
 

@@ -159,7 +159,7 @@ def compare(grid: dict, adaptive: dict) -> dict:
 
 def fixed_cost(reps: int) -> dict:
     """Launch -> first measured step, and teardown: plain torchrun vs a ddp-profile probe."""
-    from ddp_profile.profiler.store.results import read_probe_dir
+    from ddp_profile.profiler.store.probedir import read_probe_dir
 
     warmup, steps = 5, 20
     base = ["--hidden", "32", "--layers", "1", "--step-sleep-ms", "20", "--warmup", str(warmup)]

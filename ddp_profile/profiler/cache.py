@@ -10,7 +10,7 @@ measured in one state, the state the job itself runs in:
   files the probes so far opened back into the cache (:func:`warm`).
 * ``cold``: it does not fit, so every epoch reads from storage. Every producer drops each
   file it read from the page cache after the batch (``ProbePlan.cache``,
-  ``profiler.rank.pagecache``), and before every launch the harness drops the files the
+  ``profiler.rank.loading.pagecache``), and before every launch the harness drops the files the
   probes so far opened (:func:`chill`). A file's first read in the run comes from wherever it
   is: a baseline that read from the cache is measured again.
 * ``as-is``: the producers read no files (under ``IN_MEMORY_READ_B`` a sample), or their reads
@@ -33,7 +33,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Optional
 
-from ddp_profile.profiler.rank.pagecache import drop
+from ddp_profile.profiler.rank.loading.pagecache import drop
 from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.profiler.store.record import WORKER_DIR, read_jsonl
 

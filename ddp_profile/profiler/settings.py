@@ -105,7 +105,7 @@ class ProbePlan:
     # script builds, e.g. {"bucket_cap_mb": 100} (None: the script's own)
     steps_per_s: Optional[float] = None  # predicted steps/s of a rank (``burst_steps``)
     cache: Optional[str] = None  # COLD: producers drop the files they read from the page
-    # cache after each batch (``profiler.rank.pagecache``); None: the page cache as it is
+    # cache after each batch (``profiler.rank.loading.pagecache``); None: the page cache as it is
     persistent_workers: Optional[bool] = None  # True: every loader with workers keeps them
     # across epochs (``DataLoader(persistent_workers=True)``); None: the script's own
 

@@ -15,18 +15,11 @@ from typing import Any, NamedTuple, Optional
 
 from ddp_profile.profiler.decide.choose import with_launch_spread
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.rules import comm, data, distributed, gpu, host, restarts
-from ddp_profile.rules.base import (
-    SEVERITIES,
-    Finding,
-    Rule,
-    Thresholds,
-    candidate,
-    finite,
-    ok_probes,
-)
+from ddp_profile.rules.base import SEVERITIES, Finding, Rule, Thresholds, finite
 from ddp_profile.rules.claim import Evidence
+from ddp_profile.rules.findings import comm, data, distributed, gpu, host, restarts
 from ddp_profile.rules.recommend import Recommendation, recommend, recommendation_to_dict
+from ddp_profile.rules.tables import candidate, ok_probes
 from ddp_profile.rules.voice import in_one_voice
 
 RULES: list[Rule] = [*data.RULES, *restarts.RULES, *host.RULES, *gpu.RULES, *distributed.RULES,

@@ -45,14 +45,8 @@ from ddp_profile.profiler.decide.paired import (
 from ddp_profile.profiler.settings import GRADIENT_SYNC
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.rules.base import (
-    Thresholds,
-    baseline_probe,
-    candidate,
-    finite,
-    ok_probes,
-    probe_entry,
-)
+from ddp_profile.rules.base import Thresholds, finite
+from ddp_profile.rules.tables import baseline_probe, candidate, ok_probes, probe_entry
 
 
 def paired_claim(run: Run, reference: ProbeRecord, candidate: ProbeRecord,

@@ -1,5 +1,5 @@
 """How busy the CPUs were during one probe, from the host samples (``CpuLoad``, ``cpu_load``):
-read by the loading rules (``rules.data``) and the recommendation's ceiling notes."""
+read by the loading rules (``rules.findings.data``) and the recommendation's ceiling notes."""
 
 from __future__ import annotations
 
@@ -10,14 +10,8 @@ import pandas as pd
 
 from ddp_profile.profiler.cpus import cpus_per_rank
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.rules.base import (
-    Thresholds,
-    cpus_available,
-    local_ranks,
-    metric_median,
-    pct,
-    probe_context,
-)
+from ddp_profile.rules.base import Thresholds, pct
+from ddp_profile.rules.tables import cpus_available, local_ranks, metric_median, probe_context
 
 
 @dataclass(frozen=True)

@@ -27,15 +27,9 @@ import pandas as pd
 from ddp_profile.profiler.decide.choose import better, compute_bound, noise, pool
 from ddp_profile.profiler.store.probes import Kind
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.rules.base import (
-    Finding,
-    Thresholds,
-    config_of,
-    describe_config,
-    finite,
-    ok_probes,
-)
+from ddp_profile.rules.base import Finding, Thresholds, describe_config, finite
 from ddp_profile.rules.recommend import Recommendation, candidate
+from ddp_profile.rules.tables import config_of, ok_probes
 
 
 def in_one_voice(findings: list[Finding], run: Run, rec: Recommendation,

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from ddp_profile.profiler.cache import WARM_STORAGE_SHARE
-from ddp_profile.profiler.rank.pagecache import drop
+from ddp_profile.profiler.rank.loading.pagecache import drop
 from tests.conftest import SCRIPTS
 
 pytestmark = pytest.mark.e2e

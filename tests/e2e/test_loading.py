@@ -90,8 +90,8 @@ def test_a_transform_that_raises_fails_its_probe_only(cli, run_dir):
 
 
 def test_cpu_heavy_workers_on_busy_cpus_are_runnable_not_waiting(cli, run_dir):
-    from ddp_profile.profiler.rank.loadcost import RunQueueClock
-    from ddp_profile.profiler.store.results import read_probe_dir
+    from ddp_profile.profiler.rank.loading.clocks import RunQueueClock
+    from ddp_profile.profiler.store.probedir import read_probe_dir
 
     if RunQueueClock()() is None:
         pytest.skip("no scheduler statistics (/proc/thread-self/schedstat) here")

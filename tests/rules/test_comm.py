@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from ddp_profile.rules import evaluate
 from ddp_profile.rules.base import Thresholds
-from ddp_profile.rules.comm import (
+from ddp_profile.rules.findings.comm import (
     allreduce_per_micro_batch,
     exposed_communication,
     host_sync_per_step,
     per_step_collectives,
     sync_batchnorm,
 )
-from ddp_profile.rules.distributed import straggler
+from ddp_profile.rules.findings.distributed import straggler
 from tests.rules.tables import RunBuilder
 
 T = Thresholds()
@@ -189,7 +189,7 @@ def test_waiting_in_a_collective_is_not_straggling():
 
 
 def test_find_unused_parameters_cites_its_measured_counterfactual():
-    from ddp_profile.rules.distributed import find_unused_parameters
+    from ddp_profile.rules.findings.distributed import find_unused_parameters
 
     def run(speedup: float, alternate: bool = True):
         builder = (RunBuilder(world_size=2).probe("base", kind="baseline", num_workers=0)
@@ -340,7 +340,7 @@ def test_host_syncs_without_an_idle_gpu_or_in_few_steps_are_no_finding():
 
 
 def test_host_sync_fixes_follow_the_source_line_of_each_site():
-    from ddp_profile.rules.comm import _sync_fixes
+    from ddp_profile.rules.findings.comm import _sync_fixes
 
     copy = {"text": "source = source.to(self.gpu_id)"}
     assert _sync_fixes([copy]).startswith("Copy batches with .to(device, non_blocking=True)")

@@ -5,7 +5,11 @@ from __future__ import annotations
 from typing import Optional
 
 from ddp_profile.rules import Thresholds, evaluate
-from ddp_profile.rules.data import cpu_bound_preprocessing, data_loader_bound, io_bound_loading
+from ddp_profile.rules.findings.data import (
+    cpu_bound_preprocessing,
+    data_loader_bound,
+    io_bound_loading,
+)
 from tests.rules.tables import RunBuilder, empty_run
 
 T = Thresholds()
@@ -254,7 +258,7 @@ def test_mixed_loading_gets_neither_bound_finding():
 def test_waiting_under_oversubscribed_threads_is_not_blamed_on_storage():
     """Wall - CPU of a worker on oversubscribed CPUs includes waiting for a CPU: beside a
     thread-oversubscription finding the loading's waiting is no evidence of slow storage."""
-    from ddp_profile.rules.host import thread_oversubscription
+    from ddp_profile.rules.findings.host import thread_oversubscription
 
     builder = (RunBuilder(world_size=2, cpus=2)
                .probe("base", kind="baseline", num_workers=0,

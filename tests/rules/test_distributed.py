@@ -4,7 +4,7 @@ backend-mismatch, find-unused-parameters."""
 from __future__ import annotations
 
 from ddp_profile.rules import Thresholds
-from ddp_profile.rules.distributed import (
+from ddp_profile.rules.findings.distributed import (
     backend_mismatch,
     data_parallel,
     find_unused_parameters,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ddp_profile.rules import Thresholds
-from ddp_profile.rules.gpu import batch_size_headroom, low_gpu_utilization, pin_memory
+from ddp_profile.rules.findings.gpu import batch_size_headroom, low_gpu_utilization, pin_memory
 from tests.rules.tables import RunBuilder, empty_run
 
 T = Thresholds()

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from ddp_profile.rules import Thresholds, evaluate
-from ddp_profile.rules.host import frequent_io, thread_oversubscription, worker_oversubscription
+from ddp_profile.rules.findings.host import (
+    frequent_io,
+    thread_oversubscription,
+    worker_oversubscription,
+)
 from tests.rules.tables import RunBuilder, empty_run
 
 T = Thresholds()
@@ -155,7 +159,7 @@ def test_the_recommendation_says_how_to_set_the_measured_threads():
 def test_rules_read_the_ranks_per_host_and_cpus_the_probe_decided():
     """One author: sweep.probe decides ranks_per_host and cpus_available (the fewest of the
     ranks'); every host rule reads that, the contexts only when the entry lacks it."""
-    from ddp_profile.rules.base import cpus_available, local_ranks
+    from ddp_profile.rules.tables import cpus_available, local_ranks
 
     run = (RunBuilder(world_size=2, cpus=16)
            .probe("p0", kind="baseline", num_workers=5,
@@ -213,7 +217,7 @@ def test_threads_are_judged_at_the_best_configuration_where_its_workers_tip_the_
     assert thread_oversubscription(run_with(5050.0), T) is None
     # the baseline's threads fit its CPUs: what it measured as waiting is not CPU waiting, so
     # the loading rules still speak (io-bound-loading keeps its finding)
-    from ddp_profile.rules.host import baseline_oversubscribed
+    from ddp_profile.rules.findings.host import baseline_oversubscribed
 
     assert not baseline_oversubscribed(run_with(6300.0), T)
     assert baseline_oversubscribed(threads_run(threads_tp=1000.0), T)

@@ -4,7 +4,7 @@ alive is predicted to give."""
 from __future__ import annotations
 
 from ddp_profile.rules import Thresholds
-from ddp_profile.rules.restarts import persistent_workers
+from ddp_profile.rules.findings.restarts import persistent_workers
 from tests.rules.tables import RunBuilder, empty_run
 
 T = Thresholds()

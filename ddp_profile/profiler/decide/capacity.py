@@ -1,9 +1,9 @@
 """The input pipeline's capacity, from what producing each batch cost (pure; no I/O).
 
 Per probe, :func:`loading_cost` turns the batch records of the training loader (see
-``profiler.rank.loadcost``) into CPU, runnable time and waiting per sample: a producer off its
-CPU was either runnable, waiting on a run queue for a CPU (``runq``: CPU contention, as when
-workers outnumber the CPUs), or blocked (the waiting: storage, network, sleep, a lock).
+``profiler.rank.loading.loadcost``) into CPU, runnable time and waiting per sample: a producer
+off its CPU was either runnable, waiting on a run queue for a CPU (``runq``: CPU contention, as
+when workers outnumber the CPUs), or blocked (the waiting: storage, network, sleep, a lock).
 :func:`loop_demand` gives the samples/s the loop would consume if data were free (measured
 steps minus their data wait).
 

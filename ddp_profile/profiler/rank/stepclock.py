@@ -9,9 +9,9 @@ A training step ``k`` of one DataLoader is split at four boundaries::
 an optimizer (or a batch without a step, as in gradient accumulation) counts the whole host time
 after the batch as compute and ``other_s`` is zero. Each step record is emitted when the next
 ``__next__`` call closes it, so the last batch of a script that ends on its own is not recorded.
-With a ``runq`` counter (the thread's nanoseconds runnable without a CPU, ``loadcost.
-RunQueueClock``), each record also carries ``runq_s``: the time the loop's thread sat on a run
-queue during the step, whoever held its CPU.
+With a ``runq`` counter (the thread's nanoseconds runnable without a CPU,
+``loading.clocks.RunQueueClock``), each record also carries ``runq_s``: the time the loop's
+thread sat on a run queue during the step, whoever held its CPU.
 """
 
 from __future__ import annotations

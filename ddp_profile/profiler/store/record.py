@@ -12,10 +12,11 @@ with a ``kind``:
 ``event``        a fact for the rules (DDP options, ``set_epoch`` calls, ``DataParallel`` ...)
 ``error``        the exception that ended the rank: type, message, last line, ``oom``
 ``end``          written when the rank stops: ``reason`` and the training loader's id
-``batch_cost``   one per batch the rank made itself (``num_workers=0``): see ``rank.loadcost``;
-                 DataLoader workers write theirs to ``<probe_dir>/workers/*.jsonl``
+``batch_cost``   one per batch the rank made itself (``num_workers=0``): see
+                 ``rank.loading.loadcost``; DataLoader workers write theirs to
+                 ``<probe_dir>/workers/*.jsonl``
 ``pin_cost``     one per batch pinned (``pin_memory=True`` on an accelerator), by the loader's
-                 pin-memory thread or the loop's: see ``rank.loadcost.PinMeter``
+                 pin-memory thread or the loop's: see ``rank.loading.loadcost.PinMeter``
 
 The rank is often unknown when the first records are made (a DataLoader is commonly built
 before ``init_process_group``), so records are buffered until the first flush, which names

@@ -40,9 +40,10 @@ import pandas as pd
 from ddp_profile.errors import BadRunDir
 from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.comm import step_comm
+from ddp_profile.profiler.store.probedir import RankData, read_probe_dir
 from ddp_profile.profiler.store.probes import BadProbeRecord, ProbeRecord
 from ddp_profile.profiler.store.probes import records as probe_records
-from ddp_profile.profiler.store.record import ITERATOR_OUTLIVES_EPOCH, WORKER_DIR, read_jsonl
+from ddp_profile.profiler.store.record import read_jsonl
 
 STEP_COLUMNS = ["probe_id", "rank", "node", "loader_id", "step", "measured", "t_s",
                 "data_wait_s", "compute_s", "other_s", "forward_s", "step_s", "samples",
@@ -51,133 +52,6 @@ STEP_COLUMNS = ["probe_id", "rank", "node", "loader_id", "step", "measured", "t_
 PROBE_COLUMNS = ["id", "kind", "status", *SETTING_KEYS, "throughput", "data_wait_fraction",
                  "gpu_idle_fraction", "gpu_starved_fraction", "comm_fraction", "score", "wall_s",
                  "error", "root_cause_rank", "steps_measured", "short", "short_reason", "launch"]
-
-
-@dataclass
-class RankData:
-    """Everything one rank wrote for one probe, split by record kind."""
-
-    rank: int
-    context: dict[str, Any] = field(default_factory=dict)
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    samples: list[dict[str, Any]] = field(default_factory=list)
-    loader_iters: list[dict[str, Any]] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
-    loaders: dict[int, dict[str, Any]] = field(default_factory=dict)
-    gpu_steps: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
-    batch_costs: list[dict[str, Any]] = field(default_factory=list)  # where batches are made
-    pin_costs: list[dict[str, Any]] = field(default_factory=list)  # where batches are pinned
-    worker_starts: list[dict[str, Any]] = field(default_factory=list)  # DataLoader workers
-    files: list[str] = field(default_factory=list)  # read by its producers (``pagecache``)
-    error: Optional[dict[str, Any]] = None
-    end: Optional[dict[str, Any]] = None
-    torn_lines: int = 0
-
-    @property
-    def training_loader_id(self) -> Optional[int]:
-        if self.end and self.end.get("training_loader_id") is not None:
-            return int(self.end["training_loader_id"])
-        counts: dict[int, int] = {}
-        for step in self.steps:
-            counts[step["loader_id"]] = counts.get(step["loader_id"], 0) + 1
-        return max(counts, key=counts.get) if counts else None
-
-    def training_steps(self) -> list[dict[str, Any]]:
-        loader_id = self.training_loader_id
-        return [s for s in self.steps if s.get("loader_id") == loader_id]
-
-
-def read_probe_dir(probe_dir: str) -> list[RankData]:
-    """Read every rank file of one probe; a torn last line is skipped, never fatal."""
-    ranks: list[RankData] = []
-    if not os.path.isdir(probe_dir):
-        return ranks
-    for name in sorted(os.listdir(probe_dir)):
-        if not name.endswith(".jsonl"):
-            continue
-        records, torn = read_jsonl(os.path.join(probe_dir, name))
-        data = RankData(rank=-1, torn_lines=torn)
-        for record in records:
-            kind = record.get("kind")
-            if kind == "context":
-                data.context = record
-            elif kind == "step":
-                data.steps.append(record)
-            elif kind == "sample":
-                data.samples.append(record)
-            elif kind == "loader_iter":
-                data.loader_iters.append(record)
-            elif kind == "event":
-                data.events.append(record)
-            elif kind == "error" and data.error is None:
-                data.error = record
-            elif kind == "end":
-                data.end = record
-            elif kind == "loader":
-                data.loaders[int(record.get("loader_id", -1))] = record
-            elif kind == "gpu_step":
-                data.gpu_steps[(record.get("loader_id"), record.get("step"))] = record
-            elif kind == "batch_cost":
-                data.batch_costs.append(record)
-            elif kind == "pin_cost":
-                data.pin_costs.append(record)
-            elif kind == "files":
-                data.files.extend(record.get("paths") or [])
-        rank = next((r.get("rank") for r in records if r.get("rank") is not None), None)
-        data.rank = int(rank) if rank is not None else -1
-        _mark_kept_iterators(data)
-        _attach_training_loader(data)
-        ranks.append(data)
-    ranks.sort(key=lambda r: r.rank)
-    _attach_worker_records(os.path.join(probe_dir, WORKER_DIR), ranks)
-    return ranks
-
-
-def read_worker_dir(worker_dir: str) -> list[tuple[str, list[dict[str, Any]]]]:
-    """Each DataLoader worker's file (name, records) under ``worker_dir``; torn lines skipped."""
-    if not os.path.isdir(worker_dir):
-        return []
-    return [(name, read_jsonl(os.path.join(worker_dir, name))[0])
-            for name in sorted(os.listdir(worker_dir)) if name.endswith(".jsonl")]
-
-
-def _attach_worker_records(worker_dir: str, ranks: list[RankData]) -> None:
-    """Give each rank the batch records of its DataLoader workers."""
-    by_rank = {r.rank: r for r in ranks}
-    for _name, records in read_worker_dir(worker_dir):
-        for record in records:
-            rank = record.get("rank")
-            owner = by_rank.get(-1 if rank is None else rank)
-            if owner is None:
-                continue
-            if record.get("kind") == "batch_cost":
-                owner.batch_costs.append(record)
-            elif record.get("kind") == "worker_start":
-                owner.worker_starts.append(record)
-            elif record.get("kind") == "files":
-                owner.files.extend(record.get("paths") or [])
-
-
-def _mark_kept_iterators(data: RankData) -> None:
-    """A loader one of whose iterators outlived an epoch keeps it across epochs
-    (``keeps_iterator`` on its record): it starts no workers per epoch."""
-    for event in data.events:
-        if event.get("name") == ITERATOR_OUTLIVES_EPOCH:
-            loader = data.loaders.get(int((event.get("data") or {}).get("loader_id", -1)))
-            if loader is not None:
-                loader["keeps_iterator"] = True
-
-
-def _attach_training_loader(data: RankData) -> None:
-    """Copy the training loader's settings into the context: ``loader``, ``applied``..."""
-    loader = data.loaders.get(data.training_loader_id) if data.loaders else None
-    if loader is None and data.loaders:
-        loader = data.loaders[min(data.loaders)]
-    if loader is not None:
-        data.context["loader"] = loader.get("own") or {}
-        data.context["keeps_iterator"] = bool(loader.get("keeps_iterator"))
-        data.context["applied"] = loader.get("applied") or {}
-        data.context["skipped_overrides"] = loader.get("skipped_overrides") or []
 
 
 STEP_PARTS = ("data_wait_s", "compute_s", "comm_s", "other_s")  # they add up to step_s

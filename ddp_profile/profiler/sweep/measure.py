@@ -346,7 +346,7 @@ class LedgerMeasurer:
         return self.timeout_s + (windows - 1) * per_window
 
     def context(self, entry: ProbeRecord) -> dict[str, Any]:
-        from ddp_profile.profiler.store.results import read_probe_dir
+        from ddp_profile.profiler.store.probedir import read_probe_dir
 
         for data in read_probe_dir(self.run_dir.probe_dir(entry.id)):
             if data.context:

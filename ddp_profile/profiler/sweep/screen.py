@@ -25,13 +25,13 @@ from typing import Any, Optional
 
 from ddp_profile.profiler.settings import window_index
 from ddp_profile.profiler.store.epochs import rank_step_stats
+from ddp_profile.profiler.store.probedir import read_worker_dir
 from ddp_profile.profiler.store.record import (
     ITERATOR_OUTLIVES_EPOCH,
     WORKER_DIR,
     dumps,
     read_jsonl,
 )
-from ddp_profile.profiler.store.results import read_worker_dir
 
 # Facts about the script, true for every window whenever they were recorded.
 STATIC_EVENTS = frozenset({"ddp", "data_parallel", "process_group", "ddp_unused_parameters",

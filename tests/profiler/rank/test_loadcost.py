@@ -14,10 +14,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ddp_profile.profiler.rank import facts, loadcost, patches
+from ddp_profile.profiler.rank import facts, patches
 from ddp_profile.profiler.rank.instrument import Instrumentation
+from ddp_profile.profiler.rank.loading import clocks, loadcost
 from ddp_profile.profiler.settings import ProbePlan
-from ddp_profile.profiler.store.results import read_probe_dir
+from ddp_profile.profiler.store.probedir import read_probe_dir
 from tests.conftest import REPO
 
 
@@ -159,7 +160,7 @@ def test_a_garbage_collection_in_the_collate_is_not_the_collates_cost(tmp_path):
 
 
 def test_private_rss_and_memory_available_are_read():
-    assert loadcost.private_rss() > 0
+    assert clocks.private_rss() > 0
     assert facts.memory_available() > 0
 
 
@@ -190,18 +191,18 @@ def test_a_workers_private_rss_is_read_at_its_first_flush_then_seldom(tmp_path, 
 
 # ---- the run-queue clock -------------------------------------------------------------------
 
-def _target(clock: loadcost.RunQueueClock) -> str:
+def _target(clock: clocks.RunQueueClock) -> str:
     """The file the calling thread's kept descriptor reads."""
     clock()
     return os.readlink(f"/proc/self/fd/{clock._local.state[1]}")
 
 
 def test_run_queue_clock_reads_the_calling_threads_own_schedstat():
-    if loadcost.RunQueueClock()() is None:
+    if clocks.RunQueueClock()() is None:
         pytest.skip("no /proc/thread-self/schedstat with scheduler statistics here")
-    clock = loadcost.RunQueueClock()
+    clock = clocks.RunQueueClock()
     before = clock()
-    with open(loadcost.SCHEDSTAT, "rb") as handle:
+    with open(clocks.SCHEDSTAT, "rb") as handle:
         direct = int(handle.read().split()[1])
     assert before <= direct <= clock()
     here = f"/proc/{os.getpid()}/task/{threading.get_native_id()}/schedstat"
@@ -228,14 +229,14 @@ def test_run_queue_clock_reads_the_calling_threads_own_schedstat():
 def test_run_queue_clock_without_scheduler_statistics(tmp_path, content, expected):
     path = tmp_path / "schedstat"
     path.write_bytes(content)
-    assert loadcost.RunQueueClock(str(path))() == expected
-    assert loadcost.RunQueueClock(str(tmp_path / "missing"))() is None  # not Linux
+    assert clocks.RunQueueClock(str(path))() == expected
+    assert clocks.RunQueueClock(str(tmp_path / "missing"))() is None  # not Linux
 
 
 def test_a_batch_without_the_clock_records_runq_null():
     lines = []
     meter = loadcost.CostMeter(lines.append, 0, 0, None)
-    meter.runq = loadcost.RunQueueClock("/nonexistent/schedstat")
+    meter.runq = clocks.RunQueueClock("/nonexistent/schedstat")
 
     class Fetcher:
         collate_fn = staticmethod(torch.stack)

@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from ddp_profile.profiler.rank.instrument import batch_size_of
+from ddp_profile.profiler.rank.loading.loadcost import batch_size_of
 from ddp_profile.profiler.rank.overrides import apply_overrides
 from ddp_profile.profiler.settings import LoaderSettings
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 
-from ddp_profile.profiler.rank.pagecache import FileReads, drop, watch
+from ddp_profile.profiler.rank.loading.pagecache import FileReads, drop, watch
 
 
 def storage_bytes() -> int:

@@ -13,7 +13,7 @@ import time
 
 from torch.utils.data._utils import pin_memory as pin_module
 
-from ddp_profile.profiler.rank.loadcost import PinMeter
+from ddp_profile.profiler.rank.loading.loadcost import PinMeter
 
 
 class Slow:

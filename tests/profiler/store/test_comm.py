@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ddp_profile.profiler.store.comm import bandwidth, probe_comm
-from ddp_profile.profiler.store.results import RankData
+from ddp_profile.profiler.store.probedir import RankData
 
 
 def rank_data(rank: int, exposed_ms: float, steps: int = 8, syncs: int = 1, opt: int = 1,

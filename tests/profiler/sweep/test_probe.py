@@ -226,8 +226,8 @@ def test_when_only_symptoms_were_recorded_the_log_names_the_cause(tmp_path):
     "RuntimeError: Distributed package doesn't have NCCL built in",
     "AssertionError: Torch not compiled with CUDA enabled"])
 def test_a_cuda_only_script_on_a_machine_without_cuda_is_named(message):
-    from ddp_profile.profiler.store.results import RankData
-    from ddp_profile.profiler.sweep.probe import _needs_cuda
+    from ddp_profile.profiler.launch.failure import _needs_cuda
+    from ddp_profile.profiler.store.probedir import RankData
 
     cpu = RankData(rank=0, context={"device": "cpu"})
     assert _needs_cuda({"message": message, "last_line": message}, [cpu])
@@ -240,7 +240,7 @@ def test_the_gpu_starved_share_is_the_part_of_each_gpu_gap_the_host_spent_waitin
     """A step's GPU gap (CUDA events) lost to data is at most its host's data wait: a wait the
     GPU covered with queued work (gap 0) costs nothing; a gap longer than the wait (the host's
     own work after the GPU finished) is idle, not starved."""
-    from ddp_profile.profiler.store.results import RankData
+    from ddp_profile.profiler.store.probedir import RankData
     from ddp_profile.profiler.sweep.probe import _gpu_idle
 
     def step(i, wait, compute):

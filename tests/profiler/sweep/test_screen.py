@@ -19,8 +19,8 @@ from ddp_profile.profiler.settings import (
     mode_warmup,
     timed_warmup,
 )
+from ddp_profile.profiler.store.probedir import read_probe_dir
 from ddp_profile.profiler.store.record import read_jsonl
-from ddp_profile.profiler.store.results import read_probe_dir
 from ddp_profile.profiler.sweep.probe import summarise_probe
 from ddp_profile.profiler.sweep.screen import split_screen
 

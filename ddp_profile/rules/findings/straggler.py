@@ -1,7 +1,7 @@
 """The straggler rule: one rank slower than the others for a reason of its own.
 
 A rule is ``rule(run, thresholds) -> Finding | None`` (see ``rules.base``); it is registered
-with the distributed rules (``rules.distributed.RULES``).
+with the distributed rules (``rules.findings.distributed.RULES``).
 """
 
 from __future__ import annotations
@@ -12,16 +12,9 @@ from typing import Any, Optional
 import pandas as pd
 
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.rules.base import (
-    Finding,
-    Thresholds,
-    baseline_probe,
-    loading_of,
-    ms,
-    pct,
-    probe_steps,
-)
-from ddp_profile.rules.host import baseline_oversubscribed
+from ddp_profile.rules.base import Finding, Thresholds, ms, pct
+from ddp_profile.rules.findings.host import baseline_oversubscribed
+from ddp_profile.rules.tables import baseline_probe, loading_of, probe_steps
 
 
 def _per_rank_table(steps: pd.DataFrame, column: str) -> pd.DataFrame:

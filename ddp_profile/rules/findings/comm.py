@@ -15,18 +15,9 @@ from ddp_profile.profiler.decide.ddp import one_bucket, options_key
 from ddp_profile.profiler.rank.comm import TORCH_DIR
 from ddp_profile.profiler.settings import GRADIENT_SYNC
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.rules.base import (
-    Advice,
-    Finding,
-    Thresholds,
-    as_int,
-    baseline_probe,
-    finite,
-    ms,
-    pct,
-    probe_entry,
-)
+from ddp_profile.rules.base import Advice, Finding, Thresholds, as_int, finite, ms, pct
 from ddp_profile.rules.claim import DdpEffect, Evidence
+from ddp_profile.rules.tables import baseline_probe, probe_entry
 
 # NCCL settings that route an all-reduce the slow way, and what they do
 SLOW_ENV = {"NCCL_IB_DISABLE": ("1", "InfiniBand is disabled: the all-reduce goes over TCP "

@@ -18,15 +18,17 @@ from ddp_profile.rules.base import (
     Finding,
     Thresholds,
     as_int,
+    describe_config,
+    finite,
+    ms,
+    pct,
+)
+from ddp_profile.rules.tables import (
     baseline_probe,
     candidate,
     cpus_available,
-    describe_config,
-    finite,
     local_ranks,
-    ms,
     ok_probes,
-    pct,
     probe_steps,
 )
 

@@ -1,4 +1,4 @@
-"""Rules about the distributed setup: stragglers (``rules.straggler``), sharding, and DDP
+"""Rules about the distributed setup: stragglers (``rules.findings.straggler``), sharding, and DDP
 misconfigurations.
 
 Each rule is ``rule(run, thresholds) -> Finding | None`` (see ``rules.base``).
@@ -12,9 +12,10 @@ import pandas as pd
 
 from ddp_profile.profiler.decide.ddp import options_key
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.rules.base import (
-    Finding,
-    Thresholds,
+from ddp_profile.rules.base import Finding, Thresholds
+from ddp_profile.rules.claim import Evidence
+from ddp_profile.rules.findings.straggler import straggler
+from ddp_profile.rules.tables import (
     baseline_probe,
     events_named,
     loader_info,
@@ -24,8 +25,6 @@ from ddp_profile.rules.base import (
     probe_steps,
     world_size,
 )
-from ddp_profile.rules.claim import Evidence
-from ddp_profile.rules.straggler import straggler
 
 
 def _training_loader_ids(run: Run, probe_id: str) -> set[Any]:

@@ -17,21 +17,16 @@ from ddp_profile.profiler.store.epochs import restart_share
 from ddp_profile.profiler.store.probe_parts import Epochs
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.rules.base import (
-    Finding,
-    Thresholds,
-    as_int,
+from ddp_profile.rules.base import Finding, Thresholds, as_int, describe_config, finite, pct
+from ddp_profile.rules.claim import Evidence, PairedClaim, sides
+from ddp_profile.rules.recommend import choose
+from ddp_profile.rules.tables import (
     baseline_probe,
-    describe_config,
-    finite,
     loader_info,
     ok_probes,
-    pct,
     probe_entry,
     probe_steps,
 )
-from ddp_profile.rules.claim import Evidence, PairedClaim, sides
-from ddp_profile.rules.recommend import choose
 
 
 def keeps_its_iterator(run: Run) -> bool:

@@ -13,23 +13,17 @@ import pandas as pd
 from ddp_profile.profiler.decide.choose import better, most_certain
 from ddp_profile.profiler.store.probes import Status
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.rules.base import (
-    Advice,
-    Finding,
-    Thresholds,
-    as_int,
+from ddp_profile.rules.base import Advice, Finding, Thresholds, as_int, describe_config, finite, pct
+from ddp_profile.rules.tables import (
     baseline_probe,
     candidate,
     data_wait,
-    describe_config,
     events_named,
-    finite,
     is_data_bound,
     loader_info,
     metric,
     metric_median,
     ok_probes,
-    pct,
     probe_context,
 )
 

@@ -1,0 +1,60 @@
+"""How a rank process ends under the patches: ranks started by
+``torch.multiprocessing.spawn`` and uncaught exceptions, both reported to the ``Hooks``."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any
+
+from ddp_profile.profiler.rank.patches.base import SPAWNED_DDP, Hooks, originals, patch
+
+
+def patch_spawn(instr: Hooks) -> None:
+    """Ranks started by ``torch.multiprocessing.spawn`` report their exceptions too, and end
+    as a probe does once their function returns (``stop``: records, workers, ``os._exit``),
+    their DDP modules kept alive until then. Freed as the function returns, a DDP module's
+    reducer destroys its gloo process group, which joins its worker thread while holding the
+    GIL; a worker thread still destroying the last all-reduce's work waits for the GIL to
+    release a Python object that work captured: the rank hangs (1 launch in 10 of a spawn
+    script whose probes ran to its end, each a 60 s timeout and a lost probe; py-spy: the
+    main thread in ``~ProcessGroupGloo`` -> ``thread::join``, the worker in
+    ``~AsyncAllreduceWork`` -> ``gil_scoped_acquire``)."""
+    import importlib
+
+    # the module: ``import torch.multiprocessing.spawn as m`` binds the function ``spawn``,
+    # which torch.multiprocessing exports under the module's name (and which has no ``_wrap``)
+    spawn_module = importlib.import_module("torch.multiprocessing.spawn")
+
+    def make_wrap(original: Any) -> Any:
+        @functools.wraps(original)
+        def _wrap(fn: Any, i: int, args: Any, *rest: Any, **kwargs: Any) -> Any:
+            def recorded(*fn_args: Any) -> Any:
+                SPAWNED_DDP.append(None)  # this process is a spawned rank: keep its modules
+                try:
+                    result = fn(*fn_args)
+                except Exception as exc:
+                    instr.on_exception(type(exc), exc, exc.__traceback__)
+                    raise
+                if len(SPAWNED_DDP) > 1 and not instr.stopping:
+                    instr.stop("script_exit")
+                return result
+            return original(recorded, i, args, *rest, **kwargs)
+        return _wrap
+
+    if hasattr(spawn_module, "_wrap"):
+        patch(spawn_module, "_wrap", make_wrap)
+
+
+def install_excepthook(instr: Hooks) -> None:
+    previous = sys.excepthook
+
+    def excepthook(exc_type: type, exc: BaseException, tb: Any) -> None:
+        try:
+            if not issubclass(exc_type, KeyboardInterrupt):
+                instr.on_exception(exc_type, exc, tb)
+        finally:
+            previous(exc_type, exc, tb)
+
+    originals.append((sys, "excepthook", previous))
+    sys.excepthook = excepthook
