@@ -71,10 +71,11 @@ def test_every_ddp_profile_rule_has_a_cause_in_the_vocabulary():
     """A rule added without its entry would score as "other" (wrong) on every workload."""
     root = os.path.join(os.path.dirname(__file__), "..", "..", "ddp_profile", "rules")
     names = set()
-    for name in os.listdir(root):
-        if name.endswith(".py"):
-            with open(os.path.join(root, name)) as handle:
-                names |= set(re.findall(r'rule="([a-z-]+)"', handle.read()))
+    for folder, _, files in os.walk(root):  # the findings live in rules/findings/
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name)) as handle:
+                    names |= set(re.findall(r'rule="([a-z-]+)"', handle.read()))
     assert names and names <= set(_verdicts.VOCABULARY["ddp_profile"]), \
         sorted(names - set(_verdicts.VOCABULARY["ddp_profile"]))
     assert _verdicts.causes("ddp_profile", ["exposed-communication"]) == ["comm"]
