@@ -41,6 +41,7 @@ from ddp_profile.profiler.decide.paired import (
     check_interval,
     fitted,
     paired,
+    whole_runs,
 )
 from ddp_profile.profiler.settings import GRADIENT_SYNC
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
@@ -66,7 +67,9 @@ def persistent_effect(run: Run, confidence: float, launch_sd: float
     finished. The rule and the snippet read it once per evaluation (``Evidence.persistent``)."""
     groups = alternations(run.records, Kind.PERSISTENT)
     probes = groups[-1] if groups else []
-    return fitted(probes, as_run(probes), confidence, lambda fit: max(launch_sd, fit.residual_sd))
+    whole = whole_runs(probes)  # launches that ran the whole script: its start-up charged
+    return fitted(probes, whole or as_run(probes), confidence,
+                  lambda fit: max(launch_sd, fit.residual_sd), whole=whole is not None)
 
 
 def sides(run: Run, claim: PairedClaim) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -108,6 +108,7 @@ class PairedClaim:
     launches: int  # 1: windows of one launch
     roles: tuple[str, ...] = ()  # each probe's, REFERENCE or CANDIDATE, in ``probes``' order
     estimate: Optional[tuple[float, float]] = None  # the fit's own interval (``faster``)
+    whole_runs: bool = False  # each launch ran the script to its end, read as a whole run
 
     @property
     def letters(self) -> str:
@@ -133,9 +134,11 @@ class PairedClaim:
         where = "windows of one launch" if self.launches == 1 else f"{self.launches} launches"
         fit = (f"; the fit of those launches alone: {self.estimate[0]:.2f}-"
                f"{self.estimate[1]:.2f}x" if self.launches > 1 and self.estimate else "")
+        whole = ("; each launch ran the script to its end and is read as a whole run, its "
+                 "first batch's wait (the workers' start-up) charged" if self.whole_runs else "")
         return (f"the script's settings and {recommendation} alternated, "
                 f"{self.candidates} of each between the other's, {where} "
-                f"({self.probes[0]}-{self.probes[-1]}){fit}")
+                f"({self.probes[0]}-{self.probes[-1]}){fit}{whole}")
 
 
 def settings_key(probe: ProbeRecord) -> tuple:
@@ -160,8 +163,26 @@ def as_run(probes: list[ProbeRecord]) -> list[Optional[float]]:
     return [p.epochs_throughput if whole else p.throughput for p in probes]
 
 
+def whole_runs(probes: list[ProbeRecord]) -> Optional[list[float]]:
+    """Each probe's rate over the script's whole run, where every probe of the alternation ran
+    it to its end (``short``: the script ended first) in a launch of its own: its steps (the
+    warm-up's too) at the rate measured, plus its first batch's wait, which a plain run pays
+    once and no measured step holds (workers starting). None otherwise."""
+    if not probes or len({p.launch for p in probes}) < len(probes) \
+            or not all(p.short and p.measured and p.time_to_first_batch_s is not None
+                       and p.steps_measured and p.config.batch_size and p.ranks
+                       for p in probes):
+        return None
+    rates = []
+    for p in probes:
+        samples = (p.steps_measured + (p.warmup or 0)) * p.config.batch_size * len(p.ranks)
+        rates.append(samples / (samples / float(p.throughput or 0.0)
+                                + float(p.time_to_first_batch_s or 0.0)))
+    return rates
+
+
 def fitted(probes: list[ProbeRecord], rates: list[Optional[float]], confidence: float,
-            between: Any) -> Optional[PairedClaim]:
+            between: Any, whole: bool = False) -> Optional[PairedClaim]:
     """The candidate's gain over the reference in an alternation (``fit_alternation`` of
     ``rates``, one per probe, in order) with an interval for what a user's check measures: the
     fit's uncertainty and ``between(fit)``, the spread between launches, over
@@ -181,7 +202,8 @@ def fitted(probes: list[ProbeRecord], rates: list[Optional[float]], confidence: 
                        probes=tuple(p.id for p in probes), candidates=roles.count(CANDIDATE),
                        launches=len({p.launch for p in probes}),
                        roles=tuple(str(role) for role in roles),
-                       estimate=check_interval(fit, CANDIDATE, 0.0, confidence))
+                       estimate=check_interval(fit, CANDIDATE, 0.0, confidence),
+                       whole_runs=whole)
 
 
 def check_interval(fit: Any, key: Optional[str], between: float, confidence: float
@@ -249,7 +271,7 @@ def one_time_start(records: Sequence[ProbeRecord], claim: PairedClaim
     """The candidate's one-time start-up beyond the reference's, from the first batches of
     the alternation's own launches (``claim.probes``); None in windows of one launch (a window
     starts no run) or below ``ONE_TIME_FLOOR_S``."""
-    if claim.launches <= 1:
+    if claim.launches <= 1 or claim.whole_runs:  # windows start no run; whole runs paid it
         return None
     by_id = {p.id: p for p in records}
     waits: dict[str, list[float]] = {REFERENCE: [], CANDIDATE: []}

@@ -187,6 +187,7 @@ class ProbeRecord:
     root_cause_rank: Optional[int]
     wall_s: Optional[float]  # its launch's wall time (a window's span)
     steps_asked: Optional[int]  # the measured steps it asked for (``--steps``, or more)
+    warmup: Optional[int]  # the warm-up steps it ran before them
     time_to_first_batch_s: Optional[float]
     steps_measured: Optional[int]
     step_time_cv: Optional[float]
@@ -231,6 +232,7 @@ class ProbeRecord:
             short_reason=text(line.get("short_reason")), reason=text(line.get("reason")),
             error=text(line.get("error")), root_cause_rank=count(line.get("root_cause_rank")),
             wall_s=number(line.get("wall_s")), steps_asked=count(line.get("steps")),
+            warmup=count(line.get("warmup")),
             time_to_first_batch_s=number(line.get("time_to_first_batch_s")),
             steps_measured=count(line.get("steps_measured")),
             step_time_cv=number(line.get("step_time_cv")),

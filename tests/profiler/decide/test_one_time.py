@@ -38,3 +38,35 @@ def test_nothing_is_said_below_the_floor_or_in_windows_of_one_launch():
     assert one_time_start(launches((0.1, 0.2)), claim(1.07)) is None
     assert one_time_start(launches((0.1, 2.6)), claim(1.07, launches_=1)) is None
     assert one_time_start([], claim(1.07)) is None
+
+
+def whole(firsts: tuple[float, float], short: bool = True) -> list[ProbeRecord]:
+    """A B A B A launches that each ran a 2-epoch script to its end (119 of 125 steps, batch
+    16, 2 ranks): A at 500 samples/s, B at 2,000 once its workers run."""
+    return [ProbeRecord.from_json({
+        "id": f"p{i:03d}", "kind": "persistent", "status": "ok",
+        "throughput": 2000.0 if role == "candidate" else 500.0,
+        "config": {"num_workers": 4 if role == "candidate" else 0, "batch_size": 16},
+        "time_to_first_batch_s": firsts[role == "candidate"], "short": short,
+        "steps_measured": 119, "warmup": 5, "steps": 125,
+        "pair": {"role": role, "index": i, "group": "persistent-001"},
+        "per_rank": [{"rank": 0}, {"rank": 1}]}) for i, role in enumerate(ROLES)]
+
+
+def test_launches_that_ran_the_whole_script_charge_the_start_up_and_say_so():
+    """The spawn script's case (2026-12-02): 4 workers kept alive ran 3.2x per epoch, but
+    starting them took 11 s of a run that trains for 4 s: plain 2-epoch launches with them
+    took 16.8 s against 14.1 s. Read as whole runs, the kept-alive side is the slower."""
+    from ddp_profile.profiler.decide.paired import fitted, whole_runs
+
+    probes = whole((0.05, 11.0))
+    rates = whole_runs(probes)
+    samples = 124 * 16 * 2
+    assert rates[0] == pytest.approx(samples / (samples / 500.0 + 0.05))
+    assert rates[1] == pytest.approx(samples / (samples / 2000.0 + 11.0))
+    claim = fitted(probes, rates, 0.95, lambda fit: 0.02, whole=True)
+    assert claim.ratio < 0.7 and not claim.faster
+    assert "ran the script to its end and is read as a whole run" in claim.basis()
+    assert one_time_start(probes, claim) is None  # charged, not a footnote
+    assert whole_runs(whole((0.05, 11.0), short=False)) is None  # steps past the script's
+    # end were not asked: its whole run is not in the launch
