@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ddp_profile.profiler.numbers import finite
 from ddp_profile.rules.gate.statistics import REACH_FACTOR
 from ddp_profile.rules.gate.verdict import (
     BEYOND,
@@ -47,21 +48,17 @@ STATUS_ICON = {PASS: "\u2705", REGRESSION: "\u274c", INCONCLUSIVE: "\u26a0\ufe0f
 _XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
-
-
 def _rate(value: Any) -> str:
-    return f"{value:,.1f}" if _finite(value) else "-"
+    return f"{value:,.1f}" if finite(value) else "-"
 
 
 def _change(ratio: Any) -> str:
-    return f"{(ratio - 1) * 100:+.1f} %" if _finite(ratio) else "-"
+    return f"{(ratio - 1) * 100:+.1f} %" if finite(ratio) else "-"
 
 
 def _interval(comparison: Comparison) -> str:
     verdict = comparison.verdict
-    if not (_finite(verdict.ratio_ci_low) and _finite(verdict.ratio_ci_high)):
+    if not (finite(verdict.ratio_ci_low) and finite(verdict.ratio_ci_high)):
         return "-"
     return (f"{(verdict.ratio_ci_low - 1) * 100:+.1f} .. "
             f"{(verdict.ratio_ci_high - 1) * 100:+.1f} %")
@@ -70,11 +67,11 @@ def _interval(comparison: Comparison) -> str:
 def _detectable(comparison: Comparison) -> str:
     """The smallest slowdown flagged with 95 % power, signed like the change (-8.3 %)."""
     value = comparison.verdict.min_detectable
-    return f"{-value * 100:+.1f} %" if _finite(value) else "-"
+    return f"{-value * 100:+.1f} %" if finite(value) else "-"
 
 
 def _p(value: Any) -> str:
-    return f"{value:.2g}" if _finite(value) else "-"
+    return f"{value:.2g}" if finite(value) else "-"
 
 
 def _percent(change: float) -> str:
@@ -336,9 +333,9 @@ def _comparison_dict(comparison: Comparison) -> dict[str, Any]:
     return {"config": comparison.config, "label": comparison.label,
             "baseline_probe_id": comparison.baseline_probe_id,
             "current_probe_id": comparison.current_probe_id,
-            "baseline_median": comparison.baseline_median if _finite(
+            "baseline_median": comparison.baseline_median if finite(
                 comparison.baseline_median) else None,
-            "current_median": comparison.current_median if _finite(
+            "current_median": comparison.current_median if finite(
                 comparison.current_median) else None,
             "verdict": {**comparison.verdict.to_dict(), "reason": reason(comparison.verdict)}}
 

@@ -17,6 +17,7 @@ import pandas as pd
 
 from ddp_profile.profiler.cache import CACHE_MARGIN
 from ddp_profile.profiler.decide.choose import ChoiceThresholds
+from ddp_profile.profiler.numbers import finite
 from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.results import Run
 
@@ -104,13 +105,6 @@ Rule = Callable[[Run, Thresholds], Optional[Finding]]
 
 
 # ---- numbers and their words -------------------------------------------------------------
-
-def finite(value: Any) -> bool:
-    try:
-        return value is not None and math.isfinite(float(value))
-    except (TypeError, ValueError):
-        return False
-
 
 def as_int(value: Any, default: Optional[int] = None) -> Optional[int]:
     return int(value) if finite(value) else default

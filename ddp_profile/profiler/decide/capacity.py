@@ -32,6 +32,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from ddp_profile.profiler.cpus import cpus_per_rank
 from ddp_profile.profiler.decide.choose import ChoiceThresholds
+from ddp_profile.profiler.numbers import finite_or_none
 from ddp_profile.profiler.store.probes import ProbeRecord
 
 DEFAULT_THRESHOLDS = ChoiceThresholds()
@@ -252,13 +253,14 @@ class Capacity:
         return {"cpu_per_sample_s": self.cpu_per_sample_s,
                 "wait_per_sample_s": self.wait_per_sample_s, "cpu_share": self.cpu_share,
                 "bound": self.bound, "cpus_per_rank": self.cpus_per_rank, "ranks": self.ranks,
-                "demand": self.demand, "cpu_limit": _finite(self.cpu_limit),
+                "demand": self.demand, "cpu_limit": finite_or_none(self.cpu_limit),
                 "memory_workers": self.memory_workers, "max_workers": self.max_workers,
                 "workers_for_demand": self.workers_for_demand(),
                 "runq": _runq_dict(self.contention),
-                "pin_per_sample_s": self.pin_per_sample_s, "pin_limit": _finite(self.pin_limit),
-                "curve": [{"num_workers": w, "supply": _finite(self.supply(w)),
-                           "throughput": _finite(self.throughput(w))} for w in workers]}
+                "pin_per_sample_s": self.pin_per_sample_s,
+                "pin_limit": finite_or_none(self.pin_limit),
+                "curve": [{"num_workers": w, "supply": finite_or_none(self.supply(w)),
+                           "throughput": finite_or_none(self.throughput(w))} for w in workers]}
 
 
 def loading_line(capacity: dict[str, Any]) -> str:
@@ -289,10 +291,6 @@ def most_contended(probes: Sequence[ProbeRecord]) -> Optional[RunQueue]:
     share, per_sample, top = max(known, key=lambda found: found[0])
     return RunQueue(per_sample_s=float(per_sample), share=share,
                     workers=top.config.num_workers or 0)
-
-
-def _finite(value: float) -> Optional[float]:
-    return value if math.isfinite(value) else None
 
 
 def run_capacity(probes: Sequence[ProbeRecord], context: dict[str, Any],

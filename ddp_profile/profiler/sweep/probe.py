@@ -10,15 +10,12 @@ from typing import Any, Optional
 from ddp_profile.profiler.decide.capacity import loading_cost, loop_demand
 from ddp_profile.profiler.launch.failure import classify
 from ddp_profile.profiler.launch.ranks import LaunchOutcome
+from ddp_profile.profiler.numbers import finite, finite_or_none
 from ddp_profile.profiler.settings import BURST_ROUNDS, ProbePlan
 from ddp_profile.profiler.store.comm import probe_comm
 from ddp_profile.profiler.store.epochs import rank_step_stats, step_seconds, whole_epochs
 from ddp_profile.profiler.store.probedir import RankData, read_probe_dir
 from ddp_profile.profiler.store.probes import Kind, Status
-
-
-def _finite(value: float) -> Optional[float]:
-    return value if value is not None and math.isfinite(value) else None
 
 
 def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: Kind, timeout_s: float
@@ -89,9 +86,9 @@ def _measurements(ranks: list[RankData], workers: Optional[int] = None) -> dict[
         skip[data.rank] = stats["segment_steps"]
         per_rank.append({"rank": data.rank, "node": data.context.get("node_rank", 0),
                          "steps": stats["steps"],
-                         "data_wait_fraction": _finite(stats["data_wait_fraction"]),
-                         "step_time_median_s": _finite(stats["step_time_median_s"]),
-                         "throughput": _finite(stats["throughput"])})
+                         "data_wait_fraction": finite_or_none(stats["data_wait_fraction"]),
+                         "step_time_median_s": finite_or_none(stats["step_time_median_s"]),
+                         "throughput": finite_or_none(stats["throughput"])})
         if stats["steps"]:
             samples += stats["samples"]
             elapsed = max(elapsed, stats["elapsed_s"])
@@ -133,8 +130,8 @@ def _communication(ranks: list[RankData], per_rank: list[dict[str, Any]]) -> dic
     comm = probe_comm(ranks)
     shares = {r["rank"]: r["exposed_fraction"] for r in (comm or {}).get("per_rank") or []}
     for row in per_rank:
-        row["comm_fraction"] = _finite(shares.get(row["rank"]))
-    return {"comm": comm, "comm_fraction": _finite((comm or {}).get("exposed_fraction"))}
+        row["comm_fraction"] = finite_or_none(shares.get(row["rank"]))
+    return {"comm": comm, "comm_fraction": finite_or_none((comm or {}).get("exposed_fraction"))}
 
 
 def _worker_cores(ranks: list[RankData], workers: Optional[int], entry: dict[str, Any]
@@ -154,7 +151,7 @@ def _worker_cores(ranks: list[RankData], workers: Optional[int], entry: dict[str
     share = min(1.0, per_host / world)
     per_sample = (entry.get("loading") or {}).get("cpu_per_sample_s")
     throughput = entry.get("throughput")
-    if workers and _finite(per_sample) is not None and _finite(throughput) is not None:
+    if workers and finite(per_sample) and finite(throughput):
         return round(float(per_sample) * float(throughput) * share, 3)
     medians = []
     for data in ranks:
@@ -219,7 +216,7 @@ def _cpu_busy(ranks: list[RankData], cpus: Optional[float]) -> Optional[float]:
         for sample in data.samples:
             percent, cores = sample.get("cpu_percent"), sample.get("cpu_per_core")
             if sample.get("source") == "host" and low <= sample.get("t_ns", 0) <= high \
-                    and _finite(percent) is not None and cores:
+                    and finite_or_none(percent) is not None and cores:
                 busy.append(percent / 100.0 * len(cores))
     return round(min(1.0, statistics.median(busy) / cpus), 3) if busy else None
 
