@@ -37,8 +37,6 @@ from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.sweep.measure import MIN_TIMEOUT_S, TIMEOUT_FACTOR, LedgerMeasurer
 from ddp_profile.profiler.sweep.state import Window
 
-_EXIT = {gate.PASS: ExitCode.OK, gate.REGRESSION: ExitCode.REGRESSION,
-         gate.INCONCLUSIVE: ExitCode.INCONCLUSIVE}
 GROUP = "gate"
 MEASURE_S = 10.0  # seconds each launch measures at least: a neighbour that comes and goes
 # every second or two (the head-to-head's on/off load) moves a 4 s window of 150 steps by
@@ -283,10 +281,10 @@ def run_paired_gate(request: PairedRequest, *, junit: Optional[str] = None,
                     quiet: bool = False) -> ExitCode:
     """The whole job: check out the reference, alternate, judge, write every output; the
     verdict's exit code."""
-    from ddp_profile.commands.gate import write_text
+    from ddp_profile.commands.gate import EXIT, write_outputs, write_text
     from ddp_profile.commands.reference import checked_out
     from ddp_profile.commands.run import check_script
-    from ddp_profile.reports import ci, gate_paired
+    from ddp_profile.reports import gate_paired
 
     check_request(request)
     check_script(request.script)
@@ -302,15 +300,9 @@ def run_paired_gate(request: PairedRequest, *, junit: Optional[str] = None,
         result = measure_alternation(request, reference.script, reference.label,
                                      reference.python_path, progress)
     document = gate_paired.to_json(result)
-    with open(os.path.join(request.out, "gate.json"), "w", encoding="utf-8") as handle:
-        json.dump(document, handle, indent=2)
+    write_text(os.path.join(request.out, "gate.json"), json.dumps(document, indent=2) + "\n",
+               "JSON result")
     gate_paired.render_console(result)
-    text = gate_paired.markdown(result)
-    if junit:
-        write_text(junit, gate_paired.junit_xml(result), "JUnit XML")
-    if markdown:
-        write_text(markdown, text, "Markdown summary")
-    if json_out:
-        write_text(json_out, json.dumps(document, indent=2) + "\n", "JSON result")
-    ci.write_github_summary(text)
-    return _EXIT[result.status]
+    write_outputs(gate_paired.markdown(result), gate_paired.junit_xml(result), document,
+                  junit=junit, markdown=markdown, json_out=json_out)
+    return EXIT[result.status]

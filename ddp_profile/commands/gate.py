@@ -39,7 +39,7 @@ from ddp_profile.rules.gate.verdict import (
 )
 
 ConfigArg = Union[None, str, Mapping[str, Any]]
-_EXIT = {PASS: ExitCode.OK, REGRESSION: ExitCode.REGRESSION,
+EXIT = {PASS: ExitCode.OK, REGRESSION: ExitCode.REGRESSION,
          INCONCLUSIVE: ExitCode.INCONCLUSIVE}
 _SHORT_KEYS = {"w": "num_workers", "workers": "num_workers", "pin": "pin_memory",
                "pf": "prefetch_factor", "bs": "batch_size"}
@@ -142,15 +142,22 @@ def run_gate(baseline_path: str, current_path: str, *, config: ConfigArg = None,
     result = build_result(baseline, current, max_regression=max_regression, alpha=alpha,
                           force=force)
     ci.render_console(result, console)
-    text = ci.markdown(result)
+    write_outputs(ci.markdown(result), ci.junit_xml(result), ci.to_json(result),
+                  junit=junit, markdown=markdown, json_out=json_out)
+    return EXIT[result.status]
+
+
+def write_outputs(text: str, junit_text: str, document: Mapping[str, Any], *,
+                  junit: Optional[str], markdown: Optional[str], json_out: Optional[str]) -> None:
+    """Every gate's files: JUnit, Markdown and JSON where asked, and the Markdown appended to
+    ``$GITHUB_STEP_SUMMARY``, whatever the verdict."""
     if junit:
-        write_text(junit, ci.junit_xml(result), "JUnit XML")
+        write_text(junit, junit_text, "JUnit XML")
     if markdown:
         write_text(markdown, text, "Markdown summary")
     if json_out:
-        write_text(json_out, json.dumps(ci.to_json(result), indent=2) + "\n", "JSON result")
+        write_text(json_out, json.dumps(document, indent=2) + "\n", "JSON result")
     ci.write_github_summary(text)
-    return _EXIT[result.status]
 
 
 def baseline_warnings(samples: list[float], max_regression: float = MAX_REGRESSION) -> list[str]:
