@@ -248,7 +248,7 @@ def gate(
     max_launches: Optional[int] = typer.Option(None, help="Paired: launches in all at most "
                                                "(default 19: A B ... A)."),
     measure_s: Optional[float] = typer.Option(None, help="Paired: seconds each launch "
-                                              "measures at least (default 10; `steps` at "
+                                              "measures at least (default 20; `steps` at "
                                               "least)."),
     out: Optional[str] = typer.Option(None, help="Paired: the job's directory (default: `out` "
                                       "in the project file, else ddp-profile-gate)."),

@@ -38,10 +38,11 @@ from ddp_profile.profiler.sweep.measure import MIN_TIMEOUT_S, TIMEOUT_FACTOR, Le
 from ddp_profile.profiler.sweep.state import Window
 
 GROUP = "gate"
-MEASURE_S = 10.0  # seconds each launch measures at least: a neighbour that comes and goes
-# every second or two (the head-to-head's on/off load) moves a 4 s window of 150 steps by
-# 8.5 % (SD), more than the tolerance; over a longer window it averages out
-MAX_STEPS_FACTOR = 20  # ... but no more than this many times the file's steps
+MEASURE_S = 20.0  # seconds each launch measures at least: a neighbour that comes and goes
+# every second or two (the head-to-head's on/off load) moves a 4 s window by 8.5 % (SD), a
+# 10 s window by 4.7 %, more than half the tolerance; what comes and goes within a window
+# averages out as one over its length
+MAX_STEPS_FACTOR = 50  # ... but no more than this many times the file's steps
 
 
 @dataclass(frozen=True)

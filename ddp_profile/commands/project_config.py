@@ -18,7 +18,7 @@ Keys and types::
     repeat = 3                          (launches of the recommended configuration)
     pairs = 3                           (the claim checked: A B alternations; 0: not checked)
     out = "ddp-profile-current"         baseline = "baseline.json"     max_regression = 0.05
-    against = "origin/main"   max_launches = 19   measure_s = 10.0   (the paired gate)
+    against = "origin/main"   max_launches = 19   measure_s = 20.0   (the paired gate)
 
 Every problem (unknown key, wrong type, bad value, unreadable TOML) is a ``UsageError`` with a
 one-line message naming the file and the key. Pure data in, data out: nothing here runs a probe.
