@@ -12,6 +12,7 @@ from typing import List, Optional
 
 import typer
 
+from ddp_profile.profiler.cache import MODES as CACHE_MODES
 from ddp_profile.profiler.store.probes import Status
 
 try:  # typer >= 0.20 vendors its own copy of click
@@ -70,7 +71,7 @@ def run(
                                         "in one launch; DDP options and persistent_workers "
                                         "too, each beside the settings without them (default "
                                         "3 pairs; 0: not checked, neither measured)."),
-    cache: Optional[str] = typer.Option(None, help="auto | cold | warm | as-is: the page "
+    cache: Optional[str] = typer.Option(None, help=f"{' | '.join(CACHE_MODES)}: the page "
                                         "cache's state in every probe (default auto: cold "
                                         "where one epoch's data exceeds half the memory "
                                         "available, warm where it fits)."),

@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 
 from ddp_profile.defaults import CONFIDENCE, MAX_REGRESSION
 from ddp_profile.errors import ExitCode, ScriptFailed, UsageError
+from ddp_profile.profiler.cache import CacheMode
 from ddp_profile.profiler.decide import gate
 from ddp_profile.profiler.decide.paired import CANDIDATE, REFERENCE, order
 from ddp_profile.profiler.settings import (
@@ -59,7 +60,7 @@ class PairedRequest:
     steps: int = 30
     warmup: int = 5
     timeout_s: Optional[float] = None
-    cache: str = "as-is"
+    cache: str = CacheMode.AS_IS
     max_launches: int = gate.DEFAULT_MAX_LAUNCHES
     measure_s: float = MEASURE_S  # each launch measures at least this long
     max_regression: float = MAX_REGRESSION
@@ -165,7 +166,8 @@ def _side(name: str, label: str, script: str, request: PairedRequest,
         spec = replace(spec, extra_env=spec.extra_env + (("PYTHONPATH", python_path),))
     measurer = LedgerMeasurer(run_dir, spec, request.steps, request.warmup,
                               timeout_s=request.timeout_s,
-                              cache="cold" if request.cache == "cold" else "as-is")
+                              cache=CacheMode.COLD if request.cache == CacheMode.COLD
+                              else CacheMode.AS_IS)
     return _Side(name, label, measurer)
 
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 from ddp_profile.errors import UsageError
+from ddp_profile.profiler.cache import MODES as CACHE_MODES
+from ddp_profile.profiler.cache import CacheMode
 from ddp_profile.profiler.settings import AXIS_MINIMUM, parse_bool_list, parse_int_list
 
 if TYPE_CHECKING:
@@ -43,9 +45,9 @@ TOOL_TABLE = "ddp-profile"
 
 RUN_DEFAULTS: Mapping[str, Any] = {"launcher": "torchrun", "steps": 30, "warmup": 5,
                                    "search": "adaptive", "ceiling": True, "comm": True,
-                                   "repeat": 1, "pairs": 3, "cache": "auto"}
+                                   "repeat": 1, "pairs": 3, "cache": CacheMode.AUTO.value}
 _CHOICES = {"launcher": ("torchrun", "none"), "search": ("adaptive", "grid"),
-            "cache": ("auto", "cold", "warm", "as-is")}
+            "cache": CACHE_MODES}
 _PATH_KEYS = ("script", "out", "baseline")
 # Signs of a [tool.ddp-profile] table, for deciding without a TOML parser (Python < 3.11).
 _TOOL_TABLE_RE = re.compile(r"""(?m)^\s*\[?\s*tool\s*\.\s*["']?ddp-profile\b""")

@@ -31,13 +31,27 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass
+from enum import Enum
 from typing import Any, Iterable, Optional
 
 from ddp_profile.profiler.rank.loading.pagecache import drop
 from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.profiler.store.record import WORKER_DIR, read_jsonl
 
-MODES = ("auto", "cold", "warm", "as-is")
+
+class CacheMode(str, Enum):
+    """The page cache's state asked for (``--cache``) and the run's regime decided from it."""
+
+    AUTO = "auto"  # asked for only: decided from the baseline (``decide``)
+    COLD = "cold"
+    WARM = "warm"
+    AS_IS = "as-is"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+MODES = tuple(mode.value for mode in CacheMode)  # what ``--cache`` accepts
 IN_MEMORY_READ_B = 1024  # producers reading less per sample read no files: nothing to regime
 FITS_SHARE = 0.5  # of MemAvailable the data one epoch reads may take and still count as cached
 CACHE_MARGIN = 0.25  # a storage share this far from the regime's is not in it
@@ -50,25 +64,25 @@ WARM_STORAGE_SHARE = 0.02
 
 @dataclass(frozen=True)
 class Regime:
-    requested: str  # auto | cold | warm | as-is
-    mode: str  # cold | warm | as-is
+    requested: CacheMode  # as asked (``--cache``)
+    mode: CacheMode  # as decided: COLD, WARM or AS_IS
     reason: str
     epoch_bytes: Optional[float] = None  # bytes one epoch reads, from the baseline
     memory_available: Optional[int] = None
 
     @property
     def cold(self) -> bool:
-        return self.mode == "cold"
+        return self.mode == CacheMode.COLD
 
     @property
     def warm(self) -> bool:
-        return self.mode == "warm"
+        return self.mode == CacheMode.WARM
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-AS_IS = Regime("auto", "as-is", "not decided yet")
+AS_IS = Regime(CacheMode.AUTO, CacheMode.AS_IS, "not decided yet")
 
 
 def _gb(value: float) -> str:
@@ -77,24 +91,27 @@ def _gb(value: float) -> str:
 
 def decide(requested: str, baseline: ProbeRecord, dataset_len: Optional[int],
            memory: Optional[int]) -> Regime:
-    """The run's regime, from the request and the baseline's measured reads."""
+    """The run's regime, from the request (one of ``MODES``) and the baseline's measured
+    reads."""
+    asked = CacheMode(requested)
     read = baseline.loading.read_per_sample_bytes if baseline.loading is not None else None
     epoch = read * dataset_len if read is not None and dataset_len else None
-    if requested != "auto":
-        return Regime(requested, requested, f"--cache {requested}", epoch, memory)
+    if asked != CacheMode.AUTO:
+        return Regime(asked, asked, f"--cache {asked}", epoch, memory)
     if read is None:
-        return Regime(requested, "as-is", "the producers' reads were not measured", None, memory)
+        return Regime(asked, CacheMode.AS_IS, "the producers' reads were not measured", None,
+                      memory)
     if read < IN_MEMORY_READ_B:
-        return Regime(requested, "as-is", f"the producers read {read:,.0f} bytes per sample: "
-                      "no files to cache", epoch, memory)
+        return Regime(asked, CacheMode.AS_IS, f"the producers read {read:,.0f} bytes per "
+                      "sample: no files to cache", epoch, memory)
     if epoch is None or not memory:
-        return Regime(requested, "as-is", "the dataset's length or the memory available is "
-                      "unknown", epoch, memory)
+        return Regime(asked, CacheMode.AS_IS, "the dataset's length or the memory available "
+                      "is unknown", epoch, memory)
     if epoch <= FITS_SHARE * memory:
-        return Regime(requested, "warm", f"one epoch reads {_gb(epoch)}, within half the "
+        return Regime(asked, CacheMode.WARM, f"one epoch reads {_gb(epoch)}, within half the "
                       f"{_gb(memory)} available: the job reads it from the page cache from "
                       "its second epoch on", epoch, memory)
-    return Regime(requested, "cold", f"one epoch reads {_gb(epoch)}, more than half the "
+    return Regime(asked, CacheMode.COLD, f"one epoch reads {_gb(epoch)}, more than half the "
                   f"{_gb(memory)} available: the job reads it from storage every epoch",
                   epoch, memory)
 

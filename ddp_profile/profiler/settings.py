@@ -12,6 +12,7 @@ import json
 import math
 import os
 from dataclasses import asdict, dataclass, field, replace
+from enum import Enum
 from typing import Any, Mapping, Optional
 
 ENV_ACTIVE = "DDP_PROFILE"  # "1" in every process of a probe; the hook does nothing without it
@@ -76,16 +77,28 @@ def constructor_options(ddp: Optional[dict[str, Any]]) -> dict[str, Any]:
     return {k: v for k, v in (ddp or {}).items() if k != GRADIENT_SYNC}
 
 
+class Mode(str, Enum):
+    """How a probe's ranks serve their batches (``ProbePlan.mode``, a window's ``"mode"``)."""
+
+    NORMAL = "normal"  # load data as configured
+    SCREEN = "screen"  # a launch of several windows, each in a mode of its own (``windows``)
+    CEILING = "ceiling"  # after the warm-up, cached batches replayed: compute-only throughput
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class ProbePlan:
     """What every rank of one probe does: which settings, how many steps, which mode.
 
-    ``mode`` is ``"normal"`` (load data as configured) or ``"ceiling"`` (after the warm-up,
-    replay a few cached batches so the loop never waits for data: compute-only throughput).
+    ``mode`` is ``Mode.NORMAL`` (load data as configured) or ``Mode.CEILING`` (after the
+    warm-up, replay a few cached batches so the loop never waits for data: compute-only
+    throughput); a screen launch's is ``Mode.SCREEN``, its windows' their own.
 
     ``windows`` turns the probe into a *screen*: one launch that measures several loader
     configurations one after another, each for ``warmup + steps`` training steps. Each window
-    is ``{"overrides": LoaderSettings dict, "mode": "normal" | "ceiling"}`` (and ``"ddp":
+    is ``{"overrides": LoaderSettings dict, "mode": Mode.NORMAL | Mode.CEILING}`` (and ``"ddp":
     {GRADIENT_SYNC: False}`` for a window without gradient synchronisation); the DataLoader is
     built with the first window's overrides and rebuilt for each later one (see
     ``profiler.instrument``).
@@ -96,7 +109,7 @@ class ProbePlan:
     overrides: LoaderSettings = field(default_factory=LoaderSettings)
     warmup: int = 5
     steps: int = 30
-    mode: str = "normal"
+    mode: Mode = Mode.NORMAL
     inject_local_rank: Optional[str] = None  # "--local_rank" / "--local-rank" for legacy scripts
     rdzv_id: Optional[str] = None  # multi-node: the rendezvous id shared by every node
     windows: tuple[dict[str, Any], ...] = ()
@@ -104,8 +117,9 @@ class ProbePlan:
     ddp: Optional[dict[str, Any]] = None  # DDP constructor options applied to every DDP the
     # script builds, e.g. {"bucket_cap_mb": 100} (None: the script's own)
     steps_per_s: Optional[float] = None  # predicted steps/s of a rank (``burst_steps``)
-    cache: Optional[str] = None  # COLD: producers drop the files they read from the page
-    # cache after each batch (``profiler.rank.loading.pagecache``); None: the page cache as it is
+    cache: Optional[str] = None  # ``profiler.cache.CacheMode.COLD``: producers drop the files
+    # they read from the page cache after each batch (``profiler.rank.loading.pagecache``);
+    # None: the page cache as it is
     persistent_workers: Optional[bool] = None  # True: every loader with workers keeps them
     # across epochs (``DataLoader(persistent_workers=True)``); None: the script's own
 
@@ -137,8 +151,8 @@ class ProbePlan:
     def window_settings(self, index: int) -> LoaderSettings:
         return LoaderSettings.from_dict(self.windows[index].get("overrides"))
 
-    def window_mode(self, index: int) -> str:
-        return str(self.windows[index].get("mode") or "normal") if self.windows else self.mode
+    def window_mode(self, index: int) -> Mode:
+        return Mode(self.windows[index].get("mode") or Mode.NORMAL) if self.windows else self.mode
 
     def gradient_sync(self, window: int) -> bool:
         """Whether DDP synchronises gradients in ``window`` (the probe's step where it is no
@@ -159,6 +173,7 @@ class ProbePlan:
         data = json.loads(text)
         data["overrides"] = LoaderSettings.from_dict(data.get("overrides"))
         data["windows"] = tuple(data.get("windows") or ())
+        data["mode"] = Mode(data.get("mode") or Mode.NORMAL)
         return cls(**data)
 
     @classmethod
@@ -169,9 +184,6 @@ class ProbePlan:
         return cls.from_json(environ[ENV_PLAN])
 
 
-COLD = "cold"  # ``ProbePlan.cache``: every file a producer reads is dropped after use
-
-
 def window_index(starts: list[int], step: int) -> int:
     """The window a training step falls in, given each window's first step."""
     return max(0, bisect.bisect_right(starts, step) - 1)
@@ -180,10 +192,10 @@ def window_index(starts: list[int], step: int) -> int:
 CEILING_CACHE_BATCHES = 4  # a ceiling probe loads this many real batches, then replays them
 
 
-def mode_warmup(warmup: int, mode: str) -> int:
+def mode_warmup(warmup: int, mode: Mode) -> int:
     """A ceiling probe's warm-up covers its cache fill and the step after it, in which the
     workers are shut down: no real load, nor the end of loading, is ever measured."""
-    return max(warmup, CEILING_CACHE_BATCHES + 1) if mode == "ceiling" else warmup
+    return max(warmup, CEILING_CACHE_BATCHES + 1) if mode == Mode.CEILING else warmup
 
 
 def backlog_warmup(warmup: int, num_workers: Optional[int],
@@ -223,7 +235,7 @@ MIN_MEASURE_S = 1.0  # ... and, where that is predicted to take less, about this
 MAX_BURST_ROUNDS = 10  # ... but no more rounds than this for the sake of time
 
 
-def burst_steps(steps: int, num_workers: Optional[int], mode: str = "normal",
+def burst_steps(steps: int, num_workers: Optional[int], mode: Mode = Mode.NORMAL,
                 steps_per_s: Optional[float] = None) -> int:
     """Measured steps that span ``BURST_ROUNDS`` rounds of the workers, and where the rank is
     predicted to make ``steps_per_s``, about ``MIN_MEASURE_S`` seconds (within
@@ -242,9 +254,9 @@ def burst_steps(steps: int, num_workers: Optional[int], mode: str = "normal",
     ``MIN_MEASURE_S`` too, within ``MAX_BURST_ROUNDS`` times ``steps``: 15 replayed steps of a
     small model lasted 16 ms and measured 38,000 samples/s in one run, 4,500 in the next.
     """
-    if mode == "ceiling" and steps_per_s:
+    if mode == Mode.CEILING and steps_per_s:
         return max(steps, min(MAX_BURST_ROUNDS * steps, math.ceil(MIN_MEASURE_S * steps_per_s)))
-    if mode != "normal" or not num_workers:
+    if mode != Mode.NORMAL or not num_workers:
         return steps
     rounds = max(steps, BURST_ROUNDS * num_workers)
     if steps_per_s is None or not steps_per_s > 0:

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 
-from ddp_profile.profiler.cache import decide, out_of_regime, recorded_files, warm
+from ddp_profile.profiler.cache import (
+    MODES,
+    CacheMode,
+    decide,
+    out_of_regime,
+    recorded_files,
+    warm,
+)
 from ddp_profile.profiler.store.probes import ProbeRecord
 
 GB = 1_000_000_000
@@ -67,3 +75,10 @@ def test_the_files_a_probe_recorded_are_read_back_from_ranks_and_workers(tmp_pat
         '{"kind":"files","paths":["/d/b","/d/c"]}\n{"kind":"files","paths":"torn')
     assert sorted(recorded_files(str(tmp_path))) == ["/d/a", "/d/b", "/d/c"]
     assert recorded_files(os.path.join(str(tmp_path), "missing")) == []
+
+
+def test_a_regime_is_written_with_the_modes_as_given_on_the_command_line():
+    regime = decide("as-is", baseline(128_000), 40_000, GB)
+    assert regime.mode is CacheMode.AS_IS and regime.requested is CacheMode.AS_IS
+    assert json.loads(json.dumps(regime.to_dict()))["mode"] == "as-is"
+    assert MODES == ("auto", "cold", "warm", "as-is")  # what --cache and the project file take

@@ -16,6 +16,7 @@ import time
 import weakref
 from typing import Any, Callable, Optional
 
+from ddp_profile.profiler.cache import CacheMode
 from ddp_profile.profiler.rank.comm import CommMeter
 from ddp_profile.profiler.rank.facts import (
     FINGERPRINT_BATCHES,
@@ -39,7 +40,13 @@ from ddp_profile.profiler.rank.windows import (
     note_yielded,
     rebuilt_iterator,
 )
-from ddp_profile.profiler.settings import COLD, ProbePlan, backlog_warmup, burst_steps, mode_warmup
+from ddp_profile.profiler.settings import (
+    Mode,
+    ProbePlan,
+    backlog_warmup,
+    burst_steps,
+    mode_warmup,
+)
 from ddp_profile.profiler.store.record import ITERATOR_OUTLIVES_EPOCH, RankRecorder
 
 RUNQ = RunQueueClock()  # the training thread's time runnable, waiting for a CPU
@@ -89,8 +96,9 @@ class LoaderHooks:
         args = bound.arguments
         own = own_settings(args)
         applied, skipped = apply_overrides(args, self.plan.overrides, self.plan.persistent_workers)
-        args["worker_init_fn"] = loadcost.WorkerInit(args.get("worker_init_fn"), self.plan.out_dir,
-                                                     loader_id, cold=self.plan.cache == COLD)
+        args["worker_init_fn"] = loadcost.WorkerInit(
+            args.get("worker_init_fn"), self.plan.out_dir, loader_id,
+            cold=self.plan.cache == CacheMode.COLD)
         object.__setattr__(loader, "_ddp_profile_id", loader_id)
         object.__setattr__(loader, "_ddp_profile_iters", 0)
         self.recorder.write({"kind": "loader", "loader_id": loader_id, "rank": current_rank(),
@@ -100,7 +108,7 @@ class LoaderHooks:
     def _files(self) -> FileReads:
         """The watch on the files this rank's own fetches open (``num_workers=0``)."""
         if self.file_reads is None:
-            self.file_reads = watch(FileReads(self.plan.cache == COLD))
+            self.file_reads = watch(FileReads(self.plan.cache == CacheMode.COLD))
         return self.file_reads
 
     def before_iter(self, loader: Any) -> None:
@@ -198,7 +206,7 @@ class LoaderHooks:
         """A probe's warm-up also drains the start-up prefetch (``config.backlog_warmup``);
         a screen's windows carry their own."""
         loader = state.loader()
-        if self.plan.windows or self.plan.mode != "normal" or loader is None:
+        if self.plan.windows or self.plan.mode != Mode.NORMAL or loader is None:
             return self.plan.warmup if self.plan.windows else \
                 mode_warmup(self.plan.warmup, self.plan.mode)
         return backlog_warmup(self.plan.warmup, getattr(loader, "num_workers", 0),
@@ -215,7 +223,7 @@ class LoaderHooks:
     def _fetch(self, state: IteratorState, iterator: Any,
                original_next: Callable[[Any], Any]) -> Any:
         source = state.delegate or iterator
-        if self.screen.mode(state.loader_id == self.training_loader_id) != "ceiling":
+        if self.screen.mode(state.loader_id == self.training_loader_id) != Mode.CEILING:
             batch = original_next(source)
             note_yielded(source)
             return batch

@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterator, Optional
 from ddp_profile.profiler.settings import (
     CEILING_CACHE_BATCHES,
     LoaderSettings,
+    Mode,
     ProbePlan,
     window_index,
 )
@@ -210,8 +211,8 @@ class Screen:
             return self.starts.index(steps_closed)
         return None
 
-    def mode(self, training: bool) -> str:
-        """The mode a batch is served in ("normal" or "ceiling")."""
+    def mode(self, training: bool) -> Mode:
+        """The mode a batch is served in (``Mode.NORMAL`` or ``Mode.CEILING``)."""
         if self.windows and training:
             return self.plan.window_mode(self.window)
         return self.plan.mode

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from ddp_profile.profiler.decide.capacity import WORKER_CAP, loading_line
 from ddp_profile.profiler.decide.choose import UNSTABLE_RSE, relative_se
-from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.settings import LoaderSettings, Mode
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord, Status
 from ddp_profile.profiler.sweep import ceiling
 from ddp_profile.profiler.sweep.climb import (
@@ -58,7 +58,7 @@ def run(search: SearchState) -> None:
     windows = [search.window(c) for c in configs if search.find(c) is None]
     if search.wants_ceiling():
         windows.append(search.window(windows[-1].config if windows else normalise(own),
-                                     "ceiling", "ceiling"))
+                                     Kind.CEILING, Mode.CEILING))
     if search.loader().get("iterable"):  # known from the baseline: no launch wasted on it
         search.measurer.screen_unsupported = ("its IterableDataset's stream cannot continue "
                                               "in a new iterator mid-epoch")

@@ -14,6 +14,7 @@ ceiling to score against. It is marked failed with why
 
 from __future__ import annotations
 
+from ddp_profile.profiler.settings import Mode
 from ddp_profile.profiler.store.probes import CEILING_FAILED, Kind, latest_ceiling
 from ddp_profile.profiler.sweep.climb import worth_tuning
 from ddp_profile.profiler.sweep.state import SearchState, Window
@@ -46,8 +47,8 @@ def measure(search: SearchState) -> None:
     config = best.config
     kept = latest_ceiling(search.entries)
     if kept is None or kept.config.batch_size != config.batch_size:
-        search.measurer.measure(Window(config, Kind.CEILING, mode="ceiling",
-                                       steps_per_s=search.steps_per_s(config, "ceiling")))
+        search.measurer.measure(Window(config, Kind.CEILING, mode=Mode.CEILING,
+                                       steps_per_s=search.steps_per_s(config, Mode.CEILING)))
 
 
 def vet(search: SearchState) -> None:

@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 from ddp_profile.profiler.cache import (
     AS_IS,
     FITS_SHARE,
+    CacheMode,
     Regime,
     chill,
     decide,
@@ -34,8 +35,8 @@ from ddp_profile.profiler.launch.ranks import (
     new_tag,
 )
 from ddp_profile.profiler.settings import (
-    COLD,
     LoaderSettings,
+    Mode,
     ProbePlan,
     backlog_warmup,
     burst_steps,
@@ -60,7 +61,7 @@ class LedgerMeasurer:
 
     def __init__(self, run_dir: RunDir, spec: LaunchSpec, steps: int, warmup: int,
                  timeout_s: Optional[float] = None, progress: ProgressFn = no_progress,
-                 coordinator: Optional[Coordinator] = None, cache: str = "auto"):
+                 coordinator: Optional[Coordinator] = None, cache: str = CacheMode.AUTO):
         self.run_dir, self.spec, self.steps, self.warmup = run_dir, spec, steps, warmup
         self.fixed_timeout = timeout_s is not None
         self.timeout_s = timeout_s or DEFAULT_FIRST_TIMEOUT_S
@@ -74,7 +75,8 @@ class LedgerMeasurer:
         self.window_loop_s = 0.0  # estimated seconds of one screen window's loop
         # the page cache's state for every launch (``profiler.cache``): asked for cold, from the
         # first launch on; else decided after the baseline (``settle_cache``)
-        self.regime: Regime = Regime(cache, "cold", "--cache cold") if cache == "cold" else AS_IS
+        cold = Regime(CacheMode.COLD, CacheMode.COLD, f"--cache {CacheMode.COLD}")
+        self.regime: Regime = cold if cache == CacheMode.COLD else AS_IS
         self.files: dict[str, None] = {}  # every file the producers read so far, in order
         self.warmed: list[dict[str, Any]] = []  # what warming the cache read, per launch
         # a probe measured again read out of the regime again: this machine does not hold it
@@ -162,7 +164,7 @@ class LedgerMeasurer:
 
     @property
     def plan_cache(self) -> Optional[str]:
-        return COLD if self.regime.cold else None
+        return CacheMode.COLD if self.regime.cold else None
 
     def settle_cache(self, baseline: ProbeRecord, requested: str) -> ProbeRecord:
         from ddp_profile.profiler.rank.facts import memory_available
@@ -267,7 +269,7 @@ class LedgerMeasurer:
             self.run_dir.discard_partial_probe(probe_id)
         plan = ProbePlan(
             probe_id=launch_id, out_dir=self.run_dir.probe_dir(launch_id),
-            overrides=pending[0].config, warmup=self.warmup, steps=self.steps, mode="screen",
+            overrides=pending[0].config, warmup=self.warmup, steps=self.steps, mode=Mode.SCREEN,
             windows=tuple({"overrides": w.config.to_dict(), "mode": w.mode,
                            "warmup": self._window_warmup(w),
                            **({"ddp": dict(w.ddp)} if w.ddp is not None else {}),
@@ -278,7 +280,7 @@ class LedgerMeasurer:
             cache=self.plan_cache)
         timeout_s = self.screen_timeout(len(pending))
         self.progress("start", {"probe_id": launch_id, "config": pending[0].config,
-                                "kind": "screen", "windows": len(pending)})
+                                "kind": Mode.SCREEN, "windows": len(pending)})
         outcome = self._launch(plan, timeout_s, watched(plan, pending, done, condemned))
         if outcome.stopped:
             self.progress("note", {"text": f"{launch_id} stopped: the windows it measured "
@@ -310,7 +312,7 @@ class LedgerMeasurer:
         return consumed
 
     def _window_warmup(self, window: Window) -> int:
-        if window.mode != "normal":
+        if window.mode != Mode.NORMAL:
             return mode_warmup(self.warmup, window.mode)
         return backlog_warmup(self.warmup, window.config.num_workers,
                               window.config.prefetch_factor)

@@ -29,7 +29,7 @@ from ddp_profile.profiler.decide.choose import (
 )
 from ddp_profile.profiler.launch.coordinate import Coordinator
 from ddp_profile.profiler.launch.ranks import LaunchSpec, ignore_hangup, restore_hangup
-from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.settings import LoaderSettings, Mode
 from ddp_profile.profiler.store.probes import (
     Kind,
     ProbeRecord,
@@ -227,11 +227,11 @@ class Search:
     def adaptive(self) -> None:
         adaptive.run(self)
 
-    def window(self, config: LoaderSettings, kind: Kind = Kind.SWEEP, mode: str = "normal",
+    def window(self, config: LoaderSettings, kind: Kind = Kind.SWEEP, mode: Mode = Mode.NORMAL,
                steps: Optional[int] = None) -> Window:
         return Window(config, kind, mode, steps, self.steps_per_s(config, mode))
 
-    def steps_per_s(self, config: LoaderSettings, mode: str = "normal") -> Optional[float]:
+    def steps_per_s(self, config: LoaderSettings, mode: Mode = Mode.NORMAL) -> Optional[float]:
         """Training steps per second one rank is predicted to make with ``config``: as measured
         where this configuration was measured before, else from the capacity model (the
         compute-only demand for a ceiling window); None where unknown. It lengthens the
@@ -241,10 +241,10 @@ class Search:
                                       if self.baseline is not None else None)
         if model is None or not batch:
             return None
-        known = self.find(config) if mode == "normal" else None
+        known = self.find(config) if mode == Mode.NORMAL else None
         if known is not None:
             samples = known.throughput or 0.0
-        elif mode == "ceiling":
+        elif mode == Mode.CEILING:
             samples = model.demand
         else:
             samples = model.throughput(config.num_workers or 0)

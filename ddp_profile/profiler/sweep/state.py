@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
+from ddp_profile.profiler.cache import CacheMode
 from ddp_profile.profiler.decide.capacity import Capacity
-from ddp_profile.profiler.settings import LoaderSettings
+from ddp_profile.profiler.settings import LoaderSettings, Mode
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.sweep.space import Axes, SearchSpace
 
@@ -33,7 +34,7 @@ class Window:
 
     config: LoaderSettings
     kind: Kind = Kind.SWEEP
-    mode: str = "normal"
+    mode: Mode = Mode.NORMAL
     steps: Optional[int] = None  # measured steps asked (None: the run's ``--steps``)
     steps_per_s: Optional[float] = None  # predicted steps/s of a rank (``burst_steps``)
     pair: Optional[dict[str, Any]] = None  # its place in the claim's alternation (``claim``)
@@ -96,7 +97,8 @@ class SweepOptions:
     single: bool = False  # measure the requested settings only (no search)
     repeat: int = 1  # launches of the recommended configuration in all (the gate's repeats)
     pairs: int = 3  # the claim checked: A B alternations of the baseline and the best (claim)
-    cache: str = "auto"  # the page-cache regime asked for (``profiler.cache``)
+    cache: str = CacheMode.AUTO  # the page-cache regime asked for, one of ``profiler.cache``'s
+    # ``MODES`` (a plain string where read back from the run's metadata)
 
 
 class SearchState(Protocol):
@@ -144,11 +146,11 @@ class SearchState(Protocol):
     def best(self) -> Optional[ProbeRecord]:
         """The entry the choice picks among the measurements so far."""
 
-    def window(self, config: LoaderSettings, kind: Kind = Kind.SWEEP, mode: str = "normal",
+    def window(self, config: LoaderSettings, kind: Kind = Kind.SWEEP, mode: Mode = Mode.NORMAL,
                steps: Optional[int] = None) -> Window:
         """A window of ``config``, its measurement lengthened where it runs fast."""
 
-    def steps_per_s(self, config: LoaderSettings, mode: str = "normal") -> Optional[float]:
+    def steps_per_s(self, config: LoaderSettings, mode: Mode = Mode.NORMAL) -> Optional[float]:
         """Training steps per second one rank is predicted to make with ``config``."""
 
     def capacity(self) -> Optional[Capacity]:
