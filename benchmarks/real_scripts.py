@@ -10,12 +10,19 @@ recommendation's speed over the grid's best (>= 0.95 wanted) and whether its int
 the recommendation's plain speed.
 
 Scripts we did not write are never copied into this repository: fetch them and point at them
-(``--timm-script``; docs/benchmarks.md names the commits). ``short_mlp`` is our own
-(``workloads/short_mlp.py``, 2 gloo ranks). Prints one JSON object.
+(``--timm-script`` and the like; docs/benchmarks.md names the commits). ``short_mlp`` is our own
+(``workloads/short_mlp.py``, 2 gloo ranks). Where a script's command line cannot set an axis
+(Lightning's and kubeflow's loaders have no ``num_workers``, accelerate's ``cv_example.py``
+neither nor a batch size) the grid keeps the script's value, and a recommendation that changes
+it is reported, not launched. Prints one JSON object.
 
     python benchmarks/real_scripts.py --workloads short_mlp --runs 3
     python benchmarks/real_scripts.py --workloads timm --runs 1 --rounds 2 \\
         --timm-script ~/pytorch-image-models/train.py --images ~/imgs
+    python benchmarks/real_scripts.py --workloads imagenet,lightning,kubeflow_mnist --epochs 2 \\
+        --imagenet-script ~/examples/imagenet/main.py --images ~/imgs \\
+        --lightning-script ~/lightning/examples/pytorch/basics/backbone_image_classifier.py \\
+        --kubeflow-script ~/mnist/src/mnist.py --fashion-mnist ~/mnist/data
 """
 
 from __future__ import annotations
@@ -44,8 +51,10 @@ class Script:
     args: Callable[[dict[str, Any]], list[str]]  # a configuration -> the script's arguments
     own: dict[str, Any]  # the script's own settings (as the user runs it)
     grid: list[dict[str, Any]]  # the plain grid, the script's own settings among them
-    idle: list[str]  # arguments of a launch that trains no epoch (start-up only)
+    idle: Optional[list[str]]  # arguments of a launch that trains no epoch (None: it has none)
     env: tuple[tuple[str, str], ...] = (("OMP_NUM_THREADS", "1"),)
+    cwd: Optional[str] = None  # where it starts (default: the workload's temporary directory)
+    fixed: tuple[tuple[str, Any], ...] = ()  # settings its command line cannot change
 
 
 def short_mlp(_: argparse.Namespace) -> Script:
@@ -73,8 +82,84 @@ def timm(options: argparse.Namespace) -> Script:
     return Script(os.path.abspath(options.timm_script), 1, args, own, grid, args(own, epochs=0))
 
 
-WORKLOADS: dict[str, Callable[[argparse.Namespace], Script]] = {"short_mlp": short_mlp,
-                                                                "timm": timm}
+def need(name: str, options: argparse.Namespace, *dests: str) -> list[str]:
+    """Those options' paths, absolute; exits naming the ones not given."""
+    missing = ["--" + dest.replace("_", "-") for dest in dests if not getattr(options, dest)]
+    if missing:
+        raise SystemExit(f"{name}: give {' and '.join(missing)}")
+    return [os.path.abspath(os.path.expanduser(getattr(options, dest))) for dest in dests]
+
+
+def imagenet(options: argparse.Namespace) -> Script:
+    """pytorch/examples imagenet/main.py: 1 process, on the CPU by itself, --images has val/."""
+    path, images = need("imagenet", options, "imagenet_script", "images")
+
+    def args(config: dict[str, Any], epochs: int = options.epochs) -> list[str]:
+        return [images, "-a", "mobilenet_v3_small", "-b", str(config["batch_size"]), "-j",
+                str(config["num_workers"]), "--epochs", str(epochs)]
+    grid = [{"num_workers": w, "batch_size": 32} for w in (0, 2, 4)]
+    own = {"num_workers": 0, "batch_size": 32}
+    return Script(path, 1, args, own, grid, args(own, epochs=0))
+
+
+def lightning(options: argparse.Namespace) -> Script:
+    """Lightning's examples/pytorch/basics/backbone_image_classifier.py (LightningCLI, 2 DDP
+    ranks on the CPU). It reads MNIST from ../../Datasets beside itself, after checking
+    torchvision's copy under ./data: the launches start where ./data is that folder."""
+    (path,) = need("lightning", options, "lightning_script")
+    datasets = os.path.join(os.path.dirname(path), "..", "..", "Datasets")
+    if not os.path.isdir(os.path.join(datasets, "MNIST", "raw")):
+        raise SystemExit(f"lightning: no MNIST/raw under {os.path.normpath(datasets)}")
+    cwd = tempfile.mkdtemp(prefix="lightning-")
+    os.symlink(os.path.abspath(datasets), os.path.join(cwd, "data"))
+
+    def args(config: dict[str, Any], epochs: int = options.epochs,
+             batches: Optional[int] = None) -> list[str]:
+        limit = ["--trainer.limit_train_batches", str(batches), "--trainer.limit_val_batches",
+                 str(batches)] if batches else []
+        return ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy",
+                "ddp", "--trainer.max_epochs", str(epochs), "--trainer.default_root_dir", cwd,
+                "--data.batch_size", str(config["batch_size"]), *limit]
+    grid = [{"num_workers": 0, "batch_size": b} for b in (32, 64, 128)]
+    own = {"num_workers": 0, "batch_size": 32}
+    # no epoch at all fails (its test step loads the best checkpoint): one batch instead
+    return Script(path, 2, args, own, grid, args(own, epochs=1, batches=1), cwd=cwd,
+                  fixed=(("num_workers", 0),))
+
+
+def kubeflow_mnist(options: argparse.Namespace) -> Script:
+    """kubeflow's examples/pytorch/mnist/mnist.py (2 gloo ranks): FashionMNIST from ../data,
+    here --fashion-mnist (a folder holding FashionMNIST/raw)."""
+    path, data = need("kubeflow_mnist", options, "kubeflow_script", "fashion_mnist")
+    root = tempfile.mkdtemp(prefix="kubeflow-")
+    os.symlink(data, os.path.join(root, "data"))
+    os.makedirs(os.path.join(root, "src"))
+
+    def args(config: dict[str, Any], epochs: int = options.epochs) -> list[str]:
+        return ["--backend", "gloo", "--epochs", str(epochs), "--batch-size",
+                str(config["batch_size"]), "--dir", os.path.join(root, "logs")]
+    grid = [{"num_workers": 0, "batch_size": b} for b in (32, 64, 128)]
+    own = {"num_workers": 0, "batch_size": 64}
+    return Script(path, 2, args, own, grid, args(own, epochs=0), cwd=os.path.join(root, "src"),
+                  fixed=(("num_workers", 0),))
+
+
+def accelerate(options: argparse.Namespace) -> Script:
+    """accelerate's examples/cv_example.py (2 gloo ranks, bf16 on the CPU): 3 epochs, batch 64
+    and 4 workers, all fixed in the script; --pets holds <label>_<n>.jpg, --hf-cache a hub cache
+    with timm/resnet50d.ra2_in1k (it loads pretrained weights, offline here). No launch trains no
+    epoch: each rank gets whole batches of 64, however few the files."""
+    path, pets, cache = need("accelerate", options, "accelerate_script", "pets",
+                             "hf_cache")
+    own = {"num_workers": 4, "batch_size": 64}
+    env = (("OMP_NUM_THREADS", "1"), ("HF_HUB_OFFLINE", "1"), ("HF_HUB_CACHE", cache))
+    return Script(path, 2, lambda _: ["--data_dir", pets, "--cpu", "--mixed_precision", "bf16"],
+                  own, [own], None, env=env, fixed=tuple(own.items()))
+
+
+WORKLOADS: dict[str, Callable[[argparse.Namespace], Script]] = {
+    "short_mlp": short_mlp, "timm": timm, "imagenet": imagenet, "lightning": lightning,
+    "kubeflow_mnist": kubeflow_mnist, "accelerate": accelerate}
 
 
 def command(script: Script, extra: list[str]) -> list[str]:
@@ -96,16 +181,23 @@ def key(config: dict[str, Any]) -> tuple:
     return (config.get("num_workers") or 0, config.get("batch_size"))
 
 
+def settable(script: Script, config: dict[str, Any]) -> bool:
+    """Whether a plain launch can run a configuration: what its command line cannot change left
+    as the script has it."""
+    return all(config.get(name) in (None, value) for name, value in script.fixed)
+
+
 def plain_grid(script: Script, rounds: int, extra: list[dict[str, Any]], cwd: str
                ) -> dict[tuple, float]:
     """Each configuration's speed against the script's own settings, plain launches round
     robin, whole process less the median start-up."""
     env = {**os.environ, **dict(script.env)}
-    configs = {key(c): c for c in [*script.grid, *extra]}
+    cwd = script.cwd or cwd
+    configs = {key(c): c for c in [*script.grid, *extra] if settable(script, c)}
     times: dict[tuple, list[float]] = {k: [] for k in configs}
     idle: list[float] = []
     for _ in range(rounds):
-        idle_wall = wall(command(script, script.idle), env, cwd)
+        idle_wall = wall(command(script, script.idle), env, cwd) if script.idle else None
         if idle_wall is not None:
             idle.append(idle_wall)
         for k, config in configs.items():
@@ -124,7 +216,7 @@ def tool_run(script: Script, index: int, cwd: str) -> dict[str, Any]:
     started = time.monotonic()
     argv = [*TOOL, "run", script.path, "--out", out, "--quiet", "--no-report",
             "--nproc-per-node", str(script.nproc), "--", *script.args(script.own)]
-    done = subprocess.run(argv, env={**os.environ, **dict(script.env)}, cwd=cwd,
+    done = subprocess.run(argv, env={**os.environ, **dict(script.env)}, cwd=script.cwd or cwd,
                           capture_output=True, text=True, timeout=3600)
     result: dict[str, Any] = {"exit": done.returncode, "wall_s": round(time.monotonic()
                                                                        - started, 1)}
@@ -141,10 +233,12 @@ def tool_run(script: Script, index: int, cwd: str) -> dict[str, Any]:
                           (summary.get("recommendation") or {}).get("unsettled") or []]}
 
 
-def score(run: dict[str, Any], speeds: dict[tuple, float]) -> dict[str, Any]:
+def score(run: dict[str, Any], speeds: dict[tuple, float], script: Script) -> dict[str, Any]:
     """A run's recommendation against the grid's best, in the plain launches."""
-    if "recommended" not in run:
+    if not run.get("recommended"):
         return run
+    if not settable(script, run["recommended"]):
+        return {**run, "plain_speed": None, "note": "not settable on the script's command line"}
     mine = speeds.get(key(run["recommended"]))
     best = max(speeds.values())
     interval = run.get("interval")
@@ -159,7 +253,15 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--timm-script")
-    parser.add_argument("--images")
+    parser.add_argument("--images", help="ImageFolder: train/, validation/ (timm), val/ (imagenet)")
+    parser.add_argument("--imagenet-script", help="pytorch/examples imagenet/main.py")
+    parser.add_argument("--lightning-script", help="backbone_image_classifier.py, in Lightning's "
+                        "examples tree (MNIST/raw under examples/Datasets)")
+    parser.add_argument("--kubeflow-script", help="kubeflow's examples/pytorch/mnist/mnist.py")
+    parser.add_argument("--fashion-mnist", help="a folder holding FashionMNIST/raw (kubeflow)")
+    parser.add_argument("--accelerate-script", help="accelerate's examples/cv_example.py")
+    parser.add_argument("--pets", help="JPEGs named <label>_<n>.jpg (accelerate)")
+    parser.add_argument("--hf-cache", help="hub cache with timm/resnet50d.ra2_in1k (accelerate)")
     parser.add_argument("--epochs", type=int, default=4)
     options = parser.parse_args()
     report: dict[str, Any] = {}
@@ -167,11 +269,11 @@ def main() -> None:
         script = WORKLOADS[name](options)
         with tempfile.TemporaryDirectory(prefix=f"real-{name}-") as cwd:
             runs = [tool_run(script, index, cwd) for index in range(options.runs)]
-            extra = [r["recommended"] for r in runs if "recommended" in r]
+            extra = [r["recommended"] for r in runs if r.get("recommended")]
             speeds = plain_grid(script, options.rounds, extra, cwd)
         report[name] = {"grid": {f"w={k[0]} bs={k[1]}": round(v, 3) for k, v in
                                  sorted(speeds.items())},
-                        "runs": [score(run, speeds) for run in runs]}
+                        "runs": [score(run, speeds, script) for run in runs]}
         print(json.dumps({name: report[name]}), flush=True)
 
 
