@@ -25,9 +25,24 @@ def test_a_configuration_launches_as_the_scripts_own_flags():
 
 
 def test_a_run_is_scored_against_the_grids_best_and_its_own_interval():
+    mlp = real_scripts.short_mlp(argparse.Namespace())
     speeds = {(2, 64): 1.0, (0, 64): 1.2, (0, 256): 2.0}
     run = {"recommended": {"num_workers": 0, "batch_size": 64}, "interval": [1.1, 1.4]}
-    scored = real_scripts.score(run, speeds)
+    scored = real_scripts.score(run, speeds, mlp)
     assert scored["of_best"] == 0.6 and scored["inside"] is True
-    missed = real_scripts.score({**run, "interval": [1.3, 1.5]}, speeds)
+    missed = real_scripts.score({**run, "interval": [1.3, 1.5]}, speeds, mlp)
     assert missed["inside"] is False
+
+
+def test_a_setting_the_command_line_cannot_change_is_reported_not_scored():
+    lightning = real_scripts.Script("bbc.py", 2, lambda c: ["--data.batch_size",
+                                                            str(c["batch_size"])],
+                                    {"num_workers": 0, "batch_size": 32},
+                                    [{"num_workers": 0, "batch_size": b} for b in (32, 64)],
+                                    None, fixed=(("num_workers", 0),))
+    assert real_scripts.settable(lightning, {"num_workers": 0, "batch_size": 64})
+    assert not real_scripts.settable(lightning, {"num_workers": 2, "batch_size": 32})
+    run = {"recommended": {"num_workers": 2, "batch_size": 32}, "interval": [1.1, 1.4]}
+    scored = real_scripts.score(run, {(0, 32): 1.0, (0, 64): 1.3}, lightning)
+    assert scored["plain_speed"] is None and "not settable" in scored["note"]
+    assert "of_best" not in scored
