@@ -80,3 +80,23 @@ def test_no_repository_no_project_file_and_a_used_out_directory(repo, tmp_path_f
     one_line(cli(repo, "--against", "HEAD", "--out", "used"), ExitCode.USAGE,
              "exists and is not empty")
     assert (repo / "used" / "gate.json").read_text() == "{}"  # nothing lost
+
+
+def test_the_first_launch_sizes_every_launch_to_the_measure_time_within_the_cap():
+    """At 43 steps a second the default 20 s window is 860 steps (the on/off load moves a
+    10 s window by 4.7 % a launch, a 20 s one by 2 %); a slow first launch is not stretched
+    past the cap, and a fast one never measures fewer than the file's steps."""
+    from types import SimpleNamespace
+
+    from ddp_profile.commands.against import MAX_STEPS_FACTOR, MEASURE_S, PairedRequest, launch_plan
+
+    def first(steps_per_s: float) -> SimpleNamespace:
+        return SimpleNamespace(ranks=[SimpleNamespace(step_time_median_s=1 / steps_per_s),
+                                      SimpleNamespace(step_time_median_s=0.5 / steps_per_s)])
+
+    request = PairedRequest(against="HEAD~1", script="train.py", script_args=(), out="out")
+    assert MEASURE_S == 20.0
+    warmup, steps = launch_plan(request, first(43.0))
+    assert steps == 860 and warmup >= request.warmup
+    assert launch_plan(request, first(1000.0))[1] == MAX_STEPS_FACTOR * request.steps
+    assert launch_plan(request, first(0.5))[1] == request.steps  # slower than 1 step in 2 s
