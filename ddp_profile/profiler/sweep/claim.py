@@ -127,13 +127,18 @@ MAX_CLAIM_LAUNCHES = 9  # a claim checked in launches that stays undecided: A B 
 
 def undecided(search: SearchState, subject: ProbeRecord,
               thresholds: ChoiceThresholds = DEFAULTS) -> bool:
-    """Whether the claim's alternation so far measured ``subject`` faster than the script's
-    settings by more than ``noise_floor`` without the interval deciding it (above 1)."""
+    """Whether the claim's alternation so far leaves ``subject`` open: not faster beyond
+    noise, yet its interval still holds a gain of more than ``noise_floor``. A few launches
+    that happened to read it slower say nothing yet where the interval reaches that far
+    (timm's ``train.py``, 2 workers: 5 launches read 0.96x, a 3-round check's interval
+    0.52-1.79x, and it stopped there; another run's 9 launches read 1.21x, plain launches
+    1.18x); one whose interval lies below it
+    has lost, and nothing more is alternated."""
     claim = paired(search.entries, evidence.alternation(search.entries, search.baseline,
                                                         subject),
                    thresholds.interval_confidence, thresholds.launch_sd)
     return claim is not None and not claim.faster \
-        and claim.ratio > 1 + thresholds.noise_floor
+        and claim.bounds[1] > 1 + thresholds.noise_floor
 
 
 def verdict(search: SearchState, thresholds: ChoiceThresholds = DEFAULTS) -> Optional[Verdict]:

@@ -939,6 +939,40 @@ def test_an_undecided_check_in_launches_measures_more_pairs_up_to_its_budget():
     assert len([w for w in steady.asked if w.kind == "paired"]) == 5
 
 
+class FadingPairs(WobblyPairs):
+    """As ``WobblyPairs``, and batch 64's launches of the claim read ``fade`` of what its
+    search probe did: the search saw 1.12x, the alternation sees 1.12 x ``fade``."""
+
+    def __init__(self, model: Any, fade: float):
+        super().__init__(model)
+        self.fade = fade
+
+    def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        line = super()._line(requested, kind, **extra)
+        if kind == "paired" and requested.batch_size == 64:
+            line["throughput"] *= self.fade
+        return line
+
+
+def test_a_check_that_reads_slower_but_cannot_rule_out_the_gain_goes_on():
+    """Five launches that read batch 64 at about 0.96x, ±8 % a launch, cannot rule out the
+    1.12x its probe showed: more pairs, up to the budget, and no claim. Launches that read it
+    at 0.70x rule it out at five."""
+    space = SearchSpace(num_workers=(0,), batch_size=(32, 64))
+    unsure = FadingPairs(batch_gain, 0.86)
+    found = Search(unsure, space, SweepOptions(search="adaptive", ceiling=False, comm=False))
+    found.run()
+    launched = [w.pair["role"] for w in unsure.asked if w.kind == "paired"]
+    assert 5 < len(launched) <= claim.MAX_CLAIM_LAUNCHES
+    assert recommended(found).config.batch_size == 32
+
+    lost = FadingPairs(batch_gain, 0.62)
+    found = Search(lost, space, SweepOptions(search="adaptive", ceiling=False, comm=False))
+    found.run()
+    assert len([w for w in lost.asked if w.kind == "paired"]) == 5
+    assert recommended(found).config.batch_size == 32
+
+
 def loader_by_batch(config: LoaderSettings) -> tuple[float, float]:
     """Workers help at the script's batch of 32 (1.1x) and cost at 64 (no workers: 2.0x the
     script's settings, 2 workers 1.5x): the batch's loading and passing cost changes."""
