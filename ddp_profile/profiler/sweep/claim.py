@@ -11,8 +11,8 @@ own workers in its warm-up and continues the epoch, as a screen's do); where the
 differs (it cannot change mid-epoch without changing ``len(loader)``), the loader cannot be
 rebuilt, or the script ended before a probe's steps (its windows would spill into launches at
 levels of their own), each is a whole launch of the script, ``A B A B A``, and one more pair at
-a time while it measures a gain it cannot yet tell from none (up to ``MAX_CLAIM_LAUNCHES``:
-undecided is a question to measure, not a "no"). Every B stands
+a time while its interval still holds a gain it cannot yet tell from none (up to
+``MAX_CLAIM_LAUNCHES``: undecided is a question to measure, not a "no"). Every B stands
 between two A's, so the launch's level and a linear drift cancel in the comparison. Where the
 search kept the script's settings but measured a gain it could not tell from noise, that gain
 is the candidate (``decide.evidence.subject``). ``rules.recommend`` reads the alternation
