@@ -216,7 +216,7 @@ def _cpu_busy(ranks: list[RankData], cpus: Optional[float]) -> Optional[float]:
         for sample in data.samples:
             percent, cores = sample.get("cpu_percent"), sample.get("cpu_per_core")
             if sample.get("source") == "host" and low <= sample.get("t_ns", 0) <= high \
-                    and finite_or_none(percent) is not None and cores:
+                    and finite(percent) and cores:
                 busy.append(percent / 100.0 * len(cores))
     return round(min(1.0, statistics.median(busy) / cpus), 3) if busy else None
 
