@@ -66,28 +66,27 @@ def short_mlp(_: argparse.Namespace) -> Script:
                   {"num_workers": 2, "batch_size": 64}, grid, ["--epochs", "0"])
 
 
-def timm(options: argparse.Namespace) -> Script:
-    if not options.timm_script or not options.images:
-        raise SystemExit("timm: give --timm-script (its train.py) and --images (an ImageFolder "
-                         "with train/ and validation/)")
-    out = tempfile.mkdtemp(prefix="timm-out-")
-
-    def args(config: dict[str, Any], epochs: int = options.epochs) -> list[str]:
-        return [options.images, "--model", "resnet18", "--img-size", "64", "-b",
-                str(config["batch_size"]), "-j", str(config["num_workers"]), "--epochs",
-                str(epochs), "--device", "cpu", "--no-prefetcher", "--train-split", "train",
-                "--val-split", "validation", "--output", out]
-    grid = [{"num_workers": w, "batch_size": 32} for w in (0, 1, 2)]
-    own = {"num_workers": 0, "batch_size": 32}
-    return Script(os.path.abspath(options.timm_script), 1, args, own, grid, args(own, epochs=0))
-
-
 def need(name: str, options: argparse.Namespace, *dests: str) -> list[str]:
     """Those options' paths, absolute; exits naming the ones not given."""
     missing = ["--" + dest.replace("_", "-") for dest in dests if not getattr(options, dest)]
     if missing:
         raise SystemExit(f"{name}: give {' and '.join(missing)}")
     return [os.path.abspath(os.path.expanduser(getattr(options, dest))) for dest in dests]
+
+
+def timm(options: argparse.Namespace) -> Script:
+    """timm's train.py: 1 process on the CPU, --images has train/ and validation/."""
+    path, images = need("timm", options, "timm_script", "images")
+    out = tempfile.mkdtemp(prefix="timm-out-")
+
+    def args(config: dict[str, Any], epochs: int = options.epochs) -> list[str]:
+        return [images, "--model", "resnet18", "--img-size", "64", "-b",
+                str(config["batch_size"]), "-j", str(config["num_workers"]), "--epochs",
+                str(epochs), "--device", "cpu", "--no-prefetcher", "--train-split", "train",
+                "--val-split", "validation", "--output", out]
+    grid = [{"num_workers": w, "batch_size": 32} for w in (0, 1, 2)]
+    own = {"num_workers": 0, "batch_size": 32}
+    return Script(path, 1, args, own, grid, args(own, epochs=0))
 
 
 def imagenet(options: argparse.Namespace) -> Script:
