@@ -69,7 +69,8 @@ def test_compute_bound_keeps_its_baseline():
     run = loader_sweep(("w4", {"num_workers": 4}, 0.0), base_wait=0.002).build()  # 4 % faster
     rec = recommend(run, T)
     assert rec.probe_id == "base" and rec.expected_speedup == 1.0
-    assert any("compute-bound" in note for note in rec.notes)
+    assert any("compute-bound" in note and "cannot speed it up much" in note
+               for note in rec.notes)
 
 
 def test_compute_bound_moves_only_when_clearly_faster():
@@ -79,6 +80,10 @@ def test_compute_bound_moves_only_when_clearly_faster():
     rec = recommend(run, T)
     assert rec.probe_id == "bs64"
     assert any("learning rate" in note for note in rec.notes)
+    # compute-bound, and a setting measured faster: no note says settings cannot help
+    assert any("compute-bound, yet the recommendation measured faster" in note
+               for note in rec.notes)
+    assert not any("cannot speed it up" in note for note in rec.notes)
 
 
 TRUE_SPEEDUP = 0.101 / 0.051  # step time without workers / with four (see ``known_ratio``)
