@@ -20,6 +20,10 @@ pytestmark = pytest.mark.e2e
 
 ONE_PROBE = ["--num-workers", "0", "--no-ceiling", "--no-comm", "--steps", "20", "--warmup", "2",
              "--no-report", "--quiet"]
+# Ranks started in place (mp.spawn, a SLURM task, one rank a node) keep torch's default intra-op
+# threads, which oversubscribe 2 CPUs: the tool would measure a threads counterfactual in a
+# launch of its own (tested in test_diagnosis). These tests are about the launchers: one thread.
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 def free_port_pair() -> int:
@@ -43,7 +47,8 @@ def _summary(path: str) -> dict:
 
 def test_mp_spawn_script_with_launcher_none(cli, run_dir):
     result = cli(["run", os.path.join(SCRIPTS, "spawn_train.py"), "--launcher", "none",
-                  "--out", run_dir, *ONE_PROBE, "--", str(free_port_pair())], out=run_dir)
+                  "--out", run_dir, *ONE_PROBE, "--", str(free_port_pair())], out=run_dir,
+                 env=ONE_THREAD)
     assert result.returncode == 0, result.stderr
     summary = result.summary()
     assert summary["world_size"] == 2  # read from the process group the spawned ranks formed
@@ -60,7 +65,7 @@ def test_spawned_ranks_that_run_to_the_scripts_end_report_it_and_its_errors(cli,
     whole = ["--steps", "400", *ONE_PROBE[ONE_PROBE.index("--warmup"):]]
     result = cli(["run", os.path.join(SCRIPTS, "spawn_train.py"), "--launcher", "none",
                   "--out", run_dir, *ONE_PROBE[:ONE_PROBE.index("--steps")], *whole, "--",
-                  str(free_port_pair()), "1"], out=run_dir)
+                  str(free_port_pair()), "1"], out=run_dir, env=ONE_THREAD)
     assert result.returncode == 0, result.stderr
     probe = result.summary()["probes"][0]
     assert probe["status"] == "ok" and probe["short"] is True
@@ -72,7 +77,7 @@ def test_spawned_ranks_that_run_to_the_scripts_end_report_it_and_its_errors(cli,
     failing = run_dir + "-failing"
     result = cli(["run", os.path.join(SCRIPTS, "spawn_train.py"), "--launcher", "none",
                   "--out", failing, *ONE_PROBE[:ONE_PROBE.index("--steps")], *whole, "--",
-                  str(free_port_pair()), "1", "1"], out=failing)
+                  str(free_port_pair()), "1", "1"], out=failing, env=ONE_THREAD)
     assert result.returncode == 5, result.stderr
     assert "RuntimeError: rank 1 failed after its loop" in result.stderr
 
@@ -95,7 +100,7 @@ def test_cuda_only_script_on_a_cpu_machine_says_so(cli, run_dir):
 def _start_members(args_for, envs: list[dict]) -> list[subprocess.Popen]:
     procs = []
     for member, extra in enumerate(envs):
-        env = dict(os.environ, **extra, **{TEST_ID_VAR: _current_test_id[0]})
+        env = dict(os.environ, **ONE_THREAD, **extra, **{TEST_ID_VAR: _current_test_id[0]})
         procs.append(subprocess.Popen([sys.executable, "-m", "ddp_profile", *args_for(member)],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
