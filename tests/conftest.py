@@ -34,8 +34,8 @@ CONCURRENT = (
         "missing_script", "syntax_error", "script_that_raises", "script_that_never_builds",
         "invalid_cli_values", "corrupt_run_directory", "importing_the_package")),
     *(f"tests/e2e/test_sweep.py::test_{name}" for name in (
-        "crash_hang_and_killed_worker", "oom_at_a_batch_size", "sigkilled_sweep_resumes",
-        "ctrl_c_stops_cleanly", "sighup_does_not_stop", "repeat_launches_exactly",
+        "crash_hang_and_killed_worker", "oom_at_a_batch_size", "a_hangup_is_ignored",
+        "ctrl_c_stops_cleanly", "repeat_launches_exactly",
         "a_screen_records_a_crashed_window")),
     *(f"tests/e2e/test_loading.py::test_{name}" for name in (
         "bad_loading_is_recorded", "a_transform_that_raises")),
