@@ -27,8 +27,11 @@ browser:
 
 # The suite in two passes: the tests that assert no measured rate two at a time (the e2e
 # launches leave the 2 cores idle most of the time), then every other test alone.
+# The package is compiled once first: where PYTHONDONTWRITEBYTECODE is set (CI images often
+# set it) every rank of every probe would otherwise compile it again on import.
 test: setup browser
 	$(BIN)/ruff check ddp_profile tests benchmarks docs
+	$(BIN)/python -m compileall -q ddp_profile tests
 	$(BIN)/python -m pytest -q -m concurrent -n 2 --dist loadfile --durations=10
 	$(BIN)/python -m pytest -q -m "not concurrent" --durations=15
 
