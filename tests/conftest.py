@@ -17,6 +17,14 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO, "ddp_profile", "examples", "demo_train.py")
 SCRIPTS = os.path.join(REPO, "tests", "scripts")
+# Where a test is about the tool's mechanics rather than ranks, one rank: a rank's start-up
+# (importing torch and what DDP imports, about 3 CPU-s) is most of a short launch's CPU, and
+# the suite is CPU-bound. With one intra-op thread: ranks that do not share the CPUs by
+# torchrun's OMP_NUM_THREADS=1 (one rank a node, ranks started in place) keep torch's default
+# threads, and the tool measures a threads counterfactual in a launch of its own (tested in
+# test_diagnosis).
+ONE_RANK = ["--nproc-per-node", "1"]
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 # The tests that assert no measured rate (pure functions over tables, records and launch

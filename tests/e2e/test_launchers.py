@@ -14,16 +14,12 @@ import pytest
 
 from ddp_profile.errors import ExitCode
 from ddp_profile.profiler.launch.allocation import detect
-from tests.conftest import DEMO, SCRIPTS, TEST_ID_VAR, _current_test_id
+from tests.conftest import DEMO, ONE_THREAD, SCRIPTS, TEST_ID_VAR, _current_test_id
 
 pytestmark = pytest.mark.e2e
 
 ONE_PROBE = ["--num-workers", "0", "--no-ceiling", "--no-comm", "--steps", "20", "--warmup", "2",
              "--no-report", "--quiet"]
-# Ranks started in place (mp.spawn, a SLURM task, one rank a node) keep torch's default intra-op
-# threads, which oversubscribe 2 CPUs: the tool would measure a threads counterfactual in a
-# launch of its own (tested in test_diagnosis). These tests are about the launchers: one thread.
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 def free_port_pair() -> int:

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.conftest import DEMO
+from tests.conftest import DEMO, ONE_RANK, ONE_THREAD
 
 pytestmark = pytest.mark.e2e
 LEAN = ["--no-ceiling", "--no-comm"]  # no compute-only or communication probes
@@ -56,8 +56,8 @@ def test_cpu_heavy_transform_is_cpu_bound_and_gets_no_storage_advice(cli, run_di
 def test_bad_loading_is_recorded_and_the_sweep_goes_on(cli, run_dir):
     # 2 workers kill one of their workers mid-probe; every other setting runs
     result = cli(["run", DEMO, "--out", run_dir, "--num-workers", "0,1,2", *LEAN,
-                  *QUICK, "--", "--load-ms", "1", "--kill-worker-at-step", "6",
-                  "--kill-worker-workers", "2"], out=run_dir)
+                  *QUICK, *ONE_RANK, "--", "--load-ms", "1", "--kill-worker-at-step", "6",
+                  "--kill-worker-workers", "2"], out=run_dir, env=ONE_THREAD)
     assert result.returncode == 0, result.stderr
     summary = result.summary()
     by_workers: dict = {}
@@ -77,7 +77,7 @@ def test_a_transform_that_raises_fails_its_probe_only(cli, run_dir):
 
     script = os.path.join(SCRIPTS, "raising_transform_train.py")
     result = cli(["run", script, "--out", run_dir, "--num-workers", "0,1,2", *LEAN,
-                  *QUICK], out=run_dir)
+                  *QUICK, *ONE_RANK], out=run_dir, env=ONE_THREAD)
     assert result.returncode == 0, result.stderr
     summary = result.summary()
     failed = [p for p in summary["probes"] if p["requested"].get("num_workers") == 2]

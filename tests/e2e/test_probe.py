@@ -8,15 +8,13 @@ import pytest
 
 from ddp_profile.errors import ExitCode
 from ddp_profile.profiler.store.results import load_run
-from tests.conftest import DEMO, SCRIPTS
+from tests.conftest import DEMO, ONE_RANK, ONE_THREAD, SCRIPTS
 
 pytestmark = pytest.mark.e2e
 
 FAST = ["--steps", "25", "--warmup", "3", "--no-ceiling", "--no-comm", "--pairs", "0",
         "--no-report", "--quiet"]
 OWN = ["--num-workers", "0"]  # the scripts' own setting: the baseline is the only launch
-ONE_RANK = ["--nproc-per-node", "1"]  # where the test is about one process's script, not ranks:
-# a rank's start-up (importing torch and what DDP imports) is most of a short launch's CPU
 
 
 def test_sleeping_dataset_data_wait_matches_the_sleep(cli, run_dir):
@@ -74,7 +72,8 @@ def test_batch_sampler_script_honours_batch_size_and_records_context(cli, run_di
 
 def test_prefetch_without_workers_is_not_applied_and_recorded(cli, run_dir):
     result = cli(["run", DEMO, "--out", run_dir, "--num-workers", "0", "--prefetch-factor", "4",
-                  *FAST, *ONE_RANK, "--", "--num-workers", "2"], out=run_dir)
+                  *FAST, *ONE_RANK, "--", "--num-workers", "2"], out=run_dir,
+                 env=ONE_THREAD)
     assert result.returncode == 0, result.stderr
     probe = next(p for p in result.summary()["probes"] if p["kind"] == "sweep")
     assert probe["config"]["num_workers"] == 0 and probe["config"]["prefetch_factor"] is None
@@ -83,7 +82,7 @@ def test_prefetch_without_workers_is_not_applied_and_recorded(cli, run_dir):
 
 def test_script_without_optimizer_still_gets_data_and_compute(cli, run_dir):
     result = cli(["run", DEMO, "--out", run_dir, *FAST, *OWN, *ONE_RANK, "--", "--no-optimizer",
-                  "--load-ms", "1"], out=run_dir)
+                  "--load-ms", "1"], out=run_dir, env=ONE_THREAD)
     assert result.returncode == 0, result.stderr
     steps = load_run(run_dir).steps
     assert (steps["data_wait_s"] > 0).all() and (steps["compute_s"] > 0).all()
@@ -93,7 +92,7 @@ def test_script_without_optimizer_still_gets_data_and_compute(cli, run_dir):
 def test_validation_loader_is_not_the_training_loader(cli, run_dir):
     # 128 samples / 1 rank / batch 16 = 8 batches an epoch, then a validation pass
     result = cli(["run", DEMO, "--out", run_dir, *FAST, *OWN, *ONE_RANK, "--", "--validate",
-                  "--samples", "128", "--no-set-epoch"], out=run_dir)
+                  "--samples", "128", "--no-set-epoch"], out=run_dir, env=ONE_THREAD)
     assert result.returncode == 0, result.stderr
     run = load_run(run_dir)
     assert run.steps["loader_id"].unique().tolist() == [0]
@@ -105,7 +104,8 @@ def test_validation_loader_is_not_the_training_loader(cli, run_dir):
 
 def test_script_arguments_after_double_dash_reach_the_script(cli, run_dir):
     result = cli(["run", os.path.join(SCRIPTS, "argparse_train.py"), "--out", run_dir, *FAST,
-                  *OWN, *ONE_RANK, "--", "--lr", "0.5", "--tag", "hello world"], out=run_dir)
+                  *OWN, *ONE_RANK, "--", "--lr", "0.5", "--tag", "hello world"], out=run_dir,
+                 env=ONE_THREAD)
     assert result.returncode == 0, result.stderr
     run = load_run(run_dir)
     argv = run.contexts[(run.summary["probes"][0]["id"], 0)]["argv"]
@@ -142,7 +142,7 @@ def test_script_that_raises_at_step_3(cli, run_dir):
 
 def test_script_that_never_builds_a_dataloader(cli, run_dir):
     result = cli(["run", DEMO, "--out", run_dir, *FAST, *ONE_RANK, "--", "--no-dataloader"],
-                 out=run_dir)
+                 out=run_dir, env=ONE_THREAD)
     assert result.returncode == ExitCode.NO_DATALOADER
     assert "DataLoader" in result.stderr
     assert result.summary()["probes"][0]["reason"] == "no_dataloader"

@@ -12,15 +12,20 @@ import time
 import pytest
 
 from ddp_profile.errors import ExitCode
-from tests.conftest import DEMO, TEST_ID_VAR, _current_test_id, probe_processes
+from tests.conftest import (
+    DEMO,
+    ONE_RANK,
+    ONE_THREAD,
+    TEST_ID_VAR,
+    _current_test_id,
+    probe_processes,
+)
 
 pytestmark = pytest.mark.e2e
 LEAN = ["--no-ceiling", "--no-comm", "--pairs", "0"]  # no compute-only, communication or
 # claim-checking probes
 
 QUICK = ["--steps", "20", "--warmup", "3", "--no-report", "--quiet"]
-ONE_RANK = ["--nproc-per-node", "1"]  # where the test is about the sweep's mechanics, not ranks:
-# a rank's start-up (importing torch and what DDP imports) is most of a short launch's CPU
 IO_BOUND = ["--", "--load-ms", "3", "--batch-size", "8"]
 
 
@@ -112,7 +117,7 @@ def test_a_screen_records_a_crashed_window_and_relaunches_the_rest(cli, run_dir)
 def test_oom_at_a_batch_size_skips_larger_ones(cli, run_dir):
     result = cli(["run", DEMO, "--out", run_dir, "--search", "grid", "--num-workers", "0",
                   "--batch-size", "8,16,32", *LEAN, *QUICK, *ONE_RANK, "--",
-                  "--batch-size", "8", "--oom-above-batch", "8"], out=run_dir)
+                  "--batch-size", "8", "--oom-above-batch", "8"], out=run_dir, env=ONE_THREAD)
     assert result.returncode == 0, result.stderr
     ledger = result.ledger()
     batches = [p["requested"]["batch_size"] for p in ledger if p["kind"] == "sweep"]
@@ -127,7 +132,7 @@ def test_repeat_launches_exactly_the_recommended_configuration(cli, run_dir):
     result = cli(["run", DEMO, "--out", run_dir, "--num-workers", "0,1", "--prefetch-factor", "2",
                   *LEAN, "--repeat", "2", *QUICK, *ONE_RANK, "--",
                   "--batch-size", "8", "--hidden", "32", "--layers", "1",
-                  "--step-sleep-ms", "40"], out=run_dir)
+                  "--step-sleep-ms", "40"], out=run_dir, env=ONE_THREAD)
     assert result.returncode == 0, result.stderr
     summary = result.summary()
     assert summary["probes"][0]["data_wait_fraction"] < 0.2  # compute-bound indeed
@@ -142,7 +147,7 @@ def test_repeat_launches_exactly_the_recommended_configuration(cli, run_dir):
 
 
 def _start(args: list[str]) -> subprocess.Popen:
-    env = dict(os.environ, **{TEST_ID_VAR: _current_test_id[0]})
+    env = dict(os.environ, **ONE_THREAD, **{TEST_ID_VAR: _current_test_id[0]})
     # A suite started in the background by a non-interactive shell (`pytest &`) inherits
     # SIGINT ignored, and Python then keeps it ignored: give the harness the default action,
     # as a terminal's foreground job has.
