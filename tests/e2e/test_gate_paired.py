@@ -4,9 +4,10 @@ a git worktree of the reference, real torchrun launches of both sides alternated
 The repository's ``train.py`` runs the built-in workload with a step dominated by one known
 sleep (as tests/e2e/test_gate.py's, steady on a busy 2-core machine): 50 ms at HEAD~1 and HEAD;
 the working tree makes it 75 ms (a third slower). HEAD~2 is a script that fails to start. The
-project file pins one configuration, one rank (the gate's alternation is under test, not the
-ranks; a rank's start-up is most of a short launch's CPU) and a 15 % tolerance (a 2-core CI box
-shared with other tests: unchanged code must pass there in a few launches).
+project file pins one configuration and a 15 % tolerance (a 2-core CI box shared with other
+tests: unchanged code must pass there in a few launches). Two ranks: with one, a run beside
+other tests read 81 and 94 samples/s in its first two launches, then 127, and ended
+inconclusive.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ sys.argv = [{demo!r}, *sys.argv[1:], "--step-sleep-ms", STEP_SLEEP_MS]
 runpy.run_path({demo!r}, run_name="__main__")
 """
 PROJECT = """script = "train.py"
-nproc_per_node = 1
 args = ["--hidden", "32", "--layers", "1", "--batch-size", "8"]
 num_workers = [0]
 steps = 30
