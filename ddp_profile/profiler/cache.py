@@ -22,8 +22,12 @@ producers read per sample x the dataset's length, against ``MemAvailable``. ``--
 cold|warm|as-is`` forces one. Where the baseline's reads were not in the run's regime (under
 ``cold`` it read more than ``CACHE_MARGIN`` of its bytes from the cache; under ``warm`` more
 than ``WARM_STORAGE_SHARE`` from storage) it is measured again in the regime, and the first
-measurement is kept as kind ``cache``, read by no decision. Files opened by C libraries are
-neither recorded nor dropped (see ``pagecache``): under ``cold`` their reads stay as they are.
+measurement is kept as kind ``cache``, read by no decision. Where the second measurement
+misses too, the regime is not held on this machine and no probe is measured again, unless
+what it missed was files no launch had read before it (a window's workers prefetch a few
+batches further in one launch than in another: :func:`misses_are_new_files`); then it is
+measured a third time. Files opened by C libraries are neither recorded nor dropped (see
+``pagecache``): under ``cold`` their reads stay as they are.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ CACHE_MARGIN = 0.25  # a storage share this far from the regime's is not in it
 # of CPU) where every later launch took 3.5, and the search, measuring against it, never
 # tried the batch size that plain launches run 1.5x faster
 WARM_STORAGE_SHARE = 0.02
+FRONTIER_SLACK = 1.5  # misses up to this times the new files' share of the bytes are theirs
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,26 @@ def out_of_regime(regime: Regime, probe: ProbeRecord) -> bool:
     if regime.warm:
         return share > WARM_STORAGE_SHARE
     return False
+
+
+def misses_are_new_files(probe: ProbeRecord, probe_dir: str, before: Iterable[str]) -> bool:
+    """Whether what a warm probe read from storage is accounted for by files no launch before
+    it had read, so that none of them was warmed for it: their share of the bytes its producers
+    read, times ``FRONTIER_SLACK``, at least its storage share. A window's workers prefetch a
+    few batches further in one launch than in another, so a launch measured again can reach
+    past the files warmed; the regime held, and those files are warm for the next launch."""
+    share = probe.loading.storage_share if probe.loading is not None else None
+    sizes = {path: _size(path) for path in recorded_files(probe_dir)}
+    known = set(before)
+    new = sum(size for path, size in sizes.items() if path not in known)
+    return share is not None and new > 0 and share * sum(sizes.values()) <= FRONTIER_SLACK * new
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def recorded_files(probe_dir: str) -> list[str]:

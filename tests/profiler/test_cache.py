@@ -11,6 +11,7 @@ from ddp_profile.profiler.cache import (
     MODES,
     CacheMode,
     decide,
+    misses_are_new_files,
     out_of_regime,
     recorded_files,
     warm,
@@ -75,6 +76,30 @@ def test_the_files_a_probe_recorded_are_read_back_from_ranks_and_workers(tmp_pat
         '{"kind":"files","paths":["/d/b","/d/c"]}\n{"kind":"files","paths":"torn')
     assert sorted(recorded_files(str(tmp_path))) == ["/d/a", "/d/b", "/d/c"]
     assert recorded_files(os.path.join(str(tmp_path), "missing")) == []
+
+
+def test_misses_are_the_new_files_only_where_those_hold_the_bytes_read_from_storage(tmp_path):
+    """A warm probe measured again read 2.4 % of its bytes from storage: files past those the
+    launches before it read (and warmed) account for it, or they do not."""
+    data = tmp_path / "data"
+    data.mkdir()
+    paths = []
+    for index in range(40):
+        path = data / f"{index:02d}.bin"
+        path.write_bytes(b"x" * 1000)
+        paths.append(str(path))
+    probe_dir = tmp_path / "p003"
+    probe_dir.mkdir()
+    (probe_dir / "rank-0.jsonl").write_text(json.dumps({"kind": "files", "paths": paths}) + "\n")
+    read_again = baseline(1000, storage_share=0.024)
+    # one of its 40 files was new: 2.5 % of its bytes, the 2.4 % it read from storage
+    assert misses_are_new_files(read_again, str(probe_dir), paths[:39])
+    # every file had been read and warmed before: the misses are the machine's, not new files
+    assert not misses_are_new_files(read_again, str(probe_dir), paths)
+    # a new file's worth, where a tenth came from storage: more than the new files explain
+    assert not misses_are_new_files(baseline(1000, storage_share=0.1), str(probe_dir),
+                                    paths[:39])
+    assert not misses_are_new_files(baseline(1000), str(probe_dir), paths[:39])  # unmeasured
 
 
 def test_a_regime_is_written_with_the_modes_as_given_on_the_command_line():
