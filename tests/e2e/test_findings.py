@@ -29,11 +29,15 @@ def test_straggler_missing_sampler_and_checkpoints_are_found(cli, run_dir):
     assert not DATA_RULES & set(findings)
 
 
-def test_compute_bound_script_gets_no_data_loading_advice(cli, run_dir):
+def test_compute_bound_script_waits_little_for_data_and_gets_no_data_loading_advice(cli,
+                                                                                     run_dir):
     result = cli(["run", DEMO, "--out", run_dir, *ONE_PROBE, "--",
                   "--hidden", "1024", "--layers", "3", "--batch-size", "64"], out=run_dir)
     assert result.returncode == 0, result.stderr
     summary = result.summary()
+    assert summary["probes"][0]["data_wait_fraction"] < 0.1
+    assert summary["world_size"] == 2 and summary["device"] == "cpu"
+    assert summary["gpu_available"] is False and summary["gpu_unavailable_reason"]
     rules = {f["rule"] for f in summary["findings"]}
     assert not DATA_RULES & rules, rules
     assert "straggler" not in rules and "frequent-io" not in rules
