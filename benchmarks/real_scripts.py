@@ -133,6 +133,10 @@ def kubeflow_mnist(options: argparse.Namespace) -> Script:
     root = tempfile.mkdtemp(prefix="kubeflow-")
     os.symlink(data, os.path.join(root, "data"))
     os.makedirs(os.path.join(root, "src"))
+    # both ranks open a SummaryWriter on --dir, and the one that finds it made by the other
+    # between its check and its mkdir fails (FileExistsError): made here, as any run but a
+    # machine's first finds it
+    os.makedirs(os.path.join(root, "logs"))
 
     def args(config: dict[str, Any], epochs: int = options.epochs) -> list[str]:
         return ["--backend", "gloo", "--epochs", str(epochs), "--batch-size",
