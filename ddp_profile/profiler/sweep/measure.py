@@ -87,15 +87,15 @@ class LedgerMeasurer:
 
     def measure(self, window: Window) -> ProbeRecord:
         entry = self._probe(window)
-        for _ in range(2):  # measured again in the regime; once more where what it missed
-            # was files no launch before it had read (``cache.misses_are_new_files``)
-            if not self._out_of_regime(entry):
-                return entry
-            before = list(self.files)
+        if not self._out_of_regime(entry):
+            return entry
+        before = list(self.files)
+        entry = self._probe(window)  # measured again in the regime; once more where what it
+        # missed was files no launch before it had read (``cache.misses_are_new_files``)
+        if self.regime.warm and out_of_regime(self.regime, entry) and entry.ok \
+                and misses_are_new_files(entry, self.run_dir.probe_dir(entry.id), before) \
+                and self._out_of_regime(entry):
             entry = self._probe(window)
-            if not (self.regime.warm and out_of_regime(self.regime, entry) and entry.ok
-                    and misses_are_new_files(entry, self.run_dir.probe_dir(entry.id), before)):
-                break
         return self._held(entry)
 
     def _held(self, entry: ProbeRecord) -> ProbeRecord:

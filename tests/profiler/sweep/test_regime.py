@@ -1,7 +1,12 @@
-"""Probes read out of the run's page-cache regime are measured again, once; where the machine
-does not hold the regime, the run stops paying two launches per probe and says why."""
+"""Probes read out of the run's page-cache regime are measured again, once (twice where the
+second missed only files no launch had read before); where the machine does not hold the
+regime, the run stops paying two launches per probe and says why."""
 
 from __future__ import annotations
+
+import json
+import os
+from typing import Optional
 
 from ddp_profile.profiler.cache import decide
 from ddp_profile.profiler.launch.ranks import LaunchSpec
@@ -14,9 +19,11 @@ from ddp_profile.profiler.sweep.state import Window
 GB = 10 ** 9
 
 
-def measurer(tmp_path, shares: list[float]) -> tuple[LedgerMeasurer, list[str]]:
+def measurer(tmp_path, shares: list[float], reads: Optional[list[list[str]]] = None
+             ) -> tuple[LedgerMeasurer, list[str]]:
     """A real measurer over a real run directory whose launches read ``shares`` of their
-    bytes from storage, in turn; and the notes it printed."""
+    bytes from storage, in turn (and, where given, the files ``reads``, recorded as a rank
+    records them); and the notes it printed."""
     run_dir = RunDir(str(tmp_path / "run"))
     run_dir.create({"script": "train.py"})
     notes: list[str] = []
@@ -31,6 +38,13 @@ def measurer(tmp_path, shares: list[float]) -> tuple[LedgerMeasurer, list[str]]:
                  "config": window.config.to_dict(), "throughput": 100.0,
                  "loading": {"storage_share": pending.pop(0),
                              "read_per_sample_bytes": 4096}}
+        if reads:
+            paths = reads.pop(0)
+            probe_dir = found.run_dir.probe_dir(entry["id"])
+            os.makedirs(probe_dir, exist_ok=True)
+            with open(os.path.join(probe_dir, "rank-0.jsonl"), "w") as handle:
+                handle.write(json.dumps({"kind": "files", "paths": paths}) + "\n")
+            found.files.update(dict.fromkeys(paths))  # as a launch adds what it read
         return found._record(ProbeRecord.from_json(entry))
 
     found._probe = launch  # type: ignore[method-assign]
@@ -57,3 +71,32 @@ def test_a_regime_the_machine_does_not_hold_stops_the_measuring_again(tmp_path):
     assert sum("does not hold the warm regime" in note for note in notes) == 1
     assert found.measure(window()).id == "p002"  # kept as it is: one launch, not two
     assert len(found.entries) == 3 and found.entries[2].kind == "sweep"
+
+
+def test_a_measure_again_that_missed_only_files_never_read_before_is_measured_once_more(
+        tmp_path):
+    """The re-measure reached one file past those the first launch read (and the harness
+    warmed): its 2.4 % from storage is that file's, not a machine that drops the cache."""
+    data = tmp_path / "data"
+    data.mkdir()
+    paths = []
+    for index in range(40):
+        (data / f"{index:02d}.bin").write_bytes(b"x" * 1000)
+        paths.append(str(data / f"{index:02d}.bin"))
+    found, notes = measurer(tmp_path, [0.18, 0.024, 0.0], [paths[:39], paths, paths])
+    assert found.measure(window()).id == "p002"
+    assert [e.kind for e in found.entries] == ["cache", "cache", "sweep"]
+    assert found.regime_unheld is None
+    assert not any("does not hold" in note for note in notes)
+
+
+def test_a_measure_again_that_missed_files_read_before_says_the_regime_is_not_held(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    paths = []
+    for index in range(40):
+        (data / f"{index:02d}.bin").write_bytes(b"x" * 1000)
+        paths.append(str(data / f"{index:02d}.bin"))
+    found, _notes = measurer(tmp_path, [0.18, 0.024], [paths, paths])
+    assert found.measure(window()).id == "p001"  # every file warmed before it: no third
+    assert found.regime_unheld is not None and len(found.entries) == 2
