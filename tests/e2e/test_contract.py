@@ -87,7 +87,9 @@ def test_a_switch_mid_epoch_keeps_each_epoch_at_its_length(cli, run_dir, shape):
         workers = ["--load-ms", "4"]
     if shape == "plain":  # 24 ms asleep a batch: 2 workers win beyond noise on a busy machine;
         # each worker's start-up 80 ms (a dataset opening its files), paid again every 23-step
-        # epoch (about 280 ms with 2 workers): keeping them alive wins beyond noise there too
+        # epoch (about 280 ms with 2 workers): keeping them alive wins beyond noise there too.
+        # 1 worker loses to that start as run (0.88x; a busy machine read it beyond noise),
+        # which condemns no rung above it: its start with data free bounds them at 3x
         workers = ["--load-ms", "3", "--worker-start-ms", "80"]
     # the claim's alternation (A B A B A B A: six switches mid-epoch and back) and the
     # prefetch screen in one of them; the others switch in the ladder's screen alone

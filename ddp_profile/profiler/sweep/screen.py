@@ -225,13 +225,15 @@ def _split_workers(launch_dir: str, out_dir: str, ranks: dict[Any, _RankScreen],
                 handle.write("".join(dumps(r) + "\n" for r in kept))
 
 
-def window_rates(launch_dir: str, overrides: list[dict[str, Any]]) -> dict[int, float]:
-    """Global samples/s as run (``store.epochs.rank_step_stats``: a restart charged per epoch
-    where the window's workers restart) of each window that every rank has left (a step of a
-    later window recorded), from what the ranks of a running screen flushed so far; the
-    slowest rank's rate times the ranks. {} until every rank (the context's ``world_size``)
-    wrote steps. ``overrides``: each window's settings. What the sweep reads to stop a screen
-    whose windows left are condemned (``sweep.climb.watched``)."""
+def window_rates(launch_dir: str, overrides: list[dict[str, Any]]
+                 ) -> dict[int, tuple[float, Optional[float]]]:
+    """Global samples/s of each window that every rank has left (a step of a later window
+    recorded), from what the ranks of a running screen flushed so far: as run
+    (``store.epochs.rank_step_stats``: a restart charged per epoch where the window's workers
+    restart) and between restarts (None where they do not restart); the slowest rank's rate
+    times the ranks. {} until every rank (the context's ``world_size``) wrote steps.
+    ``overrides``: each window's settings. What the sweep reads to stop a screen whose
+    windows left are condemned (``sweep.climb.watched``)."""
     ranks: dict[Any, tuple[list[dict[str, Any]], dict[str, Any]]] = {}
     world = None
     names = os.listdir(launch_dir) if os.path.isdir(launch_dir) else []
@@ -251,13 +253,16 @@ def window_rates(launch_dir: str, overrides: list[dict[str, Any]]) -> dict[int, 
     for window in range(min(max(s["window"] for s in steps) for steps, _ in ranks.values())):
         if window >= len(overrides):
             break
-        per_rank = []
+        per_rank, steady = [], []
         for steps, loader in ranks.values():
             applied = {**(loader.get("applied") or {}),
                        **{k: v for k, v in overrides[window].items() if v is not None}}
             stats = rank_step_stats([s for s in steps if s["window"] == window],
                                     {**loader, "applied": applied})
             per_rank.append(stats["throughput"])
+            steady.append(stats["steady_throughput"])
         if per_rank and all(rate > 0 for rate in per_rank):
-            rates[window] = min(per_rank) * len(per_rank)
+            restarting = all(rate is not None and rate > 0 for rate in steady)
+            rates[window] = (min(per_rank) * len(per_rank),
+                             min(steady) * len(steady) if restarting else None)
     return rates

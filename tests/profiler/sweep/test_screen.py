@@ -290,6 +290,36 @@ def test_a_spilled_screen_launches_no_rung_its_lower_rungs_condemned(tmp_path):
     assert winning.launched == [[1, 13, 26, 52, 52], [26, 52, 52], [52]]
 
 
+def test_a_rung_that_loses_only_to_its_restarts_condemns_no_rung_above_it():
+    """1 worker ran slower than the script's own settings beyond noise as run, its start paid
+    every epoch, yet with data free (the loop's demand, 10,000 samples/s) and that start it
+    could run 1,650 samples/s: more workers may still win, so 2 are not condemned. Where its
+    start alone holds any worker count below the script's rate, they are."""
+    from ddp_profile.profiler.store.probes import ProbeRecord
+    from ddp_profile.profiler.sweep.climb import condemned_by, slower_than_baseline
+
+    def line(probe_id: str, workers: int, rate: float, steady=None) -> ProbeRecord:
+        restarts = {"epoch_restart_s": 0.5, "epoch_steps": 23,
+                    "steady_throughput": steady} if steady else {}
+        return ProbeRecord.from_json({
+            "id": probe_id, "kind": "baseline" if not workers else "sweep", "status": "ok",
+            "throughput": rate, "throughput_rse": 0.02, **restarts,
+            "loop_demand": None if workers else 10000.0,
+            "config": {"num_workers": workers, "pin_memory": False,
+                       "prefetch_factor": 2 if workers else None, "batch_size": 8}})
+
+    base, two = line("p000", 0, 520.0), LoaderSettings(2, False, 2, 8)
+    restarts_only = line("p001", 1, 460.0, steady=600.0)  # 1/(1/10,000 + 1/460 - 1/600)
+    assert not slower_than_baseline(restarts_only, base)
+    assert not condemned_by([base, restarts_only], two, base)
+    held = line("p001", 1, 300.0, steady=900.0)  # its start alone: at most 430 samples/s
+    assert slower_than_baseline(held, base) and condemned_by([base, held], two, base)
+    unknown = line("p001", 1, 460.0)  # no restart measured: the rate as run decides
+    assert slower_than_baseline(unknown, base) and condemned_by([base, unknown], two, base)
+    faster = line("p001", 1, 600.0, steady=900.0)
+    assert not slower_than_baseline(faster, base)
+
+
 def test_a_running_screens_window_rates_cover_the_windows_every_rank_left(tmp_path):
     """Read while the launch runs: windows 0 and 1 are left by both ranks (rank 1 is slower
     in window 1: the slowest rank's rate, times the ranks), window 2 is still running; a torn
@@ -309,7 +339,32 @@ def test_a_running_screens_window_rates_cover_the_windows_every_rank_left(tmp_pa
         (tmp_path / f"rank-{rank}.jsonl").write_text("\n".join(lines) + '\n{"kind": "st')
     rates = window_rates(str(tmp_path), [{}] * 3)
     assert set(rates) == {0, 1}
-    assert rates[0] == pytest.approx(32 / 0.1) and rates[1] == pytest.approx(32 / 0.4)
+    assert rates[0][0] == pytest.approx(32 / 0.1) and rates[1][0] == pytest.approx(32 / 0.4)
+    assert rates[0][1] is None  # no loader that restarts: no rate between restarts
+
+
+def test_a_running_windows_rate_between_restarts_is_read_beside_its_rate_as_run(tmp_path):
+    """A window whose 1 worker starts again every 10-step epoch: its start segment (the
+    iterator's first step, 0.5 s, and the 2 steps of stock after it) is charged once per
+    epoch as run, and left out of the rate between restarts."""
+    from ddp_profile.profiler.sweep.screen import window_rates
+
+    loader = {"kind": "loader", "loader_id": 0, "persistent_workers": False,
+              "own": {"epoch_samples": 160, "batch_size": 16, "persistent_workers": False,
+                      "drop_last": False},
+              "applied": {"num_workers": 1, "prefetch_factor": 2, "batch_size": 16}}
+    for rank in (0, 1):
+        lines = [json.dumps({"kind": "context", "rank": rank, "world_size": 2}),
+                 json.dumps({**loader, "rank": rank})]
+        for i in range(22):  # window 0: steps 0-10, an epoch's start at step 3; window 1 after
+            lines.append(json.dumps({
+                "kind": "step", "rank": rank, "loader_id": 0, "step": i, "window": i // 11,
+                "measured": i % 11 >= 2, "samples": 16, "loader_start": i == 3,
+                "data_wait_s": 0.5 if i == 3 else 0.05, "compute_s": 0.05, "other_s": 0.0}))
+        (tmp_path / f"rank-{rank}.jsonl").write_text("\n".join(lines) + "\n")
+    as_run, steady = window_rates(str(tmp_path), [{"num_workers": 1}] * 2)[0]
+    assert steady == pytest.approx(2 * 16 / 0.1)  # each steady step: 16 samples in 0.1 s
+    assert as_run < steady
 
 
 def test_a_watched_launch_stops_when_its_watch_says_so():
