@@ -59,15 +59,16 @@ def paired_claim(run: Run, reference: ProbeRecord, candidate: ProbeRecord,
     return paired(run.records, probes, confidence, launch_sd)
 
 
-def persistent_effect(run: Run, confidence: float, launch_sd: float
+def persistent_effect(run: Run, confidence: float, launch_sd: float, per_epoch: bool = False
                       ) -> Optional[PairedClaim]:
     """``persistent_workers=True`` against the same settings restarting their workers, from
     the last alternation that measured it (``sweep.claim.confirm_persistence``; launches: the
     fit's uncertainty and the spread between launches, as for the claim); None where none
-    finished. The rule and the snippet read it once per evaluation (``Evidence.persistent``)."""
+    finished. The rule and the snippet read it once per evaluation (``Evidence.persistent``).
+    Where its launches ran the script to its end, read as whole runs unless ``per_epoch``."""
     groups = alternations(run.records, Kind.PERSISTENT)
     probes = groups[-1] if groups else []
-    whole = whole_runs(probes)  # launches that ran the whole script: its start-up charged
+    whole = None if per_epoch else whole_runs(probes)  # the script's start-up charged
     return fitted(probes, whole or as_run(probes), confidence,
                   lambda fit: max(launch_sd, fit.residual_sd), whole=whole is not None)
 
@@ -206,6 +207,16 @@ class Evidence:
         """``persistent_workers=True`` against restarting workers (``persistent_effect``)."""
         return persistent_effect(self._run, self._thresholds.interval_confidence,
                                  self._thresholds.launch_sd)
+
+    @cached_property
+    def persistent_per_epoch(self) -> Optional[PairedClaim]:
+        """The same alternation read per epoch once the workers run, where ``persistent`` is
+        read as whole runs (else None): what a longer run would gain."""
+        whole = self.persistent
+        if whole is None or not whole.whole_runs:
+            return None
+        return persistent_effect(self._run, self._thresholds.interval_confidence,
+                                 self._thresholds.launch_sd, per_epoch=True)
 
     def sync_effect(self) -> Optional[DdpEffect]:
         """The script's settings without gradient synchronisation against with it, if

@@ -77,8 +77,11 @@ def persistent_workers(run: Run, thresholds: Thresholds, known: Optional[Evidenc
     """
     costly = [found for found in _restarting(run)
               if (restart_share(found[1]) or 0.0) >= thresholds.restart_share]
-    measured = (known or Evidence(run, thresholds)).persistent
+    evidence = known or Evidence(run, thresholds)
+    measured = evidence.persistent
     if measured is not None:
+        if not measured.faster and evidence.persistent_per_epoch is not None:
+            return _too_short(run, measured, evidence.persistent_per_epoch)
         return _measured(run, measured, costly)
     if not costly:
         return _from_first_batches(run, thresholds)
@@ -155,6 +158,39 @@ def _measured(run: Run, measured: PairedClaim, costly: list[Restarting]) -> Opti
         recommendation=(f"Keep the workers alive: DataLoader(..., num_workers="
                         f"{kept.get('num_workers')}, persistent_workers=True). Measured: "
                         f"{figure}, {alternated}."))
+
+
+def _too_short(run: Run, whole: PairedClaim, per_epoch: PairedClaim) -> Optional[Finding]:
+    """What was seen where persistent workers ran faster per epoch beyond noise, but not as
+    whole runs of the script (each launch of the alternation ran it to its end): their
+    one-time start-up outweighs what a run this short wins. Low: the script's settings are
+    kept; the gain of a longer run is a prediction, with its basis."""
+    if not per_epoch.faster:
+        return None
+    reference, kept = sides(run, whole)
+    start = one_time_start(run.records, per_epoch)
+    low, high = per_epoch.bounds  # the fit of the launches alone: what ``faster`` read
+    figure = (f"{per_epoch.ratio:.2f}x (the fit of its {per_epoch.launches} launches: "
+              f"{low:.2f}-{high:.2f}x; a plain check of 3 launches each: "
+              f"{per_epoch.interval[0]:.2f}-{per_epoch.interval[1]:.2f}x)")
+    runs = f"{whole.ratio:.2f}x [{whole.interval[0]:.2f}-{whole.interval[1]:.2f}]"
+    pays = "a longer run"
+    if start is not None and start.break_even_s is not None:
+        pays = (f"a run training past about {start.break_even_s:.0f} s (the start-up, "
+                f"{start.seconds:.1f} s, over the {1 - 1 / per_epoch.ratio:.0%} saved)")
+    return Finding(
+        rule="persistent-workers",
+        severity="low",
+        title="Keeping the workers alive pays per epoch, not over a run this short",
+        evidence=(f"{describe_config(kept)} with persistent_workers=True ran {figure} per "
+                  f"epoch once its workers ran, against the script's own "
+                  f"{describe_config(reference)}, but {runs} as whole runs of the script "
+                  f"(alternated {whole.letters} in launches, probes {whole.probes[0]}-"
+                  f"{whole.probes[-1]}, each running the script to its end, its first "
+                  f"batch's wait charged)."),
+        recommendation=(f"For runs this short, keep the script's settings. Predicted, not "
+                        f"measured: DataLoader(..., num_workers={kept.get('num_workers')}, "
+                        f"persistent_workers=True) pays in {pays}."))
 
 
 def _first_batches(run: Run, probe: pd.Series) -> Optional[tuple[float, float, int]]:
