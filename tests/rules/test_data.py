@@ -210,6 +210,36 @@ def test_wait_bound_loading_cites_waiting_and_predicts_workers_past_the_cpus():
     assert "num_workers=10 per rank (predicted, not measured" in finding.recommendation
 
 
+def spawned_workers(restart_s: float, steady: float):
+    """A wait-bound baseline (844 samples/s, a loop demand of 10,000) and 1 worker restarted
+    every 62-step epoch, 400 samples/s as run and ``steady`` between restarts."""
+    return (RunBuilder(world_size=2, cpus=2)
+            .probe("base", kind="baseline", num_workers=0, throughput=844.0,
+                   entry={"loop_demand": 10000.0}).steps(data_wait=0.05, compute=0.01)
+            .loading(0.1, 2.1)
+            .probe("w1", num_workers=1, throughput=400.0,
+                   entry={"throughput": 400.0, "steady_throughput": steady, "epoch_steps": 62,
+                          "epoch_restart_s": restart_s}).steps(data_wait=0.04, compute=0.01)
+            .loading(0.1, 2.1).build())
+
+
+def test_workers_held_below_the_script_by_their_restarts_are_not_predicted_to_help():
+    """The mp.spawn workload: each spawned worker takes 2.7 s to start, every epoch. With
+    data free and that restart, no worker count restarting so can beat the script's settings
+    (1 / (1/10,000 + 1/400 - 1/900): 672 samples/s against 844): the finding says so
+    instead of predicting 10 workers; a cheap restart leaves the prediction."""
+    finding = io_bound_loading(spawned_workers(2.7, 900.0), T)
+    assert finding is not None
+    assert finding.recommendation.startswith("More workers only pay here kept alive"), \
+        finding.recommendation
+    assert "probe w1 (num_workers=1" in finding.recommendation
+    assert "2.70 s a restart" in finding.recommendation
+    assert "at most 672 samples/s against 844" in finding.recommendation
+    assert "predicted, not measured" not in finding.recommendation
+    cheap = io_bound_loading(spawned_workers(0.05, 410.0), T)
+    assert cheap is not None and "kept alive" not in cheap.recommendation
+
+
 def test_cpu_heavy_loading_on_saturated_cpus_is_cpu_bound_and_says_so():
     # 8 workers of a 2 ms transform on 2 CPUs: 6 ms of each sample runnable, waiting for a CPU
     run = (RunBuilder(world_size=2, cpus=2)

@@ -21,6 +21,7 @@ from ddp_profile.profiler.store.probes import Kind, ProbeRecord, Status
 from ddp_profile.profiler.sweep import ceiling
 from ddp_profile.profiler.sweep.climb import (
     CLIMB_STOP_CPU_SHARE,
+    adding,
     beats,
     climb_points,
     climb_workers,
@@ -119,10 +120,11 @@ def recalibrate(search: SearchState, workers: int) -> None:
 
 
 def all_slower(search: SearchState, screened: list[ProbeRecord]) -> bool:
-    """Whether every worker count a screen measured ran slower than the script's own
-    settings beyond noise: more workers cost the loop, and the climb does not go on (a
-    note says so)."""
-    rungs = [e for e in screened if e.kind == Kind.SWEEP]
+    """Whether every worker count a screen measured past the script's own ran slower than
+    the script's settings beyond noise (``climb.adding``, ``climb.slower_than_baseline``):
+    more workers cost the loop, and the climb does not go on (a note says so)."""
+    assert search.baseline is not None
+    rungs = adding(screened, search.baseline)  # fewer workers than the script's say nothing
     if not rungs or not all(slower_than_baseline(e, search.baseline) for e in rungs):
         return False
     workers = ", ".join(str(e.config.num_workers) for e in rungs)

@@ -21,6 +21,7 @@ from ddp_profile.profiler.decide.choose import (
     better,
     candidate_of,
     not_worse,
+    restart_bound,
 )
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord, is_measured, is_ok
@@ -81,43 +82,42 @@ def slower_than_baseline(entry: Optional[ProbeRecord], baseline: Optional[ProbeR
     more workers cannot turn into a gain.
 
     Where its workers start again every epoch, the loss may be those restarts alone: its
-    steps between them can still be faster, and more workers faster again. What no worker
-    count can beat is its restart cost with data free: at the loop's demand ``D`` (samples/s
-    with free data, the baseline's or its own, the higher) plus the restart it paid per
-    sample, ``1/r - 1/s`` (``r`` as run, ``s`` between restarts), a rate of
-    ``1 / (1/D + 1/r - 1/s)``; more workers start at least as slowly as fewer. It counts as
-    slower only where that bound is no faster than the script's settings either (a loop
-    asleep 24 ms a batch whose workers take 80 ms to start: 1 worker ran 0.88x as run, its
-    bound 3.4x, and 2 workers ran 1.28x; an ``mp.spawn`` script whose spawned workers take
-    2.4-2.7 s to start each epoch: 1 worker 0.47-0.51x, bound 0.80x, 6 workers 0.13x)."""
+    steps between them can still be faster, and more workers faster again. It counts as
+    slower only where no worker count could beat the script's settings even with data free,
+    given that restart (``choose.restart_bound``): a loop asleep 24 ms a batch whose workers
+    take 80 ms to start: 1 worker ran 0.88x as run, its bound 3.4x, and 2 workers ran
+    1.28x; an ``mp.spawn`` script whose spawned workers take 2.4-2.7 s to start each epoch:
+    1 worker 0.47-0.51x, bound 0.80x, 6 workers 0.13x."""
     if not (is_measured(entry) and is_measured(baseline)):
         return False
     assert entry is not None and baseline is not None
     if not better(candidate_of(baseline), candidate_of(entry)):
         return False
-    steady = entry.epochs.steady_throughput if entry.epochs is not None else None
-    rate = entry.throughput
-    if not steady or not rate or steady <= rate:
-        return True  # no restart measured: its rate as run is the evidence
-    demand = max((d for d in (baseline.host.loop_demand, entry.host.loop_demand) if d),
-                 default=math.inf)
-    bound = 1.0 / (1.0 / demand + 1.0 / rate - 1.0 / steady)
-    return bound <= (baseline.throughput or 0.0)
+    bound = restart_bound(entry, baseline)
+    return bound is None or bound <= (baseline.throughput or 0.0)
 
 
 def condemned_by(entries: list[ProbeRecord], config: LoaderSettings,
                  baseline: ProbeRecord) -> bool:
     """Whether ``entries`` condemn ``config``: it has more workers than rungs of its batch
-    size, and those all ran slower than the script's own settings beyond noise. More workers
-    only cost such a loop more (a 2-rank script whose samples sleep 2 ms ran 593, 98 and 52
-    samples/s with 1, 13 and 26 workers against 896 without: 52 were killed, and a ceiling at
-    26 timed out, in a launch that measured nothing of use)."""
+    size that added workers to the script's own (``adding``), and those all ran slower than
+    the script's settings beyond noise. More workers only cost such a loop more (a 2-rank
+    script whose samples sleep 2 ms ran 593, 98 and 52 samples/s with 1, 13 and 26 workers
+    against 896 without: 52 were killed, and a ceiling at 26 timed out, in a launch that
+    measured nothing of use). A rung with fewer workers than the script's losing says the
+    opposite (a script with 1 worker kept alive: no workers ran 0.78x)."""
     workers = config.num_workers or 0
-    rungs = [(e, e.config) for e in entries
-             if e.kind == Kind.SWEEP and is_measured(e)]  # a failed rung says nothing
-    lower = [e for e, rung in rungs if (rung.num_workers or 0) < workers
-             and rung.batch_size == config.batch_size]
+    lower = [e for e in adding(entries, baseline) if (e.config.num_workers or 0) < workers
+             and e.config.batch_size == config.batch_size]
     return bool(workers and lower) and all(slower_than_baseline(e, baseline) for e in lower)
+
+
+def adding(entries: list[ProbeRecord], baseline: ProbeRecord) -> list[ProbeRecord]:
+    """The measured worker rungs (a failed rung says nothing) with more workers than the
+    script's own settings: the rungs whose loss says that more workers cost the loop."""
+    own = baseline.config.num_workers or 0
+    return [e for e in entries if e.kind == Kind.SWEEP and is_measured(e)
+            and (e.config.num_workers or 0) > own]
 
 
 def condemned(baseline: ProbeRecord) -> Callable[[list[ProbeRecord], Any], bool]:

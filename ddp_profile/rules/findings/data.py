@@ -11,6 +11,8 @@ from typing import Optional
 
 import pandas as pd
 
+from ddp_profile.profiler.decide.choose import restart_bound
+from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import (
     Advice,
@@ -41,6 +43,7 @@ from ddp_profile.rules.tables import (
     is_data_bound,
     metric,
     ok_probes,
+    probe_entry,
     storage_caveat,
 )
 
@@ -279,6 +282,22 @@ def io_bound_loading(run: Run, thresholds: Thresholds) -> Optional[Finding]:
             extra=f"Or, {IO_FIX}."))
 
 
+def held_by_restarts(run: Run, base: pd.Series) -> Optional[tuple[ProbeRecord, float]]:
+    """A worker probe whose restart every epoch holds every worker count below the
+    baseline even with data free (``choose.restart_bound``), the fewest workers first, with
+    that bound; None where none does."""
+    baseline = probe_entry(run, base["id"])
+    if baseline is None or not baseline.measured or not baseline.throughput:
+        return None
+    for record in sorted(run.records, key=lambda r: r.config.num_workers or 0):
+        if record.kind != Kind.SWEEP or not record.measured or not record.config.num_workers:
+            continue
+        bound = restart_bound(record, baseline)
+        if bound is not None and bound <= baseline.throughput:
+            return record, bound
+    return None
+
+
 def _wait_bound_from_capacity(run: Run, base: pd.Series, capacity: dict,
                               thresholds: Thresholds) -> Optional[Finding]:
     if loading_bound(capacity, thresholds) != "wait":
@@ -287,7 +306,16 @@ def _wait_bound_from_capacity(run: Run, base: pd.Series, capacity: dict,
     workers = capacity["workers_for_demand"]
     most = max(_measured_workers(run), default=0)
     past = ", past the CPU count" if max(most, workers) > capacity["cpus_per_rank"] else ""
-    if most >= workers:
+    held = held_by_restarts(run, base)
+    if held is not None:
+        probe, bound = held
+        overlap = (f"More workers only pay here kept alive: they start again every epoch, and "
+                   f"probe {probe.id} ({describe_config(probe.config.to_dict())}) paid "
+                   f"{probe.epochs.restart_s:.2f} s a restart, so that with data free no "
+                   f"worker count restarting so runs faster than the script's settings (at "
+                   f"most {bound:,.0f} samples/s against {float(base['throughput']):,.0f}; "
+                   "see persistent-workers)")
+    elif most >= workers:
         overlap = (f"Loading overlaps with more workers{past}: up to num_workers={most} was "
                    "measured; the recommendation below chooses among what was measured")
     else:

@@ -320,6 +320,25 @@ def test_a_rung_that_loses_only_to_its_restarts_condemns_no_rung_above_it():
     assert not slower_than_baseline(faster, base)
 
 
+def test_a_rung_with_fewer_workers_than_the_script_condemns_nothing():
+    """The script keeps 1 worker alive (1,181 samples/s); no workers ran 925 beyond noise:
+    that says workers help, and 2 workers are measured. 2 slower too would condemn 4."""
+    from ddp_profile.profiler.store.probes import ProbeRecord
+    from ddp_profile.profiler.sweep.climb import condemned_by
+
+    def line(probe_id: str, kind: str, workers: int, rate: float) -> ProbeRecord:
+        return ProbeRecord.from_json({
+            "id": probe_id, "kind": kind, "status": "ok", "throughput": rate,
+            "throughput_rse": 0.02, "config": {"num_workers": workers, "pin_memory": False,
+                                               "prefetch_factor": 2 if workers else None,
+                                               "batch_size": 8}})
+
+    base, none = line("p000", "baseline", 1, 1181.0), line("p001", "sweep", 0, 925.0)
+    assert not condemned_by([base, none], LoaderSettings(2, False, 2, 8), base)
+    two = line("p002", "sweep", 2, 700.0)
+    assert condemned_by([base, none, two], LoaderSettings(4, False, 2, 8), base)
+
+
 def test_a_running_screens_window_rates_cover_the_windows_every_rank_left(tmp_path):
     """Read while the launch runs: windows 0 and 1 are left by both ranks (rank 1 is slower
     in window 1: the slowest rank's rate, times the ranks), window 2 is still running; a torn
