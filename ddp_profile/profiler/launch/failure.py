@@ -1,8 +1,9 @@
 """How a probe's launch ended: ok, or why not (``classify``: status, reason, error, the rank
 at the root of it), from its ranks' records and the launcher's log.
 
-A timeout names the rank that stopped recording first; an exception recorded by a rank is the
-cause, unless it is a symptom (a peer's connection lost: the log may name the real cause); an
+A timeout names the rank that stopped recording first, unless a rank recorded an exception
+before it (its peers waited on it: the exception is the cause); an exception recorded by a rank
+is the cause, unless it is a symptom (a peer's connection lost: the log may name the real cause); an
 exit code without a recorded error is read from the log (torchrun's ``[rankN]:`` prefixes);
 a script that built no DataLoader, took no batch or ended within the warm-up is a crash of its
 own reason. Out-of-memory errors and CUDA-only scripts on a machine without CUDA are told apart.
@@ -35,10 +36,15 @@ def classify(ranks: list[RankData], outcome: LaunchOutcome, plan: ProbePlan,
              timeout_s: float) -> tuple[Status, Optional[str], Optional[str], Optional[int]]:
     errors = sorted((r.error for r in ranks if r.error),
                     key=lambda e: (_is_symptom(e), e.get("t_ns") or 0))
+    after = ""
     if outcome.timed_out:
-        root = _stalled_rank(ranks)
-        where = f"; rank {root} stopped recording first" if root is not None else ""
-        return Status.TIMEOUT, "timeout", f"no result within {timeout_s:.0f} s{where}", root
+        if not errors or _is_symptom(errors[0]):
+            root = _stalled_rank(ranks)
+            where = f"; rank {root} stopped recording first" if root is not None else ""
+            return Status.TIMEOUT, "timeout", f"no result within {timeout_s:.0f} s{where}", root
+        # a rank raised, and its peers waited on it in a collective until the deadline: the
+        # exception is the cause (a killed DataLoader worker on a busy machine, near 15 s)
+        after = f"; the launch then ran out its {timeout_s:.0f} s, its other ranks waiting"
     if errors:
         first = errors[0]
         if _is_symptom(first):  # every recorded error is a symptom: the log may name the cause
@@ -51,7 +57,7 @@ def classify(ranks: list[RankData], outcome: LaunchOutcome, plan: ProbePlan,
         if first.get("origin") == "data_loader" and _lost_connection(first):
             during += " (raised by the DataLoader: a DataLoader worker process died, killed " \
                       "or out of memory, while sending a batch)"
-        text = f"rank {first.get('rank')}: {first.get('last_line')}{during}"
+        text = f"rank {first.get('rank')}: {first.get('last_line')}{during}{after}"
         if _needs_cuda(first, ranks):
             return (Status.CRASH, "needs_cuda", "the script needs CUDA (it hard-codes nccl or "
                     "torch.cuda), and this machine has none: " + text, first.get("rank"))

@@ -69,14 +69,29 @@ def test_a_connection_the_ranks_own_loader_lost_is_a_cause_not_a_peers_symptom(t
     assert "ConnectionResetError" in entry["error"] and "DataLoader worker" in entry["error"]
 
 
-def test_oom_and_timeout_are_told_apart(tmp_path):
+def test_oom_and_timeout_are_told_apart_and_an_error_before_the_deadline_is_the_cause(
+        tmp_path):
     plan = ProbePlan(probe_id="p002", out_dir=str(tmp_path))
     write_rank(tmp_path, 0, [{"kind": "error", "t_ns": 1, "exc_type": "OutOfMemoryError",
                               "message": "CUDA out of memory", "oom": True,
                               "last_line": "torch.OutOfMemoryError: CUDA out of memory"}])
     assert summarise_probe(plan, outcome(tmp_path), "sweep", 60)["status"] == "oom"
+    # the launch ran out its time after rank 0 raised (its peers waited on it): the cause
     timed = summarise_probe(plan, outcome(tmp_path, None, True), "sweep", 60)
+    assert timed["status"] == "oom" and "then ran out its 60 s" in timed["error"], timed
+    quiet = tmp_path / "quiet"  # no rank raised: a timeout, the first rank to stop named
+    quiet.mkdir()
+    write_rank(quiet, 0, [{"kind": "context", "t_ns": 1}])
+    write_rank(quiet, 1, [{"kind": "context", "t_ns": 1}])
+    timed = summarise_probe(ProbePlan(probe_id="p002", out_dir=str(quiet)),
+                            outcome(quiet, None, True), "sweep", 60)
     assert timed["status"] == "timeout" and "60 s" in timed["error"]
+    write_rank(quiet, 1, [{"kind": "error", "t_ns": 2, "exc_type": "RuntimeError",
+                           "message": "Connection closed by peer",
+                           "last_line": "RuntimeError: Connection closed by peer"}])
+    timed = summarise_probe(ProbePlan(probe_id="p002", out_dir=str(quiet)),
+                            outcome(quiet, None, True), "sweep", 60)
+    assert timed["status"] == "timeout"  # a symptom is no cause
 
 
 def test_crash_without_records_reads_the_launcher_log(tmp_path):
