@@ -73,16 +73,20 @@ def test_a_regime_the_machine_does_not_hold_stops_the_measuring_again(tmp_path):
     assert len(found.entries) == 3 and found.entries[2].kind == "sweep"
 
 
+def data_files(tmp_path, count: int = 40) -> list[str]:
+    """``count`` files of 1,000 bytes under ``tmp_path/data``, their paths in order."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for index in range(count):
+        (data / f"{index:02d}.bin").write_bytes(b"x" * 1000)
+    return [str(data / f"{index:02d}.bin") for index in range(count)]
+
+
 def test_a_measure_again_that_missed_only_files_never_read_before_is_measured_once_more(
         tmp_path):
     """The re-measure reached one file past those the first launch read (and the harness
     warmed): its 2.4 % from storage is that file's, not a machine that drops the cache."""
-    data = tmp_path / "data"
-    data.mkdir()
-    paths = []
-    for index in range(40):
-        (data / f"{index:02d}.bin").write_bytes(b"x" * 1000)
-        paths.append(str(data / f"{index:02d}.bin"))
+    paths = data_files(tmp_path)
     found, notes = measurer(tmp_path, [0.18, 0.024, 0.0], [paths[:39], paths, paths])
     assert found.measure(window()).id == "p002"
     assert [e.kind for e in found.entries] == ["cache", "cache", "sweep"]
@@ -91,12 +95,7 @@ def test_a_measure_again_that_missed_only_files_never_read_before_is_measured_on
 
 
 def test_a_measure_again_that_missed_files_read_before_says_the_regime_is_not_held(tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    paths = []
-    for index in range(40):
-        (data / f"{index:02d}.bin").write_bytes(b"x" * 1000)
-        paths.append(str(data / f"{index:02d}.bin"))
+    paths = data_files(tmp_path)
     found, _notes = measurer(tmp_path, [0.18, 0.024], [paths, paths])
     assert found.measure(window()).id == "p001"  # every file warmed before it: no third
     assert found.regime_unheld is not None and len(found.entries) == 2
