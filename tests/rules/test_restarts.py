@@ -296,3 +296,36 @@ def test_workers_kept_alive_that_win_per_epoch_but_lose_a_run_this_short_are_sai
     # per epoch within noise: nothing was seen to say
     assert persistent_workers(kept_instead(1.02, noise=(1.0, 0.95, 1.05, 1.04, 0.96),
                                            first=(0.05, 2.55), whole=True), T) is None
+
+
+def short_spawn_run(script_samples: int):
+    """The spawn script's case before any alternation: no workers kept (751 samples/s); 1
+    worker restarts every 62-step epoch (4.06 s), 802 samples/s between restarts; a launch
+    ran the 2-epoch script to its end (``script_samples``: 2 x 62 steps x 16 x 2 ranks)."""
+    steady, restart = 802.0, 4.06
+    return (RunBuilder(world_size=2)
+            .probe("base", kind="baseline", num_workers=0, throughput=751.0,
+                   entry={"script_samples": script_samples}).steps(n=20, data_wait=0.8)
+            .probe("w1", num_workers=1, throughput=300.0,
+                   entry={"throughput": 300.0, "steady_throughput": steady,
+                          "epoch_steps": 62, "epoch_restart_s": restart})
+            .steps(n=20, data_wait=0.8)
+            .build())
+
+
+def test_workers_whose_start_outweighs_a_whole_run_are_a_low_prediction_not_advice():
+    """Over the script's whole run (3,968 samples: 5.3 s at 751 samples/s) 1 worker kept
+    alive starts once (4.06 s) and then saves 0.3 s: no advice to keep it alive, but what
+    was seen, low, with the training past which the start is won back."""
+    finding = persistent_workers(short_spawn_run(3968), T)
+    assert finding is not None and finding.severity == "low", finding
+    assert "802 between restarts, 1.07x the script's settings" in finding.evidence
+    assert "whole run (3,968 samples, run to its end in base) takes 5.3 s" in finding.evidence
+    assert "start once (4.1 s, what a restart cost them) and take 9.0 s" in finding.evidence
+    assert finding.recommendation.startswith("For runs this short, keep the script's settings")
+    # 4.06 s over the 6.4 % each second of training saves: about 64 s
+    assert "pays in a run training past about 64 s" in finding.recommendation
+    # a run 100 times as long wins the start back: the prediction of a gain is said as one
+    long = persistent_workers(short_spawn_run(396800), T)
+    assert long is not None and long.severity == "medium"
+    assert "num_workers=1, persistent_workers=True). Predicted" in long.recommendation

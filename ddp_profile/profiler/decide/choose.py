@@ -318,19 +318,3 @@ def candidate_of(record: ProbeRecord) -> Candidate:
     return Candidate(id=record.id, config=record.config, throughput=record.throughput or 0.0,
                      rse=relative_se(record), data_wait_fraction=record.data_wait_share,
                      kind=record.kind, short=record.short, launch=record.launch)
-
-
-def restart_bound(entry: ProbeRecord, baseline: ProbeRecord) -> Optional[float]:
-    """The most any worker count can run (global samples/s) as the script runs it, from a
-    measurement of ``entry`` whose workers start again every epoch: its restart with data
-    free. At the loop's demand ``D`` (samples/s with free data, the baseline's or its own,
-    the higher) plus the restart it paid per sample, ``1/r - 1/s`` (``r`` as run, ``s``
-    between restarts): ``1 / (1/D + 1/r - 1/s)``; more workers start at least as slowly as
-    fewer. None where no restart was measured (its rate as run is all there is)."""
-    steady = entry.epochs.steady_throughput if entry.epochs is not None else None
-    rate = entry.throughput
-    if not steady or not rate or steady <= rate:
-        return None
-    demand = max((d for d in (baseline.host.loop_demand, entry.host.loop_demand) if d),
-                 default=math.inf)
-    return 1.0 / (1.0 / demand + 1.0 / rate - 1.0 / steady)

@@ -58,7 +58,7 @@ from ddp_profile.profiler.rank.windows import (
     shutdown_workers,
 )
 from ddp_profile.profiler.settings import ProbePlan
-from ddp_profile.profiler.store.record import RankRecorder
+from ddp_profile.profiler.store.record import SCRIPT_EXIT, RankRecorder
 
 FLUSH_INTERVAL_S = 0.5
 STOP_BARRIER_TIMEOUT_S = 60.0
@@ -245,4 +245,4 @@ def install(plan: ProbePlan) -> Instrumentation:
 def _at_exit() -> None:
     if _INSTALLED is not None and not _INSTALLED.stopping and _INSTALLED.recorder is not None:
         if _INSTALLED.clocks or _INSTALLED.loader_count:
-            _INSTALLED.finish("script_exit")
+            _INSTALLED.finish(SCRIPT_EXIT)

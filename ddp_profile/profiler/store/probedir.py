@@ -12,7 +12,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ddp_profile.profiler.store.record import ITERATOR_OUTLIVES_EPOCH, WORKER_DIR, read_jsonl
+from ddp_profile.profiler.store.record import (
+    ITERATOR_OUTLIVES_EPOCH,
+    SCRIPT_EXIT,
+    WORKER_DIR,
+    read_jsonl,
+)
 
 
 @dataclass
@@ -93,6 +98,16 @@ def read_probe_dir(probe_dir: str) -> list[RankData]:
     ranks.sort(key=lambda r: r.rank)
     _attach_worker_records(os.path.join(probe_dir, WORKER_DIR), ranks)
     return ranks
+
+
+def whole_run_samples(ranks: list[RankData]) -> Optional[int]:
+    """The samples the script's training loop took over its whole run, every rank's
+    together, where each rank ran the script to its end (its end record's reason is
+    ``SCRIPT_EXIT``: the harness stopped none); None where any was stopped or wrote no end."""
+    ranks = [r for r in ranks if r.rank >= 0]
+    if not ranks or any(r.end is None or r.end.get("reason") != SCRIPT_EXIT for r in ranks):
+        return None
+    return sum(int(s.get("samples") or 0) for r in ranks for s in r.training_steps()) or None
 
 
 def read_worker_dir(worker_dir: str) -> list[tuple[str, list[dict[str, Any]]]]:

@@ -193,6 +193,8 @@ class ProbeRecord:
     step_time_cv: Optional[float]
     throughput_rse: Optional[float]  # relative standard error by batch means
     data_wait_fraction: Optional[float]  # the host's wait, of the step time
+    script_samples: Optional[int]  # every rank's samples over the script's whole run, where
+    # its launch ran the script to its end (``store.probedir.whole_run_samples``)
     epochs_throughput: Optional[float]  # samples/s over whole epochs by the wall clock
     # (``store.epochs.whole_epochs``; None where it spanned none)
     score: Optional[float]  # throughput / the ceiling's (summary.json's items only)
@@ -238,6 +240,7 @@ class ProbeRecord:
             step_time_cv=number(line.get("step_time_cv")),
             throughput_rse=number(line.get("throughput_rse")),
             data_wait_fraction=number(line.get("data_wait_fraction")),
+            script_samples=count(line.get("script_samples")),
             epochs_throughput=number(line.get("epochs_throughput")),
             score=number(line.get("score")),
             ceiling_failed=text(line.get(CEILING_FAILED) or None),

@@ -32,6 +32,7 @@ import threading
 from typing import Any, Callable, Optional
 
 SCHEMA_VERSION = 2  # 2: steps carry communication (ddp_n, ddp_t, coll_*); 1 reads as none
+SCRIPT_EXIT = "script_exit"  # the end record's reason where the rank's script ended by itself
 ITERATOR_OUTLIVES_EPOCH = "iterator_outlives_epoch"  # event: one iterator of the loader served
 # more than len(loader) batches, so the loader keeps it across epochs (no restart per epoch)
 WORKER_DIR = "workers"  # <probe_dir>/workers/: one JSON-lines file per DataLoader worker

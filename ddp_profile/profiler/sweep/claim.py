@@ -43,6 +43,7 @@ from ddp_profile.profiler.decide.paired import (
     paired,
     room_for_noise,
 )
+from ddp_profile.profiler.decide.restarts import kept_alive
 from ddp_profile.profiler.settings import LoaderSettings, timed_warmup
 from ddp_profile.profiler.store.epochs import restart_share
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord, counts_for_choice
@@ -231,7 +232,9 @@ def persistence_subject(search: SearchState, thresholds: ChoiceThresholds = DEFA
     configuration at their batch size (workers, costing ``restart_share`` or more) whose rate
     between restarts beats them by ``restart_share`` or more, the fastest such. Kept alive it
     is predicted to win, so it is measured against the script's settings rather than left a
-    prediction. Else None."""
+    prediction; unless a launch ran the script to its end and, over that length, its start
+    outweighs what it saves (``restarts.kept_alive``: the run is too short to win it back).
+    Else None."""
     best, base = recommended(search, thresholds), search.baseline
     if best is None or base is None or search.options.pairs <= 0 \
             or not restarts(search):
@@ -256,6 +259,11 @@ def persistence_subject(search: SearchState, thresholds: ChoiceThresholds = DEFA
     if not rivals:
         return None
     rival = max(rivals, key=steady_throughput)
+    whole = kept_alive(search.entries, rival, base)
+    if whole is not None and whole.loses:  # a run this short cannot win it back
+        search.progress("note", {"text": f"persistent_workers=True is not measured: "
+                                         f"{whole.words()}"})
+        return None
     candidate = normalise(rival.config)
     epoch = _epoch(search, candidate)
     return PersistenceSubject(config, candidate, epoch) if epoch else None

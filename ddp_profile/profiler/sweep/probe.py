@@ -14,7 +14,7 @@ from ddp_profile.profiler.numbers import finite, finite_or_none
 from ddp_profile.profiler.settings import BURST_ROUNDS, ProbePlan
 from ddp_profile.profiler.store.comm import probe_comm
 from ddp_profile.profiler.store.epochs import rank_step_stats, step_seconds, whole_epochs
-from ddp_profile.profiler.store.probedir import RankData, read_probe_dir
+from ddp_profile.profiler.store.probedir import RankData, read_probe_dir, whole_run_samples
 from ddp_profile.profiler.store.probes import Kind, Status
 
 
@@ -46,6 +46,8 @@ def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: Kind, timeout
     if status != Status.OK:
         entry["throughput"] = None
     entry.update(_shortness(entry, plan))
+    # the script's whole run, where this launch ran it to its end (a screen's: its launch's)
+    entry["script_samples"] = whole_run_samples(ranks) if status == Status.OK else None
     return entry
 
 

@@ -11,7 +11,7 @@ from typing import Optional
 
 import pandas as pd
 
-from ddp_profile.profiler.decide.choose import restart_bound
+from ddp_profile.profiler.decide.restarts import restart_bound
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import (
@@ -284,7 +284,7 @@ def io_bound_loading(run: Run, thresholds: Thresholds) -> Optional[Finding]:
 
 def held_by_restarts(run: Run, base: pd.Series) -> Optional[tuple[ProbeRecord, float]]:
     """A worker probe whose restart every epoch holds every worker count below the
-    baseline even with data free (``choose.restart_bound``), the fewest workers first, with
+    baseline even with data free (``restarts.restart_bound``), the fewest workers first, with
     that bound; None where none does."""
     baseline = probe_entry(run, base["id"])
     if baseline is None or not baseline.measured or not baseline.throughput:

@@ -13,6 +13,7 @@ from typing import Optional
 import pandas as pd
 
 from ddp_profile.profiler.decide.paired import one_time_start
+from ddp_profile.profiler.decide.restarts import KeptAlive, kept_alive
 from ddp_profile.profiler.store.epochs import restart_share
 from ddp_profile.profiler.store.probe_parts import Epochs
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
@@ -102,6 +103,11 @@ def persistent_workers(run: Run, thresholds: Thresholds, known: Optional[Evidenc
     top = max(costly, key=lambda found: found[2].steady_throughput)
     probe, entry, epochs = top
     steady, restart = epochs.steady_throughput, epochs.restart_s
+    script = probe_entry(run, base["id"]) if base is not None else None
+    whole = kept_alive(run.records, entry, script) \
+        if script is not None and script.id != entry.id else None
+    if whole is not None and whole.loses:
+        return _predicted_too_short(probe, epochs, whole, gain(top))
     share = restart_share(entry) or 0.0
     ratio = gain(top)
     workers = as_int(probe.get("num_workers"), 0)
@@ -191,6 +197,30 @@ def _too_short(run: Run, whole: PairedClaim, per_epoch: PairedClaim) -> Optional
         recommendation=(f"For runs this short, keep the script's settings. Predicted, not "
                         f"measured: DataLoader(..., num_workers={kept.get('num_workers')}, "
                         f"persistent_workers=True) pays in {pays}."))
+
+
+def _predicted_too_short(probe: pd.Series, epochs: Epochs, whole: KeptAlive,
+                         ratio: Optional[float]) -> Finding:
+    """What was seen where a configuration's workers ran faster between restarts than the
+    script's settings, but over the script's whole run (a launch ran it to its end) their
+    start is predicted to outweigh what they save (``restarts.kept_alive``); the sweep then
+    measures no alternation. Low, and a prediction with its basis."""
+    versus = f", {ratio:.2f}x the script's settings" if ratio is not None else ""
+    pays = (f"a run training past about {whole.break_even_s:.0f} s"
+            if whole.break_even_s is not None else "no run")
+    return Finding(
+        rule="persistent-workers",
+        severity="low",
+        title="Keeping the workers alive pays per epoch, not over a run this short",
+        evidence=(f"With {describe_config(probe)}, starting the workers again costs "
+                  f"{epochs.restart_s:.2f} s per epoch of {epochs.steps} steps: "
+                  f"{probe['throughput']:,.0f} samples/s as run, "
+                  f"{epochs.steady_throughput:,.0f} between restarts{versus}. But "
+                  f"{whole.words()}, so persistent_workers=True was not measured."),
+        recommendation=(f"For runs this short, keep the script's settings. Predicted, not "
+                        f"measured: DataLoader(..., num_workers="
+                        f"{as_int(probe.get('num_workers'), 0)}, persistent_workers=True) "
+                        f"pays in {pays}."))
 
 
 def _first_batches(run: Run, probe: pd.Series) -> Optional[tuple[float, float, int]]:

@@ -760,6 +760,36 @@ def test_workers_kept_alive_are_measured_against_the_kept_script_settings():
                for n in notes), notes
 
 
+def test_workers_kept_alive_are_not_measured_where_a_whole_run_cannot_win_their_start():
+    """As above, but the baseline's launch ran the script to its end: over that many samples
+    the start of the workers kept alive (0.5 s) outweighs what they save, so no launch is
+    spent on them and a note says why; over a run 1,000 times as long they are measured."""
+    class Short(StartingMeasurer):
+        def __init__(self, samples: int):
+            super().__init__()
+            self.samples = samples
+
+        def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+            entry = super()._line(requested, kind, **extra)
+            if kind == "baseline":
+                entry["script_samples"] = self.samples
+            return entry
+
+    notes: list[str] = []
+    base = io_bound(LoaderSettings(0, False, None, 32))[0]
+    found = Search(Short(int(base / 10)), SPACE,
+                   SweepOptions(pairs=3, ceiling=False, comm=False),
+                   progress=lambda kind, data: notes.append(str(data.get("text"))))
+    found.run()  # a run of 0.1 s at the script's settings
+    assert not [e for e in found.entries if e.kind == "persistent"]
+    assert any(n.startswith("persistent_workers=True is not measured: the script's whole run")
+               for n in notes), notes
+    found = Search(Short(int(100 * base)), SPACE,
+                   SweepOptions(pairs=3, ceiling=False, comm=False))
+    found.run()
+    assert len([e for e in found.entries if e.kind == "persistent"]) == 5
+
+
 def test_where_the_claims_check_keeps_the_script_settings_workers_kept_alive_face_them():
     """The search's best (workers restarting every 16-step epoch) ran no faster than the
     script's settings in the claim's check: the recommendation keeps them, so the workers kept

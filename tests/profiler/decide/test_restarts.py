@@ -1,0 +1,64 @@
+"""What restarting workers cost over the script's whole run (``decide.restarts.kept_alive``)
+and where a launch counts that run (``store.probedir.whole_run_samples``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddp_profile.profiler.decide.restarts import kept_alive
+from ddp_profile.profiler.store.probedir import RankData, whole_run_samples
+from ddp_profile.profiler.store.probes import ProbeRecord
+
+
+def record(probe_id: str, throughput: float, **line) -> ProbeRecord:
+    return ProbeRecord.from_json({"id": probe_id, "kind": "sweep", "status": "ok",
+                                  "config": {"num_workers": 1, "batch_size": 16},
+                                  "throughput": throughput, **line})
+
+
+RESTARTING = {"epoch_restart_s": 4.0, "epoch_steps": 62, "steady_throughput": 800.0}
+
+
+def test_a_start_that_a_run_this_short_cannot_win_back_loses():
+    base = record("b", 750.0, script_samples=4000)
+    found = kept_alive([base], record("w1", 300.0, **RESTARTING), base)
+    assert found is not None and found.probe == "b"
+    assert found.script_s == pytest.approx(4000 / 750)
+    assert found.kept_s == pytest.approx(4.0 + 4000 / 800)
+    assert found.loses
+    # saved: 1 - 750/800 of each second trained; won back after 4 s / 0.0625 = 64 s
+    assert found.break_even_s == pytest.approx(64.0)
+
+
+def test_a_long_run_wins_the_start_back_and_a_start_near_the_saving_is_not_condemned():
+    base = record("b", 750.0, script_samples=4_000_000)
+    assert not kept_alive([base], record("w1", 300.0, **RESTARTING), base).loses
+    # saves 5.33 - 5.0 = 0.33 s; a start of 0.5 s loses as measured, but not at half of it
+    close = {**RESTARTING, "epoch_restart_s": 0.5}
+    base = record("b", 750.0, script_samples=4000)
+    found = kept_alive([base], record("w1", 300.0, **close), base)
+    assert found.kept_s > found.script_s and not found.loses
+
+
+def test_nothing_is_predicted_without_a_launch_that_ran_the_script_to_its_end():
+    base = record("b", 750.0)
+    assert kept_alive([base], record("w1", 300.0, **RESTARTING), base) is None
+    crashed = record("c", 750.0, script_samples=4000, status="crash")
+    assert kept_alive([base, crashed], record("w1", 300.0, **RESTARTING), base) is None
+    assert kept_alive([record("b", 750.0, script_samples=4000)], record("w1", 300.0),
+                      base) is None  # no restart measured
+
+
+def rank(number: int, reason: str, steps: int = 3) -> RankData:
+    data = RankData(rank=number, end={"kind": "end", "reason": reason,
+                                      "training_loader_id": 0})
+    data.steps = [{"kind": "step", "loader_id": 0, "step": i, "samples": 16}
+                  for i in range(steps)]
+    return data
+
+
+def test_the_whole_run_is_counted_only_where_every_rank_ran_the_script_to_its_end():
+    assert whole_run_samples([rank(0, "script_exit"), rank(1, "script_exit", 4)]) == 16 * 7
+    assert whole_run_samples([rank(0, "script_exit"), rank(1, "steps_done")]) is None
+    assert whole_run_samples([rank(0, "script_exit"), RankData(rank=1)]) is None
+    assert whole_run_samples([]) is None
