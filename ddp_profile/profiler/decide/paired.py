@@ -109,6 +109,7 @@ class PairedClaim:
     roles: tuple[str, ...] = ()  # each probe's, REFERENCE or CANDIDATE, in ``probes``' order
     estimate: Optional[tuple[float, float]] = None  # the fit's own interval (``faster``)
     whole_runs: bool = False  # each launch ran the script to its end, read as a whole run
+    timed: bool = False  # ... by the wall clock from its first batch to its end
 
     @property
     def letters(self) -> str:
@@ -138,8 +139,13 @@ class PairedClaim:
         where = "windows of one launch" if self.launches == 1 else f"{self.launches} launches"
         fit = (f"; the fit of those launches alone: {self.estimate[0]:.2f}-"
                f"{self.estimate[1]:.2f}x" if self.launches > 1 and self.estimate else "")
-        whole = ("; each launch ran the script to its end and is read as a whole run, its "
-                 "first batch's wait (the workers' start-up) charged" if self.whole_runs else "")
+        whole = ""
+        if self.whole_runs:
+            whole = ("; each launch ran the script to its end and is read as a whole run, "
+                     + ("by the wall clock from its first batch to its end (what a plain run "
+                        "pays after its set-up: validation, checkpoints and the workers' "
+                        "start-ups included)" if self.timed else
+                        "its first batch's wait (the workers' start-up) charged"))
         return (f"the script's settings and {recommendation} alternated, "
                 f"{self.candidates} of each between the other's, {where} "
                 f"({self.probes[0]}-{self.probes[-1]}){fit}{whole}")
@@ -167,11 +173,24 @@ def as_run(probes: list[ProbeRecord]) -> list[Optional[float]]:
     return [p.epochs_throughput if whole else p.throughput for p in probes]
 
 
+def timed_runs(probes: list[ProbeRecord]) -> bool:
+    """Whether every probe of the alternation ran the script to its end in a launch of its own
+    and was timed over that whole run (``script_samples``, ``script_run_s``)."""
+    return bool(probes) and len({p.launch for p in probes}) == len(probes) \
+        and all(p.measured and p.script_samples and p.script_run_s for p in probes)
+
+
 def whole_runs(probes: list[ProbeRecord]) -> Optional[list[float]]:
     """Each probe's rate over the script's whole run, where every probe of the alternation ran
-    it to its end (``short``: the script ended first) in a launch of its own: its steps (the
-    warm-up's too) at the rate measured, plus its first batch's wait, which a plain run pays
-    once and no measured step holds (workers starting). None otherwise."""
+    it to its end in a launch of its own: its samples over the seconds from its first batch
+    asked for to the script's end (``timed_runs``): what a plain run pays after its set-up,
+    validation passes, checkpoints, epoch boundaries and the workers' start-ups included
+    (imagenet's ``main.py`` validates every epoch with the same ``-j`` workers, which the
+    training steps alone do not show). Runs recorded before that was kept (``short``: the
+    script ended first): its steps (the warm-up's too) at the rate measured, plus its first
+    batch's wait, which a plain run pays once and no measured step holds. None otherwise."""
+    if timed_runs(probes):
+        return [float(p.script_samples or 0) / float(p.script_run_s or 1.0) for p in probes]
     if not probes or len({p.launch for p in probes}) < len(probes) \
             or not all(p.short and p.measured and p.time_to_first_batch_s is not None
                        and p.steps_measured and p.config.batch_size and p.ranks
@@ -207,7 +226,7 @@ def fitted(probes: list[ProbeRecord], rates: list[Optional[float]], confidence: 
                        launches=len({p.launch for p in probes}),
                        roles=tuple(str(role) for role in roles),
                        estimate=check_interval(fit, CANDIDATE, 0.0, confidence),
-                       whole_runs=whole)
+                       whole_runs=whole, timed=whole and timed_runs(probes))
 
 
 def check_interval(fit: Any, key: Optional[str], between: float, confidence: float
@@ -227,8 +246,10 @@ def paired(records: Sequence[ProbeRecord], probes: list[ProbeRecord], confidence
     launches from every launch of its two settings among ``records``, at least
     ``launch_sd``; None where a probe failed or the fit has no room."""
     sides = {settings_key(p) for p in probes}
-    return fitted(probes, as_run(probes), confidence,
-                  lambda fit: launches_spread(records, sides, launch_sd))
+    whole = whole_runs(probes) if timed_runs(probes) else None
+    return fitted(probes, whole or as_run(probes), confidence,
+                  lambda fit: launches_spread(records, sides, launch_sd),
+                  whole=whole is not None)
 
 
 def alternations(records: Sequence[ProbeRecord], kind: Kind) -> list[list[ProbeRecord]]:

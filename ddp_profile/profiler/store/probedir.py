@@ -100,14 +100,23 @@ def read_probe_dir(probe_dir: str) -> list[RankData]:
     return ranks
 
 
-def whole_run_samples(ranks: list[RankData]) -> Optional[int]:
-    """The samples the script's training loop took over its whole run, every rank's
-    together, where each rank ran the script to its end (its end record's reason is
-    ``SCRIPT_EXIT``: the harness stopped none); None where any was stopped or wrote no end."""
+def whole_run(ranks: list[RankData]) -> Optional[tuple[int, float]]:
+    """The script's whole run, where each rank ran it to its end (its end record's reason is
+    ``SCRIPT_EXIT``: the harness stopped none): the samples its training loop took, every
+    rank's together, and the seconds from a rank's first training batch asked for to its end
+    (validation, checkpoints and epoch boundaries in between), the slowest rank's. None where
+    any rank was stopped or wrote no end."""
     ranks = [r for r in ranks if r.rank >= 0]
     if not ranks or any(r.end is None or r.end.get("reason") != SCRIPT_EXIT for r in ranks):
         return None
-    return sum(int(s.get("samples") or 0) for r in ranks for s in r.training_steps()) or None
+    samples, seconds = 0, 0.0
+    for data in ranks:
+        steps = data.training_steps()
+        if not steps or not isinstance(data.end.get("t_ns"), int):
+            return None
+        samples += sum(int(s.get("samples") or 0) for s in steps)
+        seconds = max(seconds, (data.end["t_ns"] - min(int(s["t_ns"]) for s in steps)) / 1e9)
+    return (samples, seconds) if samples and seconds > 0 else None
 
 
 def read_worker_dir(worker_dir: str) -> list[tuple[str, list[dict[str, Any]]]]:

@@ -194,7 +194,8 @@ class ProbeRecord:
     throughput_rse: Optional[float]  # relative standard error by batch means
     data_wait_fraction: Optional[float]  # the host's wait, of the step time
     script_samples: Optional[int]  # every rank's samples over the script's whole run, where
-    # its launch ran the script to its end (``store.probedir.whole_run_samples``)
+    # its launch ran the script to its end (``store.probedir.whole_run``)
+    script_run_s: Optional[float]  # ... and its seconds from the first batch to its end
     epochs_throughput: Optional[float]  # samples/s over whole epochs by the wall clock
     # (``store.epochs.whole_epochs``; None where it spanned none)
     score: Optional[float]  # throughput / the ceiling's (summary.json's items only)
@@ -241,6 +242,7 @@ class ProbeRecord:
             throughput_rse=number(line.get("throughput_rse")),
             data_wait_fraction=number(line.get("data_wait_fraction")),
             script_samples=count(line.get("script_samples")),
+            script_run_s=number(line.get("script_run_s")),
             epochs_throughput=number(line.get("epochs_throughput")),
             score=number(line.get("score")),
             ceiling_failed=text(line.get(CEILING_FAILED) or None),

@@ -43,11 +43,11 @@ from ddp_profile.profiler.settings import (
     burst_steps,
     mode_warmup,
 )
-from ddp_profile.profiler.store.probedir import read_probe_dir, whole_run_samples
+from ddp_profile.profiler.store.probedir import read_probe_dir
 from ddp_profile.profiler.store.probes import MEASURED_AS, Kind, ProbeRecord
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.sweep.climb import watched
-from ddp_profile.profiler.sweep.probe import summarise_probe
+from ddp_profile.profiler.sweep.probe import script_run, summarise_probe
 from ddp_profile.profiler.sweep.screen import split_screen
 from ddp_profile.profiler.sweep.space import Axes
 from ddp_profile.profiler.sweep.state import Condemned, ProgressFn, Window, no_progress
@@ -312,7 +312,7 @@ class LedgerMeasurer:
             entry = summarise_probe(window_plan, window_outcome, window.kind, timeout_s)
             entry.update(screened=True, launch=launch_id, launch_wall_s=round(outcome.wall_s, 3))
             if entry["script_samples"]:  # the launch's, not the window's alone
-                entry["script_samples"] = whole_run_samples(read_probe_dir(plan.out_dir))
+                entry.update(script_run(read_probe_dir(plan.out_dir)))
             if window.pair is not None:
                 entry["pair"] = window.pair
             done.append(self._record(ProbeRecord.from_json(entry)))

@@ -14,7 +14,7 @@ from ddp_profile.profiler.numbers import finite, finite_or_none
 from ddp_profile.profiler.settings import BURST_ROUNDS, ProbePlan
 from ddp_profile.profiler.store.comm import probe_comm
 from ddp_profile.profiler.store.epochs import rank_step_stats, step_seconds, whole_epochs
-from ddp_profile.profiler.store.probedir import RankData, read_probe_dir, whole_run_samples
+from ddp_profile.profiler.store.probedir import RankData, read_probe_dir, whole_run
 from ddp_profile.profiler.store.probes import Kind, Status
 
 
@@ -46,9 +46,17 @@ def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: Kind, timeout
     if status != Status.OK:
         entry["throughput"] = None
     entry.update(_shortness(entry, plan))
-    # the script's whole run, where this launch ran it to its end (a screen's: its launch's)
-    entry["script_samples"] = whole_run_samples(ranks) if status == Status.OK else None
+    entry.update(script_run(ranks if status == Status.OK else []))
     return entry
+
+
+def script_run(ranks: list[RankData]) -> dict[str, Any]:
+    """``script_samples`` and ``script_run_s``: the script's whole run, where the launch of
+    ``ranks`` ran it to its end (``store.probedir.whole_run``), else None; a screen's
+    windows carry their launch's."""
+    found = whole_run(ranks)
+    return {"script_samples": found[0] if found else None,
+            "script_run_s": round(found[1], 4) if found else None}
 
 
 def _shortness(entry: dict[str, Any], plan: ProbePlan) -> dict[str, Any]:

@@ -70,3 +70,30 @@ def test_launches_that_ran_the_whole_script_charge_the_start_up_and_say_so():
     assert one_time_start(probes, claim) is None  # charged, not a footnote
     assert whole_runs(whole((0.05, 11.0), short=False)) is None  # steps past the script's
     # end were not asked: its whole run is not in the launch
+
+
+def test_launches_timed_to_the_scripts_end_are_read_by_the_wall_clock_validation_included():
+    """imagenet's main.py validates every epoch with the loader workers its training uses:
+    the training steps alone read 2 workers at 1.04x, plain launches 1.11x. Launches that ran
+    the script to its end carry its whole run (``script_samples`` over ``script_run_s``,
+    validation between the steps included): the claim reads that, as a user's check would."""
+    from ddp_profile.profiler.decide.paired import paired, timed_runs, whole_runs
+
+    probes = []
+    for i, role in enumerate(ROLES):
+        line = whole((0.1, 0.3))[i].to_json()
+        line.update(throughput=1040.0 if role == "candidate" else 1000.0,
+                    script_samples=2048, script_run_s=(70.0 / 1.11 if role == "candidate"
+                                                       else 70.0) * (1.0 + 0.002 * i),
+                    launch=f"p{i:03d}", kind="paired")
+        probes.append(ProbeRecord.from_json(line))
+    assert timed_runs(probes)
+    assert whole_runs(probes)[0] == pytest.approx(2048 / 70.0)
+    claim = paired(probes, probes, 0.95, 0.02)
+    assert claim.ratio == pytest.approx(1.11, abs=0.01) and claim.whole_runs and claim.timed
+    assert "by the wall clock from its first batch to its end" in claim.basis()
+    # one launch short of its end (the harness stopped it): the steps as measured, 1.04x
+    stopped = [ProbeRecord.from_json({**p.to_json(), "script_run_s": None}) if i == 2 else p
+               for i, p in enumerate(probes)]
+    assert not timed_runs(stopped)
+    assert paired(stopped, stopped, 0.95, 0.02).ratio == pytest.approx(1.04, abs=0.01)

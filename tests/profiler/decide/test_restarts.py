@@ -1,12 +1,12 @@
 """What restarting workers cost over the script's whole run (``decide.restarts.kept_alive``)
-and where a launch counts that run (``store.probedir.whole_run_samples``)."""
+and where a launch counts that run (``store.probedir.whole_run``)."""
 
 from __future__ import annotations
 
 import pytest
 
 from ddp_profile.profiler.decide.restarts import kept_alive
-from ddp_profile.profiler.store.probedir import RankData, whole_run_samples
+from ddp_profile.profiler.store.probedir import RankData, whole_run
 from ddp_profile.profiler.store.probes import ProbeRecord
 
 
@@ -49,16 +49,20 @@ def test_nothing_is_predicted_without_a_launch_that_ran_the_script_to_its_end():
                       base) is None  # no restart measured
 
 
-def rank(number: int, reason: str, steps: int = 3) -> RankData:
-    data = RankData(rank=number, end={"kind": "end", "reason": reason,
+def rank(number: int, reason: str, steps: int = 3, end_s: float = 10.0) -> RankData:
+    data = RankData(rank=number, end={"kind": "end", "reason": reason, "t_ns": int(end_s * 1e9),
                                       "training_loader_id": 0})
-    data.steps = [{"kind": "step", "loader_id": 0, "step": i, "samples": 16}
-                  for i in range(steps)]
+    data.steps = [{"kind": "step", "loader_id": 0, "step": i, "samples": 16,
+                   "t_ns": int((1 + i) * 1e9)} for i in range(steps)]
     return data
 
 
 def test_the_whole_run_is_counted_only_where_every_rank_ran_the_script_to_its_end():
-    assert whole_run_samples([rank(0, "script_exit"), rank(1, "script_exit", 4)]) == 16 * 7
-    assert whole_run_samples([rank(0, "script_exit"), rank(1, "steps_done")]) is None
-    assert whole_run_samples([rank(0, "script_exit"), RankData(rank=1)]) is None
-    assert whole_run_samples([]) is None
+    """Samples: every rank's; seconds: from a rank's first batch asked for (1 s) to its end,
+    the slowest rank's (rank 1 ends at 12 s: 11 s), whatever ran between its steps."""
+    assert whole_run([rank(0, "script_exit"), rank(1, "script_exit", 4, end_s=12.0)]) == \
+        (16 * 7, 11.0)
+    assert whole_run([rank(0, "script_exit"), rank(1, "steps_done")]) is None
+    assert whole_run([rank(0, "script_exit"), RankData(rank=1)]) is None
+    assert whole_run([rank(0, "script_exit", steps=0)]) is None
+    assert whole_run([]) is None
