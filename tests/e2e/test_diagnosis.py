@@ -78,6 +78,10 @@ def test_script_that_ends_early_is_marked_short(cli, run_dir):
     assert "ended after 2 measured step(s) of the 10 asked" in probe["short_reason"]
     assert "SHORT: the script ended after 2" in result.stderr  # the progress line
     assert f"probe {probe['id']} short (2 of 10 steps)" in result.stdout  # the summary
+    # the launch ran the script to its end: its whole run, 96 samples, timed from the first
+    # batch to the end of the script (one epoch of 3 steps; within the launch's own wall time)
+    assert probe["script_samples"] == 96
+    assert 0 < probe["script_run_s"] < probe["wall_s"]
 
 
 def test_in_place_ranks_with_default_threads_get_a_measured_counterfactual(cli, run_dir):
