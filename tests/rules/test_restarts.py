@@ -325,6 +325,21 @@ def test_workers_whose_start_outweighs_a_whole_run_are_a_low_prediction_not_advi
     assert finding.recommendation.startswith("For runs this short, keep the script's settings")
     # 4.06 s over the 6.4 % each second of training saves: about 64 s
     assert "pays in a run training past about 64 s" in finding.recommendation
+    # where another configuration is recommended, "keep the script's settings" is not said
+    faster = (RunBuilder(world_size=2)
+              .probe("base", kind="baseline", num_workers=0, throughput=751.0,
+                     entry={"script_samples": 3968}).steps(n=20, data_wait=0.8)
+              .probe("w1", num_workers=1, throughput=300.0,
+                     entry={"throughput": 300.0, "steady_throughput": 1000.0,
+                            "epoch_steps": 62, "epoch_restart_s": 4.06})
+              .steps(n=20, data_wait=0.8)
+              .probe("w0b", num_workers=0, pin_memory=True, throughput=900.0)
+              .steps(n=20, data_wait=0.8)
+              .build())
+    from ddp_profile.rules import evaluate
+    assert evaluate(faster).recommendation.config["pin_memory"] is True
+    other = persistent_workers(faster, T)
+    assert other is None or "keep the script's settings" not in other.recommendation
     # a run 100 times as long wins the start back: the prediction of a gain is said as one
     long = persistent_workers(short_spawn_run(396800), T)
     assert long is not None and long.severity == "medium"

@@ -103,7 +103,11 @@ def persistent_workers(run: Run, thresholds: Thresholds, known: Optional[Evidenc
     top = max(costly, key=lambda found: found[2].steady_throughput)
     probe, entry, epochs = top
     steady, restart = epochs.steady_throughput, epochs.restart_s
-    script = probe_entry(run, base["id"]) if base is not None else None
+    # where the script's settings are kept (as the sweep skips the check: the recommendation
+    # is them), a whole run too short to win the start back is said as such
+    kept = base is not None and chosen is not None \
+        and describe_config(chosen) == describe_config(base)
+    script = probe_entry(run, base["id"]) if kept and base is not None else None
     whole = kept_alive(run.records, entry, script) \
         if script is not None and script.id != entry.id else None
     if whole is not None and whole.loses:
