@@ -74,6 +74,11 @@ def _fit_line(result: Any) -> str:
     verdict: gate.PairedVerdict = result.verdict
     if not math.isfinite(verdict.ratio):
         return ""
+    if verdict.local:
+        return (f"each current launch against the mean of the reference launches beside it "
+                f"(the line's drift {_percent(math.exp(verdict.drift))} a launch); a "
+                f"launch's level about its neighbours {verdict.residual_sd * 100:.1f} % (SD, "
+                f"{verdict.dof} degrees of freedom)")
     return (f"fit: log rate = level + change x current + drift x launch; drift "
             f"{_percent(math.exp(verdict.drift))} a launch, a launch's level about the fit "
             f"{verdict.residual_sd * 100:.1f} % (SD, {verdict.dof} degrees of freedom)")

@@ -54,4 +54,5 @@ def alternation_fit(entries: list[ProbeRecord]) -> Optional[AlternationFit]:
         return None
     return fit_alternation([
         (None if e.pair.role == REFERENCE else options_key(dict(e.comm.options or {})),
-         float(e.pair.index), e.throughput) for e in entries])
+         float(e.pair.index), e.throughput) for e in entries],
+        local=len({e.launch for e in entries}) > 1)

@@ -6,7 +6,9 @@ verdict is open. The launches are read with the claim's fit (``paired.fit_altern
 ``log rate = level + gain x current + drift x position``, so a runner that slows down or
 speeds up over the job (neighbours coming and going) moves both sides alike and drops out
 of the gain; what is left of a launch's level is the fit's residual, and its interval is the
-fit's own (``t`` with the fit's degrees of freedom).
+fit's own (``t`` with the fit's degrees of freedom). From four launches of the current side
+each is read against the two reference launches beside it (``neighbours.local_fit``), so a
+runner that slows down and recovers within the job drops out as well.
 
 The tolerance rule is the stored-baseline gate's (``rules.gate.verdict``), with three ends:
 
@@ -73,6 +75,7 @@ class PairedVerdict:
     max_regression: float = MAX_REGRESSION
     confidence: float = CONFIDENCE
     differences: tuple[str, ...] = ()  # environment differences that made it inconclusive
+    local: bool = False  # each current launch read against the reference launches beside it
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
@@ -98,7 +101,7 @@ def judge(launches: Sequence[Launch], *, max_regression: float = MAX_REGRESSION,
     current = len(launches) - reference
     fit = fit_alternation([(CANDIDATE if launch.side == CANDIDATE else None,
                             float(launch.position), float(launch.rate or 0.0))
-                           for launch in launches]) \
+                           for launch in launches], local=True) \
         if all(launch.rate for launch in launches) else None
     if fit is None:
         return _open(TOO_FEW, reference, current, max_regression, confidence)
@@ -118,7 +121,7 @@ def judge(launches: Sequence[Launch], *, max_regression: float = MAX_REGRESSION,
     return PairedVerdict(status, basis, math.exp(gain), math.exp(gain - half),
                          math.exp(gain + half), fit.drift, fit.residual_sd, fit.dof,
                          reference, current, needed, max_regression, confidence,
-                         tuple(differences))
+                         tuple(differences), fit.local)
 
 
 def launches_needed(launches: int, gain: float, half: float, tolerance: float
