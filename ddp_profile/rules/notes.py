@@ -1,6 +1,6 @@
 """The recommendation's notes: what the choice does not decide but a reader should know.
 
-``recommendation_notes(run, base, chosen, thresholds, share)``: a compute-bound baseline, a
+``recommendation_notes(run, base, chosen, thresholds, share, seen)``: a compute-bound baseline, a
 changed batch size, why the best configuration stays below the compute-only ceiling (from the
 measured loading, the thread finding, or the host's CPU load), short probes, a comparison
 across page-cache states, and the thread-oversubscription finding where it matters. Read by
@@ -10,7 +10,7 @@ across page-cache states, and the thread-oversubscription finding where it matte
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import pandas as pd
 
@@ -39,8 +39,20 @@ from ddp_profile.rules.tables import (
 )
 
 
+def _faster_seen(seen: Sequence[Mapping[str, Any]]) -> str:
+    """What was measured faster than the recommendation and not established, in a few words
+    (the recommendation's ``unsettled``: ``evidence.seen``); empty where nothing was."""
+    if not seen:
+        return ""
+    best = max(seen, key=lambda item: float(item.get("ratio") or 0.0))
+    return (f"{len(seen)} setting(s) measured faster than it, up to "
+            f"{float(best['ratio']):.2f}x the script's settings, not established (listed "
+            "below)")
+
+
 def _ceiling_notes(run: Run, chosen: pd.Series, share: float,
-                   thresholds: Thresholds) -> list[str]:
+                   thresholds: Thresholds, seen: Sequence[Mapping[str, Any]] = ()
+                   ) -> list[str]:
     """Why the best configuration stays below the compute-only ceiling, blaming loading only
     where its data wait explains the gap (without the wait it would reach the target)."""
     if share > 1.0:
@@ -65,19 +77,26 @@ def _ceiling_notes(run: Run, chosen: pd.Series, share: float,
     capacity = capacity_of(run)
     if capacity is None:
         return _ceiling_notes_from_cpu_load(run, chosen, head, thresholds)
-    return _ceiling_notes_from_capacity(run, chosen, head, capacity, thresholds)
+    return _ceiling_notes_from_capacity(run, chosen, head, capacity, thresholds, seen)
 
 
 def _ceiling_notes_from_capacity(run: Run, chosen: pd.Series, head: str,
-                                 capacity: dict[str, Any], thresholds: Thresholds) -> list[str]:
+                                 capacity: dict[str, Any], thresholds: Thresholds,
+                                 seen: Sequence[Mapping[str, Any]] = ()) -> list[str]:
     """The data wait explains the gap: what would close it, from the measured loading (its
     bound decided by ``rules.loading.loading_bound``)."""
     bound = loading_bound(capacity, thresholds)
+    mine = as_int(chosen.get("num_workers"), 0) or 0
+    seen = [item for item in seen if (item["config"].get("num_workers") or 0) != mine]
     evidence = f"The data wait explains the gap: {loading_evidence(capacity)}."
     more = capacity["workers_for_demand"]
     limit = capacity.get("cpu_limit")
     tried = max((as_int(w, 0) or 0 for w in ok_probes(run)["num_workers"]), default=0)
     if bound == "cpu" and (limit is None or limit >= capacity["demand"]):
+        if tried >= more and seen:  # measured faster, not beyond noise: never "no faster"
+            return [f"{head} {evidence} The CPUs could make enough samples; up to {tried} "
+                    "worker(s) per rank were measured, faster than the recommendation but not "
+                    "established (listed below)."]
         if tried >= more:  # the CPUs could make enough, and that many workers were measured
             return [f"{head} {evidence} The CPUs could make enough samples, but {tried} "
                     "worker(s) per rank measured no faster: the workers and the training "
@@ -87,8 +106,10 @@ def _ceiling_notes_from_capacity(run: Run, chosen: pd.Series, head: str,
         return [f"{head} {evidence} What would close it: {cpu_cost(run, chosen)[1]}."]
     if bound == "wait":
         if tried >= more > (as_int(chosen.get("num_workers"), 0) or 0):
-            return [f"{head} {evidence} {tried} worker(s) per rank were measured and ran no "
-                    f"faster than the recommendation; what would close it: {IO_FIX}."]
+            ran = (", faster than the recommendation but not established (listed below)"
+                   if seen else " and ran no faster than the recommendation")
+            return [f"{head} {evidence} {tried} worker(s) per rank were measured{ran}; what "
+                    f"would close it: {IO_FIX}."]
         if more > (as_int(chosen.get("num_workers"), 0) or 0):
             return [f"{head} {evidence} What would close it: {predicted_workers(capacity)}; "
                     f"or, {IO_FIX}."]
@@ -108,7 +129,10 @@ def _ceiling_notes_from_cpu_load(run: Run, chosen: pd.Series, head: str,
 
 
 def recommendation_notes(run: Run, base: pd.Series, chosen: pd.Series, thresholds: Thresholds,
-           share: Optional[float]) -> tuple[str, ...]:
+                         share: Optional[float], seen: Sequence[Mapping[str, Any]] = ()
+                         ) -> tuple[str, ...]:
+    """The notes under the recommendation. ``seen``: what measured faster than it and was not
+    established (``Recommendation.unsettled``), which no note may call "no faster"."""
     notes = []
     own = candidate(run, base)
     entry = probe_entry(run, base["id"])
@@ -122,9 +146,10 @@ def recommendation_notes(run: Run, base: pd.Series, chosen: pd.Series, threshold
         # "cannot help" only where the settings are kept: timm's train.py waited 18 % of its
         # steps, and 2 workers measured 1.14-1.21x (plain launches 1.27x: the wait a window
         # shows is not all a whole run pays)
-        tail = ("and DataLoader settings cannot speed it up much" if chosen["id"] == base["id"]
-                else "yet the recommendation measured faster: its speedup is the alternation's, "
-                "not a prediction from that wait")
+        tail = ("yet the recommendation measured faster: its speedup is the alternation's, "
+                "not a prediction from that wait" if chosen["id"] != base["id"]
+                else f"and {_faster_seen(seen)}" if seen
+                else "and DataLoader settings cannot speed it up much")
         notes.append(f"The baseline waits only {pct(own.data_wait_fraction)} of each step for "
                      f"data: it is compute-bound, {tail}.")
     old, new = as_int(base.get("batch_size")), as_int(chosen.get("batch_size"))
@@ -132,7 +157,7 @@ def recommendation_notes(run: Run, base: pd.Series, chosen: pd.Series, threshold
         notes.append(f"The batch size changes from {old} to {new}: scale the learning rate "
                      "with the global batch size and check convergence.")
     if share is not None:
-        notes.extend(_ceiling_notes(run, chosen, share, thresholds))
+        notes.extend(_ceiling_notes(run, chosen, share, thresholds, seen))
     notes.extend(_short_notes(base, chosen))
     mismatch = cache_mismatch(run, base, chosen, thresholds) if chosen["id"] != base["id"] \
         else None

@@ -253,6 +253,7 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None,
     persistent = bool(config.get("num_workers")) and (
         loader_info(run, chosen["id"]).get("persistent_workers") is True or kept is not None
         or alive is not None)
+    unsettled = _unsettled(run, base, decided, thresholds) if alive is None else ()
     like = None  # unknown: the same probe, or a cache share not measured on either side
     if chosen["id"] != base["id"] and all(storage_share(run, p["id"]) is not None
                                           for p in (base, chosen)):
@@ -263,11 +264,11 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None,
         snippet=snippet_for(config, persistent), persistent_workers=persistent,
         persistent_in_speedup=alive is not None,
         notes=((unconfirmed,) if unconfirmed else ())
-        + recommendation_notes(run, base, chosen, thresholds, share)
+        + recommendation_notes(run, base, chosen, thresholds, share, unsettled)
         + ((f"persistent_workers=True on top of it ran {kept.ratio:.2f}x [{kept.interval[0]:.2f}"
             f"-{kept.interval[1]:.2f}] (probes {kept.probes[0]}-{kept.probes[-1]}, alternated "
             "A B A B A in launches; not in the expected speedup): see the persistent-workers "
             "finding.",) if kept is not None else ()),
         throughput=float(chosen["throughput"]) if finite(chosen["throughput"]) else None,
         baseline_probe_id=str(base["id"]), like_for_like=like, speedup_basis=basis,
-        unsettled=_unsettled(run, base, decided, thresholds) if alive is None else ())
+        unsettled=unsettled)
