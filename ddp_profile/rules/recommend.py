@@ -219,8 +219,10 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None,
     claim, chosen = decided.claim, _row(run, decided.pick.id)
     if decided.checked is not None and decided.checked_probe is not None:
         checked = decided.checked
-        how = ("measured faster than the script's settings in the search, though not beyond "
-               "its noise" if decided.undecided else "ran faster in the search")
+        how = ("ran faster in the search" if not decided.undecided
+               else "measured faster than the script's settings in the search, though not "
+               "beyond its noise" if decided.because == evidence.STEP_FASTER
+               else f"was checked, as {decided.because},")
         unconfirmed = (f"{describe_config(_row(run, decided.checked_probe.id))} {how}, but "
                        f"alternated with the script's settings it measured {checked.ratio:.2f}x "
                        f"[{checked.interval[0]:.2f}-{checked.interval[1]:.2f}] "
@@ -233,8 +235,7 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None,
         speedup, interval, basis = claim.ratio, claim.interval, claim.basis(
             "the recommendation with persistent_workers=True" if alive else "the recommendation")
         if decided.undecided and alive is None:
-            basis += ("; the search measured it faster but not beyond its noise, so it was "
-                      "alternated")
+            basis += f"; {decided.because}, so it was alternated"
         start = one_time_start(run.records, claim)
         if start is not None:
             basis += f"; {start.words()}"

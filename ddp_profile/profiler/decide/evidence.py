@@ -16,7 +16,14 @@ two never read one probe two ways.
   probes read the training steps alone, and a script whose loader settings also serve its
   validation pays or saves more than they show (pytorch/examples' imagenet, 13 % of its
   steps waiting: 2 workers 1.04x in probes the script ended short, 1.11x in plain launches,
-  and kept, unchecked, at 0.90 of the best).
+  and kept, unchecked, at 0.90 of the best). Where a launch timed the script's whole run at
+  its settings and that run took markedly longer than its steps (``outside_steps``: by more
+  than ``clear_gain``; validation passes, checkpoints, epoch boundaries, the workers'
+  start-ups), the steps cannot rank loader settings: the fastest other worker count at its
+  batch size whose steps are slower by less than that share (what it might save outside
+  them) is checked, in whole launches, like for like (imagenet again: its run 8 % slower than
+  its steps, as its validation uses the same ``-j`` workers; 2 workers read 1.02x in a screen,
+  0.92x in a launch of their own, and went unchecked where plain launches measure 1.11x).
 - **The verdict** (``verdict``): the subject where its last alternation with the script's
   settings measured it faster beyond noise (``PairedClaim.faster``) and by more than
   ``noise_floor`` (``clear_gain`` where ``choose`` asks for that: the choice's own floors), or
@@ -53,6 +60,7 @@ from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 
 DEFAULTS = ChoiceThresholds()
+STEP_FASTER = "the search measured it faster but not beyond its noise"  # ``checked_because``
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,7 @@ class Verdict:
     checked: Optional[PairedClaim] = None  # an alternation that did not establish its subject
     checked_probe: Optional[ProbeRecord] = None  # that subject's probe
     undecided: bool = False  # the subject was not the search's best but an undecided gain
+    because: str = ""  # why that subject was checked (``checked_because``)
 
 
 @dataclass(frozen=True)
@@ -107,19 +116,65 @@ def check_gain(base: Candidate, config: LoaderSettings,
     return thresholds.noise_floor
 
 
+def outside_steps(base: ProbeRecord, thresholds: ChoiceThresholds = DEFAULTS
+                  ) -> Optional[float]:
+    """The share by which the script's whole run at its settings, timed from its first batch
+    to its end (``script_samples / script_run_s``), ran slower than its measured steps, where
+    that exceeds ``clear_gain``; None where no launch timed it or it is within that."""
+    if not (base.script_samples and base.script_run_s and base.throughput):
+        return None
+    share = 1.0 - base.script_samples / base.script_run_s / float(base.throughput)
+    return share if share > thresholds.clear_gain else None
+
+
+def _step_faster(pooled: list[Candidate], own: Candidate,
+                 thresholds: ChoiceThresholds) -> list[Candidate]:
+    return [c for c in pooled if c.config != own.config
+            and c.throughput > own.throughput * (1 + check_gain(own, c.config, thresholds))]
+
+
+def _unranked(pooled: list[Candidate], own: Candidate, base: ProbeRecord,
+              thresholds: ChoiceThresholds) -> list[Candidate]:
+    """Other worker counts at the script's batch size, where the script's whole run pays
+    beyond its steps (``outside_steps``), whose steps are slower than its own by less than
+    that share: what they might save outside the steps could still make up for it."""
+    share = outside_steps(base, thresholds)
+    if share is None:
+        return []
+    return [c for c in pooled if c.config.batch_size == own.config.batch_size
+            and c.config.num_workers != own.config.num_workers
+            and c.throughput > own.throughput * (1 - share)]
+
+
 def undecided(records: Sequence[ProbeRecord], base: ProbeRecord,
               thresholds: ChoiceThresholds = DEFAULTS) -> Optional[ProbeRecord]:
     """The configuration that measured fastest, by more than ``check_gain`` over the
-    script's settings (pooled), where ``choose`` kept those; None where none did."""
+    script's settings (pooled), where ``choose`` kept those; else, where the script's run
+    pays beyond its steps, the fastest other worker count its steps cannot rank
+    (``outside_steps``); None where there is neither."""
     pooled = _pooled(records)
     own = next((c for c in pooled if c.config == candidate_of(base).config), None)
     if own is None:
         return None
-    faster = [c for c in pooled if c.config != own.config
-              and c.throughput > own.throughput * (1 + check_gain(own, c.config, thresholds))]
+    faster = _step_faster(pooled, own, thresholds) or _unranked(pooled, own, base, thresholds)
     if not faster:
         return None
     return _record(records, max(faster, key=lambda c: c.throughput).id)
+
+
+def checked_because(records: Sequence[ProbeRecord], base: ProbeRecord, target: ProbeRecord,
+                    thresholds: ChoiceThresholds = DEFAULTS) -> str:
+    """Why ``target``, not the search's best, is the subject of the check (``undecided``)."""
+    pooled = _pooled(records)
+    own = next((c for c in pooled if c.config == candidate_of(base).config), None)
+    share = outside_steps(base, thresholds)
+    if own is None or share is None or any(
+            c.config == candidate_of(target).config
+            for c in _step_faster(pooled, own, thresholds)):
+        return STEP_FASTER
+    return (f"its steps cannot rank it below the script's settings, whose whole run took "
+            f"{share / (1 - share):.0%} longer than their steps (validation, checkpoints, "
+            "epoch boundaries, the workers' start-ups: what whole launches measure)")
 
 
 def subject(records: Sequence[ProbeRecord], base: ProbeRecord, best: Optional[ProbeRecord],
@@ -152,10 +207,12 @@ def verdict(records: Sequence[ProbeRecord], base: ProbeRecord, best: Optional[Pr
     is_best = best is not None and target.id == best.id
     gain = needed_gain(candidate_of(base), target.config,
                        thresholds) if not is_best else thresholds.noise_floor
+    because = "" if is_best else checked_because(records, base, target, thresholds)
     if is_best and claim is None or claim is not None and claim.faster \
             and claim.ratio > 1 + gain:
-        return Verdict(pick=target, claim=claim, undecided=not is_best)
-    return Verdict(pick=base, checked=claim, checked_probe=target, undecided=not is_best)
+        return Verdict(pick=target, claim=claim, undecided=not is_best, because=because)
+    return Verdict(pick=base, checked=claim, checked_probe=target, undecided=not is_best,
+                   because=because)
 
 
 def seen(records: Sequence[ProbeRecord], base: ProbeRecord, decided: Verdict,

@@ -94,8 +94,10 @@ def confirm(search: SearchState) -> None:
                                          "for its noise (--pairs 2 or more)"})
         return
     steps = whole_epoch_steps(search, configs.values())
+    because = evidence.checked_because(search.entries, base, best)
     what = "the recommendation" if top is not None and top.id == best.id else \
-        f"{candidate.label()}, faster in the search but not beyond its noise,"
+        f"{candidate.label()}, faster in the search but not beyond its noise," \
+        if because == evidence.STEP_FASTER else f"{candidate.label()} ({because})"
     search.progress("note", {"text": "checking the claim: the script's settings (A) and "
                                      f"{what} (B) alternated, {letters}, {where}"
                                      + (f", {steps} steps each (whole epochs)" if steps else "")})

@@ -130,3 +130,38 @@ def test_a_compute_bound_scripts_small_loader_gain_is_checked_and_moves_it_only_
     clear = records + alternated(2, 1000.0, 1150.0, num_workers=2, prefetch_factor=2)
     assert evidence.verdict(clear, clear[0], best_of(clear), strict).pick.id == "p001"
     assert evidence.verdict(clear, clear[0], best_of(clear)).pick.id == "p001"
+
+
+def timed(record: ProbeRecord, samples: int, seconds: float) -> ProbeRecord:
+    """The probe's launch ran the script to its end: its whole run timed."""
+    return record.amended({"script_samples": samples, "script_run_s": seconds, "short": True})
+
+
+def test_a_run_that_pays_beyond_its_steps_checks_a_worker_count_its_steps_cannot_rank():
+    """imagenet's main.py: its whole run 8 % slower than its steps (its validation, on the
+    same ``-j`` workers, in no step); 2 workers read 1.02x by steps, under the noise floor, or
+    0.97x: checked in whole launches all the same. Steps slower by more than the run pays
+    beyond them, or a run that pays nothing beyond its steps, check nothing."""
+    base = waiting(probe(0, 1000.0, "baseline"), 0.13)
+    workers = waiting(probe(1, 1015.0, num_workers=2, prefetch_factor=2), 0.02)
+    records = [timed(base, 9200, 10.0), workers]  # 920 samples/s over the whole run
+    assert evidence.outside_steps(records[0]) == pytest.approx(0.08)
+    assert evidence.subject(records, records[0], best_of(records)).id == "p001"
+    because = evidence.checked_because(records, records[0], records[1])
+    assert because != evidence.STEP_FASTER and "9% longer than their steps" in because
+    steady = [timed(base, 9800, 10.0), workers]  # 2 % beyond its steps: within clear_gain
+    assert evidence.outside_steps(steady[0]) is None
+    assert evidence.subject(steady, steady[0], best_of(steady)) is None
+    slower = [timed(base, 9200, 10.0),
+              waiting(probe(1, 970.0, num_workers=2, prefetch_factor=2), 0.02)]
+    assert evidence.subject(slower, slower[0], best_of(slower)).id == "p001"
+    lost = [timed(base, 9200, 10.0),
+            waiting(probe(1, 910.0, num_workers=2, prefetch_factor=2), 0.02)]
+    assert evidence.subject(lost, lost[0], best_of(lost)) is None  # 9 % slower: beyond 8 %
+    pinned = [timed(base, 9200, 10.0), waiting(probe(1, 1010.0, pin_memory=True), 0.13)]
+    assert evidence.subject(pinned, pinned[0], best_of(pinned)) is None  # same workers
+    launches = [ProbeRecord.from_json({**p.to_json(), "launch": p.id})  # a launch each
+                for p in alternated(2, 1000.0, 1090.0, num_workers=2, prefetch_factor=2)]
+    checked = records + launches
+    decided = evidence.verdict(checked, checked[0], best_of(checked))
+    assert decided.pick.id == "p001" and decided.because == because
