@@ -6,9 +6,10 @@ verdict is open. The launches are read with the claim's fit (``paired.fit_altern
 ``log rate = level + gain x current + drift x position``, so a runner that slows down or
 speeds up over the job (neighbours coming and going) moves both sides alike and drops out
 of the gain; what is left of a launch's level is the fit's residual, and its interval is the
-fit's own (``t`` with the fit's degrees of freedom). From four launches of the current side
-each is read against the two reference launches beside it (``neighbours.local_fit``), so a
-runner that slows down and recovers within the job drops out as well.
+fit's own (``t`` with the fit's degrees of freedom). From four launches of the current side,
+where the line leaves 3 times their variance, each is read against the two reference launches
+beside it (``neighbours.local_fit``), so a runner that slows down and recovers within the
+job drops out as well.
 
 The tolerance rule is the stored-baseline gate's (``rules.gate.verdict``), with three ends:
 

@@ -938,6 +938,48 @@ def test_a_script_that_ends_early_is_checked_in_whole_launches():
     assert recommended(found).config.num_workers  # short probes are evidence: workers won
 
 
+def steady(config: LoaderSettings) -> tuple[float, float]:
+    """Workers tie with none in the steps: 1,000 samples/s, 10 % waiting, whatever the
+    loader."""
+    return 1000.0, 0.1
+
+
+class PaysBeyondSteps(EndingMeasurer):
+    """The script ends before a probe's steps, and its launch at its own settings timed the
+    whole run ``share`` slower than its steps (a validation pass on the same workers)."""
+
+    def __init__(self, share: Optional[float]):
+        super().__init__(steady)
+        self.share = share
+
+    def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        line = super()._line(requested, kind, **extra)
+        if kind == "baseline" and self.share is not None:
+            line.update(script_samples=9000, script_run_s=9.0 / (1.0 - self.share))
+        return line
+
+
+def test_a_run_that_pays_beyond_its_steps_checks_the_worker_count_its_steps_cannot_rank():
+    """Workers tie in the steps; the script's whole run took 11 % longer than its steps: the
+    fastest other worker count is alternated with the script's settings in whole launches,
+    and the note says why. A run that pays nothing beyond its steps checks nothing."""
+    notes: list[str] = []
+    found = Search(PaysBeyondSteps(0.10), SPACE,
+                   SweepOptions(search="adaptive", ceiling=False, comm=False),
+                   progress=lambda kind, data: notes.append(str(data.get("text"))))
+    found.run()
+    paired = [e for e in found.entries if e.kind == "paired"]
+    assert [e.pair.role for e in paired][:5] == ["reference", "candidate"] * 2 + ["reference"]
+    assert len({e.launch for e in paired}) == len(paired)  # a launch each
+    assert all(e.config.num_workers for e in paired if e.pair.role == "candidate")
+    assert any("its steps cannot rank it below the script's settings, whose whole run took "
+               "11% longer than their steps" in n for n in notes), notes
+    found = Search(PaysBeyondSteps(None), SPACE,
+                   SweepOptions(search="adaptive", ceiling=False, comm=False))
+    found.run()
+    assert not [e for e in found.entries if e.kind == "paired"]
+
+
 class WobblyPairs(ModelMeasurer):
     """The claim's launches scatter ±8 % around the model, one high, one low, in turn."""
 
