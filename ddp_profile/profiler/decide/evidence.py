@@ -133,17 +133,33 @@ def _step_faster(pooled: list[Candidate], own: Candidate,
             and c.throughput > own.throughput * (1 + check_gain(own, c.config, thresholds))]
 
 
-def _unranked(pooled: list[Candidate], own: Candidate, base: ProbeRecord,
-              thresholds: ChoiceThresholds) -> list[Candidate]:
-    """Other worker counts at the script's batch size, where the script's whole run pays
-    beyond its steps (``outside_steps``), whose steps are slower than its own by less than
-    that share: what they might save outside the steps could still make up for it."""
-    share = outside_steps(base, thresholds)
-    if share is None:
-        return []
+def _unranked(pooled: list[Candidate], own: Candidate, share: float) -> list[Candidate]:
+    """Other worker counts at the script's batch size whose steps are slower than its own by
+    less than ``share``, what its whole run pays beyond its steps (``outside_steps``): what
+    they might save outside the steps could still make up for it."""
     return [c for c in pooled if c.config.batch_size == own.config.batch_size
             and c.config.num_workers != own.config.num_workers
             and c.throughput > own.throughput * (1 - share)]
+
+
+def _question(records: Sequence[ProbeRecord], base: ProbeRecord,
+              thresholds: ChoiceThresholds) -> Optional[tuple[Candidate, str]]:
+    """The configuration ``undecided`` names, and why (``checked_because``)."""
+    pooled = _pooled(records)
+    own = next((c for c in pooled if c.config == candidate_of(base).config), None)
+    if own is None:
+        return None
+    faster, because = _step_faster(pooled, own, thresholds), STEP_FASTER
+    share = outside_steps(base, thresholds)
+    if not faster and share is not None:
+        faster = _unranked(pooled, own, share)
+        because = (f"its steps cannot rank it below the script's settings, whose whole run "
+                   f"took {share / (1 - share):.0%} longer than their steps (validation, "
+                   "checkpoints, epoch boundaries, the workers' start-ups: what whole launches "
+                   "measure)")
+    if not faster:
+        return None
+    return max(faster, key=lambda c: c.throughput), because
 
 
 def undecided(records: Sequence[ProbeRecord], base: ProbeRecord,
@@ -152,29 +168,17 @@ def undecided(records: Sequence[ProbeRecord], base: ProbeRecord,
     script's settings (pooled), where ``choose`` kept those; else, where the script's run
     pays beyond its steps, the fastest other worker count its steps cannot rank
     (``outside_steps``); None where there is neither."""
-    pooled = _pooled(records)
-    own = next((c for c in pooled if c.config == candidate_of(base).config), None)
-    if own is None:
-        return None
-    faster = _step_faster(pooled, own, thresholds) or _unranked(pooled, own, base, thresholds)
-    if not faster:
-        return None
-    return _record(records, max(faster, key=lambda c: c.throughput).id)
+    question = _question(records, base, thresholds)
+    return _record(records, question[0].id) if question is not None else None
 
 
 def checked_because(records: Sequence[ProbeRecord], base: ProbeRecord, target: ProbeRecord,
                     thresholds: ChoiceThresholds = DEFAULTS) -> str:
     """Why ``target``, not the search's best, is the subject of the check (``undecided``)."""
-    pooled = _pooled(records)
-    own = next((c for c in pooled if c.config == candidate_of(base).config), None)
-    share = outside_steps(base, thresholds)
-    if own is None or share is None or any(
-            c.config == candidate_of(target).config
-            for c in _step_faster(pooled, own, thresholds)):
+    question = _question(records, base, thresholds)
+    if question is None or question[0].config != candidate_of(target).config:
         return STEP_FASTER
-    return (f"its steps cannot rank it below the script's settings, whose whole run took "
-            f"{share / (1 - share):.0%} longer than their steps (validation, checkpoints, "
-            "epoch boundaries, the workers' start-ups: what whole launches measure)")
+    return question[1]
 
 
 def subject(records: Sequence[ProbeRecord], base: ProbeRecord, best: Optional[ProbeRecord],
