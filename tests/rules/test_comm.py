@@ -46,10 +46,10 @@ def alternated(builder: RunBuilder, gains: dict, drift: float = 0.0, rounds: int
     return builder
 
 
-def run_with(entry: dict, larger: float = 0.0, unsynced: float = 0.0):
+def run_with(entry: dict, larger: float = 0.0, unsynced: float = 0.0, device: str = "cpu"):
     """The baseline (100 ms steps of 8 samples); ``larger``: a batch-32 probe this many times
     as fast; ``unsynced``: the baseline without gradient synchronisation, as fast."""
-    builder = (RunBuilder(world_size=2).probe("base", kind="baseline", num_workers=0,
+    builder = (RunBuilder(world_size=2, device=device).probe("base", kind="baseline", num_workers=0,
                                               batch_size=8, entry=entry)
                .steps(data_wait=0.001, compute=0.09, other=0.009))
     if larger:
@@ -153,6 +153,10 @@ def test_per_step_collectives_name_the_call_site():
     assert finding is not None and finding.severity == "low"
     assert "all_reduce at train.py:88 in reduce_value (40 calls)" in finding.evidence
     assert "every N steps" in finding.recommendation
+    # what the host waits for is said only where there is a GPU to wait for
+    assert finding.evidence.endswith("Each waits for the slowest rank.")
+    worded = per_step_collectives(run_with(entry, device="cuda"), T)
+    assert worded is not None and "(.item()) blocks the host until the GPU" in worded.evidence
 
 
 def test_cheap_or_torch_internal_collectives_are_no_finding():

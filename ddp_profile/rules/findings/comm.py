@@ -17,6 +17,7 @@ from ddp_profile.profiler.settings import GRADIENT_SYNC
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import Advice, Finding, Thresholds, as_int, finite, ms, pct
 from ddp_profile.rules.claim import DdpEffect, Evidence
+from ddp_profile.rules.findings.gpu import is_cuda
 from ddp_profile.rules.tables import baseline_probe, probe_entry
 
 # NCCL settings that route an all-reduce the slow way, and what they do
@@ -254,7 +255,9 @@ def per_step_collectives(run: Run, thresholds: Thresholds) -> Optional[Finding]:
         evidence=(f"{calls['per_step']:.1f} collective call(s) per step took "
                   f"{ms(calls['seconds_per_step'])} ({pct(fraction)} of the step): "
                   + "; ".join(_site_text(s) for s in sites[:3]) + ". Each waits for the "
-                  "slowest rank, and reading its result (.item()) blocks the host on CUDA."),
+                  "slowest rank" + (", and reading its result (.item()) blocks the host until "
+                                    "the GPU gets there" if is_cuda(run, base["id"]) else "")
+                  + "."),
         recommendation=("Keep metrics on the device and reduce them every N steps (at log "
                         "time) instead of every step, or issue the call with async_op=True and "
                         "wait on it when the value is needed."))
