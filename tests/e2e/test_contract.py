@@ -1,6 +1,9 @@
 """Probes keep the script's contract: loops sized from ``len(loader)`` and its epochs, run
-under the default (adaptive) search on 2 real ranks, every probe ok, and every epoch of every
-probe exactly ``len(loader)`` batches, as the loop counted them itself.
+under the default (adaptive) search on real ranks, every probe ok, and every epoch of every
+probe exactly ``len(loader)`` batches, as the loop counted them itself. The plain shape runs 2
+ranks (its windows switch on both at the same batch, its claim and persistence checks
+alternate across them); the other shapes, whose subject is the loop's own shape, one rank (a
+rank's start-up is most of a launch's CPU, and the suite is CPU-bound).
 
 The scripts fail the way real loops fail when an epoch runs past its length (a one-cycle LR
 schedule raises, an accumulation remainder of 0 divides by zero, the loop's own count is
@@ -16,12 +19,12 @@ import re
 import pytest
 
 from ddp_profile.profiler.store.results import load_run
-from tests.conftest import SCRIPTS
+from tests.conftest import ONE_RANK, ONE_THREAD, SCRIPTS
 
 pytestmark = pytest.mark.e2e
 SCRIPT = os.path.join(SCRIPTS, "contract_train.py")
-SEARCH = ["--nproc-per-node", "2", "--num-workers", "0,1,2", "--steps", "15", "--warmup", "3",
-          "--no-comm", "--no-report"]
+SEARCH = ["--num-workers", "0,1,2", "--steps", "15", "--warmup", "3", "--no-comm", "--no-report"]
+TWO_RANKS = ["--nproc-per-node", "2"]
 EPOCH = re.compile(r"epoch (\d+) rank (\d+): (\d+) batches of len (\d+)\.")
 
 
@@ -94,8 +97,10 @@ def test_a_switch_mid_epoch_keeps_each_epoch_at_its_length(cli, run_dir, shape):
     # the claim's alternation (A B A B A B A: six switches mid-epoch and back) and the
     # prefetch screen in one of them; the others switch in the ladder's screen alone
     pairs = [] if shape == "plain" else ["--pairs", "0", "--prefetch-factor", "2"]
-    result = cli(["run", SCRIPT, "--out", run_dir, *SEARCH, *pairs, "--", "--shape", shape,
-                  *workers], out=run_dir, timeout=300)
+    ranks = TWO_RANKS if shape == "plain" else ONE_RANK
+    result = cli(["run", SCRIPT, "--out", run_dir, *SEARCH, *ranks, *pairs, "--", "--shape",
+                  shape, *workers], out=run_dir, timeout=300,
+                 env=None if shape == "plain" else ONE_THREAD)
     summary = assert_contract_kept(result, screens=True)
     if shape == "plain":  # its loop waits for its data: workers are recommended, and checked
         assert summary["recommended"] != summary["baseline"]
@@ -107,9 +112,9 @@ def test_a_switch_mid_epoch_keeps_each_epoch_at_its_length(cli, run_dir, shape):
 
 
 def test_an_iterable_dataset_is_measured_one_launch_a_configuration(cli, run_dir):
-    result = cli(["run", SCRIPT, "--out", run_dir, *SEARCH, "--num-workers", "0,2",
+    result = cli(["run", SCRIPT, "--out", run_dir, *SEARCH, *ONE_RANK, "--num-workers", "0,2",
                   "--prefetch-factor", "2", "--pairs", "0", "--", "--shape", "iterable"],
-                 out=run_dir, timeout=300)
+                 out=run_dir, timeout=300, env=ONE_THREAD)
     summary = assert_contract_kept(result, screens=False)
     assert "IterableDataset" in result.stdout + result.stderr
     assert len({p["config"]["num_workers"] for p in summary["probes"]}) >= 2

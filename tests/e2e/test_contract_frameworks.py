@@ -11,7 +11,7 @@ import os
 import pytest
 
 from tests.conftest import SCRIPTS
-from tests.e2e.test_contract import SEARCH, assert_contract_kept
+from tests.e2e.test_contract import SEARCH, TWO_RANKS, assert_contract_kept
 
 pytestmark = pytest.mark.e2e
 
@@ -24,7 +24,7 @@ LOAD_MS = "4"
 def test_lightnings_fit_loop_with_validation_keeps_its_counts(cli, run_dir):
     pytest.importorskip("pytorch_lightning", reason="the test extra installs pytorch-lightning")
     result = cli(["run", os.path.join(SCRIPTS, "lightning_contract_train.py"), "--launcher",
-                  "none", "--out", run_dir, *SEARCH[2:], "--pairs", "0", "--", "0", LOAD_MS],
+                  "none", "--out", run_dir, *SEARCH, "--pairs", "0", "--", "0", LOAD_MS],
                  out=run_dir,
                  timeout=300)
     assert_contract_kept(result, screens=True)
@@ -33,5 +33,5 @@ def test_lightnings_fit_loop_with_validation_keeps_its_counts(cli, run_dir):
 def test_accelerates_gradient_accumulation_keeps_its_counts(cli, run_dir):
     pytest.importorskip("accelerate", reason="the test extra installs accelerate")
     result = cli(["run", os.path.join(SCRIPTS, "accelerate_contract_train.py"), "--out", run_dir,
-                  *SEARCH, "--pairs", "0", "--", LOAD_MS], out=run_dir, timeout=300)
+                  *SEARCH, *TWO_RANKS, "--pairs", "0", "--", LOAD_MS], out=run_dir, timeout=300)
     assert_contract_kept(result, screens=True)

@@ -5,9 +5,10 @@ The repository's ``train.py`` runs the built-in workload with a step dominated b
 sleep (as tests/e2e/test_gate.py's, steady on a busy 2-core machine): 50 ms at HEAD~1 and HEAD;
 the working tree makes it 75 ms (a third slower). HEAD~2 is a script that fails to start. The
 project file pins one configuration and a 15 % tolerance (a 2-core CI box shared with other
-tests: unchanged code must pass there in a few launches). Two ranks: with one, a run beside
-other tests read 81 and 94 samples/s in its first two launches, then 127, and ended
-inconclusive.
+tests: unchanged code must pass there in a few launches). One rank with one intra-op thread
+(``ONE_THREAD``): with torch's default threads, one rank beside other tests read 81 and 94
+samples/s in its first two launches, then 127, and ended inconclusive; a second rank doubles
+each launch's start-up (the suite is CPU-bound) and adds nothing the gate reads.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from ddp_profile.errors import ExitCode
-from tests.conftest import DEMO, probe_processes, run_cli
+from tests.conftest import DEMO, ONE_THREAD, probe_processes, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -34,7 +35,8 @@ runpy.run_path({demo!r}, run_name="__main__")
 PROJECT = """script = "train.py"
 args = ["--hidden", "32", "--layers", "1", "--batch-size", "8"]
 num_workers = [0]
-steps = 30
+nproc_per_node = 1
+steps = 20
 warmup = 20
 max_regression = 0.15
 max_launches = 9
@@ -65,7 +67,7 @@ def gate(repo, name: str, *args: str):
     out = str(repo / name)
     result = run_cli(["gate", "--out", out, "--json", str(repo / f"{name}.json"),
                       "--junit", str(repo / f"{name}.xml"), "--markdown",
-                      str(repo / f"{name}.md"), *args], out=out, timeout=600)
+                      str(repo / f"{name}.md"), *args], out=out, timeout=600, env=ONE_THREAD)
     document = None
     if os.path.exists(repo / f"{name}.json"):
         document = json.loads((repo / f"{name}.json").read_text())
