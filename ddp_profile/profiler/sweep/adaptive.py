@@ -15,7 +15,12 @@ from dataclasses import replace
 from typing import Any, Optional
 
 from ddp_profile.profiler.decide.capacity import WORKER_CAP, loading_line
-from ddp_profile.profiler.decide.choose import UNSTABLE_RSE, relative_se
+from ddp_profile.profiler.decide.choose import (
+    UNSTABLE_RSE,
+    candidate_of,
+    compute_bound,
+    relative_se,
+)
 from ddp_profile.profiler.settings import LoaderSettings, Mode
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord, Status
 from ddp_profile.profiler.sweep import ceiling
@@ -82,6 +87,11 @@ def run(search: SearchState) -> None:
             best = search.best()
     if best is not None:
         batched = try_axis(search, best, "batch_size")
+        if search.space.batch_size is None and compute_bound(candidate_of(search.baseline)):
+            # loading settings cannot speed up a loop that hardly waits for its data: of the
+            # sweep's axes, the per-rank batch is the one left (a change to the training, which
+            # the choice's batch clause and the notes weigh and say)
+            batched = measure_larger_batches(search, batched)
         if batched.config.batch_size != best.config.batch_size:
             rescreen(search, batched)
 
@@ -213,6 +223,27 @@ def rescreen(search: SearchState, best: ProbeRecord) -> None:
     windows = [search.window(c) for c in dict.fromkeys(configs) if search.find(c) is None]
     if windows:
         search.measurer.measure_screen(windows, condemned(search.baseline))
+
+
+def measure_larger_batches(search: SearchState, best: ProbeRecord) -> ProbeRecord:
+    """``best``'s loader settings with 2x, then 4x the script's per-rank batch, each a launch
+    of its own, while it beats the best so far beyond noise; the fastest. Called where the
+    baseline is compute-bound (``run``) and where communication is exposed
+    (``sweep.communication``: the all-reduce moves the same gradients per step whatever the
+    batch). A configuration measured already is not launched again, so a second call measures
+    nothing new."""
+    assert search.baseline is not None
+    loader = normalise(best.config)
+    own = search.baseline.config.batch_size or loader.batch_size
+    if not own:
+        return best
+    for factor in (2, 4):
+        entry = search.measure_config(replace(loader, batch_size=own * factor))
+        if not beats(entry, best):
+            break
+        assert entry is not None
+        best = entry
+    return best
 
 
 def try_axis(search: SearchState, best: ProbeRecord, axis: str) -> ProbeRecord:

@@ -15,7 +15,6 @@ its batch-size clause.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from ddp_profile.profiler.decide.choose import (
@@ -29,8 +28,8 @@ from ddp_profile.profiler.decide.ddp import alternation_fit, ddp_counterfactuals
 from ddp_profile.profiler.decide.paired import CANDIDATE, REFERENCE, room_for_noise, rounds
 from ddp_profile.profiler.settings import GRADIENT_SYNC, LoaderSettings
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
+from ddp_profile.profiler.sweep.adaptive import measure_larger_batches
 from ddp_profile.profiler.sweep.claim import LAUNCH_PAIRS, WINDOW_PAIRS
-from ddp_profile.profiler.sweep.climb import beats
 from ddp_profile.profiler.sweep.space import normalise
 from ddp_profile.profiler.sweep.state import SearchState, Window
 
@@ -51,7 +50,8 @@ def measure(search: SearchState, larger_batches: bool = True) -> None:
     if not unsynchronised(search):
         return
     if larger_batches and search.space.batch_size is None:
-        _larger_batches(search)
+        assert search.baseline is not None
+        measure_larger_batches(search, search.best() or search.baseline)
     options = ddp_counterfactuals(baseline)
     if options and search.options.pairs > 0:
         alternate(search, options, in_one_launch=False)
@@ -142,16 +142,3 @@ def _ddp_probe(search: SearchState, options: dict[str, Any]) -> ProbeRecord:
     return entry
 
 
-def _larger_batches(search: SearchState) -> None:
-    """The best configuration so far with 2x, then 4x its per-rank batch, while it gains."""
-    assert search.baseline is not None
-    best = search.best() or search.baseline
-    current = normalise(best.config)
-    batch = current.batch_size or search.baseline.config.batch_size
-    if not batch:
-        return
-    for factor in (2, 4):
-        entry = search.measure_config(replace(current, batch_size=batch * factor))
-        if not beats(entry, best):
-            break
-        best = entry

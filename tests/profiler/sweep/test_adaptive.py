@@ -173,7 +173,35 @@ def test_a_compute_bound_baseline_gets_no_worker_ladder():
     found, fake = search(compute_bound)
     assert found.best().kind == "baseline"
     assert {c.num_workers for c in fake.measured} == {0}  # pinning variants only
-    assert fake.launches == 2
+    # the baseline, its pinning variant, then twice its per-rank batch: no faster, so not 4x
+    assert fake.launches == 3
+    assert [c.batch_size for c in fake.measured] == [32, 32, 64]
+
+
+def per_step_cost(config: LoaderSettings) -> tuple[float, float]:
+    """A loop that hardly waits, its step 20 ms whatever the batch plus 0.5 ms a sample:
+    batch 32 runs 889 samples/s, 64 1,231 (1.38x), 128 1,524 (1.24x over 64)."""
+    batch = config.batch_size or 32
+    return batch / (0.020 + 0.0005 * batch), 0.01
+
+
+def test_a_compute_bound_loop_has_its_batch_measured_at_2x_then_4x_while_it_gains():
+    found, fake = search(per_step_cost)
+    assert [c.batch_size for c in fake.measured[-2:]] == [64, 128]
+    assert found.best().config.batch_size == 128
+    assert found.best().kind == "sweep" and not found.best().screened  # a launch of its own
+    # the batch axis given (here, the script's own batch alone): no other batch is measured
+    fixed = ModelMeasurer(per_step_cost)
+    Search(fixed, SearchSpace(num_workers=SPACE.num_workers, pin_memory=SPACE.pin_memory,
+                              prefetch_factor=SPACE.prefetch_factor, batch_size=(32,)),
+           SweepOptions(pairs=0, ceiling=False)).run()
+    assert {c.batch_size for c in fixed.measured} == {32}
+
+
+def test_a_loop_that_waits_for_data_has_no_other_batch_measured():
+    for model in (io_bound, cpu_bound):
+        _found, fake = search(model)
+        assert {c.batch_size for c in fake.measured} == {32}, model.__name__
 
 
 def test_the_search_best_is_the_one_choice():
@@ -455,10 +483,11 @@ def test_without_alternations_the_sync_cost_is_a_launch_beside_a_twin_and_no_opt
 
 
 def test_what_the_timers_miss_is_measured_and_what_costs_nothing_is_not_tuned():
-    # the timers see 3 % (below comm_probe_share): no probe at all
+    # the timers see 3 % (below comm_probe_share): no probe of communication at all (the
+    # loop hardly waits for data: its batch at 2x is measured, no faster, so not 4x)
     quiet = CommMeasurer(exposed_s=0.0006)
     Search(quiet, SPACE, SweepOptions(pairs=0, ceiling=False)).run()
-    assert quiet.ddp_asked == [] and {c.batch_size for c in quiet.measured} == {32}
+    assert quiet.ddp_asked == [] and [c.batch_size for c in quiet.measured] == [32, 32, 64]
     # the timers see 7 %, the step without synchronisation runs 2x: tuned
     hidden = CommMeasurer(exposed_s=0.003, hidden_s=0.018)
     Search(hidden, SPACE, SweepOptions(pairs=3, ceiling=False)).run()
@@ -468,7 +497,9 @@ def test_what_the_timers_miss_is_measured_and_what_costs_nothing_is_not_tuned():
         costless = CommMeasurer(exposed_s=0.003, costs=False)
         Search(costless, SPACE, SweepOptions(pairs=pairs, ceiling=False)).run()
         assert costless.ddp_asked == ([{}, {"gradient_sync": False}] if not pairs else [])
-        assert {c.batch_size for c in costless.measured} == {32}
+        # its larger batches are the compute-bound search's (2x, 4x: each faster), measured
+        # once: the communication path starts from them, never from 4x again
+        assert {c.batch_size for c in costless.measured} == {32, 64, 128}
 
 
 def test_a_given_batch_axis_is_kept():
