@@ -50,8 +50,7 @@ def measure(search: SearchState, larger_batches: bool = True) -> None:
     if not unsynchronised(search):
         return
     if larger_batches and search.space.batch_size is None:
-        assert search.baseline is not None
-        measure_larger_batches(search, search.best() or search.baseline)
+        measure_larger_batches(search, search.best() or baseline)
     options = ddp_counterfactuals(baseline)
     if options and search.options.pairs > 0:
         alternate(search, options, in_one_launch=False)
