@@ -5,9 +5,11 @@ For each workload: ``--runs`` runs of ``ddp-profile run`` under the default sear
 recommendation and interval; then the plain grid, every configuration launched ``--rounds``
 times round robin (c1 c2 ... c1 c2 ...: drift spreads over all), each launch's wall time less
 the median of launches that do no epoch (start-up: imports, the model, the data's index); a
-configuration's speed is the script's own settings' median time over its own. A run scores its
+configuration's speed is the script's own settings' median time over its own. The grid also
+launches what the runs recommended and what they named as measured faster but not established
+(``unsettled``), so that a run is scored against every configuration it saw win. A run scores its
 recommendation's speed over the grid's best (>= 0.95 wanted) and whether its interval holds
-the recommendation's plain speed.
+the recommendation's plain speed. ``--keep DIR`` keeps each workload's run directories there.
 
 Scripts we did not write are never copied into this repository: fetch them and point at them
 (``--timm-script`` and the like; docs/benchmarks.md names the commits). ``short_mlp`` is our own
@@ -250,6 +252,13 @@ def score(run: dict[str, Any], speeds: dict[tuple, float], script: Script) -> di
             "inside": bool(interval and mine and interval[0] <= mine <= interval[1])}
 
 
+def seen(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What the runs recommended, then what they named as faster but not established: the
+    configurations the plain grid launches beside its own."""
+    return [*(r["recommended"] for r in runs if r.get("recommended")),
+            *(config for r in runs for config, _ratio in r.get("unsettled") or [])]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", default="short_mlp")
@@ -266,14 +275,16 @@ def main() -> None:
     parser.add_argument("--pets", help="JPEGs named <label>_<n>.jpg (accelerate)")
     parser.add_argument("--hf-cache", help="hub cache with timm/resnet50d.ra2_in1k (accelerate)")
     parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--keep", help="keep each workload's run directories in DIR/<workload>")
     options = parser.parse_args()
     report: dict[str, Any] = {}
     for name in options.workloads.split(","):
         script = WORKLOADS[name](options)
-        with tempfile.TemporaryDirectory(prefix=f"real-{name}-") as cwd:
+        with tempfile.TemporaryDirectory(prefix=f"real-{name}-") as scratch:
+            cwd = os.path.join(os.path.abspath(options.keep), name) if options.keep else scratch
+            os.makedirs(cwd, exist_ok=True)
             runs = [tool_run(script, index, cwd) for index in range(options.runs)]
-            extra = [r["recommended"] for r in runs if r.get("recommended")]
-            speeds = plain_grid(script, options.rounds, extra, cwd)
+            speeds = plain_grid(script, options.rounds, seen(runs), cwd)
         report[name] = {"grid": {f"w={k[0]} bs={k[1]}": round(v, 3) for k, v in
                                  sorted(speeds.items())},
                         "runs": [score(run, speeds, script) for run in runs]}

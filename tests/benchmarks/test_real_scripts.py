@@ -46,3 +46,11 @@ def test_a_setting_the_command_line_cannot_change_is_reported_not_scored():
     scored = real_scripts.score(run, {(0, 32): 1.0, (0, 64): 1.3}, lightning)
     assert scored["plain_speed"] is None and "not settable" in scored["note"]
     assert "of_best" not in scored
+
+
+def test_the_grid_also_launches_what_the_runs_recommended_and_named_unsettled():
+    w1 = {"num_workers": 1, "batch_size": 32}
+    w2_64 = {"num_workers": 2, "batch_size": 64}
+    runs = [{"recommended": w1, "unsettled": [(w2_64, 1.48)]}, {"exit": 1, "error": ["x"]},
+            {"recommended": w1, "unsettled": []}]
+    assert real_scripts.seen(runs) == [w1, w1, w2_64]
