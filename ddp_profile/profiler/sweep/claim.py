@@ -26,6 +26,7 @@ what ``--repeat`` and the persistent-workers alternation measure).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -94,13 +95,18 @@ def confirm(search: SearchState) -> None:
                                          "for its noise (--pairs 2 or more)"})
         return
     steps = whole_epoch_steps(search, configs.values())
+    whole = {role: whole_run_steps(search, config) for role, config in configs.items()}
+    if in_one_launch or not all(whole.values()):
+        whole = {}  # both sides' whole runs, or neither's
     because = evidence.checked_because(search.entries, base, best)
     what = "the recommendation" if top is not None and top.id == best.id else \
         f"{candidate.label()}, faster in the search but not beyond its noise," \
         if because == evidence.STEP_FASTER else f"{candidate.label()} ({because})"
     search.progress("note", {"text": "checking the claim: the script's settings (A) and "
                                      f"{what} (B) alternated, {letters}, {where}"
-                                     + (f", {steps} steps each (whole epochs)" if steps else "")})
+                                     + (", each to the script's end (a launch of the search "
+                                        "ran it to its end)" if whole else
+                                        f", {steps} steps each (whole epochs)" if steps else "")})
     if in_one_launch:
         search.measurer.measure_screen([
             Window(configs[role], Kind.PAIRED, steps=steps, steps_per_s=search.steps_per_s(
@@ -112,7 +118,8 @@ def confirm(search: SearchState) -> None:
         role = roles[index]
         rate = search.steps_per_s(configs[role])
         entry = search.measurer.measure(Window(
-            configs[role], Kind.PAIRED, steps=steps, steps_per_s=rate,
+            configs[role], Kind.PAIRED, steps=max(steps or 0, whole.get(role) or 0) or None,
+            steps_per_s=rate,
             warmup=timed_warmup(search.options.warmup, rate),
             pair={"role": role, "index": index, "group": group}))
         if not entry.ok:
@@ -166,6 +173,30 @@ def recommended(search: SearchState, thresholds: ChoiceThresholds = DEFAULTS
     what ``--repeat`` launches again, and the persistence check's reference."""
     decided = verdict(search, thresholds)
     return decided.pick if decided is not None else search.best()
+
+
+WHOLE_RUN_HEADROOM = 1.25  # steps asked of a launch that is to run the script to its end, over
+# those the samples of a whole run make at its batch size
+
+
+def whole_run_steps(search: SearchState, config: LoaderSettings) -> Optional[int]:
+    """Where a launch of the search ran the script to its end (a short script), the measured
+    steps that take a launch of ``config`` to that end too: the samples of that run over
+    ``config``'s batch on every rank, a quarter more (``--steps`` at least). The claim's
+    launches then time the script's whole run on both sides (``decide.paired.timed_runs``),
+    as a user's check does: at another batch size a short script's validation passes and epoch
+    boundaries cost what its training steps do not show (timm's ``train.py`` at batch 64 ran
+    to its end after 27 steps where batch 32 was stopped after 30). None where none did, or
+    where that run is longer than ``MAX_EPOCH_FACTOR`` runs' steps."""
+    base = search.baseline
+    runs = [e.script_samples for e in search.entries
+            if e.ok and e.script_samples and e.kind != Kind.CEILING]
+    if not runs or base is None or not base.ranks or not config.batch_size:
+        return None
+    steps = math.ceil(WHOLE_RUN_HEADROOM * max(runs) / (config.batch_size * len(base.ranks)))
+    if steps > MAX_EPOCH_FACTOR * (search.options.steps + search.options.warmup):
+        return None
+    return max(steps, search.options.steps)
 
 
 # ---- whole epochs ---------------------------------------------------------------------------

@@ -654,6 +654,37 @@ def test_a_larger_batch_is_alternated_launch_by_launch():
         timed_warmup(5, found.steps_per_s(w.config)) for w in asked]
 
 
+class ShortCommMeasurer(CommMeasurer):
+    """``CommMeasurer``'s loop on 2 ranks, every launch running the script to its end:
+    ``samples`` in all, every rank's together (``script_samples``)."""
+
+    def __init__(self, samples: int):
+        super().__init__()
+        self.samples = samples
+
+    def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        entry = super()._line(requested, kind, **extra)
+        entry.update(script_samples=self.samples, per_rank=[{"rank": 0}, {"rank": 1}])
+        return entry
+
+
+@pytest.mark.parametrize("script_steps, whole", [(40, True), (200, False)])
+def test_a_short_scripts_larger_batch_is_alternated_in_whole_runs(script_steps, whole):
+    """Where a launch ran the script to its end, every launch of the claim's alternation asks
+    for the steps that take it to that end at its own batch size (a quarter more, --steps at
+    least): both sides are timed over the whole run, as a user's check times them. Not where
+    that run is longer than 4 probes (35 steps each): both sides then measure --steps."""
+    notes: list[str] = []
+    fake = ShortCommMeasurer(samples=script_steps * 32 * 2)  # the script's batch 32, 2 ranks
+    found = Search(fake, SPACE, SweepOptions(ceiling=False),
+                   progress=lambda kind, data: notes.append(str(data.get("text"))))
+    found.run()
+    asked = {w.config.batch_size: w.steps for w in fake.asked if w.kind == "paired"}
+    # 1.25 x 40 steps at batch 32; at batch 128, 13 steps end the run: --steps' 30 asked
+    assert asked == ({32: 50, 128: 30} if whole else {32: None, 128: None})
+    assert any("each to the script's end" in n for n in notes) == whole, notes
+
+
 @pytest.mark.parametrize("model, pairs", [(compute_bound, 3), (io_bound, 0)])
 def test_no_alternation_where_the_script_keeps_its_settings_or_none_is_asked(model, pairs):
     found = Search(ModelMeasurer(model), SPACE, SweepOptions(ceiling=False, pairs=pairs))
