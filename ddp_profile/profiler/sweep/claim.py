@@ -96,8 +96,8 @@ def confirm(search: SearchState) -> None:
         return
     steps = whole_epoch_steps(search, configs.values())
     whole = {role: whole_run_steps(search, config) for role, config in configs.items()}
-    if in_one_launch or not all(whole.values()):
-        whole = {}  # both sides' whole runs, or neither's
+    if reference.batch_size == candidate.batch_size or not all(whole.values()):
+        whole = {}  # both sides' whole runs, or neither's; at one batch size, their steps
     because = evidence.checked_because(search.entries, base, best)
     what = "the recommendation" if top is not None and top.id == best.id else \
         f"{candidate.label()}, faster in the search but not beyond its noise," \
@@ -182,12 +182,16 @@ WHOLE_RUN_HEADROOM = 1.25  # steps asked of a launch that is to run the script t
 def whole_run_steps(search: SearchState, config: LoaderSettings) -> Optional[int]:
     """Where a launch of the search ran the script to its end (a short script), the measured
     steps that take a launch of ``config`` to that end too: the samples of that run over
-    ``config``'s batch on every rank, a quarter more (``--steps`` at least). The claim's
-    launches then time the script's whole run on both sides (``decide.paired.timed_runs``),
-    as a user's check does: at another batch size a short script's validation passes and epoch
-    boundaries cost what its training steps do not show (timm's ``train.py`` at batch 64 ran
-    to its end after 27 steps where batch 32 was stopped after 30). None where none did, or
-    where that run is longer than ``MAX_EPOCH_FACTOR`` runs' steps."""
+    ``config``'s batch on every rank, a quarter more (``--steps`` at least). Where the claim
+    changes the batch size, its launches then time the script's whole run on both sides
+    (``decide.paired.timed_runs``), as a user's check does: a short script's validation
+    passes and epoch boundaries run at the batch size too, and its training steps do not show
+    them (timm's ``train.py`` at batch 64 ran to its end after 27 steps where batch 32 was
+    stopped after 30). At one batch size the steps are kept: whole runs of timm's script read
+    ``-j 1`` at 1.15x [0.86-1.53] and 1.12x [0.94-1.33] (undecided, 9 launches) where its
+    steps had read 1.20-1.28x, established in 2 runs of 2, and plain launches 1.18-1.22x.
+    None where no launch ran to the end, or where that run is longer than
+    ``MAX_EPOCH_FACTOR`` runs' steps."""
     base = search.baseline
     runs = [e.script_samples for e in search.entries
             if e.ok and e.script_samples and e.kind != Kind.CEILING]
