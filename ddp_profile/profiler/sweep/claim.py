@@ -188,8 +188,9 @@ def whole_run_steps(search: SearchState, config: LoaderSettings) -> Optional[int
     passes and epoch boundaries run at the batch size too, and its training steps do not show
     them (timm's ``train.py`` at batch 64 ran to its end after 27 steps where batch 32 was
     stopped after 30). At one batch size the steps are kept: whole runs of timm's script read
-    ``-j 1`` at 1.15x [0.86-1.53] and 1.12x [0.94-1.33] (undecided, 9 launches) where its
-    steps had read 1.20-1.28x, established in 2 runs of 2, and plain launches 1.18-1.22x.
+    ``-j 1`` at 1.15x [0.86-1.53] and 1.12x [0.94-1.33] (undecided, 9 launches; plain
+    launches 1.18-1.22x) where its claims read by steps were established in 2 runs of 2
+    (``-j 1`` 1.20x, ``-j 2`` 1.28x).
     None where no launch ran to the end, or where that run is longer than
     ``MAX_EPOCH_FACTOR`` runs' steps."""
     base = search.baseline
