@@ -685,6 +685,25 @@ def test_a_short_scripts_larger_batch_is_alternated_in_whole_runs(script_steps, 
     assert any("each to the script's end" in n for n in notes) == whole, notes
 
 
+
+def test_at_one_batch_size_a_short_scripts_claim_keeps_its_steps():
+    """The script ends before a probe's steps (every launch short, run to its end), so the
+    claim of more workers alternates launch by launch; at one batch size each launch measures
+    the run's steps, not the whole run (whole runs read timm's -j 1 less decisively)."""
+    class Short(ModelMeasurer):
+        def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+            entry = super()._line(requested, kind, **extra)
+            entry.update(script_samples=40 * 32, per_rank=[{"rank": 0}], short=True)
+            return entry
+
+    fake = Short(io_bound)
+    found = Search(fake, SPACE, SweepOptions(ceiling=False))
+    found.run()
+    asked = [w for w in fake.asked if w.kind == "paired"]
+    assert len(asked) >= 5 and {w.config.batch_size for w in asked} == {32}
+    assert {w.steps for w in asked} == {None}
+
+
 @pytest.mark.parametrize("model, pairs", [(compute_bound, 3), (io_bound, 0)])
 def test_no_alternation_where_the_script_keeps_its_settings_or_none_is_asked(model, pairs):
     found = Search(ModelMeasurer(model), SPACE, SweepOptions(ceiling=False, pairs=pairs))
