@@ -62,16 +62,22 @@ class KeptAlive:
                 f"them) and take {self.kept_s:.1f} s")
 
 
+def whole_run(records: Sequence[ProbeRecord]) -> Optional[ProbeRecord]:
+    """The last ok launch that ran the script to its end (``script_samples``: the script's
+    length as it counted it); None where none did."""
+    return next((r for r in reversed(records) if r.ok and r.script_samples), None)
+
+
 def kept_alive(records: Sequence[ProbeRecord], restarting: ProbeRecord,
                baseline: ProbeRecord) -> Optional[KeptAlive]:
     """``KeptAlive`` for ``restarting`` (a probe whose workers start again every epoch, with
     the cost measured) against ``baseline``, over the script's length as the last ok launch
     that ran it to its end counted it; None where no launch did, or a figure is missing."""
     epochs = restarting.epochs
-    whole = [r for r in records if r.ok and r.script_samples]
-    if not whole or epochs is None or not epochs.steady_throughput or not epochs.restart_s \
+    whole = whole_run(records)
+    if whole is None or epochs is None or not epochs.steady_throughput or not epochs.restart_s \
             or not baseline.throughput:
         return None
-    samples = whole[-1].script_samples or 0
-    return KeptAlive(whole[-1].id, samples, epochs.restart_s, samples / baseline.throughput,
+    samples = whole.script_samples or 0
+    return KeptAlive(whole.id, samples, epochs.restart_s, samples / baseline.throughput,
                      epochs.restart_s + samples / epochs.steady_throughput)

@@ -44,7 +44,7 @@ from ddp_profile.profiler.decide.paired import (
     paired,
     room_for_noise,
 )
-from ddp_profile.profiler.decide.restarts import kept_alive
+from ddp_profile.profiler.decide.restarts import kept_alive, whole_run
 from ddp_profile.profiler.settings import LoaderSettings, timed_warmup
 from ddp_profile.profiler.store.epochs import restart_share
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord, counts_for_choice
@@ -193,12 +193,11 @@ def whole_run_steps(search: SearchState, config: LoaderSettings) -> Optional[int
     (``-j 1`` 1.20x, ``-j 2`` 1.28x).
     None where no launch ran to the end, or where that run is longer than
     ``MAX_EPOCH_FACTOR`` runs' steps."""
-    base = search.baseline
-    runs = [e.script_samples for e in search.entries
-            if e.ok and e.script_samples and e.kind != Kind.CEILING]
-    if not runs or base is None or not base.ranks or not config.batch_size:
+    base, run = search.baseline, whole_run(search.entries)
+    if run is None or base is None or not base.ranks or not config.batch_size:
         return None
-    steps = math.ceil(WHOLE_RUN_HEADROOM * max(runs) / (config.batch_size * len(base.ranks)))
+    samples = run.script_samples or 0
+    steps = math.ceil(WHOLE_RUN_HEADROOM * samples / (config.batch_size * len(base.ranks)))
     if steps > MAX_EPOCH_FACTOR * (search.options.steps + search.options.warmup):
         return None
     return max(steps, search.options.steps)
