@@ -26,13 +26,14 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -q && apt-get install -y -q chromium; }
 
 # The suite in two passes: the tests that assert no measured rate two at a time (one fills the
-# CPUs another leaves idle in sleeps and start-ups), then every other test alone.
+# CPUs another leaves idle in sleeps and start-ups), the longest first (tests/conftest.py), then
+# every other test alone.
 # The package is compiled once first: where PYTHONDONTWRITEBYTECODE is set (CI images often
 # set it) every rank of every probe would otherwise compile it again on import.
 test: setup browser
 	$(BIN)/ruff check ddp_profile tests benchmarks docs
 	$(BIN)/python -m compileall -q ddp_profile tests
-	$(BIN)/python -m pytest -q -m concurrent -n 2 --dist loadfile --durations=10
+	$(BIN)/python -m pytest -q -m concurrent -n 2 --durations=10
 	$(BIN)/python -m pytest -q -m "not concurrent" --durations=15
 
 # The peers install beside the pinned CPU torch. Only loadtune requires torch (traceml-ai,
