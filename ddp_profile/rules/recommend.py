@@ -236,6 +236,11 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None,
             "the recommendation with persistent_workers=True" if alive else "the recommendation")
         if decided.undecided and alive is None:
             basis += f"; {decided.because}, so it was alternated"
+            first = decided.rival_claim if decided.because == evidence.OUTRAN else None
+            if first is not None and decided.rival is not None:
+                basis += (f" ({describe_config(_row(run, decided.rival.id))}: {first.ratio:.2f}x "
+                          f"[{first.interval[0]:.2f}-{first.interval[1]:.2f}], "
+                          f"{first.probes[0]}-{first.probes[-1]})")
         start = one_time_start(run.records, claim)
         if start is not None:
             basis += f"; {start.words()}"

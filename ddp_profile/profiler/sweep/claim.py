@@ -67,8 +67,9 @@ def launch_pairs(pairs: int) -> int:
 def confirm(search: SearchState) -> None:
     """Alternate the script's settings and the subject of the check (the best configuration,
     or where the search kept the script's settings a gain it measured but could not tell from
-    noise: ``decide.evidence.subject``; see the module docstring); nothing where there is
-    none, or ``--pairs 0``."""
+    noise: ``decide.evidence.subject``; see the module docstring); then, where that
+    established it, the configuration that measured faster still in the search
+    (``decide.evidence.contender``). Nothing where there is none, or ``--pairs 0``."""
     base = search.baseline
     if search.options.pairs <= 0 or base is None or not base.ok:
         return
@@ -76,6 +77,20 @@ def confirm(search: SearchState) -> None:
     best = evidence.subject(search.entries, base, top)
     if best is None:
         return
+    because = evidence.checked_because(search.entries, base, best)
+    label = normalise(best.config).label()
+    _alternate(search, base, best, "the recommendation" if top is not None and top.id == best.id
+               else f"{label}, faster in the search but not beyond its noise,"
+               if because == evidence.STEP_FASTER else f"{label} ({because})")
+    rival = evidence.contender(search.entries, base, top)
+    if rival is not None and not evidence.alternation(search.entries, base, rival):
+        _alternate(search, base, rival, f"{normalise(rival.config).label()}, faster than the "
+                                        "recommendation in the search but not beyond its noise,")
+
+
+def _alternate(search: SearchState, base: ProbeRecord, best: ProbeRecord, what: str) -> None:
+    """``A B A B A``: the script's settings (A) and ``best`` (B), described as ``what``, in
+    windows of one launch or a launch each (module docstring)."""
     reference = normalise(base.config)
     candidate = normalise(best.config)
     if reference == candidate:
@@ -98,10 +113,6 @@ def confirm(search: SearchState) -> None:
     whole = {role: whole_run_steps(search, config) for role, config in configs.items()}
     if reference.batch_size == candidate.batch_size or not all(whole.values()):
         whole = {}  # both sides' whole runs, or neither's; at one batch size, their steps
-    because = evidence.checked_because(search.entries, base, best)
-    what = "the recommendation" if top is not None and top.id == best.id else \
-        f"{candidate.label()}, faster in the search but not beyond its noise," \
-        if because == evidence.STEP_FASTER else f"{candidate.label()} ({because})"
     search.progress("note", {"text": "checking the claim: the script's settings (A) and "
                                      f"{what} (B) alternated, {letters}, {where}"
                                      + (", each to the script's end (a launch of the search "

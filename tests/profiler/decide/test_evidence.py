@@ -22,14 +22,14 @@ def probe(index: int, throughput: float, kind: str = "sweep", rse: float = 0.01,
     return ProbeRecord.from_json(line)
 
 
-def alternated(start: int, reference: float, candidate: float, **config: Any
-               ) -> list[ProbeRecord]:
+def alternated(start: int, reference: float, candidate: float, group: str = "claim-x",
+               **config: Any) -> list[ProbeRecord]:
     """``A B A B A B A`` windows of one launch, the candidate at ``config``."""
     probes = []
     for index, role in enumerate(["reference", "candidate"] * 3 + ["reference"]):
         line = probe(start + index, candidate if role == "candidate" else reference, "paired",
                      **(config if role == "candidate" else {})).to_json()
-        line.update(pair={"role": role, "index": index, "group": "claim-x"},
+        line.update(pair={"role": role, "index": index, "group": group},
                     launch=f"p{start:03d}-screen")
         probes.append(ProbeRecord.from_json(line))
     return probes
@@ -83,6 +83,50 @@ def test_the_alternation_decides_an_undecided_gain():
     assert kept.pick.id == "p000" and kept.checked.ratio == pytest.approx(1.0)
     [seen] = evidence.seen(gone, gone[0], kept)
     assert "cannot tell from none" in seen.why and "1.00x" in seen.why
+
+
+def test_a_faster_contender_of_an_established_check_is_alternated_and_wins_a_larger_gain():
+    """timm's shape: one worker established by its check; batch 128 measured faster still in
+    noisy probes the script ended short, and is alternated with the script's settings next.
+    It becomes the recommendation where its own alternation establishes a larger gain."""
+    searched = [probe(0, 1000.0, "baseline"), probe(1, 1200.0, num_workers=1),
+                probe(2, 1500.0, rse=0.25, num_workers=1, batch_size=128)]
+    base, best = searched[0], best_of(searched)
+    assert best.id == "p001" and evidence.contender(searched, base, best) is None  # unchecked
+    first = searched + alternated(3, 1000.0, 1200.0, "claim-a", num_workers=1)
+    assert evidence.contender(first, base, best).id == "p002"
+    assert evidence.verdict(first, base, best).pick.id == "p001"  # until it is alternated
+
+    def read(rate: float) -> evidence.Verdict:
+        records = first + alternated(10, 1000.0, rate, "claim-b", num_workers=1, batch_size=128)
+        assert evidence.contender(records, base, best).id == "p002"  # the same question
+        return evidence.verdict(records, base, best)
+
+    won = read(1400.0)
+    assert won.pick.id == "p002" and won.claim.ratio == pytest.approx(1.4)
+    assert won.because == evidence.OUTRAN and won.rival.id == "p001"
+    assert won.rival_claim.ratio == pytest.approx(1.2)
+    assert evidence.seen(first + alternated(10, 1000.0, 1400.0, "claim-b", num_workers=1,
+                                            batch_size=128), base, won) == []
+    for rate, why in ((1000.0, "cannot tell from none"),
+                      (1150.0, "less than the recommendation's 1.20x")):
+        lost = read(rate)
+        assert lost.pick.id == "p001" and lost.claim.ratio == pytest.approx(1.2)
+        assert lost.rival.id == "p002" and lost.rival_claim.ratio == pytest.approx(rate / 1000)
+        records = first + alternated(10, 1000.0, rate, "claim-b", num_workers=1,
+                                     batch_size=128)
+        [seen] = evidence.seen(records, base, lost)
+        assert seen.probe == "p002" and why in seen.why, seen.why
+
+
+def test_no_contender_behind_a_check_that_established_nothing():
+    """Where nothing is faster than the script's settings, only the first check can claim a
+    gain by chance: a second is alternated only behind an established one."""
+    searched = [probe(0, 1000.0, "baseline"), probe(1, 1200.0, num_workers=1),
+                probe(2, 1500.0, rse=0.25, num_workers=1, batch_size=128)]
+    records = searched + alternated(3, 1000.0, 1000.0, "claim-a", num_workers=1)
+    assert evidence.verdict(records, records[0], best_of(records)).pick.id == "p000"
+    assert evidence.contender(records, records[0], best_of(records)) is None
 
 
 def test_nothing_to_check_where_nothing_measured_faster():
