@@ -11,6 +11,10 @@ from ddp_profile.profiler.decide.capacity import loading_line
 from ddp_profile.profiler.settings import LoaderSettings, config_label
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord, counts_for_choice, records
 
+# Probes of an alternation: one that the script ended is no advice to run more epochs (a
+# check of a short script runs each launch to its end on purpose, and is read as such)
+ALTERNATED = (Kind.PAIRED, Kind.PERSISTENT)
+
 
 def _fmt_tp(value: Optional[float]) -> str:
     return f"{value:,.1f} samples/s" if value else "-"
@@ -79,7 +83,8 @@ class ConsoleProgress:
                    **(entry.comm.options or {})}
         option_text = "".join(f" {k}={v}" for k, v in options.items())
         total = f"/{max(self.total, self.count)}" if self.total else ""
-        short = f" SHORT: {entry.short_reason}" if entry.short else ""
+        short = "" if not entry.short else f" SHORT: {entry.short_reason}" \
+            if entry.kind not in ALTERNATED else " (ran to the script's end)"
         ran = entry.config if entry.config != LoaderSettings() else entry.requested
         line = (f"[{self.count}{total}] {entry.id} {entry.kind} "
                 f"{ran.label()}{option_text}: "
@@ -166,7 +171,7 @@ def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
         lines.append(f"  [{finding['severity']}] {finding['rule']}: {finding['title']}")
     for probe in [p for p in probes if not p.ok][:5]:
         lines.append(f"  probe {probe.id} {probe.status}: {probe.error}")
-    for probe in [p for p in probes if p.short][:5]:
+    for probe in [p for p in probes if p.short and p.kind not in ALTERNATED][:5]:
         lines.append(f"  probe {probe.id} short ({probe.steps_measured} of "
                      f"{probe.steps_asked} steps): {probe.short_reason}")
     told = ("Not like for like", "persistent_workers=True on top")  # notes the figure needs

@@ -28,6 +28,23 @@ def test_progress_line_marks_a_short_probe():
     assert "SHORT" not in stream.getvalue()
 
 
+def test_an_alternations_launch_that_the_script_ended_gets_no_advice():
+    """The claim's check of a short script runs each launch to the script's end on purpose:
+    its progress line says so, with no advice to run more epochs, and the summary does not
+    list it among the short probes."""
+    paired = {**SHORT, "id": "p003", "kind": "paired",
+              "pair": {"role": "candidate", "index": 1, "group": "claim-002"}}
+    stream = io.StringIO()
+    ConsoleProgress(stream=stream)("done", {"entry": record(paired)})
+    assert "(ran to the script's end)" in stream.getvalue()
+    assert "SHORT" not in stream.getvalue() and "run more" not in stream.getvalue()
+    summary = {"script": "train.py", "world_size": 2, "device": "cpu", "gpu_available": True,
+               "probes": [SHORT, paired], "baseline": {"num_workers": 0},
+               "recommended": {"num_workers": 0}, "findings": [], "recommendation": {}}
+    listed = [line for line in summary_lines(summary, "out") if " short (" in line]
+    assert [line.split()[1] for line in listed] == ["p000"]
+
+
 def test_summary_lists_short_probes_and_the_note_on_them():
     note = "The baseline probe p000 is short, its figures rest on 1 step(s): the script ended."
     summary = {"script": "train.py", "world_size": 2, "device": "cpu", "gpu_available": True,
