@@ -50,9 +50,12 @@ def test_data_that_fits_in_memory_is_measured_warm_the_cold_baseline_again(cli, 
     assert 50e6 < cache["epoch_bytes"] < 65e6  # 1,200 x 48 KB, from the bytes read per sample
     first, *rest = summary["probes"]
     shares = _shares(summary)
-    # the first launch read from storage: kept apart (kind "cache"), measured again warm
+    # the first launch read from storage: kept apart (kind "cache"), measured again warm (a
+    # launch that read a few files further than the first, more than 2 % of its bytes, as a
+    # busy machine's timing can make it, is kept apart too and measured once more)
     assert first["kind"] == "cache" and shares[first["id"]] > 0.9, shares
-    assert rest[0]["kind"] == "baseline" and summary["baseline"]["num_workers"] == 1
+    warm = next(p for p in rest if p["kind"] != "cache")
+    assert warm["kind"] == "baseline" and summary["baseline"]["num_workers"] == 1, shares
     # every probe compared is in the regime; one that read out of it (files its launch was the
     # first to reach, not yet warmed) is kept apart as kind "cache" and measured again
     compared = [p for p in rest if p["status"] == "ok" and p["kind"] != "cache"]
