@@ -224,9 +224,7 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None,
                "beyond its noise" if decided.because == evidence.STEP_FASTER
                else f"was checked, as {decided.because},")
         unconfirmed = (f"{describe_config(_row(run, decided.checked_probe.id))} {how}, but "
-                       f"alternated with the script's settings it measured {checked.ratio:.2f}x "
-                       f"[{checked.interval[0]:.2f}-{checked.interval[1]:.2f}] "
-                       f"({checked.probes[0]}-{checked.probes[-1]}): a gain this check cannot "
+                       f"{evidence.alternated(checked)}: a gain this check cannot "
                        "tell from none, so the script's settings are kept.")
     alive = kept_alive_instead(run, base, known) if chosen["id"] == base["id"] else None
     if alive is not None:  # measured against the script's settings: the claim itself

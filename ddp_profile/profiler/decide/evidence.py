@@ -289,13 +289,18 @@ def seen(records: Sequence[ProbeRecord], base: ProbeRecord, decided: Verdict,
     return found
 
 
+def alternated(claim: PairedClaim) -> str:
+    """What an alternation with the script's settings measured, as the notes say it."""
+    return (f"alternated with the script's settings it measured {claim.ratio:.2f}x "
+            f"[{claim.interval[0]:.2f}-{claim.interval[1]:.2f}] ({claim.probes[0]}-"
+            f"{claim.probes[-1]})")
+
+
 def _why(c: Candidate, own: Candidate, pick: Candidate, decided: Verdict, short: bool,
          thresholds: ChoiceThresholds) -> str:
     rival, claim = decided.rival, decided.rival_claim
     if rival is not None and claim is not None and candidate_of(rival).config == c.config:
-        measured = (f"alternated with the script's settings it measured {claim.ratio:.2f}x "
-                    f"[{claim.interval[0]:.2f}-{claim.interval[1]:.2f}] ({claim.probes[0]}-"
-                    f"{claim.probes[-1]})")
+        measured = alternated(claim)
         need = needed_gain(own, c.config, thresholds)
         if not claim.faster:
             return f"{measured}: a gain this check cannot tell from none"
@@ -307,9 +312,7 @@ def _why(c: Candidate, own: Candidate, pick: Candidate, decided: Verdict, short:
     if decided.checked is not None and checked is not None \
             and candidate_of(checked).config == c.config:
         claim = decided.checked
-        measured = (f"alternated with the script's settings it measured {claim.ratio:.2f}x "
-                    f"[{claim.interval[0]:.2f}-{claim.interval[1]:.2f}] ({claim.probes[0]}-"
-                    f"{claim.probes[-1]})")
+        measured = alternated(claim)
         if claim.faster:  # beyond noise, short of the gain the choice asks of it
             return (f"{measured}: faster, but the script's settings move only for a gain "
                     f"above {needed_gain(own, c.config, thresholds):.0%} (their steps wait "
