@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Optional
 
+from ddp_profile.profiler.decide import evidence
 from ddp_profile.profiler.decide.capacity import WORKER_CAP, loading_line
 from ddp_profile.profiler.decide.choose import (
     UNSTABLE_RSE,
@@ -21,6 +22,7 @@ from ddp_profile.profiler.decide.choose import (
     compute_bound,
     relative_se,
 )
+from ddp_profile.profiler.decide.paired import settings_key
 from ddp_profile.profiler.settings import LoaderSettings, Mode
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord, Status
 from ddp_profile.profiler.sweep import ceiling
@@ -92,8 +94,28 @@ def run(search: SearchState) -> None:
             # sweep's axes, the per-rank batch is the one left (a change to the training, which
             # the choice's batch clause and the notes weigh and say)
             batched = measure_larger_batches(search, batched)
+            leader = undecided_leader(search, batched)
+            if leader is not None:
+                measure_larger_batches(search, leader)
         if batched.config.batch_size != best.config.batch_size:
             rescreen(search, batched)
+
+
+def undecided_leader(search: SearchState, best: ProbeRecord) -> Optional[ProbeRecord]:
+    """Where the search kept the script's settings (``best`` is them) but another worker
+    count at their batch measured faster, not beyond noise (``decide.evidence.undecided``):
+    that one, whose larger batches are worth a launch too. The claim checks the undecided
+    gain by alternation; without its larger batches, a gain that stacks on it goes unseen
+    (timm's ``train.py``: ``-j 1`` undecided, batch 64 measured at ``-j 0`` only, where
+    loading bounds it; plain launches ``-j 1 -b 64`` 1.24x, ``-j 1`` 1.10x)."""
+    base = search.baseline
+    assert base is not None
+    if settings_key(best) != settings_key(base):
+        return None
+    leader = evidence.undecided(search.entries, base)
+    if leader is None or leader.config.batch_size != base.config.batch_size:
+        return None
+    return leader
 
 
 def first_workers(search: SearchState) -> list[int]:

@@ -1143,6 +1143,47 @@ def test_a_faster_batch_than_the_established_claim_is_alternated_after_it(batch_
     assert recommended(found).config.batch_size == recommended_batch
 
 
+def workers_then_batch(config: LoaderSettings) -> tuple[float, float]:
+    """The script waits 10 % of its steps; a worker hides it (1.10x); batch 64 gains only with
+    that worker (1.24x), loading bounding it without (timm's ``train.py`` on CPU, plain
+    launches: ``-j 1`` 1.10x, ``-j 1 -b 64`` 1.24x, ``-b 64`` at ``-j 0`` nothing)."""
+    if not config.num_workers:
+        return 1000.0, 0.1
+    return (1240.0 if config.batch_size == 64 else 1100.0), 0.01
+
+
+class NoisyWorkers(ModelMeasurer):
+    """The search's probes with workers read ±10 % (the search cannot rank them); the
+    alternations' launches are steady."""
+
+    def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        line = super()._line(requested, kind, **extra)
+        if kind != "paired" and line["config"]["num_workers"]:
+            line["throughput_rse"] = 0.10
+        return line
+
+
+def test_an_undecided_worker_count_has_its_larger_batch_measured_and_checked():
+    """The search keeps the script's settings (its workers' gain is within their noise) and
+    measures batch 64 at them, where it gains nothing; the worker count that measured faster
+    has batch 64 measured too, and that, the fastest, is what the check alternates and the
+    run recommends."""
+    fake = NoisyWorkers(workers_then_batch)
+    found = Search(fake, SearchSpace(num_workers=(0, 1, 2), prefetch_factor=(2,),
+                                     pin_memory=(False,)),
+                   SweepOptions(ceiling=False, comm=False))
+    found.run()
+    assert found.best().config == OWN  # nothing beat the script's settings beyond noise
+    assert LoaderSettings(0, False, None, 64) in fake.measured
+    batched = [c for c in fake.measured if c.batch_size == 64 and c.num_workers]
+    assert batched, fake.measured
+    pick = recommended(found).config
+    assert pick.num_workers and pick.batch_size == 64
+    candidates = {e.config for e in found.entries
+                  if e.kind == "paired" and e.pair.role == "candidate"}
+    assert candidates == {pick}
+
+
 class FadingPairs(WobblyPairs):
     """As ``WobblyPairs``, and batch 64's launches of the claim read ``fade`` of what its
     search probe did: the search saw 1.12x, the alternation sees 1.12 x ``fade``."""
