@@ -22,7 +22,6 @@ from ddp_profile.profiler.decide.choose import (
     compute_bound,
     relative_se,
 )
-from ddp_profile.profiler.decide.paired import settings_key
 from ddp_profile.profiler.settings import LoaderSettings, Mode
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord, Status
 from ddp_profile.profiler.sweep import ceiling
@@ -103,17 +102,16 @@ def run(search: SearchState) -> None:
 
 def undecided_leader(search: SearchState, best: ProbeRecord) -> Optional[ProbeRecord]:
     """Where the search kept the script's settings (``best`` is them) but another worker
-    count at their batch measured faster, not beyond noise (``decide.evidence.undecided``):
+    count at their batch measured faster, not beyond noise (``decide.evidence.subject``):
     that one, whose larger batches are worth a launch too. The claim checks the undecided
     gain by alternation; without its larger batches, a gain that stacks on it goes unseen
     (timm's ``train.py``: ``-j 1`` undecided, batch 64 measured at ``-j 0`` only, where
     loading bounds it; plain launches ``-j 1 -b 64`` 1.24x, ``-j 1`` 1.10x)."""
     base = search.baseline
     assert base is not None
-    if settings_key(best) != settings_key(base):
-        return None
-    leader = evidence.undecided(search.entries, base)
-    if leader is None or leader.config.batch_size != base.config.batch_size:
+    leader = evidence.subject(search.entries, base, best)  # the one the check will alternate
+    if leader is None or leader.id == best.id \
+            or leader.config.batch_size != base.config.batch_size:
         return None
     return leader
 
