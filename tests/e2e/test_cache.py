@@ -1,5 +1,7 @@
-"""The page cache, made like for like on real files: 2 CPU ranks read one file per sample,
-written by the test and dropped from the page cache before each run, as after a reboot."""
+"""The page cache, made like for like on real files: CPU ranks read one file per sample,
+written by the test and dropped from the page cache before each run, as after a reboot. The
+cold regime runs 2 ranks (each rank's producers are read cold); the warm one, whose subject is
+the regime and not the ranks, one (a rank's start-up is most of a short launch's CPU)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import pytest
 
 from ddp_profile.profiler.cache import WARM_STORAGE_SHARE
 from ddp_profile.profiler.rank.loading.pagecache import drop
-from tests.conftest import SCRIPTS
+from tests.conftest import ONE_RANK, ONE_THREAD, SCRIPTS
 
 pytestmark = pytest.mark.e2e
 SCRIPT = os.path.join(SCRIPTS, "files_train.py")
@@ -42,7 +44,8 @@ def _shares(summary: dict) -> dict[str, float]:
 
 def test_data_that_fits_in_memory_is_measured_warm_the_cold_baseline_again(cli, run_dir, files):
     _cold(files)
-    result = cli(["run", SCRIPT, "--out", run_dir, *LEAN], out=run_dir, env={"DATA": files})
+    result = cli(["run", SCRIPT, "--out", run_dir, *LEAN, *ONE_RANK], out=run_dir,
+                 env={"DATA": files, **ONE_THREAD})  # the regime is the subject, not the ranks
     assert result.returncode == 0, result.stderr
     summary = result.summary()
     cache = summary["search"]["cache"]
