@@ -53,6 +53,22 @@ def test_mp_spawn_script_with_launcher_none(cli, run_dir):
     assert all(r["steps"] == 20 for r in probe["per_rank"])
 
 
+def test_mp_spawn_script_under_torchrun_is_refused_at_once_with_what_runs_it(cli, run_dir):
+    """Without ``--launcher none`` each of torchrun's ranks would spawn a set of its own, every
+    set on the script's one rendezvous port: they waited until the probe's timeout (600 s by
+    default). The spawn inside a torchrun rank is refused where it is made; 60 s is the
+    bound this test waits, not a figure it asserts."""
+    result = cli(["run", os.path.join(SCRIPTS, "spawn_train.py"), "--out", run_dir,
+                  "--nproc-per-node", "2", *ONE_PROBE, "--", str(free_port_pair())],
+                 out=run_dir, env=ONE_THREAD, timeout=60)
+    assert result.returncode == ExitCode.SCRIPT_FAILED, result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("ddp-profile:")]
+    assert len(errors) == 1 and "torch.multiprocessing.spawn" in errors[0], result.stderr
+    assert "--launcher none" in errors[0]
+    (probe,) = _summary(run_dir)["probes"]  # what was measured is kept
+    assert probe["status"] == "crash" and "RanksInsideARank" in probe["error"], probe
+
+
 def test_spawned_ranks_that_run_to_the_scripts_end_report_it_and_its_errors(cli, run_dir):
     """A spawned rank whose function returns ends as a probe does (its records, then out,
     its DDP module never freed: a freed reducer's gloo group can deadlock the rank on the

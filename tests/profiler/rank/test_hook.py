@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from ddp_profile.profiler.rank.hook import HOOK_DIR, is_launcher_process
 from ddp_profile.profiler.settings import ProbePlan
 
@@ -34,3 +36,17 @@ def test_hook_injects_local_rank_and_runs_the_shadowed_sitecustomize(tmp_path):
                           capture_output=True, text=True, timeout=60)
     argv, shadowed = json.loads(proc.stdout)
     assert argv == ["--local_rank=1", "--epochs", "2"] and shadowed == "1"
+
+
+def test_ranks_spawned_inside_a_torchrun_rank_are_refused_and_nowhere_else():
+    from ddp_profile.profiler.rank.patches.process import (
+        RanksInsideARank,
+        refuse_ranks_inside_a_rank,
+    )
+
+    # the script run as `python train.py` (--launcher none), or by an allocation's own ranks
+    refuse_ranks_inside_a_rank(2, {})
+    refuse_ranks_inside_a_rank(2, {"RANK": "0", "WORLD_SIZE": "2", "SLURM_PROCID": "0"})
+    with pytest.raises(RanksInsideARank, match="--launcher none") as raised:
+        refuse_ranks_inside_a_rank(4, {"TORCHELASTIC_RUN_ID": "none", "WORLD_SIZE": "2"})
+    assert "nprocs=4" in str(raised.value) and "each of the 2 ranks" in str(raised.value)

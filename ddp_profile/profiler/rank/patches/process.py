@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
-from typing import Any
+from typing import Any, Mapping
 
 from ddp_profile.profiler.rank.patches.base import SPAWNED_DDP, Hooks, originals, patch
 
@@ -42,8 +43,37 @@ def patch_spawn(instr: Hooks) -> None:
             return original(recorded, i, args, *rest, **kwargs)
         return _wrap
 
+    def make_start(original: Any) -> Any:
+        @functools.wraps(original)
+        def start_processes(fn: Any, args: Any = (), nprocs: int = 1, *rest: Any,
+                            **kwargs: Any) -> Any:
+            refuse_ranks_inside_a_rank(nprocs, os.environ)
+            return original(fn, args, nprocs, *rest, **kwargs)
+        return start_processes
+
     if hasattr(spawn_module, "_wrap"):
         patch(spawn_module, "_wrap", make_wrap)
+    if hasattr(spawn_module, "start_processes"):  # ``spawn`` calls it by its module's name
+        patch(spawn_module, "start_processes", make_start)
+
+
+class RanksInsideARank(RuntimeError):
+    """The script starts its own ranks in a process torchrun started as a rank."""
+
+
+def refuse_ranks_inside_a_rank(nprocs: int, environ: Mapping[str, str]) -> None:
+    """Raise where a rank that torch's launcher started (``TORCHELASTIC_RUN_ID`` in its
+    environment) starts ranks of its own with ``torch.multiprocessing.spawn``: each of the
+    launcher's ranks would spawn its own set, every set on one rendezvous address (the DDP
+    tutorial's ``mp.spawn`` script under torchrun: both sets waited on one port until the
+    probe's 600 s timeout). Such a script is run as ``python train.py`` is: ``--launcher
+    none``."""
+    if not environ.get("TORCHELASTIC_RUN_ID"):
+        return
+    raise RanksInsideARank(
+        f"the script starts its own ranks with torch.multiprocessing.spawn (nprocs={nprocs}) "
+        f"inside each of the {environ.get('WORLD_SIZE', '?')} ranks torchrun started: run it "
+        "with --launcher none, as `python script.py` starts it")
 
 
 def install_excepthook(instr: Hooks) -> None:
