@@ -1,5 +1,6 @@
 """How a rank process ends under the patches: ranks started by
-``torch.multiprocessing.spawn`` and uncaught exceptions, both reported to the ``Hooks``."""
+``torch.multiprocessing.spawn`` and uncaught exceptions, both reported to the ``Hooks``; and
+ranks spawned inside a rank torchrun started, refused where they are spawned."""
 
 from __future__ import annotations
 
