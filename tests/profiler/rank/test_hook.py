@@ -48,5 +48,6 @@ def test_ranks_spawned_inside_a_torchrun_rank_are_refused_and_nowhere_else():
     refuse_ranks_inside_a_rank(2, {})
     refuse_ranks_inside_a_rank(2, {"RANK": "0", "WORLD_SIZE": "2", "SLURM_PROCID": "0"})
     with pytest.raises(RanksInsideARank, match="--launcher none") as raised:
-        refuse_ranks_inside_a_rank(4, {"TORCHELASTIC_RUN_ID": "none", "WORLD_SIZE": "2"})
+        refuse_ranks_inside_a_rank(4, {"TORCHELASTIC_RUN_ID": "none", "RANK": "1",
+                                       "WORLD_SIZE": "2"})
     assert "nprocs=4" in str(raised.value) and "each of the 2 ranks" in str(raised.value)

@@ -63,18 +63,21 @@ class RanksInsideARank(RuntimeError):
 
 
 def refuse_ranks_inside_a_rank(nprocs: int, environ: Mapping[str, str]) -> None:
-    """Raise where a rank that torch's launcher started (``TORCHELASTIC_RUN_ID`` in its
-    environment) starts ranks of its own with ``torch.multiprocessing.spawn``: each of the
-    launcher's ranks would spawn its own set, every set on one rendezvous address (the DDP
-    tutorial's ``mp.spawn`` script under torchrun: both sets waited on one port until the
-    probe's 600 s timeout). Such a script is run as ``python train.py`` is: ``--launcher
+    """Raise where a rank that torch's launcher started (``launch.allocation.detect``: a
+    ``torchrun`` allocation) starts ranks of its own with ``torch.multiprocessing.spawn``:
+    each of the launcher's ranks would spawn its own set, every set on one rendezvous address
+    (the DDP tutorial's ``mp.spawn`` script under torchrun: both sets waited on one port until
+    the probe's 600 s timeout). Such a script is run as ``python train.py`` is: ``--launcher
     none``."""
-    if not environ.get("TORCHELASTIC_RUN_ID"):
+    from ddp_profile.profiler.launch.allocation import detect
+
+    found = detect(environ)
+    if found is None or found.kind != "torchrun":
         return
     raise RanksInsideARank(
         f"the script starts its own ranks with torch.multiprocessing.spawn (nprocs={nprocs}) "
-        f"inside each of the {environ.get('WORLD_SIZE', '?')} ranks torchrun started: run it "
-        "with --launcher none, as `python script.py` starts it")
+        f"inside each of the {found.world_size} ranks torchrun started: run it with "
+        "--launcher none, as `python script.py` starts it")
 
 
 def install_excepthook(instr: Hooks) -> None:
