@@ -52,7 +52,9 @@ CONCURRENT = (
         "bad_loading_is_recorded", "a_transform_that_raises")),
     *(f"tests/e2e/test_diagnosis.py::test_{name}" for name in (
         "process_group_without_ddp", "ddp_script_gets_neither", "batch_sampler_that",
-        "script_that_ends_early")),
+        "script_that_ends_early",
+        # its finding's figure is read against its own alternation's launches
+        "in_place_ranks_with_default_threads")),
     "tests/e2e/test_findings.py::test_ranks_that_each_read_the_whole_dataset",
     # the paired gate alternates its sides launch by launch: a neighbour moves both alike
     "tests/e2e/test_gate_paired.py",

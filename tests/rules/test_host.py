@@ -106,6 +106,50 @@ def threads_run(threads_tp=None, intra_op=2, ranks=2, cpus=2, worker_cores=0.0,
     return builder.build()
 
 
+def alternated_threads_run(rates, single_tp=4000.0):
+    """``threads_run`` with its single counterfactual at ``single_tp`` (read minutes after
+    the baseline's 500), then the baseline's settings with the script's threads (A) and one
+    thread (B) alternated in launches, ``A B A B A`` at ``rates``."""
+    builder = (RunBuilder(world_size=2, cpus=2)
+               .probe("p0", kind="baseline", num_workers=0, throughput=500.0,
+                      entry={"intra_op_threads": 2, "ranks_per_host": 2, "cpus_available": 2})
+               .steps(n=5)
+               .probe("p1", kind="threads", num_workers=0, throughput=single_tp,
+                      entry={"threads": 1}).steps(n=5))
+    for index, rate in enumerate(rates):
+        role = "candidate" if index % 2 else "reference"
+        builder.probe(f"p{2 + index}", kind="threads", num_workers=0, throughput=rate,
+                      entry={"intra_op_threads": 1 if index % 2 else 2, "ranks_per_host": 2,
+                             "cpus_available": 2, "launch": f"p{2 + index}",
+                             "threads": 1 if index % 2 else None,
+                             "pair": {"role": role, "index": index, "group": "threads-002"}}
+                      ).steps(n=5)
+    builder.summary["launcher"] = "none"
+    return builder.build()
+
+
+def test_an_alternated_threads_counterfactual_is_the_finding_with_its_interval():
+    """The single counterfactual read 8x against a baseline measured minutes before; the
+    alternation, its level and drift cancelled, reads 6x: the finding is the alternation's."""
+    finding = thread_oversubscription(
+        alternated_threads_run([600.0, 3700.0, 620.0, 3800.0, 640.0]), T)
+    assert finding is not None and finding.severity == "high"
+    assert "with 1 thread(s) per rank the script ran 6." in finding.evidence, finding.evidence
+    assert "alternated A B A B A in launches (probes p2-p6)" in finding.evidence
+    assert "8.00x" not in finding.evidence and "4,000" not in finding.evidence
+    low, high = (float(x) for x in finding.evidence.split("[")[1].split("]")[0].split("-"))
+    assert low < 6.0 < high
+    assert finding.recommendation.startswith("Measured in probes p2-p6: 1 thread(s) per rank")
+    assert "torch.set_num_threads(1)" in finding.recommendation
+
+
+def test_an_alternation_that_does_not_establish_the_threads_gain_is_no_finding():
+    """The single read 8x; alternated, one thread ran as fast as the script's own: the
+    alternation decides, and nothing is claimed."""
+    assert thread_oversubscription(
+        alternated_threads_run([600.0, 640.0, 700.0, 580.0, 610.0]), T) is None
+
+
 def test_threads_to_fit_is_the_one_test():
     from ddp_profile.profiler.cpus import threads_to_fit
 

@@ -23,10 +23,12 @@ from ddp_profile.profiler.cpus import cpus_available, threads_to_fit
 from ddp_profile.profiler.decide.capacity import Capacity, run_model
 from ddp_profile.profiler.decide.choose import (
     UNSTABLE_RSE,
+    ChoiceThresholds,
     candidate_of,
     choose,
     relative_se,
 )
+from ddp_profile.profiler.decide.paired import CANDIDATE, REFERENCE, order
 from ddp_profile.profiler.launch.coordinate import Coordinator
 from ddp_profile.profiler.launch.ranks import LaunchSpec, ignore_hangup, restore_hangup
 from ddp_profile.profiler.settings import LoaderSettings, Mode
@@ -173,7 +175,8 @@ class Search:
         baseline, or the best configuration found (its workers can tip the CPUs over: one rank
         of 16 latency-bound workers and torch's 2 threads on 2 CPUs ran 1.26x with 1 thread),
         oversubscribes the CPUs with intra-op threads (``cpus.threads_to_fit``), the same
-        settings again with the threads that fit."""
+        settings again with the threads that fit. Where one read faster than its subject by
+        more than ``noise_floor``, it is checked as a user would (``_alternate_threads``)."""
         base, best = self.baseline, self.best()
         if base is None or not base.ok:
             return
@@ -181,13 +184,46 @@ class Search:
         if best is not None and normalise(best.config) != normalise(base.config):
             config = normalise(best.config)
             subjects.append((best, config, self.steps_per_s(config)))
+        gains = []
         for entry, config, rate in subjects:
             fit = threads_to_fit(entry.host.intra_op_threads,
                                  entry.host.ranks_per_host or self.nproc_per_node,
                                  entry.host.worker_cores or 0.0, entry.host.cpus_available)
-            if fit is not None:
-                self.measurer.measure(Window(config, Kind.THREADS, threads=fit,
-                                             steps_per_s=rate))
+            if fit is None:
+                continue
+            probe = self.measurer.measure(Window(config, Kind.THREADS, threads=fit,
+                                                 steps_per_s=rate))
+            if probe.ok and probe.throughput and entry.throughput:
+                gains.append((probe.throughput / entry.throughput, config, fit, rate))
+        if gains and self.options.pairs > 0:
+            gain, config, fit, rate = max(gains, key=lambda item: item[0])
+            if gain > 1 + ChoiceThresholds().noise_floor:
+                self._alternate_threads(config, fit, rate)
+
+    def _alternate_threads(self, config: LoaderSettings, fit: int, rate: Optional[float]
+                           ) -> None:
+        """``config`` with the script's threads (A) and with ``fit`` per rank (B), a launch
+        each, ``A B A B A`` (``claim.launch_pairs``), whole epochs where its workers restart
+        (``claim.whole_epoch_steps``): one counterfactual probe against its subject, launches
+        minutes apart, carries the machine's drift (the DDP tutorial's mp.spawn shape read
+        7.94x where its training loop, timed in plain launches, ran 6.4x). The finding reads
+        the alternation's fit (``rules.findings.host``)."""
+        assert self.baseline is not None
+        group = f"threads-{len(self.entries):03d}"
+        roles = order(claim.launch_pairs(self.options.pairs))
+        letters = " ".join("A" if role == REFERENCE else "B" for role in roles)
+        settings = normalise(config if config != LoaderSettings() else self.baseline.config)
+        self.progress("note", {"text": f"checking the threads: {settings.label()} with the "
+                                       f"script's threads (A) and {fit} thread(s) per rank "
+                                       f"(B) alternated, {letters}, a launch each"})
+        steps = claim.whole_epoch_steps(self, [settings])
+        for index, role in enumerate(roles):
+            entry = self.measurer.measure(Window(
+                config, Kind.THREADS, steps=steps, steps_per_s=rate,
+                threads=fit if role == CANDIDATE else None,
+                pair={"role": role, "index": index, "group": group}))
+            if not entry.ok:
+                return  # a crash or an OOM would only repeat itself
 
     # ---- the baseline ---------------------------------------------------------------------
     def _check_baseline(self, entry: ProbeRecord) -> None:

@@ -11,6 +11,13 @@ import pandas as pd
 
 from ddp_profile.profiler.cpus import threads_to_fit
 from ddp_profile.profiler.decide.choose import better
+from ddp_profile.profiler.decide.paired import (
+    CANDIDATE,
+    REFERENCE,
+    PairedClaim,
+    alternations,
+    paired,
+)
 from ddp_profile.profiler.store.probes import Kind
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import (
@@ -89,10 +96,13 @@ def _how_to_set_threads(launcher: str, fit: int) -> str:
 
 
 def _threads_counterfactuals(run: Run) -> list[tuple[pd.Series, pd.Series]]:
-    """Each ``threads`` probe with the probe it is the counterfactual of: the baseline or the
-    sweep probe of the same settings (the latest), latest counterfactual first."""
+    """Each single ``threads`` probe (not of an alternation) with the probe it is the
+    counterfactual of: the baseline or the sweep probe of the same settings (the latest),
+    latest counterfactual first."""
     probes = ok_probes(run, kinds=(Kind.THREADS,))
-    probes = probes[probes["throughput"].apply(finite)] if not probes.empty else probes
+    if not probes.empty:
+        single = probes["id"].apply(lambda probe_id: run.probe(probe_id).pair is None)
+        probes = probes[probes["throughput"].apply(finite) & single]
     measured = ok_probes(run)
     pairs = []
     for _, probe in probes.iloc[::-1].iterrows():
@@ -103,33 +113,47 @@ def _threads_counterfactuals(run: Run) -> list[tuple[pd.Series, pd.Series]]:
     return pairs
 
 
+def _threads_alternation(run: Run, thresholds: Thresholds) -> Optional[PairedClaim]:
+    """The last alternation of a configuration with the script's threads (A) and with the
+    threads that fit (B) (``sweep.search``'s ``_alternate_threads``), read as the claim's
+    (``decide.paired.paired``); None where none finished."""
+    groups = alternations(run.records, Kind.THREADS)
+    return paired(run.records, groups[-1], thresholds.interval_confidence,
+                  thresholds.launch_sd) if groups else None
+
+
 def thread_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     """The ranks' torch thread pools oversubscribe the CPUs, and that measurably costs.
 
     Trigger (a measured probe, its summary entry): intra-op threads (the most of any rank) x
     local ranks + the cores its DataLoader workers were busy on > ``cpus_available``
-    (``profiler.cpus.threads_to_fit``, the sweep's own test), and a ``threads`` probe, the
-    same settings with the threads that fit, ran >= ``threads_gain`` x that probe's samples/s
-    ("high" at or above ``threads_severe_gain``) and beyond the noise of the two launches
-    (``choose.better``, the chooser's own test). The sweep measures the counterfactual of the
+    (``profiler.cpus.threads_to_fit``, the sweep's own test), and the same settings with the
+    threads that fit ran >= ``threads_gain`` x faster ("high" at or above
+    ``threads_severe_gain``), beyond noise. The sweep measures the counterfactual of the
     baseline and of the best configuration it found (more workers can be what tips the CPUs
-    over); the largest measured gain is the finding. Where the baseline oversubscribes and
-    nothing was measured, the finding is "low" and labelled a prediction; measured without a
-    gain, there is no finding.
+    over); where one read a gain, it alternates that one with its subject in launches, and
+    the finding is the alternation's fit and interval (``decide.paired``: faster where its
+    interval lies above 1). Without an alternation (``--pairs 0``) the largest single gain
+    beyond the noise of the two launches (``choose.better``) is the finding. Where the
+    baseline oversubscribes and nothing was measured, the finding is "low" and labelled a
+    prediction; measured without a gain, there is no finding.
     """
     base = baseline_probe(run)
     if base is None:
         return None
     launcher = str(run.summary.get("launcher") or "torchrun")
+    claim = _threads_alternation(run, thresholds)
+    if claim is not None:
+        return _alternated_finding(run, claim, launcher, base["id"], thresholds)
     measured = []
     for probe, subject in _threads_counterfactuals(run):
-        test = _oversubscribed(run, subject)
+        test = _oversubscribed(run, subject["id"])
         if test is None or subject["throughput"] <= 0:
             continue
         gain = float(probe["throughput"] / subject["throughput"])
         measured.append((gain, probe, subject, test))
     if not measured:
-        test = _oversubscribed(run, base)
+        test = _oversubscribed(run, base["id"])
         if test is None:
             return None
         fit, demand = test
@@ -158,21 +182,50 @@ def thread_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Findin
                         f"{where}. {_how_to_set_threads(launcher, fit)}"))
 
 
+def _alternated_finding(run: Run, claim: PairedClaim, launcher: str, base_id: str,
+                        thresholds: Thresholds) -> Optional[Finding]:
+    """The finding from the threads alternation ``claim``: none unless its subject
+    oversubscribes the CPUs and the threads that fit ran at least ``threads_gain`` x, faster
+    beyond noise."""
+    reference, counterfactual = (run.probe(claim.first(role)) for role in (REFERENCE, CANDIDATE))
+    test = _oversubscribed(run, reference.id)
+    if test is None or not claim.faster or claim.ratio < thresholds.threads_gain:
+        return None
+    fit, demand = test
+    config = reference.config.to_dict()
+    own = config == run.probe(base_id).config.to_dict()
+    where = "" if own else f" with {describe_config(pd.Series(config))}"
+    low, high = claim.interval
+    return Finding(
+        rule="thread-oversubscription",
+        severity="high" if claim.ratio >= thresholds.threads_severe_gain else "medium",
+        title="Torch thread pools oversubscribe the CPUs",
+        evidence=(f"{demand}{where}. Measured: with {counterfactual.threads} thread(s) per "
+                  f"rank {'the script' if own else 'it'} ran {claim.ratio:.2f}x "
+                  f"[{low:.2f}-{high:.2f}] as fast as with its own threads, alternated "
+                  f"{claim.letters} in launches (probes {claim.probes[0]}-{claim.probes[-1]})"
+                  + (", each over whole epochs" if all(run.probe(p).epochs_throughput
+                                                      for p in claim.probes) else "") + "."),
+        recommendation=(f"Measured in probes {claim.probes[0]}-{claim.probes[-1]}: "
+                        f"{fit} thread(s) per rank{where}, {claim.ratio:.2f}x "
+                        f"[{low:.2f}-{high:.2f}]. {_how_to_set_threads(launcher, fit)}"))
+
+
 def baseline_oversubscribed(run: Run, thresholds: Thresholds) -> bool:
     """The ``thread-oversubscription`` finding stands and the baseline's own ranks
     oversubscribe the CPUs: what the baseline measured as waiting can be waiting for a CPU.
     (Where only the best configuration's workers tip the CPUs over, the baseline's loading
     was measured on CPUs its threads fit.)"""
     base = baseline_probe(run)
-    return base is not None and _oversubscribed(run, base) is not None \
+    return base is not None and _oversubscribed(run, base["id"]) is not None \
         and thread_oversubscription(run, thresholds) is not None
 
 
-def _oversubscribed(run: Run, probe: pd.Series) -> Optional[tuple[int, str]]:
-    """The threads that fit and what competes for the CPUs, where ``probe``'s ranks
-    oversubscribe them (``threads_to_fit``); else None."""
-    entry = run.probe(probe["id"])
-    ranks, cpus = local_ranks(run, probe["id"]), cpus_available(run, probe["id"])
+def _oversubscribed(run: Run, probe_id: str) -> Optional[tuple[int, str]]:
+    """The threads that fit and what competes for the CPUs, where the ranks of probe
+    ``probe_id`` oversubscribe them (``threads_to_fit``); else None."""
+    entry = run.probe(probe_id)
+    ranks, cpus = local_ranks(run, probe_id), cpus_available(run, probe_id)
     threads, workers = entry.host.intra_op_threads, entry.host.worker_cores or 0.0
     fit = threads_to_fit(threads, ranks, workers, cpus)
     if fit is None:

@@ -10,7 +10,7 @@ import pytest
 
 from ddp_profile.profiler.decide.choose import candidate_of, choose
 from ddp_profile.profiler.settings import LoaderSettings, timed_warmup
-from ddp_profile.profiler.store.probes import ProbeRecord
+from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.sweep import claim
 from ddp_profile.profiler.sweep.claim import claim_holds, recommended
 from ddp_profile.profiler.sweep.search import Search
@@ -402,6 +402,49 @@ def test_no_threads_counterfactual_where_the_best_configuration_fits():
     fake = ThreadsMeasurer(cpu_bound)  # its best is 3 or 4 workers: 0.6 busy cores at most
     Search(fake, SPACE, SweepOptions(pairs=0, ceiling=False)).run()
     assert not [kind for kind, _, _ in fake.threads if kind == "threads"]
+
+
+class OversubscribedMeasurer(ThreadsMeasurer):
+    """The threads that fit make every launch ``gain`` x faster."""
+
+    def __init__(self, model: Model, gain: float):
+        super().__init__(model)
+        self.gain = gain
+        self.window: Optional[Window] = None
+
+    def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        entry = super()._line(requested, kind, **extra)
+        if self.window is not None and self.window.threads:
+            entry["throughput"] *= self.gain
+        return entry
+
+    def measure(self, window: Window) -> ProbeRecord:
+        self.window = window
+        return super().measure(window)
+
+
+@pytest.mark.parametrize("gain, pairs, alternated", [(3.0, 2, True), (1.0, 2, False),
+                                                     (3.0, 0, False)])
+def test_a_threads_counterfactual_that_read_a_gain_is_alternated_with_its_subject(
+        gain, pairs, alternated):
+    """One launch against another read minutes apart carries the machine's drift: where the
+    threads that fit read faster, they are checked as the claim is, A B A B A in launches;
+    where they read no gain (or ``--pairs 0``), nothing more is launched."""
+    fake = OversubscribedMeasurer(io_bound, gain)
+    found = Search(fake, SPACE, SweepOptions(pairs=pairs, ceiling=False))
+    found.run()
+    best = found.best().config
+    threads = [w for w in fake.asked if w.kind == Kind.THREADS]
+    assert threads[0].threads == 1 and threads[0].pair is None  # the single counterfactual
+    checked = threads[1:]
+    if not alternated:
+        assert checked == []
+        return
+    assert [(w.threads, w.pair["role"], w.pair["index"]) for w in checked] == [
+        (None, "reference", 0), (1, "candidate", 1), (None, "reference", 2),
+        (1, "candidate", 3), (None, "reference", 4)]
+    assert {w.config for w in checked} == {best} and len({w.pair["group"] for w in checked}) == 1
+    assert found.best().kind == "sweep"  # none of them competes in the choice
 
 
 class CommMeasurer(ModelMeasurer):
