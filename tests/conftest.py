@@ -221,6 +221,38 @@ def assert_findings_agree_with_probes(summary: dict) -> None:
     for item in rec.get("unsettled") or []:
         assert probes[item["probe"]]["status"] == "ok" and item["ratio"] > 1.0, item
         assert item["probe"] != chosen, item
+    for finding in summary.get("findings") or []:
+        if finding.get("rule") == "thread-oversubscription":
+            _threads_figure_agrees(finding.get("evidence") or "", probes)
+
+
+ALTERNATED_THREADS = re.compile(r"ran (\d+\.\d+)x \[(\d+\.\d+)-(\d+\.\d+)\] .*\(probes "
+                                r"(p\d{3})-(p\d{3})\)")
+SINGLE_THREADS = re.compile(r"ran ([\d,.]+) samples/s \(probe (p\d{3})\) against ([\d,.]+) "
+                            r"\(\w+ (p\d{3})\), (\d+\.\d+)x")
+
+
+def _threads_figure_agrees(evidence: str, probes: dict) -> None:
+    """A measured thread-oversubscription figure is its probes': from an alternation, inside
+    its interval and between its slowest B over its fastest A and the reverse; from one
+    counterfactual, the two cited rates and their ratio."""
+    alternated, single = ALTERNATED_THREADS.search(evidence), SINGLE_THREADS.search(evidence)
+    if alternated is not None:
+        ratio, low, high = (float(x) for x in alternated.groups()[:3])
+        assert low <= ratio <= high, evidence
+        ids = sorted(probes)
+        group = [probes[i] for i in ids[ids.index(alternated[4]):ids.index(alternated[5]) + 1]]
+        sides = [[p["throughput"] for p in group if p["kind"] == "threads"
+                  and (p.get("pair") or {}).get("role") == role]
+                 for role in ("reference", "candidate")]
+        assert all(sides), (evidence, group)
+        assert min(sides[1]) / max(sides[0]) * 0.99 <= ratio \
+            <= max(sides[1]) / min(sides[0]) * 1.01, (evidence, sides)
+    elif single is not None:
+        fast, fast_id, slow, slow_id, ratio = single.groups()
+        rates = [float(x.replace(",", "")) for x in (fast, slow)]
+        assert [round(probes[i]["throughput"], 1) for i in (fast_id, slow_id)] == rates, evidence
+        assert abs(rates[0] / rates[1] - float(ratio)) < 0.006, evidence
 
 
 def assert_no_ceiling_below_a_loading_rate(summary: dict) -> None:

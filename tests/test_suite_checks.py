@@ -23,14 +23,29 @@ SUMMARY = {
 }
 
 
+THREADS = [{"id": f"p{4 + i:03d}", "status": "ok", "kind": "threads",
+            "throughput": 2000.0 + 40 * i if i % 2 else 1000.0 - 20 * i,
+            "pair": {"role": "candidate" if i % 2 else "reference", "index": i}}
+           for i in range(5)]  # A 1000, B 2040, A 960, B 2120, A 920
+ALTERNATED = ("2 rank(s) per machine x 2 intra-op threads compete for 2 available CPUs. "
+              "Measured: with 1 thread(s) per rank the script ran 2.10x [1.80-2.40] as fast as "
+              "with its own threads, alternated A B A B A in launches (probes p004-p008).")
+SINGLE = ("Measured: with 1 thread(s) per rank the script's own settings ran 2,040.0 "
+          "samples/s (probe p005) against 1,000.0 (baseline p004), 2.04x.")
+
+
 def broken(change) -> dict:
     summary = copy.deepcopy(SUMMARY)
+    summary["probes"] += copy.deepcopy(THREADS)
     change(summary)
     return summary
 
 
 def test_a_summary_that_agrees_with_its_probes_passes():
     assert_findings_agree_with_probes(SUMMARY)
+    with_threads = broken(lambda s: s["findings"].extend(
+        {"rule": "thread-oversubscription", "evidence": text} for text in (ALTERNATED, SINGLE)))
+    assert_findings_agree_with_probes(with_threads)
 
 
 @pytest.mark.parametrize("change", [
@@ -41,6 +56,11 @@ def test_a_summary_that_agrees_with_its_probes_passes():
     lambda s: s["recommendation"]["unsettled"][0].update(ratio=0.9),  # "faster", slower
     lambda s: s["recommendation"]["unsettled"][0].update(probe="p001"),  # the pick itself
     lambda s: s["recommendation"].update(baseline_probe_id="p003"),
+    # a threads figure that is not its alternation's, or not its two probes' ratio
+    lambda s: s["findings"].append({"rule": "thread-oversubscription", "evidence": ALTERNATED
+                                    .replace("2.10x [1.80-2.40]", "3.10x [2.80-3.40]")}),
+    lambda s: s["findings"].append({"rule": "thread-oversubscription", "evidence": SINGLE
+                                    .replace("2.04x", "2.40x")}),
 ])
 def test_each_contradiction_fails_the_run_that_shows_it(change):
     with pytest.raises(AssertionError):
