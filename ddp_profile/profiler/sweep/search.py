@@ -28,7 +28,7 @@ from ddp_profile.profiler.decide.choose import (
     choose,
     relative_se,
 )
-from ddp_profile.profiler.decide.paired import CANDIDATE, REFERENCE, order
+from ddp_profile.profiler.decide.paired import CANDIDATE, REFERENCE, order, room_for_noise
 from ddp_profile.profiler.launch.coordinate import Coordinator
 from ddp_profile.profiler.launch.ranks import LaunchSpec, ignore_hangup, restore_hangup
 from ddp_profile.profiler.settings import LoaderSettings, Mode
@@ -213,6 +213,10 @@ class Search:
         roles = order(claim.launch_pairs(self.options.pairs))
         letters = " ".join("A" if role == REFERENCE else "B" for role in roles)
         settings = normalise(config if config != LoaderSettings() else self.baseline.config)
+        if not room_for_noise(len(roles), 1):
+            self.progress("note", {"text": f"the threads are not checked: {letters} leaves no "
+                                           "room for its noise (--pairs 2 or more)"})
+            return
         self.progress("note", {"text": f"checking the threads: {settings.label()} with the "
                                        f"script's threads (A) and {fit} thread(s) per rank "
                                        f"(B) alternated, {letters}, a launch each"})

@@ -424,12 +424,13 @@ class OversubscribedMeasurer(ThreadsMeasurer):
 
 
 @pytest.mark.parametrize("gain, pairs, alternated", [(3.0, 2, True), (1.0, 2, False),
-                                                     (3.0, 0, False)])
+                                                     (3.0, 0, False), (3.0, 1, False)])
 def test_a_threads_counterfactual_that_read_a_gain_is_alternated_with_its_subject(
         gain, pairs, alternated):
     """One launch against another read minutes apart carries the machine's drift: where the
     threads that fit read faster, they are checked as the claim is, A B A B A in launches;
-    where they read no gain (or ``--pairs 0``), nothing more is launched."""
+    where they read no gain (or ``--pairs 0``; ``--pairs 1``: A B A leaves its fit no room for
+    noise), nothing more is launched."""
     fake = OversubscribedMeasurer(io_bound, gain)
     found = Search(fake, SPACE, SweepOptions(pairs=pairs, ceiling=False))
     found.run()
