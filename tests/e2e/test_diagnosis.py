@@ -53,6 +53,7 @@ def test_one_rank_with_launcher_none_is_counted_as_one(cli, run_dir):
     workers = cpus + 1  # oversubscribed by one rank alone
     result = cli(["run", DEMO, "--launcher", "none", "--out", run_dir,
                   "--num-workers", str(workers), *LEAN, "--steps", "6", "--warmup", "2",
+                  "--pairs", "0",  # the ranks counted are the subject, not a claim's check
                   "--no-report", "--quiet", "--", "--num-workers", str(workers), "--cpu-ms", "1"],
                  out=run_dir)
     findings = _findings(result)
@@ -105,18 +106,21 @@ def test_in_place_ranks_with_default_threads_get_a_measured_counterfactual(cli, 
     if gain <= 1.02:  # no gain read: nothing more launched, nothing claimed
         assert alternated == [] and "thread-oversubscription" not in findings
         return
+    # A B A B A, one more pair at a time while undecided (9 launches at most)
+    assert len(alternated) in (5, 7, 9)
     assert [(p["threads"], p["pair"]["role"]) for p in alternated] == [
-        (None, "reference"), (fit, "candidate")] * 2 + [(None, "reference")]
+        (None, "reference"), (fit, "candidate")] * (len(alternated) // 2) + [(None, "reference")]
     assert all(p["status"] == "ok" for p in alternated)
-    assert [p["intra_op_threads"] for p in alternated] == [base["intra_op_threads"], fit] * 2 \
-        + [base["intra_op_threads"]]
+    assert [p["intra_op_threads"] for p in alternated] == \
+        [base["intra_op_threads"], fit] * (len(alternated) // 2) + [base["intra_op_threads"]]
     rates = [p["throughput"] for p in alternated]
     # the fit's figure lies between the slowest B over the fastest A and the reverse
     within = (min(rates[1::2]) / max(rates[0::2]), max(rates[1::2]) / min(rates[0::2]))
     if "thread-oversubscription" in findings:
         finding = findings["thread-oversubscription"]
         ids = f"probes {alternated[0]['id']}-{alternated[-1]['id']}"
-        assert f"alternated A B A B A in launches ({ids})" in finding["evidence"]
+        letters = " ".join("AB"[i % 2] for i in range(len(alternated)))
+        assert f"alternated {letters} in launches ({ids})" in finding["evidence"]
         ratio = float(finding["evidence"].split(" per rank the script ran ")[1].split("x")[0])
         assert within[0] * 0.99 <= ratio <= within[1] * 1.01, (ratio, within)
         assert "torch.set_num_threads" in finding["recommendation"]

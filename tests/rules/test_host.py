@@ -150,6 +150,21 @@ def test_an_alternation_that_does_not_establish_the_threads_gain_is_no_finding()
         alternated_threads_run([600.0, 640.0, 700.0, 580.0, 610.0]), T) is None
 
 
+def test_a_threads_gain_its_launches_cannot_tell_from_none_is_said_low_as_not_established():
+    """Alternated, one thread read 1.38x, its interval 0.70-2.72x: what was seen is said,
+    as not established, with how to check it; never as measured."""
+    finding = thread_oversubscription(
+        alternated_threads_run([600.0, 900.0, 500.0, 700.0, 640.0]), T)
+    assert finding is not None and finding.severity == "low"
+    assert "not established" in finding.title
+    assert "ran 1.38x [0.70-2.72] as fast as with its own threads" in finding.evidence
+    assert finding.evidence.endswith("not beyond the noise of those launches.")
+    assert finding.recommendation.startswith("Not established: 1 thread(s) per rank measured "
+                                             "1.38x [0.70-2.72] in probes p2-p6")
+    assert "torch.set_num_threads(1)" in finding.recommendation
+    assert "Measured in" not in finding.recommendation
+
+
 def test_threads_to_fit_is_the_one_test():
     from ddp_profile.profiler.cpus import threads_to_fit
 

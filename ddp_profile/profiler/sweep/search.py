@@ -28,7 +28,13 @@ from ddp_profile.profiler.decide.choose import (
     choose,
     relative_se,
 )
-from ddp_profile.profiler.decide.paired import CANDIDATE, REFERENCE, order, room_for_noise
+from ddp_profile.profiler.decide.paired import (
+    CANDIDATE,
+    REFERENCE,
+    order,
+    paired,
+    room_for_noise,
+)
 from ddp_profile.profiler.launch.coordinate import Coordinator
 from ddp_profile.profiler.launch.ranks import LaunchSpec, ignore_hangup, restore_hangup
 from ddp_profile.profiler.settings import LoaderSettings, Mode
@@ -203,7 +209,8 @@ class Search:
     def _alternate_threads(self, config: LoaderSettings, fit: int, rate: Optional[float]
                            ) -> None:
         """``config`` with the script's threads (A) and with ``fit`` per rank (B), a launch
-        each, ``A B A B A`` (``claim.launch_pairs``), whole epochs where its workers restart
+        each, ``A B A B A`` (``claim.launch_pairs``; one more pair at a time while undecided,
+        up to ``claim.MAX_CLAIM_LAUNCHES``), whole epochs where its workers restart
         (``claim.whole_epoch_steps``): one counterfactual probe against its subject, launches
         minutes apart, carries the machine's drift (the DDP tutorial's mp.spawn shape read
         7.94x where its training loop, timed in plain launches, ran 6.4x). The finding reads
@@ -221,13 +228,32 @@ class Search:
                                        f"script's threads (A) and {fit} thread(s) per rank "
                                        f"(B) alternated, {letters}, a launch each"})
         steps = claim.whole_epoch_steps(self, [settings])
-        for index, role in enumerate(roles):
+        index, done = 0, []
+        while index < len(roles):
+            role = roles[index]
             entry = self.measurer.measure(Window(
                 config, Kind.THREADS, steps=steps, steps_per_s=rate,
                 threads=fit if role == CANDIDATE else None,
                 pair={"role": role, "index": index, "group": group}))
             if not entry.ok:
                 return  # a crash or an OOM would only repeat itself
+            done.append(entry)
+            index += 1
+            if index == len(roles) and len(roles) < claim.MAX_CLAIM_LAUNCHES \
+                    and self._threads_undecided(done):
+                roles += [CANDIDATE, REFERENCE]
+                self.progress("note", {"text": "the threads check measured a gain it cannot "
+                                               "tell from none yet: one more pair, B A"})
+
+    def _threads_undecided(self, alternation: list[ProbeRecord]) -> bool:
+        """Whether the threads alternation so far leaves its gain open, as the claim's check
+        extends its own (``claim.undecided``): not faster beyond noise, its interval still
+        holding a gain of more than ``noise_floor``."""
+        thresholds = ChoiceThresholds()
+        fit = paired(self.entries, alternation, thresholds.interval_confidence,
+                     thresholds.launch_sd)
+        return fit is not None and not fit.faster \
+            and fit.bounds[1] > 1 + thresholds.noise_floor
 
     # ---- the baseline ---------------------------------------------------------------------
     def _check_baseline(self, entry: ProbeRecord) -> None:

@@ -407,15 +407,17 @@ def test_no_threads_counterfactual_where_the_best_configuration_fits():
 class OversubscribedMeasurer(ThreadsMeasurer):
     """The threads that fit make every launch ``gain`` x faster."""
 
-    def __init__(self, model: Model, gain: float):
+    def __init__(self, model: Model, gain: float, swing: float = 1.0):
         super().__init__(model)
-        self.gain = gain
-        self.window: Optional[Window] = None
+        self.gain, self.swing = gain, swing  # ``swing``: every other such launch that much
+        self.window: Optional[Window] = None  # slower than its gain
+        self.fitted = 0
 
     def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
         entry = super()._line(requested, kind, **extra)
         if self.window is not None and self.window.threads:
-            entry["throughput"] *= self.gain
+            entry["throughput"] *= self.gain / (self.swing if self.fitted % 2 else 1.0)
+            self.fitted += 1
         return entry
 
     def measure(self, window: Window) -> ProbeRecord:
@@ -446,6 +448,17 @@ def test_a_threads_counterfactual_that_read_a_gain_is_alternated_with_its_subjec
         (1, "candidate", 3), (None, "reference", 4)]
     assert {w.config for w in checked} == {best} and len({w.pair["group"] for w in checked}) == 1
     assert found.best().kind == "sweep"  # none of them competes in the choice
+
+
+def test_a_threads_check_that_stays_undecided_gets_one_more_pair_at_a_time_up_to_nine():
+    """Every other launch with the threads that fit reads 1.5x, the rest 0.83x: a gain its
+    launches cannot tell from none, measured further as the claim's check is (9 at most)."""
+    fake = OversubscribedMeasurer(io_bound, 1.5, swing=1.8)
+    Search(fake, SPACE, SweepOptions(pairs=2, ceiling=False)).run()
+    checked = [w for w in fake.asked if w.kind == Kind.THREADS and w.pair is not None]
+    assert len(checked) == claim.MAX_CLAIM_LAUNCHES
+    assert [w.pair["index"] for w in checked] == list(range(9))
+    assert [w.pair["role"] for w in checked] == ["reference", "candidate"] * 4 + ["reference"]
 
 
 class CommMeasurer(ModelMeasurer):
