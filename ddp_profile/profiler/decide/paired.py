@@ -275,6 +275,14 @@ def paired(records: Sequence[ProbeRecord], probes: list[ProbeRecord], confidence
                   whole=whole is not None)
 
 
+def still_open(claim: Optional[PairedClaim], noise_floor: float) -> bool:
+    """Whether an alternation in launches leaves its gain open: not faster beyond noise, yet
+    its interval still holding a gain of more than ``noise_floor``. Such a check is extended
+    one pair at a time (the claim's, the threads'); one whose interval lies below that has
+    lost, and nothing more is alternated."""
+    return claim is not None and not claim.faster and claim.bounds[1] > 1 + noise_floor
+
+
 def alternations(records: Sequence[ProbeRecord], kind: Kind) -> list[list[ProbeRecord]]:
     """Every alternation of probes of ``kind`` among ``records`` (``ProbeRecord.pair``), in
     the order they ran, each in its own order."""

@@ -43,6 +43,7 @@ from ddp_profile.profiler.decide.paired import (
     order,
     paired,
     room_for_noise,
+    still_open,
 )
 from ddp_profile.profiler.decide.restarts import kept_alive, whole_run
 from ddp_profile.profiler.settings import LoaderSettings, timed_warmup
@@ -158,8 +159,7 @@ def undecided(search: SearchState, subject: ProbeRecord,
     claim = paired(search.entries, evidence.alternation(search.entries, search.baseline,
                                                         subject),
                    thresholds.interval_confidence, thresholds.launch_sd)
-    return claim is not None and not claim.faster \
-        and claim.bounds[1] > 1 + thresholds.noise_floor
+    return still_open(claim, thresholds.noise_floor)
 
 
 def verdict(search: SearchState, thresholds: ChoiceThresholds = DEFAULTS) -> Optional[Verdict]:

@@ -34,6 +34,7 @@ from ddp_profile.profiler.decide.paired import (
     order,
     paired,
     room_for_noise,
+    still_open,
 )
 from ddp_profile.profiler.launch.coordinate import Coordinator
 from ddp_profile.profiler.launch.ranks import LaunchSpec, ignore_hangup, restore_hangup
@@ -246,14 +247,11 @@ class Search:
                                                "tell from none yet: one more pair, B A"})
 
     def _threads_undecided(self, alternation: list[ProbeRecord]) -> bool:
-        """Whether the threads alternation so far leaves its gain open, as the claim's check
-        extends its own (``claim.undecided``): not faster beyond noise, its interval still
-        holding a gain of more than ``noise_floor``."""
+        """Whether the threads alternation so far leaves its gain open
+        (``decide.paired.still_open``, what the claim's check reads too)."""
         thresholds = ChoiceThresholds()
-        fit = paired(self.entries, alternation, thresholds.interval_confidence,
-                     thresholds.launch_sd)
-        return fit is not None and not fit.faster \
-            and fit.bounds[1] > 1 + thresholds.noise_floor
+        return still_open(paired(self.entries, alternation, thresholds.interval_confidence,
+                                 thresholds.launch_sd), thresholds.noise_floor)
 
     # ---- the baseline ---------------------------------------------------------------------
     def _check_baseline(self, entry: ProbeRecord) -> None:

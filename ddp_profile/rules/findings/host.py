@@ -133,7 +133,9 @@ def thread_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Findin
     baseline and of the best configuration it found (more workers can be what tips the CPUs
     over); where one read a gain, it alternates that one with its subject in launches, and
     the finding is the alternation's fit and interval (``decide.paired``: faster where its
-    interval lies above 1). Without an alternation (``--pairs 0``) the largest single gain
+    interval lies above 1; where it stays open, ``decide.paired.still_open``, after the
+    check's extensions, a "low" finding says what was seen, as not established). Without an
+    alternation (``--pairs 0``) the largest single gain
     beyond the noise of the two launches (``choose.better``) is the finding. Where the
     baseline oversubscribes and nothing was measured, the finding is "low" and labelled a
     prediction; measured without a gain, there is no finding.
