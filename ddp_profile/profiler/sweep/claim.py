@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ddp_profile.profiler.decide import evidence
 from ddp_profile.profiler.decide.choose import (
@@ -40,6 +40,7 @@ from ddp_profile.profiler.decide.evidence import Verdict
 from ddp_profile.profiler.decide.paired import (
     CANDIDATE,
     REFERENCE,
+    letters,
     order,
     paired,
     room_for_noise,
@@ -102,12 +103,12 @@ def _alternate(search: SearchState, base: ProbeRecord, best: ProbeRecord, what: 
     in_one_launch = reference.batch_size == candidate.batch_size \
         and not search.measurer.screen_unsupported and not ends
     roles = order(search.options.pairs if in_one_launch else launch_pairs(search.options.pairs))
-    letters = " ".join("A" if role == REFERENCE else "B" for role in roles)
+    sequence = letters(roles)
     where = "in one launch" if in_one_launch else "a launch each" + (
         " (the script ended before a probe's steps: one launch would not hold the windows)"
         if ends and reference.batch_size == candidate.batch_size else "")
     if not room_for_noise(len(roles), 1):
-        search.progress("note", {"text": f"the claim is not checked: {letters} leaves no room "
+        search.progress("note", {"text": f"the claim is not checked: {sequence} leaves no room "
                                          "for its noise (--pairs 2 or more)"})
         return
     steps = whole_epoch_steps(search, configs.values())
@@ -115,7 +116,7 @@ def _alternate(search: SearchState, base: ProbeRecord, best: ProbeRecord, what: 
     if reference.batch_size == candidate.batch_size or not all(whole.values()):
         whole = {}  # both sides' whole runs, or neither's; at one batch size, their steps
     search.progress("note", {"text": "checking the claim: the script's settings (A) and "
-                                     f"{what} (B) alternated, {letters}, {where}"
+                                     f"{what} (B) alternated, {sequence}, {where}"
                                      + (", each to the script's end (a launch of the search "
                                         "ran it to its end)" if whole else
                                         f", {steps} steps each (whole epochs)" if steps else "")})
@@ -125,22 +126,31 @@ def _alternate(search: SearchState, base: ProbeRecord, best: ProbeRecord, what: 
                 configs[role]), pair={"role": role, "index": index, "group": group})
             for index, role in enumerate(roles)])
         return
-    index = 0
-    while index < len(roles):  # each side warmed up about as long (by time)
-        role = roles[index]
+
+    def window(role: str, index: int) -> Window:  # each side warmed up about as long (by time)
         rate = search.steps_per_s(configs[role])
-        entry = search.measurer.measure(Window(
-            configs[role], Kind.PAIRED, steps=max(steps or 0, whole.get(role) or 0) or None,
-            steps_per_s=rate,
-            warmup=timed_warmup(search.options.warmup, rate),
-            pair={"role": role, "index": index, "group": group}))
-        if not entry.ok:
-            return  # a crash or an OOM would only repeat itself
+        return Window(configs[role], Kind.PAIRED,
+                      steps=max(steps or 0, whole.get(role) or 0) or None, steps_per_s=rate,
+                      warmup=timed_warmup(search.options.warmup, rate),
+                      pair={"role": role, "index": index, "group": group})
+
+    launch_each(search, roles, window, lambda: undecided(search, best))
+
+
+def launch_each(search: SearchState, roles: list[str], window: Callable[[str, int], Window],
+                open_: Callable[[], bool], check: str = "the check") -> None:
+    """Each of ``roles`` a launch of its own (``window(role, index)``), then one more pair,
+    B A, at a time while ``open_()`` (``decide.paired.still_open``), up to
+    ``MAX_CLAIM_LAUNCHES``; a failed launch ends it (a crash or an OOM would only repeat
+    itself). The claim's alternations in launches, and the threads check's (``sweep.search``)."""
+    roles, index = list(roles), 0
+    while index < len(roles):
+        if not search.measurer.measure(window(roles[index], index)).ok:
+            return
         index += 1
-        if index == len(roles) and len(roles) < MAX_CLAIM_LAUNCHES \
-                and undecided(search, best):
+        if index == len(roles) and len(roles) < MAX_CLAIM_LAUNCHES and open_():
             roles += [CANDIDATE, REFERENCE]
-            search.progress("note", {"text": "the check measured a gain it cannot tell from "
+            search.progress("note", {"text": f"{check} measured a gain it cannot tell from "
                                              "none yet: one more pair of launches, B A"})
 
 
@@ -149,13 +159,8 @@ MAX_CLAIM_LAUNCHES = 9  # a claim checked in launches that stays undecided: A B 
 
 def undecided(search: SearchState, subject: ProbeRecord,
               thresholds: ChoiceThresholds = DEFAULTS) -> bool:
-    """Whether the claim's alternation so far leaves ``subject`` open: not faster beyond
-    noise, yet its interval still holds a gain of more than ``noise_floor``. A few launches
-    that happened to read it slower say nothing yet where the interval reaches that far
-    (timm's ``train.py``, 2 workers: 5 launches read 0.96x, a 3-round check's interval
-    0.52-1.79x, and it stopped there; another run's 9 launches read 1.21x, plain launches
-    1.18x); one whose interval lies below it
-    has lost, and nothing more is alternated."""
+    """Whether the claim's alternation so far leaves ``subject`` open
+    (``decide.paired.still_open``)."""
     claim = paired(search.entries, evidence.alternation(search.entries, search.baseline,
                                                         subject),
                    thresholds.interval_confidence, thresholds.launch_sd)

@@ -30,7 +30,7 @@ from ddp_profile.profiler.decide.choose import (
 )
 from ddp_profile.profiler.decide.paired import (
     CANDIDATE,
-    REFERENCE,
+    letters,
     order,
     paired,
     room_for_noise,
@@ -219,39 +219,26 @@ class Search:
         assert self.baseline is not None
         group = f"threads-{len(self.entries):03d}"
         roles = order(claim.launch_pairs(self.options.pairs))
-        letters = " ".join("A" if role == REFERENCE else "B" for role in roles)
         settings = normalise(config if config != LoaderSettings() else self.baseline.config)
         if not room_for_noise(len(roles), 1):
-            self.progress("note", {"text": f"the threads are not checked: {letters} leaves no "
-                                           "room for its noise (--pairs 2 or more)"})
+            self.progress("note", {"text": f"the threads are not checked: {letters(roles)} "
+                                           "leaves no room for its noise (--pairs 2 or more)"})
             return
         self.progress("note", {"text": f"checking the threads: {settings.label()} with the "
                                        f"script's threads (A) and {fit} thread(s) per rank "
-                                       f"(B) alternated, {letters}, a launch each"})
+                                       f"(B) alternated, {letters(roles)}, a launch each"})
         steps = claim.whole_epoch_steps(self, [settings])
-        index, done = 0, []
-        while index < len(roles):
-            role = roles[index]
-            entry = self.measurer.measure(Window(
-                config, Kind.THREADS, steps=steps, steps_per_s=rate,
-                threads=fit if role == CANDIDATE else None,
-                pair={"role": role, "index": index, "group": group}))
-            if not entry.ok:
-                return  # a crash or an OOM would only repeat itself
-            done.append(entry)
-            index += 1
-            if index == len(roles) and len(roles) < claim.MAX_CLAIM_LAUNCHES \
-                    and self._threads_undecided(done):
-                roles += [CANDIDATE, REFERENCE]
-                self.progress("note", {"text": "the threads check measured a gain it cannot "
-                                               "tell from none yet: one more pair, B A"})
-
-    def _threads_undecided(self, alternation: list[ProbeRecord]) -> bool:
-        """Whether the threads alternation so far leaves its gain open
-        (``decide.paired.still_open``, what the claim's check reads too)."""
         thresholds = ChoiceThresholds()
-        return still_open(paired(self.entries, alternation, thresholds.interval_confidence,
-                                 thresholds.launch_sd), thresholds.noise_floor)
+        claim.launch_each(
+            self, roles,
+            lambda role, index: Window(config, Kind.THREADS, steps=steps, steps_per_s=rate,
+                                       threads=fit if role == CANDIDATE else None,
+                                       pair={"role": role, "index": index, "group": group}),
+            lambda: still_open(paired(self.entries, [e for e in self.entries if e.pair
+                                                     and e.pair.group == group],
+                                      thresholds.interval_confidence, thresholds.launch_sd),
+                               thresholds.noise_floor),
+            check="the threads check")
 
     # ---- the baseline ---------------------------------------------------------------------
     def _check_baseline(self, entry: ProbeRecord) -> None:
