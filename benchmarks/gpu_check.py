@@ -534,7 +534,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.error(f"unknown check(s) {unknown}; known: {', '.join(CHECKS)}")
     work = tempfile.mkdtemp(prefix="gpu-check-")
     ctx = Context(work)
+    facts = device_facts()
     results: dict[str, Any] = {}
+    report: dict[str, Any] = {"passed": False, "device": facts, "checks": results}
     for name in names:
         started = time.perf_counter()
         try:
@@ -545,14 +547,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         results[name]["wall_s"] = round(time.perf_counter() - started, 1)
         print(f"{name}: {'pass' if results[name]['passed'] else 'FAIL'} "
               f"{json.dumps(results[name], default=str)[:600]}", file=sys.stderr, flush=True)
-    report = {"passed": all(r["passed"] for r in results.values()), "device": device_facts(),
-              "checks": results}
+        report = {"passed": all(r["passed"] for r in results.values()), "device": facts,
+                  "checks": results, "complete": len(results) == len(names)}
+        if args.keep:  # after every check: a session cut short keeps what it measured
+            os.makedirs(args.keep, exist_ok=True)
+            with open(os.path.join(args.keep, "gpu_check.json"), "w") as fh:
+                json.dump(report, fh, indent=1, default=str)
     if args.keep:
-        os.makedirs(args.keep, exist_ok=True)
         with tarfile.open(os.path.join(args.keep, "runs.tar.gz"), "w:gz") as tar:
             tar.add(work, arcname="gpu-check")
-        with open(os.path.join(args.keep, "gpu_check.json"), "w") as fh:
-            json.dump(report, fh, indent=1, default=str)
     shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(report, default=str))
     return 0 if report["passed"] else 1

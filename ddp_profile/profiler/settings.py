@@ -122,6 +122,8 @@ class ProbePlan:
     # None: the page cache as it is
     persistent_workers: Optional[bool] = None  # True: every loader with workers keeps them
     # across epochs (``DataLoader(persistent_workers=True)``); None: the script's own
+    warmup_cap: Optional[int] = None  # the most warm-up steps, the drain of the start-up
+    # prefetch included (``warmup_room``: a short script's run); None: no cap
 
     def window_warmup(self, index: int) -> int:
         return int(self.windows[index].get("warmup", self.warmup))
@@ -163,7 +165,8 @@ class ProbePlan:
     def to_json(self) -> str:
         data = asdict(self)
         data["overrides"] = self.overrides.to_dict()
-        for key in ("threads", "steps_per_s", "ddp", "cache", "persistent_workers"):
+        for key in ("threads", "steps_per_s", "ddp", "cache", "persistent_workers",
+                    "warmup_cap"):
             if data.get(key) is None:
                 data.pop(key)  # what every reader of a plan without it understands
         return json.dumps(data)
@@ -209,6 +212,31 @@ def backlog_warmup(warmup: int, num_workers: Optional[int],
     if not num_workers:
         return warmup
     return max(warmup, num_workers * (prefetch_factor or 2))
+
+
+def warmup_room(run_steps: Optional[int], steps: int) -> Optional[int]:
+    """The most warm-up steps a launch may take where the script's whole run is ``run_steps``
+    training steps a rank (a launch ran it to its end): what leaves half of them, ``steps`` at
+    most, to measure. A drain of the start-up prefetch longer than the run (15 workers at
+    prefetch 4 drain 60 batches; timm's ``train.py`` of 2 epochs ran 40) measures nothing at
+    all; a drain cut short leaves a few prefetched batches in a probe that is then short, and
+    read with a short probe's wider error. None: no run known, no cap."""
+    if not run_steps:
+        return None
+    return max(1, run_steps - min(steps, run_steps // 2))
+
+
+def capped(warmup: int, room: Optional[int]) -> int:
+    return warmup if room is None else min(warmup, room)
+
+
+def window_warmup(warmup: int, config: LoaderSettings, mode: Mode,
+                  room: Optional[int] = None) -> int:
+    """A screen window's warm-up: its mode's (``mode_warmup``), or the drain of its workers'
+    start-up prefetch (``backlog_warmup``), within ``room`` (``warmup_room``)."""
+    if mode != Mode.NORMAL:
+        return mode_warmup(warmup, mode)
+    return capped(backlog_warmup(warmup, config.num_workers, config.prefetch_factor), room)
 
 
 MIN_WARMUP_S = 1.0  # a claim's launches each warm up about this long at least

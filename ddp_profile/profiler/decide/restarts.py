@@ -68,6 +68,16 @@ def whole_run(records: Sequence[ProbeRecord]) -> Optional[ProbeRecord]:
     return next((r for r in reversed(records) if r.ok and r.script_samples), None)
 
 
+def run_steps(records: Sequence[ProbeRecord], batch_size: Optional[int]) -> Optional[int]:
+    """A rank's training steps over the script's whole run at ``batch_size`` (``whole_run``'s
+    samples over the batch on every rank); None where no launch ran the script to its end."""
+    run = whole_run(records)
+    batch = batch_size or (run.config.batch_size if run is not None else None)
+    if run is None or not run.ranks or not batch:
+        return None
+    return (run.script_samples or 0) // (batch * len(run.ranks))
+
+
 def kept_alive(records: Sequence[ProbeRecord], restarting: ProbeRecord,
                baseline: ProbeRecord) -> Optional[KeptAlive]:
     """``KeptAlive`` for ``restarting`` (a probe whose workers start again every epoch, with

@@ -45,6 +45,7 @@ from ddp_profile.profiler.settings import (
     ProbePlan,
     backlog_warmup,
     burst_steps,
+    capped,
     mode_warmup,
 )
 from ddp_profile.profiler.store.record import ITERATOR_OUTLIVES_EPOCH, RankRecorder
@@ -209,8 +210,9 @@ class LoaderHooks:
         if self.plan.windows or self.plan.mode != Mode.NORMAL or loader is None:
             return self.plan.warmup if self.plan.windows else \
                 mode_warmup(self.plan.warmup, self.plan.mode)
-        return backlog_warmup(self.plan.warmup, getattr(loader, "num_workers", 0),
-                              getattr(loader, "prefetch_factor", None))
+        return capped(backlog_warmup(self.plan.warmup, getattr(loader, "num_workers", 0),
+                                     getattr(loader, "prefetch_factor", None)),
+                      self.plan.warmup_cap)
 
     def _steps_for(self, state: IteratorState) -> int:
         """A probe with workers measures several rounds of them (``config.burst_steps``)."""

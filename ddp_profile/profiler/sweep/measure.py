@@ -6,8 +6,7 @@ status, config, throughput, data_wait_fraction, throughput_rse, ...). ``LedgerMe
 launches the user's script for each probe (or one launch for a screen of several
 configurations, ``profiler.sweep.screen``) and first looks in the ledger: a resumed run
 replays the same deterministic decisions and re-uses every probe that already finished, so
-``--resume`` neither re-runs nor loses a probe.
-Tests inject a modelled measurer instead.
+``--resume`` neither re-runs nor loses a probe. Tests inject a modelled measurer instead.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from ddp_profile.profiler.cache import (
     recorded_files,
     warm,
 )
+from ddp_profile.profiler.decide.restarts import run_steps
 from ddp_profile.profiler.launch.coordinate import Coordinator, merge_outcomes
 from ddp_profile.profiler.launch.ranks import (
     LaunchOutcome,
@@ -39,9 +39,10 @@ from ddp_profile.profiler.settings import (
     LoaderSettings,
     Mode,
     ProbePlan,
-    backlog_warmup,
     burst_steps,
-    mode_warmup,
+    capped,
+    warmup_room,
+    window_warmup,
 )
 from ddp_profile.profiler.store.probedir import read_probe_dir
 from ddp_profile.profiler.store.probes import MEASURED_AS, Kind, ProbeRecord
@@ -122,9 +123,10 @@ class LedgerMeasurer:
         if done is not None:
             return self._record(done, reused=True)
         self.run_dir.discard_partial_probe(probe_id)
+        room = self.warmup_room(window.config)
         plan = ProbePlan(probe_id=probe_id, out_dir=self.run_dir.probe_dir(probe_id),
-                         overrides=window.config, warmup=window.warmup or self.warmup,
-                         steps=steps,
+                         overrides=window.config, steps=steps, warmup_cap=room,
+                         warmup=capped(window.warmup or self.warmup, room),
                          mode=window.mode, inject_local_rank=self.local_rank_flag(),
                          rdzv_id=f"{self.run_token}-{probe_id}", threads=window.threads,
                          steps_per_s=window.steps_per_s, ddp=window.ddp, cache=self.plan_cache,
@@ -280,7 +282,8 @@ class LedgerMeasurer:
             probe_id=launch_id, out_dir=self.run_dir.probe_dir(launch_id),
             overrides=pending[0].config, warmup=self.warmup, steps=self.steps, mode=Mode.SCREEN,
             windows=tuple({"overrides": w.config.to_dict(), "mode": w.mode,
-                           "warmup": self._window_warmup(w),
+                           "warmup": window_warmup(self.warmup, w.config, w.mode,
+                                                   self.warmup_room(w.config)),
                            **({"ddp": dict(w.ddp)} if w.ddp is not None else {}),
                            "steps": burst_steps(w.steps or self.steps, w.config.num_workers,
                                                 w.mode, w.steps_per_s)}
@@ -297,7 +300,7 @@ class LedgerMeasurer:
         splits = split_screen(plan.out_dir, [self.run_dir.probe_dir(i) for i in ids],
                               plan.window_starts(), plan.window_lengths())
         consumed = 0
-        for split, window, probe_id in zip(splits, pending, ids):
+        for index, (split, window, probe_id) in enumerate(zip(splits, pending, ids)):
             if split.unsupported is not None:
                 self.screen_unsupported = split.unsupported
                 break
@@ -306,10 +309,12 @@ class LedgerMeasurer:
             window_outcome = outcome if not split.complete else replace(
                 outcome, returncode=0, timed_out=False, wall_s=split.span_s)
             window_plan = ProbePlan(probe_id=probe_id, out_dir=self.run_dir.probe_dir(probe_id),
-                                    overrides=window.config, warmup=self._window_warmup(window),
+                                    overrides=window.config, warmup=plan.window_warmup(index),
                                     steps=window.steps or self.steps, mode=window.mode,
                                     ddp=window.ddp)
             entry = summarise_probe(window_plan, window_outcome, window.kind, timeout_s)
+            if entry["reason"] == "too_few_steps" and consumed:
+                break  # the script ended in its warm-up: the next launch starts with it
             entry.update(screened=True, launch=launch_id, launch_wall_s=round(outcome.wall_s, 3))
             if entry["script_samples"]:  # the launch's, not the window's alone
                 entry.update(script_run(read_probe_dir(plan.out_dir)))
@@ -322,11 +327,9 @@ class LedgerMeasurer:
         self.run_dir.clear_inflight()
         return consumed
 
-    def _window_warmup(self, window: Window) -> int:
-        if window.mode != Mode.NORMAL:
-            return mode_warmup(self.warmup, window.mode)
-        return backlog_warmup(self.warmup, window.config.num_workers,
-                              window.config.prefetch_factor)
+    def warmup_room(self, config: LoaderSettings) -> Optional[int]:
+        """A launch's most warm-up steps where one ran the script to its end."""
+        return warmup_room(run_steps(self.entries, config.batch_size), self.steps)
 
     def _reuse_screened(self, pending: list[Window], ids: list[str]) -> list[ProbeRecord]:
         """The leading windows a resumed run already measured (same ids, same requests)."""

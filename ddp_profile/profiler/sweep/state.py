@@ -41,7 +41,7 @@ class Window:
     ddp: Optional[dict[str, Any]] = None  # DDP options of the window: in a screen, gradient
     # synchronisation alone (``GRADIENT_SYNC``) switches between windows; None: the script's
     # own. In a launch of its own only (a screen's windows share their ranks' threads, and a
-    # loader is rebuilt at every switch; a window's warm-up is ``_window_warmup``'s):
+    # loader is rebuilt at every switch; a window's warm-up is ``settings.window_warmup``'s):
     threads: Optional[int] = None  # torch's intra-op threads in every rank
     persistent_workers: Optional[bool] = None  # True: every loader keeps its workers
     warmup: Optional[int] = None  # warm-up steps (None: the run's --warmup)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddp_profile.profiler.decide.restarts import kept_alive
+from ddp_profile.profiler.decide.restarts import kept_alive, run_steps
+from ddp_profile.profiler.settings import LoaderSettings, Mode, warmup_room, window_warmup
 from ddp_profile.profiler.store.probedir import RankData, whole_run
 from ddp_profile.profiler.store.probes import ProbeRecord
 
@@ -66,3 +67,25 @@ def test_the_whole_run_is_counted_only_where_every_rank_ran_the_script_to_its_en
     assert whole_run([rank(0, "script_exit"), RankData(rank=1)]) is None
     assert whole_run([rank(0, "script_exit", steps=0)]) is None
     assert whole_run([]) is None
+
+
+def test_a_short_scripts_run_bounds_the_warm_up_of_every_launch_after_it():
+    """timm's ``train.py``, 2 epochs of 20 steps on one GPU: 15 workers at prefetch 4 drain 60
+    prefetched batches, longer than the whole run. Once a launch ran the script to its end,
+    a warm-up leaves half the run (``--steps`` at most) to measure."""
+    two_ranks = [{"rank": 0}, {"rank": 1}]
+    stopped = record("b", 750.0, per_rank=two_ranks)  # stopped after its steps: no run known
+    assert run_steps([stopped], 32) is None and warmup_room(None, 30) is None
+    ended = record("w", 900.0, per_rank=two_ranks, script_samples=2560)  # 2 ranks x 32 x 40
+    assert run_steps([stopped, ended], 32) == 40
+    assert run_steps([stopped, ended], 64) == 20  # a larger batch ends the run sooner
+    assert run_steps([stopped, ended], None) == 80  # the run's own batch (16)
+    room = warmup_room(run_steps([stopped, ended], 32), 30)
+    assert room == 20  # 40 steps: 20 of warm-up at most, 20 measured
+    assert warmup_room(400, 30) == 370  # a long run: --steps measured, the drain whole
+    assert warmup_room(1, 30) == 1
+    fifteen = LoaderSettings(15, False, 4, 32)
+    assert window_warmup(5, fifteen, Mode.NORMAL) == 60  # the drain, no run known
+    assert window_warmup(5, fifteen, Mode.NORMAL, room) == 20
+    assert window_warmup(5, LoaderSettings(2, False, 2, 32), Mode.NORMAL, room) == 5
+    assert window_warmup(5, fifteen, Mode.CEILING, room) == 5  # its cache fill, not a drain
