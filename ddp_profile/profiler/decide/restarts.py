@@ -69,10 +69,11 @@ def whole_run(records: Sequence[ProbeRecord]) -> Optional[ProbeRecord]:
 
 
 def run_steps(records: Sequence[ProbeRecord], batch_size: Optional[int]) -> Optional[int]:
-    """A rank's training steps over the script's whole run at ``batch_size`` (``whole_run``'s
-    samples over the batch on every rank); None where no launch ran the script to its end."""
+    """A rank's training steps over the script's whole run at ``batch_size`` (None: the
+    script's own, as its first launch, the baseline, ran it): ``whole_run``'s samples over the
+    batch on every rank; None where no launch ran the script to its end."""
     run = whole_run(records)
-    batch = batch_size or (run.config.batch_size if run is not None else None)
+    batch = batch_size or (records[0].config.batch_size if records else None)
     if run is None or not run.ranks or not batch:
         return None
     return (run.script_samples or 0) // (batch * len(run.ranks))

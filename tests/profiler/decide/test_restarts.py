@@ -79,7 +79,7 @@ def test_a_short_scripts_run_bounds_the_warm_up_of_every_launch_after_it():
     ended = record("w", 900.0, per_rank=two_ranks, script_samples=2560)  # 2 ranks x 32 x 40
     assert run_steps([stopped, ended], 32) == 40
     assert run_steps([stopped, ended], 64) == 20  # a larger batch ends the run sooner
-    assert run_steps([stopped, ended], None) == 80  # the run's own batch (16)
+    assert run_steps([stopped, ended], None) == 80  # the script's own, the baseline's (16)
     room = warmup_room(run_steps([stopped, ended], 32), 30)
     assert room == 20  # 40 steps: 20 of warm-up at most, 20 measured
     assert warmup_room(400, 30) == 370  # a long run: --steps measured, the drain whole
