@@ -324,6 +324,9 @@ class LedgerMeasurer:
             consumed += 1
             if not split.complete:
                 break
+        if consumed < len(pending) and outcome.returncode == 0 and not outcome.stopped:
+            self.progress("note", {"text": f"{launch_id}: the script ended after {consumed} "
+                                           f"of {len(pending)} windows, the rest go on next"})
         self.run_dir.clear_inflight()
         return consumed
 
@@ -336,8 +339,7 @@ class LedgerMeasurer:
         reused = []
         for window, probe_id in zip(pending, ids):
             entry = self._finished(probe_id, window.config, window.kind,
-                                   window.steps or self.steps,
-                                   screened=True)
+                                   window.steps or self.steps, screened=True)
             if entry is None or entry.comm.options != window.ddp:
                 break
             reused.append(self._record(entry, reused=True))
@@ -362,8 +364,6 @@ class LedgerMeasurer:
         return self.timeout_s + (windows - 1) * per_window
 
     def context(self, entry: ProbeRecord) -> dict[str, Any]:
-        from ddp_profile.profiler.store.probedir import read_probe_dir
-
         for data in read_probe_dir(self.run_dir.probe_dir(entry.id)):
             if data.context:
                 return data.context
