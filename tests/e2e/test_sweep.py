@@ -140,7 +140,9 @@ def test_a_short_script_is_measured_in_every_window_its_run_can_hold(cli, run_di
     ran_to_end = [p for p in ledger if p["script_samples"] == 320]
     assert ran_to_end  # a launch ran the script to its end: 20 steps a rank
     after = [p for p in ledger[ledger.index(ran_to_end[0]) + 1:] if p["kind"] == "sweep"]
-    assert after and all(p["warmup"] <= 14 and p["steps_measured"] >= 6 for p in after), after
+    assert after and all(p["warmup"] <= 14 for p in after), after
+    three = [p for p in ledger if p["requested"]["num_workers"] == 3]
+    assert three and all(p["steps_measured"] >= 6 for p in three), three  # 24 batches' drain
 
 
 def test_oom_at_a_batch_size_skips_larger_ones(cli, run_dir):

@@ -249,12 +249,11 @@ def measure_larger_batches(search: SearchState, best: ProbeRecord) -> ProbeRecor
     """``best``'s loader settings with 2x, then 4x the script's per-rank batch, each a launch
     of its own, while it runs faster than the best so far (beyond noise, or by more than
     ``evidence.check_gain`` within it: an undecided 2x is no reason not to measure 4x); the
-    fastest beyond noise. A tutorial's
-    ``mp.spawn`` script read 2x at 1.53x, not beyond its noise, and stopped there, where 4x
-    ran 4.0x in the run before and 4.2x in plain launches. Called where the
-    baseline is compute-bound (``run``) and where communication is exposed
-    (``sweep.communication``: the all-reduce moves the same gradients per step whatever the
-    batch). A configuration measured already is not launched again, so a second call measures
+    fastest beyond noise. The DDP tutorial's ``mp.spawn`` shape, 5 epochs, read 2x at 1.53x,
+    not beyond its noise, and stopped there, where 4x ran 4.3x in the run before it and
+    3.1-3.9x in plain launches. Called where the baseline is compute-bound (``run``) and
+    where communication is exposed (``sweep.communication``: the all-reduce moves the same
+    gradients per step whatever the batch). A configuration measured already is not launched again, so a second call measures
     nothing new."""
     assert search.baseline is not None
     loader = normalise(best.config)
