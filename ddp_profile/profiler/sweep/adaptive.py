@@ -253,8 +253,8 @@ def measure_larger_batches(search: SearchState, best: ProbeRecord) -> ProbeRecor
     not beyond its noise, and stopped there, where 4x ran 4.3x in the run before it and
     3.1-3.9x in plain launches. Called where the baseline is compute-bound (``run``) and
     where communication is exposed (``sweep.communication``: the all-reduce moves the same
-    gradients per step whatever the batch). A configuration measured already is not launched again, so a second call measures
-    nothing new."""
+    gradients per step whatever the batch). A configuration measured already is not
+    launched again, so a second call measures nothing new."""
     assert search.baseline is not None
     loader = normalise(best.config)
     own = search.baseline.config.batch_size or loader.batch_size
