@@ -137,10 +137,16 @@ def outside_steps(base: ProbeRecord, thresholds: ChoiceThresholds = DEFAULTS
     return share if share > thresholds.clear_gain else None
 
 
+def worth_checking(candidate: Candidate, own: Candidate,
+                   thresholds: ChoiceThresholds = DEFAULTS) -> bool:
+    """Faster than ``own`` by more than ``check_gain``: a gain worth an alternation."""
+    return candidate.throughput > own.throughput * (1 + check_gain(own, candidate.config,
+                                                                   thresholds))
+
+
 def _step_faster(pooled: list[Candidate], own: Candidate,
                  thresholds: ChoiceThresholds) -> list[Candidate]:
-    return [c for c in pooled if c.config != own.config
-            and c.throughput > own.throughput * (1 + check_gain(own, c.config, thresholds))]
+    return [c for c in pooled if c.config != own.config and worth_checking(c, own, thresholds)]
 
 
 def _unranked(pooled: list[Candidate], own: Candidate, share: float) -> list[Candidate]:

@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ddp_profile.profiler.decide.choose import candidate_of, launch_spread
+from ddp_profile.profiler.decide.choose import ChoiceThresholds, candidate_of, launch_spread
 from ddp_profile.profiler.decide.neighbours import local_fit
 from ddp_profile.profiler.quantiles import t_quantile
 from ddp_profile.profiler.settings import SETTING_KEYS
@@ -289,6 +289,15 @@ def still_open(claim: Optional[PairedClaim], noise_floor: float) -> bool:
     there; another run's 9 launches read 1.21x, plain launches 1.18x). One whose interval lies
     below that has lost, and nothing more is alternated."""
     return claim is not None and not claim.faster and claim.bounds[1] > 1 + noise_floor
+
+
+def alternation_open(records: Sequence[ProbeRecord], probes: list[ProbeRecord],
+                     thresholds: ChoiceThresholds) -> bool:
+    """``still_open`` for the alternation of ``probes`` among ``records``, fitted at the
+    choice's interval confidence and launch spread: whether the claim's check or the threads
+    check goes on one more pair."""
+    return still_open(paired(records, probes, thresholds.interval_confidence,
+                             thresholds.launch_sd), thresholds.noise_floor)
 
 
 def alternations(records: Sequence[ProbeRecord], kind: Kind) -> list[list[ProbeRecord]]:

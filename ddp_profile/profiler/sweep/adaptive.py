@@ -247,14 +247,14 @@ def rescreen(search: SearchState, best: ProbeRecord) -> None:
 
 def measure_larger_batches(search: SearchState, best: ProbeRecord) -> ProbeRecord:
     """``best``'s loader settings with 2x, then 4x the script's per-rank batch, each a launch
-    of its own, while it runs faster than the best so far (beyond noise, or by more than
-    ``evidence.check_gain`` within it: an undecided 2x is no reason not to measure 4x); the
-    fastest beyond noise. The DDP tutorial's ``mp.spawn`` shape, 5 epochs, read 2x at 1.53x,
-    not beyond its noise, and stopped there, where 4x ran 4.3x in the run before it and
-    3.1-3.9x in plain launches. Called where the baseline is compute-bound (``run``) and
-    where communication is exposed (``sweep.communication``: the all-reduce moves the same
-    gradients per step whatever the batch). A configuration measured already is not
-    launched again, so a second call measures nothing new."""
+    of its own, while it runs faster than the best so far (beyond noise, or within it by a
+    gain worth a check, ``evidence.worth_checking``: an undecided 2x is no reason not to
+    measure 4x); the fastest beyond noise. The DDP tutorial's ``mp.spawn`` shape, 5 epochs,
+    read 2x at 1.53x, not beyond its noise, and stopped there, where 4x ran 4.3x in the run
+    before it and 3.1-3.9x in plain launches. Called where the baseline is compute-bound
+    (``run``) and where communication is exposed (``sweep.communication``: the all-reduce
+    moves the same gradients per step whatever the batch). A configuration measured already
+    is not launched again, so a second call measures nothing new."""
     assert search.baseline is not None
     loader = normalise(best.config)
     own = search.baseline.config.batch_size or loader.batch_size
@@ -265,8 +265,8 @@ def measure_larger_batches(search: SearchState, best: ProbeRecord) -> ProbeRecor
         if beats(entry, best):
             assert entry is not None
             best = entry
-        elif not (is_measured(entry) and candidate_of(entry).throughput > candidate_of(
-                best).throughput * (1 + evidence.check_gain(candidate_of(best), entry.config))):
+        elif not (is_measured(entry)
+                  and evidence.worth_checking(candidate_of(entry), candidate_of(best))):
             break  # no gain worth a check, or not measured: a larger batch is not worth more
     return best
 

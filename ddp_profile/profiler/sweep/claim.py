@@ -40,11 +40,10 @@ from ddp_profile.profiler.decide.evidence import Verdict
 from ddp_profile.profiler.decide.paired import (
     CANDIDATE,
     REFERENCE,
+    alternation_open,
     letters,
     order,
-    paired,
     room_for_noise,
-    still_open,
 )
 from ddp_profile.profiler.decide.restarts import kept_alive, whole_run
 from ddp_profile.profiler.settings import LoaderSettings, timed_warmup
@@ -140,7 +139,7 @@ def _alternate(search: SearchState, base: ProbeRecord, best: ProbeRecord, what: 
 def launch_each(search: SearchState, roles: list[str], window: Callable[[str, int], Window],
                 open_: Callable[[], bool], check: str = "the check") -> None:
     """Each of ``roles`` a launch of its own (``window(role, index)``), then one more pair,
-    B A, at a time while ``open_()`` (``decide.paired.still_open``), up to
+    B A, at a time while ``open_()`` (``decide.paired.alternation_open``), up to
     ``MAX_CLAIM_LAUNCHES``; a failed launch ends it (a crash or an OOM would only repeat
     itself). The claim's alternations in launches, and the threads check's (``sweep.search``)."""
     roles, index = list(roles), 0
@@ -160,11 +159,9 @@ MAX_CLAIM_LAUNCHES = 9  # a claim checked in launches that stays undecided: A B 
 def undecided(search: SearchState, subject: ProbeRecord,
               thresholds: ChoiceThresholds = DEFAULTS) -> bool:
     """Whether the claim's alternation so far leaves ``subject`` open
-    (``decide.paired.still_open``)."""
-    claim = paired(search.entries, evidence.alternation(search.entries, search.baseline,
-                                                        subject),
-                   thresholds.interval_confidence, thresholds.launch_sd)
-    return still_open(claim, thresholds.noise_floor)
+    (``decide.paired.alternation_open``)."""
+    return alternation_open(search.entries, evidence.alternation(
+        search.entries, search.baseline, subject), thresholds)
 
 
 def verdict(search: SearchState, thresholds: ChoiceThresholds = DEFAULTS) -> Optional[Verdict]:

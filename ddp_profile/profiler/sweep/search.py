@@ -30,11 +30,11 @@ from ddp_profile.profiler.decide.choose import (
 )
 from ddp_profile.profiler.decide.paired import (
     CANDIDATE,
+    alternation_open,
+    alternations,
     letters,
     order,
-    paired,
     room_for_noise,
-    still_open,
 )
 from ddp_profile.profiler.launch.coordinate import Coordinator
 from ddp_profile.profiler.launch.ranks import LaunchSpec, ignore_hangup, restore_hangup
@@ -228,16 +228,13 @@ class Search:
                                        f"script's threads (A) and {fit} thread(s) per rank "
                                        f"(B) alternated, {letters(roles)}, a launch each"})
         steps = claim.whole_epoch_steps(self, [settings])
-        thresholds = ChoiceThresholds()
         claim.launch_each(
             self, roles,
             lambda role, index: Window(config, Kind.THREADS, steps=steps, steps_per_s=rate,
                                        threads=fit if role == CANDIDATE else None,
                                        pair={"role": role, "index": index, "group": group}),
-            lambda: still_open(paired(self.entries, [e for e in self.entries if e.pair
-                                                     and e.pair.group == group],
-                                      thresholds.interval_confidence, thresholds.launch_sd),
-                               thresholds.noise_floor),
+            lambda: alternation_open(self.entries, alternations(self.entries, Kind.THREADS)[-1],
+                                     claim.DEFAULTS),
             check="the threads check")
 
     # ---- the baseline ---------------------------------------------------------------------
