@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.conftest import DEMO, SCRIPTS
+from tests.conftest import DEMO, ONE_THREAD, SCRIPTS
 
 pytestmark = pytest.mark.e2e
 LEAN = ["--no-ceiling", "--no-comm"]  # no compute-only or communication probes
@@ -55,7 +55,7 @@ def test_one_rank_with_launcher_none_is_counted_as_one(cli, run_dir):
                   "--num-workers", str(workers), *LEAN, "--steps", "6", "--warmup", "2",
                   "--pairs", "0",  # the ranks counted are the subject, not a claim's check
                   "--no-report", "--quiet", "--", "--num-workers", str(workers), "--cpu-ms", "1"],
-                 out=run_dir)
+                 out=run_dir, env=ONE_THREAD)  # one intra-op thread: no threads counterfactual
     findings = _findings(result)
     summary = result.summary()
     assert summary["world_size"] == 1 and summary["ranks_per_host"] == 1
