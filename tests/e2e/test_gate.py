@@ -1,4 +1,6 @@
-"""The CI gate on real runs of the built-in workload (2 torchrun ranks, gloo on CPU).
+"""The CI gate on real runs of the built-in workload (one torchrun rank, one intra-op thread:
+the gate reads steps, and a second rank would double each launch's start-up on a CPU-bound
+suite; 2 ranks and their all-reduce are the sweep's tests' subject).
 
 Four runs in all: a baseline and the same workload slowed by ~15 % per step, each measured in
 two launches (``--repeat 2``, so the gate's launch-level rule is on), the same workload again in
@@ -21,13 +23,13 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from ddp_profile.errors import ExitCode
-from tests.conftest import DEMO, TEST_ID_VAR, _current_test_id, probe_processes, run_cli
+from tests.conftest import DEMO, ONE_THREAD, TEST_ID_VAR, _current_test_id, probe_processes, run_cli
 
 pytestmark = pytest.mark.e2e
 
 STEPS = 30
 RUN = ["--steps", str(STEPS), "--warmup", "3", "--no-ceiling", "--no-comm", "--num-workers", "0",
-       "--no-report", "--quiet"]
+       "--nproc-per-node", "1", "--no-report", "--quiet"]
 WORKLOAD = ["--hidden", "32", "--layers", "1", "--batch-size", "8"]
 STEP_SLEEP_MS = 50.0
 SLOWDOWN = 0.15
@@ -35,7 +37,8 @@ SLOWDOWN = 0.15
 
 def _run(out: str, step_sleep_ms: float = STEP_SLEEP_MS, repeat: int = 1) -> None:
     result = run_cli(["run", DEMO, "--out", out, *RUN, "--repeat", str(repeat), "--",
-                      *WORKLOAD, "--step-sleep-ms", f"{step_sleep_ms:.2f}"], out=out)
+                      *WORKLOAD, "--step-sleep-ms", f"{step_sleep_ms:.2f}"], out=out,
+                     env=ONE_THREAD)
     assert result.returncode == 0, result.stderr
 
 
@@ -138,7 +141,7 @@ def test_exported_baseline_file_gates_like_the_run(runs):
         data = json.load(handle)
     assert data["kind"] == "ddp-profile-baseline" and len(data["samples"]) == 2 * STEPS
     assert [len(launch["samples"]) for launch in data["launches"]] == [STEPS, STEPS]
-    assert data["config"]["num_workers"] == 0 and data["environment"]["world_size"] == 2
+    assert data["config"]["num_workers"] == 0 and data["environment"]["world_size"] == 1
     passed, _, _ = _gate(runs, baseline, runs["same"], "file-same")
     assert passed.returncode == ExitCode.OK
     failed, verdict, _ = _gate(runs, baseline, runs["slow"], "file-slow")
@@ -151,13 +154,14 @@ def test_ci_flow_from_a_project_file_with_no_flags(runs, tmp_path):
     args = [*WORKLOAD, "--step-sleep-ms", f"{STEP_SLEEP_MS:.2f}"]
     (tmp_path / "ddp-profile.toml").write_text(
         f"script = {json.dumps(DEMO)}\nargs = {json.dumps(args)}\n"
-        f"num_workers = [0]\nsteps = {STEPS}\nwarmup = 3\nceiling = false\ncomm = false\n"
+        f"num_workers = [0]\nnproc_per_node = 1\nsteps = {STEPS}\nwarmup = 3\nceiling = false\n"
+        "comm = false\n"
         'out = "current"\nbaseline = "baseline.json"\nmax_regression = 0.05\n')
     baseline = run_cli(["baseline", runs["base"], "-o", str(tmp_path / "baseline.json")])
     assert baseline.returncode == 0, baseline.stderr
 
     def cli_here(*args: str) -> subprocess.CompletedProcess:
-        env = dict(os.environ, **{TEST_ID_VAR: _current_test_id[0]})
+        env = dict(os.environ, **ONE_THREAD, **{TEST_ID_VAR: _current_test_id[0]})
         return subprocess.run([sys.executable, "-m", "ddp_profile", *args], cwd=tmp_path,
                               capture_output=True, text=True, timeout=240, env=env)
 

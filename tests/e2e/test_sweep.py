@@ -121,7 +121,7 @@ def test_a_screen_records_a_crashed_window_and_relaunches_the_rest(cli, run_dir)
 
 
 def test_a_short_script_is_measured_in_every_window_its_run_can_hold(cli, run_dir):
-    """The script runs 20 steps a rank (320 samples, 2 ranks, batch 8, one epoch); workers at
+    """The script runs 20 steps (160 samples, 1 rank, batch 8, one epoch); workers at
     prefetch 8 drain 8, 16 and 24 prefetched batches. Before: the first screen's second window
     began 2 steps before the script ended and was recorded as a crash ("ended after 2 steps,
     before the 16 warm-up steps"), and 3 workers, launched alone, crashed the same way after
@@ -130,15 +130,15 @@ def test_a_short_script_is_measured_in_every_window_its_run_can_hold(cli, run_di
     measure: 14 steps at most of 20 here, 6 measured (``settings.warmup_room``)."""
     result = cli(["run", DEMO, "--out", run_dir, "--num-workers", "0,1,2,3",
                   "--prefetch-factor", "8", "--steps", "6", "--warmup", "2", *LEAN,
-                  "--no-report", "--quiet", "--", "--samples", "320", "--epochs", "1",
-                  "--batch-size", "8", "--load-ms", "2"], out=run_dir)
+                  *ONE_RANK, "--no-report", "--quiet", "--", "--samples", "160", "--epochs",
+                  "1", "--batch-size", "8", "--load-ms", "2"], out=run_dir, env=ONE_THREAD)
     assert result.returncode == 0, result.stderr
     ledger = result.ledger()
     assert [p["status"] for p in ledger] == ["ok"] * len(ledger), ledger
     measured = {p["requested"]["num_workers"] for p in ledger if p["kind"] == "sweep"}
     assert measured == {1, 2, 3}
-    ran_to_end = [p for p in ledger if p["script_samples"] == 320]
-    assert ran_to_end  # a launch ran the script to its end: 20 steps a rank
+    ran_to_end = [p for p in ledger if p["script_samples"] == 160]
+    assert ran_to_end  # a launch ran the script to its end: 20 steps
     after = [p for p in ledger[ledger.index(ran_to_end[0]) + 1:] if p["kind"] == "sweep"]
     assert after and all(p["warmup"] <= 14 for p in after), after
     three = [p for p in ledger if p["requested"]["num_workers"] == 3]
