@@ -14,7 +14,14 @@ import pytest
 
 from ddp_profile.errors import ExitCode
 from ddp_profile.profiler.launch.allocation import detect
-from tests.conftest import DEMO, ONE_THREAD, SCRIPTS, TEST_ID_VAR, _current_test_id
+from tests.conftest import (
+    DEMO,
+    ONE_THREAD,
+    SCRIPTS,
+    TEST_ID_VAR,
+    _current_test_id,
+    probe_processes,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -187,3 +194,23 @@ def test_inside_an_outer_torchrun(cli, tmp_path):
                           "MASTER_PORT": "1000"}).rank_env()
     assert env_of_rank["TORCHELASTIC_USE_AGENT_STORE"] == "False"  # a fresh store per probe
     assert env_of_rank["MASTER_PORT"] == "1002"
+
+
+def test_ranks_that_hang_after_the_scripts_end_are_ended_and_the_probe_kept(cli, run_dir):
+    """Rank 0 never exits after destroying its process group (a gloo teardown deadlock,
+    made certain). Its records are whole at that call; once every rank recorded its end, the
+    launch gets ``END_GRACE_S`` to exit and is then ended: the probe is measured, not a 60 s
+    timeout (before: "no result within 60 s; rank 0 stopped recording first")."""
+    from ddp_profile.profiler.launch.ranks import END_GRACE_S
+
+    result = cli(["run", os.path.join(SCRIPTS, "teardown_hang_train.py"), "--out", run_dir,
+                  "--num-workers", "0", "--no-ceiling", "--no-comm", "--pairs", "0",
+                  "--steps", "10", "--warmup", "2", "--timeout", "60", "--no-report",
+                  "--quiet"], out=run_dir, env=ONE_THREAD)
+    assert result.returncode == 0, result.stderr
+    (probe,) = result.summary()["probes"]
+    assert probe["status"] == "ok" and probe["hung_at_exit"] is True, probe
+    assert probe["short"] and probe["steps_measured"] == 6  # 8 steps, 2 of them warm-up
+    assert probe["script_samples"] == 256  # it ran to the script's end
+    assert END_GRACE_S <= probe["wall_s"] < 60 - 10
+    assert probe_processes() == []

@@ -17,6 +17,7 @@ DataLoader workers that escaped into their own sessions are not left behind.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
@@ -94,6 +95,8 @@ class LaunchOutcome:
     log_path: str
     strays_killed: int = 0
     stopped: bool = False  # ended early because ``watch`` said what it measured was enough
+    hung_at_exit: bool = False  # every rank recorded its end and one had not exited
+    # END_GRACE_S later: ended by the harness, the launch read as finished
 
 
 def probe_env(spec: LaunchSpec, plan: ProbePlan, tag: str) -> dict[str, str]:
@@ -118,17 +121,46 @@ def new_tag() -> str:
 
 
 WATCH_EVERY_S = 1.0  # how often a watched launch asks its watch
+END_GRACE_S = 10.0  # how long ranks that all recorded their script's end may take to exit
+
+
+def all_ended(out_dir: str, ranks: int) -> Callable[[], bool]:
+    """Whether ``ranks`` rank record files in ``out_dir`` each end with the rank's ``end``
+    record: the script is done and its records are whole (``rank.instrument.finish``)."""
+    def ended() -> bool:
+        try:
+            names = [n for n in os.listdir(out_dir)
+                     if n.startswith("rank-") and n.endswith(".jsonl")]
+        except OSError:
+            return False
+        return len(names) >= ranks and all(_ends(os.path.join(out_dir, n)) for n in names)
+    return ended
+
+
+def _ends(path: str) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, os.path.getsize(path) - 4096))
+            last = handle.read().rstrip(b"\n").rsplit(b"\n", 1)[-1]
+        return json.loads(last).get("kind") == "end"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def launch(spec: LaunchSpec, plan: ProbePlan, timeout_s: float, tag: Optional[str] = None,
            watch: Optional[Callable[[], bool]] = None) -> LaunchOutcome:
     """Run one probe to completion, timeout or interruption, or until ``watch()`` (asked
-    every ``WATCH_EVERY_S``) says to stop; never leave a process behind."""
+    every ``WATCH_EVERY_S``) says to stop; never leave a process behind. Ranks under torch's
+    launcher that all recorded their script's end get ``END_GRACE_S`` to exit; then they are
+    ended, and the launch is read as finished (``hung_at_exit``: a gloo teardown can
+    deadlock, ``rank.patches.comm.process_group_destroy``)."""
     os.makedirs(plan.out_dir, exist_ok=True)
     log_path = os.path.join(plan.out_dir, "launcher.log")
     tag = tag or new_tag()
     started = time.monotonic()
-    timed_out = interrupted = stopped = False
+    timed_out = interrupted = stopped = hung = False
+    ended = all_ended(plan.out_dir, spec.nproc_per_node) if spec.launcher == "torchrun" \
+        else None
     env = probe_env(spec, plan, tag)
     with open(log_path, "ab") as log:
         process: Any = _Agent(spec.torchrun_argv(plan), env, log_path) \
@@ -136,7 +168,7 @@ def launch(spec: LaunchSpec, plan: ProbePlan, timeout_s: float, tag: Optional[st
                 spec.command(plan), env=env, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            stopped = _wait(process, started + timeout_s, watch)
+            stopped, hung = _wait(process, started + timeout_s, watch, ended)
         except subprocess.TimeoutExpired:
             timed_out = True
         except KeyboardInterrupt:
@@ -145,28 +177,38 @@ def launch(spec: LaunchSpec, plan: ProbePlan, timeout_s: float, tag: Optional[st
             if process.poll() is None:
                 _terminate_group(process)
             strays = kill_tagged(tag)
-    outcome = LaunchOutcome(returncode=process.returncode, timed_out=timed_out,
-                            interrupted=interrupted, wall_s=time.monotonic() - started,
-                            log_path=log_path, strays_killed=strays, stopped=stopped)
+    outcome = LaunchOutcome(returncode=0 if hung else process.returncode,
+                            timed_out=timed_out, interrupted=interrupted,
+                            wall_s=time.monotonic() - started, log_path=log_path,
+                            strays_killed=strays, stopped=stopped, hung_at_exit=hung)
     if interrupted:
         raise KeyboardInterrupt
     return outcome
 
 
-def _wait(process: Any, deadline: float, watch: Optional[Callable[[], bool]]) -> bool:
-    """Wait for ``process`` until ``deadline`` (``TimeoutExpired`` past it); True where
-    ``watch`` asked to stop it first."""
+def _wait(process: Any, deadline: float, watch: Optional[Callable[[], bool]],
+          ended: Optional[Callable[[], bool]] = None) -> tuple[bool, bool]:
+    """Wait for ``process`` until ``deadline`` (``TimeoutExpired`` past it); (stopped, hung):
+    stopped where ``watch`` asked to stop it first, hung where ``ended`` held ``END_GRACE_S``
+    and the process had not exited."""
+    ended_at: Optional[float] = None
     while True:
         left = deadline - time.monotonic()
-        if watch is None or left <= WATCH_EVERY_S:
+        if (watch is None and ended is None) or left <= WATCH_EVERY_S:
             process.wait(timeout=max(left, 0.0))
-            return False
+            return False, False
         try:
             process.wait(timeout=WATCH_EVERY_S)
-            return False
+            return False, False
         except subprocess.TimeoutExpired:
-            if watch():
-                return True
+            if watch is not None and watch():
+                return True, False
+            if ended is not None and ended():
+                ended_at = ended_at if ended_at is not None else time.monotonic()
+                if time.monotonic() - ended_at >= END_GRACE_S:
+                    return False, True
+            else:
+                ended_at = None
 
 
 _FORK_SERVER: Optional[Any] = None

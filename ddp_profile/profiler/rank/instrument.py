@@ -184,6 +184,13 @@ class Instrumentation(LoaderHooks):
                              if training is not None else 0})
         self.recorder.close()
 
+    def end_of_script(self) -> None:
+        """The script is done: it exits, or destroys its default process group, after which
+        a teardown can hang. Its final records, where it built a loader or took a batch."""
+        if not self.stopping and self.recorder is not None \
+                and (self.clocks or self.loader_count):
+            self.finish(SCRIPT_EXIT)
+
     def _final_events(self) -> None:
         if not self._unused_checked and self.ddp_modules:
             self._check_unused_parameters()  # a loop without an optimizer
@@ -243,6 +250,5 @@ def install(plan: ProbePlan) -> Instrumentation:
 
 
 def _at_exit() -> None:
-    if _INSTALLED is not None and not _INSTALLED.stopping and _INSTALLED.recorder is not None:
-        if _INSTALLED.clocks or _INSTALLED.loader_count:
-            _INSTALLED.finish(SCRIPT_EXIT)
+    if _INSTALLED is not None:
+        _INSTALLED.end_of_script()

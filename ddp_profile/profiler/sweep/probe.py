@@ -34,6 +34,7 @@ def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: Kind, timeout
            if plan.persistent_workers is not None else {}),
         "skipped_overrides": list(loader.get("skipped_overrides") or []),
         "strays_killed": outcome.strays_killed,
+        **({"hung_at_exit": True} if outcome.hung_at_exit else {}),
     }
     workers = (loader.get("applied") or {}).get("num_workers")
     entry.update(_measurements(ranks, workers))

@@ -17,6 +17,7 @@ from ddp_profile.profiler.rank.patches.comm import (
     ddp_init,
     make_lockstep,
     patch_collectives,
+    process_group_destroy,
     process_group_init,
     watch_host_syncs,
 )
@@ -61,6 +62,7 @@ def apply(instr: Hooks) -> None:
     patch(pin_module, "pin_memory", instr.pin_meter.wrap)  # pin thread and loop alike
     if dist.is_available():
         patch(dist, "init_process_group", process_group_init(instr, dist))
+        patch(dist, "destroy_process_group", process_group_destroy(instr))
         patch_collectives(instr, dist)
     patch_spawn(instr)
     handles.append(register_optimizer_step_post_hook(lambda *_: instr.on_optimizer_step()))

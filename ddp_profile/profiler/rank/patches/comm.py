@@ -131,6 +131,24 @@ def process_group_init(instr: Hooks, dist: Any) -> Maker:
     return make
 
 
+def process_group_destroy(instr: Hooks) -> Maker:
+    """A script that destroys its default process group is done training: the rank's final
+    records are written first (``Hooks.end_of_script``), whole on disk before a teardown that
+    can hang. The DDP module keeps its gloo group alive past the call; freed later (the
+    function holding it returns), it destroys the group, which can deadlock
+    (``patches.process``: 1 launch in 30 of a short torchrun script, a 60 s timeout that lost
+    the probe, its last records unwritten); the harness ends a launch whose ranks all recorded
+    their end and did not exit (``launch.ranks.END_GRACE_S``)."""
+    def make(original: Any) -> Any:
+        @functools.wraps(original)
+        def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+            if (args[0] if args else kwargs.get("group")) is None and not in_worker():
+                instr.end_of_script()
+            return original(*args, **kwargs)
+        return destroy_process_group
+    return make
+
+
 def patch_collectives(instr: Hooks, dist: Any) -> None:
     """Time and count the script's collectives per step, with their call sites
     (``rank.comm.CommMeter``); record, once per process, that the script calls a collective

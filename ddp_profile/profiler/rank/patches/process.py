@@ -38,8 +38,8 @@ def patch_spawn(instr: Hooks) -> None:
                 except Exception as exc:
                     instr.on_exception(type(exc), exc, exc.__traceback__)
                     raise
-                if len(SPAWNED_DDP) > 1 and not instr.stopping:
-                    instr.stop("script_exit")
+                if len(SPAWNED_DDP) > 1:  # its records may be written (it destroyed its
+                    instr.stop("script_exit")  # process group): it still ends here
                 return result
             return original(recorded, i, args, *rest, **kwargs)
         return _wrap
