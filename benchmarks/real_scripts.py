@@ -9,7 +9,11 @@ configuration's speed is the script's own settings' median time over its own. Th
 launches what the runs recommended and what they named as measured faster but not established
 (``unsettled``), so that a run is scored against every configuration it saw win. A run scores its
 recommendation's speed over the grid's best (>= 0.95 wanted) and whether its interval holds
-the recommendation's plain speed. ``--keep DIR`` keeps each workload's run directories there.
+the recommendation's plain speed. A workload that times its own training loop and prints it
+(``loop``: ours) is also scored by that time (``loop_grid``, ``of_best_loop``, ``inside_loop``):
+whole process less a launch that trains nothing still charges the teardown after training,
+which such a launch does not pay (0.3-0.6 s of the short MLP's 1.4-3.6 s loop).
+``--keep DIR`` keeps each workload's run directories there.
 
 Scripts we did not write are never copied into this repository: fetch them and point at them
 (``--timm-script`` and the like; docs/benchmarks.md names the commits). ``short_mlp`` is our own
@@ -32,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -57,6 +62,7 @@ class Script:
     env: tuple[tuple[str, str], ...] = (("OMP_NUM_THREADS", "1"),)
     cwd: Optional[str] = None  # where it starts (default: the workload's temporary directory)
     fixed: tuple[tuple[str, Any], ...] = ()  # settings its command line cannot change
+    loop: Optional[str] = None  # a pattern of its output: the seconds its training loop took
 
 
 def short_mlp(_: argparse.Namespace) -> Script:
@@ -65,7 +71,8 @@ def short_mlp(_: argparse.Namespace) -> Script:
                 str(config["batch_size"])]
     grid = [{"num_workers": w, "batch_size": b} for b in (64, 128, 256) for w in (0, 2)]
     return Script(os.path.join(HERE, "workloads", "short_mlp.py"), 2, args,
-                  {"num_workers": 2, "batch_size": 64}, grid, ["--epochs", "0"])
+                  {"num_workers": 2, "batch_size": 64}, grid, ["--epochs", "0"],
+                  loop=r"training loop: ([0-9.]+) s")
 
 
 def need(name: str, options: argparse.Namespace, *dests: str) -> list[str]:
@@ -174,12 +181,17 @@ def command(script: Script, extra: list[str]) -> list[str]:
     return [sys.executable, script.path, *extra]
 
 
-def wall(argv: list[str], env: dict[str, str], cwd: str) -> Optional[float]:
-    """Seconds a plain launch took, whole process; None where it failed."""
+def wall(argv: list[str], env: dict[str, str], cwd: str, loop: Optional[str] = None
+         ) -> tuple[Optional[float], Optional[float]]:
+    """Seconds a plain launch took, whole process, and its training loop where it prints that
+    (``loop``); (None, None) where it failed."""
     started = time.monotonic()
-    done = subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL, timeout=1800)
-    return time.monotonic() - started if done.returncode == 0 else None
+    done = subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True, timeout=1800)
+    if done.returncode != 0:
+        return None, None
+    found = re.search(loop, done.stdout) if loop else None
+    return time.monotonic() - started, float(found.group(1)) if found else None
 
 
 def key(config: dict[str, Any]) -> tuple:
@@ -193,24 +205,34 @@ def settable(script: Script, config: dict[str, Any]) -> bool:
 
 
 def plain_grid(script: Script, rounds: int, extra: list[dict[str, Any]], cwd: str
-               ) -> dict[tuple, float]:
+               ) -> tuple[dict[tuple, float], dict[tuple, float]]:
     """Each configuration's speed against the script's own settings, plain launches round
-    robin, whole process less the median start-up."""
+    robin: whole process less the median start-up, and by its training loop's own time
+    where it prints it (else empty)."""
     env = {**os.environ, **dict(script.env)}
     cwd = script.cwd or cwd
     configs = {key(c): c for c in [*script.grid, *extra] if settable(script, c)}
     times: dict[tuple, list[float]] = {k: [] for k in configs}
+    loops: dict[tuple, list[float]] = {k: [] for k in configs}
     idle: list[float] = []
     for _ in range(rounds):
-        idle_wall = wall(command(script, script.idle), env, cwd) if script.idle else None
+        idle_wall = wall(command(script, script.idle), env, cwd)[0] if script.idle else None
         if idle_wall is not None:
             idle.append(idle_wall)
         for k, config in configs.items():
-            seconds = wall(command(script, script.args(config)), env, cwd)
+            seconds, loop = wall(command(script, script.args(config)), env, cwd, script.loop)
             if seconds is not None:
                 times[k].append(seconds)
+            if loop is not None:
+                loops[k].append(loop)
     start_up = statistics.median(idle) if idle else 0.0
-    medians = {k: statistics.median(v) - start_up for k, v in times.items() if v}
+    return (speeds({k: [t - start_up for t in v] for k, v in times.items()}, script),
+            speeds(loops, script))
+
+
+def speeds(seconds: dict[tuple, list[float]], script: Script) -> dict[tuple, float]:
+    """Each configuration's speed: the script's own settings' median time over its own."""
+    medians = {k: statistics.median(v) for k, v in seconds.items() if v}
     own = medians.get(key(script.own))
     return {k: own / v for k, v in medians.items() if own and v > 0}
 
@@ -238,18 +260,20 @@ def tool_run(script: Script, index: int, cwd: str) -> dict[str, Any]:
                           (summary.get("recommendation") or {}).get("unsettled") or []]}
 
 
-def score(run: dict[str, Any], speeds: dict[tuple, float], script: Script) -> dict[str, Any]:
-    """A run's recommendation against the grid's best, in the plain launches."""
-    if not run.get("recommended"):
+def score(run: dict[str, Any], grid: dict[tuple, float], script: Script, suffix: str = ""
+          ) -> dict[str, Any]:
+    """A run's recommendation against the grid's best, in the plain launches (``suffix``
+    names the keys of a second grid)."""
+    if not run.get("recommended") or not grid:
         return run
     if not settable(script, run["recommended"]):
         return {**run, "plain_speed": None, "note": "not settable on the script's command line"}
-    mine = speeds.get(key(run["recommended"]))
-    best = max(speeds.values())
+    mine = grid.get(key(run["recommended"]))
+    best = max(grid.values())
     interval = run.get("interval")
-    return {**run, "plain_speed": round(mine, 3) if mine else None,
-            "of_best": round(mine / best, 3) if mine else None,
-            "inside": bool(interval and mine and interval[0] <= mine <= interval[1])}
+    return {**run, f"plain_speed{suffix}": round(mine, 3) if mine else None,
+            f"of_best{suffix}": round(mine / best, 3) if mine else None,
+            f"inside{suffix}": bool(interval and mine and interval[0] <= mine <= interval[1])}
 
 
 def seen(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -284,10 +308,14 @@ def main() -> None:
             cwd = os.path.join(os.path.abspath(options.keep), name) if options.keep else scratch
             os.makedirs(cwd, exist_ok=True)
             runs = [tool_run(script, index, cwd) for index in range(options.runs)]
-            speeds = plain_grid(script, options.rounds, seen(runs), cwd)
+            grid, loop_grid = plain_grid(script, options.rounds, seen(runs), cwd)
         report[name] = {"grid": {f"w={k[0]} bs={k[1]}": round(v, 3) for k, v in
-                                 sorted(speeds.items())},
-                        "runs": [score(run, speeds, script) for run in runs]}
+                                 sorted(grid.items())},
+                        "runs": [score(score(run, grid, script), loop_grid, script, "_loop")
+                                 for run in runs]}
+        if loop_grid:
+            report[name]["loop_grid"] = {f"w={k[0]} bs={k[1]}": round(v, 3) for k, v in
+                                         sorted(loop_grid.items())}
         print(json.dumps({name: report[name]}), flush=True)
 
 

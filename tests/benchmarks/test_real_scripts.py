@@ -54,3 +54,24 @@ def test_the_grid_also_launches_what_the_runs_recommended_and_named_unsettled():
     runs = [{"recommended": w1, "unsettled": [(w2_64, 1.48)]}, {"exit": 1, "error": ["x"]},
             {"recommended": w1, "unsettled": []}]
     assert real_scripts.seen(runs) == [w1, w1, w2_64]
+
+
+def test_a_workload_that_times_its_loop_is_scored_by_it_too():
+    """The short MLP prints its training loop's seconds: a plain launch reads them, and a run
+    is scored by that grid beside the whole-process one."""
+    mlp = real_scripts.short_mlp(argparse.Namespace())
+    printed = [sys.executable, "-c", "print('epoch 1'); print('training loop: 1.2500 s')"]
+    seconds, loop = real_scripts.wall(printed, dict(os.environ), ".", mlp.loop)
+    assert seconds is not None and seconds > 0 and loop == 1.25
+    assert real_scripts.wall([sys.executable, "-c", "pass"], dict(os.environ), ".",
+                             mlp.loop)[1] is None
+    assert real_scripts.wall([sys.executable, "-c", "raise SystemExit(3)"],
+                             dict(os.environ), ".") == (None, None)
+    grid = real_scripts.speeds({(2, 64): [3.6, 3.5, 3.4], (0, 256): [1.4, 1.3]}, mlp)
+    assert grid == {(2, 64): 1.0, (0, 256): 3.5 / 1.35}
+    run = {"recommended": {"num_workers": 0, "batch_size": 256}, "interval": [2.5, 3.0]}
+    scored = real_scripts.score(real_scripts.score(run, {(2, 64): 1.0, (0, 256): 1.8}, mlp),
+                                grid, mlp, "_loop")
+    assert scored["inside"] is False and scored["inside_loop"] is True
+    assert scored["of_best"] == scored["of_best_loop"] == 1.0
+    assert real_scripts.score(run, {}, mlp, "_loop") == run  # no loop printed: not scored
