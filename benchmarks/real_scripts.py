@@ -186,7 +186,8 @@ def wall(argv: list[str], env: dict[str, str], cwd: str, loop: Optional[str] = N
     """Seconds a plain launch took, whole process, and its training loop where it prints that
     (``loop``); (None, None) where it failed."""
     started = time.monotonic()
-    done = subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.PIPE,
+    done = subprocess.run(argv, env=env, cwd=cwd,
+                          stdout=subprocess.PIPE if loop else subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL, text=True, timeout=1800)
     if done.returncode != 0:
         return None, None
@@ -267,7 +268,8 @@ def score(run: dict[str, Any], grid: dict[tuple, float], script: Script, suffix:
     if not run.get("recommended") or not grid:
         return run
     if not settable(script, run["recommended"]):
-        return {**run, "plain_speed": None, "note": "not settable on the script's command line"}
+        return {**run, f"plain_speed{suffix}": None,
+                "note": "not settable on the script's command line"}
     mine = grid.get(key(run["recommended"]))
     best = max(grid.values())
     interval = run.get("interval")
@@ -281,6 +283,11 @@ def seen(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     configurations the plain grid launches beside its own."""
     return [*(r["recommended"] for r in runs if r.get("recommended")),
             *(config for r in runs for config, _ratio in r.get("unsettled") or [])]
+
+
+def labelled(grid: dict[tuple, float]) -> dict[str, float]:
+    """A grid's speeds by configuration label, for the printed report."""
+    return {f"w={k[0]} bs={k[1]}": round(v, 3) for k, v in sorted(grid.items())}
 
 
 def main() -> None:
@@ -309,13 +316,11 @@ def main() -> None:
             os.makedirs(cwd, exist_ok=True)
             runs = [tool_run(script, index, cwd) for index in range(options.runs)]
             grid, loop_grid = plain_grid(script, options.rounds, seen(runs), cwd)
-        report[name] = {"grid": {f"w={k[0]} bs={k[1]}": round(v, 3) for k, v in
-                                 sorted(grid.items())},
+        report[name] = {"grid": labelled(grid),
                         "runs": [score(score(run, grid, script), loop_grid, script, "_loop")
                                  for run in runs]}
         if loop_grid:
-            report[name]["loop_grid"] = {f"w={k[0]} bs={k[1]}": round(v, 3) for k, v in
-                                         sorted(loop_grid.items())}
+            report[name]["loop_grid"] = labelled(loop_grid)
         print(json.dumps({name: report[name]}), flush=True)
 
 
