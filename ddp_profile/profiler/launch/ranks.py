@@ -37,6 +37,7 @@ from ddp_profile.profiler.settings import (
     ENV_PROBE_TAG,
     ProbePlan,
 )
+from ddp_profile.profiler.store.record import rank_files
 
 KILL_GRACE_S = 3.0
 
@@ -95,8 +96,8 @@ class LaunchOutcome:
     log_path: str
     strays_killed: int = 0
     stopped: bool = False  # ended early because ``watch`` said what it measured was enough
-    hung_at_exit: bool = False  # every rank recorded its end and one had not exited
-    # END_GRACE_S later: ended by the harness, the launch read as finished
+    hung_at_exit: bool = False  # ended by the harness END_GRACE_S after every rank recorded
+    # its end: read as finished
 
 
 def probe_env(spec: LaunchSpec, plan: ProbePlan, tag: str) -> dict[str, str]:
@@ -128,12 +129,8 @@ def all_ended(out_dir: str, ranks: int) -> Callable[[], bool]:
     """Whether ``ranks`` rank record files in ``out_dir`` each end with the rank's ``end``
     record: the script is done and its records are whole (``rank.instrument.finish``)."""
     def ended() -> bool:
-        try:
-            names = [n for n in os.listdir(out_dir)
-                     if n.startswith("rank-") and n.endswith(".jsonl")]
-        except OSError:
-            return False
-        return len(names) >= ranks and all(_ends(os.path.join(out_dir, n)) for n in names)
+        files = rank_files(out_dir)
+        return len(files) >= ranks and all(_ends(path) for path in files)
     return ended
 
 

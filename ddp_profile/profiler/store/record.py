@@ -114,6 +114,17 @@ class RankRecorder:
         self._file = open(self.path, "a", encoding="utf-8")
 
 
+def rank_files(out_dir: str) -> list[str]:
+    """The paths of the ranks' record files in ``out_dir`` (``RankRecorder``'s
+    ``rank-N.jsonl``), sorted; [] where there is no such folder."""
+    try:
+        names = sorted(os.listdir(out_dir))
+    except OSError:
+        return []
+    return [os.path.join(out_dir, n) for n in names
+            if n.startswith("rank-") and n.endswith(".jsonl")]
+
+
 def read_jsonl(path: str) -> tuple[list[dict[str, Any]], int]:
     """Read a JSON-lines file; return the records and the number of unreadable lines.
 

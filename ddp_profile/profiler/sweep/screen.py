@@ -30,6 +30,7 @@ from ddp_profile.profiler.store.record import (
     ITERATOR_OUTLIVES_EPOCH,
     WORKER_DIR,
     dumps,
+    rank_files,
     read_jsonl,
 )
 
@@ -236,9 +237,8 @@ def window_rates(launch_dir: str, overrides: list[dict[str, Any]]
     windows left are condemned (``sweep.climb.watched``)."""
     ranks: dict[Any, tuple[list[dict[str, Any]], dict[str, Any]]] = {}
     world = None
-    names = os.listdir(launch_dir) if os.path.isdir(launch_dir) else []
-    for name in sorted(n for n in names if n.startswith("rank-") and n.endswith(".jsonl")):
-        records, _ = read_jsonl(os.path.join(launch_dir, name))
+    for name in rank_files(launch_dir):
+        records, _ = read_jsonl(name)
         loader_id = _training_loader_id(records)
         steps = [r for r in records if r.get("kind") == "step" and r.get("window") is not None
                  and r.get("loader_id") == loader_id]
