@@ -343,6 +343,21 @@ def test_host_syncs_without_an_idle_gpu_or_in_few_steps_are_no_finding():
     assert low is not None and low.severity == "low"
 
 
+def test_a_checkpoint_between_epochs_is_not_named_as_a_per_step_sync():
+    """A site whose calls all fell outside every step (a checkpoint's ``torch.save`` between
+    epochs: hundreds of copies) is no evidence of a sync per step; a site called both ways is
+    named by its calls inside steps."""
+    entry = syncs(idle=0.30, starved=0.05)
+    save = {"file": "/home/u/checkpoint.py", "line": 12, "function": "save",
+            "text": "torch.save(state, path)", "via": "storage.py:264 cpu", "calls": 184,
+            "outside": 184, "seconds": 0.0}
+    entry["comm"]["host_syncs"]["sites"] = [save, {
+        **entry["comm"]["host_syncs"]["sites"][0], "calls": 44, "outside": 4}]
+    finding = host_sync_per_step(run_with(entry), T)
+    assert "checkpoint.py" not in finding.evidence and "torch.save" not in finding.evidence
+    assert "train.py:91 `total += loss.item()`, 40 calls" in finding.evidence
+
+
 def test_host_sync_fixes_follow_the_source_line_of_each_site():
     from ddp_profile.rules.findings.comm import _sync_fixes
 

@@ -39,6 +39,12 @@ Step record fields added here (absent when zero / without DDP): ``ddp_n`` [per m
 ``syncs`` and ``unsynced`` (forwards with grad, synchronised or under ``no_sync``),
 ``opt_steps``, ``ddp_t`` [[module, iteration, forward_ns, backward_ns, comm_ns, overlap_ns]],
 ``coll_n``, ``coll_s``, ``hsync_n`` and ``hsync_s`` (host syncs; the time of the timed ones).
+
+**Between steps.** What the script does while no step of any loader is open (before its loop,
+and between one epoch's end and the next iterator's first batch: validation, a checkpoint's
+``torch.save``) belongs to no step: ``between_steps`` drops those counts when a step's data
+wait begins with none open, and each site also counts its calls made there (``outside``), so
+a per-step figure never carries a checkpoint's hundreds of copies.
 """
 
 from __future__ import annotations
@@ -123,7 +129,7 @@ class CommMeter:
         self._read_cost_s = math.inf  # the cheapest read seen: what a read costs
         self._inside = False  # a collective implemented with another is counted once
         self.hsync_n, self.hsync_ns = 0, 0
-        self.sync_sites: dict[tuple[str, int], list[Any]] = {}  # -> [fn, via, n, ns]
+        self.sync_sites: dict[tuple[str, int], list[Any]] = {}  # -> [fn, via, n, ns, outside]
 
     # ---- DDP -------------------------------------------------------------------------------
     def track(self, ddp: Any) -> None:
@@ -182,15 +188,25 @@ class CommMeter:
     def active(self) -> bool:  # replaced by the instrumentation (stopping, worker process)
         return True
 
+    def in_step(self) -> bool:  # replaced by the instrumentation: a step of a loader is open
+        return True
+
+    def between_steps(self) -> None:
+        """A step's data wait begins while no step was open: what was counted since the last
+        step closed happened outside every step (module docstring)."""
+        self.step_syncs = self.step_unsynced = self.step_opt = 0
+        self.coll_n = self.coll_ns = self.hsync_n = self.hsync_ns = 0
+
     def collective_done(self, op: str, elapsed_ns: int, frame: Any) -> None:
         self.coll_n += 1
         self.coll_ns += elapsed_ns
         key = (frame.f_code.co_filename, frame.f_lineno)
         site = self.sites.get(key)
         if site is None:
-            site = self.sites[key] = [op, frame.f_code.co_name, 0, 0]
+            site = self.sites[key] = [op, frame.f_code.co_name, 0, 0, 0]
         site[2] += 1
         site[3] += elapsed_ns
+        site[4] += not self.in_step()
 
     # ---- the script's host-GPU synchronisations ---------------------------------------------
     def wrap_showwarning(self, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -222,9 +238,10 @@ class CommMeter:
         if site is None:
             through = None if via is None else (f"{os.path.basename(via.f_code.co_filename)}:"
                                                 f"{via.f_lineno} {via.f_code.co_name}")
-            site = self.sync_sites[key] = [frame.f_code.co_name, through, 0, 0]
+            site = self.sync_sites[key] = [frame.f_code.co_name, through, 0, 0, 0]
         site[2] += 1
         site[3] += elapsed_ns
+        site[4] += not self.in_step()
 
     # ---- per step ----------------------------------------------------------------------------
     def close_step(self, record: dict[str, Any], step_s: float) -> None:
@@ -300,16 +317,18 @@ class CommMeter:
     def site_events(self) -> list[tuple[str, dict[str, Any]]]:
         """Every call site of a collective the script issued (``collective_site``: op, file,
         line, calls, time) and of a host sync (``host_sync_site``: file, line, the source
-        line, the torch function it went through, calls, time)."""
+        line, the torch function it went through, calls, time); ``outside``: the calls made
+        while no step was open."""
         collectives = [("collective_site", {"op": op, "file": path, "line": line,
                                             "function": function, "calls": calls,
-                                            "seconds": ns / 1e9})
-                       for (path, line), (op, function, calls, ns) in sorted(
+                                            "seconds": ns / 1e9, "outside": outside})
+                       for (path, line), (op, function, calls, ns, outside) in sorted(
                            self.sites.items(), key=lambda item: -item[1][3])][:20]
         syncs = [("host_sync_site", {"file": path, "line": line, "function": function,
                                      "text": linecache.getline(path, line).strip()[:120],
-                                     "via": via, "calls": calls, "seconds": ns / 1e9})
-                 for (path, line), (function, via, calls, ns) in sorted(
+                                     "via": via, "calls": calls, "seconds": ns / 1e9,
+                                     "outside": outside})
+                 for (path, line), (function, via, calls, ns, outside) in sorted(
                      self.sync_sites.items(), key=lambda item: -item[1][2])][:20]
         return collectives + syncs
 

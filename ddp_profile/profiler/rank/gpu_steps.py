@@ -8,6 +8,10 @@ issued. On the GPU's own clock:
 ``gpu_busy_s``  start(k) -> end(k): the GPU working through step k (what was queued for it)
 ``gpu_gap_s``   end(k-1) -> start(k): the GPU idle between steps, waiting for the host (data)
 
+A gap that spans time outside every step (``between_steps``: an epoch's end, validation and a
+checkpoint before the next iterator's first batch) is recorded as None: the GPU's idle there
+belongs to no step, and the steps' time holds none of it.
+
 Events are resolved a few steps later with the non-blocking ``query()``; nothing waits for the
 GPU until the probe ends, when the last pending steps are synchronised once.
 """
@@ -26,9 +30,16 @@ class GpuStepTimer:
         self._new_event = event_factory
         self._emit = emit
         self._max_pending = max_pending
-        self._pending: deque = deque()  # (loader_id, step, start, end)
+        self._pending: deque = deque()  # (loader_id, step, start, end, after a break)
         self._open: Optional[list] = None
         self._previous_end: Any = None  # end event of the last resolved step
+        self._broken = False  # time outside every step since the last step kept
+
+    def between_steps(self) -> None:
+        """Time outside every step begins (no step is open): the next kept step's gap is
+        not measured. The step still open, whose end event is its last, is kept first."""
+        self._close_open()
+        self._broken = True
 
     def step_started(self, loader_id: int, step: int) -> None:
         self._close_open()
@@ -64,7 +75,8 @@ class GpuStepTimer:
 
     def _close_open(self) -> None:
         if self._open is not None and self._open[3] is not None:
-            self._pending.append(tuple(self._open))
+            self._pending.append((*self._open, self._broken))
+            self._broken = False
         self._open = None
 
     @staticmethod
@@ -72,9 +84,9 @@ class GpuStepTimer:
         return bool(item[3].query())
 
     def _resolve(self, item: tuple) -> None:
-        loader_id, step, start, end = item
+        loader_id, step, start, end, broken = item
         gap = (self._previous_end.elapsed_time(start) / 1e3
-               if self._previous_end is not None else None)
+               if self._previous_end is not None and not broken else None)
         self._emit({"kind": "gpu_step", "loader_id": loader_id, "step": step,
                     "gpu_busy_s": start.elapsed_time(end) / 1e3,
                     "gpu_gap_s": max(0.0, gap) if gap is not None else None})
@@ -118,6 +130,10 @@ class GpuSide:
     def compute_issued(self) -> None:
         if self.timer is not None:
             self.timer.compute_issued()
+
+    def between_steps(self) -> None:
+        if self.timer is not None:
+            self.timer.between_steps()
 
     def poll(self) -> None:
         if self.timer is not None:

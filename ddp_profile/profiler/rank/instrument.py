@@ -80,6 +80,7 @@ class Instrumentation(LoaderHooks):
         self.iterators: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self.ddp_modules: list[weakref.ref] = []
         self.comm = CommMeter()  # DDP's reducer timers and the script's collectives per step
+        self.comm.in_step = self.in_step  # type: ignore[method-assign]
         self.worker_pids: tuple[int, ...] = ()  # the DataLoaders' own workers (rebound, not
         # mutated: the host sampler's thread reads it)
         self.context_written = False

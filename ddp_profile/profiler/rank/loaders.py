@@ -89,6 +89,10 @@ class LoaderHooks:
     def _start_samplers(self) -> None:
         raise NotImplementedError
 
+    def in_step(self) -> bool:
+        """A step of some loader is open (a batch returned, its next ``__next__`` not called)."""
+        return any(clock.in_step for clock in self.clocks.values())
+
     # ---- DataLoader ----------------------------------------------------------------------
     def on_loader_init(self, loader: Any, bound: inspect.BoundArguments) -> None:
         """Record the script's settings and rewrite ``bound`` with the probe's overrides."""
@@ -164,6 +168,9 @@ class LoaderHooks:
         record = clock.next_called()
         if record is not None:
             self._close_step(iterator, state, clock, record)
+        elif not self.in_step():  # what ran since the last step closed belongs to none
+            self.comm.between_steps()
+            self.gpu.between_steps()
         self.pin_meter.fetching = loader_id  # pinning in this thread (no workers) is its
         try:
             batch = self._fetch(state, iterator, original_next)

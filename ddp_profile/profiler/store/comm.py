@@ -169,13 +169,15 @@ def _configuration(ranks: list[Any]) -> dict[str, Any]:
 
 def _sites(ranks: list[Any], name: str = "collective_site") -> list[dict[str, Any]]:
     """The script's call sites of one kind (``collective_site``, ``host_sync_site``), merged
-    over ranks (calls and time summed), the most costly first."""
+    over ranks (calls, time and ``outside``, the calls made outside every step, summed), the
+    most costly first."""
     merged: dict[tuple[str, int], dict[str, Any]] = {}
     for _rank, site in _events(ranks, name):
         key = (str(site.get("file")), int(site.get("line") or 0))
         slot = merged.setdefault(key, {**site, "file": key[0], "line": key[1], "calls": 0,
-                                       "seconds": 0.0, "ranks": 0})
+                                       "outside": 0, "seconds": 0.0, "ranks": 0})
         slot["calls"] += int(site.get("calls") or 0)
+        slot["outside"] += int(site.get("outside") or 0)
         slot["seconds"] += float(site.get("seconds") or 0.0)
         slot["ranks"] += 1
     return sorted(merged.values(), key=lambda s: (-s["seconds"], -s["calls"]))[:10]

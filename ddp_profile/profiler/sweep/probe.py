@@ -277,16 +277,22 @@ def _gpu_idle(ranks: list[RankData]) -> dict[str, Optional[float]]:
 
     The host asks for the next batch at the end of its work between two steps, so of a step's
     GPU gap the last ``data_wait_s`` (at most) is the GPU waiting for data; a host wait that the
-    GPU spent on queued work (the gap shorter than the wait) cost nothing.
+    GPU spent on queued work (the gap shorter than the wait) cost nothing. A gap is at most the
+    host's time between the events that bound it, the previous step's ``other_s`` and this
+    step's wait: more (a gap across an epoch's validation and checkpoint, where the rank
+    recorded none) is time outside every step, and is left out.
     """
     idle = starved = total = 0.0
     for data in ranks:
+        before = math.inf  # the previous step's host time after its optimizer step
         for step in data.training_steps():
             gpu = data.gpu_steps.get((step.get("loader_id"), step.get("step")))
             if step.get("measured") and gpu and gpu.get("gpu_gap_s") is not None:
-                idle += gpu["gpu_gap_s"]
-                starved += min(gpu["gpu_gap_s"], step["data_wait_s"])
+                gap = min(gpu["gpu_gap_s"], before + step["data_wait_s"])
+                idle += gap
+                starved += min(gap, step["data_wait_s"])
                 total += step["data_wait_s"] + step["compute_s"] + step["other_s"]
+            before = step.get("other_s") or 0.0
     if total <= 0:
         return {"gpu_idle_fraction": None, "gpu_starved_fraction": None}
     return {"gpu_idle_fraction": idle / total, "gpu_starved_fraction": starved / total}

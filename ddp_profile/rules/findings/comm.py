@@ -267,7 +267,12 @@ def _sync_site_text(site: dict[str, Any]) -> str:
     text = f" `{site['text']}`" if site.get("text") else ""
     via = f" (through {site['via']})" if site.get("via") else ""
     return (f"{os.path.basename(str(site.get('file')))}:{site.get('line')}{text}{via}, "
-            f"{site.get('calls')} calls")
+            f"{_in_steps(site)} calls")
+
+
+def _in_steps(site: dict[str, Any]) -> int:
+    """A site's calls made inside steps (not between epochs: validation, a checkpoint)."""
+    return int(site.get("calls") or 0) - int(site.get("outside") or 0)
 
 
 SYNC_FIXES = (  # what a synchronising line's source says -> how to avoid it
@@ -322,7 +327,7 @@ def host_sync_per_step(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     unexplained = idle - (starved if finite(starved) else 0.0)
     if unexplained < thresholds.host_sync_idle_share:
         return None
-    sites = syncs.get("sites") or []
+    sites = [s for s in syncs.get("sites") or [] if _in_steps(s) > 0]
     timed = syncs.get("timed_seconds_per_step") or 0.0
     waited = f"; torch.cuda.synchronize() waited {ms(timed)} a step" if timed > 0 else ""
     return Finding(

@@ -119,3 +119,31 @@ def test_gpu_side_gives_up_after_its_lookups_and_stays_inert():
         side.poll()
     side.finish()
     assert calls == ["looked", "looked"] and side.timer is None
+
+
+def test_a_gap_across_time_outside_every_step_is_not_measured():
+    """An epoch's end: validation and a checkpoint keep the GPU from training steps for 900 ms;
+    the next iterator's first batch has no optimizer step (a prefetching loop), so the first
+    step kept after the break is the one after it: its gap is None, the next ones are read."""
+    gpu, records = FakeGpu(), []
+    timer = GpuStepTimer(gpu.event, records.append)
+
+    def step(index: int, optimizer: bool = True) -> None:
+        gpu.now_ms = max(gpu.now_ms, gpu.queued_until_ms) + 30.0
+        timer.step_started(0, index)
+        gpu.enqueue(10.0)
+        if optimizer:
+            timer.compute_issued()
+        timer.poll()
+
+    step(0)
+    step(1)
+    gpu.now_ms += 900.0  # between the epochs
+    timer.between_steps()
+    step(2, optimizer=False)
+    step(3)
+    step(4)
+    timer.finish()
+    assert [r["step"] for r in records] == [0, 1, 3, 4]
+    assert [r["gpu_gap_s"] for r in records][:3] == [None, pytest.approx(0.030), None]
+    assert records[3]["gpu_gap_s"] == pytest.approx(0.030)

@@ -258,15 +258,15 @@ def test_the_gpu_starved_share_is_the_part_of_each_gpu_gap_the_host_spent_waitin
     from ddp_profile.profiler.store.probedir import RankData
     from ddp_profile.profiler.sweep.probe import _gpu_idle
 
-    def step(i, wait, compute):
+    def step(i, wait, compute, other=0.0):
         return {"loader_id": 0, "step": i, "measured": True, "data_wait_s": wait,
-                "compute_s": compute, "other_s": 0.0}
+                "compute_s": compute, "other_s": other}
 
     hidden = RankData(rank=0, steps=[step(i, 0.010, 0.020) for i in range(4)],
                       gpu_steps={(0, i): {"gpu_busy_s": 0.030, "gpu_gap_s": 0.0}
                                  for i in range(4)})
     assert _gpu_idle([hidden]) == {"gpu_idle_fraction": 0.0, "gpu_starved_fraction": 0.0}
-    mixed = RankData(rank=0, steps=[step(i, 0.010, 0.030) for i in range(4)],
+    mixed = RankData(rank=0, steps=[step(i, 0.010, 0.025, 0.005) for i in range(4)],
                      gpu_steps={(0, i): {"gpu_busy_s": 0.025, "gpu_gap_s": 0.015}
                                 for i in range(4)})
     shares = _gpu_idle([mixed])
@@ -274,3 +274,20 @@ def test_the_gpu_starved_share_is_the_part_of_each_gpu_gap_the_host_spent_waitin
     assert shares["gpu_starved_fraction"] == pytest.approx(0.010 / 0.040)
     cpu = RankData(rank=0, steps=[step(i, 0.010, 0.030) for i in range(4)])
     assert _gpu_idle([cpu]) == {"gpu_idle_fraction": None, "gpu_starved_fraction": None}
+
+
+def test_a_gpu_gap_longer_than_the_host_time_around_it_is_cut_to_that_time():
+    """A gap is bounded by the host's time between its two events (the previous step's time
+    after its optimizer step, this step's wait): a 1.6 s gap across an epoch's validation and
+    checkpoint (recorded so before the rank marked such gaps) is read as the step's 0.2 s."""
+    from ddp_profile.profiler.store.probedir import RankData
+    from ddp_profile.profiler.sweep.probe import _gpu_idle
+
+    steps = [{"loader_id": 0, "step": i, "measured": True, "data_wait_s": 0.19,
+              "compute_s": 0.01, "other_s": 0.0} for i in range(4)]
+    gaps = [0.19, 0.19, 1.66, 0.19]
+    data = RankData(rank=0, steps=steps, gpu_steps={
+        (0, i): {"gpu_busy_s": 0.01, "gpu_gap_s": gap} for i, gap in enumerate(gaps)})
+    shares = _gpu_idle([data])
+    assert shares["gpu_idle_fraction"] == pytest.approx(0.95)
+    assert shares["gpu_starved_fraction"] == pytest.approx(0.95)
