@@ -188,13 +188,21 @@ class CliResult:
 PROBE_ID = re.compile(r"\bp\d{3}\b")
 
 
+SHARES = ("data_wait_fraction", "gpu_idle_fraction", "gpu_starved_fraction", "comm_fraction")
+
+
 def assert_findings_agree_with_probes(summary: dict) -> None:
     """Every run of the suite: what its findings and its recommendation say agrees with the
     probes they stand on. Every probe they cite exists; the recommended probe ran ok with the
     recommended settings, the baseline's too; the expected speedup lies in its interval; each
     configuration named as measured faster but not established did measure faster, ran ok, and
-    is not the recommendation."""
+    is not the recommendation; every share of a step a probe reports lies in [0, 1]."""
     probes = {p["id"]: p for p in summary.get("probes") or []}
+    for probe in probes.values():
+        for key in SHARES:
+            value = probe.get(key)
+            assert value is None or value != value or 0.0 <= value <= 1.0 + 1e-9, \
+                (probe["id"], key, value)  # None or NaN: not measured
     rec = summary.get("recommendation") or {}
     texts = [text for f in summary.get("findings") or []
              for text in (f.get("evidence"), f.get("recommendation")) if text]

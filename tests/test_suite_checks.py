@@ -56,6 +56,7 @@ def test_a_summary_that_agrees_with_its_probes_passes():
     lambda s: s["recommendation"]["unsettled"][0].update(ratio=0.9),  # "faster", slower
     lambda s: s["recommendation"]["unsettled"][0].update(probe="p001"),  # the pick itself
     lambda s: s["recommendation"].update(baseline_probe_id="p003"),
+    lambda s: s["probes"][1].update(gpu_idle_fraction=1.18),  # idle longer than its steps
     # a threads figure that is not its alternation's, or not its two probes' ratio
     lambda s: s["findings"].append({"rule": "thread-oversubscription", "evidence": ALTERNATED
                                     .replace("2.10x [1.80-2.40]", "3.10x [2.80-3.40]")}),
