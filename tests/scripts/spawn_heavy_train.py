@@ -18,12 +18,15 @@ def worker(rank, world_size, port):
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     generator = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(8192, 512, generator=generator),
+    data = TensorDataset(torch.randn(8192, 128, generator=generator),
                          torch.randint(0, 2, (8192,), generator=generator))
     sampler = DistributedSampler(data, num_replicas=world_size, rank=rank)
-    loader = DataLoader(data, batch_size=128, sampler=sampler)
-    model = DDP(nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
-                              nn.Linear(1024, 2)))
+    loader = DataLoader(data, batch_size=64, sampler=sampler)
+    # many small layers: a parallel region each, forward and backward, so threads that do not
+    # fit the CPUs wait at every one of them (2 ranks x 2 threads on 2 CPUs: 3-4x slower,
+    # steadily; a few large layers lose 2-10x, unsteadily)
+    layers = [module for _ in range(24) for module in (nn.Linear(128, 128), nn.ReLU())]
+    model = DDP(nn.Sequential(*layers, nn.Linear(128, 2)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for epoch in range(100):
         sampler.set_epoch(epoch)
