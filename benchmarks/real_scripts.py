@@ -12,7 +12,10 @@ recommendation's speed over the grid's best (>= 0.95 wanted) and whether its int
 the recommendation's plain speed. A workload that times its own training loop and prints it
 (``loop``: ours) is also scored by that time (``loop_grid``, ``of_best_loop``, ``inside_loop``):
 whole process less a launch that trains nothing still charges the teardown after training,
-which such a launch does not pay (0.3-0.6 s of the short MLP's 1.4-3.6 s loop).
+which such a launch does not pay (0.3-0.6 s of the short MLP's 1.4-3.6 s loop). A run below
+0.95 of the grid's best is then checked against that best head to head, the two alternated in
+``--check-pairs`` pairs of plain launches (``of_best_paired``): a round robin of many
+configurations in few rounds ranks close ones by the machine's moment.
 ``--keep DIR`` keeps each workload's run directories there.
 
 Scripts we did not write are never copied into this repository: fetch them and point at them
@@ -273,9 +276,47 @@ def score(run: dict[str, Any], grid: dict[tuple, float], script: Script, suffix:
     mine = grid.get(key(run["recommended"]))
     best = max(grid.values())
     interval = run.get("interval")
+    if not suffix:
+        run = {**run, "best": max(grid, key=grid.get)}
     return {**run, f"plain_speed{suffix}": round(mine, 3) if mine else None,
             f"of_best{suffix}": round(mine / best, 3) if mine else None,
             f"inside{suffix}": bool(interval and mine and interval[0] <= mine <= interval[1])}
+
+
+def paired_share(script: Script, mine: dict[str, Any], best: dict[str, Any], pairs: int,
+                 cwd: str) -> Optional[float]:
+    """The recommendation's speed as a share of the grid's best, by plain launches of the two
+    alternated (the best, then the recommendation, ``pairs`` times), whole process less a
+    launch that trains no epoch; the median of the pairs' ratios. A round robin over many
+    configurations in few rounds ranks close ones by the machine's moment (timm's
+    ``train.py``: a grid put batch 64 at 1 worker 11 % ahead of batch 32; 5 such pairs, 3 %)."""
+    env, cwd = {**os.environ, **dict(script.env)}, script.cwd or cwd
+    start_up = (wall(command(script, script.idle), env, cwd)[0] or 0.0) if script.idle else 0.0
+    ratios = []
+    for _ in range(pairs):
+        theirs = wall(command(script, script.args(best)), env, cwd)[0]
+        ours = wall(command(script, script.args(mine)), env, cwd)[0]
+        if theirs and ours and ours > start_up and theirs > start_up:
+            ratios.append((theirs - start_up) / (ours - start_up))
+    return round(statistics.median(ratios), 3) if ratios else None
+
+
+def checked(runs: list[dict[str, Any]], script: Script, pairs: int, cwd: str,
+            configs: list[dict[str, Any]], below: float = 0.95) -> list[dict[str, Any]]:
+    """Each run scored below ``below`` of the grid's best, checked against that best head to
+    head (``paired_share``, once per recommendation): ``of_best_paired``."""
+    by_key = {key(c): c for c in configs}
+    shares: dict[tuple, Optional[float]] = {}
+    out = []
+    for run in runs:
+        best = by_key.get(run.get("best")) if run.get("best") else None
+        if pairs and best and (run.get("of_best") or 1.0) < below:
+            mine = key(run["recommended"])
+            if mine not in shares:
+                shares[mine] = paired_share(script, run["recommended"], best, pairs, cwd)
+            run = {**run, "of_best_paired": shares[mine]}
+        out.append(run)
+    return out
 
 
 def seen(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -307,6 +348,9 @@ def main() -> None:
     parser.add_argument("--hf-cache", help="hub cache with timm/resnet50d.ra2_in1k (accelerate)")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--keep", help="keep each workload's run directories in DIR/<workload>")
+    parser.add_argument("--check-pairs", type=int, default=3,
+                        help="a run below 0.95 of the grid's best: its recommendation and that "
+                             "best alternated in this many pairs of plain launches (0: none)")
     options = parser.parse_args()
     report: dict[str, Any] = {}
     for name in options.workloads.split(","):
@@ -316,9 +360,11 @@ def main() -> None:
             os.makedirs(cwd, exist_ok=True)
             runs = [tool_run(script, index, cwd) for index in range(options.runs)]
             grid, loop_grid = plain_grid(script, options.rounds, seen(runs), cwd)
-        report[name] = {"grid": labelled(grid),
-                        "runs": [score(score(run, grid, script), loop_grid, script, "_loop")
-                                 for run in runs]}
+            scored = [score(score(run, grid, script), loop_grid, script, "_loop")
+                      for run in runs]
+            scored = checked(scored, script, options.check_pairs, cwd,
+                             [*script.grid, *seen(runs)])
+        report[name] = {"grid": labelled(grid), "runs": scored}
         if loop_grid:
             report[name]["loop_grid"] = labelled(loop_grid)
         print(json.dumps({name: report[name]}), flush=True)

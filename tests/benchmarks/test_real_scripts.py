@@ -75,3 +75,31 @@ def test_a_workload_that_times_its_loop_is_scored_by_it_too():
     assert scored["inside"] is False and scored["inside_loop"] is True
     assert scored["of_best"] == scored["of_best_loop"] == 1.0
     assert real_scripts.score(run, {}, mlp, "_loop") == run  # no loop printed: not scored
+
+
+def test_a_run_below_the_grids_best_is_checked_against_it_head_to_head(monkeypatch):
+    """The recommendation and the grid's best, alternated in plain launches (the best first),
+    whole process less a launch of no epoch: the median of the pairs' ratios, measured once
+    per recommendation; a run at the best is not checked."""
+    mlp = real_scripts.short_mlp(argparse.Namespace())
+    seconds = {"256": iter([3.0, 3.2, 2.9]), "128": iter([3.1, 3.4, 3.0])}
+    launched = []
+
+    def wall(argv, env, cwd, loop=None):
+        size = argv[argv.index("--batch-size") + 1] if "--batch-size" in argv else None
+        launched.append(size)
+        return (1.0 if size is None else next(seconds[size])), None
+
+    monkeypatch.setattr(real_scripts, "wall", wall)
+    grid = {(2, 64): 1.0, (0, 128): 2.2, (0, 256): 2.5}
+    mine = {"num_workers": 0, "batch_size": 128}
+    runs = [real_scripts.score({"recommended": mine, "interval": [2.0, 2.4]}, grid, mlp)
+            for _ in range(2)]
+    runs.append(real_scripts.score({"recommended": {"num_workers": 0, "batch_size": 256},
+                                    "interval": [2.0, 2.8]}, grid, mlp))
+    checked = real_scripts.checked(runs, mlp, 3, ".", mlp.grid)
+    assert launched == [None, "256", "128", "256", "128", "256", "128"]  # once, best first
+    # pairs 2/2.1, 2.2/2.4, 1.9/2: the median
+    assert checked[0]["of_best_paired"] == checked[1]["of_best_paired"] == 0.95
+    assert "of_best_paired" not in checked[2] and checked[2]["of_best"] == 1.0
+    assert real_scripts.checked(runs, mlp, 0, ".", mlp.grid) == runs  # --check-pairs 0
