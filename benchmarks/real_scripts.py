@@ -184,6 +184,11 @@ def command(script: Script, extra: list[str]) -> list[str]:
     return [sys.executable, script.path, *extra]
 
 
+def launch_env(script: Script, cwd: str) -> tuple[dict[str, str], str]:
+    """The environment a launch of ``script`` runs in, and where it starts."""
+    return {**os.environ, **dict(script.env)}, script.cwd or cwd
+
+
 def wall(argv: list[str], env: dict[str, str], cwd: str, loop: Optional[str] = None
          ) -> tuple[Optional[float], Optional[float]]:
     """Seconds a plain launch took, whole process, and its training loop where it prints that
@@ -213,8 +218,7 @@ def plain_grid(script: Script, rounds: int, extra: list[dict[str, Any]], cwd: st
     """Each configuration's speed against the script's own settings, plain launches round
     robin: whole process less the median start-up, and by its training loop's own time
     where it prints it (else empty)."""
-    env = {**os.environ, **dict(script.env)}
-    cwd = script.cwd or cwd
+    env, cwd = launch_env(script, cwd)
     configs = {key(c): c for c in [*script.grid, *extra] if settable(script, c)}
     times: dict[tuple, list[float]] = {k: [] for k in configs}
     loops: dict[tuple, list[float]] = {k: [] for k in configs}
@@ -247,7 +251,8 @@ def tool_run(script: Script, index: int, cwd: str) -> dict[str, Any]:
     started = time.monotonic()
     argv = [*TOOL, "run", script.path, "--out", out, "--quiet", "--no-report",
             "--nproc-per-node", str(script.nproc), "--", *script.args(script.own)]
-    done = subprocess.run(argv, env={**os.environ, **dict(script.env)}, cwd=script.cwd or cwd,
+    env, where = launch_env(script, cwd)
+    done = subprocess.run(argv, env=env, cwd=where,
                           capture_output=True, text=True, timeout=3600)
     result: dict[str, Any] = {"exit": done.returncode, "wall_s": round(time.monotonic()
                                                                        - started, 1)}
@@ -276,8 +281,6 @@ def score(run: dict[str, Any], grid: dict[tuple, float], script: Script, suffix:
     mine = grid.get(key(run["recommended"]))
     best = max(grid.values())
     interval = run.get("interval")
-    if not suffix:
-        run = {**run, "best": max(grid, key=grid.get)}
     return {**run, f"plain_speed{suffix}": round(mine, 3) if mine else None,
             f"of_best{suffix}": round(mine / best, 3) if mine else None,
             f"inside{suffix}": bool(interval and mine and interval[0] <= mine <= interval[1])}
@@ -290,7 +293,7 @@ def paired_share(script: Script, mine: dict[str, Any], best: dict[str, Any], pai
     launch that trains no epoch; the median of the pairs' ratios. A round robin over many
     configurations in few rounds ranks close ones by the machine's moment (timm's
     ``train.py``: a grid put batch 64 at 1 worker 11 % ahead of batch 32; 5 such pairs, 3 %)."""
-    env, cwd = {**os.environ, **dict(script.env)}, script.cwd or cwd
+    env, cwd = launch_env(script, cwd)
     start_up = (wall(command(script, script.idle), env, cwd)[0] or 0.0) if script.idle else 0.0
     ratios = []
     for _ in range(pairs):
@@ -302,14 +305,14 @@ def paired_share(script: Script, mine: dict[str, Any], best: dict[str, Any], pai
 
 
 def checked(runs: list[dict[str, Any]], script: Script, pairs: int, cwd: str,
-            configs: list[dict[str, Any]], below: float = 0.95) -> list[dict[str, Any]]:
+            grid: dict[tuple, float], configs: list[dict[str, Any]], below: float = 0.95
+            ) -> list[dict[str, Any]]:
     """Each run scored below ``below`` of the grid's best, checked against that best head to
     head (``paired_share``, once per recommendation): ``of_best_paired``."""
-    by_key = {key(c): c for c in configs}
+    best = {key(c): c for c in configs}.get(max(grid, key=grid.get)) if grid else None
     shares: dict[tuple, Optional[float]] = {}
     out = []
     for run in runs:
-        best = by_key.get(run.get("best")) if run.get("best") else None
         if pairs and best and (run.get("of_best") or 1.0) < below:
             mine = key(run["recommended"])
             if mine not in shares:
@@ -362,7 +365,7 @@ def main() -> None:
             grid, loop_grid = plain_grid(script, options.rounds, seen(runs), cwd)
             scored = [score(score(run, grid, script), loop_grid, script, "_loop")
                       for run in runs]
-            scored = checked(scored, script, options.check_pairs, cwd,
+            scored = checked(scored, script, options.check_pairs, cwd, grid,
                              [*script.grid, *seen(runs)])
         report[name] = {"grid": labelled(grid), "runs": scored}
         if loop_grid:

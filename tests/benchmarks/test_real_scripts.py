@@ -97,9 +97,9 @@ def test_a_run_below_the_grids_best_is_checked_against_it_head_to_head(monkeypat
             for _ in range(2)]
     runs.append(real_scripts.score({"recommended": {"num_workers": 0, "batch_size": 256},
                                     "interval": [2.0, 2.8]}, grid, mlp))
-    checked = real_scripts.checked(runs, mlp, 3, ".", mlp.grid)
+    checked = real_scripts.checked(runs, mlp, 3, ".", grid, mlp.grid)
     assert launched == [None, "256", "128", "256", "128", "256", "128"]  # once, best first
     # pairs 2/2.1, 2.2/2.4, 1.9/2: the median
     assert checked[0]["of_best_paired"] == checked[1]["of_best_paired"] == 0.95
     assert "of_best_paired" not in checked[2] and checked[2]["of_best"] == 1.0
-    assert real_scripts.checked(runs, mlp, 0, ".", mlp.grid) == runs  # --check-pairs 0
+    assert real_scripts.checked(runs, mlp, 0, ".", grid, mlp.grid) == runs  # --check-pairs 0
