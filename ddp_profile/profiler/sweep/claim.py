@@ -12,7 +12,9 @@ differs (it cannot change mid-epoch without changing ``len(loader)``), the loade
 rebuilt, or the script ended before a probe's steps (its windows would spill into launches at
 levels of their own), each is a whole launch of the script, ``A B A B A``, and one more pair at
 a time while its interval still holds a gain it cannot yet tell from none (up to
-``MAX_CLAIM_LAUNCHES``: undecided is a question to measure, not a "no"). Every B stands
+``MAX_CLAIM_LAUNCHES``: undecided is a question to measure, not a "no"); windows that leave it
+open are followed by launches (timm's ``train.py``: 7 windows read ``-j 1`` at 1.18x
+[0.94-1.48] while the launch's level rose; plain launches 1.18-1.23x). Every B stands
 between two A's, so the launch's level and a linear drift cancel in the comparison. Where the
 search kept the script's settings but measured a gain it could not tell from noise, that gain
 is the candidate (``decide.evidence.subject``). ``rules.recommend`` reads the alternation
@@ -60,8 +62,7 @@ DEFAULTS = ChoiceThresholds()
 
 def launch_pairs(pairs: int) -> int:
     """The B launches of a claim checked in launches: ``LAUNCH_PAIRS`` for the default three
-    pairs (a launch costs more than a window), one fewer than asked above that
-    (``--pairs 5``: A B A B A B A B A)."""
+    pairs (a launch costs more), one fewer above that (``--pairs 5``: A B A B A B A B A)."""
     return pairs if pairs <= LAUNCH_PAIRS else max(LAUNCH_PAIRS, pairs - 1)
 
 
@@ -124,7 +125,13 @@ def _alternate(search: SearchState, base: ProbeRecord, best: ProbeRecord, what: 
             Window(configs[role], Kind.PAIRED, steps=steps, steps_per_s=search.steps_per_s(
                 configs[role]), pair={"role": role, "index": index, "group": group})
             for index, role in enumerate(roles)])
-        return
+        if not undecided(search, best):
+            return
+        roles = order(launch_pairs(search.options.pairs))
+        group = f"claim-{len(search.entries):03d}"
+        search.progress("note", {"text": "the check's windows measured a gain they cannot tell "
+                                         f"from none: alternated again, {letters(roles)}, a "
+                                         "launch each"})
 
     def window(role: str, index: int) -> Window:  # each side warmed up about as long (by time)
         rate = search.steps_per_s(configs[role])
@@ -200,12 +207,10 @@ def whole_run_steps(search: SearchState, config: LoaderSettings) -> Optional[int
     (``decide.paired.timed_runs``), as a user's check does: a short script's validation
     passes and epoch boundaries run at the batch size too, and its training steps do not show
     them (timm's ``train.py`` at batch 64 ran to its end after 27 steps where batch 32 was
-    stopped after 30). At one batch size the steps are kept: whole runs of timm's script read
-    ``-j 1`` at 1.15x [0.86-1.53] and 1.12x [0.94-1.33] (undecided, 9 launches; plain
-    launches 1.18-1.22x) where its claims read by steps were established in 2 runs of 2
-    (``-j 1`` 1.20x, ``-j 2`` 1.28x).
-    None where no launch ran to the end, or where that run is longer than
-    ``MAX_EPOCH_FACTOR`` runs' steps."""
+    stopped after 30). At one batch size the steps are kept: whole runs of timm's script left
+    ``-j 1`` undecided in 9 launches (1.15x [0.86-1.53]) where its steps established it.
+    None where no launch ran to the end, or that run is longer than ``MAX_EPOCH_FACTOR``
+    runs' steps."""
     base, run = search.baseline, whole_run(search.entries)
     if run is None or base is None or not base.ranks or not config.batch_size:
         return None
@@ -338,11 +343,10 @@ def confirm_persistence(search: SearchState) -> None:
     (``A``) and with it (``B``), ``A B A B A`` launch by launch, where its workers restart
     every epoch at a cost worth measuring; or the script's kept settings (``A``) and the
     restarting configuration predicted to beat them with it (``B``) (``persistence_subject``;
-    ``store.epochs``); each
-    probe spans whole epochs, at least two and the run's steps, and one step more. The probes are
-    ``Kind.PERSISTENT`` and count for nothing but the persistent-workers finding, the
-    recommended snippet and, where the script's settings are ``A``, the recommendation
-    (``rules.claim.persistent_effect``). Epochs longer than
+    ``store.epochs``); each probe spans whole epochs, at least two and the run's steps, and
+    one step more. The probes are ``Kind.PERSISTENT`` and count for nothing but the
+    persistent-workers finding, the recommended snippet and, where the script's settings are
+    ``A``, the recommendation (``rules.claim.persistent_effect``). Epochs longer than
     ``MAX_EPOCH_FACTOR`` times the run's steps are not crossed: the finding stays a labelled
     prediction there."""
     found = persistence_subject(search)
@@ -364,8 +368,7 @@ def confirm_persistence(search: SearchState) -> None:
     sides = ("the best settings as they are (A) and with it (B)" if found.same else
              f"the script's settings (A) and {found.candidate.label()} with it (B)")
     search.progress("note", {"text": f"measuring persistent_workers=True: {sides}, alternated, "
-                                     f"{' '.join('A' if r == REFERENCE else 'B' for r in roles)}"
-                                     f", {steps} steps each (epochs of {epoch})"})
+                                     f"{letters(roles)}, {steps} steps each (epochs of {epoch})"})
     group = f"persistent-{len(search.entries):03d}"
     for index, role in enumerate(roles):
         done = search.measurer.measure(Window(

@@ -1176,6 +1176,44 @@ def test_an_undecided_check_in_launches_measures_more_pairs_up_to_its_budget():
     assert len([w for w in steady.asked if w.kind == "paired"]) == 5
 
 
+class WobblyWindows(ModelMeasurer):
+    """The claim's windows of one launch scatter ±12 % around the model (the launch's level
+    moving under them); its launches read the model."""
+
+    def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        line = super()._line(requested, kind, **extra)
+        if kind == "paired" and extra.get("screened"):
+            line["throughput"] *= (1.12, 0.88, 0.9, 1.1)[len(self.entries) % 4]
+        return line
+
+
+def test_windows_that_leave_the_claim_open_are_followed_by_launches_that_decide_it():
+    """``modest``: a worker 1.15x. Its 7 windows of one launch leave the gain open, so the
+    check goes on a launch each, A B A B A, and those launches establish the worker. Windows
+    that decide it launch nothing more."""
+    notes: list[str] = []
+    fake = WobblyWindows(modest)
+    found = Search(fake, SPACE, SweepOptions(search="adaptive", ceiling=False, comm=False),
+                   progress=lambda kind, data: notes.append(str(data.get("text"))))
+    found.run()
+    paired = [e for e in found.entries if e.kind == "paired"]
+    windows = [e for e in paired if e.screened]
+    assert [e.pair.role for e in windows] == ALTERNATION
+    subject = next(e for e in windows if e.pair.role == "candidate")
+    assert not claim.undecided(found, subject)  # the launches decided it
+    launched = [w.pair["role"] for w in fake.asked if w.kind == "paired"]
+    assert launched == ["reference", "candidate"] * 2 + ["reference"]
+    assert len({e.pair.group for e in paired}) == 2
+    assert recommended(found).config.num_workers and claim_holds(found)
+    assert any("the check's windows measured a gain they cannot tell from none: alternated "
+               "again, A B A B A, a launch each" in n for n in notes), notes
+
+    steady = ModelMeasurer(modest)
+    Search(steady, SPACE, SweepOptions(search="adaptive", ceiling=False, comm=False)).run()
+    assert not [w for w in steady.asked if w.kind == "paired"]
+    assert len([e for e in steady.entries if e.kind == "paired"]) == 7
+
+
 def larger_batch(config: LoaderSettings) -> tuple[float, float]:
     """A worker 1.2x the script's settings; batch 64 1.3x more (timm's ``train.py`` on CPU:
     ``-j 1`` 1.22x, ``-j 1 -b 64`` 1.42x in plain launches)."""
