@@ -16,7 +16,8 @@ which such a launch does not pay (0.3-0.6 s of the short MLP's 1.4-3.6 s loop). 
 0.95 of the grid's best is then checked against that best head to head, the two alternated in
 ``--check-pairs`` pairs of plain launches (``of_best_paired``): a round robin of many
 configurations in few rounds ranks close ones by the machine's moment.
-``--keep DIR`` keeps each workload's run directories there.
+``--keep DIR`` keeps each workload's run directories there; ``--reuse`` with it scores those
+runs against a fresh grid, launching no run of the tool.
 
 Scripts we did not write are never copied into this repository: fetch them and point at them
 (``--timm-script`` and the like; docs/benchmarks.md names the commits). ``short_mlp`` is our own
@@ -96,7 +97,9 @@ def timm(options: argparse.Namespace) -> Script:
                 str(config["batch_size"]), "-j", str(config["num_workers"]), "--epochs",
                 str(epochs), "--device", "cpu", "--no-prefetcher", "--train-split", "train",
                 "--val-split", "validation", "--output", out]
-    grid = [{"num_workers": w, "batch_size": 32} for w in (0, 1, 2)]
+    # the batch axis too: the tool's search moves it, and 1 worker at batch 64 led the plain
+    # grids of five sessions (a grid of batch 32 alone scored a run against a lesser best)
+    grid = [{"num_workers": w, "batch_size": b} for b in (32, 64) for w in (0, 1, 2)]
     own = {"num_workers": 0, "batch_size": 32}
     return Script(path, 1, args, own, grid, args(own, epochs=0))
 
@@ -245,9 +248,12 @@ def speeds(seconds: dict[tuple, list[float]], script: Script) -> dict[tuple, flo
     return {k: own / v for k, v in medians.items() if own and v > 0}
 
 
-def tool_run(script: Script, index: int, cwd: str) -> dict[str, Any]:
-    """One ``ddp-profile run`` under the default search: what it recommends and how sure."""
+def tool_run(script: Script, index: int, cwd: str, reuse: bool = False) -> dict[str, Any]:
+    """One ``ddp-profile run`` under the default search: what it recommends and how sure.
+    ``reuse``: read the run already in ``cwd`` (``--reuse``), launch nothing."""
     out = os.path.join(cwd, f"run-{index}")
+    if reuse:
+        return read_run(out, {"exit": 0, "reused": out})
     started = time.monotonic()
     argv = [*TOOL, "run", script.path, "--out", out, "--quiet", "--no-report",
             "--nproc-per-node", str(script.nproc), "--", *script.args(script.own)]
@@ -258,6 +264,11 @@ def tool_run(script: Script, index: int, cwd: str) -> dict[str, Any]:
                                                                        - started, 1)}
     if done.returncode != 0:
         return {**result, "error": done.stderr.strip().splitlines()[-1:]}
+    return read_run(out, result)
+
+
+def read_run(out: str, result: dict[str, Any]) -> dict[str, Any]:
+    """A run directory's recommendation, its interval and its probes' statuses."""
     with open(os.path.join(out, "summary.json"), encoding="utf-8") as handle:
         summary = json.load(handle)
     probes = summary["probes"]
@@ -351,6 +362,8 @@ def main() -> None:
     parser.add_argument("--hf-cache", help="hub cache with timm/resnet50d.ra2_in1k (accelerate)")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--keep", help="keep each workload's run directories in DIR/<workload>")
+    parser.add_argument("--reuse", action="store_true",
+                        help="score the runs kept in --keep DIR again (a new grid), run none")
     parser.add_argument("--check-pairs", type=int, default=3,
                         help="a run below 0.95 of the grid's best: its recommendation and that "
                              "best alternated in this many pairs of plain launches (0: none)")
@@ -361,7 +374,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix=f"real-{name}-") as scratch:
             cwd = os.path.join(os.path.abspath(options.keep), name) if options.keep else scratch
             os.makedirs(cwd, exist_ok=True)
-            runs = [tool_run(script, index, cwd) for index in range(options.runs)]
+            runs = [tool_run(script, index, cwd, options.reuse and bool(options.keep))
+                    for index in range(options.runs)]
             grid, loop_grid = plain_grid(script, options.rounds, seen(runs), cwd)
             scored = [score(score(run, grid, script), loop_grid, script, "_loop")
                       for run in runs]

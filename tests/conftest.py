@@ -191,6 +191,23 @@ PROBE_ID = re.compile(r"\bp\d{3}\b")
 SHARES = ("data_wait_fraction", "gpu_idle_fraction", "gpu_starved_fraction", "comm_fraction")
 
 
+def claim_groups(summary: dict) -> tuple[list, list, list]:
+    """A run's paired alternations, in order: the claim's check; the same two again a launch
+    each, where the check's windows left its gain open (none or one); every other (the
+    contender's)."""
+    groups: dict[str, list] = {}
+    for probe in summary["probes"]:
+        if probe["kind"] == "paired":
+            groups.setdefault(probe["pair"]["group"], []).append(probe)
+    first, *rest = groups.values()
+
+    def sides(group: list) -> list:
+        return [next(p["config"] for p in group if p["pair"]["role"] == role)
+                for role in ("reference", "candidate")]
+    again = [g for g in rest if sides(g) == sides(first)]
+    return first, again, [g for g in rest if g not in again]
+
+
 def assert_findings_agree_with_probes(summary: dict) -> None:
     """Every run of the suite: what its findings and its recommendation say agrees with the
     probes they stand on. Every probe they cite exists; the recommended probe ran ok with the

@@ -4,6 +4,7 @@ and how a run's recommendation is scored against the plain grid."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -19,6 +20,7 @@ def test_a_configuration_launches_as_the_scripts_own_flags():
     assert args[args.index("-j") + 1] == "2" and args[args.index("-b") + 1] == "64"
     assert timm.idle[timm.idle.index("--epochs") + 1] == "0"
     assert real_scripts.key(timm.own) in {real_scripts.key(c) for c in timm.grid}
+    assert {c["batch_size"] for c in timm.grid} == {32, 64}  # the search moves the batch too
     mlp = real_scripts.short_mlp(argparse.Namespace())
     assert mlp.args({"num_workers": 0, "batch_size": 256}) == ["--num-workers", "0",
                                                                "--batch-size", "256"]
@@ -103,3 +105,17 @@ def test_a_run_below_the_grids_best_is_checked_against_it_head_to_head(monkeypat
     assert checked[0]["of_best_paired"] == checked[1]["of_best_paired"] == 0.95
     assert "of_best_paired" not in checked[2] and checked[2]["of_best"] == 1.0
     assert real_scripts.checked(runs, mlp, 0, ".", grid, mlp.grid) == runs  # --check-pairs 0
+
+
+def test_a_kept_run_is_read_again_without_launching(tmp_path, monkeypatch):
+    monkeypatch.setattr(real_scripts.subprocess, "run", None)  # nothing may be launched
+    (tmp_path / "run-0").mkdir()
+    (tmp_path / "run-0" / "summary.json").write_text(json.dumps({
+        "recommended": {"num_workers": 1, "batch_size": 32}, "expected_speedup": 1.2,
+        "expected_speedup_interval": [1.0, 1.4], "recommendation": {"unsettled": []},
+        "probes": [{"status": "ok"}, {"status": "crash"}]}))
+    mlp = real_scripts.short_mlp(argparse.Namespace())
+    run = real_scripts.tool_run(mlp, 0, str(tmp_path), reuse=True)
+    assert run["recommended"] == {"num_workers": 1, "batch_size": 32}
+    assert run["interval"] == [1.0, 1.4] and (run["probes_ok"], run["probes"]) == (1, 2)
+    assert run["reused"] == str(tmp_path / "run-0")

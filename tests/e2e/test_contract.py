@@ -19,7 +19,7 @@ import re
 import pytest
 
 from ddp_profile.profiler.store.results import load_run
-from tests.conftest import ONE_RANK, ONE_THREAD, SCRIPTS
+from tests.conftest import ONE_RANK, ONE_THREAD, SCRIPTS, claim_groups
 
 pytestmark = pytest.mark.e2e
 SCRIPT = os.path.join(SCRIPTS, "contract_train.py")
@@ -104,15 +104,14 @@ def test_a_switch_mid_epoch_keeps_each_epoch_at_its_length(cli, run_dir, shape):
     summary = assert_contract_kept(result, screens=True)
     if shape == "plain":  # its loop waits for its data: workers are recommended, and checked
         assert summary["recommended"] != summary["baseline"]
-        groups: dict[str, list] = {}
-        for probe in summary["probes"]:
-            if probe["kind"] == "paired":
-                groups.setdefault(probe["pair"]["group"], []).append(probe)
-        # the check, and where it established its subject and another configuration measured
-        # faster in the search, that contender's (its own shape: a batch size in launches)
-        paired, *contender = groups.values()
+        # the check; where its windows left the gain open, the same check a launch each; and
+        # where it established its subject and another configuration measured faster in the
+        # search, that contender's (its own shape: a batch size in launches)
+        paired, again, contender = claim_groups(summary)
         assert len(paired) == 7 and len({p["launch"] for p in paired}) == 1
-        assert len(contender) <= 1 and all(p["status"] == "ok" for g in contender for p in g)
+        assert len(again) <= 1 and all(len({p["launch"] for p in g}) == len(g) for g in again)
+        assert len(contender) <= 1
+        assert all(p["status"] == "ok" for g in again + contender for p in g)
         assert_persistence_measured(result, summary)
     if shape == "repeat":  # one iterator for the whole run: its workers never restart
         assert "persistent-workers" not in {f["rule"] for f in summary["findings"]}
