@@ -125,7 +125,7 @@ def _alternate(search: SearchState, base: ProbeRecord, best: ProbeRecord, what: 
             Window(configs[role], Kind.PAIRED, steps=steps, steps_per_s=search.steps_per_s(
                 configs[role]), pair={"role": role, "index": index, "group": group})
             for index, role in enumerate(roles)])
-        if not undecided(search, best):
+        if not undecided(search, best, gained=True):
             return
         roles = order(launch_pairs(search.options.pairs))
         group = f"claim-{len(search.entries):03d}"
@@ -163,12 +163,11 @@ def launch_each(search: SearchState, roles: list[str], window: Callable[[str, in
 MAX_CLAIM_LAUNCHES = 9  # a claim checked in launches that stays undecided: A B A B A B A B A
 
 
-def undecided(search: SearchState, subject: ProbeRecord,
-              thresholds: ChoiceThresholds = DEFAULTS) -> bool:
-    """Whether the claim's alternation so far leaves ``subject`` open
-    (``decide.paired.alternation_open``)."""
+def undecided(search: SearchState, subject: ProbeRecord, gained: bool = False) -> bool:
+    """Whether the claim's alternation so far leaves ``subject`` open (``gained``: having
+    read a gain; ``decide.paired.alternation_open``)."""
     return alternation_open(search.entries, evidence.alternation(
-        search.entries, search.baseline, subject), thresholds)
+        search.entries, search.baseline, subject), DEFAULTS, gained)
 
 
 def verdict(search: SearchState, thresholds: ChoiceThresholds = DEFAULTS) -> Optional[Verdict]:

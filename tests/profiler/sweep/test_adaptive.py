@@ -1214,6 +1214,29 @@ def test_windows_that_leave_the_claim_open_are_followed_by_launches_that_decide_
     assert len([e for e in steady.entries if e.kind == "paired"]) == 7
 
 
+class SlowerWindows(WobblyWindows):
+    """... and the claim's windows read the worker 4 % slower than the script's settings."""
+
+    def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        line = super()._line(requested, kind, **extra)
+        if kind == "paired" and extra.get("screened") and line["config"]["num_workers"]:
+            line["throughput"] *= 0.96 / 1.15
+        return line
+
+
+def test_windows_that_read_no_gain_are_not_followed_by_launches():
+    """Windows whose interval still reaches a gain but whose fit reads the candidate slower
+    launch nothing more: a second look at a gain not seen would only add false claims."""
+    fake = SlowerWindows(modest)
+    found = Search(fake, SPACE, SweepOptions(search="adaptive", ceiling=False, comm=False))
+    found.run()
+    windows = [e for e in found.entries if e.kind == "paired"]
+    assert [e.pair.role for e in windows] == ALTERNATION and all(e.screened for e in windows)
+    assert not [w for w in fake.asked if w.kind == "paired"]
+    subject = next(e for e in windows if e.pair.role == "candidate")
+    assert claim.undecided(found, subject) and not claim.undecided(found, subject, gained=True)
+
+
 def larger_batch(config: LoaderSettings) -> tuple[float, float]:
     """A worker 1.2x the script's settings; batch 64 1.3x more (timm's ``train.py`` on CPU:
     ``-j 1`` 1.22x, ``-j 1 -b 64`` 1.42x in plain launches)."""
