@@ -4,8 +4,9 @@ a git worktree of the reference, real torchrun launches of both sides alternated
 The repository's ``train.py`` runs the built-in workload with a step dominated by one known
 sleep (as tests/e2e/test_gate.py's, steady on a busy 2-core machine): 50 ms at HEAD~1 and HEAD;
 the working tree makes it 75 ms (a third slower). HEAD~2 is a script that fails to start. The
-project file pins one configuration and a 15 % tolerance (a 2-core CI box shared with other
-tests: unchanged code must pass there in a few launches). One rank with one intra-op thread
+project file pins one configuration and a 20 % tolerance (a 2-core CI box shared with other
+tests: unchanged code must pass there in a few launches; at 15 % it took all 9 beside another
+test, its interval's low end at 0.874). One rank with one intra-op thread
 (``ONE_THREAD``): with torch's default threads, one rank beside other tests read 81 and 94
 samples/s in its first two launches, then 127, and ended inconclusive; a second rank doubles
 each launch's start-up (the suite is CPU-bound) and adds nothing the gate reads.
@@ -38,7 +39,7 @@ num_workers = [0]
 nproc_per_node = 1
 steps = 20
 warmup = 20
-max_regression = 0.15
+max_regression = 0.2
 max_launches = 9
 measure_s = 1.0
 """
@@ -81,7 +82,7 @@ def test_gate_against_head_1_passes_unchanged_code_and_fails_a_slower_working_tr
     sides = [launch["side"] for launch in same["launches"]]
     assert len(sides) >= 5 and len(sides) % 2 == 1
     assert sides == ["reference", "current"] * (len(sides) // 2) + ["reference"]
-    assert 0.85 < same["verdict"]["low"] <= same["verdict"]["ratio"] <= same["verdict"]["high"]
+    assert 0.8 < same["verdict"]["low"] <= same["verdict"]["ratio"] <= same["verdict"]["high"]
     assert same["against"].startswith("HEAD~1 (")
     assert json.load(open(repo / "same" / "gate.json"))["status"] == "pass"
 
@@ -91,10 +92,10 @@ def test_gate_against_head_1_passes_unchanged_code_and_fails_a_slower_working_tr
     finally:
         git(repo, "checkout", "--", "train.py")
     assert result.returncode == ExitCode.REGRESSION, result.stdout + result.stderr
-    assert slow["status"] == "regression" and slow["verdict"]["high"] < 0.85
+    assert slow["status"] == "regression" and slow["verdict"]["high"] < 0.8
     assert 0.55 < slow["verdict"]["ratio"] < 0.8  # 50 ms against 75 ms (and the rest of a step)
     failure = ET.parse(repo / "slow.xml").getroot().find(".//failure")
-    assert failure is not None and "slower beyond the 15 % tolerance" in failure.get("message")
+    assert failure is not None and "slower beyond the 20 % tolerance" in failure.get("message")
     markdown = (repo / "slow.md").read_text()
     assert "REGRESSION" in markdown and "| 2 | B current |" in markdown
     assert "REGRESSION" in result.stdout and "B current" in result.stdout
