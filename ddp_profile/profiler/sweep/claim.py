@@ -12,8 +12,8 @@ differs (it cannot change mid-epoch without changing ``len(loader)``), the loade
 rebuilt, or the script ended before a probe's steps (its windows would spill into launches at
 levels of their own), each is a whole launch of the script, ``A B A B A``, and one more pair at
 a time while its interval still holds a gain it cannot yet tell from none (up to
-``MAX_CLAIM_LAUNCHES``: undecided is a question to measure, not a "no"); windows that leave it
-open are followed by launches (timm's ``train.py``: 7 windows read ``-j 1`` at 1.18x
+``MAX_CLAIM_LAUNCHES``: undecided is a question to measure, not a "no"); windows that read a
+gain and leave it open are followed by launches (timm's ``train.py``: 7 windows, ``-j 1`` 1.18x
 [0.94-1.48] while the launch's level rose; plain launches 1.18-1.23x). Every B stands
 between two A's, so the launch's level and a linear drift cancel in the comparison. Where the
 search kept the script's settings but measured a gain it could not tell from noise, that gain
