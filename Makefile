@@ -25,9 +25,9 @@ demo: setup
 browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -q && apt-get install -y -q chromium; }
 
-# The suite in two passes: the tests that assert no measured rate two at a time (one fills the
-# CPUs another leaves idle in sleeps and start-ups), the longest first (tests/conftest.py), then
-# every other test alone.
+# The suite in two passes: the tests that assert no measured rate, or one that holds beside
+# another test, two at a time (one fills the CPUs another leaves idle in sleeps and start-ups),
+# the longest first (tests/conftest.py), then every other test alone.
 # The package is compiled once first: where PYTHONDONTWRITEBYTECODE is set (CI images often
 # set it) every rank of every probe would otherwise compile it again on import.
 test: setup browser

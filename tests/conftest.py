@@ -29,9 +29,10 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 # The tests that assert no measured rate (pure functions over tables, records and launch
-# mechanics, failures, resuming, rendering, every probe of a run ok): `make test` runs these two
-# at a time (marker ``concurrent``), then every other test alone, so that no measurement a test
-# asserts on shares the CPUs with another test. Decided here alone.
+# mechanics, failures, resuming, rendering, every probe of a run ok), and the few whose rates
+# hold with room to spare beside another test (the last entries): `make test` runs these two at
+# a time (marker ``concurrent``), then every other test alone, so that no other measurement a
+# test asserts on shares the CPUs with another test. Decided here alone.
 CONCURRENT = (
     "tests/test_layout.py", "tests/benchmarks/", "tests/commands/", "tests/rules/",
     "tests/reports/", "tests/profiler/test_cache.py", "tests/profiler/store/",
@@ -58,6 +59,11 @@ CONCURRENT = (
     "tests/e2e/test_findings.py::test_ranks_that_each_read_the_whole_dataset",
     # the paired gate alternates its sides launch by launch: a neighbour moves both alike
     "tests/e2e/test_gate_paired.py",
+    # rates asserted with room to spare beside the busiest neighbour (the threads test): the
+    # stored-baseline gate's step is one known sleep (the same workload read 1.001 [1.000-
+    # 1.002], the slowed one 0.870), and sleeping loaders' workers read 2.26x [2.08-2.47] where
+    # more than 1.3x is asserted
+    "tests/e2e/test_gate.py", "tests/e2e/test_sweep.py::test_io_bound_script_gets_more_workers",
 )
 # ... except these, under a prefix above, which assert measured rates: the plain contract
 # shape asserts that workers win and that persistent_workers=True is faster beyond noise; the
