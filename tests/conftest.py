@@ -61,9 +61,9 @@ CONCURRENT = (
     "tests/e2e/test_gate_paired.py",
     # rates asserted with room to spare beside the busiest neighbour (the threads test): the
     # stored-baseline gate's step is one known sleep (the same workload read 1.001 [1.000-
-    # 1.002], the slowed one 0.870), and sleeping loaders' workers read 2.26x [2.08-2.47] where
-    # more than 1.3x is asserted
-    "tests/e2e/test_gate.py", "tests/e2e/test_sweep.py::test_io_bound_script_gets_more_workers",
+    # 1.002], the slowed one 0.870). (Not the io-bound sweep: beside another test its gloo
+    # all-reduce cost 10 % of a step, and its no-communication-finding assertion failed.)
+    "tests/e2e/test_gate.py",
 )
 # ... except these, under a prefix above, which assert measured rates: the plain contract
 # shape asserts that workers win and that persistent_workers=True is faster beyond noise; the
