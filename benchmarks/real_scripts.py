@@ -368,19 +368,21 @@ def main() -> None:
                         help="a run below 0.95 of the grid's best: its recommendation and that "
                              "best alternated in this many pairs of plain launches (0: none)")
     options = parser.parse_args()
+    if options.reuse and not options.keep:
+        parser.error("--reuse reads the runs kept in --keep DIR: give --keep")
     report: dict[str, Any] = {}
     for name in options.workloads.split(","):
         script = WORKLOADS[name](options)
         with tempfile.TemporaryDirectory(prefix=f"real-{name}-") as scratch:
             cwd = os.path.join(os.path.abspath(options.keep), name) if options.keep else scratch
             os.makedirs(cwd, exist_ok=True)
-            runs = [tool_run(script, index, cwd, options.reuse and bool(options.keep))
-                    for index in range(options.runs)]
-            grid, loop_grid = plain_grid(script, options.rounds, seen(runs), cwd)
+            runs = [tool_run(script, index, cwd, options.reuse) for index in range(options.runs)]
+            named = seen(runs)
+            grid, loop_grid = plain_grid(script, options.rounds, named, cwd)
             scored = [score(score(run, grid, script), loop_grid, script, "_loop")
                       for run in runs]
             scored = checked(scored, script, options.check_pairs, cwd, grid,
-                             [*script.grid, *seen(runs)])
+                             [*script.grid, *named])
         report[name] = {"grid": labelled(grid), "runs": scored}
         if loop_grid:
             report[name]["loop_grid"] = labelled(loop_grid)

@@ -97,7 +97,7 @@ def main() -> None:
         print(f"true gain {gain:.2f}x: claimed {found['windows alone']:6.1%} by windows alone, "
               f"{found['with the follow-up']:6.1%} with the follow-up "
               f"(open after the windows {found['open']:6.1%})", flush=True)
-    print(json.dumps({**{k: v for k, v in vars(args).items()}, "figures": figures,
+    print(json.dumps({**vars(args), "figures": figures,
                       "confidence": THRESHOLDS.interval_confidence}))
 
 
