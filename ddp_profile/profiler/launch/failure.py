@@ -77,6 +77,11 @@ def classify(ranks: list[RankData], outcome: LaunchOutcome, plan: ProbePlan,
                 "the script built a DataLoader but finished without taking a batch from it",
                 None)
     if not any(s.get("measured") for r in ranks for s in r.training_steps()):
+        if all(s.get("ahead") for r in ranks for s in r.training_steps()):
+            return (Status.CRASH, "too_few_steps",
+                    "each epoch held one batch a rank, which the loop takes before it trains "
+                    "on it (it fetches a batch ahead): no step can be timed; give each rank "
+                    "two or more batches an epoch", None)
         return (Status.CRASH, "too_few_steps",
                 f"the script ended after {steps} step(s), before the {plan.warmup} warm-up "
                 f"steps were over: lower --warmup or let it run longer", None)

@@ -2,8 +2,9 @@
 
 Each rank's records by kind (``store.record``), with its DataLoader workers' files (under
 ``workers/``: their batch costs, starts and files read) attached to it, the loaders that kept an
-iterator across epochs marked (``keeps_iterator``), and the training loader's settings copied
-into its context. A torn last line is skipped, never fatal.
+iterator across epochs marked (``keeps_iterator``), the training loader's settings copied
+into its context, and the steps of a loop that fetches a batch ahead folded (``fold_fetch_ahead``).
+A torn last line is skipped, never fatal.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ def read_probe_dir(probe_dir: str) -> list[RankData]:
         data.rank = int(rank) if rank is not None else -1
         _mark_kept_iterators(data)
         _attach_training_loader(data)
+        fold_fetch_ahead(data)
         ranks.append(data)
     ranks.sort(key=lambda r: r.rank)
     _attach_worker_records(os.path.join(probe_dir, WORKER_DIR), ranks)
@@ -114,7 +116,8 @@ def whole_run(ranks: list[RankData]) -> Optional[tuple[int, float]]:
         steps = data.training_steps()
         if not steps or not isinstance(data.end.get("t_ns"), int):
             return None
-        samples += sum(int(s.get("samples") or 0) for s in steps)
+        samples += sum(int(s.get("samples") or 0) + int(s.get("fetched_ahead") or 0)
+                       for s in steps)
         seconds = max(seconds, (data.end["t_ns"] - min(int(s["t_ns"]) for s in steps)) / 1e9)
     return (samples, seconds) if samples and seconds > 0 else None
 
@@ -164,3 +167,55 @@ def _attach_training_loader(data: RankData) -> None:
         data.context["keeps_iterator"] = bool(loader.get("keeps_iterator"))
         data.context["applied"] = loader.get("applied") or {}
         data.context["skipped_overrides"] = loader.get("skipped_overrides") or []
+
+
+def _works(step: dict[str, Any]) -> bool:
+    """The step trained: a backward, an optimizer step or a DDP forward fell inside it."""
+    return step.get("forward_s") is not None or any(
+        step.get(key) for key in ("opt_steps", "syncs", "unsynced"))
+
+
+def fetches_ahead(steps: list[dict[str, Any]]) -> bool:
+    """Whether the loop takes each batch one ``__next__`` ahead of training on it, as
+    accelerate's prepared loader does (to know the epoch's last batch):
+    every iterator's first step holds no training, while the loop trains, in its other steps
+    or, where an epoch is one batch, between them (DDP's forward count moves outside every
+    step)."""
+    firsts = [s for s in steps if s.get("loader_start")]
+    if not firsts or any(_works(s) for s in firsts):
+        return False
+    if any(_works(s) for s in steps if not s.get("loader_start")):
+        return True
+    forwards = [sum(s.get("ddp_n") or []) for s in sorted(steps, key=lambda s: s["step"])]
+    return len(forwards) > 1 and forwards[-1] > forwards[0]
+
+
+def fold_fetch_ahead(data: RankData) -> None:
+    """A loop that fetches ahead trains on batch k between the calls that fetch k+1 and k+2, so
+    the interval from an iterator's first call to its second holds no training, and the
+    epoch's last batch trains after the call that ends it, in no step. Read as they come, its
+    steps count one batch an epoch with no time: a 4-batch epoch reads 4/3 of its speed, a
+    1-batch epoch hundreds of times it. So each iterator's first step is folded into the
+    step after it (its wait, the iterator's start, its start time; its batch kept as
+    ``fetched_ahead``, which the whole run counts and no step rate does); an iterator of one
+    batch keeps it as a step that is not measured (``ahead``): no step of it can be timed."""
+    steps = sorted(data.training_steps(), key=lambda s: s["step"])
+    if not fetches_ahead(steps):
+        return
+    by_number = {s["step"]: s for s in steps}
+    folded: set[int] = set()
+    for first in [s for s in steps if s.get("loader_start")]:
+        after = by_number.get(first["step"] + 1)
+        if after is None or after.get("loader_start"):
+            first["measured"], first["ahead"] = False, True
+            continue
+        if first.get("iter_start_s") is not None:  # from the iterator's creation
+            after["iter_start_s"] = first["iter_start_s"] + after["data_wait_s"]
+        after["data_wait_s"] += first["data_wait_s"]
+        after["other_s"] += first["compute_s"] + first["other_s"]
+        if first.get("runq_s") is not None:
+            after["runq_s"] = (after.get("runq_s") or 0.0) + first["runq_s"]
+        after["t_ns"], after["loader_start"] = first["t_ns"], True
+        after["fetched_ahead"] = first.get("samples") or 0
+        folded.add(id(first))
+    data.steps = [s for s in data.steps if id(s) not in folded]
