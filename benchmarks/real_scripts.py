@@ -22,9 +22,11 @@ runs against a fresh grid, launching no run of the tool.
 Scripts we did not write are never copied into this repository: fetch them and point at them
 (``--timm-script`` and the like; docs/benchmarks.md names the commits). ``short_mlp`` is our own
 (``workloads/short_mlp.py``, 2 gloo ranks). Where a script's command line cannot set an axis
-(Lightning's and kubeflow's loaders have no ``num_workers``, accelerate's ``cv_example.py``
-neither nor a batch size) the grid keeps the script's value, and a recommendation that changes
-it is reported, not launched. Prints one JSON object.
+(Lightning's and kubeflow's loaders have no ``num_workers``) the grid keeps the script's value,
+and a recommendation that changes it is reported, not launched; where the source holds them
+(accelerate's ``cv_example.py``: ``num_workers=4`` and a batch of 64 in its config) each plain
+launch runs a copy with the configuration's written in, in the workload's scratch directory,
+as a user edits the script to try a setting. Prints one JSON object.
 
     python benchmarks/real_scripts.py --workloads short_mlp --runs 3
     python benchmarks/real_scripts.py --workloads timm --runs 1 --rounds 2 \\
@@ -67,6 +69,9 @@ class Script:
     cwd: Optional[str] = None  # where it starts (default: the workload's temporary directory)
     fixed: tuple[tuple[str, Any], ...] = ()  # settings its command line cannot change
     loop: Optional[str] = None  # a pattern of its output: the seconds its training loop took
+    # where settings live in the script's source: the path of a copy with a configuration's
+    # written in, as a user edits the script to try it (None: its command line sets them)
+    edited: Optional[Callable[[dict[str, Any]], str]] = None
 
 
 def short_mlp(_: argparse.Namespace) -> Script:
@@ -164,15 +169,43 @@ def kubeflow_mnist(options: argparse.Namespace) -> Script:
 
 def accelerate(options: argparse.Namespace) -> Script:
     """accelerate's examples/cv_example.py (2 gloo ranks, bf16 on the CPU): 3 epochs, batch 64
-    and 4 workers, all fixed in the script; --pets holds <label>_<n>.jpg, --hf-cache a hub cache
-    with timm/resnet50d.ra2_in1k (it loads pretrained weights, offline here). No launch trains no
-    epoch: each rank gets whole batches of 64, however few the files."""
+    and 4 workers, both written in the script; --pets holds <label>_<n>.jpg, --hf-cache a hub
+    cache with timm/resnet50d.ra2_in1k (it loads pretrained weights, offline here). No launch
+    trains no epoch: each rank gets whole batches of 64, however few the files."""
     path, pets, cache = need("accelerate", options, "accelerate_script", "pets",
                              "hf_cache")
     own = {"num_workers": 4, "batch_size": 64}
     env = (("OMP_NUM_THREADS", "1"), ("HF_HUB_OFFLINE", "1"), ("HF_HUB_CACHE", cache))
+    grid = [{"num_workers": w, "batch_size": b} for w in (0, 2, 4) for b in (64, 128)]
     return Script(path, 2, lambda _: ["--data_dir", pets, "--cpu", "--mixed_precision", "bf16"],
-                  own, [own], None, env=env, fixed=tuple(own.items()))
+                  own, grid, None, env=env,
+                  edited=edit_copies(path, tempfile.mkdtemp(prefix="accelerate-"), {
+                      "num_workers": ("num_workers=4", "num_workers={}"),
+                      "batch_size": ('"batch_size": 64', '"batch_size": {}')}))
+
+
+def edit_copies(path: str, folder: str, edits: dict[str, tuple[str, str]]
+                ) -> Callable[[dict[str, Any]], str]:
+    """A configuration's copy of the script at ``path``, written once into ``folder``: each
+    setting's text (``edits``: setting -> (as written, a format for the new value)) replaced
+    wherever it stands. A text the source no longer holds stops the benchmark."""
+    with open(path, encoding="utf-8") as handle:
+        source = handle.read()
+    missing = [old for old, _new in edits.values() if old not in source]
+    if missing:
+        raise SystemExit(f"{path}: no {missing[0]!r} to edit (the script changed)")
+
+    def copy(config: dict[str, Any]) -> str:
+        text = source
+        for name, (old, new) in edits.items():
+            text = text.replace(old, new.format(config[name]))
+        label = "-".join(f"{name}{config[name]}" for name in edits)
+        target = os.path.join(folder, f"{label}-{os.path.basename(path)}")
+        if not os.path.exists(target):
+            with open(target, "w", encoding="utf-8") as handle:
+                handle.write(text)
+        return target
+    return copy
 
 
 WORKLOADS: dict[str, Callable[[argparse.Namespace], Script]] = {
@@ -180,11 +213,15 @@ WORKLOADS: dict[str, Callable[[argparse.Namespace], Script]] = {
     "kubeflow_mnist": kubeflow_mnist, "accelerate": accelerate}
 
 
-def command(script: Script, extra: list[str]) -> list[str]:
+def command(script: Script, extra: list[str], config: Optional[dict[str, Any]] = None
+            ) -> list[str]:
+    """A plain launch: ``extra`` its arguments; ``config`` written into a copy of the script
+    where its source holds the settings (``Script.edited``)."""
+    path = script.edited(config) if script.edited and config else script.path
     if script.nproc > 1:
         return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-                str(script.nproc), script.path, *extra]
-    return [sys.executable, script.path, *extra]
+                str(script.nproc), path, *extra]
+    return [sys.executable, path, *extra]
 
 
 def launch_env(script: Script, cwd: str) -> tuple[dict[str, str], str]:
@@ -231,7 +268,8 @@ def plain_grid(script: Script, rounds: int, extra: list[dict[str, Any]], cwd: st
         if idle_wall is not None:
             idle.append(idle_wall)
         for k, config in configs.items():
-            seconds, loop = wall(command(script, script.args(config)), env, cwd, script.loop)
+            seconds, loop = wall(command(script, script.args(config), config), env, cwd,
+                                 script.loop)
             if seconds is not None:
                 times[k].append(seconds)
             if loop is not None:
@@ -308,8 +346,8 @@ def paired_share(script: Script, mine: dict[str, Any], best: dict[str, Any], pai
     start_up = (wall(command(script, script.idle), env, cwd)[0] or 0.0) if script.idle else 0.0
     ratios = []
     for _ in range(pairs):
-        theirs = wall(command(script, script.args(best)), env, cwd)[0]
-        ours = wall(command(script, script.args(mine)), env, cwd)[0]
+        theirs = wall(command(script, script.args(best), best), env, cwd)[0]
+        ours = wall(command(script, script.args(mine), mine), env, cwd)[0]
         if theirs and ours and ours > start_up and theirs > start_up:
             ratios.append((theirs - start_up) / (ours - start_up))
     return round(statistics.median(ratios), 3) if ratios else None

@@ -50,6 +50,33 @@ def test_a_setting_the_command_line_cannot_change_is_reported_not_scored():
     assert "of_best" not in scored
 
 
+def test_settings_written_in_the_source_are_launched_from_an_edited_copy(tmp_path):
+    source = tmp_path / "cv_example.py"
+    source.write_text('config = {"lr": 3e-2, "batch_size": 64}\n'
+                      'train = DataLoader(a, batch_size=64, num_workers=4)\n'
+                      'val = DataLoader(b, batch_size=64, num_workers=4)\n')
+    cache = tmp_path / "hub"
+    script = real_scripts.accelerate(argparse.Namespace(
+        accelerate_script=str(source), pets=str(tmp_path), hf_cache=str(cache)))
+    assert not script.fixed and {(2, 128), (4, 64)} <= {real_scripts.key(c) for c in script.grid}
+    argv = real_scripts.command(script, script.args(script.own),
+                                {"num_workers": 2, "batch_size": 128})
+    copy = argv[argv.index("--data_dir") - 1]
+    text = open(copy).read()
+    assert text.count("num_workers=2") == 2 and '"batch_size": 128' in text
+    assert "num_workers=4" not in text and source.read_text().count("num_workers=4") == 2
+    # the script's own settings launch a copy too: every launch of the grid alike
+    assert real_scripts.command(script, [], script.own)[5] != str(source)
+    source.write_text("loader = DataLoader(a, num_workers=8)\n")
+    try:
+        real_scripts.accelerate(argparse.Namespace(accelerate_script=str(source),
+                                                   pets=str(tmp_path), hf_cache=str(cache)))
+    except SystemExit as stop:
+        assert "the script changed" in str(stop)
+    else:
+        raise AssertionError("a script without the text to edit was accepted")
+
+
 def test_the_grid_also_launches_what_the_runs_recommended_and_named_unsettled():
     w1 = {"num_workers": 1, "batch_size": 32}
     w2_64 = {"num_workers": 2, "batch_size": 64}
