@@ -35,6 +35,8 @@ as a user edits the script to try a setting. Prints one JSON object.
         --imagenet-script ~/examples/imagenet/main.py --images ~/imgs \\
         --lightning-script ~/lightning/examples/pytorch/basics/backbone_image_classifier.py \\
         --kubeflow-script ~/mnist/src/mnist.py --fashion-mnist ~/mnist/data
+    python benchmarks/real_scripts.py --workloads accelerate --runs 1 --rounds 1 \
+        --accelerate-script ~/accelerate/examples/cv_example.py --pets ~/pets --hf-cache ~/hub
 """
 
 from __future__ import annotations
