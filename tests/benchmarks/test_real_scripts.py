@@ -50,7 +50,8 @@ def test_a_setting_the_command_line_cannot_change_is_reported_not_scored():
     assert "of_best" not in scored
 
 
-def test_settings_written_in_the_source_are_launched_from_an_edited_copy(tmp_path):
+def test_settings_written_in_the_source_are_launched_from_an_edited_copy(tmp_path, monkeypatch):
+    monkeypatch.setattr(real_scripts.tempfile, "tempdir", str(tmp_path))  # the copies' folder
     source = tmp_path / "cv_example.py"
     source.write_text('config = {"lr": 3e-2, "batch_size": 64}\n'
                       'train = DataLoader(a, batch_size=64, num_workers=4)\n'
