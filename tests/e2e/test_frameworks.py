@@ -64,9 +64,9 @@ def test_accelerate_under_torchrun(cli, run_dir):
 
 
 def test_accelerates_loader_that_fetches_ahead_is_timed_as_the_loop_trains(cli, run_dir):
-    # epochs of 3 batches a rank (96 samples), each step at least 40 ms: 2 ranks x 16 samples / 0.04 s is
-    # the most the loop can run; read as the loader hands out batches (one an epoch taken with
-    # no training) it read 1.5x that
+    # epochs of 3 batches a rank (96 samples), each step at least 40 ms: 2 ranks x 16 samples
+    # / 0.04 s is the most the loop can run; read as the loader hands out batches (one an epoch
+    # taken with no training) it read 1.5x that
     pytest.importorskip("accelerate", reason="the test extra installs accelerate")
     result = cli(["run", os.path.join(SCRIPTS, "accelerate_train.py"), "--out", run_dir,
                   *ONE_PROBE, "--", "--samples", "96", "--epochs", "12", "--step-sleep", "0.04"],
