@@ -45,6 +45,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -74,6 +75,7 @@ class Script:
     # where settings live in the script's source: the path of a copy with a configuration's
     # written in, as a user edits the script to try it (None: its command line sets them)
     edited: Optional[Callable[[dict[str, Any]], str]] = None
+    launch_timeout_s: float = 1800.0  # a plain launch that runs past this hung: killed
 
 
 def short_mlp(_: argparse.Namespace) -> Script:
@@ -180,7 +182,7 @@ def accelerate(options: argparse.Namespace) -> Script:
     env = (("OMP_NUM_THREADS", "1"), ("HF_HUB_OFFLINE", "1"), ("HF_HUB_CACHE", cache))
     grid = [{"num_workers": w, "batch_size": b} for w in (0, 2, 4) for b in (64, 128)]
     return Script(path, 2, lambda _: ["--data_dir", pets, "--cpu", "--mixed_precision", "bf16"],
-                  own, grid, None, env=env,
+                  own, grid, None, env=env, launch_timeout_s=600.0,  # a launch: 107-130 s
                   edited=edit_copies(path, tempfile.mkdtemp(prefix="accelerate-"), {
                       "num_workers": ("num_workers=4", "num_workers={}"),
                       "batch_size": ('"batch_size": 64', '"batch_size": {}')}))
@@ -231,17 +233,28 @@ def launch_env(script: Script, cwd: str) -> tuple[dict[str, str], str]:
     return {**os.environ, **dict(script.env)}, script.cwd or cwd
 
 
-def wall(argv: list[str], env: dict[str, str], cwd: str, loop: Optional[str] = None
-         ) -> tuple[Optional[float], Optional[float]]:
+def wall(argv: list[str], env: dict[str, str], cwd: str, loop: Optional[str] = None,
+         timeout_s: float = 1800.0) -> tuple[Optional[float], Optional[float]]:
     """Seconds a plain launch took, whole process, and its training loop where it prints that
-    (``loop``); (None, None) where it failed."""
+    (``loop``); (None, None) where it failed, or ran past ``timeout_s``: then its whole
+    process group (the launcher, its ranks, their DataLoader workers) is killed and the grid
+    goes on without it (accelerate's ``cv_example.py`` once hung, a worker of each rank
+    blocked on a lock it inherited at fork)."""
     started = time.monotonic()
-    done = subprocess.run(argv, env=env, cwd=cwd,
-                          stdout=subprocess.PIPE if loop else subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL, text=True, timeout=1800)
-    if done.returncode != 0:
+    child = subprocess.Popen(argv, env=env, cwd=cwd, start_new_session=True,
+                             stdout=subprocess.PIPE if loop else subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, text=True)
+    try:
+        out, _ = child.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
+        print(f"a plain launch ran past {timeout_s:.0f} s and was killed: {' '.join(argv)}",
+              file=sys.stderr, flush=True)
         return None, None
-    found = re.search(loop, done.stdout) if loop else None
+    if child.returncode != 0:
+        return None, None
+    found = re.search(loop, out) if loop else None
     return time.monotonic() - started, float(found.group(1)) if found else None
 
 
@@ -266,12 +279,13 @@ def plain_grid(script: Script, rounds: int, extra: list[dict[str, Any]], cwd: st
     loops: dict[tuple, list[float]] = {k: [] for k in configs}
     idle: list[float] = []
     for _ in range(rounds):
-        idle_wall = wall(command(script, script.idle), env, cwd)[0] if script.idle else None
+        idle_wall = wall(command(script, script.idle), env, cwd,
+                         timeout_s=script.launch_timeout_s)[0] if script.idle else None
         if idle_wall is not None:
             idle.append(idle_wall)
         for k, config in configs.items():
             seconds, loop = wall(command(script, script.args(config), config), env, cwd,
-                                 script.loop)
+                                 script.loop, script.launch_timeout_s)
             if seconds is not None:
                 times[k].append(seconds)
             if loop is not None:
@@ -345,11 +359,14 @@ def paired_share(script: Script, mine: dict[str, Any], best: dict[str, Any], pai
     configurations in few rounds ranks close ones by the machine's moment (timm's
     ``train.py``: a grid put batch 64 at 1 worker 11 % ahead of batch 32; 5 such pairs, 3 %)."""
     env, cwd = launch_env(script, cwd)
-    start_up = (wall(command(script, script.idle), env, cwd)[0] or 0.0) if script.idle else 0.0
+    start_up = (wall(command(script, script.idle), env, cwd, timeout_s=script.launch_timeout_s)[0]
+                or 0.0) if script.idle else 0.0
     ratios = []
     for _ in range(pairs):
-        theirs = wall(command(script, script.args(best), best), env, cwd)[0]
-        ours = wall(command(script, script.args(mine), mine), env, cwd)[0]
+        theirs = wall(command(script, script.args(best), best), env, cwd,
+                      timeout_s=script.launch_timeout_s)[0]
+        ours = wall(command(script, script.args(mine), mine), env, cwd,
+                    timeout_s=script.launch_timeout_s)[0]
         if theirs and ours and ours > start_up and theirs > start_up:
             ratios.append((theirs - start_up) / (ours - start_up))
     return round(statistics.median(ratios), 3) if ratios else None

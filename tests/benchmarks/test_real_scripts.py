@@ -1,5 +1,5 @@
-"""The real-scripts benchmark's pure parts: a configuration as the script's own arguments,
-and how a run's recommendation is scored against the plain grid."""
+"""The real-scripts benchmark's parts: a configuration as the script's own arguments, how a
+run's recommendation is scored against the plain grid, and a plain launch that hangs."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 
@@ -115,7 +116,7 @@ def test_a_run_below_the_grids_best_is_checked_against_it_head_to_head(monkeypat
     seconds = {"256": iter([3.0, 3.2, 2.9]), "128": iter([3.1, 3.4, 3.0])}
     launched = []
 
-    def wall(argv, env, cwd, loop=None):
+    def wall(argv, env, cwd, loop=None, timeout_s=1800.0):
         size = argv[argv.index("--batch-size") + 1] if "--batch-size" in argv else None
         launched.append(size)
         return (1.0 if size is None else next(seconds[size])), None
@@ -147,3 +148,35 @@ def test_a_kept_run_is_read_again_without_launching(tmp_path, monkeypatch):
     assert run["recommended"] == {"num_workers": 1, "batch_size": 32}
     assert run["interval"] == [1.0, 1.4] and (run["probes_ok"], run["probes"]) == (1, 2)
     assert run["reused"] == str(tmp_path / "run-0")
+
+
+def test_a_plain_launch_that_hangs_is_killed_with_its_children_and_counts_as_failed(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    hangs = ("import subprocess, sys, time\n"
+             "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+             f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+             "time.sleep(120)\n")
+    started = time.monotonic()
+    assert real_scripts.wall([sys.executable, "-c", hangs], dict(os.environ), str(tmp_path),
+                             timeout_s=3.0) == (None, None)
+    assert time.monotonic() - started < 60
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(child):
+        time.sleep(0.1)
+    assert not _alive(child)  # the launcher's own children go with it, as a rank's workers
+    seconds, _loop = real_scripts.wall([sys.executable, "-c", "pass"], dict(os.environ),
+                                       str(tmp_path), timeout_s=60.0)
+    assert seconds is not None and seconds > 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:  # a zombie: gone too
+            return handle.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
