@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ddp_profile.profiler.decide import evidence
+from ddp_profile.profiler.decide.choose import candidate_of
 from ddp_profile.profiler.decide.choose import choose as choose_candidate
 from ddp_profile.profiler.decide.paired import CANDIDATE, one_time_start
 from ddp_profile.profiler.settings import SETTING_KEYS, LoaderSettings
@@ -222,10 +223,11 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None,
         how = ("ran faster in the search" if not decided.undecided
                else "measured faster than the script's settings in the search, though not "
                "beyond its noise" if decided.because == evidence.STEP_FASTER
-               else f"was checked, as {decided.because},")
+               else f"was checked, as {decided.because}")
         unconfirmed = (f"{describe_config(_row(run, decided.checked_probe.id))} {how}, but "
-                       f"{evidence.alternated(checked)}: a gain this check cannot "
-                       "tell from none, so the script's settings are kept.")
+                       + evidence.not_established(checked, candidate_of(run.probe(str(base["id"]))),
+                                                  decided.checked_probe.config, thresholds)
+                       + ", so the script's settings are kept.")
     alive = kept_alive_instead(run, base, known) if chosen["id"] == base["id"] else None
     if alive is not None:  # measured against the script's settings: the claim itself
         claim, chosen = alive

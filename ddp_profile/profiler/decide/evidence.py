@@ -37,8 +37,10 @@ two never read one probe two ways.
   unsettled; plain launches 1.42x). Only behind an established check: where nothing is faster
   than the script's settings, the first check alone can claim a gain by chance, as before.
 - **What was seen** (``seen``): every configuration that measured faster than the
-  recommendation and is not it, with its figure, why it is not established and what would
-  settle it; never "no faster" where probes measured faster.
+  recommendation and is not it, in the search or in the check's own alternation, with its
+  figure, why it is not established (``not_established``: the one wording of a check that
+  did not establish its subject) and what would settle it; never "no faster" where probes
+  measured faster.
 """
 
 from __future__ import annotations
@@ -276,7 +278,8 @@ def _checked(records: Sequence[ProbeRecord], base: ProbeRecord, best: Optional[P
 def seen(records: Sequence[ProbeRecord], base: ProbeRecord, decided: Verdict,
          thresholds: ChoiceThresholds = DEFAULTS) -> list[Seen]:
     """Every configuration that measured faster than the recommendation (by more than
-    ``noise_floor``, pooled) and is not it, fastest first, with why it is not established."""
+    ``noise_floor``, pooled; or the check's subject, where its alternation alone measured it
+    so) and is not it, fastest first, with why it is not established."""
     pooled = _pooled(records)
     by_config = {c.config: c for c in pooled}
     own = by_config.get(candidate_of(base).config)
@@ -288,11 +291,38 @@ def seen(records: Sequence[ProbeRecord], base: ProbeRecord, decided: Verdict,
         if c.config in (pick.config, own.config) \
                 or c.throughput <= pick.throughput * (1 + thresholds.noise_floor):
             continue
-        short = all(r.short for r in records if r.counts_for_choice and r.measured
-                    and candidate_of(r).config == c.config)
         found.append(Seen(probe=c.id, config=c.config, ratio=c.throughput / own.throughput,
-                          why=_why(c, own, pick, decided, short, thresholds), short=short))
-    return found
+                          why=_why(c, own, pick, decided, _short(records, c), thresholds),
+                          short=_short(records, c)))
+    checked, claim = decided.checked_probe, decided.checked
+    if checked is not None and claim is not None and claim.ratio > 1 + thresholds.noise_floor:
+        c = by_config.get(candidate_of(checked).config)  # faster in its alternation alone
+        if c is not None and all(s.config != c.config for s in found):
+            found.append(Seen(probe=c.id, config=c.config, ratio=claim.ratio,
+                              why=_why(c, own, pick, decided, _short(records, c), thresholds),
+                              short=_short(records, c)))
+    return sorted(found, key=lambda s: -s.ratio)
+
+
+def _short(records: Sequence[ProbeRecord], c: Candidate) -> bool:
+    """Whether every measurement of ``c``'s configuration ran fewer steps than asked."""
+    return all(r.short for r in records if r.counts_for_choice and r.measured
+               and candidate_of(r).config == c.config)
+
+
+def not_established(claim: PairedClaim, own: Candidate, config: LoaderSettings,
+                    thresholds: ChoiceThresholds = DEFAULTS) -> str:
+    """Why an alternation of ``config`` with the script's settings (``own``) that did not
+    establish it did not, in the words every note and list of the run reads: faster beyond
+    noise but short of the gain the choice asks of it (``needed_gain``), or a gain it cannot
+    tell from none."""
+    measured = alternated(claim)
+    if not claim.faster:
+        return f"{measured}: a gain this check cannot tell from none"
+    why = ("it is another batch size" if config.batch_size != own.config.batch_size
+           else "their steps wait little for data" if compute_bound(own, thresholds) else "")
+    return (f"{measured}: faster, but the script's settings move only for a gain above "
+            f"{needed_gain(own, config, thresholds):.0%}" + (f" ({why})" if why else ""))
 
 
 def alternated(claim: PairedClaim) -> str:
@@ -306,24 +336,15 @@ def _why(c: Candidate, own: Candidate, pick: Candidate, decided: Verdict, short:
          thresholds: ChoiceThresholds) -> str:
     rival, claim = decided.rival, decided.rival_claim
     if rival is not None and claim is not None and candidate_of(rival).config == c.config:
-        measured = alternated(claim)
-        need = needed_gain(own, c.config, thresholds)
-        if not claim.faster:
-            return f"{measured}: a gain this check cannot tell from none"
-        if claim.ratio <= 1 + need or decided.claim is None:
-            return (f"{measured}: faster, but the script's settings move only for a gain "
-                    f"above {need:.0%}")
-        return f"{measured}: less than the recommendation's {decided.claim.ratio:.2f}x"
+        if claim.faster and claim.ratio > 1 + needed_gain(own, c.config, thresholds) \
+                and decided.claim is not None:
+            return (f"{alternated(claim)}: less than the recommendation's "
+                    f"{decided.claim.ratio:.2f}x")
+        return not_established(claim, own, c.config, thresholds)
     checked = decided.checked_probe
     if decided.checked is not None and checked is not None \
             and candidate_of(checked).config == c.config:
-        claim = decided.checked
-        measured = alternated(claim)
-        if claim.faster:  # beyond noise, short of the gain the choice asks of it
-            return (f"{measured}: faster, but the script's settings move only for a gain "
-                    f"above {needed_gain(own, c.config, thresholds):.0%} (their steps wait "
-                    "little for data, or it is another batch size)")
-        return f"{measured}: a gain this check cannot tell from none"
+        return not_established(decided.checked, own, c.config, thresholds)
     parts = []
     if short:
         parts.append("its probes ran fewer steps than asked (the script ended first)")

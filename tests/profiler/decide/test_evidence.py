@@ -209,3 +209,29 @@ def test_a_run_that_pays_beyond_its_steps_checks_a_worker_count_its_steps_cannot
     checked = records + launches
     decided = evidence.verdict(checked, checked[0], best_of(checked))
     assert decided.pick.id == "p001" and decided.because == because
+
+
+def test_a_check_that_measured_its_subject_faster_names_it_though_its_steps_tied():
+    """accelerate's ``cv_example.py``: its whole run 28 % slower than its steps; another
+    worker count tied by steps (1.005x) and was checked in whole launches, which read it
+    1.03x, faster beyond noise but under the 5 % a compute-bound script's settings move for.
+    The script's settings are kept, and what the check measured is named with its figure,
+    not left out because the steps had tied."""
+    base = timed(waiting(probe(0, 1000.0, "baseline"), 0.06), 9000, 12.0)
+    records = [base, waiting(probe(1, 1005.0, num_workers=2, prefetch_factor=2), 0.05)]
+    assert evidence.subject(records, base, best_of(records)).id == "p001"
+    launches = [ProbeRecord.from_json({**p.to_json(), "launch": p.id})  # a launch each
+                for p in alternated(2, 1000.0, 1030.0, num_workers=2, prefetch_factor=2)]
+    checked = records + launches
+    decided = evidence.verdict(checked, base, best_of(checked))
+    assert decided.pick.id == "p000" and decided.checked.faster
+    assert decided.checked.ratio == pytest.approx(1.03)
+    [seen] = evidence.seen(checked, base, decided)
+    assert seen.probe == "p001" and seen.ratio == pytest.approx(1.03)
+    assert seen.why == evidence.not_established(decided.checked, candidate_of(base),
+                                                seen.config)
+    assert "faster, but the script's settings move only for a gain above 5%" in seen.why
+    assert "wait little for data" in seen.why and "cannot tell" not in seen.why
+    tied = records + [p.amended({"throughput": 1005.0}) if p.pair.role == "candidate" else p
+                      for p in launches]  # the check read the tie the steps had read
+    assert evidence.seen(tied, base, evidence.verdict(tied, base, best_of(tied))) == []
