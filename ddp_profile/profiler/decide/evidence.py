@@ -139,6 +139,17 @@ def outside_steps(base: ProbeRecord, thresholds: ChoiceThresholds = DEFAULTS
     return share if share > thresholds.clear_gain else None
 
 
+def asked_gain(base: ProbeRecord, target: ProbeRecord, best: Optional[ProbeRecord],
+               thresholds: ChoiceThresholds = DEFAULTS) -> float:
+    """The gain over the script's settings (``base``) that an alternation must measure
+    ``target`` at to move them: ``noise_floor`` for the search's best (``best``), else
+    ``needed_gain``. The verdict reads it, and the sweep, to stop a check whose interval
+    already lies below it."""
+    if best is not None and target.id == best.id:
+        return thresholds.noise_floor
+    return needed_gain(candidate_of(base), target.config, thresholds)
+
+
 def worth_checking(candidate: Candidate, own: Candidate,
                    thresholds: ChoiceThresholds = DEFAULTS) -> bool:
     """Faster than ``own`` by more than ``check_gain``: a gain worth an alternation."""
@@ -265,8 +276,7 @@ def _checked(records: Sequence[ProbeRecord], base: ProbeRecord, best: Optional[P
     claim = paired(records, alternation(records, base, target),
                    thresholds.interval_confidence, thresholds.launch_sd)
     is_best = best is not None and target.id == best.id
-    gain = needed_gain(candidate_of(base), target.config,
-                       thresholds) if not is_best else thresholds.noise_floor
+    gain = asked_gain(base, target, best, thresholds)
     because = "" if is_best else checked_because(records, base, target, thresholds)
     if is_best and claim is None or claim is not None and claim.faster \
             and claim.ratio > 1 + gain:

@@ -292,15 +292,18 @@ def still_open(claim: Optional[PairedClaim], noise_floor: float) -> bool:
 
 
 def alternation_open(records: Sequence[ProbeRecord], probes: list[ProbeRecord],
-                     thresholds: ChoiceThresholds, gained: bool = False) -> bool:
+                     thresholds: ChoiceThresholds, gained: bool = False,
+                     asked: Optional[float] = None) -> bool:
     """``still_open`` for the alternation of ``probes`` among ``records``, fitted at the
     choice's interval confidence and launch spread: whether the claim's check or the threads
     check goes on one more pair. ``gained``: and it read a gain (a ratio above 1), where an
     open check in windows is to be followed by launches: a second look at two equal settings
     claims one falsely in 2.8 % of runs so, in 5.9 % without (``benchmarks/
-    windows_then_launches.py``)."""
+    windows_then_launches.py``). ``asked``: the gain the verdict asks of it, where more than
+    ``noise_floor`` (``decide.evidence.asked_gain``): an interval below that cannot move the
+    script's settings, however many launches follow."""
     claim = paired(records, probes, thresholds.interval_confidence, thresholds.launch_sd)
-    return still_open(claim, thresholds.noise_floor) and (
+    return still_open(claim, max(thresholds.noise_floor, asked or 0.0)) and (
         not gained or (claim is not None and claim.ratio > 1.0))
 
 

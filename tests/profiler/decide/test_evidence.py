@@ -9,8 +9,10 @@ import pytest
 
 from ddp_profile.profiler.decide import evidence
 from ddp_profile.profiler.decide.choose import ChoiceThresholds, candidate_of, choose
+from ddp_profile.profiler.decide.paired import alternation_open
 from ddp_profile.profiler.store.probes import ProbeRecord
 
+DEFAULTS = ChoiceThresholds()
 OWN = {"num_workers": 0, "pin_memory": False, "prefetch_factor": None, "batch_size": 64}
 
 
@@ -235,3 +237,30 @@ def test_a_check_that_measured_its_subject_faster_names_it_though_its_steps_tied
     tied = records + [p.amended({"throughput": 1005.0}) if p.pair.role == "candidate" else p
                       for p in launches]  # the check read the tie the steps had read
     assert evidence.seen(tied, base, evidence.verdict(tied, base, best_of(tied))) == []
+
+
+def test_a_check_stops_once_its_interval_lies_below_the_gain_its_verdict_asks():
+    """accelerate's ``cv_example.py`` (compute-bound): prefetch 4, faster by steps but not the
+    search's best, alternated in launches read 1.00x, the fit 0.98-1.03x after 5: short of
+    the 5 % the verdict asks of it, so the check stops there (it went on to 7 launches, of
+    100 s each, against the 2 % noise floor). The search's best is asked the noise floor
+    alone, and a check whose interval still reaches the asked gain goes on."""
+    base = waiting(probe(0, 1000.0, "baseline"), 0.06)
+    prefetch = waiting(probe(1, 1030.0, rse=0.03, prefetch_factor=4), 0.05)
+    records = [base, prefetch]
+    assert best_of(records).id == "p000"
+    assert evidence.asked_gain(base, prefetch, best_of(records)) == pytest.approx(0.05)
+    assert evidence.asked_gain(base, prefetch, prefetch) == pytest.approx(0.02)
+    assert evidence.asked_gain(waiting(base, 0.5), prefetch, base) == pytest.approx(0.02)
+    rates = (1000.0, 1012.0, 990.0, 1008.0, 1000.0)  # A B A B A: 1.01x, its fit about ±2.5 %
+    launches = [ProbeRecord.from_json({**p.to_json(), "launch": p.id, "throughput": rate})
+                for p, rate in zip(alternated(2, 1000.0, 1000.0, prefetch_factor=4), rates)]
+    checked = records + launches
+    claim = evidence.paired(checked, launches, DEFAULTS.interval_confidence,
+                            DEFAULTS.launch_sd)
+    assert not claim.faster and 1.02 < claim.bounds[1] < 1.05
+    assert alternation_open(checked, launches, DEFAULTS)  # against the noise floor
+    assert not alternation_open(checked, launches, DEFAULTS,
+                                asked=evidence.asked_gain(base, prefetch, base))
+    assert alternation_open(checked, launches, DEFAULTS,
+                            asked=evidence.asked_gain(base, prefetch, prefetch))
