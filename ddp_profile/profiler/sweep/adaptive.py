@@ -35,6 +35,7 @@ from ddp_profile.profiler.sweep.climb import (
     next_workers,
     slower_than_baseline,
     waits_for_data,
+    worth_screening,
     worth_tuning,
 )
 from ddp_profile.profiler.sweep.space import normalise
@@ -47,8 +48,8 @@ def run(search: SearchState) -> None:
     """Two screens, then the batch sizes. The first screen runs the whole worker ladder
     (and the ceiling) in one launch; the second confirms the best screened configuration
     in a fresh launch and, in the same launch, tries its prefetch and pinning variants.
-    A baseline whose loading could win back little (``climb.worth_tuning``) gets no
-    ladder, only its pinning variants.
+    A baseline whose loading could win back little of its steps, and whose whole run pays
+    little beyond them (``climb.worth_screening``), gets no ladder, only its pinning variants.
     Batch sizes need launches of their own. A loader that cannot be rebuilt (known from the
     baseline for an IterableDataset: its stream cannot continue in a new iterator) falls
     back to climbing the first screen's ladder with one probe per configuration."""
@@ -57,7 +58,7 @@ def run(search: SearchState) -> None:
     start = LoaderSettings(None, own.pin_memory if own.pin_memory is not None else False,
                            min(search.axes.prefetch_factor), own.batch_size)
     ladder = list(search.axes.num_workers)
-    if worth_tuning(search.baseline):
+    if worth_screening(search.baseline):
         ladder = first_workers(search)
         configs = [normalise(replace(start, num_workers=w)) for w in ladder]
     else:  # loading settings cannot win back more than the little time spent waiting

@@ -22,6 +22,7 @@ from ddp_profile.profiler.decide.choose import (
     candidate_of,
     not_worse,
 )
+from ddp_profile.profiler.decide.evidence import outside_steps
 from ddp_profile.profiler.decide.restarts import restart_bound
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord, is_measured, is_ok
@@ -66,6 +67,17 @@ def worth_tuning(entry: ProbeRecord) -> bool:
     (``winnable_share`` at least ``SETTLED_DATA_WAIT``); unknown counts as yes."""
     share = winnable_share(entry)
     return share is None or share >= SETTLED_DATA_WAIT
+
+
+def worth_screening(entry: ProbeRecord) -> bool:
+    """Whether the worker ladder is worth a screen from the script's settings (``entry``):
+    loading could win back a share of its steps (``worth_tuning``), or its whole run at them
+    paid markedly more than its steps (``decide.evidence.outside_steps``): the workers'
+    start-ups every epoch, a validation pass on the same workers, which worker settings
+    change and no step holds. accelerate's ``cv_example.py`` waited 4 % of its steps in one
+    run and 6-7 % in three others, its whole run 28 % longer than its steps each time: the
+    ladder was screened in the three alone, as the wait fell either side of 5 %."""
+    return worth_tuning(entry) or outside_steps(entry) is not None
 
 
 def beats(candidate: Optional[ProbeRecord], incumbent: Optional[ProbeRecord]) -> bool:

@@ -315,6 +315,19 @@ def test_certain_windows_are_not_measured_again():
     assert found.best().config.num_workers == 2
 
 
+def test_a_baseline_that_waits_little_but_pays_beyond_its_steps_gets_the_worker_ladder():
+    """Its steps wait 1 % (no ladder by them alone), but its whole run pays 28 % beyond them,
+    which worker settings can change and no step shows: the ladder is screened, so that
+    the check has worker counts to weigh in whole launches."""
+    fake = PaysBeyondSteps(0.22, compute_bound)  # 28 % longer than its steps
+    found = Search(fake, SPACE, SweepOptions(search="adaptive", ceiling=False, comm=False))
+    found.run()
+    assert {c.num_workers for c in fake.measured} > {0}
+    steady = ModelMeasurer(compute_bound)
+    Search(steady, SPACE, SweepOptions(search="adaptive", ceiling=False, comm=False)).run()
+    assert {c.num_workers for c in steady.measured} == {0}
+
+
 def test_what_loading_could_win_back_is_measured_where_batches_are_made():
     """A compute-bound demo run (2 ranks, no workers): 5.5 % of each step waits on the
     loader, but making the batches took 0.01 ms a sample at 4,692 samples/s, 2.3 % of the
@@ -1113,8 +1126,8 @@ class PaysBeyondSteps(EndingMeasurer):
     """The script ends before a probe's steps, and its launch at its own settings timed the
     whole run ``share`` slower than its steps (a validation pass on the same workers)."""
 
-    def __init__(self, share: Optional[float]):
-        super().__init__(steady)
+    def __init__(self, share: Optional[float], model: Model = steady):
+        super().__init__(model)
         self.share = share
 
     def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
