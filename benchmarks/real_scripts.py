@@ -258,6 +258,14 @@ def wall(argv: list[str], env: dict[str, str], cwd: str, loop: Optional[str] = N
     return time.monotonic() - started, float(found.group(1)) if found else None
 
 
+def plain(script: Script, extra: list[str], config: Optional[dict[str, Any]],
+          env: dict[str, str], cwd: str, loop: Optional[str] = None
+          ) -> tuple[Optional[float], Optional[float]]:
+    """``wall`` of a plain launch of ``script`` with ``extra`` (``config``'s copy where its
+    settings live in the source), under the script's bound for a launch that hung."""
+    return wall(command(script, extra, config), env, cwd, loop, script.launch_timeout_s)
+
+
 def key(config: dict[str, Any]) -> tuple:
     return (config.get("num_workers") or 0, config.get("batch_size"))
 
@@ -279,13 +287,11 @@ def plain_grid(script: Script, rounds: int, extra: list[dict[str, Any]], cwd: st
     loops: dict[tuple, list[float]] = {k: [] for k in configs}
     idle: list[float] = []
     for _ in range(rounds):
-        idle_wall = wall(command(script, script.idle), env, cwd,
-                         timeout_s=script.launch_timeout_s)[0] if script.idle else None
+        idle_wall = plain(script, script.idle, None, env, cwd)[0] if script.idle else None
         if idle_wall is not None:
             idle.append(idle_wall)
         for k, config in configs.items():
-            seconds, loop = wall(command(script, script.args(config), config), env, cwd,
-                                 script.loop, script.launch_timeout_s)
+            seconds, loop = plain(script, script.args(config), config, env, cwd, script.loop)
             if seconds is not None:
                 times[k].append(seconds)
             if loop is not None:
@@ -359,14 +365,11 @@ def paired_share(script: Script, mine: dict[str, Any], best: dict[str, Any], pai
     configurations in few rounds ranks close ones by the machine's moment (timm's
     ``train.py``: a grid put batch 64 at 1 worker 11 % ahead of batch 32; 5 such pairs, 3 %)."""
     env, cwd = launch_env(script, cwd)
-    start_up = (wall(command(script, script.idle), env, cwd, timeout_s=script.launch_timeout_s)[0]
-                or 0.0) if script.idle else 0.0
+    start_up = (plain(script, script.idle, None, env, cwd)[0] or 0.0) if script.idle else 0.0
     ratios = []
     for _ in range(pairs):
-        theirs = wall(command(script, script.args(best), best), env, cwd,
-                      timeout_s=script.launch_timeout_s)[0]
-        ours = wall(command(script, script.args(mine), mine), env, cwd,
-                    timeout_s=script.launch_timeout_s)[0]
+        theirs = plain(script, script.args(best), best, env, cwd)[0]
+        ours = plain(script, script.args(mine), mine, env, cwd)[0]
         if theirs and ours and ours > start_up and theirs > start_up:
             ratios.append((theirs - start_up) / (ours - start_up))
     return round(statistics.median(ratios), 3) if ratios else None

@@ -215,8 +215,8 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None,
                               notes=("No probe finished: nothing was measured to recommend.",))
     chosen = choose(run, base, thresholds)
     speedup, interval, basis, unconfirmed = None, None, None, None
-    decided = evidence.verdict(run.records, run.probe(str(base["id"])),
-                               run.probe(str(chosen["id"])), thresholds)
+    own = run.probe(str(base["id"]))
+    decided = evidence.verdict(run.records, own, run.probe(str(chosen["id"])), thresholds)
     claim, chosen = decided.claim, _row(run, decided.pick.id)
     if decided.checked is not None and decided.checked_probe is not None:
         checked = decided.checked
@@ -225,7 +225,7 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None,
                "beyond its noise" if decided.because == evidence.STEP_FASTER
                else f"was checked, as {decided.because}")
         unconfirmed = (f"{describe_config(_row(run, decided.checked_probe.id))} {how}, but "
-                       + evidence.not_established(checked, candidate_of(run.probe(str(base["id"]))),
+                       + evidence.not_established(checked, candidate_of(own),
                                                   decided.checked_probe.config, thresholds)
                        + ", so the script's settings are kept.")
     alive = kept_alive_instead(run, base, known) if chosen["id"] == base["id"] else None

@@ -296,28 +296,22 @@ def seen(records: Sequence[ProbeRecord], base: ProbeRecord, decided: Verdict,
     pick = by_config.get(candidate_of(decided.pick).config)
     if own is None or pick is None:
         return []
-    found = []
-    for c in sorted(pooled, key=lambda c: -c.throughput):
-        if c.config in (pick.config, own.config) \
-                or c.throughput <= pick.throughput * (1 + thresholds.noise_floor):
-            continue
-        found.append(Seen(probe=c.id, config=c.config, ratio=c.throughput / own.throughput,
-                          why=_why(c, own, pick, decided, _short(records, c), thresholds),
-                          short=_short(records, c)))
+
+    def found_at(c: Candidate, ratio: float) -> Seen:
+        short = all(r.short for r in records if r.counts_for_choice and r.measured
+                    and candidate_of(r).config == c.config)
+        return Seen(probe=c.id, config=c.config, ratio=ratio,
+                    why=_why(c, own, pick, decided, short, thresholds), short=short)
+
+    found = [found_at(c, c.throughput / own.throughput) for c in pooled
+             if c.config not in (pick.config, own.config)
+             and c.throughput > pick.throughput * (1 + thresholds.noise_floor)]
     checked, claim = decided.checked_probe, decided.checked
     if checked is not None and claim is not None and claim.ratio > 1 + thresholds.noise_floor:
         c = by_config.get(candidate_of(checked).config)  # faster in its alternation alone
         if c is not None and all(s.config != c.config for s in found):
-            found.append(Seen(probe=c.id, config=c.config, ratio=claim.ratio,
-                              why=_why(c, own, pick, decided, _short(records, c), thresholds),
-                              short=_short(records, c)))
+            found.append(found_at(c, claim.ratio))
     return sorted(found, key=lambda s: -s.ratio)
-
-
-def _short(records: Sequence[ProbeRecord], c: Candidate) -> bool:
-    """Whether every measurement of ``c``'s configuration ran fewer steps than asked."""
-    return all(r.short for r in records if r.counts_for_choice and r.measured
-               and candidate_of(r).config == c.config)
 
 
 def not_established(claim: PairedClaim, own: Candidate, config: LoaderSettings,
