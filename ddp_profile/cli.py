@@ -55,7 +55,13 @@ def run(
     timeout: Optional[float] = typer.Option(None, help="Seconds per probe (default: derived "
                                             "from the first probe)."),
     out: Optional[str] = typer.Option(None, help="Run directory."),
-    resume: bool = typer.Option(False, help="Finish the interrupted run in --out."),
+    resume: bool = typer.Option(False, help="Finish the interrupted run in --out (one a "
+                                "budget stopped too: it goes on past it, for --budget again "
+                                "where given)."),
+    budget: Optional[str] = typer.Option(None, help="Time for the whole run, e.g. 90s, 2m, "
+                                         "1h: no launch is started that the estimate says "
+                                         "would end past it; the answer so far is reported "
+                                         "with what was not done (default: none)."),
     search: Optional[str] = typer.Option(None, help="adaptive | grid (default adaptive)."),
     ceiling: Optional[bool] = typer.Option(None, "--ceiling/--no-ceiling", help="Measure the "
                                            "compute-only ceiling (default: yes)."),
@@ -93,10 +99,11 @@ def run(
         launcher=launcher, num_workers=num_workers, pin_memory=pin_memory,
         prefetch_factor=prefetch_factor, batch_size=batch_size, steps=steps, warmup=warmup,
         timeout=timeout, out=out, search=search, ceiling=ceiling, comm=comm, repeat=repeat,
-        pairs=pairs, cache=cache),
+        pairs=pairs, cache=cache, budget=budget),
         resume=resume,
         quiet=quiet)
     out = given["out"]
+    budget_s = run_budget(given["budget"])
     if resume:
         if given["script"] is not None:
             _check_resume_script(out, given["script"])
@@ -108,7 +115,7 @@ def run(
                                warmup=given["warmup"], timeout_s=given["timeout"],
                                ceiling=given["ceiling"], comm=given["comm"],
                                repeat=given["repeat"], pairs=given["pairs"],
-                               cache=given["cache"],
+                               cache=given["cache"], budget_s=budget_s,
                                single=single and any(
                                    v is not None for v in space.to_dict().values()))
         out = start_run(RunRequest(script=given["script"],
@@ -117,8 +124,21 @@ def run(
                                    nproc_per_node=given["nproc_per_node"], space=space,
                                    options=options, torchrun_args=_torchrun_args(
                                        nnodes, node_rank, rdzv_endpoint, rdzv_backend)))
-    summary = execute(out, report=report, quiet=quiet)
+    summary = execute(out, report=report, quiet=quiet,
+                      **({"budget_s": budget_s} if resume else {}))
     return _exit_for(summary)
+
+
+def run_budget(value: Optional[object]) -> Optional[float]:
+    """``--budget`` (or the file's ``budget``) in seconds; None where not given."""
+    from ddp_profile.commands.project_config import duration
+
+    if value is None:
+        return None
+    try:
+        return duration("budget", value)
+    except ValueError as exc:
+        raise UsageError(f"--{exc}") from None
 
 
 def _merge_run_settings(cli: dict, *, resume: bool, quiet: bool) -> dict:

@@ -19,6 +19,7 @@ Keys and types::
     pairs = 3                           (the claim checked: A B alternations; 0: not checked)
     out = "ddp-profile-current"         baseline = "baseline.json"     max_regression = 0.05
     against = "origin/main"   max_launches = 19   measure_s = 20.0   (the paired gate)
+    budget = "5m"                       (run's time limit: "90s", "2m", "1h30m" or seconds)
 
 Every problem (unknown key, wrong type, bad value, unreadable TOML) is a ``UsageError`` with a
 one-line message naming the file and the key. Pure data in, data out: nothing here runs a probe.
@@ -163,6 +164,31 @@ def _fraction(key: str, value: Any) -> float:
     return float(value)
 
 
+DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0}
+_DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?$")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``"90s"``, ``"2m"``, ``"1h30m"``, ``"1m30"`` or ``"120"``; ValueError else."""
+    match = _DURATION_RE.match(text.strip().lower())
+    if not text.strip() or match is None or not any(match.groups()):
+        raise ValueError(f"expected a duration such as 90s, 2m or 1h30m, got {text!r}")
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+    return hours * DURATION_UNITS["h"] + minutes * DURATION_UNITS["m"] + seconds
+
+
+def duration(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{key}: expected a duration such as 90s, 2m or 1h30m, got {value!r}")
+    try:
+        seconds = float(value) if not isinstance(value, str) else parse_duration(value)
+    except ValueError as exc:
+        raise ValueError(f"{key}: {exc}") from None
+    if not seconds > 0:
+        raise ValueError(f"{key}: expected a duration > 0, got {value!r}")
+    return seconds
+
+
 def _axis_text(key: str, value: Any) -> str:
     """A search axis as the command line's comma list (``[0, 2]`` or ``"0,2"`` -> ``"0,2"``)."""
     items = value if isinstance(value, list) else [value]
@@ -194,6 +220,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "repeat": _int(1), "pairs": _int(0), "cache": _choice,
     "search": _choice, "ceiling": _bool, "comm": _bool, "out": _text, "max_regression": _fraction,
     "baseline": _text, "against": _text, "max_launches": _int(5), "measure_s": _timeout,
+    "budget": duration,
 }
 KNOWN_KEYS = tuple(_CHECKS)
 

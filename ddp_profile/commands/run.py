@@ -30,6 +30,8 @@ from ddp_profile.profiler.sweep.space import SearchSpace
 from ddp_profile.profiler.sweep.state import SweepOptions
 from ddp_profile.reports.console import ConsoleProgress, print_summary
 
+ANSWERED = ("complete", "budget_spent")  # the states a run's evidence is analysed in
+
 
 @dataclass(frozen=True)
 class RunRequest:
@@ -147,13 +149,20 @@ def start_run(request: RunRequest) -> str:
     return out
 
 
-def execute(out: str, *, report: bool = True, quiet: bool = False) -> dict[str, Any]:
-    """Run (or finish) the sweep recorded in ``out``; return the final summary."""
+KEEP = object()  # ``execute``'s budget: the one the run was started with
+
+
+def execute(out: str, *, report: bool = True, quiet: bool = False,
+            budget_s: Any = KEEP) -> dict[str, Any]:
+    """Run (or finish) the sweep recorded in ``out``; return the final summary. ``budget_s``:
+    the time this call may spend (a resumed run's own, or none), else the run's."""
     run_dir = RunDir(out)
     meta = run_dir.read_meta()
     check_script(meta["script"])
     spec = spec_from_meta(meta)
     options = SweepOptions(**meta["options"])
+    if budget_s is not KEEP:
+        options = replace(options, budget_s=budget_s)
     coordinator = _coordinator(meta)
     if coordinator is not None and not coordinator.is_leader:
         probes = follow(coordinator, spec, run_dir, meta.get("local_rank_flag"))
@@ -168,14 +177,15 @@ def execute(out: str, *, report: bool = True, quiet: bool = False) -> dict[str, 
     state = "failed"
     try:
         sweep.run()
-        state = "complete"
+        state = "budget_spent" if sweep.search.budget_stop else "complete"
     except KeyboardInterrupt:
         state = "interrupted"
         raise Interrupted(f"interrupted; finished probes are kept: continue with "
                           f"ddp-profile run {meta['script']} --resume --out {out}") from None
     finally:
         progress.close()
-        summary = finalize(run_dir, meta, sweep, gpu, state, report=report and state == "complete")
+        summary = finalize(run_dir, meta, sweep, gpu, state,
+                           report=report and state in ANSWERED)
     if not quiet:
         print_summary(summary, out)
     return summary
@@ -210,11 +220,12 @@ def finalize(run_dir: RunDir, meta: dict[str, Any], sweep: Sweep, gpu: dict[str,
                                     "timeout_s": sweep.timeout_s,
                                     "cache": {**sweep.measurer.regime.to_dict(),
                                               "warmed": sweep.measurer.warmed,
-                                              "unheld": sweep.measurer.regime_unheld}},
+                                              "unheld": sweep.measurer.regime_unheld},
+                                    **sweep.stops()},
                             capacity=run_capacity)
     run: Optional[Run] = None
     try:
-        if state == "complete" and any(e.ok for e in entries):
+        if state in ANSWERED and any(e.ok for e in entries):
             run = assemble(run_dir.path, meta, summary, tables)
             from ddp_profile.rules import evaluate
 

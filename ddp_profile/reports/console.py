@@ -28,49 +28,96 @@ class ConsoleProgress:
         self.stream = stream or sys.stderr
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.count = 0
+        self.launches = 0
         self.total: Optional[int] = None
         self.best: Optional[ProbeRecord] = None
         self.started = time.monotonic()
+        self.budget_s: Optional[float] = None
+        self.expected_s: Optional[float] = None  # the estimate of the whole run, from the start
         self._bar: Any = None
         self._task: Any = None
 
     def __call__(self, event: str, data: dict[str, Any]) -> None:
         if self.quiet:
             return
-        if event == "axes":  # adaptive: how many probes it needs is not known in advance
+        if event == "plan":
+            self.budget_s = data.get("budget_s")
+            self._note(plan_line(data["plan"], self.budget_s))
+        elif event == "estimate":
+            self._estimate(data)
+        elif event == "budget":
+            self._note(budget_line(data))
+        elif event == "axes":  # adaptive: how many probes it needs is not known in advance
             self.total = len(data["grid"]) + 2 if data.get("counted", True) else None
             self._start_bar()
         elif event == "start" and data.get("windows"):
-            self._describe(f"probes {self.count + 1}-{self.count + data['windows']}: one launch, "
-                           f"from {config_label(data['config'].to_dict())}")
+            self.launches += 1
+            self._describe(f"launch {self.launches}: {data['windows']} windows from "
+                           f"{config_label(data['config'].to_dict())}")
         elif event == "start":
-            self._describe(f"probe {self.count + 1}: {data['kind']} "
+            self.launches += 1
+            self._describe(f"launch {self.launches}: {data['kind']} "
                            f"{config_label(data['config'].to_dict())}")
         elif event == "note":
             self._note(data["text"])
         elif event in ("done", "reused"):
             self._finished(data["entry"], reused=event == "reused")
 
+    def _estimate(self, data: dict[str, Any]) -> None:
+        """After the baseline: the plan's time from its launch, and the bar over that time."""
+        launch_s = data.get("launch_s")
+        if not launch_s:
+            return
+        usual = sum(step.usual for step in data["plan"])
+        high = sum(step.high for step in data["plan"])
+        self.expected_s = time.monotonic() - self.started + (usual - 1) * launch_s
+        if self.budget_s:
+            self.expected_s = min(self.expected_s, self.budget_s)
+        budget = f"; budget {_clock(self.budget_s)}" if self.budget_s else ""
+        self._note(f"estimate: a launch takes about {launch_s:.0f} s here (the baseline's): "
+                   f"about {usual} launches, {_clock(usual * launch_s)} "
+                   f"(at most {high}, {_clock(high * launch_s)}){budget}")
+        if self._bar is not None:
+            self._bar.update(self._task, total=self.expected_s)
+
+    def left_s(self) -> Optional[float]:
+        """Seconds left: of the budget where there is one, else of the estimate."""
+        end = self.budget_s or self.expected_s
+        return end - (time.monotonic() - self.started) if end else None
+
+    def _left_text(self) -> str:
+        left = self.left_s()
+        if left is None:
+            return ""
+        what = "of the budget" if self.budget_s else "estimated"
+        return f" | {_clock(max(left, 0.0))} left {what}" if left > 0 or self.budget_s \
+            else " | past the estimate"
+
     def _start_bar(self) -> None:
         if not self.tty or self._bar is not None:
             return
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-        )
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                             TimeRemainingColumn(), transient=True)
+        progress = self
+
+        class TimeLeft(TextColumn):  # rich's text column, its text the time left
+            def render(self, task: Any) -> Any:
+                from rich.text import Text
+
+                left = progress.left_s()
+                return Text(f"{_clock(max(left, 0.0))} left" if left is not None else "")
+
+        self._bar = Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                             TimeLeft(""), transient=True)
         self._bar.start()
-        self._task = self._bar.add_task("probes", total=self.total, completed=self.count)
+        self._task = self._bar.add_task("launches", total=self.expected_s or self.budget_s,
+                                        completed=time.monotonic() - self.started)
 
     def _describe(self, text: str) -> None:
         if self._bar is not None:
             best = f" | best {_fmt_tp(self.best.throughput)}" if self.best else ""
-            self._bar.update(self._task, description=text + best)
+            self._bar.update(self._task, description=text + best,
+                             completed=time.monotonic() - self.started)
 
     def _finished(self, entry: ProbeRecord, reused: bool) -> None:
         self.count += 1
@@ -82,7 +129,7 @@ class ConsoleProgress:
         options = {**({"threads": entry.threads} if entry.threads else {}),
                    **(entry.comm.options or {})}
         option_text = "".join(f" {k}={v}" for k, v in options.items())
-        total = f"/{max(self.total, self.count)}" if self.total else ""
+        total = f"/{max(self.total, self.count)}" if self.total and not self.expected_s else ""
         short = "" if not entry.short else f" SHORT: {entry.short_reason}" \
             if entry.kind not in ALTERNATED else " (ran to the script's end)"
         ran = entry.config if entry.config != LoaderSettings() else entry.requested
@@ -92,10 +139,9 @@ class ConsoleProgress:
                 f"{wait_text}{' (from the ledger)' if reused else ''}{short}")
         if self._bar is not None:
             self._bar.console.print(line, highlight=False, markup=False)
-            if self.total is not None and self.count > self.total:
-                self._bar.update(self._task, total=self.count)
-            self._bar.update(self._task, completed=self.count)
+            self._bar.update(self._task, completed=time.monotonic() - self.started)
         else:
+            line += self._left_text()
             print(line, file=self.stream, flush=True)
 
     def _note(self, text: str) -> None:
@@ -108,6 +154,27 @@ class ConsoleProgress:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
+
+
+def _clock(seconds: float) -> str:
+    """``1:05`` for 65 s; ``1:02:05`` past an hour."""
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def plan_line(plan: list[Any], budget_s: Optional[float]) -> str:
+    """The sweep's plan in launches, before the first probe."""
+    usual = sum(step.usual for step in plan)
+    steps = ", ".join(step.words() for step in plan if step.high)
+    budget = f"; budget {_clock(budget_s)}" if budget_s else ""
+    return f"plan: about {usual} launches ({steps}){budget}"
+
+
+def budget_line(stop: dict[str, Any]) -> str:
+    """Where the budget stopped the sweep, and what it did not do."""
+    return (f"budget spent: {stop['launch']} would take about {stop['estimate_s']:.0f} s, "
+            f"{stop['left_s']:.0f} s left; not done: {', '.join(stop['not_done'])}")
 
 
 BOUNDS = {"cpu": "CPU-bound", "wait": "wait-bound", "mixed": "CPU and waiting mixed"}
@@ -154,6 +221,10 @@ def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
                      else f"recommended {label}")
         if speedup and basis:
             lines.append(f"  measured from {basis}")
+    budget = (summary.get("search") or {}).get("budget") or {}
+    if budget.get("stopped"):
+        lines.append(f"  budget {_clock(budget['budget_s'])} spent: the answer so far; not done: "
+                     f"{', '.join(budget['stopped']['not_done'])} (--resume goes on)")
     for item in recommendation.get("unsettled") or []:  # measured faster, not established
         lines.append(f"  not established: {config_label(item['config'])} measured "
                      f"{item['ratio']:.2f}x the script's settings ({item['probe']}): "

@@ -31,13 +31,13 @@ from ddp_profile.profiler.sweep.climb import (
     beats,
     climb_points,
     climb_workers,
-    condemned,
     next_workers,
     slower_than_baseline,
     waits_for_data,
     worth_screening,
     worth_tuning,
 )
+from ddp_profile.profiler.sweep.ladder import Ladder, LadderStop
 from ddp_profile.profiler.sweep.space import normalise
 from ddp_profile.profiler.sweep.state import SearchState, Window
 
@@ -70,7 +70,10 @@ def run(search: SearchState) -> None:
     if search.loader().get("iterable"):  # known from the baseline: no launch wasted on it
         search.measurer.screen_unsupported = ("its IterableDataset's stream cannot continue "
                                               "in a new iterator mid-epoch")
-    screened = search.measurer.measure_screen(windows, condemned(search.baseline))
+    judge = Ladder(search.baseline)
+    screened = search.measurer.measure_screen(windows, judge)
+    if judge.stop is not None:
+        search.ladder_stopped(judge.stop)
     ceiling.vet(search)
     if search.measurer.screen_unsupported:
         search.progress("note", {"text": "the DataLoader cannot be rebuilt in place "
@@ -158,9 +161,7 @@ def all_slower(search: SearchState, screened: list[ProbeRecord]) -> bool:
     rungs = adding(screened, search.baseline)  # fewer workers than the script's say nothing
     if not rungs or not all(slower_than_baseline(e, search.baseline) for e in rungs):
         return False
-    workers = ", ".join(str(e.config.num_workers) for e in rungs)
-    search.progress("note", {"text": f"every worker count screened ({workers}) ran slower "
-                                     "than the script's own settings: no further climb"})
+    search.ladder_stopped(LadderStop(search.baseline, rungs))  # said once, if not said yet
     return True
 
 
@@ -176,10 +177,18 @@ def climb(search: SearchState, start: LoaderSettings, launches: int = MAX_CLIMB_
         following = next_workers(points, limit)
         if following is None or outlasted(search, start, points):
             return
-        recalibrate(search, following)
         config = normalise(replace(start, num_workers=following))
+        ladder = Ladder(search.baseline)
+        if ladder([*search.ok_entries()], search.window(config)):
+            assert ladder.stop is not None
+            ladder.stop.skipped.append(config.label())
+            search.ladder_stopped(ladder.stop)
+            return
+        recalibrate(search, following)
         search.measurer.measure_screen([search.window(config)])
-        if slower_than_baseline(search.find(config), search.baseline):
+        rung = search.find(config)
+        if rung is not None and slower_than_baseline(rung, search.baseline):
+            search.ladder_stopped(LadderStop(search.baseline, [rung]))
             return  # more workers cost the loop: the climb stops here
 
 
@@ -243,7 +252,10 @@ def rescreen(search: SearchState, best: ProbeRecord) -> None:
     configs = [normalise(replace(current, num_workers=w)) for w in workers]
     windows = [search.window(c) for c in dict.fromkeys(configs) if search.find(c) is None]
     if windows:
-        search.measurer.measure_screen(windows, condemned(search.baseline))
+        ladder = Ladder(search.baseline)
+        search.measurer.measure_screen(windows, ladder)
+        if ladder.stop is not None:
+            search.ladder_stopped(ladder.stop)
 
 
 def measure_larger_batches(search: SearchState, best: ProbeRecord) -> ProbeRecord:

@@ -111,17 +111,36 @@ def slower_than_baseline(entry: Optional[ProbeRecord], baseline: Optional[ProbeR
 
 def condemned_by(entries: list[ProbeRecord], config: LoaderSettings,
                  baseline: ProbeRecord) -> bool:
-    """Whether ``entries`` condemn ``config``: it has more workers than rungs of its batch
-    size that added workers to the script's own (``adding``), and those all ran slower than
-    the script's settings beyond noise. More workers only cost such a loop more (a 2-rank
-    script whose samples sleep 2 ms ran 593, 98 and 52 samples/s with 1, 13 and 26 workers
-    against 896 without: 52 were killed, and a ceiling at 26 timed out, in a launch that
-    measured nothing of use). A rung with fewer workers than the script's losing says the
-    opposite (a script with 1 worker kept alive: no workers ran 0.78x)."""
+    """Whether ``entries`` condemn ``config`` (``ladder_evidence``)."""
+    return ladder_evidence(entries, config, baseline) is not None
+
+
+def ladder_evidence(entries: list[ProbeRecord], config: LoaderSettings,
+                    baseline: ProbeRecord) -> Optional[list[ProbeRecord]]:
+    """The measured rungs that condemn ``config``, or None. Of the rungs of its batch size
+    that added workers to the script's own and have fewer than it (``adding``), the largest
+    ran slower than the script's settings beyond noise (``slower_than_baseline``: unless its
+    measured restarts say more workers could still win); or the two largest both lost beyond
+    noise as run, the larger more: a ladder whose rungs lose more as they add workers ends
+    there, whatever a model predicts of the rungs above (a 2-rank script whose samples sleep
+    2 ms lost more with every rung: 52 workers were killed, and a ceiling at 26 timed out).
+    A rung with fewer workers than the script's losing says the opposite (a script with 1
+    worker kept alive: no workers ran slower)."""
     workers = config.num_workers or 0
-    lower = [e for e in adding(entries, baseline) if (e.config.num_workers or 0) < workers
-             and e.config.batch_size == config.batch_size]
-    return bool(workers and lower) and all(slower_than_baseline(e, baseline) for e in lower)
+    lower = sorted((e for e in adding(entries, baseline) if (e.config.num_workers or 0) < workers
+                    and e.config.batch_size == config.batch_size),
+                   key=lambda e: (e.config.num_workers or 0))
+    if not workers or not lower:
+        return None
+    top = lower[-1]
+    if slower_than_baseline(top, baseline):
+        return [top]
+    if len(lower) >= 2:
+        below = lower[-2]
+        loses = [better(candidate_of(baseline), candidate_of(e)) for e in (below, top)]
+        if all(loses) and (top.throughput or 0.0) < (below.throughput or 0.0):
+            return [below, top]
+    return None
 
 
 def adding(entries: list[ProbeRecord], baseline: ProbeRecord) -> list[ProbeRecord]:
@@ -132,15 +151,7 @@ def adding(entries: list[ProbeRecord], baseline: ProbeRecord) -> list[ProbeRecor
             and (e.config.num_workers or 0) > own]
 
 
-def condemned(baseline: ProbeRecord) -> Callable[[list[ProbeRecord], Any], bool]:
-    """A screen's ``measure.Condemned``: a rung, or the ceiling at a rung's settings, that
-    the screen's measurements so far condemn (``condemned_by``)."""
-    def judge(done: list[ProbeRecord], window: Any) -> bool:
-        return window.kind in (Kind.SWEEP, Kind.CEILING) \
-            and condemned_by(done, window.config, baseline)
-    return judge
-
-
+WATCHED = "-watched-"  # in the id of a running window's provisional record
 WATCHED_RSE = 0.1  # the error a running window's rate is read with: stopped only well beyond
 
 
@@ -156,7 +167,7 @@ def watched(plan: Any, pending: list[Any], done: list[ProbeRecord],
     def stop() -> bool:
         rates = window_rates(plan.out_dir, [w.config.to_dict() for w in pending])
         seen = [ProbeRecord.from_json({
-            "id": f"{plan.probe_id}-w{index}", "kind": pending[index].kind.value,
+            "id": f"{plan.probe_id}{WATCHED}{index}", "kind": pending[index].kind.value,
             "status": "ok", "config": pending[index].config.to_dict(), "throughput": rate,
             "throughput_rse": WATCHED_RSE, "epoch_restart_s": None,
             "steady_throughput": steady}) for index, (rate, steady) in rates.items()

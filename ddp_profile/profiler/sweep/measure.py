@@ -11,6 +11,7 @@ replays the same deterministic decisions and re-uses every probe that already fi
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any, Callable, Optional
 
@@ -51,7 +52,7 @@ from ddp_profile.profiler.sweep.climb import watched
 from ddp_profile.profiler.sweep.probe import script_run, summarise_probe
 from ddp_profile.profiler.sweep.screen import split_screen
 from ddp_profile.profiler.sweep.space import Axes
-from ddp_profile.profiler.sweep.state import Condemned, ProgressFn, Window, no_progress
+from ddp_profile.profiler.sweep.state import Budget, Condemned, ProgressFn, Window, no_progress
 
 DEFAULT_FIRST_TIMEOUT_S = 600.0
 MIN_TIMEOUT_S = 60.0
@@ -75,6 +76,7 @@ class LedgerMeasurer:
         self.ledger = run_dir.ledger()
         self.entries: list[ProbeRecord] = []
         self.screen_unsupported: Optional[str] = None
+        self.stopped_screen: Optional[str] = None  # the last screen launch stopped while it ran
         self.window_loop_s = 0.0  # estimated seconds of one screen window's loop
         # the page cache's state for every launch (``profiler.cache``): asked for cold, from the
         # first launch on; else decided after the baseline (``settle_cache``)
@@ -86,6 +88,7 @@ class LedgerMeasurer:
         # (a memory limit below MemAvailable, a reclaim daemon), and no probe is measured
         # again from then on (each would cost two launches for nothing); the reason, or None
         self.regime_unheld: Optional[str] = None
+        self.budget = Budget()  # the run's time (``--budget``), and its launches' walls
 
     def measure(self, window: Window) -> ProbeRecord:
         entry = self._probe(window)
@@ -122,6 +125,7 @@ class LedgerMeasurer:
             done = None
         if done is not None:
             return self._record(done, reused=True)
+        self.budget.room_for(1, f"{window.kind} {window.config.label()}", self)
         self.run_dir.discard_partial_probe(probe_id)
         room = self.warmup_room(window.config)
         plan = ProbePlan(probe_id=probe_id, out_dir=self.run_dir.probe_dir(probe_id),
@@ -164,8 +168,11 @@ class LedgerMeasurer:
         if self.coordinator is not None:
             self.coordinator.publish(self.launches, {"plan": plan.to_json(),
                                                      "timeout_s": timeout_s})
+        begun = time.monotonic()
         outcome = launch(self.spec, plan, timeout_s, tag=tag,
                          watch=watch if self.coordinator is None else None)
+        if not plan.windows:
+            self.budget.walls.append(time.monotonic() - begun)
         if self.coordinator is not None:
             outcome = merge_outcomes(outcome, self.coordinator.gather(
                 self.launches, plan.out_dir, timeout_s + FOLLOWER_GRACE_S))
@@ -243,9 +250,8 @@ class LedgerMeasurer:
                 dropped = [w for w in pending if condemned(done, w)]
                 pending = [w for w in pending if w not in dropped]
                 if dropped:
-                    self.progress("note", {"text": "not launched, condemned by the rungs below "
-                                                   "them: " + ", ".join(w.config.label()
-                                                                        for w in dropped)})
+                    condemned.skip(dropped, self.stopped_screen)
+                    self.stopped_screen = None
                 if not pending:
                     break
             first = len(self.entries)
@@ -276,6 +282,8 @@ class LedgerMeasurer:
         to ``done``; returns how many. Stopped early where the windows it finished condemn
         every one it has left (``watched``): the window it stopped in is not recorded."""
         launch_id = f"{ids[0]}-screen"
+        self.budget.room_for(len(pending), f"a screen of {len(pending)} window(s) from "
+                             f"{pending[0].config.label()}", self)
         for probe_id in (launch_id, *ids):
             self.run_dir.discard_partial_probe(probe_id)
         plan = ProbePlan(
@@ -294,9 +302,7 @@ class LedgerMeasurer:
         self.progress("start", {"probe_id": launch_id, "config": pending[0].config,
                                 "kind": Mode.SCREEN, "windows": len(pending)})
         outcome = self._launch(plan, timeout_s, watched(plan, pending, done, condemned))
-        if outcome.stopped:
-            self.progress("note", {"text": f"{launch_id} stopped: the windows it measured "
-                                           "condemn every one it had left"})
+        self.stopped_screen = launch_id if outcome.stopped else None  # said with its windows
         splits = split_screen(plan.out_dir, [self.run_dir.probe_dir(i) for i in ids],
                               plan.window_starts(), plan.window_lengths())
         consumed = 0
@@ -329,6 +335,9 @@ class LedgerMeasurer:
                                            f"of {len(pending)} windows, the rest go on next"})
         self.run_dir.clear_inflight()
         return consumed
+
+    def launch_estimate_s(self, windows: int = 1) -> Optional[float]:
+        return self.budget.estimate_s(windows, self.window_loop_s, self.entries)
 
     def warmup_room(self, config: LoaderSettings) -> Optional[int]:
         """A launch's most warm-up steps where one ran the script to its end."""

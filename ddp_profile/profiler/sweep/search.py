@@ -16,7 +16,7 @@ that one, or the script's own where the claim's check did not find it faster).
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ddp_profile.errors import NoDataLoader, ProbeTimeout, ScriptFailed
 from ddp_profile.profiler.cpus import cpus_available, threads_to_fit
@@ -50,9 +50,19 @@ from ddp_profile.profiler.store.probes import (
 )
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.sweep import adaptive, ceiling, claim, communication
+from ddp_profile.profiler.sweep.ladder import LadderStop
 from ddp_profile.profiler.sweep.measure import LedgerMeasurer
 from ddp_profile.profiler.sweep.space import Axes, SearchSpace, grid, normalise, resolve_axes
-from ddp_profile.profiler.sweep.state import Measurer, ProgressFn, SweepOptions, Window, no_progress
+from ddp_profile.profiler.sweep.state import (
+    BudgetSpent,
+    Measurer,
+    PlanStep,
+    ProgressFn,
+    SweepOptions,
+    Window,
+    no_progress,
+    plan,
+)
 
 
 class Search:
@@ -69,6 +79,8 @@ class Search:
         self.baseline: Optional[ProbeRecord] = None
         self.oom_batch: Optional[int] = None
         self._noted: set[str] = set()  # topics already told the user (``note_once``)
+        self.ladder_stop: Optional[LadderStop] = None  # why the worker ladder ended
+        self.budget_stop: Optional[dict[str, Any]] = None  # where the budget stopped the sweep
 
     @property
     def entries(self) -> list[ProbeRecord]:
@@ -76,33 +88,72 @@ class Search:
 
     def run(self) -> list[ProbeRecord]:
         """Baseline, then the search, the ceiling, the claim's check and the repeats; every
-        entry, in order."""
+        entry, in order. Where the budget has no room for a launch (``state.BudgetSpent``),
+        the phases left are not run and ``budget_stop`` says which."""
+        self.progress("plan", {"plan": self.plan(),
+                               "budget_s": self.options.budget_s})
         self.baseline = self.measurer.measure(Window(LoaderSettings(), Kind.BASELINE))
         self._check_baseline(self.baseline)
-        self.baseline = self.measurer.settle_cache(self.baseline, self.options.cache)
-        self._check_baseline(self.baseline)
-        self.axes = self._axes()
-        self.measurer.calibrate(self.baseline, self.axes)
-        self.progress("axes", {"axes": self.axes, "grid": grid(self.axes),
-                               "counted": self.options.single or self.options.search == "grid"})
-        if self.options.single:
-            self.measure_config(self._requested_single())
-        elif self.options.search == "grid":
-            for config in grid(self.axes):
-                self.measure_config(config)
-        else:
-            self.adaptive()
-        if self.options.comm:
-            communication.measure(self, larger_batches=not self.options.single
-                                  and self.options.search == "adaptive")
-        self.threads()
-        if self.wants_ceiling():
-            ceiling.measure(self)
-        ceiling.vet(self)
-        claim.confirm(self)
-        self.repeat()  # after the claim's check, which can keep the script's settings
-        claim.confirm_persistence(self)
+        phases = self._phases()
+        for index, (name, step) in enumerate(phases):
+            try:
+                step()
+            except BudgetSpent as spent:
+                self.budget_stop = {"phase": name, "launch": spent.what,
+                                    "estimate_s": round(spent.estimate_s, 1),
+                                    "left_s": round(max(spent.left_s, 0.0), 1),
+                                    "not_done": [n for n, _ in phases[index:] if n]}
+                self.progress("budget", dict(self.budget_stop))
+                break
         return self.entries
+
+    def _phases(self) -> list[tuple[str, Callable[[], None]]]:
+        """The sweep after the baseline, in order: (what it is, for a budget's stop; step)."""
+        def settle() -> None:
+            assert self.baseline is not None
+            self.baseline = self.measurer.settle_cache(self.baseline, self.options.cache)
+            self._check_baseline(self.baseline)
+            self.axes = self._axes()
+            self.measurer.calibrate(self.baseline, self.axes)
+            self.progress("axes", {"axes": self.axes, "grid": grid(self.axes),
+                                   "counted": self.options.single
+                                   or self.options.search == "grid"})
+            self.progress("estimate", {"plan": self.plan(),
+                                       "launch_s": self.measurer.launch_estimate_s(),
+                                       "budget_s": self.options.budget_s})
+
+        def search() -> None:
+            if self.options.single:
+                self.measure_config(self._requested_single())
+            elif self.options.search == "grid":
+                for config in grid(self.axes):
+                    self.measure_config(config)
+            else:
+                self.adaptive()
+
+        adaptive_run = not self.options.single and self.options.search == "adaptive"
+        return [
+            ("the page-cache regime's baseline", settle),
+            ("the search" if not adaptive_run else
+             "the search (worker ladder, prefetch and pinning, batch sizes)", search),
+            ("the communication counterfactuals" if self.options.comm else "",
+             lambda: communication.measure(self, larger_batches=adaptive_run)
+             if self.options.comm else None),
+            ("the threads counterfactuals", self.threads),
+            ("the compute-only ceiling" if self.options.ceiling else "",
+             lambda: ceiling.measure(self) if self.wants_ceiling() else None),
+            ("", lambda: ceiling.vet(self)),
+            ("the claim's check (A B alternation)" if self.options.pairs > 0 else "",
+             lambda: claim.confirm(self)),
+            # after the claim's check, which can keep the script's settings
+            ("the repeats" if self.options.repeat > 1 else "", self.repeat),
+            ("the persistent_workers check" if self.options.pairs > 0 else "",
+             lambda: claim.confirm_persistence(self)),
+        ]
+
+    def plan(self) -> list[PlanStep]:
+        """The sweep's phases in launches (``state.plan``), the axes' where known."""
+        return plan(self.options, self.space, self.axes, claim.MAX_CLAIM_LAUNCHES)
 
     def wants_ceiling(self) -> bool:
         return ceiling.wanted(self)
@@ -112,6 +163,12 @@ class Search:
         if topic not in self._noted:
             self._noted.add(topic)
             self.progress("note", {"text": text})
+
+    def ladder_stopped(self, stop: LadderStop) -> None:
+        """The first end of the worker ladder, kept for summary.json and said in one line."""
+        if self.ladder_stop is None:
+            self.ladder_stop = stop
+            self.progress("note", {"text": stop.words()})
 
     def loader(self) -> dict[str, Any]:
         """The training loader as the script built it (the baseline's context)."""
@@ -331,11 +388,22 @@ class Sweep:
     def timeout_s(self) -> float:
         return self.measurer.timeout_s
 
+    def stops(self) -> dict[str, Any]:
+        """Where the sweep stopped short, for summary.json's ``search``: the worker ladder's
+        end (``ladder_stop``) and the budget's (``budget``)."""
+        ladder, budget = self.search.ladder_stop, self.search.budget_stop
+        options = self.search.options
+        return {**({"ladder_stop": ladder.to_dict()} if ladder is not None else {}),
+                **({"budget": {"budget_s": options.budget_s,
+                               "spent_s": round(self.measurer.budget.elapsed_s(), 1),
+                               "stopped": budget}} if options.budget_s else {})}
+
     def run(self) -> list[ProbeRecord]:
         """The whole sweep; a closed terminal (SIGHUP) does not stop it."""
         previous = ignore_hangup()
         try:
             self.measurer.reap_inflight()
+            self.measurer.budget.start(self.search.options.budget_s)
             return self.search.run()
         finally:
             if self.coordinator is not None:

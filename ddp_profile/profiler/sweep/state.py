@@ -11,6 +11,9 @@ assigns its attributes.
 
 from __future__ import annotations
 
+import math
+import statistics
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
@@ -47,8 +50,15 @@ class Window:
     warmup: Optional[int] = None  # warm-up steps (None: the run's --warmup)
 
 
-Condemned = Callable[[list, Window], bool]  # (a screen's entries so far, a window it has yet
-# to launch) -> whether what it measured condemns that window (``sweep.climb.condemned``)
+class Condemned(Protocol):
+    """What a screen is measured with to drop windows its measurements rule out
+    (``sweep.ladder.Ladder``)."""
+
+    def __call__(self, done: list[ProbeRecord], window: Window) -> bool:
+        """Whether ``done`` (the screen's entries so far) condemn ``window``, yet to run."""
+
+    def skip(self, windows: list[Window], stopped: Optional[str] = None) -> None:
+        """Told the windows not measured because condemned (a launch ``stopped`` for them)."""
 
 
 class Measurer(Protocol):
@@ -84,6 +94,9 @@ class Measurer(Protocol):
         """Correct a measured entry (in memory and, for good, in the run's record); the
         corrected one."""
 
+    def launch_estimate_s(self, windows: int = 1) -> Optional[float]:
+        """Seconds a launch of ``windows`` windows is expected to take (None: unknown)."""
+
 
 
 @dataclass(frozen=True)
@@ -99,6 +112,61 @@ class SweepOptions:
     pairs: int = 3  # the claim checked: A B alternations of the baseline and the best (claim)
     cache: str = CacheMode.AUTO  # the page-cache regime asked for, one of ``profiler.cache``'s
     # ``MODES`` (a plain string where read back from the run's metadata)
+    budget_s: Optional[float] = None  # the run's time: no launch started that would end past it
+
+
+class BudgetSpent(Exception):
+    """A launch the budget has no room for (raised before it starts, ``Budget.room_for``)."""
+
+    def __init__(self, what: str, estimate_s: float, left_s: float):
+        super().__init__(f"{what}: about {estimate_s:.0f} s, {max(left_s, 0):.0f} s left")
+        self.what, self.estimate_s, self.left_s = what, estimate_s, left_s
+
+
+FINISH_RESERVE_S = 10.0  # of a budget, kept for the analysis and the report after the last launch
+
+
+class Budget:
+    """The run's time (``--budget``) as the measurer spends it: a launch is started only where
+    the estimate of its wall time (``estimate_s``) fits what is left."""
+
+    def __init__(self) -> None:
+        self.deadline: Optional[float] = None  # monotonic clock past which no launch may end
+        self.started = time.monotonic()
+        self.walls: list[float] = []  # wall seconds of this process's one-probe launches
+
+    def start(self, budget_s: Optional[float]) -> None:
+        """Count the run's time from now (no budget: None)."""
+        self.started = time.monotonic()
+        self.deadline = self.started + budget_s if budget_s else None
+
+    def estimate_s(self, windows: int, window_s: float, entries: list[ProbeRecord]
+                   ) -> Optional[float]:
+        """Seconds a launch of ``windows`` windows is expected to take: a one-probe launch as
+        this run's took (their median; the baseline's recorded wall time before any), and each
+        further window of a screen ``window_s``; None before any launch was timed."""
+        walls = self.walls or [e.wall_s for e in entries
+                               if e.kind == Kind.BASELINE and e.wall_s][:1]
+        if not walls:
+            return None
+        return statistics.median(walls) + max(0, windows - 1) * window_s
+
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+    def left_s(self) -> Optional[float]:
+        """Seconds of the budget left for launches (None: no budget)."""
+        if self.deadline is None:
+            return None
+        return self.deadline - FINISH_RESERVE_S - time.monotonic()
+
+    def room_for(self, windows: int, what: str, measurer: Any) -> None:
+        """Raise ``BudgetSpent`` where a launch of ``windows`` windows (``what``) would end
+        past the budget, by ``measurer``'s estimate."""
+        left = self.left_s()
+        estimate = measurer.launch_estimate_s(windows) if left is not None else None
+        if left is not None and estimate is not None and estimate > left:
+            raise BudgetSpent(what, estimate, left)
 
 
 class SearchState(Protocol):
@@ -131,6 +199,10 @@ class SearchState(Protocol):
     def note_once(self, topic: str, text: str) -> None:
         """Tell the user ``text`` the first time ``topic`` comes up in this sweep."""
 
+    def ladder_stopped(self, stop: Any) -> None:
+        """Record why the worker ladder ended (a ``sweep.ladder.LadderStop``) and say it,
+        once a sweep."""
+
     def loader(self) -> dict[str, Any]:
         """The training loader as the script built it (the baseline's context)."""
 
@@ -158,3 +230,46 @@ class SearchState(Protocol):
 
     def wants_ceiling(self) -> bool:
         """Whether a compute-only ceiling probe is worth a launch."""
+
+
+@dataclass(frozen=True)
+class PlanStep:
+    """A phase of the sweep in launches: the fewest, the usual and the most."""
+
+    what: str
+    low: int
+    usual: int
+    high: int
+
+    def words(self) -> str:
+        spread = f"{self.low}" if self.low == self.high else f"{self.low}-{self.high}"
+        return f"{self.what} {spread}"
+
+
+def plan(options: SweepOptions, space: SearchSpace, axes: Optional[Axes] = None,
+         check_launches: int = 9) -> list[PlanStep]:
+    """The sweep's phases in launches, as ``options`` and the axes (where known: after the
+    baseline) have them, a claim checked in at most ``check_launches`` launches; what the
+    progress prints before the first probe, and the estimate after the baseline multiplies
+    by its launch."""
+    steps = [PlanStep("baseline", 1, 1, 2)]  # measured again where it read out of the regime
+    sizes = [len(v) for v in (axes.num_workers, axes.pin_memory, axes.prefetch_factor,
+                              axes.batch_size)] if axes is not None else None
+    if options.single:
+        steps.append(PlanStep("the settings asked", 1, 1, 2))
+    elif options.search == "grid":
+        count = math.prod(sizes) if sizes else math.prod(
+            len(v) for v in space.to_dict().values() if v) or 1
+        steps.append(PlanStep("the grid", count, count, 2 * count))
+    else:
+        batches = len(space.batch_size or ()) or 4  # asked, else 2x and 4x (twice at most)
+        steps += [PlanStep("worker-ladder screen", 1, 1, 2), PlanStep("climb", 0, 1, 3),
+                  PlanStep("second screen", 0, 1, 2), PlanStep("batch sizes", 0, 0, batches)]
+    if options.ceiling:
+        steps.append(PlanStep("ceiling", 0, 0, 1))  # in the first screen where it has one
+    if options.pairs > 0:
+        steps += [PlanStep("claim check", 0, 1, check_launches + 1),
+                  PlanStep("persistent_workers check", 0, 0, 5)]
+    if options.repeat > 1:
+        steps.append(PlanStep("repeats", 0, options.repeat - 1, options.repeat - 1))
+    return steps

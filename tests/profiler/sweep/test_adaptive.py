@@ -89,6 +89,9 @@ class ModelMeasurer:
     def settle_cache(self, baseline: ProbeRecord, requested: str) -> ProbeRecord:
         return baseline  # modelled probes read no files
 
+    def launch_estimate_s(self, windows: int = 1) -> Optional[float]:
+        return 5.0 * windows  # a modelled launch's wall_s
+
     def amend(self, entry: ProbeRecord, fields: dict[str, Any]) -> ProbeRecord:
         amended = entry.amended(fields)
         self.entries[:] = [amended if e is entry else e for e in self.entries]
@@ -638,7 +641,9 @@ def test_no_climb_past_a_screen_whose_every_worker_count_lost_to_the_baseline():
     first = {w.config.num_workers for w in fake.screens_asked[0]}
     screened = {c.num_workers for c in fake.measured if c.num_workers}
     assert screened == first  # nothing climbed past the first screen
-    assert any("ran slower than the script's own settings" in n for n in notes), notes
+    said = [n for n in notes if "worker ladder ended" in n]
+    assert len(said) == 1 and "against the script's 875" in said[0], notes  # said once
+    assert found.ladder_stop is not None and found.ladder_stop.rungs
     assert found.best().kind == "baseline"
 
 

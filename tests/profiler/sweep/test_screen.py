@@ -247,7 +247,7 @@ def test_a_spilled_screen_launches_no_rung_its_lower_rungs_condemned(tmp_path):
     from ddp_profile.profiler.launch.ranks import LaunchSpec
     from ddp_profile.profiler.store.probes import Kind, ProbeRecord
     from ddp_profile.profiler.store.rundir import RunDir
-    from ddp_profile.profiler.sweep.climb import condemned
+    from ddp_profile.profiler.sweep.ladder import Ladder as condemned
     from ddp_profile.profiler.sweep.measure import LedgerMeasurer
     from ddp_profile.profiler.sweep.state import Window
 
@@ -318,6 +318,46 @@ def test_a_rung_that_loses_only_to_its_restarts_condemns_no_rung_above_it():
     assert slower_than_baseline(unknown, base) and condemned_by([base, unknown], two, base)
     faster = line("p001", 1, 600.0, steady=900.0)
     assert not slower_than_baseline(faster, base)
+
+
+def test_rungs_that_lose_more_as_they_add_workers_end_the_ladder_whatever_their_restarts():
+    """1 worker lost beyond noise, yet only to its restarts (with data free it could run
+    1,180 samples/s): alone it condemns nothing. 11 workers then lost more (300 against
+    the script's 899), their restarts again leaving room: the ladder ends there all the
+    same, 23 and a ceiling at 23 are condemned, and the stop keeps both rungs as its
+    evidence, said in one line."""
+    from ddp_profile.profiler.store.probes import Kind, ProbeRecord
+    from ddp_profile.profiler.sweep.climb import ladder_evidence
+    from ddp_profile.profiler.sweep.ladder import Ladder
+    from ddp_profile.profiler.sweep.state import Window
+
+    def line(probe_id: str, workers: int, rate: float, steady=None) -> ProbeRecord:
+        restarts = {"epoch_restart_s": 0.5, "epoch_steps": 62,
+                    "steady_throughput": steady} if steady else {}
+        return ProbeRecord.from_json({
+            "id": probe_id, "kind": "baseline" if not workers else "sweep", "status": "ok",
+            "throughput": rate, "throughput_rse": 0.02, **restarts,
+            "loop_demand": None if workers else 10000.0,
+            "config": {"num_workers": workers, "pin_memory": False,
+                       "prefetch_factor": 2 if workers else None, "batch_size": 16}})
+
+    base = line("p000", 0, 899.0)
+    one = line("p001", 1, 572.0, steady=1000.0)  # lost to its restarts alone
+    eleven = line("p002", 11, 300.0, steady=400.0)
+    above = LoaderSettings(23, False, 2, 16)
+    assert ladder_evidence([base, one], above, base) is None
+    assert ladder_evidence([base, one, eleven], above, base) == [one, eleven]
+    rising = line("p002", 11, 700.0, steady=800.0)  # lost less than the rung below: goes on
+    assert ladder_evidence([base, one, rising], above, base) is None
+    judge = Ladder(base)
+    done = [base, one, eleven]
+    windows = [Window(above), Window(above, Kind.CEILING, "ceiling")]
+    assert all(judge(done, w) for w in windows)
+    judge.skip(windows, "p001-screen")
+    words = judge.stop.words()
+    assert "1 worker(s) 572 (p001), 11 worker(s) 300 (p002)" in words
+    assert "against the script's 899" in words and "not measured: 23 worker(s)" in words
+    assert judge.stop.to_dict()["stopped_launch"] == "p001-screen"
 
 
 def test_a_rung_with_fewer_workers_than_the_script_condemns_nothing():
