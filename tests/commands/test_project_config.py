@@ -45,6 +45,7 @@ baseline = "ci/baseline.json"
 against = "origin/main"
 max_launches = 11
 measure_s = 5
+budget = "1m30s"
 """
 
 
@@ -58,6 +59,7 @@ def test_dedicated_file_gives_every_key_in_command_line_form(tmp_path):
     assert config.values["baseline"] == str(tmp_path / "ci" / "baseline.json")
     assert config.values["args"] == ["--epochs", "1", "--data", "/d x"]
     assert config.values["num_workers"] == "0,2,4"
+    assert config.values["budget"] == 90.0
     assert config.values["pin_memory"] == "true,false"
     assert config.values["prefetch_factor"] == "2,4"
     assert config.values["batch_size"] == "64"
@@ -130,6 +132,8 @@ def test_dedicated_file_wins_over_pyproject(tmp_path):
     ('pin_memory = "maybe"\n', "pin_memory: expected true or false"),
     ("pin_memory = [1]\n", "pin_memory: expected true/false"),
     ("timeout = 0\n", "timeout: expected a number of seconds > 0"),
+    ('budget = "soon"\n', "budget: expected a duration such as 90s, 2m or 1h30m"),
+    ("budget = 0\n", "budget: expected a duration > 0"),
     ("ceiling = 1\n", "ceiling: expected true or false"),
     ("max_regression = 5\n", "max_regression: expected a fraction in [0, 1)"),
     ('script = ""\n', "script: expected a non-empty string"),
@@ -268,6 +272,7 @@ def test_run_with_a_bad_file_exits_2_before_launching(tmp_path, monkeypatch, cap
     (["--nproc-per-node", "0"], "--nproc-per-node: 0 is below the minimum of 1"),
     (["--search", "random"], "--search: expected adaptive or grid"),
     (["--launcher", "srun"], "--launcher: expected torchrun or none"),
+    (["--budget", "2 min"], "--budget: expected a duration such as 90s, 2m or 1h30m"),
 ])
 def test_command_line_values_get_the_file_checks(tmp_path, monkeypatch, capsys, captured_run,
                                                  flags, message):

@@ -112,6 +112,13 @@ def _alternate(search: SearchState, base: ProbeRecord, best: ProbeRecord, what: 
                                          "for its noise (--pairs 2 or more)"})
         return
     steps = whole_epoch_steps(search, configs.values())
+    windows = [Window(configs[role], Kind.PAIRED, steps=steps, steps_per_s=search.steps_per_s(
+        configs[role]), pair={"role": role, "index": index, "group": group})
+        for index, role in enumerate(roles)] if in_one_launch else []
+    spill = search.measurer.screen_launches(windows) if windows else [0]
+    if len(spill) > 1:  # said as it will run: the script's run ends before the windows do
+        where = (f"in windows over about {len(spill)} launches ({'+'.join(map(str, spill))}: "
+                 "a run of the script holds no more)")
     whole = {role: whole_run_steps(search, config) for role, config in configs.items()}
     if reference.batch_size == candidate.batch_size or not all(whole.values()):
         whole = {}  # both sides' whole runs, or neither's; at one batch size, their steps
@@ -121,10 +128,7 @@ def _alternate(search: SearchState, base: ProbeRecord, best: ProbeRecord, what: 
                                         "ran it to its end)" if whole else
                                         f", {steps} steps each (whole epochs)" if steps else "")})
     if in_one_launch:
-        search.measurer.measure_screen([
-            Window(configs[role], Kind.PAIRED, steps=steps, steps_per_s=search.steps_per_s(
-                configs[role]), pair={"role": role, "index": index, "group": group})
-            for index, role in enumerate(roles)])
+        search.measurer.measure_screen(windows)
         if not undecided(search, best, gained=True):
             return
         roles = order(launch_pairs(search.options.pairs))

@@ -289,13 +289,7 @@ class LedgerMeasurer:
         plan = ProbePlan(
             probe_id=launch_id, out_dir=self.run_dir.probe_dir(launch_id),
             overrides=pending[0].config, warmup=self.warmup, steps=self.steps, mode=Mode.SCREEN,
-            windows=tuple({"overrides": w.config.to_dict(), "mode": w.mode,
-                           "warmup": window_warmup(self.warmup, w.config, w.mode,
-                                                   self.warmup_room(w.config)),
-                           **({"ddp": dict(w.ddp)} if w.ddp is not None else {}),
-                           "steps": burst_steps(w.steps or self.steps, w.config.num_workers,
-                                                w.mode, w.steps_per_s)}
-                          for w in pending),
+            windows=tuple(self._window_spec(w) for w in pending),
             inject_local_rank=self.local_rank_flag(), rdzv_id=f"{self.run_token}-{launch_id}",
             cache=self.plan_cache)
         timeout_s = self.screen_timeout(len(pending))
@@ -335,6 +329,29 @@ class LedgerMeasurer:
                                            f"of {len(pending)} windows, the rest go on next"})
         self.run_dir.clear_inflight()
         return consumed
+
+    def _window_spec(self, window: Window) -> dict[str, Any]:
+        """A screen window as its launch's plan has it."""
+        return {"overrides": window.config.to_dict(), "mode": window.mode,
+                "warmup": window_warmup(self.warmup, window.config, window.mode,
+                                        self.warmup_room(window.config)),
+                **({"ddp": dict(window.ddp)} if window.ddp is not None else {}),
+                "steps": burst_steps(window.steps or self.steps, window.config.num_workers,
+                                     window.mode, window.steps_per_s)}
+
+    def screen_launches(self, windows: list[Window]) -> list[int]:
+        """How many of ``windows`` each launch of a screen is predicted to hold: all in one,
+        unless a launch ran the script to its end (``run_steps``) and their steps outrun it
+        (a window whose warm-up the run cannot hold starts the next launch)."""
+        counts, used = [0], 0
+        for window in windows:
+            spec = self._window_spec(window)
+            run = run_steps(self.entries, window.config.batch_size)
+            if run and counts[-1] and used + spec["warmup"] >= run:
+                counts, used = [*counts, 0], 0
+            counts[-1] += 1
+            used += spec["warmup"] + spec["steps"]
+        return counts
 
     def launch_estimate_s(self, windows: int = 1) -> Optional[float]:
         return self.budget.estimate_s(windows, self.window_loop_s, self.entries)

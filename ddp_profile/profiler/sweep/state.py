@@ -97,6 +97,9 @@ class Measurer(Protocol):
     def launch_estimate_s(self, windows: int = 1) -> Optional[float]:
         """Seconds a launch of ``windows`` windows is expected to take (None: unknown)."""
 
+    def screen_launches(self, windows: list[Window]) -> list[int]:
+        """How many of ``windows`` each launch of a screen is predicted to hold."""
+
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,9 @@ class ModelMeasurer:
     def launch_estimate_s(self, windows: int = 1) -> Optional[float]:
         return 5.0 * windows  # a modelled launch's wall_s
 
+    def screen_launches(self, windows: list[Window]) -> list[int]:
+        return [len(windows)]  # a modelled screen: one launch
+
     def amend(self, entry: ProbeRecord, fields: dict[str, Any]) -> ProbeRecord:
         amended = entry.amended(fields)
         self.entries[:] = [amended if e is entry else e for e in self.entries]
