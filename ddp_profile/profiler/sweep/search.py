@@ -36,6 +36,7 @@ from ddp_profile.profiler.decide.paired import (
     order,
     room_for_noise,
 )
+from ddp_profile.profiler.decide.restarts import run_steps
 from ddp_profile.profiler.launch.coordinate import Coordinator
 from ddp_profile.profiler.launch.ranks import LaunchSpec, ignore_hangup, restore_hangup
 from ddp_profile.profiler.settings import LoaderSettings, Mode
@@ -178,8 +179,8 @@ class Search:
 
     # ---- measuring ------------------------------------------------------------------------
     def measure_config(self, config: LoaderSettings) -> Optional[ProbeRecord]:
-        """Measure a full configuration; re-measure longer once if its steps are unstable.
-        None: not launched (a smaller batch size already ran out of memory)."""
+        """Measure a full configuration; re-measure longer once if its steps are unstable and
+        the script's run can hold the longer probe. None: not launched (a smaller batch size already ran out of memory)."""
         known = self.find(config)
         if known is not None:
             return known
@@ -187,9 +188,12 @@ class Search:
             return None
         rate = self.steps_per_s(config)
         entry = self.measurer.measure(Window(config, steps_per_s=rate))
-        if entry.ok and relative_se(entry) > UNSTABLE_RSE:
-            entry = self.measurer.measure(Window(config, steps=self.options.steps * 2,
-                                                 steps_per_s=rate))
+        longer = self.options.steps * 2  # unless the script's run cannot hold them: a launch
+        # that ran it to its end says how many steps it makes (the longer probe would stop there)
+        run = run_steps(self.entries, config.batch_size)
+        if entry.ok and relative_se(entry) > UNSTABLE_RSE and not entry.short \
+                and (run is None or run >= longer + self.options.warmup):
+            entry = self.measurer.measure(Window(config, steps=longer, steps_per_s=rate))
         if entry.status == Status.OOM and config.batch_size is not None:
             self.oom_batch = min(self.oom_batch or config.batch_size, config.batch_size - 1)
         return entry
