@@ -231,6 +231,28 @@ def test_an_undecided_2x_batch_does_not_stop_the_4x_from_being_measured(at_64, m
     assert found.best().config.batch_size == (128 if measured_128 else 32)
 
 
+@pytest.mark.parametrize("run_steps_at_64, longer", [(40, False), (400, True)])
+def test_an_unstable_probe_is_measured_longer_only_where_the_scripts_run_holds_it(
+        run_steps_at_64, longer):
+    """Batch 64's probe scatters (relative SE 0.3): measured again, twice as long, unless a
+    launch that ran the script to its end says a run holds fewer steps at batch 64 than the
+    longer probe asks (it would stop at the same end, a launch for nothing)."""
+    class Ending(NoisyBatchMeasurer):
+        def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+            line = super()._line(requested, kind, **extra)
+            line.update(script_samples=run_steps_at_64 * 64 * 2,
+                        per_rank=[{"rank": 0}, {"rank": 1}])
+            return line
+
+    def model(config: LoaderSettings) -> tuple[float, float]:
+        return {32: 889.0, 64: 1_360.0, 128: 1_300.0}[config.batch_size or 32], 0.01
+
+    fake = Ending(model)
+    Search(fake, SPACE, SweepOptions(pairs=0, ceiling=False)).run()
+    assert 64 in {c.batch_size for c in fake.measured}
+    assert (SweepOptions().steps * 2 in fake.steps_asked) is longer
+
+
 def test_a_loop_that_waits_for_data_has_no_other_batch_measured():
     for model in (io_bound, cpu_bound):
         _found, fake = search(model)
