@@ -1422,3 +1422,35 @@ def test_the_worker_counts_are_measured_again_at_the_batch_size_the_search_moved
     found.run()
     assert LoaderSettings(0, False, None, 64) in fake.measured
     assert recommended(found).config == LoaderSettings(0, False, None, 64)
+
+
+def test_a_spent_budget_stops_the_sweep_between_launches_and_names_what_it_did_not_do():
+    """The measurer has room for three launches: the sweep stops before the fourth, keeps
+    what it measured, and says which launch and which phases were not run."""
+    from ddp_profile.profiler.sweep.state import BudgetSpent
+
+    class Budgeted(ModelMeasurer):
+        def measure(self, window: Window) -> ProbeRecord:
+            self._room(f"{window.kind} {window.config.label()}")
+            return super().measure(window)
+
+        def measure_screen(self, windows: list[Window], condemned: Any = None
+                           ) -> list[ProbeRecord]:
+            self._room("a screen")
+            return super().measure_screen(windows, condemned)
+
+        def _room(self, what: str) -> None:
+            if self.launches >= 3:
+                raise BudgetSpent(what, 5.0, 1.0)
+
+    events: list[tuple[str, dict]] = []
+    fake = Budgeted(io_bound)
+    found = Search(fake, SPACE, SweepOptions(ceiling=False, budget_s=20.0),
+                   progress=lambda event, data: events.append((event, data)))
+    found.run()
+    assert fake.launches == 3 and found.best() is not None
+    stop = found.budget_stop
+    assert stop is not None and stop["launch"] and stop["not_done"][-1] == \
+        "the persistent_workers check"
+    assert [e for e, _ in events].count("budget") == 1
+    assert [e for e, _ in events][0] == "plan" and "estimate" in [e for e, _ in events]
