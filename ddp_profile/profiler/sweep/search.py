@@ -180,7 +180,8 @@ class Search:
     # ---- measuring ------------------------------------------------------------------------
     def measure_config(self, config: LoaderSettings) -> Optional[ProbeRecord]:
         """Measure a full configuration; re-measure longer once if its steps are unstable and
-        the script's run can hold the longer probe. None: not launched (a smaller batch size already ran out of memory)."""
+        the script's run can hold the longer probe. None: not launched (a smaller batch size
+        already ran out of memory)."""
         known = self.find(config)
         if known is not None:
             return known
