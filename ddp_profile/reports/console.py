@@ -4,6 +4,7 @@ the concise end-of-run summary."""
 from __future__ import annotations
 
 import sys
+import textwrap
 import time
 from typing import Any, Optional
 
@@ -47,6 +48,8 @@ class ConsoleProgress:
             self._estimate(data)
         elif event == "budget":
             self._note(budget_line(data))
+        elif event == "ladder":
+            self._note(_wrapped(data["text"]))
         elif event == "axes":  # adaptive: how many probes it needs is not known in advance
             self.total = len(data["grid"]) + 2 if data.get("counted", True) else None
             self._start_bar()
@@ -74,9 +77,8 @@ class ConsoleProgress:
         if self.budget_s:
             self.expected_s = min(self.expected_s, self.budget_s)
         budget = f"; budget {_clock(self.budget_s)}" if self.budget_s else ""
-        self._note(f"estimate: a launch takes about {launch_s:.0f} s here (the baseline's): "
-                   f"about {usual} launches, {_clock(usual * launch_s)} "
-                   f"(at most {high}, {_clock(high * launch_s)}){budget}")
+        self._note(f"estimate: about {_clock(usual * launch_s)} ({usual} launches of about "
+                   f"{launch_s:.0f} s, the baseline's); at most {_clock(high * launch_s)}{budget}")
         if self._bar is not None:
             self._bar.update(self._task, total=self.expected_s)
 
@@ -163,18 +165,25 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
+WIDTH = 100  # a console line's most characters
+
+
+def _wrapped(text: str) -> str:
+    return "\n".join(textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False))
+
+
 def plan_line(plan: list[Any], budget_s: Optional[float]) -> str:
     """The sweep's plan in launches, before the first probe."""
-    usual = sum(step.usual for step in plan)
+    usual, high = sum(step.usual for step in plan), sum(step.high for step in plan)
     steps = ", ".join(step.words() for step in plan if step.high)
     budget = f"; budget {_clock(budget_s)}" if budget_s else ""
-    return f"plan: about {usual} launches ({steps}){budget}"
+    return _wrapped(f"plan: about {usual} launches, at most {high}{budget}: {steps}")
 
 
 def budget_line(stop: dict[str, Any]) -> str:
     """Where the budget stopped the sweep, and what it did not do."""
-    return (f"budget spent: {stop['launch']} would take about {stop['estimate_s']:.0f} s, "
-            f"{stop['left_s']:.0f} s left; not done: {', '.join(stop['not_done'])}")
+    return _wrapped(f"budget spent: {stop['launch']} would take about {stop['estimate_s']:.0f} "
+                    f"s, {stop['left_s']:.0f} s left; not done: {', '.join(stop['not_done'])}")
 
 
 BOUNDS = {"cpu": "CPU-bound", "wait": "wait-bound", "mixed": "CPU and waiting mixed"}

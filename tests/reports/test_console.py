@@ -149,3 +149,30 @@ def test_the_summary_names_what_measured_faster_and_was_not_established():
                      "settings (p014): its probes ran fewer steps than asked (the script "
                      "ended first)")
     assert lines[at + 1] == "    to settle it: ddp-profile run t.py --batch-size 256 --pairs 5"
+
+
+def test_the_plan_the_estimate_and_a_budgets_stop_fit_the_console():
+    """Before the first probe the plan in launches; after the baseline the estimate from its
+    launch; each probe line the time left of the budget; the budget's stop names what was not
+    done. Every line fits 100 characters."""
+    from ddp_profile.profiler.sweep.space import SearchSpace
+    from ddp_profile.profiler.sweep.state import SweepOptions, plan
+
+    stream = io.StringIO()
+    progress = ConsoleProgress(stream=stream)
+    steps = plan(SweepOptions(budget_s=120.0), SearchSpace())
+    progress("plan", {"plan": steps, "budget_s": 120.0})
+    progress("done", {"entry": record({**SHORT, "short": False})})
+    progress("estimate", {"plan": steps, "launch_s": 12.0, "budget_s": 120.0})
+    progress("ladder", {"text": "worker ladder ended: 1 worker(s) 283 (p001) samples/s against "
+                                "the script's 728: more workers than a rung that lost; not "
+                                "measured: 3, 6, 12 worker(s) (p001-screen stopped early)"})
+    progress("budget", {"launch": "sweep w=4 pin=false pf=2 bs=16", "estimate_s": 12.0,
+                        "left_s": 3.0, "not_done": ["the claim's check (A B alternation)",
+                                                    "the persistent_workers check"]})
+    text = stream.getvalue()
+    assert text.startswith("plan: about 5 launches, at most ") and "budget 2:00" in text
+    assert "samples/s, data wait 10% | 2:00 left of the budget" in text  # its probe line
+    assert "estimate: about 1:00 (5 launches of about 12 s, the baseline's)" in text
+    assert "not done: the claim's check" in text.replace("\n  ", " ")
+    assert all(len(line) <= 100 for line in text.splitlines()), text

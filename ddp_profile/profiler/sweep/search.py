@@ -169,7 +169,7 @@ class Search:
         """The first end of the worker ladder, kept for summary.json and said in one line."""
         if self.ladder_stop is None:
             self.ladder_stop = stop
-            self.progress("note", {"text": stop.words()})
+            self.progress("ladder", {"text": stop.words()})
 
     def loader(self) -> dict[str, Any]:
         """The training loader as the script built it (the baseline's context)."""
