@@ -53,7 +53,7 @@ from ddp_profile.profiler.store.epochs import restart_share
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord, counts_for_choice
 from ddp_profile.profiler.sweep.climb import condemned_by
 from ddp_profile.profiler.sweep.space import normalise
-from ddp_profile.profiler.sweep.state import SearchState, Window
+from ddp_profile.profiler.sweep.state import SearchState, Window, where_windows
 
 WINDOW_PAIRS = 3  # A B A B A B A in one launch
 LAUNCH_PAIRS = 2  # A B A B A, a launch each
@@ -115,10 +115,8 @@ def _alternate(search: SearchState, base: ProbeRecord, best: ProbeRecord, what: 
     windows = [Window(configs[role], Kind.PAIRED, steps=steps, steps_per_s=search.steps_per_s(
         configs[role]), pair={"role": role, "index": index, "group": group})
         for index, role in enumerate(roles)] if in_one_launch else []
-    spill = search.measurer.screen_launches(windows) if windows else [0]
-    if len(spill) > 1:  # said as it will run: the script's run ends before the windows do
-        where = (f"in windows over about {len(spill)} launches ({'+'.join(map(str, spill))}: "
-                 "a run of the script holds no more)")
+    if windows:  # said as they will run: a script's run may end before its windows do
+        where = where_windows(search.measurer, windows)
     whole = {role: whole_run_steps(search, config) for role, config in configs.items()}
     if reference.batch_size == candidate.batch_size or not all(whole.values()):
         whole = {}  # both sides' whole runs, or neither's; at one batch size, their steps

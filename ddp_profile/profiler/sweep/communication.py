@@ -31,7 +31,7 @@ from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.sweep.adaptive import measure_larger_batches
 from ddp_profile.profiler.sweep.claim import LAUNCH_PAIRS, WINDOW_PAIRS
 from ddp_profile.profiler.sweep.space import normalise
-from ddp_profile.profiler.sweep.state import SearchState, Window
+from ddp_profile.profiler.sweep.state import SearchState, Window, where_windows
 
 
 def measure(search: SearchState, larger_batches: bool = True) -> None:
@@ -120,9 +120,12 @@ def _placed(search: SearchState, candidates: list[dict[str, Any]], group: str, w
         search.progress("note", {"text": f"DDP options not measured ({names}): {letters} leaves "
                                          "no room for its noise (--pairs 2 or more)"})
         return []
+    rate = search.steps_per_s(normalise(search.baseline.config)) if search.baseline else None
+    where = where_windows(search.measurer, [
+        Window(LoaderSettings(), Kind.DDP, steps_per_s=rate, ddp=candidates[i] if i >= 0 else {})
+        for i in sequence]) if windows else "a launch each"
     search.progress("note", {"text": f"DDP options against the script's own (A), alternated "
-                                     f"{letters}, {'in one launch' if windows else 'a launch each'}"
-                                     f" ({names})"})
+                                     f"{letters}, {where} ({names})"})
     return [(candidates[i] if i >= 0 else {},
              {"role": REFERENCE if i < 0 else CANDIDATE, "index": index, "group": group})
             for index, i in enumerate(sequence)]

@@ -339,15 +339,17 @@ class LedgerMeasurer:
                 "steps": burst_steps(window.steps or self.steps, window.config.num_workers,
                                      window.mode, window.steps_per_s)}
 
-    def screen_launches(self, windows: list[Window]) -> list[int]:
-        """How many of ``windows`` each launch of a screen is predicted to hold: all in one,
-        unless a launch ran the script to its end (``run_steps``) and their steps outrun it
-        (a window whose warm-up the run cannot hold starts the next launch)."""
+    def screen_launches(self, windows: list[Window]) -> Optional[list[int]]:
+        """How many of ``windows`` each launch of a screen is predicted to hold, by the steps
+        a launch that ran the script to its end made (``run_steps``; None where none did): a
+        window whose warm-up the run cannot hold starts the next launch."""
         counts, used = [0], 0
         for window in windows:
             spec = self._window_spec(window)
             run = run_steps(self.entries, window.config.batch_size)
-            if run and counts[-1] and used + spec["warmup"] >= run:
+            if run is None:
+                return None
+            if counts[-1] and used + spec["warmup"] >= run:
                 counts, used = [*counts, 0], 0
             counts[-1] += 1
             used += spec["warmup"] + spec["steps"]

@@ -97,8 +97,9 @@ class Measurer(Protocol):
     def launch_estimate_s(self, windows: int = 1) -> Optional[float]:
         """Seconds a launch of ``windows`` windows is expected to take (None: unknown)."""
 
-    def screen_launches(self, windows: list[Window]) -> list[int]:
-        """How many of ``windows`` each launch of a screen is predicted to hold."""
+    def screen_launches(self, windows: list[Window]) -> Optional[list[int]]:
+        """How many of ``windows`` each launch of a screen is predicted to hold (None: the
+        script's length is not known)."""
 
 
 
@@ -233,6 +234,19 @@ class SearchState(Protocol):
 
     def wants_ceiling(self) -> bool:
         """Whether a compute-only ceiling probe is worth a launch."""
+
+
+def where_windows(measurer: Measurer, windows: list[Window]) -> str:
+    """How a screen of ``windows`` will run, in words: in one launch where a run of the
+    script holds them, in the launches it takes where it does not, and where no launch ran
+    the script to its end (its length unknown), one launch unless the script ends first."""
+    counts = measurer.screen_launches(windows)
+    if counts is None:
+        return "in windows of one launch (more if the script ends first)"
+    if len(counts) == 1:
+        return "in one launch"
+    return (f"in windows over about {len(counts)} launches ({'+'.join(map(str, counts))}: "
+            "a run of the script holds no more)")
 
 
 @dataclass(frozen=True)

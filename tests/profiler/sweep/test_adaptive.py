@@ -92,7 +92,7 @@ class ModelMeasurer:
     def launch_estimate_s(self, windows: int = 1) -> Optional[float]:
         return 5.0 * windows  # a modelled launch's wall_s
 
-    def screen_launches(self, windows: list[Window]) -> list[int]:
+    def screen_launches(self, windows: list[Window]) -> Optional[list[int]]:
         return [len(windows)]  # a modelled screen: one launch
 
     def amend(self, entry: ProbeRecord, fields: dict[str, Any]) -> ProbeRecord:

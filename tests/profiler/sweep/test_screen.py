@@ -444,3 +444,36 @@ def test_a_watched_launch_stops_when_its_watch_says_so():
     finally:
         process.kill()
         process.wait()
+
+
+def test_a_screen_is_said_in_the_launches_the_scripts_run_takes(tmp_path):
+    """A check's seven windows of 5 + 30 steps: where no launch ran the script to its end, one
+    launch unless it ends first; where a launch ran it to its end in 80 steps a rank, three
+    windows a launch (the third cut short by the end, the fourth's warm-up past it), three
+    launches, said so; where its run holds them all, one launch."""
+    from ddp_profile.profiler.launch.ranks import LaunchSpec
+    from ddp_profile.profiler.store.probes import Kind, ProbeRecord
+    from ddp_profile.profiler.store.rundir import RunDir
+    from ddp_profile.profiler.sweep.measure import LedgerMeasurer
+    from ddp_profile.profiler.sweep.state import Window, where_windows
+
+    run_dir = RunDir(str(tmp_path / "run"))
+    run_dir.create({"script": "train.py"})
+    found = LedgerMeasurer(run_dir, LaunchSpec(script="train.py"), 30, 5, 60.0)
+    windows = [Window(LoaderSettings(w, False, 2 if w else None, 16), Kind.PAIRED)
+               for w in (0, 1, 0, 1, 0, 1, 0)]
+    assert found.screen_launches(windows) is None
+    assert "one launch (more if the script ends first)" in where_windows(found, windows)
+
+    def ran_to_its_end(steps: int) -> None:
+        found.entries[:] = [ProbeRecord.from_json({
+            "id": "p000", "kind": "baseline", "status": "ok", "throughput": 500.0,
+            "config": {"num_workers": 0, "batch_size": 16}, "script_samples": steps * 16 * 2,
+            "per_rank": [{"rank": 0}, {"rank": 1}]})]
+
+    ran_to_its_end(80)
+    assert found.screen_launches(windows) == [3, 3, 1]
+    assert where_windows(found, windows).startswith("in windows over about 3 launches")
+    ran_to_its_end(1000)
+    assert found.screen_launches(windows) == [7]
+    assert where_windows(found, windows) == "in one launch"
