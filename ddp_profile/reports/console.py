@@ -35,6 +35,7 @@ class ConsoleProgress:
         self.started = time.monotonic()
         self.budget_s: Optional[float] = None
         self.expected_s: Optional[float] = None  # the estimate of the whole run, from the start
+        self.usual: Optional[int] = None  # the plan's usual launches
         self._bar: Any = None
         self._task: Any = None
 
@@ -71,7 +72,7 @@ class ConsoleProgress:
         launch_s = data.get("launch_s")
         if not launch_s:
             return
-        usual = sum(step.usual for step in data["plan"])
+        usual = self.usual = sum(step.usual for step in data["plan"])
         high = sum(step.high for step in data["plan"])
         self.expected_s = time.monotonic() - self.started + (usual - 1) * launch_s
         if self.budget_s:
@@ -88,12 +89,14 @@ class ConsoleProgress:
         return end - (time.monotonic() - self.started) if end else None
 
     def _left_text(self) -> str:
+        """What is left: of the budget where there is one, else the launches of the plan."""
         left = self.left_s()
-        if left is None:
+        if self.budget_s and left is not None:
+            return f" | {_clock(max(left, 0.0))} left of the budget"
+        if self.usual is None:
             return ""
-        what = "of the budget" if self.budget_s else "estimated"
-        return f" | {_clock(max(left, 0.0))} left {what}" if left > 0 or self.budget_s \
-            else " | past the estimate"
+        return (f" | {_clock(time.monotonic() - self.started)} in, launch {self.launches} of "
+                f"about {max(self.usual, self.launches)}")
 
     def _start_bar(self) -> None:
         if not self.tty or self._bar is not None:

@@ -176,3 +176,18 @@ def test_the_plan_the_estimate_and_a_budgets_stop_fit_the_console():
     assert "estimate: about 1:00 (5 launches of about 12 s, the baseline's)" in text
     assert "not done: the claim's check" in text.replace("\n  ", " ")
     assert all(len(line) <= 100 for line in text.splitlines()), text
+
+
+def test_without_a_budget_a_probe_line_says_which_launch_of_the_plan_it_is():
+    from ddp_profile.profiler.settings import LoaderSettings
+    from ddp_profile.profiler.sweep.space import SearchSpace
+    from ddp_profile.profiler.sweep.state import SweepOptions, plan
+
+    stream = io.StringIO()
+    progress = ConsoleProgress(stream=stream)
+    steps = plan(SweepOptions(), SearchSpace())
+    progress("plan", {"plan": steps, "budget_s": None})
+    progress("start", {"probe_id": "p000", "config": LoaderSettings(), "kind": "baseline"})
+    progress("estimate", {"plan": steps, "launch_s": 12.0, "budget_s": None})
+    progress("done", {"entry": record({**SHORT, "short": False})})
+    assert "launch 1 of about 5" in stream.getvalue().splitlines()[-1]
