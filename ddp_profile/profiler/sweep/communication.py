@@ -25,7 +25,13 @@ from ddp_profile.profiler.decide.choose import (
     relative_se,
 )
 from ddp_profile.profiler.decide.ddp import alternation_fit, ddp_counterfactuals, options_key
-from ddp_profile.profiler.decide.paired import CANDIDATE, REFERENCE, room_for_noise, rounds
+from ddp_profile.profiler.decide.paired import (
+    CANDIDATE,
+    REFERENCE,
+    alternations,
+    room_for_noise,
+    rounds,
+)
 from ddp_profile.profiler.settings import GRADIENT_SYNC, LoaderSettings
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.sweep.adaptive import measure_larger_batches
@@ -64,13 +70,32 @@ def unsynchronised(search: SearchState) -> bool:
     one launch beside a twin of the script's, as ``choose.comm_bound`` judges them."""
     unsynced = {GRADIENT_SYNC: False}
     if search.options.pairs > 0:
-        entries = alternate(search, [unsynced], in_one_launch=True)
+        entries = next((group for group in alternations(search.entries, Kind.DDP)
+                        if any(e.comm.options == unsynced for e in group)), None) \
+            or alternate(search, [unsynced], in_one_launch=True)  # measured already, or now
         fit = alternation_fit(entries)
         if fit is not None:
             share = 1.0 - 1.0 / fit.ratio(options_key(unsynced))
             return share >= ChoiceThresholds().comm_exposed_share
     twin = _ddp_probe(search, {})  # the script as it is, beside its counterfactual
     return comm_bound(search.baseline, _ddp_probe(search, unsynced), twin)
+
+
+def riding_windows(search: SearchState) -> list[Window]:
+    """The step without gradient synchronisation alternated with the script's
+    (``unsynchronised``), as windows for the worker ladder's launch where ``measure`` would
+    alternate them in windows of a launch of their own: that launch's start-up saved. Each
+    window names the script's settings (a screen's window applies its own over the last's)."""
+    baseline = search.baseline
+    if not search.options.comm or search.options.pairs <= 0 or baseline is None \
+            or not baseline.ok or not exposed_share(baseline) \
+            or search.measurer.screen_unsupported:
+        return []
+    config = normalise(baseline.config)
+    placed = _placed(search, [{GRADIENT_SYNC: False}], f"ddp-{len(search.entries):03d}", True,
+                     where="in the worker ladder's launch")
+    return [Window(config, Kind.DDP, steps_per_s=search.steps_per_s(config), pair=pair,
+                   ddp=ddp) for ddp, pair in placed]
 
 
 def alternate(search: SearchState, candidates: list[dict[str, Any]], in_one_launch: bool
@@ -106,8 +131,8 @@ def alternate(search: SearchState, candidates: list[dict[str, Any]], in_one_laun
     return entries
 
 
-def _placed(search: SearchState, candidates: list[dict[str, Any]], group: str, windows: bool
-            ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+def _placed(search: SearchState, candidates: list[dict[str, Any]], group: str, windows: bool,
+            where: str = "") -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """The alternation's DDP options and places, in order; told to the user (or why it is
     not run)."""
     # windows of one launch are cheap: at least WINDOW_PAIRS of them, for a fit with room
@@ -121,7 +146,7 @@ def _placed(search: SearchState, candidates: list[dict[str, Any]], group: str, w
                                          "no room for its noise (--pairs 2 or more)"})
         return []
     rate = search.steps_per_s(normalise(search.baseline.config)) if search.baseline else None
-    where = where_windows(search.measurer, [
+    where = where or where_windows(search.measurer, [
         Window(LoaderSettings(), Kind.DDP, steps_per_s=rate, ddp=candidates[i] if i >= 0 else {})
         for i in sequence]) if windows else "a launch each"
     search.progress("note", {"text": f"DDP options against the script's own (A), alternated "

@@ -152,6 +152,11 @@ class Search:
              lambda: claim.confirm_persistence(self)),
         ]
 
+    def riding_windows(self) -> list[Window]:
+        """Windows of a later phase the worker ladder's launch holds as well
+        (``communication.riding_windows``)."""
+        return communication.riding_windows(self)
+
     def plan(self) -> list[PlanStep]:
         """The sweep's phases in launches (``state.plan``), the axes' where known."""
         return plan(self.options, self.space, self.axes, claim.MAX_CLAIM_LAUNCHES)

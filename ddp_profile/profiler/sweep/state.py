@@ -235,6 +235,9 @@ class SearchState(Protocol):
     def wants_ceiling(self) -> bool:
         """Whether a compute-only ceiling probe is worth a launch."""
 
+    def riding_windows(self) -> list[Window]:
+        """Windows of a later phase the worker ladder's launch holds as well."""
+
 
 def where_windows(measurer: Measurer, windows: list[Window]) -> str:
     """How a screen of ``windows`` will run, in words: in one launch where a run of the

@@ -580,15 +580,18 @@ class CommMeasurer(ModelMeasurer):
 
 def test_exposed_communication_is_measured_then_tuned():
     """The step without gradient synchronisation alternated with the script's in windows of
-    one launch; then larger batches; then DDP options, each launch next to one of the
-    script's own options, A B A C A B A C A."""
+    the worker ladder's launch (known from the baseline: no launch of its own); then larger
+    batches; then DDP options, each launch next to one of the script's own options,
+    A B A C A B A C A."""
     fake = CommMeasurer()
     found = Search(fake, SPACE, SweepOptions(pairs=3, ceiling=False))
     found.run()
     unsynced, cap, view = {"gradient_sync": False}, {"bucket_cap_mb": 100}, \
         {"gradient_as_bucket_view": True}
     sync_windows = next(s for s in fake.screens if unsynced in s)
-    assert sync_windows == [{}, unsynced] * 3 + [{}]
+    assert sync_windows is fake.screens[0] and sync_windows[:7] == [{}, unsynced] * 3 + [{}]
+    assert len(sync_windows) > 7 and set(sync_windows[7:]) == {None}  # the ladder's rungs
+    assert sum(unsynced in s for s in fake.screens) == 1  # measured once
     assert fake.ddp_asked == [{}, cap, {}, view, {}, cap, {}, view, {}]
     pairs = [e.pair for e in fake.entries if e.kind == "ddp"]
     assert [p.index for p in pairs] == list(range(7)) + list(range(9))
@@ -846,7 +849,7 @@ def test_an_alternation_with_no_room_for_its_noise_is_not_launched():
     found = Search(fake, SPACE, SweepOptions(pairs=1, ceiling=False))
     found.run()
     assert not [e for e in fake.entries if e.kind == "paired"]
-    assert [{}, {"gradient_sync": False}] * 3 + [{}] in fake.screens
+    assert fake.screens[0][:7] == [{}, {"gradient_sync": False}] * 3 + [{}]
     # two options: A B A C A leaves one degree of freedom, and runs
     assert fake.ddp_asked == [{}, {"bucket_cap_mb": 100}, {}, {"gradient_as_bucket_view": True},
                               {}]
