@@ -221,7 +221,7 @@ def finalize(run_dir: RunDir, meta: dict[str, Any], sweep: Sweep, gpu: dict[str,
                                     "cache": {**sweep.measurer.regime.to_dict(),
                                               "warmed": sweep.measurer.warmed,
                                               "unheld": sweep.measurer.regime_unheld},
-                                    **sweep.stops()},
+                                    **stops(sweep)},
                             capacity=run_capacity)
     run: Optional[Run] = None
     try:
@@ -238,6 +238,17 @@ def finalize(run_dir: RunDir, meta: dict[str, Any], sweep: Sweep, gpu: dict[str,
     if report and run is not None:
         render_report(run, os.path.join(run_dir.path, "report.html"))
     return summary
+
+
+def stops(sweep: Sweep) -> dict[str, Any]:
+    """Where the sweep stopped short, for summary.json's ``search``: the worker ladder's end
+    (``ladder_stop``) and, where the run had a budget, its use and stop (``budget``)."""
+    ladder, budget, options = sweep.search.ladder_stop, sweep.search.budget_stop, \
+        sweep.search.options
+    return {**({"ladder_stop": ladder.to_dict()} if ladder is not None else {}),
+            **({"budget": {"budget_s": options.budget_s,
+                           "spent_s": round(sweep.measurer.budget.elapsed_s(), 1),
+                           "stopped": budget}} if options.budget_s else {})}
 
 
 def write_report(run_path: str, out_path: str) -> str:

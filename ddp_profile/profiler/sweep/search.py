@@ -398,16 +398,6 @@ class Sweep:
     def timeout_s(self) -> float:
         return self.measurer.timeout_s
 
-    def stops(self) -> dict[str, Any]:
-        """Where the sweep stopped short, for summary.json's ``search``: the worker ladder's
-        end (``ladder_stop``) and the budget's (``budget``)."""
-        ladder, budget = self.search.ladder_stop, self.search.budget_stop
-        options = self.search.options
-        return {**({"ladder_stop": ladder.to_dict()} if ladder is not None else {}),
-                **({"budget": {"budget_s": options.budget_s,
-                               "spent_s": round(self.measurer.budget.elapsed_s(), 1),
-                               "stopped": budget}} if options.budget_s else {})}
-
     def run(self) -> list[ProbeRecord]:
         """The whole sweep; a closed terminal (SIGHUP) does not stop it."""
         previous = ignore_hangup()
