@@ -89,7 +89,7 @@ def riding_windows(search: SearchState) -> list[Window]:
     baseline = search.baseline
     if not search.options.comm or search.options.pairs <= 0 or baseline is None \
             or not baseline.ok or not exposed_share(baseline) \
-            or search.measurer.screen_unsupported:
+            or search.measurer.screen_unsupported or search.loader().get("iterable"):
         return []
     config = normalise(baseline.config)
     placed = _placed(search, [{GRADIENT_SYNC: False}], f"ddp-{len(search.entries):03d}", True,
