@@ -235,8 +235,12 @@ def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
             lines.append(f"  measured from {basis}")
     budget = (summary.get("search") or {}).get("budget") or {}
     if budget.get("stopped"):
-        lines.append(f"  budget {_clock(budget['budget_s'])} spent: the answer so far; not done: "
-                     f"{', '.join(budget['stopped']['not_done'])} (--resume goes on)")
+        lines.append(_wrapped(f"  budget {_clock(budget['budget_s'])} spent: the answer so far; "
+                              f"not done: {', '.join(budget['stopped']['not_done'])} "
+                              "(--resume goes on)"))
+    elif budget.get("budget_s"):
+        lines.append(f"  budget {_clock(budget['budget_s'])}: {_clock(budget['spent_s'])} used, "
+                     "nothing left out")
     for item in recommendation.get("unsettled") or []:  # measured faster, not established
         lines.append(f"  not established: {config_label(item['config'])} measured "
                      f"{item['ratio']:.2f}x the script's settings ({item['probe']}): "

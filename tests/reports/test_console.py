@@ -191,3 +191,17 @@ def test_without_a_budget_a_probe_line_says_which_launch_of_the_plan_it_is():
     progress("estimate", {"plan": steps, "launch_s": 12.0, "budget_s": None})
     progress("done", {"entry": record({**SHORT, "short": False})})
     assert "launch 1 of about 5" in stream.getvalue().splitlines()[-1]
+
+
+def test_the_summary_says_what_a_budget_left_out_or_that_it_left_nothing_out():
+    base = {"script": "train.py", "world_size": 2, "device": "cpu", "gpu_available": True,
+            "probes": [], "findings": [], "recommendation": {}}
+    stopped = {"budget_s": 120.0, "spent_s": 118.0, "stopped": {
+        "not_done": ["the claim's check (A B alternation)", "the persistent_workers check"]}}
+    lines = summary_lines({**base, "search": {"budget": stopped}}, "out")
+    text = "\n".join(lines)
+    assert "budget 2:00 spent: the answer so far; not done: the claim's check" in text
+    assert "--resume goes on" in text and all(len(line) <= 100 for line in text.splitlines())
+    fitted = {"budget_s": 120.0, "spent_s": 41.0, "stopped": None}
+    assert "  budget 2:00: 0:41 used, nothing left out" in summary_lines(
+        {**base, "search": {"budget": fitted}}, "out")
