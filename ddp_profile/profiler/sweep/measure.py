@@ -171,8 +171,7 @@ class LedgerMeasurer:
         begun = time.monotonic()
         outcome = launch(self.spec, plan, timeout_s, tag=tag,
                          watch=watch if self.coordinator is None else None)
-        if not plan.windows:
-            self.budget.walls.append(time.monotonic() - begun)
+        self.budget.timed(time.monotonic() - begun, len(plan.windows))
         if self.coordinator is not None:
             outcome = merge_outcomes(outcome, self.coordinator.gather(
                 self.launches, plan.out_dir, timeout_s + FOLLOWER_GRACE_S))
@@ -356,7 +355,7 @@ class LedgerMeasurer:
         return counts
 
     def launch_estimate_s(self, windows: int = 1) -> Optional[float]:
-        return self.budget.estimate_s(windows, self.window_loop_s, self.entries)
+        return self.budget.estimate_s(windows, self.entries)
 
     def warmup_room(self, config: LoaderSettings) -> Optional[int]:
         """A launch's most warm-up steps where one ran the script to its end."""
@@ -384,6 +383,8 @@ class LedgerMeasurer:
             max(self.warmup, workers * max(axes.prefetch_factor))
             + burst_steps(self.steps, workers))
         self.window_loop_s += baseline.time_to_first_batch_s or 0.0
+        self.budget.window_s = max(medians, default=0.0) * (self.warmup + self.steps) \
+            + (baseline.time_to_first_batch_s or 0.0)  # a typical window, for the budget
 
     def screen_timeout(self, windows: int) -> float:
         """The first window gets a probe's timeout; each further one what its steps and a

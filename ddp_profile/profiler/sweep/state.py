@@ -138,21 +138,32 @@ class Budget:
         self.deadline: Optional[float] = None  # monotonic clock past which no launch may end
         self.started = time.monotonic()
         self.walls: list[float] = []  # wall seconds of this process's one-probe launches
+        self.window_s = 0.0  # a screen window's seconds, from the baseline's steps
+        self.per_window: list[float] = []  # ... as screens of this process took them
 
     def start(self, budget_s: Optional[float]) -> None:
         """Count the run's time from now (no budget: None)."""
         self.started = time.monotonic()
         self.deadline = self.started + budget_s if budget_s else None
 
-    def estimate_s(self, windows: int, window_s: float, entries: list[ProbeRecord]
-                   ) -> Optional[float]:
+    def timed(self, wall_s: float, windows: int) -> None:
+        """A launch of this process took ``wall_s`` for ``windows`` windows (0: one probe)."""
+        if not windows:
+            self.walls.append(wall_s)
+        elif windows > 1 and self.walls:
+            self.per_window.append(max(0.0, wall_s - statistics.median(self.walls))
+                                   / (windows - 1))
+
+    def estimate_s(self, windows: int, entries: list[ProbeRecord]) -> Optional[float]:
         """Seconds a launch of ``windows`` windows is expected to take: a one-probe launch as
         this run's took (their median; the baseline's recorded wall time before any), and each
-        further window of a screen ``window_s``; None before any launch was timed."""
+        further window of a screen as this run's screens took them (the baseline's steps
+        before any); None before any launch was timed."""
         walls = self.walls or [e.wall_s for e in entries
                                if e.kind == Kind.BASELINE and e.wall_s][:1]
         if not walls:
             return None
+        window_s = statistics.median(self.per_window) if self.per_window else self.window_s
         return statistics.median(walls) + max(0, windows - 1) * window_s
 
     def elapsed_s(self) -> float:

@@ -1457,3 +1457,30 @@ def test_a_spent_budget_stops_the_sweep_between_launches_and_names_what_it_did_n
         "the persistent_workers check"
     assert [e for e, _ in events].count("budget") == 1
     assert [e for e, _ in events][0] == "plan" and "estimate" in [e for e, _ in events]
+
+
+def test_a_budget_estimates_a_launch_from_the_launches_it_timed_and_refuses_one_past_it():
+    """A one-probe launch as this run's took (8 s); a screen's further windows from the
+    baseline's steps (1.5 s each) until a screen was timed (30 s for 12 windows: 2 s each).
+    With 20 s left (a budget of 30 s less the 10 s kept for the analysis) a one-probe launch
+    fits and a 12-window screen does not."""
+    from ddp_profile.profiler.sweep.state import Budget, BudgetSpent
+
+    budget = Budget()
+    assert budget.estimate_s(12, []) is None and budget.left_s() is None
+    budget.timed(8.0, 0)
+    budget.window_s = 1.5
+    assert budget.estimate_s(1, []) == 8.0 and budget.estimate_s(12, []) == 8.0 + 11 * 1.5
+    budget.timed(30.0, 12)
+    assert budget.estimate_s(12, []) == pytest.approx(30.0)
+
+    class Timed:
+        entries: list = []
+
+        def launch_estimate_s(self, windows: int = 1) -> float:
+            return budget.estimate_s(windows, [])
+
+    budget.start(30.0)
+    budget.room_for(1, "a probe", Timed())
+    with pytest.raises(BudgetSpent, match="a screen"):
+        budget.room_for(12, "a screen", Timed())
