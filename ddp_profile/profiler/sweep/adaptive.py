@@ -63,12 +63,12 @@ def run(search: SearchState) -> None:
         configs = [normalise(replace(start, num_workers=w)) for w in ladder]
     else:  # loading settings cannot win back more than the little time spent waiting
         configs = [normalise(replace(own, pin_memory=v)) for v in search.axes.pin_memory]
-    # first: a screen's windows run in order, and those left are dropped once condemned
-    windows = [*search.riding_windows(), *(search.window(c) for c in configs
-                                           if search.find(c) is None)]
+    windows = [search.window(c) for c in configs if search.find(c) is None]
     if search.wants_ceiling():
         windows.append(search.window(windows[-1].config if windows else normalise(own),
                                      Kind.CEILING, Mode.CEILING))
+    # first: a screen's windows run in order, and those left are dropped once condemned
+    windows = [*search.riding_windows(windows), *windows]
     if search.loader().get("iterable"):  # known from the baseline: no launch wasted on it
         search.measurer.screen_unsupported = ("its IterableDataset's stream cannot continue "
                                               "in a new iterator mid-epoch")

@@ -81,21 +81,42 @@ def unsynchronised(search: SearchState) -> bool:
     return comm_bound(search.baseline, _ddp_probe(search, unsynced), twin)
 
 
-def riding_windows(search: SearchState) -> list[Window]:
+def riding_windows(search: SearchState, others: list[Window]) -> list[Window]:
     """The step without gradient synchronisation alternated with the script's
     (``unsynchronised``), as windows for the worker ladder's launch where ``measure`` would
-    alternate them in windows of a launch of their own: that launch's start-up saved. Each
-    window names the script's settings (a screen's window applies its own over the last's)."""
+    alternate them in windows of a launch of their own, and one launch holds them and
+    ``others`` (``epoch_holds``): that launch's start-up saved. Each window names the
+    script's settings (a screen's window applies its own over the last's)."""
     baseline = search.baseline
     if not search.options.comm or search.options.pairs <= 0 or baseline is None \
             or not baseline.ok or not exposed_share(baseline) \
             or search.measurer.screen_unsupported or search.loader().get("iterable"):
         return []
-    config = normalise(baseline.config)
-    placed = _placed(search, [{GRADIENT_SYNC: False}], f"ddp-{len(search.entries):03d}", True,
+    config, unsynced = normalise(baseline.config), {GRADIENT_SYNC: False}
+    rate = search.steps_per_s(config)
+    trial = [Window(config, Kind.DDP, steps_per_s=rate, ddp=unsynced if i >= 0 else {})
+             for i in rounds(1, max(search.options.pairs, WINDOW_PAIRS))]
+    if not epoch_holds(search, [*trial, *others]):
+        return []  # the ladder's rungs first: windows past the script's end go on in launches
+    placed = _placed(search, [unsynced], f"ddp-{len(search.entries):03d}", True,
                      where="in the worker ladder's launch")
-    return [Window(config, Kind.DDP, steps_per_s=search.steps_per_s(config), pair=pair,
-                   ddp=ddp) for ddp, pair in placed]
+    return [Window(config, Kind.DDP, steps_per_s=rate, pair=pair, ddp=ddp)
+            for ddp, pair in placed]
+
+
+def epoch_holds(search: SearchState, windows: list[Window]) -> bool:
+    """Whether one launch holds ``windows``: as a launch that ran the script to its end says
+    (``screen_launches``), else within one epoch of the training loader (its dataset over the
+    batch on every rank: the least a run of the script makes)."""
+    counts = search.measurer.screen_launches(windows)
+    if counts is not None:
+        return len(counts) == 1
+    loader, base = search.loader(), search.baseline
+    batch = base.config.batch_size if base is not None else None
+    ranks = len(base.ranks) if base is not None else 0
+    if not loader.get("dataset_len") or not batch or not ranks:
+        return False
+    return search.measurer.screen_steps(windows) <= loader["dataset_len"] // (batch * ranks)
 
 
 def alternate(search: SearchState, candidates: list[dict[str, Any]], in_one_launch: bool

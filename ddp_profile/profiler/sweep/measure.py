@@ -338,6 +338,9 @@ class LedgerMeasurer:
                 "steps": burst_steps(window.steps or self.steps, window.config.num_workers,
                                      window.mode, window.steps_per_s)}
 
+    def screen_steps(self, windows: list[Window]) -> int:
+        return sum(spec["warmup"] + spec["steps"] for spec in map(self._window_spec, windows))
+
     def screen_launches(self, windows: list[Window]) -> Optional[list[int]]:
         """How many of ``windows`` each launch of a screen is predicted to hold, by the steps
         a launch that ran the script to its end made (``run_steps``; None where none did): a

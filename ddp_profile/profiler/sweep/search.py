@@ -152,10 +152,10 @@ class Search:
              lambda: claim.confirm_persistence(self)),
         ]
 
-    def riding_windows(self) -> list[Window]:
-        """Windows of a later phase the worker ladder's launch holds as well
+    def riding_windows(self, others: list[Window]) -> list[Window]:
+        """Windows of a later phase the worker ladder's launch holds as well as ``others``
         (``communication.riding_windows``)."""
-        return communication.riding_windows(self)
+        return communication.riding_windows(self, others)
 
     def plan(self) -> list[PlanStep]:
         """The sweep's phases in launches (``state.plan``), the axes' where known."""

@@ -97,6 +97,9 @@ class Measurer(Protocol):
     def launch_estimate_s(self, windows: int = 1) -> Optional[float]:
         """Seconds a launch of ``windows`` windows is expected to take (None: unknown)."""
 
+    def screen_steps(self, windows: list[Window]) -> int:
+        """A rank's training steps over ``windows`` run one after another in one launch."""
+
     def screen_launches(self, windows: list[Window]) -> Optional[list[int]]:
         """How many of ``windows`` each launch of a screen is predicted to hold (None: the
         script's length is not known)."""
@@ -246,8 +249,8 @@ class SearchState(Protocol):
     def wants_ceiling(self) -> bool:
         """Whether a compute-only ceiling probe is worth a launch."""
 
-    def riding_windows(self) -> list[Window]:
-        """Windows of a later phase the worker ladder's launch holds as well."""
+    def riding_windows(self, others: list[Window]) -> list[Window]:
+        """Windows of a later phase the worker ladder's launch holds as well as ``others``."""
 
 
 def where_windows(measurer: Measurer, windows: list[Window]) -> str:

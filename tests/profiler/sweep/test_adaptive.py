@@ -92,6 +92,9 @@ class ModelMeasurer:
     def launch_estimate_s(self, windows: int = 1) -> Optional[float]:
         return 5.0 * windows  # a modelled launch's wall_s
 
+    def screen_steps(self, windows: list[Window]) -> int:
+        return 35 * len(windows)
+
     def screen_launches(self, windows: list[Window]) -> Optional[list[int]]:
         return [len(windows)]  # a modelled screen: one launch
 
