@@ -473,8 +473,8 @@ def main() -> None:
         _bench.ensure_files()
     if args.probe_check is not None:
         checks = [probe_check(name, args.rounds or 8, dict(args.probe_check)) for name in names]
-        print(json.dumps({"benchmark": "head_to_head", "mode": "probe_check",
-                          "machine": _bench.machine(), "checks": checks}))
+        _bench.finish("head_to_head", {"benchmark": "head_to_head", "mode": "probe_check",
+                                       "machine": _bench.machine(), "checks": checks})
         return
     results = []
     for name in names:
@@ -488,9 +488,9 @@ def main() -> None:
                if "inside" in (r.get("persistent_workers") or {}).get("plain", {})]
     trials = args.aa if args.aa is not None else (6 if args.quick else 10)
     aa_result = aa(trials) if trials else None
-    print(json.dumps({"benchmark": "head_to_head", "machine": _bench.machine(),
-                      "workloads": results, "claims_inside": sum(checks),
-                      "claims_checked": len(checks), "aa": aa_result}))
+    _bench.finish("head_to_head", {"benchmark": "head_to_head", "machine": _bench.machine(),
+                                   "workloads": results, "claims_inside": sum(checks),
+                                   "claims_checked": len(checks), "aa": aa_result})
 
 
 if __name__ == "__main__":
