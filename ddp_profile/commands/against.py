@@ -158,7 +158,7 @@ def not_gate_output(out: str, outputs: tuple[Optional[str], ...] = ()) -> Option
     job's ``--junit``/``--markdown``/``--json`` name, which it overwrites)."""
     if not os.path.lexists(out):
         return None
-    if os.path.islink(out) or not os.path.isdir(out):
+    if not os.path.isdir(out):
         return "not a directory"
     written = {os.path.abspath(path) for path in outputs if path}
     for name in sorted(os.listdir(out)):

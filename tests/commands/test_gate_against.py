@@ -137,3 +137,5 @@ def test_only_a_previous_gates_own_output_is_replaceable(tmp_path):
     (out / "gate.json").unlink()
     (tmp_path / "file").write_text("x")
     assert not_gate_output(str(tmp_path / "file")) == "not a directory"
+    (tmp_path / "link").symlink_to(out)  # a link to a gate's directory is that directory
+    assert not_gate_output(str(tmp_path / "link"), written) is None
