@@ -160,10 +160,10 @@ def not_gate_output(out: str, outputs: tuple[Optional[str], ...] = ()) -> Option
         return None
     if not os.path.isdir(out):
         return "not a directory"
-    written = {os.path.abspath(path) for path in outputs if path}
+    written = {os.path.realpath(path) for path in outputs if path}
     for name in sorted(os.listdir(out)):
         path = os.path.join(out, name)
-        if os.path.abspath(path) in written and os.path.isfile(path):
+        if os.path.realpath(path) in written and os.path.isfile(path):
             continue
         if name not in OWN_ENTRIES or os.path.islink(path):
             return f"it holds {name}"
