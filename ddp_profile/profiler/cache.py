@@ -35,24 +35,12 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass
-from enum import Enum
 from typing import Any, Iterable, Optional
 
 from ddp_profile.profiler.rank.loading.pagecache import drop
+from ddp_profile.profiler.settings import CacheMode
 from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.profiler.store.record import WORKER_DIR, read_jsonl
-
-
-class CacheMode(str, Enum):
-    """The page cache's state asked for (``--cache``) and the run's regime decided from it."""
-
-    AUTO = "auto"  # asked for only: decided from the baseline (``decide``)
-    COLD = "cold"
-    WARM = "warm"
-    AS_IS = "as-is"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 MODES = tuple(mode.value for mode in CacheMode)  # what ``--cache`` accepts

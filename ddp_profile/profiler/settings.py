@@ -24,6 +24,19 @@ SETTING_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "batch_size")
 AXIS_MINIMUM = {"num_workers": 0, "prefetch_factor": 1, "batch_size": 1}  # the integer settings
 
 
+class CacheMode(str, Enum):
+    """The page cache's state asked for (``--cache``) and the run's regime decided from it
+    (``profiler.cache``); here, where the harness and the ranks both read it (``ProbePlan.cache``)."""
+
+    AUTO = "auto"  # asked for only: decided from the baseline (``profiler.cache.decide``)
+    COLD = "cold"
+    WARM = "warm"
+    AS_IS = "as-is"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class LoaderSettings:
     """DataLoader settings a probe applies (``None`` = keep the script's own value)."""
@@ -117,7 +130,7 @@ class ProbePlan:
     ddp: Optional[dict[str, Any]] = None  # DDP constructor options applied to every DDP the
     # script builds, e.g. {"bucket_cap_mb": 100} (None: the script's own)
     steps_per_s: Optional[float] = None  # predicted steps/s of a rank (``burst_steps``)
-    cache: Optional[str] = None  # ``profiler.cache.CacheMode.COLD``: producers drop the files
+    cache: Optional[str] = None  # ``CacheMode.COLD``: producers drop the files
     # they read from the page cache after each batch (``profiler.rank.loading.pagecache``);
     # None: the page cache as it is
     persistent_workers: Optional[bool] = None  # True: every loader with workers keeps them
