@@ -59,6 +59,8 @@ import warnings
 import weakref
 from typing import Any, Callable, Optional
 
+from ddp_profile.profiler.store.record import TORCH_DIR
+
 READ_BUDGET = 0.005  # share of the step time the reads of DDP's timers may take
 CUDA_SAMPLE_RATE = 16  # a GPU's DDP timed every 16th iteration (a host-GPU wait at each)
 MAX_EVERY = 64
@@ -79,7 +81,6 @@ SCRIPT_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all
 
 SYNC_WARNING = "synchronizing CUDA operation"  # the text of torch's sync debug warning
 SYNC_PATTERN = ".*" + re.escape(SYNC_WARNING)  # a warnings filter's message regex
-TORCH_DIR = os.sep + "torch" + os.sep
 
 _PROFILER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _WARNINGS_FILES = {os.path.abspath(warnings.__file__)}

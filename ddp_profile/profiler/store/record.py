@@ -36,6 +36,8 @@ SCRIPT_EXIT = "script_exit"  # the end record's reason where the rank's script e
 ITERATOR_OUTLIVES_EPOCH = "iterator_outlives_epoch"  # event: one iterator of the loader served
 # more than len(loader) batches, so the loader keeps it across epochs (no restart per epoch)
 WORKER_DIR = "workers"  # <probe_dir>/workers/: one JSON-lines file per DataLoader worker
+TORCH_DIR = os.sep + "torch" + os.sep  # in a call site's ``file``: a frame inside torch (the
+# ranks pass over such frames to find the script's; the rules tell torch's sites from the script's)
 
 
 def clean_json(value: Any) -> Any:

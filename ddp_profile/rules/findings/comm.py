@@ -12,8 +12,8 @@ import os
 from typing import Any, Mapping, Optional
 
 from ddp_profile.profiler.decide.ddp import one_bucket, options_key
-from ddp_profile.profiler.rank.comm import TORCH_DIR
 from ddp_profile.profiler.settings import GRADIENT_SYNC
+from ddp_profile.profiler.store.record import TORCH_DIR
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import Advice, Finding, Thresholds, as_int, finite, ms, pct
 from ddp_profile.rules.claim import DdpEffect, Evidence
