@@ -263,18 +263,6 @@ class Capacity:
                            "throughput": finite_or_none(self.throughput(w))} for w in workers]}
 
 
-def loading_line(capacity: dict[str, Any]) -> str:
-    """"X ms CPU + Y ms waiting per sample" of a model (:meth:`Capacity.to_dict`), with the
-    time its producers sat runnable, waiting for a CPU, where that is notable."""
-    text = (f"{1000 * capacity['cpu_per_sample_s']:.2f} ms CPU + "
-            f"{1000 * capacity['wait_per_sample_s']:.2f} ms waiting")
-    runq = capacity.get("runq") or {}
-    if runq.get("notable"):
-        text += f" + {1000 * runq['per_sample_s']:.2f} ms runnable (CPUs busy"
-        text += f", {runq['workers']} workers)" if runq.get("workers") else ")"
-    return text + " per sample"
-
-
 def _runq_dict(runq: Optional[RunQueue]) -> Optional[dict[str, Any]]:
     if runq is None:
         return None

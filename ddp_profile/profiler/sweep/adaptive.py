@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any, Optional
 
 from ddp_profile.profiler.decide import evidence
-from ddp_profile.profiler.decide.capacity import WORKER_CAP, loading_line
+from ddp_profile.profiler.decide.capacity import WORKER_CAP
 from ddp_profile.profiler.decide.choose import (
     UNSTABLE_RSE,
     candidate_of,
@@ -135,9 +135,7 @@ def first_workers(search: SearchState) -> list[int]:
             workers.add(min(2 * predicted, model.max_workers))
             if predicted // 2 > max(workers - {predicted, 2 * predicted}, default=0):
                 workers.add(predicted // 2)
-        search.progress("note", {"text": f"loading: {loading_line(model.to_dict())}; "
-                                         f"{predicted} worker(s) per rank predicted to meet "
-                                         "the loop's demand"})
+        search.progress("loading", {"capacity": model.to_dict(), "predicted": predicted})
         recalibrate(search, max(workers))
     return sorted(workers)
 

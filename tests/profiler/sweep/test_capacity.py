@@ -13,10 +13,10 @@ from ddp_profile.profiler.decide.capacity import (
     bound_of,
     capacity_model,
     loading_cost,
-    loading_line,
     loop_demand,
 )
 from ddp_profile.profiler.store.probes import ProbeRecord
+from ddp_profile.reports.console import loading_line
 from ddp_profile.profiler.sweep.climb import CLIMB_STOP_CPU_SHARE, ClimbPoint, next_workers
 
 
