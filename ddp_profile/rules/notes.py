@@ -5,7 +5,7 @@ changed batch size, why the best configuration stays below the compute-only ceil
 measured loading, the thread finding, or the host's CPU load), short probes, a comparison
 across page-cache states, and the thread-oversubscription finding where it matters. Read by
 ``rules.recommend`` only; the loading in words is ``rules.loading``'s, the thread finding
-(``rules.findings.host``) decides what the notes cite of it.
+(``rules.threads``) decides what the notes cite of it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ddp_profile.profiler.decide.choose import compute_bound
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import Thresholds, as_int, pct
 from ddp_profile.rules.cpuload import cpu_load
-from ddp_profile.rules.findings.host import thread_oversubscription
+from ddp_profile.rules.threads import thread_oversubscription
 from ddp_profile.rules.loading import (
     CPU_FIX,
     IO_FIX,

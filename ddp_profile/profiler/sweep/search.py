@@ -215,7 +215,7 @@ class Search:
         (``claim.whole_epoch_steps``): one counterfactual probe against its subject, launches
         minutes apart, carries the machine's drift (the DDP tutorial's mp.spawn shape read
         7.94x where its training loop, timed in plain launches, ran 5.6-6.9x). The finding reads
-        the alternation's fit (``rules.findings.host``)."""
+        the alternation's fit (``rules.threads``)."""
         assert self.baseline is not None
         group = f"threads-{len(self.entries):03d}"
         roles = order(claim.launch_pairs(self.options.pairs))

@@ -25,7 +25,7 @@ from ddp_profile.rules.base import (
     pct,
 )
 from ddp_profile.rules.cpuload import cpu_load
-from ddp_profile.rules.findings.host import baseline_oversubscribed
+from ddp_profile.rules.threads import baseline_oversubscribed
 from ddp_profile.rules.loading import (
     CPU_FIX,
     IO_FIX,
