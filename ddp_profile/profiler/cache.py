@@ -37,11 +37,10 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Optional
 
-from ddp_profile.profiler.rank.loading.pagecache import drop
+from ddp_profile.profiler.drop_pages import drop
 from ddp_profile.profiler.settings import CacheMode
 from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.profiler.store.record import WORKER_DIR, read_jsonl
-
 
 MODES = tuple(mode.value for mode in CacheMode)  # what ``--cache`` accepts
 IN_MEMORY_READ_B = 1024  # producers reading less per sample read no files: nothing to regime

@@ -26,7 +26,8 @@ AXIS_MINIMUM = {"num_workers": 0, "prefetch_factor": 1, "batch_size": 1}  # the 
 
 class CacheMode(str, Enum):
     """The page cache's state asked for (``--cache``) and the run's regime decided from it
-    (``profiler.cache``); here, where the harness and the ranks both read it (``ProbePlan.cache``)."""
+    (``profiler.cache``); here, where the harness and the ranks both read it
+    (``ProbePlan.cache``)."""
 
     AUTO = "auto"  # asked for only: decided from the baseline (``profiler.cache.decide``)
     COLD = "cold"

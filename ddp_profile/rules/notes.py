@@ -18,7 +18,6 @@ from ddp_profile.profiler.decide.choose import compute_bound
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import Thresholds, as_int, pct
 from ddp_profile.rules.cpuload import cpu_load
-from ddp_profile.rules.threads import thread_oversubscription
 from ddp_profile.rules.loading import (
     CPU_FIX,
     IO_FIX,
@@ -37,6 +36,7 @@ from ddp_profile.rules.tables import (
     ok_probes,
     probe_entry,
 )
+from ddp_profile.rules.threads import thread_oversubscription
 
 
 def _faster_seen(seen: Sequence[Mapping[str, Any]]) -> str:

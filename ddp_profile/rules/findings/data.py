@@ -25,7 +25,6 @@ from ddp_profile.rules.base import (
     pct,
 )
 from ddp_profile.rules.cpuload import cpu_load
-from ddp_profile.rules.threads import baseline_oversubscribed
 from ddp_profile.rules.loading import (
     CPU_FIX,
     IO_FIX,
@@ -46,6 +45,7 @@ from ddp_profile.rules.tables import (
     probe_entry,
     storage_caveat,
 )
+from ddp_profile.rules.threads import baseline_oversubscribed
 
 
 def _measured_workers(run: Run) -> set[int]:

@@ -23,23 +23,10 @@ import os
 import threading
 from typing import Any, Optional
 
+from ddp_profile.profiler.drop_pages import drop
+
 SKIPPED = ("/proc/", "/sys/", "/dev/")
 MAX_FILES = 200_000  # files a producer records; past it, it counts them only
-
-
-def drop(path: str) -> bool:
-    """Drop ``path``'s clean pages from the page cache; False where that failed."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        return True
-    except (OSError, AttributeError):
-        return False
-    finally:
-        os.close(fd)
 
 
 def _reading(mode: Any) -> bool:
