@@ -1,8 +1,15 @@
-"""The package's shape: no import cycles, no module over ~450 lines, no crowded folder.
+"""The package's shape: no import cycles, imports that follow the layering, no module over
+~450 lines, no crowded folder.
 
 Read from the source with ``ast`` (nothing is imported), so the checks see every import,
 lazy ones inside functions included: a function-level import back into a module that imports
 it is still a cycle in the design, even if Python tolerates it at run time.
+
+The layering (``MAY_IMPORT``; docs/internals.md, "The layers"): code that runs inside the
+user's ranks (``rank``, ``telemetry``) never imports the harness (``launch``, ``cache``,
+``sweep``); the rules and the reports read a run directory only, so they never import what runs
+in the ranks, launches or samples hardware; the findings are read by the rules' registry alone
+(what the recommendation cites of one lives below them); text is formatted in ``reports``.
 """
 
 from __future__ import annotations
@@ -117,6 +124,96 @@ def test_no_folder_over_the_module_limit():
     assert crowded_folders(PACKAGE) == {}
 
 
+# ---- the layering ----------------------------------------------------------------------------
+
+# Each module's layer: the longest matching prefix (a module is its prefix or under it).
+LAYER_OF = {
+    "ddp_profile": "entry", "ddp_profile.__main__": "entry", "ddp_profile.cli": "entry",
+    "ddp_profile.commands": "commands",
+    "ddp_profile.reports": "reports",
+    "ddp_profile.rules": "rules",
+    "ddp_profile.rules.findings": "findings",
+    "ddp_profile.profiler.sweep": "sweep",
+    "ddp_profile.profiler.launch": "launch",
+    "ddp_profile.profiler.cache": "cache",
+    "ddp_profile.profiler.decide": "decide",
+    "ddp_profile.profiler.rank": "rank",
+    "ddp_profile.profiler.telemetry": "telemetry",
+    "ddp_profile.profiler.store": "store",
+    "ddp_profile.profiler": "base", "ddp_profile.errors": "base", "ddp_profile.defaults": "base",
+    "ddp_profile.examples": "examples",
+}
+# The rules' registry (``rules/__init__``) is the one reader of the findings.
+REGISTRY = "ddp_profile.rules"
+# What each layer may import (its own layer always). ``base``: settings (the harness<->rank
+# contract), cpus, allocation, drop_pages, numbers, quantiles, errors, defaults.
+MAY_IMPORT: dict[str, set[str]] = {
+    "base": set(),
+    "store": {"base"},
+    "telemetry": {"base"},
+    "rank": {"base", "store", "telemetry"},
+    "decide": {"base", "store"},
+    "cache": {"base", "store"},
+    "launch": {"base", "store", "rank"},  # rank: the start-up hook's directory
+    "sweep": {"base", "store", "decide", "cache", "rank", "launch"},
+    "rules": {"base", "store", "decide", "cache"},
+    "findings": {"base", "store", "decide", "cache", "rules"},
+    "reports": {"base", "store", "decide", "rules"},
+    "commands": {"base", "store", "telemetry", "rank", "decide", "cache", "launch", "sweep",
+                 "rules", "findings", "reports"},
+    "entry": {"base", "store", "cache", "launch", "sweep", "commands", "examples"},
+    "examples": set(),
+}
+
+
+def layer_of(module: str) -> Optional[str]:
+    """The layer of ``module`` (``LAYER_OF``'s longest prefix), or None."""
+    parts = module.split(".")
+    for end in range(len(parts), 0, -1):
+        layer = LAYER_OF.get(".".join(parts[:end]))
+        if layer is not None:
+            return layer
+    return None
+
+
+def arrows_against(graph: dict[str, set[str]]) -> list[str]:
+    """Every import against ``MAY_IMPORT``, as ``importer -> imported (layer -> layer)``."""
+    found = []
+    for module in sorted(graph):
+        source = layer_of(module)
+        for target in sorted(graph[module]):
+            dest = layer_of(target)
+            if dest == source or dest in MAY_IMPORT.get(source or "", set()) \
+                    or (module == REGISTRY and dest == "findings"):
+                continue
+            found.append(f"{module} -> {target} ({source} -> {dest})")
+    return found
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in import_graph(PACKAGE) if layer_of(m) is None] == []
+
+
+def test_imports_follow_the_layering():
+    arrows = arrows_against(import_graph(PACKAGE))
+    assert not arrows, "imports against the layering:\n" + "\n".join(arrows)
+
+
+@pytest.mark.parametrize("importer, imported", [
+    ("ddp_profile.rules.notes", "ddp_profile.rules.findings.host"),
+    ("ddp_profile.rules.recommend", "ddp_profile.profiler.rank.comm_timing"),
+    ("ddp_profile.reports.console", "ddp_profile.profiler.sweep.search"),
+    ("ddp_profile.profiler.rank.loaders", "ddp_profile.profiler.cache"),
+    ("ddp_profile.profiler.rank.patches.spawn", "ddp_profile.profiler.launch.ranks"),
+    ("ddp_profile.profiler.decide.choose", "ddp_profile.rules.base"),
+    ("ddp_profile.profiler.store.probes", "ddp_profile.profiler.decide.choose")])
+def test_an_arrow_up_is_found(importer, imported):
+    graph = {importer: {imported}}
+    assert arrows_against(graph) == [
+        f"{importer} -> {imported} ({layer_of(importer)} -> {layer_of(imported)})"]
+    assert arrows_against({REGISTRY: {"ddp_profile.rules.findings.host"}}) == []
+
+
 # ---- the checks can fail -------------------------------------------------------------------
 
 def _write(root: Path, files: dict[str, str]) -> Path:
@@ -153,3 +250,4 @@ def test_long_modules_and_crowded_folders_are_found(tmp_path):
 def test_relative_imports_resolve_from_the_module(level, module, expected):
     node = ast.ImportFrom(module=module, names=[ast.alias(name="x")], level=level)
     assert _resolve("pkg.sub.c", False, node) == expected
+
