@@ -199,7 +199,7 @@ class Toggle:
         """DDP's reducer times iterations at ddp-profile's sample rate (``comm.sample_rate``)
         and one in ``DDP_DEFAULT_SAMPLE_RATE`` plainly: the unpatched blocks go back to the
         default."""
-        from ddp_profile.profiler.rank.comm import sample_rate
+        from ddp_profile.profiler.rank.comm_meter import sample_rate
 
         for ref in self.instr.comm.modules:
             module = ref()

@@ -26,7 +26,7 @@ The jobs are split: ``profiler.rank.loaders`` holds the DataLoader hooks (``Load
 which this class completes), ``profiler.rank.stepclock`` times each loader's steps,
 ``profiler.rank.windows`` holds each iterator's state (``IteratorState``), the screen's
 windows (``Screen``) and the ceiling's replay (``CeilingReplay``), ``profiler.rank.gpu_steps``
-the GPU side (``GpuSide``), ``profiler.rank.comm`` communication and host syncs,
+the GPU side (``GpuSide``), ``profiler.rank.comm_meter`` communication and host syncs,
 ``profiler.rank.process`` what the rank says about itself (rank, context and error records)
 and how it leaves (the stop barrier); this class wires them to the patched calls.
 """
@@ -39,7 +39,7 @@ import time
 import weakref
 from typing import Any, Optional
 
-from ddp_profile.profiler.rank.comm import CommMeter
+from ddp_profile.profiler.rank.comm_meter import CommMeter
 from ddp_profile.profiler.rank.gpu_steps import GpuSide
 from ddp_profile.profiler.rank.loaders import LoaderHooks
 from ddp_profile.profiler.rank.loading import loadcost

@@ -16,7 +16,7 @@ import time
 import weakref
 from typing import Any, Callable, Optional
 
-from ddp_profile.profiler.rank.comm import CommMeter
+from ddp_profile.profiler.rank.comm_meter import CommMeter
 from ddp_profile.profiler.rank.facts import (
     FINGERPRINT_BATCHES,
     batch_fingerprint,

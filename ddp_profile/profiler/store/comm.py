@@ -1,4 +1,4 @@
-"""Communication of one probe, from the records ``profiler.rank.comm`` wrote.
+"""Communication of one probe, from the records ``profiler.rank.comm_meter`` wrote.
 
 ``step_comm(steps)`` matches each step with DDP's reducer timers of its own backward (the
 figures tagged with the step's ``ddp_n``: torch computes them one forward later) and gives
@@ -184,7 +184,7 @@ def _sites(ranks: list[Any], name: str = "collective_site") -> list[dict[str, An
 
 
 def _host_syncs(steps: list[dict[str, Any]], ranks: list[Any]) -> Optional[dict[str, Any]]:
-    """The script's host-GPU synchronisations per measured step (``rank.comm``), or None
+    """The script's host-GPU synchronisations per measured step (``rank.comm_meter``), or None
     where none was counted (a CPU run, or a script that never blocks on the GPU)."""
     measured = [s for s in steps if s.get("measured")]
     counts = [int(s.get("hsync_n") or 0) for s in measured]
