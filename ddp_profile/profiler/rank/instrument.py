@@ -110,7 +110,7 @@ class Instrumentation(LoaderHooks):
     # ---- the GPU side and the samplers ----------------------------------------------------
     def _cuda_found(self) -> None:
         """The script uses CUDA: its host syncs are counted from now on."""
-        from ddp_profile.profiler.rank.patches.comm import watch_host_syncs
+        from ddp_profile.profiler.rank.patches.comm_calls import watch_host_syncs
 
         self.event("host_sync_watch", watched=watch_host_syncs(self))
 

@@ -2,7 +2,7 @@
 
 Every patched function passes straight through inside DataLoader worker processes
 (``get_worker_info()`` is set there) and once the instrumentation is stopping. The patches
-are grouped by what they patch: ``loader`` (the DataLoader and the training loop), ``comm``
+are grouped by what they patch: ``loader`` (the DataLoader and the training loop), ``comm_calls``
 (DDP, the process group, collectives, host syncs), ``process`` (spawned ranks, uncaught
 exceptions); ``base`` holds what they share (the registry ``remove`` undoes, ``Hooks``).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 
 from ddp_profile.profiler.rank.patches.base import Hooks, event_after, handles, originals, patch
-from ddp_profile.profiler.rank.patches.comm import (
+from ddp_profile.profiler.rank.patches.comm_calls import (
     ddp_forward,
     ddp_init,
     make_lockstep,
