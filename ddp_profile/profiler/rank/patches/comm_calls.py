@@ -10,7 +10,7 @@ import weakref
 from typing import Any, Callable
 
 from ddp_profile.profiler.rank.comm_meter import SCRIPT_COLLECTIVES, SYNC_PATTERN
-from ddp_profile.profiler.rank.patches.base import (
+from ddp_profile.profiler.rank.patches.registry import (
     SPAWNED_DDP,
     Hooks,
     Maker,

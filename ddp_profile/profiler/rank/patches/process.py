@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, Mapping
 
-from ddp_profile.profiler.rank.patches.base import SPAWNED_DDP, Hooks, originals, patch
+from ddp_profile.profiler.rank.patches.registry import SPAWNED_DDP, Hooks, originals, patch
 
 
 def patch_spawn(instr: Hooks) -> None:
