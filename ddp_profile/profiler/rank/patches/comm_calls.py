@@ -136,7 +136,7 @@ def process_group_destroy(instr: Hooks) -> Maker:
     records are written first (``Hooks.end_of_script``), whole on disk before a teardown that
     can hang. The DDP module keeps its gloo group alive past the call; freed later (the
     function holding it returns), it destroys the group, which can deadlock
-    (``patches.process``: 1 launch in 30 of a short torchrun script, a 60 s timeout that lost
+    (``patches.spawn``: 1 launch in 30 of a short torchrun script, a 60 s timeout that lost
     the probe, its last records unwritten); the harness ends a launch whose ranks all recorded
     their end and did not exit (``launch.ranks.END_GRACE_S``)."""
     def make(original: Any) -> Any:
