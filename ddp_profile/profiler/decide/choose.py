@@ -88,7 +88,7 @@ class Candidate:
 def exposed_share(record: ProbeRecord, thresholds: ChoiceThresholds = ChoiceThresholds()
                   ) -> bool:
     """Whether DDP's timers show a probe's exposed communication (``comm_fraction``: the
-    all-reduce backward did not cover, ``store.comm``) at ``comm_probe_share`` of its steps
+    all-reduce backward did not cover, ``store.probe_comm``) at ``comm_probe_share`` of its steps
     or more: worth measuring the step without it."""
     share = record.comm.exposed_fraction
     return share is not None and share >= thresholds.comm_probe_share

@@ -21,7 +21,7 @@ size it differently still read common steps, where the loader can tell communica
 waiting for a late rank.
 Each synchronised forward is counted here (``DDP.forward`` is wrapped), so every step record
 carries ``ddp_n``, the synchronised forwards per DDP module so far; the loader matches a step
-with the figures tagged with its ``ddp_n`` (``profiler.store.comm``).
+with the figures tagged with its ``ddp_n`` (``profiler.store.probe_comm``).
 
 **The script's collectives** (``dist.all_reduce``, ``barrier``, ...): counted and timed per
 step, each call site (file:line, function) once with its total calls and time.

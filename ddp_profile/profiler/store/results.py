@@ -18,7 +18,7 @@ Tables (all times in seconds; ``t_s`` is relative to the probe's first record):
 ``steps``         probe_id, rank, node, loader_id, step, measured, t_s, data_wait_s, compute_s,
                   other_s, forward_s, step_s, samples, gpu_busy_s, gpu_gap_s (CUDA events;
                   NaN without CUDA), comm_s (exposed communication, part of compute_s: NaN
-                  where DDP's timers were not read for the step, see ``store.comm``), coll_s
+                  where DDP's timers were not read for the step, see ``store.probe_comm``), coll_s
                   and coll_n (the script's own collectives in the step), syncs (gradient
                   synchronisations in the step)  (training loader only)
 ``samples``       probe_id, rank, source, t_s, then one float column per metric (NaN if absent)
@@ -39,7 +39,7 @@ import pandas as pd
 
 from ddp_profile.errors import BadRunDir
 from ddp_profile.profiler.settings import SETTING_KEYS
-from ddp_profile.profiler.store.comm import step_comm
+from ddp_profile.profiler.store.probe_comm import step_comm
 from ddp_profile.profiler.store.probedir import RankData, read_probe_dir
 from ddp_profile.profiler.store.probes import BadProbeRecord, ProbeRecord
 from ddp_profile.profiler.store.probes import records as probe_records

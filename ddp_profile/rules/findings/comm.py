@@ -2,8 +2,8 @@
 gradients synchronised per micro-batch, the script's own collectives per step, the host
 blocking on the GPU every step, SyncBatchNorm.
 
-Each reads the baseline probe's ``comm`` (``profiler.store.comm.probe_comm``: DDP's own reducer
-timers and the script's collectives, measured per step) and decides on it alone.
+Each reads the baseline probe's ``comm`` (``profiler.store.probe_comm.probe_comm``: DDP's own
+reducer timers and the script's collectives, measured per step) and decides on it alone.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_profile.profiler.rank.comm_meter import SYNC_PATTERN, CommMeter
-from ddp_profile.profiler.store.comm import step_comm
+from ddp_profile.profiler.store.probe_comm import step_comm
 
 
 class TwinDDP:
