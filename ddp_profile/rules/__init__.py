@@ -15,8 +15,8 @@ from typing import Any, NamedTuple, Optional
 
 from ddp_profile.profiler.decide.choose import with_launch_spread
 from ddp_profile.profiler.store.results import Run
+from ddp_profile.rules.alternations import Evidence
 from ddp_profile.rules.base import SEVERITIES, Finding, Rule, Thresholds, finite
-from ddp_profile.rules.claim import Evidence
 from ddp_profile.rules.findings import data, distributed, gpu, host, restarts, synchronisation
 from ddp_profile.rules.recommend import Recommendation, recommend, recommendation_to_dict
 from ddp_profile.rules.tables import candidate, ok_probes

@@ -377,8 +377,8 @@ def test_one_evaluation_fits_the_ddp_counterfactuals_once_for_every_rule_that_re
     import inspect
 
     from ddp_profile.rules import READ_EVIDENCE, RULES, measured_thresholds
-    from ddp_profile.rules import claim as claim_rules
-    from ddp_profile.rules.claim import Evidence
+    from ddp_profile.rules import alternations as claim_rules
+    from ddp_profile.rules.alternations import Evidence
 
     builder = (RunBuilder(world_size=2).probe("base", kind="baseline", num_workers=0,
                                               batch_size=8, entry=comm(0.03))

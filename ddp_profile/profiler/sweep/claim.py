@@ -248,7 +248,7 @@ def spanning(epoch: int, steps: int) -> int:
 def whole_epoch_steps(search: SearchState, configs: Any) -> Optional[int]:
     """The steps each probe of the claim measures where a side restarts its workers every
     epoch of a known length no longer than ``MAX_EPOCH_FACTOR`` runs' steps (every side then
-    spans whole epochs, and ``rules.claim`` reads each by the wall clock over them: the
+    spans whole epochs, and ``rules.alternations`` reads each by the wall clock over them: the
     boundary as the script pays it, shut-down and start-up, nothing modelled); else None
     (the run's steps). On cold files with 32-step epochs the restart model read 3 and 6
     workers at 1.35x, 1.36x and 1.48x the script's settings where plain launches gave 1.27x,
@@ -350,7 +350,7 @@ def confirm_persistence(search: SearchState) -> None:
     ``store.epochs``); each probe spans whole epochs, at least two and the run's steps, and
     one step more. The probes are ``Kind.PERSISTENT`` and count for nothing but the
     persistent-workers finding, the recommended snippet and, where the script's settings are
-    ``A``, the recommendation (``rules.claim.persistent_effect``). Epochs longer than
+    ``A``, the recommendation (``rules.alternations.persistent_effect``). Epochs longer than
     ``MAX_EPOCH_FACTOR`` times the run's steps are not crossed: the finding stays a labelled
     prediction there."""
     found = persistence_subject(search)

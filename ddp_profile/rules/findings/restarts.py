@@ -18,8 +18,8 @@ from ddp_profile.profiler.store.epochs import restart_share
 from ddp_profile.profiler.store.probe_parts import Epochs
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.store.results import Run
+from ddp_profile.rules.alternations import Evidence, PairedClaim, sides
 from ddp_profile.rules.base import Finding, Thresholds, as_int, describe_config, finite, pct
-from ddp_profile.rules.claim import Evidence, PairedClaim, sides
 from ddp_profile.rules.recommend import choose
 from ddp_profile.rules.tables import (
     baseline_probe,

@@ -15,8 +15,8 @@ from ddp_profile.profiler.decide.ddp import one_bucket, options_key
 from ddp_profile.profiler.settings import GRADIENT_SYNC
 from ddp_profile.profiler.store.record import TORCH_DIR
 from ddp_profile.profiler.store.results import Run
+from ddp_profile.rules.alternations import DdpEffect, Evidence
 from ddp_profile.rules.base import Advice, Finding, Thresholds, as_int, finite, ms, pct
-from ddp_profile.rules.claim import DdpEffect, Evidence
 from ddp_profile.rules.findings.gpu import is_cuda
 from ddp_profile.rules.tables import baseline_probe, probe_entry
 
