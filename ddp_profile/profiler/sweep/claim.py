@@ -47,7 +47,7 @@ from ddp_profile.profiler.decide.paired import (
     order,
     room_for_noise,
 )
-from ddp_profile.profiler.decide.restarts import kept_alive, whole_run
+from ddp_profile.profiler.decide.worker_restarts import kept_alive, whole_run
 from ddp_profile.profiler.settings import LoaderSettings, timed_warmup
 from ddp_profile.profiler.store.epochs import restart_share
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord, counts_for_choice

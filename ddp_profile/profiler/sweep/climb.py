@@ -23,7 +23,7 @@ from ddp_profile.profiler.decide.choose import (
     not_worse,
 )
 from ddp_profile.profiler.decide.evidence import outside_steps
-from ddp_profile.profiler.decide.restarts import restart_bound
+from ddp_profile.profiler.decide.worker_restarts import restart_bound
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord, is_measured, is_ok
 from ddp_profile.profiler.sweep.screen import window_rates

@@ -11,7 +11,7 @@ from typing import Optional
 
 import pandas as pd
 
-from ddp_profile.profiler.decide.restarts import restart_bound
+from ddp_profile.profiler.decide.worker_restarts import restart_bound
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import (

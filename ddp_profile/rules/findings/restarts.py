@@ -13,7 +13,7 @@ from typing import Optional
 import pandas as pd
 
 from ddp_profile.profiler.decide.paired import one_time_start
-from ddp_profile.profiler.decide.restarts import KeptAlive, kept_alive
+from ddp_profile.profiler.decide.worker_restarts import KeptAlive, kept_alive
 from ddp_profile.profiler.store.epochs import restart_share
 from ddp_profile.profiler.store.probe_parts import Epochs
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
