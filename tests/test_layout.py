@@ -1,5 +1,5 @@
 """The package's shape: no import cycles, imports that follow the layering, no module over
-~450 lines, no crowded folder.
+~450 lines, no crowded folder, no two modules of one file name.
 
 Read from the source with ``ast`` (nothing is imported), so the checks see every import,
 lazy ones inside functions included: a function-level import back into a module that imports
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import os
+from collections import defaultdict
 from pathlib import Path
 from typing import Optional
 
@@ -201,7 +202,7 @@ def test_imports_follow_the_layering():
 
 @pytest.mark.parametrize("importer, imported", [
     ("ddp_profile.rules.notes", "ddp_profile.rules.findings.host"),
-    ("ddp_profile.rules.recommend", "ddp_profile.profiler.rank.comm_timing"),
+    ("ddp_profile.rules.recommend", "ddp_profile.profiler.rank.comm_meter"),
     ("ddp_profile.reports.console", "ddp_profile.profiler.sweep.search"),
     ("ddp_profile.profiler.rank.loaders", "ddp_profile.profiler.cache"),
     ("ddp_profile.profiler.rank.patches.spawn", "ddp_profile.profiler.launch.ranks"),
@@ -212,6 +213,22 @@ def test_an_arrow_up_is_found(importer, imported):
     assert arrows_against(graph) == [
         f"{importer} -> {imported} ({layer_of(importer)} -> {layer_of(imported)})"]
     assert arrows_against({REGISTRY: {"ddp_profile.rules.findings.host"}}) == []
+
+
+# ---- names -----------------------------------------------------------------------------------
+
+def shared_file_names(root: Path) -> dict[str, list[str]]:
+    """File names (``__init__.py`` aside) that more than one module under ``root`` has: a name
+    says the module's layer or role, so that ``comm.py`` in a traceback is one module."""
+    paths = defaultdict(list)
+    for path in sorted(root.rglob("*.py")):
+        if path.name != "__init__.py":
+            paths[path.name].append(path.relative_to(root).as_posix())
+    return {name: found for name, found in paths.items() if len(found) > 1}
+
+
+def test_no_two_modules_share_a_file_name():
+    assert shared_file_names(PACKAGE) == {}
 
 
 # ---- the checks can fail -------------------------------------------------------------------
@@ -251,3 +268,9 @@ def test_relative_imports_resolve_from_the_module(level, module, expected):
     node = ast.ImportFrom(module=module, names=[ast.alias(name="x")], level=level)
     assert _resolve("pkg.sub.c", False, node) == expected
 
+
+
+def test_modules_that_share_a_file_name_are_found(tmp_path):
+    root = _write(tmp_path / "pkg", {"__init__.py": "", "a/__init__.py": "", "a/comm.py": "",
+                                     "b/__init__.py": "", "b/comm.py": "", "b/other.py": ""})
+    assert shared_file_names(root) == {"comm.py": ["a/comm.py", "b/comm.py"]}
