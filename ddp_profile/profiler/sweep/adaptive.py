@@ -68,8 +68,8 @@ def run(search: SearchState) -> None:
         windows.append(search.window(windows[-1].config if windows else normalise(own),
                                      Kind.CEILING, Mode.CEILING))
     if search.loader().get("iterable"):  # known from the baseline: no launch wasted on it
-        search.measurer.screen_unsupported = ("its IterableDataset's stream cannot continue "
-                                              "in a new iterator mid-epoch")
+        search.no_screens("its IterableDataset's stream cannot continue in a new iterator "
+                          "mid-epoch")
     screened = search.measurer.measure_screen(windows, condemned(search.baseline))
     ceiling.vet(search)
     if search.measurer.screen_unsupported:

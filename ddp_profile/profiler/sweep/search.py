@@ -113,6 +113,11 @@ class Search:
             self._noted.add(topic)
             self.progress("note", {"text": text})
 
+    def no_screens(self, why: str) -> None:
+        """Screens cannot run in this sweep (``why``): every configuration from now on is a
+        launch of its own (the measurer's ``screen_unsupported``, as a refused screen sets)."""
+        self.measurer.screen_unsupported = why
+
     def loader(self) -> dict[str, Any]:
         """The training loader as the script built it (the baseline's context)."""
         if self.baseline is None:
