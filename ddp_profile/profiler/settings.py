@@ -261,11 +261,9 @@ def timed_warmup(warmup: int, steps_per_s: Optional[float]) -> int:
     """Warm-up steps that also span about ``MIN_WARMUP_S`` where a rank is predicted to make
     ``steps_per_s`` (within ``MAX_WARMUP_FACTOR`` times ``warmup``).
 
-    A launch's first second runs slower than its steady state, by time, not by steps: a deep
-    MLP's first 30 measured steps after 5 of warm-up took 5 % longer than its steps 100-200 at
-    batch 64 (24 ms steps) and 1.4 % at batch 256 (45 ms). Warmed up by steps alone, the side
-    with the shorter steps measures more of that second, and a claim across batch sizes read
-    high (2.26x and 2.22x where plain launches gave 2.08x).
+    A launch's first second runs slower than its steady state, by time, not by steps: warmed
+    up by steps alone, the side with the shorter steps measures more of that second, and a
+    claim across batch sizes reads high.
     """
     if not steps_per_s or not steps_per_s > 0:
         return warmup

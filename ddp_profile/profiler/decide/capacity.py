@@ -1,26 +1,15 @@
 """The input pipeline's capacity, from what producing each batch cost (pure; no I/O).
 
 Per probe, :func:`loading_cost` turns the batch records of the training loader (see
-``profiler.rank.loading.loadcost``) into CPU, runnable time and waiting per sample: a producer
-off its CPU was either runnable, waiting on a run queue for a CPU (``runq``: CPU contention, as
-when workers outnumber the CPUs), or blocked (the waiting: storage, network, sleep, a lock).
-:func:`loop_demand` gives the samples/s the loop would consume if data were free (measured
-steps minus their data wait).
+``profiler.rank.loading.loadcost``) into CPU, runnable time (``runq``: waiting for a CPU) and
+blocked waiting (storage, network, sleep, a lock) per sample; :func:`loop_demand` gives the
+samples/s the loop would consume if data were free. :func:`capacity_model` then predicts, for
+``w`` workers on a rank with ``C`` CPUs, ``1 / (1 / demand + cpu + wait)`` per rank at
+``w = 0`` and ``min(w / (cpu + wait), C / cpu)`` from ``w = 1``, and the throughput the loop
+would reach, ``min(demand, capacity)``, up to the memory bound and the cap. ``bound_of`` is the
+one test of CPU-, wait- or mixed-bound loading (the climb, the summary and the rules ask it).
 
-:func:`capacity_model` then predicts, for any worker count ``w`` on a rank with ``C`` CPUs::
-
-    w = 0    the rank loads in the loop: 1 / (1 / demand + cpu + wait) per rank
-    w >= 1   min(w / (cpu + wait), C / cpu): each worker makes a sample every cpu + wait
-             seconds until the CPUs saturate (CPU-bound loading stops at C / cpu)
-
-and the throughput the loop would reach, ``min(demand, capacity)``. Workers are feasible up
-to the memory bound (``available memory / private RSS of one worker``, per rank) and the cap.
-``wait`` is the blocked waiting only (wall - CPU - runq; wall - CPU where the run queue was not
-recorded): time on a run queue is what the CPU limit already accounts for, and would otherwise
-make a CPU-bound loader with many workers look wait-bound. A loader with a CPU share
-(cpu / (cpu + wait)) of at least ``ChoiceThresholds.cpu_bound_share`` is CPU-bound; at most
-``wait_bound_share``, wait-bound; in between, mixed (``bound_of``, the one test: the climb, the
-summary and the rules, with their thresholds, all ask it).
+The model in full: docs/internals.md, "The capacity model (decide/capacity)".
 """
 
 from __future__ import annotations

@@ -3,44 +3,16 @@
 ``choose`` names the best measured configuration; this module decides what the run says of
 it, from the alternations that checked it (``decide.paired``). The sweep reads the same
 functions to decide what to alternate next, the rules to write the recommendation, so the
-two never read one probe two ways.
+two never read one probe two ways:
 
-- **The subject of the check** (``subject``): the best where it is not the script's own
-  settings; else, where a configuration measured faster than them but not beyond noise (its
-  probes a few steps short, a window's burst, two launches at other levels), that one: an
-  *undecided* gain is a question for an alternation, not a "no". Undecided is measured
-  faster by more than ``noise_floor`` (by more than ``clear_gain`` for another batch size),
-  pooled over its measurements, short ones included: a probe the script ended three steps
-  early is evidence with a wider interval. A compute-bound baseline's loader settings are
-  checked from ``noise_floor`` too, though the verdict asks ``clear_gain`` of them: the
-  probes read the training steps alone, and a script whose loader settings also serve its
-  validation pays or saves more than they show (pytorch/examples' imagenet, 13 % of its
-  steps waiting: 2 workers 1.04x in probes the script ended short, 1.11x in plain launches,
-  and kept, unchecked, at 0.90 of the best). Where a launch timed the script's whole run at
-  its settings and that run took markedly longer than its steps (``outside_steps``: by more
-  than ``clear_gain``; validation passes, checkpoints, epoch boundaries, the workers'
-  start-ups), the steps cannot rank loader settings: the fastest other worker count at its
-  batch size whose steps are slower by less than that share (what it might save outside
-  them) is checked, in whole launches, like for like (imagenet again: its run 8 % slower than
-  its steps, as its validation uses the same ``-j`` workers; 2 workers read 1.02x in a screen,
-  0.92x in a launch of their own, and went unchecked where plain launches measure 1.11x).
-- **The verdict** (``verdict``): the subject where its last alternation with the script's
-  settings measured it faster beyond noise (``PairedClaim.faster``) and by more than
-  ``noise_floor`` (``clear_gain`` where ``choose`` asks for that: the choice's own floors), or
-  where the best stands with nothing to say otherwise (``--pairs 0``, a failed probe); else
-  the script's settings, with the alternation that did not establish it.
-- **The contender** (``contender``): where the check established its subject, the
-  configuration that measured fastest above it in the search (``seen``), if any, is
-  alternated with the script's settings too, and becomes the recommendation where that
-  alternation establishes it and reads a larger gain (timm's ``train.py``: ``-j 1`` checked and
-  established at 1.20x, batch 64 at 1.28x in probes the script ended three steps short, named
-  unsettled; plain launches 1.42x). Only behind an established check: where nothing is faster
-  than the script's settings, the first check alone can claim a gain by chance, as before.
-- **What was seen** (``seen``): every configuration that measured faster than the
-  recommendation and is not it, in the search or in the check's own alternation, with its
-  figure, why it is not established (``not_established``: the one wording of a check that
-  did not establish its subject) and what would settle it; never "no faster" where probes
-  measured faster.
+- ``subject``: what the claim's check alternates with the script's settings (the best, or an
+  undecided gain: a question for an alternation, not a "no");
+- ``verdict``: the subject where its alternation established it, else the script's settings;
+- ``contender``: behind an established check, a faster configuration alternated too;
+- ``seen``: what measured faster than the recommendation and is not established, with what
+  would settle it.
+
+Each clause in full: docs/internals.md, "The verdict (decide/evidence)".
 """
 
 from __future__ import annotations
