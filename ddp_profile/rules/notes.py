@@ -142,9 +142,8 @@ def recommendation_notes(run: Run, base: pd.Series, chosen: pd.Series, threshold
                      f"data, and spends {pct(comm)} of it in gradient communication that "
                      "backward did not cover (see the exposed-communication finding).")
     elif compute_bound(own, thresholds):
-        # "cannot help" only where the settings are kept: timm's train.py waited 18 % of its
-        # steps, and 2 workers measured 1.14-1.21x (plain launches 1.27x: the wait a window
-        # shows is not all a whole run pays)
+        # "cannot help" only where the settings are kept: the wait a window shows is not all
+        # a whole run pays, and a compute-bound script can still gain from more workers
         tail = ("yet the recommendation measured faster: its speedup is the alternation's, "
                 "not a prediction from that wait" if chosen["id"] != base["id"]
                 else f"and {_faster_seen(seen)}" if seen

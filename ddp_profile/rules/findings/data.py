@@ -284,7 +284,7 @@ def io_bound_loading(run: Run, thresholds: Thresholds) -> Optional[Finding]:
 
 def held_by_restarts(run: Run, base: pd.Series) -> Optional[tuple[ProbeRecord, float]]:
     """A worker probe whose restart every epoch holds every worker count below the
-    baseline even with data free (``restarts.restart_bound``), the fewest workers first, with
+    baseline even with data free (``worker_restarts.restart_bound``), the fewest workers first, with
     that bound; None where none does."""
     baseline = probe_entry(run, base["id"])
     if baseline is None or not baseline.measured or not baseline.throughput:

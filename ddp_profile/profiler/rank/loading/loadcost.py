@@ -42,9 +42,9 @@ from ddp_profile.profiler.rank.loading.pagecache import FileReads, watch
 from ddp_profile.profiler.store.record import WORKER_DIR
 
 FLUSH_S = 0.25
-# Reading /proc/self/smaps_rollup walks every mapping: 3.8 ms of CPU in a process with torch.
-# At every flush, 16 workers on 2 CPUs spent 12 % of the CPUs on it, and a probe of 16
-# latency-bound workers ran 0.82x the plain script; a worker's private memory changes slowly.
+# Reading /proc/self/smaps_rollup walks every mapping (milliseconds of CPU in a process with
+# torch): at every flush, many workers on few CPUs slowed the probe they measured; a worker's
+# private memory changes slowly.
 RSS_EVERY_S = 10.0
 # ... and only worker 0 of a loader reads it, for all of them (forked from one rank, running one
 # dataset, they hold about the same): read by every worker at its first flush, 3.8 ms each fell

@@ -39,12 +39,10 @@ class FileReads:
 
     The watch on ``open`` lies on every sample's read, so it only notes what was opened (a
     lookup and an append) and ``end`` handles, once per fetch, what it has not handled
-    before. Normalised and checked at the open, a watched open of a cached 32 KiB file cost
-    2.3-2.4 µs more than Python's own ``open`` (fetches took 1.19x as long;
-    ``benchmarks/overhead_micro.py``); noted only, 0.74-0.80 µs (1.06x). A file seen for the
-    first time costs more (its path made absolute only where it is not, recorded, written
-    out): 1.8 µs, 3.1 when every path was made absolute; a short probe's first epoch sees
-    every file for the first time."""
+    before: normalising and checking every path at the open made each fetch markedly slower
+    (``benchmarks/overhead_micro.py`` measures both). A file seen for the first time costs
+    more (its path made absolute only where it is not, recorded, written out); a short
+    probe's first epoch sees every file for the first time."""
 
     def __init__(self, cold: bool):
         self.cold = cold
