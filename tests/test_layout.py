@@ -1,5 +1,6 @@
 """The package's shape: no import cycles, imports that follow the layering, no module over
-~450 lines, no crowded folder, no two modules of one file name.
+~450 lines, no crowded folder, no two modules of one file name, no literal run figures (and
+short module docstrings).
 
 Read from the source with ``ast`` (nothing is imported), so the checks see every import,
 lazy ones inside functions included: a function-level import back into a module that imports
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Optional
@@ -231,6 +233,39 @@ def test_no_two_modules_share_a_file_name():
     assert shared_file_names(PACKAGE) == {}
 
 
+# ---- docstrings and figures -----------------------------------------------------------------
+
+MAX_DOCSTRING_LINES = 15  # a module says what it does and why; the detail lives in docs/
+# A run's figure written into the code ("1.23x"): a comment says why, docs/benchmarks.md what
+# a run measured
+RUN_FIGURE = re.compile(r"[0-9]\.[0-9]{2} ?(x|\u00d7)")
+
+
+def long_docstrings(root: Path, limit: int = MAX_DOCSTRING_LINES) -> dict[str, int]:
+    """Modules under ``root`` whose docstring runs over ``limit`` lines."""
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        text = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False)
+        if text and len(text.splitlines()) > limit:
+            found[path.relative_to(root).as_posix()] = len(text.splitlines())
+    return found
+
+
+def run_figures(root: Path) -> list[str]:
+    """``path:line: text`` of every literal run figure in the source and templates."""
+    found = []
+    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".html")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if RUN_FIGURE.search(line):
+                found.append(f"{path.relative_to(root).as_posix()}:{number}: {line.strip()}")
+    return found
+
+
+def test_no_literal_run_figures_in_the_package():
+    figures = run_figures(PACKAGE)
+    assert not figures, "run figures in the code:\n" + "\n".join(figures)
+
+
 # ---- the checks can fail -------------------------------------------------------------------
 
 def _write(root: Path, files: dict[str, str]) -> Path:
@@ -274,3 +309,14 @@ def test_modules_that_share_a_file_name_are_found(tmp_path):
     root = _write(tmp_path / "pkg", {"__init__.py": "", "a/__init__.py": "", "a/comm.py": "",
                                      "b/__init__.py": "", "b/comm.py": "", "b/other.py": ""})
     assert shared_file_names(root) == {"comm.py": ["a/comm.py", "b/comm.py"]}
+
+
+def test_long_docstrings_and_run_figures_are_found(tmp_path):
+    root = _write(tmp_path / "pkg", {
+        "__init__.py": "", "short.py": '"""One line."""\n',
+        "long.py": '"""' + "line\n" * 16 + '"""\n',
+        "c.py": "SPEEDUP = 2  # ran 1.23x faster once\n", "d.py": "WIDTH = 1.5  # 2.5 x\n",
+        "page.html": "<p>1.05\u00d7 [0.98-1.10]</p>\n"})
+    assert long_docstrings(root) == {"long.py": 16}
+    assert run_figures(root) == ["c.py:1: SPEEDUP = 2  # ran 1.23x faster once",
+                                 "page.html:1: <p>1.05\u00d7 [0.98-1.10]</p>"]
