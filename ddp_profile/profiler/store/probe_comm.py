@@ -6,14 +6,13 @@ the step's *exposed* communication: the all-reduce time backward did not cover
 (``comm - overlap``). It lies inside the step's ``compute_s`` (backward returns once every
 bucket is reduced), so a step splits into data wait / compute / exposed comm / other.
 
-``probe_comm(ranks)`` is the ledger entry's ``comm``: per-step figures (at each step timed on
-every rank, those of the least exposed rank: a rank that reaches the all-reduce early also
-waits there for its peers, which is imbalance, not communication; ``per_rank`` keeps each
-rank's own), the gradient bytes and buckets, the
-achieved all-reduce bandwidth, how often gradients were synchronised per optimizer step, and
-the script's own collectives and host-GPU synchronisations (``host_syncs``) with their call
-sites. It is the one author of these figures;
-the rules and reports read them.
+``probe_comm(ranks)`` is the ledger entry's ``comm``, the one author of these figures (the
+rules and reports read them): per-step figures (at each step timed on every rank, those of
+the least exposed rank: a rank that reaches the all-reduce early also waits there for its
+peers, which is imbalance, not communication; ``per_rank`` keeps each rank's own), the
+gradient bytes and buckets, the achieved all-reduce bandwidth, how often gradients were
+synchronised per optimizer step, and the script's own collectives and host-GPU
+synchronisations (``host_syncs``) with their call sites.
 """
 
 from __future__ import annotations

@@ -7,9 +7,8 @@ Python's ``open`` (``builtins.open``: ``open()``, PIL's ``Image.open``, ``numpy.
 
 * records each file once (``files`` records, ``paths``: the harness reads the files back
   into the page cache before a probe in the warm regime, ``profiler.cache``);
-* in the **cold** regime, drops each from the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)``:
-  clean pages of a file opened read-only, no privileges needed), so its next read, in this probe
-  or the next, comes from storage like a first epoch's.
+* in the **cold** regime, drops each from the page cache (``profiler.drop_pages``), so its
+  next read, in this probe or the next, comes from storage like a first epoch's.
 
 Files a library opens in C (``cv2.imread``, ``h5py``, ``torchvision.io.read_file``) are not
 seen; nor are pages of a file still mapped (``mmap``) when it is dropped: those reads stay as
