@@ -82,7 +82,7 @@ def set_cache(state: Optional[str]) -> None:
     the page cache), ``warm`` (every file read once), None (as they are)."""
     if state is None:
         return
-    from ddp_profile.profiler.rank.loading.pagecache import drop
+    from ddp_profile.profiler.drop_pages import drop
 
     for name in os.listdir(FILES_DIR):
         path = os.path.join(FILES_DIR, name)

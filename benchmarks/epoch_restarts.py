@@ -93,7 +93,7 @@ def claim(reps: int, epochs: int) -> dict:
         tool_s = time.perf_counter() - started
         from ddp_profile.profiler.store.results import load_run
         from ddp_profile.rules import Thresholds, measured_thresholds
-        from ddp_profile.rules.claim import persistent_effect
+        from ddp_profile.rules.alternations import persistent_effect
 
         run = load_run(out)
         thresholds = measured_thresholds(run, Thresholds())

@@ -211,11 +211,11 @@ def judged(check: dict[str, Any], interval: Optional[list[float]]) -> dict[str, 
 
 def run_tool(work_load: Workload) -> dict[str, Any]:
     """``ddp-profile run`` with its defaults; its summary, and the persistent-workers effect
-    it measured (``rules.claim.persistent_effect``, read from the run directory)."""
+    it measured (``rules.alternations.persistent_effect``, read from the run directory)."""
     from ddp_profile.profiler.settings import GRADIENT_SYNC
     from ddp_profile.profiler.store.results import load_run
+    from ddp_profile.rules.alternations import alternated_effects, persistent_effect, sides
     from ddp_profile.rules.base import Thresholds
-    from ddp_profile.rules.claim import alternated_effects, persistent_effect, sides
 
     work = _bench.scratch("h2h-run-")
     out = os.path.join(work, "run")
@@ -369,8 +369,8 @@ def option_args(options: dict[str, Any]) -> Optional[list[str]]:
 def ddp_checks(summary: dict[str, Any], args: list[str], steps: int, rounds: int
                ) -> list[dict[str, Any]]:
     """Every DDP option the tool alternated with the script's own: its figure, interval and
-    verdict (``rules.claim.alternated_effects``, as the rules read them) beside plain launches
-    with and without it, alternating."""
+    verdict (``rules.alternations.alternated_effects``, as the rules read them) beside plain
+    launches with and without it, alternating."""
     checks = []
     for effect in summary["_ddp_effects"]:
         extra = option_args(effect["options"])
@@ -420,8 +420,8 @@ def aa_trial(index: int, args: list[str]) -> Optional[bool]:
     from ddp_profile.profiler.settings import LoaderSettings
     from ddp_profile.profiler.store.results import load_run
     from ddp_profile.profiler.sweep.state import Window
+    from ddp_profile.rules.alternations import paired_claim
     from ddp_profile.rules.base import Thresholds
-    from ddp_profile.rules.claim import paired_claim
 
     work = _bench.scratch("h2h-aa-")
     try:

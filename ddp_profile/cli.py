@@ -259,7 +259,7 @@ def gate(
 
     With --against REF (or `against` in the project file, when no BASELINE is given), the
     change and its reference are measured in one job, alternated (docs/ci.md)."""
-    from ddp_profile.commands.gate import run_gate
+    from ddp_profile.commands.baseline_gate import run_gate
     from ddp_profile.commands.project_config import find_project_config, resolve
 
     project = find_project_config()
@@ -290,7 +290,7 @@ def baseline_cmd(
                                          "recommended)."),
 ) -> int:
     """Export a small baseline file (JSON, meant to be committed) from a run directory."""
-    from ddp_profile.commands.gate import run_baseline_export
+    from ddp_profile.commands.baseline_gate import run_baseline_export
 
     run_baseline_export(run_dir, output, config=config)
     print(output)

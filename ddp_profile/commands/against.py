@@ -103,7 +103,7 @@ def paired_request(project: Any, *, against: Optional[str] = None,
                    measure_s: Optional[float] = None) -> PairedRequest:
     """The job from the command line's options over the project file (``ProjectConfig``: its
     script, arguments and one configuration; ``--config`` over the file's axes)."""
-    from ddp_profile.commands.gate import parse_config
+    from ddp_profile.commands.baseline_gate import parse_config
     from ddp_profile.commands.project_config import (
         RUN_DEFAULTS,
         check_command_line,
@@ -338,7 +338,7 @@ def run_paired_gate(request: PairedRequest, *, junit: Optional[str] = None,
                     quiet: bool = False) -> ExitCode:
     """The whole job: check out the reference, alternate, judge, write every output; the
     verdict's exit code."""
-    from ddp_profile.commands.gate import EXIT, write_outputs, write_text
+    from ddp_profile.commands.baseline_gate import EXIT, write_outputs, write_text
     from ddp_profile.commands.reference import checked_out
     from ddp_profile.commands.run import check_script
     from ddp_profile.reports import gate_paired

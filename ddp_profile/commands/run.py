@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Optional
 
 from ddp_profile.errors import BadRunDir, Interrupted, ScriptInvalid, ScriptNotFound, UsageError
+from ddp_profile.profiler import allocation
 from ddp_profile.profiler.decide.capacity import run_capacity
-from ddp_profile.profiler.launch import allocation
 from ddp_profile.profiler.launch.coordinate import Coordinator, coordinator_address, follow
 from ddp_profile.profiler.launch.ranks import LaunchSpec
 from ddp_profile.profiler.store.probes import records

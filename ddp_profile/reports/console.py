@@ -7,7 +7,6 @@ import sys
 import time
 from typing import Any, Optional
 
-from ddp_profile.profiler.decide.capacity import loading_line
 from ddp_profile.profiler.settings import LoaderSettings, config_label
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord, counts_for_choice, records
 
@@ -18,6 +17,19 @@ ALTERNATED = (Kind.PAIRED, Kind.PERSISTENT)
 
 def _fmt_tp(value: Optional[float]) -> str:
     return f"{value:,.1f} samples/s" if value else "-"
+
+
+def loading_line(capacity: dict[str, Any]) -> str:
+    """"X ms CPU + Y ms waiting per sample" of a capacity model (``Capacity.to_dict`` of
+    ``decide.capacity``), with the time its producers sat runnable, waiting for a CPU, where
+    that is notable."""
+    text = (f"{1000 * capacity['cpu_per_sample_s']:.2f} ms CPU + "
+            f"{1000 * capacity['wait_per_sample_s']:.2f} ms waiting")
+    runq = capacity.get("runq") or {}
+    if runq.get("notable"):
+        text += f" + {1000 * runq['per_sample_s']:.2f} ms runnable (CPUs busy"
+        text += f", {runq['workers']} workers)" if runq.get("workers") else ")"
+    return text + " per sample"
 
 
 class ConsoleProgress:
@@ -48,6 +60,9 @@ class ConsoleProgress:
                            f"{config_label(data['config'].to_dict())}")
         elif event == "note":
             self._note(data["text"])
+        elif event == "loading":  # the capacity model, before the climb
+            self._note(f"loading: {loading_line(data['capacity'])}; {data['predicted']} "
+                       "worker(s) per rank predicted to meet the loop's demand")
         elif event in ("done", "reused"):
             self._finished(data["entry"], reused=event == "reused")
 

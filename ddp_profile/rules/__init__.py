@@ -15,18 +15,19 @@ from typing import Any, NamedTuple, Optional
 
 from ddp_profile.profiler.decide.choose import with_launch_spread
 from ddp_profile.profiler.store.results import Run
+from ddp_profile.rules.alternations import Evidence
 from ddp_profile.rules.base import SEVERITIES, Finding, Rule, Thresholds, finite
-from ddp_profile.rules.claim import Evidence
-from ddp_profile.rules.findings import comm, data, distributed, gpu, host, restarts
+from ddp_profile.rules.findings import data, distributed, gpu, host, restarts, synchronisation
 from ddp_profile.rules.recommend import Recommendation, recommend, recommendation_to_dict
 from ddp_profile.rules.tables import candidate, ok_probes
 from ddp_profile.rules.voice import in_one_voice
 
 RULES: list[Rule] = [*data.RULES, *restarts.RULES, *host.RULES, *gpu.RULES, *distributed.RULES,
-                     *comm.RULES]
+                     *synchronisation.RULES]
 # the rules handed the evaluation's reading of the alternations (``known``)
 READ_EVIDENCE = (restarts.persistent_workers, distributed.find_unused_parameters,
-                 comm.exposed_communication, comm.allreduce_per_micro_batch)
+                 synchronisation.exposed_communication,
+                 synchronisation.allreduce_per_micro_batch)
 
 
 def run_rules(run: Run, thresholds: Optional[Thresholds] = None,

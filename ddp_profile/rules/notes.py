@@ -5,7 +5,7 @@ changed batch size, why the best configuration stays below the compute-only ceil
 measured loading, the thread finding, or the host's CPU load), short probes, a comparison
 across page-cache states, and the thread-oversubscription finding where it matters. Read by
 ``rules.recommend`` only; the loading in words is ``rules.loading``'s, the thread finding
-(``rules.findings.host``) decides what the notes cite of it.
+(``rules.threads``) decides what the notes cite of it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from ddp_profile.profiler.decide.choose import compute_bound
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import Thresholds, as_int, pct
 from ddp_profile.rules.cpuload import cpu_load
-from ddp_profile.rules.findings.host import thread_oversubscription
 from ddp_profile.rules.loading import (
     CPU_FIX,
     IO_FIX,
@@ -37,6 +36,7 @@ from ddp_profile.rules.tables import (
     ok_probes,
     probe_entry,
 )
+from ddp_profile.rules.threads import thread_oversubscription
 
 
 def _faster_seen(seen: Sequence[Mapping[str, Any]]) -> str:
@@ -142,9 +142,8 @@ def recommendation_notes(run: Run, base: pd.Series, chosen: pd.Series, threshold
                      f"data, and spends {pct(comm)} of it in gradient communication that "
                      "backward did not cover (see the exposed-communication finding).")
     elif compute_bound(own, thresholds):
-        # "cannot help" only where the settings are kept: timm's train.py waited 18 % of its
-        # steps, and 2 workers measured 1.14-1.21x (plain launches 1.27x: the wait a window
-        # shows is not all a whole run pays)
+        # "cannot help" only where the settings are kept: the wait a window shows is not all
+        # a whole run pays, and a compute-bound script can still gain from more workers
         tail = ("yet the recommendation measured faster: its speedup is the alternation's, "
                 "not a prediction from that wait" if chosen["id"] != base["id"]
                 else f"and {_faster_seen(seen)}" if seen

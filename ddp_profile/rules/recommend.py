@@ -8,9 +8,9 @@ a compute-bound baseline is kept unless another probe is faster by more than bot
 and ``clear_gain``. A probe's relative standard error is its own batch-means estimate when
 recorded, else ``cv / sqrt(n)`` of its global step times. This module adds what the choice
 does not decide: the expected speedup and its interval (from the alternation of the script's
-settings and the recommendation that checked the claim, ``rules.claim``; without one, a seeded
-bootstrap over the global steps of both probes, said to be so), the ceiling share, the notes
-(``rules.notes``) and the snippet.
+settings and the recommendation that checked the claim, ``rules.alternations``; without one,
+a seeded bootstrap over the global steps of both probes, said to be so), the ceiling share,
+the notes (``rules.notes``) and the snippet.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from ddp_profile.profiler.decide.choose import choose as choose_candidate
 from ddp_profile.profiler.decide.paired import CANDIDATE, one_time_start
 from ddp_profile.profiler.settings import SETTING_KEYS, LoaderSettings
 from ddp_profile.profiler.store.results import Run
+from ddp_profile.rules.alternations import Evidence, PairedClaim, sides
 from ddp_profile.rules.base import Thresholds, describe_config, finite
-from ddp_profile.rules.claim import Evidence, PairedClaim, sides
 from ddp_profile.rules.notes import recommendation_notes
 from ddp_profile.rules.tables import (
     baseline_probe,
@@ -80,7 +80,7 @@ def recommendation_to_dict(rec: Recommendation) -> dict[str, Any]:
 def _alive(run: Run, known: Evidence
            ) -> Optional[tuple[PairedClaim, dict[str, Any], dict[str, Any]]]:
     """``persistent_workers=True`` where it was measured faster beyond noise
-    (``rules.claim.Evidence.persistent``), with the settings of its two sides; else None."""
+    (``rules.alternations.Evidence.persistent``), with the settings of its two sides; else None."""
     measured = known.persistent
     if measured is None or not measured.faster:
         return None

@@ -2,9 +2,8 @@
 
 The declared wording step of ``rules.evaluate``, after the rules decided: a rule that advises
 a setting leaves its finding's recommendation empty and states the setting as an ``Advice``
-(``rules.base``: the change, its basis, how to measure it, the advice beside it);
-``in_one_voice(findings, run, rec, thresholds)`` words it from the one recommendation
-(``rules.recommend``):
+(``rules.base``); ``in_one_voice(findings, run, rec, thresholds)`` words it from the one
+recommendation (``rules.recommend``):
 
 * the recommended probe runs the advised setting: "Measured: probe P (...) runs Nx the
   script's settings; use the recommended configuration: DataLoader(...)";
@@ -12,9 +11,7 @@ a setting leaves its finding's recommendation empty and states the setting as an
   ran at Nx the recommended configuration's samples/s (within noise | slower | ...), so the
   recommendation stays DataLoader(...)": never a setting the recommendation contradicts;
 * nothing ran it: "Prediction (not measured): ..., because ...; measure it: ddp-profile run
-  SCRIPT <options>".
-
-Other findings are named (``Advice.see``) only when they fired.
+  SCRIPT <options>". Other findings are named (``Advice.see``) only when they fired.
 """
 
 from __future__ import annotations

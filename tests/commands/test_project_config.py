@@ -285,7 +285,7 @@ def test_run_names_the_file_script_when_it_is_missing(tmp_path, monkeypatch, cap
 
 
 def test_gate_reads_paths_and_tolerance_from_the_file(tmp_path, monkeypatch):
-    from ddp_profile.commands import gate as gate_module
+    from ddp_profile.commands import baseline_gate as gate_module
 
     seen = {}
 

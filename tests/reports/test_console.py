@@ -70,6 +70,14 @@ def test_adaptive_progress_shows_no_made_up_total():
     assert stream.getvalue().startswith("[1/7] p000")
 
 
+def test_the_sweeps_capacity_model_is_worded_here_as_a_progress_note():
+    stream = io.StringIO()
+    capacity = {"cpu_per_sample_s": 2e-3, "wait_per_sample_s": 5e-5, "runq": None}
+    ConsoleProgress(stream=stream)("loading", {"capacity": capacity, "predicted": 3})
+    assert stream.getvalue() == ("loading: 2.00 ms CPU + 0.05 ms waiting per sample; 3 "
+                                 "worker(s) per rank predicted to meet the loop's demand\n")
+
+
 def test_summary_shows_the_loading_and_runnable_time_only_where_notable():
     capacity = {"bound": "cpu", "cpu_per_sample_s": 2e-3, "wait_per_sample_s": 5e-5,
                 "runq": {"per_sample_s": 6e-3, "share": 0.75, "workers": 6, "notable": True}}

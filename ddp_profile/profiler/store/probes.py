@@ -2,14 +2,11 @@
 ``ProbeRecord``, the typed record of one probe that the run's readers share (the ledger line
 it is made from and written back to keeps its keys).
 
-A ledger entry (``profiler.sweep.probe.summarise_probe``; the ``probes[]`` items of
-summary.json) stores ``status`` and ``kind`` as plain strings; the enums here are ``str``
-subclasses, so ``record.kind == "threads"`` and JSON both work unchanged. Every reader reads
-a probe as a ``ProbeRecord``, made from its line in one place (``ProbeRecord.from_json``;
-its parts, ``store.probe_parts``).
-
-Which probes count is decided here alone:
-
+A ledger entry (``sweep.probe.summarise_probe``; summary.json's ``probes[]``) stores
+``status`` and ``kind`` as plain strings; the enums are ``str`` subclasses, so both work
+unchanged. Every reader reads a probe as a ``ProbeRecord``, made from its line in one place
+(``ProbeRecord.from_json``; its parts, ``store.probe_parts``). Which probes count is decided
+here alone:
 * ``counts_for_choice``: what the recommendation may pick (``decide.choose``): the script's
   own settings (``baseline``) and the searched ones (``sweep``), measured ok.
 * ``counts_for_gate``: what the CI gate may compare or pool: those, and the ``repeat``

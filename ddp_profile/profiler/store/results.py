@@ -1,29 +1,12 @@
 """Load a run directory into pandas tables with one call: ``load_run(path)``.
 
-A run directory is the single source of truth; ``report`` and ``gate`` only read it::
-
-    RUN_DIR/run.json                        what was asked (script, arguments, search space)
-    RUN_DIR/ledger.jsonl                    one line per finished probe, appended and fsynced
-    RUN_DIR/summary.json                    the keys fixed in the design notes, rewritten atomically
-    RUN_DIR/probes/<probe_id>/rank-N.jsonl  per-rank records (see ``profiler.record``)
-    RUN_DIR/probes/<probe_id>/launcher.log  the launcher's and the ranks' output
-
-Tables (all times in seconds; ``t_s`` is relative to the probe's first record):
-
-``probes``        id, kind (``store.probes.Kind``), status, num_workers, pin_memory,
-                  prefetch_factor, batch_size, throughput, data_wait_fraction, comm_fraction
-                  (exposed communication's share of a step; NaN without DDP), score, wall_s,
-                  error, root_cause_rank, steps_measured, short, short_reason, launch (the
-                  launch that measured it: its screen's, else its own id)
-``steps``         probe_id, rank, node, loader_id, step, measured, t_s, data_wait_s, compute_s,
-                  other_s, forward_s, step_s, samples, gpu_busy_s, gpu_gap_s (CUDA events;
-                  NaN without CUDA), comm_s (exposed communication, part of compute_s: NaN
-                  where DDP's timers were not read for the step, see ``store.comm``), coll_s
-                  and coll_n (the script's own collectives in the step), syncs (gradient
-                  synchronisations in the step)  (training loader only)
-``samples``       probe_id, rank, source, t_s, then one float column per metric (NaN if absent)
-``loader_iters``  probe_id, rank, loader_id, iter_index, first_batch_s
-``events``        probe_id, rank, name, data (dict)
+A run directory is the single source of truth; ``report`` and ``gate`` only read it (its
+layout: docs/internals.md, "Run directory"). ``load_run`` returns a ``Run``: the summary, the
+probes as records, and the tables ``probes`` (one row per probe record), ``steps`` (the
+training loader's steps of every rank, with their GPU timings and exposed communication),
+``samples`` (telemetry, one float column per metric), ``loader_iters`` and ``events``; all
+times in seconds, ``t_s`` relative to the probe's first record. Every column:
+docs/internals.md, "Tables".
 """
 
 from __future__ import annotations
@@ -39,7 +22,7 @@ import pandas as pd
 
 from ddp_profile.errors import BadRunDir
 from ddp_profile.profiler.settings import SETTING_KEYS
-from ddp_profile.profiler.store.comm import step_comm
+from ddp_profile.profiler.store.probe_comm import step_comm
 from ddp_profile.profiler.store.probedir import RankData, read_probe_dir
 from ddp_profile.profiler.store.probes import BadProbeRecord, ProbeRecord
 from ddp_profile.profiler.store.probes import records as probe_records

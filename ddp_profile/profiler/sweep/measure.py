@@ -26,7 +26,7 @@ from ddp_profile.profiler.cache import (
     recorded_files,
     warm,
 )
-from ddp_profile.profiler.decide.restarts import run_steps
+from ddp_profile.profiler.decide.worker_restarts import run_steps
 from ddp_profile.profiler.launch.coordinate import Coordinator, merge_outcomes
 from ddp_profile.profiler.launch.ranks import (
     LaunchOutcome,

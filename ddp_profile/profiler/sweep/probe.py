@@ -12,8 +12,8 @@ from ddp_profile.profiler.launch.failure import classify
 from ddp_profile.profiler.launch.ranks import LaunchOutcome
 from ddp_profile.profiler.numbers import finite, finite_or_none
 from ddp_profile.profiler.settings import BURST_ROUNDS, ProbePlan
-from ddp_profile.profiler.store.comm import probe_comm
 from ddp_profile.profiler.store.epochs import rank_step_stats, step_seconds, whole_epochs
+from ddp_profile.profiler.store.probe_comm import probe_comm
 from ddp_profile.profiler.store.probedir import RankData, read_probe_dir, whole_run
 from ddp_profile.profiler.store.probes import Kind, Status
 
@@ -135,7 +135,7 @@ def _measurements(ranks: list[RankData], workers: Optional[int] = None) -> dict[
 
 
 def _communication(ranks: list[RankData], per_rank: list[dict[str, Any]]) -> dict[str, Any]:
-    """``comm`` (``store.comm.probe_comm``) and ``comm_fraction``: the share of each step
+    """``comm`` (``store.probe_comm.probe_comm``) and ``comm_fraction``: the share of each step
     spent in communication backward did not cover, the step's fourth part; each rank's own
     in ``per_rank``."""
     comm = probe_comm(ranks)

@@ -131,6 +131,9 @@ class SearchState(Protocol):
     def note_once(self, topic: str, text: str) -> None:
         """Tell the user ``text`` the first time ``topic`` comes up in this sweep."""
 
+    def no_screens(self, why: str) -> None:
+        """Screens cannot run in this sweep (``why``): one launch per configuration."""
+
     def loader(self) -> dict[str, Any]:
         """The training loader as the script built it (the baseline's context)."""
 

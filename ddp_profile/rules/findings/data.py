@@ -11,7 +11,7 @@ from typing import Optional
 
 import pandas as pd
 
-from ddp_profile.profiler.decide.restarts import restart_bound
+from ddp_profile.profiler.decide.worker_restarts import restart_bound
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import (
@@ -25,7 +25,6 @@ from ddp_profile.rules.base import (
     pct,
 )
 from ddp_profile.rules.cpuload import cpu_load
-from ddp_profile.rules.findings.host import baseline_oversubscribed
 from ddp_profile.rules.loading import (
     CPU_FIX,
     IO_FIX,
@@ -46,6 +45,7 @@ from ddp_profile.rules.tables import (
     probe_entry,
     storage_caveat,
 )
+from ddp_profile.rules.threads import baseline_oversubscribed
 
 
 def _measured_workers(run: Run) -> set[int]:
@@ -284,7 +284,7 @@ def io_bound_loading(run: Run, thresholds: Thresholds) -> Optional[Finding]:
 
 def held_by_restarts(run: Run, base: pd.Series) -> Optional[tuple[ProbeRecord, float]]:
     """A worker probe whose restart every epoch holds every worker count below the
-    baseline even with data free (``restarts.restart_bound``), the fewest workers first, with
+    baseline even with data free (``worker_restarts.restart_bound``), the fewest workers first, with
     that bound; None where none does."""
     baseline = probe_entry(run, base["id"])
     if baseline is None or not baseline.measured or not baseline.throughput:

@@ -12,8 +12,8 @@ import pandas as pd
 
 from ddp_profile.profiler.decide.ddp import options_key
 from ddp_profile.profiler.store.results import Run
+from ddp_profile.rules.alternations import Evidence
 from ddp_profile.rules.base import Finding, Thresholds
-from ddp_profile.rules.claim import Evidence
 from ddp_profile.rules.findings.straggler import straggler
 from ddp_profile.rules.tables import (
     baseline_probe,

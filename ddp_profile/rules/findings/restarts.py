@@ -13,13 +13,13 @@ from typing import Optional
 import pandas as pd
 
 from ddp_profile.profiler.decide.paired import one_time_start
-from ddp_profile.profiler.decide.restarts import KeptAlive, kept_alive
+from ddp_profile.profiler.decide.worker_restarts import KeptAlive, kept_alive
 from ddp_profile.profiler.store.epochs import restart_share
 from ddp_profile.profiler.store.probe_parts import Epochs
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.store.results import Run
+from ddp_profile.rules.alternations import Evidence, PairedClaim, sides
 from ddp_profile.rules.base import Finding, Thresholds, as_int, describe_config, finite, pct
-from ddp_profile.rules.claim import Evidence, PairedClaim, sides
 from ddp_profile.rules.recommend import choose
 from ddp_profile.rules.tables import (
     baseline_probe,

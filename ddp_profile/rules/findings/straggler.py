@@ -13,8 +13,8 @@ import pandas as pd
 
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import Finding, Thresholds, ms, pct
-from ddp_profile.rules.findings.host import baseline_oversubscribed
 from ddp_profile.rules.tables import baseline_probe, loading_of, probe_steps
+from ddp_profile.rules.threads import baseline_oversubscribed
 
 
 def _per_rank_table(steps: pd.DataFrame, column: str) -> pd.DataFrame:

@@ -1,11 +1,11 @@
-"""What restarting workers cost over the script's whole run (``decide.restarts.kept_alive``)
+"""What restarting workers cost over the script's whole run (``decide.worker_restarts.kept_alive``)
 and where a launch counts that run (``store.probedir.whole_run``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from ddp_profile.profiler.decide.restarts import kept_alive, run_steps
+from ddp_profile.profiler.decide.worker_restarts import kept_alive, run_steps
 from ddp_profile.profiler.settings import LoaderSettings, Mode, warmup_room, window_warmup
 from ddp_profile.profiler.store.probedir import RankData, whole_run
 from ddp_profile.profiler.store.probes import ProbeRecord

@@ -3,7 +3,8 @@
 Inside SLURM ``srun``, a Kubernetes PyTorchJob or an outer ``torchrun``, every rank's process
 runs ``ddp-profile run`` itself; ddp-profile must not launch ranks again. Each such process runs
 the script in its own place (one rank), and the processes coordinate their probes through the
-rank-0 process (``profiler.coordinate``).
+rank-0 process (``profiler.launch.coordinate``). Read by the launch and by the ranks' spawn
+patch (``rank.patches``: ranks spawned inside a torchrun rank), so it sits below both.
 """
 
 from __future__ import annotations

@@ -2,23 +2,15 @@
 recommendation, alternated close in time (the sweep's ``claim``).
 
 The probes of one alternation (kind ``paired``, ``pair``: role, position, group) are read as
-``log rate = level + gain x [candidate] + drift x position``: every candidate stands between two
-references, so the launch's level and a linear drift between them cancel, and ``gain`` is
-the log of the speedup. Its interval is for what a user's check would measure: plain launches
-of the script, ``CHECK_ROUNDS`` of each setting, alternating. So it holds the alternation's
-own uncertainty (Student's, on the residual degrees of freedom: 7 windows, 4; 5 launches, 2: a
-few noisy windows give a wide interval rather than a confident figure) and what plain
-launches of the two settings add: each launch runs at a level of its own, as the spread
-between this run's launches of the same settings shows (``choose.launch_spread``, at least
-``launch_sd``), averaged over the check's rounds. (On 2 CPUs, plain launches of 10
-latency-bound workers ran 3,069 and 2,150 samples/s: an interval of the windows' noise alone,
-4.83-5.07x, missed the 4.62x they measured.) Without such an alternation (``--pairs 0``, the
-script's own settings chosen, a probe of it failed) there is no paired claim and the
-recommendation says what its figure rests on instead.
-
-The fit, the interval and the verdict (``PairedClaim``, ``paired``) are the decision layer's
-(``profiler.decide.paired``), which the sweep's claim reads too, to decide what it measures
-next; this module finds the alternations in a stored run and words what they say.
+``log rate = level + gain x [candidate] + drift x position``, so the launch's level and a
+linear drift cancel, and ``gain`` is the log of the speedup. Its interval is for what a user's
+check would measure, ``CHECK_ROUNDS`` plain launches of each setting: the alternation's own
+uncertainty (Student's, on the residual degrees of freedom) and the spread between launches
+(``choose.launch_spread``, at least ``launch_sd``); the windows' noise alone would miss what
+plain launches measure. Without such an alternation there is no paired claim, and the
+recommendation says what its figure rests on instead. The fit, the interval and the verdict
+are the decision layer's (``profiler.decide.paired``); this module finds the alternations in
+a stored run and words what they say (``Evidence``: read once per evaluation).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, Mapping
 
-from ddp_profile.profiler.rank.patches.base import SPAWNED_DDP, Hooks, originals, patch
+from ddp_profile.profiler.rank.patches.registry import SPAWNED_DDP, Hooks, originals, patch
 
 
 def patch_spawn(instr: Hooks) -> None:
@@ -63,13 +63,13 @@ class RanksInsideARank(RuntimeError):
 
 
 def refuse_ranks_inside_a_rank(nprocs: int, environ: Mapping[str, str]) -> None:
-    """Raise where a rank that torch's launcher started (``launch.allocation.detect``: a
+    """Raise where a rank that torch's launcher started (``profiler.allocation.detect``: a
     ``torchrun`` allocation) starts ranks of its own with ``torch.multiprocessing.spawn``:
     each of the launcher's ranks would spawn its own set, every set on one rendezvous address
     (the DDP tutorial's ``mp.spawn`` script under torchrun: both sets waited on one port until
     the probe's 600 s timeout). Such a script is run as ``python train.py`` is: ``--launcher
     none``."""
-    from ddp_profile.profiler.launch.allocation import detect
+    from ddp_profile.profiler.allocation import detect
 
     found = detect(environ)
     if found is None or found.kind != "torchrun":

@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_profile.profiler.rank.comm import SYNC_PATTERN, CommMeter
-from ddp_profile.profiler.store.comm import step_comm
+from ddp_profile.profiler.rank.comm_meter import SYNC_PATTERN, CommMeter
+from ddp_profile.profiler.store.probe_comm import step_comm
 
 
 class TwinDDP:
@@ -173,7 +173,7 @@ def test_real_ddp_timers_reach_the_steps(tmp_path):
     # beside the runner, which the sampler tests rightly count as a leaked child
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__)))))
-    code = ("import sys; from tests.profiler.rank.test_comm import _real_ddp; "
+    code = ("import sys; from tests.profiler.rank.test_comm_meter import _real_ddp; "
             "_real_ddp(sys.argv[1])")
     try:
         result = subprocess.run([sys.executable, "-c", code, str(tmp_path / "store")], cwd=root,
@@ -187,7 +187,7 @@ def test_a_gpu_ddp_is_timed_every_16th_iteration_so_the_host_can_run_ahead():
     """On CUDA the reducer waits for the timed iteration's events at the next forward: timing
     every iteration would hold the host to the GPU each step (the A/B on an H100 read 1.02
     with sample rate 1). A CPU DDP's host timers cost no wait: every iteration."""
-    from ddp_profile.profiler.rank.comm import CUDA_SAMPLE_RATE
+    from ddp_profile.profiler.rank.comm_meter import CUDA_SAMPLE_RATE
 
     meter, cpu, gpu = CommMeter(), TwinDDP(), TwinDDP()
     gpu.device_type = "cuda"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddp_profile.profiler.store.comm import bandwidth, probe_comm
+from ddp_profile.profiler.store.probe_comm import bandwidth, probe_comm
 from ddp_profile.profiler.store.probedir import RankData
 
 

@@ -1,4 +1,4 @@
-"""Communication of one probe, from the records ``profiler.rank.comm`` wrote.
+"""Communication of one probe, from the records ``profiler.rank.comm_meter`` wrote.
 
 ``step_comm(steps)`` matches each step with DDP's reducer timers of its own backward (the
 figures tagged with the step's ``ddp_n``: torch computes them one forward later) and gives
@@ -6,14 +6,13 @@ the step's *exposed* communication: the all-reduce time backward did not cover
 (``comm - overlap``). It lies inside the step's ``compute_s`` (backward returns once every
 bucket is reduced), so a step splits into data wait / compute / exposed comm / other.
 
-``probe_comm(ranks)`` is the ledger entry's ``comm``: per-step figures (at each step timed on
-every rank, those of the least exposed rank: a rank that reaches the all-reduce early also
-waits there for its peers, which is imbalance, not communication; ``per_rank`` keeps each
-rank's own), the gradient bytes and buckets, the
-achieved all-reduce bandwidth, how often gradients were synchronised per optimizer step, and
-the script's own collectives and host-GPU synchronisations (``host_syncs``) with their call
-sites. It is the one author of these figures;
-the rules and reports read them.
+``probe_comm(ranks)`` is the ledger entry's ``comm``, the one author of these figures (the
+rules and reports read them): per-step figures (at each step timed on every rank, those of
+the least exposed rank: a rank that reaches the all-reduce early also waits there for its
+peers, which is imbalance, not communication; ``per_rank`` keeps each rank's own), the
+gradient bytes and buckets, the achieved all-reduce bandwidth, how often gradients were
+synchronised per optimizer step, and the script's own collectives and host-GPU
+synchronisations (``host_syncs``) with their call sites.
 """
 
 from __future__ import annotations
@@ -184,7 +183,7 @@ def _sites(ranks: list[Any], name: str = "collective_site") -> list[dict[str, An
 
 
 def _host_syncs(steps: list[dict[str, Any]], ranks: list[Any]) -> Optional[dict[str, Any]]:
-    """The script's host-GPU synchronisations per measured step (``rank.comm``), or None
+    """The script's host-GPU synchronisations per measured step (``rank.comm_meter``), or None
     where none was counted (a CPU run, or a script that never blocks on the GPU)."""
     measured = [s for s in steps if s.get("measured")]
     counts = [int(s.get("hsync_n") or 0) for s in measured]

@@ -1,6 +1,6 @@
 """The patches of communication: DDP's constructor (the probe's options, its reducer timed)
 and forward (the steps without gradient synchronisation), ``init_process_group``, the
-script's collectives and its host-GPU synchronisations, all measured by ``rank.comm``."""
+script's collectives and its host-GPU synchronisations, all measured by ``rank.comm_meter``."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import inspect
 import weakref
 from typing import Any, Callable
 
-from ddp_profile.profiler.rank.comm import SCRIPT_COLLECTIVES, SYNC_PATTERN
-from ddp_profile.profiler.rank.patches.base import (
+from ddp_profile.profiler.rank.comm_meter import SCRIPT_COLLECTIVES, SYNC_PATTERN
+from ddp_profile.profiler.rank.patches.registry import (
     SPAWNED_DDP,
     Hooks,
     Maker,
@@ -27,7 +27,7 @@ GRADIENT_COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_reduce_coale
 
 def ddp_init(instr: Hooks, signature: inspect.Signature) -> Maker:
     """``DistributedDataParallel.__init__``: the probe's DDP options over the script's, the
-    module recorded and its reducer timed (``rank.comm``)."""
+    module recorded and its reducer timed (``rank.comm_meter``)."""
     def make(original: Any) -> Any:
         @functools.wraps(original)
         def __init__(self: Any, module: Any, *args: Any, **kwargs: Any) -> None:
@@ -136,7 +136,7 @@ def process_group_destroy(instr: Hooks) -> Maker:
     records are written first (``Hooks.end_of_script``), whole on disk before a teardown that
     can hang. The DDP module keeps its gloo group alive past the call; freed later (the
     function holding it returns), it destroys the group, which can deadlock
-    (``patches.process``: 1 launch in 30 of a short torchrun script, a 60 s timeout that lost
+    (``patches.spawn``: 1 launch in 30 of a short torchrun script, a 60 s timeout that lost
     the probe, its last records unwritten); the harness ends a launch whose ranks all recorded
     their end and did not exit (``launch.ranks.END_GRACE_S``)."""
     def make(original: Any) -> Any:
@@ -151,7 +151,7 @@ def process_group_destroy(instr: Hooks) -> Maker:
 
 def patch_collectives(instr: Hooks, dist: Any) -> None:
     """Time and count the script's collectives per step, with their call sites
-    (``rank.comm.CommMeter``); record, once per process, that the script calls a collective
+    (``rank.comm_meter.CommMeter``); record, once per process, that the script calls a collective
     that can sum gradients (event ``collective`` {op}), and that it builds an FSDP module
     (event ``fsdp``)."""
     reported: set[str] = set()
@@ -198,7 +198,7 @@ class _SyncDebugMode:
 
 
 def watch_host_syncs(instr: Hooks) -> bool:
-    """Count the script's host-GPU synchronisations from now on (``rank.comm``): called once
+    """Count the script's host-GPU synchronisations from now on (``rank.comm_meter``): called once
     the script uses CUDA. False, and nothing changed, where this torch has no sync debug mode
     or the script set one itself."""
     import warnings

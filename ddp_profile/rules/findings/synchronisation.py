@@ -2,8 +2,8 @@
 gradients synchronised per micro-batch, the script's own collectives per step, the host
 blocking on the GPU every step, SyncBatchNorm.
 
-Each reads the baseline probe's ``comm`` (``profiler.store.comm.probe_comm``: DDP's own reducer
-timers and the script's collectives, measured per step) and decides on it alone.
+Each reads the baseline probe's ``comm`` (``profiler.store.probe_comm.probe_comm``: DDP's own
+reducer timers and the script's collectives, measured per step) and decides on it alone.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import os
 from typing import Any, Mapping, Optional
 
 from ddp_profile.profiler.decide.ddp import one_bucket, options_key
-from ddp_profile.profiler.rank.comm import TORCH_DIR
 from ddp_profile.profiler.settings import GRADIENT_SYNC
+from ddp_profile.profiler.store.record import TORCH_DIR
 from ddp_profile.profiler.store.results import Run
+from ddp_profile.rules.alternations import DdpEffect, Evidence
 from ddp_profile.rules.base import Advice, Finding, Thresholds, as_int, finite, ms, pct
-from ddp_profile.rules.claim import DdpEffect, Evidence
 from ddp_profile.rules.findings.gpu import is_cuda
 from ddp_profile.rules.tables import baseline_probe, probe_entry
 

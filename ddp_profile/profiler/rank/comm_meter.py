@@ -1,50 +1,16 @@
 """Communication as a rank sees it: DDP's own reducer timers and the script's collectives.
 
-Read by ``profiler.rank.instrument``; patched in by ``profiler.rank.patches``.
-
-**DDP's reducer timers.** Every DDP the script builds gets a runtime logging sample rate
-(``_set_ddp_runtime_logging_sample_rate``; ``sample_rate``): 1 on the CPU, where its reducer
-then times every synchronised iteration with host timers; ``CUDA_SAMPLE_RATE`` on a GPU, where
-it times with CUDA events and, to compute them, waits at the next forward for the timed
-iteration's events (torch's default is 100, plus the first 10 iterations): a wait every
-iteration would stop the host from running ahead of the GPU. It times forward compute,
-backward compute, backward communication (first bucket's all-reduce launched -> all done) and
-the part of that communication that overlapped backward compute. Torch computes iteration
-N's figures at the start of forward N+1 and keeps only the latest, tagged ``iteration`` = N+1
-(the number of synchronised forwards before it). Nothing is timed under ``no_sync()`` or
-without grad.
-
-Reading them (``_get_ddp_logging_data()``) costs 40-110 us on the host, so they are read at
-the steps whose index is divisible by ``every``, a power of two sized so the reads stay within
-``READ_BUDGET`` of the step time (by the cheapest read, at most doubling per read): ranks that
-size it differently still read common steps, where the loader can tell communication from
-waiting for a late rank.
-Each synchronised forward is counted here (``DDP.forward`` is wrapped), so every step record
-carries ``ddp_n``, the synchronised forwards per DDP module so far; the loader matches a step
-with the figures tagged with its ``ddp_n`` (``profiler.store.comm``).
-
-**The script's collectives** (``dist.all_reduce``, ``barrier``, ...): counted and timed per
-step, each call site (file:line, function) once with its total calls and time.
-
-**The script's host-GPU synchronisations** (CUDA, once the script uses it; installed by
-``profiler.rank.patches.watch_host_syncs``): torch's sync debug mode set to "warn" makes every
-operation that blocks the host on the GPU (``.item()``, ``.cpu()``, ``.tolist()``, a copy
-without ``non_blocking``, ``nonzero``, a stream's ``synchronize``) raise a warning as it
-returns; a warnings filter and ``warnings.showwarning`` take those (never shown to the user),
-count them per step and keep the script's call site: the innermost frame outside torch, with
-the torch function it went through. ``torch.cuda.synchronize()`` is wrapped and also timed.
-A script that set a sync debug mode itself keeps it and is not watched.
-
-Step record fields added here (absent when zero / without DDP): ``ddp_n`` [per module],
-``syncs`` and ``unsynced`` (forwards with grad, synchronised or under ``no_sync``),
-``opt_steps``, ``ddp_t`` [[module, iteration, forward_ns, backward_ns, comm_ns, overlap_ns]],
-``coll_n``, ``coll_s``, ``hsync_n`` and ``hsync_s`` (host syncs; the time of the timed ones).
-
-**Between steps.** What the script does while no step of any loader is open (before its loop,
-and between one epoch's end and the next iterator's first batch: validation, a checkpoint's
-``torch.save``) belongs to no step: ``between_steps`` drops those counts when a step's data
-wait begins with none open, and each site also counts its calls made there (``outside``), so
-a per-step figure never carries a checkpoint's hundreds of copies.
+Read by ``profiler.rank.instrument``; patched in by ``profiler.rank.patches``. Every DDP the
+script builds gets a runtime logging sample rate (``sample_rate``: every iteration on the CPU,
+``CUDA_SAMPLE_RATE`` on a GPU, whose timed iterations wait for their CUDA events), and its
+reducer timers are read at the steps divisible by ``every``, sized to ``READ_BUDGET`` of the
+step time; each synchronised forward is counted (``ddp_n``), so the store matches a step with
+the figures of its own backward (``profiler.store.probe_comm``). The script's collectives are
+counted and timed per step and per call site; its host-GPU synchronisations (CUDA) through
+torch's sync debug mode set to "warn", never shown to the user. What happens while no step is
+open belongs to no step (``between_steps``). Step record fields added here: ``ddp_n``,
+``syncs``, ``unsynced``, ``opt_steps``, ``ddp_t``, ``coll_n``, ``coll_s``, ``hsync_n``,
+``hsync_s``. In full: docs/internals.md, "Communication in the rank (rank/comm_meter)".
 """
 
 from __future__ import annotations
@@ -58,6 +24,8 @@ import time
 import warnings
 import weakref
 from typing import Any, Callable, Optional
+
+from ddp_profile.profiler.store.record import TORCH_DIR
 
 READ_BUDGET = 0.005  # share of the step time the reads of DDP's timers may take
 CUDA_SAMPLE_RATE = 16  # a GPU's DDP timed every 16th iteration (a host-GPU wait at each)
@@ -79,7 +47,6 @@ SCRIPT_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all
 
 SYNC_WARNING = "synchronizing CUDA operation"  # the text of torch's sync debug warning
 SYNC_PATTERN = ".*" + re.escape(SYNC_WARNING)  # a warnings filter's message regex
-TORCH_DIR = os.sep + "torch" + os.sep
 
 _PROFILER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _WARNINGS_FILES = {os.path.abspath(warnings.__file__)}

@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import pytest
 from rich.console import Console
 
-from ddp_profile.commands.gate import (
+from ddp_profile.commands.baseline_gate import (
     baseline_warnings,
     build_result,
     parse_config,

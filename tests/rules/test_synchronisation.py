@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from ddp_profile.rules import evaluate
 from ddp_profile.rules.base import Thresholds
-from ddp_profile.rules.findings.comm import (
+from ddp_profile.rules.findings.distributed import straggler
+from ddp_profile.rules.findings.synchronisation import (
     allreduce_per_micro_batch,
     exposed_communication,
     host_sync_per_step,
     per_step_collectives,
     sync_batchnorm,
 )
-from ddp_profile.rules.findings.distributed import straggler
 from tests.rules.tables import RunBuilder
 
 T = Thresholds()
@@ -359,7 +359,7 @@ def test_a_checkpoint_between_epochs_is_not_named_as_a_per_step_sync():
 
 
 def test_host_sync_fixes_follow_the_source_line_of_each_site():
-    from ddp_profile.rules.findings.comm import _sync_fixes
+    from ddp_profile.rules.findings.synchronisation import _sync_fixes
 
     copy = {"text": "source = source.to(self.gpu_id)"}
     assert _sync_fixes([copy]).startswith("Copy batches with .to(device, non_blocking=True)")
@@ -377,8 +377,8 @@ def test_one_evaluation_fits_the_ddp_counterfactuals_once_for_every_rule_that_re
     import inspect
 
     from ddp_profile.rules import READ_EVIDENCE, RULES, measured_thresholds
-    from ddp_profile.rules import claim as claim_rules
-    from ddp_profile.rules.claim import Evidence
+    from ddp_profile.rules import alternations as claim_rules
+    from ddp_profile.rules.alternations import Evidence
 
     builder = (RunBuilder(world_size=2).probe("base", kind="baseline", num_workers=0,
                                               batch_size=8, entry=comm(0.03))

@@ -32,7 +32,7 @@ class Hooks(Protocol):
 
     stopping: bool
     plan: ProbePlan
-    comm: Any  # rank.comm.CommMeter
+    comm: Any  # rank.comm_meter.CommMeter
     pin_meter: Any  # rank.loading.loadcost's pin-time meter
     ddp_modules: list[Any]
 

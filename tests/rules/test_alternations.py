@@ -1,5 +1,5 @@
 """The expected speedup from the claim's check: the script's settings and the recommendation
-alternated, drift and level cancelled (``rules.claim``)."""
+alternated, drift and level cancelled (``rules.alternations``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from ddp_profile.rules import Thresholds
-from ddp_profile.rules.claim import paired_claim
+from ddp_profile.rules.alternations import paired_claim
 from ddp_profile.rules.recommend import recommend
 from tests.rules.tables import RunBuilder
 
