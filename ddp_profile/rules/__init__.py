@@ -1,11 +1,12 @@
 """Rules: pure functions from a loaded run's tables to findings and a recommendation.
 
-A rule is ``rule(run, thresholds) -> Finding | None`` over the tables of
-``ddp_profile.profiler.store.results.Run``; ``RULES`` is the one registry. Rules do no I/O and no
-plotting, and return None when the tables they need are empty. Every number they decide with
-is a field of ``Thresholds``: ``evaluate(run, Thresholds(data_wait_fraction=0.3))``. The rules
-that cite what the run's alternations established (``READ_EVIDENCE``) take it as a third
-argument, ``known``: one ``claim.Evidence`` per evaluation, so that each fit is read once.
+Every rule has one calling convention, ``rule(run, thresholds, known=None) -> Finding | None``:
+the run (``ddp_profile.profiler.store.results.Run``: its probe records and its tables), the
+numbers it decides with (``Thresholds``: ``evaluate(run, Thresholds(data_wait_fraction=0.3))``)
+and what the run's alternations established (``known``: one ``alternations.Evidence`` per
+evaluation, so that each fit is read once; a rule called on its own builds its own).
+``RULES`` is the one registry. Rules do no I/O and no plotting, and return None where what
+they need is missing.
 Triggers are documented on each rule and in ``docs/rules.md``.
 """
 
@@ -13,21 +14,17 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Optional
 
-from ddp_profile.profiler.decide.choose import with_launch_spread
+from ddp_profile.profiler.decide.choose import candidate_of, with_launch_spread
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.alternations import Evidence
 from ddp_profile.rules.base import SEVERITIES, Finding, Rule, Thresholds, finite
 from ddp_profile.rules.findings import data, distributed, gpu, host, restarts, synchronisation
 from ddp_profile.rules.recommend import Recommendation, recommend, recommendation_to_dict
-from ddp_profile.rules.tables import candidate, ok_probes
+from ddp_profile.rules.tables import ok_probes
 from ddp_profile.rules.voice import in_one_voice
 
 RULES: list[Rule] = [*data.RULES, *restarts.RULES, *host.RULES, *gpu.RULES, *distributed.RULES,
                      *synchronisation.RULES]
-# the rules handed the evaluation's reading of the alternations (``known``)
-READ_EVIDENCE = (restarts.persistent_workers, distributed.find_unused_parameters,
-                 synchronisation.exposed_communication,
-                 synchronisation.allreduce_per_micro_batch)
 
 
 def run_rules(run: Run, thresholds: Optional[Thresholds] = None,
@@ -38,8 +35,7 @@ def run_rules(run: Run, thresholds: Optional[Thresholds] = None,
     alternations established (None: read here, once)."""
     thresholds = thresholds or Thresholds()
     known = known or Evidence(run, thresholds)
-    findings = [f for f in (rule(run, thresholds, known) if rule in READ_EVIDENCE
-                            else rule(run, thresholds) for rule in RULES) if f is not None]
+    findings = [f for f in (rule(run, thresholds, known) for rule in RULES) if f is not None]
     return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
 
 
@@ -69,8 +65,7 @@ def measured_thresholds(run: Run, thresholds: Thresholds) -> Thresholds:
     """``thresholds`` with the spread between launches this run showed, where larger than
     the default (``choose.with_launch_spread``, as the choice itself uses it): every verdict
     across launches (faster beyond noise, within noise) then speaks with the run's own noise."""
-    probes = ok_probes(run)
-    measured = [candidate(run, row) for _, row in probes.iterrows() if finite(row["throughput"])]
+    measured = [candidate_of(p) for p in ok_probes(run) if finite(p.throughput)]
     return with_launch_spread(thresholds, measured)
 
 

@@ -21,7 +21,7 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Mapping, Optional
 
-from ddp_profile.profiler.decide.choose import Candidate, better, not_worse, pool
+from ddp_profile.profiler.decide.choose import Candidate, better, candidate_of, not_worse, pool
 from ddp_profile.profiler.decide.ddp import alternation_fit, options_key
 from ddp_profile.profiler.decide.evidence import alternation
 from ddp_profile.profiler.decide.paired import (
@@ -39,7 +39,7 @@ from ddp_profile.profiler.settings import GRADIENT_SYNC
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import Thresholds, finite
-from ddp_profile.rules.tables import baseline_probe, candidate, ok_probes, probe_entry
+from ddp_profile.rules.tables import baseline_probe, ok_probes
 
 
 def paired_claim(run: Run, reference: ProbeRecord, candidate: ProbeRecord,
@@ -134,27 +134,26 @@ def _alternation_text(probes: list[ProbeRecord], drift: float, launches: int) ->
             f"a drift of {math.expm1(drift):+.1%} per place")
 
 
-def latest_ddp_probes(run: Run) -> dict[str, tuple[dict[str, Any], Any]]:
-    """options text -> (options, probe row) of the last ok ``ddp`` probe with those options
+def latest_ddp_probes(run: Run) -> dict[str, tuple[dict[str, Any], ProbeRecord]]:
+    """options text -> (options, probe) of the last ok ``ddp`` probe with those options
     measured on its own, not in an alternation (a re-measurement, twice as long, comes last)."""
-    latest: dict[str, tuple[dict[str, Any], Any]] = {}
-    for _, probe in ok_probes(run, kinds=(Kind.DDP,)).iterrows():
-        entry = probe_entry(run, probe["id"])
-        options = dict(entry.comm.options) if entry and entry.comm.options is not None else None
-        if options is not None and finite(probe["throughput"]) and entry.pair is None:
+    latest: dict[str, tuple[dict[str, Any], ProbeRecord]] = {}
+    for probe in ok_probes(run, kinds=(Kind.DDP,)):
+        options = dict(probe.comm.options) if probe.comm.options is not None else None
+        if options is not None and finite(probe.throughput) and probe.pair is None:
             latest[options_key(options)] = (options, probe)
     return latest
 
 
-def reference(run: Run, base: Any) -> tuple[Candidate, str]:
+def reference(run: Run, base: ProbeRecord) -> tuple[Candidate, str]:
     """What a DDP counterfactual measured on its own is judged against: the baseline pooled
     with its twin (the script's settings and DDP options measured again beside them:
     ``ddp_options`` {}), and how to name it."""
     twin = latest_ddp_probes(run).get(options_key({}))
     if twin is None:
-        return candidate(run, base), f"probe {base['id']}"
-    return (pool([candidate(run, base), candidate(run, twin[1])]),
-            f"probes {base['id']} and {twin[1]['id']}, pooled")
+        return candidate_of(base), f"probe {base.id}"
+    return (pool([candidate_of(base), candidate_of(twin[1])]),
+            f"probes {base.id} and {twin[1].id}, pooled")
 
 
 def ddp_effects(run: Run, thresholds: Thresholds) -> dict[str, DdpEffect]:
@@ -170,11 +169,11 @@ def ddp_effects(run: Run, thresholds: Thresholds) -> dict[str, DdpEffect]:
         for key, (options, probe) in latest_ddp_probes(run).items():
             if not options or not theirs.throughput > 0:
                 continue
-            mine = candidate(run, probe)
+            mine = candidate_of(probe)
             effects[key] = DdpEffect(
-                options=options, ratio=float(probe["throughput"] / theirs.throughput),
+                options=options, ratio=float(probe.throughput / theirs.throughput),
                 interval=None, faster=better(mine, theirs, thresholds),
-                slower=not not_worse(mine, theirs, thresholds), probes=f"probe {probe['id']}",
+                slower=not not_worse(mine, theirs, thresholds), probes=f"probe {probe.id}",
                 reference=name)
     effects.update(alternated_effects(run, thresholds.interval_confidence,
                                       thresholds.launch_sd))

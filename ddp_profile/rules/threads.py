@@ -1,19 +1,17 @@
 """The thread-oversubscription finding: the ranks' torch thread pools against the CPUs.
 
-``thread_oversubscription(run, thresholds) -> Finding | None`` is registered with the host rules
-(``rules.findings.host``); it lives below the findings because the recommendation's notes cite
-it (``rules.notes``) and the data and straggler rules ask whether the baseline oversubscribed
-(``baseline_oversubscribed``): what the recommendation reads sits below it.
+``thread_oversubscription(run, thresholds, known) -> Finding | None`` is registered with the
+host rules (``rules.findings.host``); it lives below the findings because the recommendation's
+notes cite it (``rules.notes``) and the data and straggler rules ask whether the baseline
+oversubscribed (``baseline_oversubscribed``): what the recommendation reads sits below it.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-import pandas as pd
-
 from ddp_profile.profiler.cpus import threads_to_fit
-from ddp_profile.profiler.decide.choose import better
+from ddp_profile.profiler.decide.choose import better, candidate_of
 from ddp_profile.profiler.decide.paired import (
     CANDIDATE,
     REFERENCE,
@@ -21,12 +19,12 @@ from ddp_profile.profiler.decide.paired import (
     alternations,
     paired,
 )
-from ddp_profile.profiler.store.probes import Kind
+from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.store.results import Run
+from ddp_profile.rules.alternations import Evidence
 from ddp_profile.rules.base import Finding, Thresholds, describe_config, finite
 from ddp_profile.rules.tables import (
     baseline_probe,
-    candidate,
     cpus_available,
     local_ranks,
     ok_probes,
@@ -50,21 +48,18 @@ def _how_to_set_threads(launcher: str, fit: int) -> str:
             "get torch's default of one thread per core each.")
 
 
-def _threads_counterfactuals(run: Run) -> list[tuple[pd.Series, pd.Series]]:
+def _threads_counterfactuals(run: Run) -> list[tuple[ProbeRecord, ProbeRecord]]:
     """Each single ``threads`` probe (not of an alternation) with the probe it is the
     counterfactual of: the baseline or the sweep probe of the same settings (the latest),
     latest counterfactual first."""
-    probes = ok_probes(run, kinds=(Kind.THREADS,))
-    if not probes.empty:
-        single = probes["id"].apply(lambda probe_id: run.probe(probe_id).pair is None)
-        probes = probes[probes["throughput"].apply(finite) & single]
+    probes = [p for p in ok_probes(run, kinds=(Kind.THREADS,))
+              if finite(p.throughput) and p.pair is None]
     measured = ok_probes(run)
     pairs = []
-    for _, probe in probes.iloc[::-1].iterrows():
-        same = measured[measured.apply(describe_config, axis=1) == describe_config(probe)] \
-            if not measured.empty else measured
-        if not same.empty:
-            pairs.append((probe, same.iloc[-1]))
+    for probe in reversed(probes):
+        same = [p for p in measured if p.config == probe.config]
+        if same:
+            pairs.append((probe, same[-1]))
     return pairs
 
 
@@ -77,7 +72,8 @@ def _threads_alternation(run: Run, thresholds: Thresholds) -> Optional[PairedCla
                   thresholds.launch_sd) if groups else None
 
 
-def thread_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+def thread_oversubscription(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None
+                            ) -> Optional[Finding]:
     """The ranks' torch thread pools oversubscribe the CPUs, and that measurably costs.
 
     Trigger (a measured probe, its summary entry): intra-op threads (the most of any rank) x
@@ -101,16 +97,16 @@ def thread_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Findin
     launcher = str(run.summary.get("launcher") or "torchrun")
     claim = _threads_alternation(run, thresholds)
     if claim is not None:
-        return _alternated_finding(run, claim, launcher, base["id"], thresholds)
+        return _alternated_finding(run, claim, launcher, base, thresholds)
     measured = []
     for probe, subject in _threads_counterfactuals(run):
-        test = _oversubscribed(run, subject["id"])
-        if test is None or subject["throughput"] <= 0:
+        test = _oversubscribed(run, subject)
+        if test is None or not finite(subject.throughput) or subject.throughput <= 0:
             continue
-        gain = float(probe["throughput"] / subject["throughput"])
+        gain = float(probe.throughput / subject.throughput)
         measured.append((gain, probe, subject, test))
     if not measured:
-        test = _oversubscribed(run, base["id"])
+        test = _oversubscribed(run, base)
         if test is None:
             return None
         fit, demand = test
@@ -121,39 +117,39 @@ def thread_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Findin
             recommendation=f"Prediction (not measured): {fit} thread(s) per rank. "
                            f"{_how_to_set_threads(launcher, fit)}")
     gain, probe, subject, (fit, demand) = max(measured, key=lambda item: item[0])
-    if gain < thresholds.threads_gain or not better(candidate(run, probe),
-                                                    candidate(run, subject), thresholds):
+    if gain < thresholds.threads_gain or not better(candidate_of(probe),
+                                                    candidate_of(subject), thresholds):
         return None  # no gain, or one within the noise of two launches
-    own = subject["id"] == base["id"]
-    settings = "the script's own settings" if own else describe_config(subject)
-    where = "" if own else f" with {describe_config(subject)}"
+    own = subject.id == base.id
+    settings = "the script's own settings" if own else describe_config(subject.config)
+    where = "" if own else f" with {describe_config(subject.config)}"
     return Finding(
         rule="thread-oversubscription",
         severity="high" if gain >= thresholds.threads_severe_gain else "medium",
         title="Torch thread pools oversubscribe the CPUs",
         evidence=(f"{demand}{where}. Measured: with {fit} thread(s) per rank {settings} ran "
-                  f"{probe['throughput']:,.1f} samples/s (probe {probe['id']}) against "
-                  f"{subject['throughput']:,.1f} ({subject['kind']} {subject['id']}), "
+                  f"{probe.throughput:,.1f} samples/s (probe {probe.id}) against "
+                  f"{subject.throughput:,.1f} ({subject.kind} {subject.id}), "
                   f"{gain:.2f}x."),
-        recommendation=(f"Measured in probe {probe['id']}: {fit} thread(s) per rank"
+        recommendation=(f"Measured in probe {probe.id}: {fit} thread(s) per rank"
                         f"{where}. {_how_to_set_threads(launcher, fit)}"))
 
 
-def _alternated_finding(run: Run, claim: PairedClaim, launcher: str, base_id: str,
+def _alternated_finding(run: Run, claim: PairedClaim, launcher: str, base: ProbeRecord,
                         thresholds: Thresholds) -> Optional[Finding]:
     """The finding from the threads alternation ``claim``, where its subject oversubscribes
     the CPUs and the threads that fit read at least ``threads_gain`` x: faster beyond noise,
     "medium" or "high"; else, where its interval still holds that gain, "low": what was
     seen, said as not established. None otherwise."""
     reference, counterfactual = (run.probe(claim.first(role)) for role in (REFERENCE, CANDIDATE))
-    test = _oversubscribed(run, reference.id)
+    test = _oversubscribed(run, reference)
     if test is None or claim.ratio < thresholds.threads_gain \
             or not claim.faster and claim.bounds[1] <= thresholds.threads_gain:
         return None
     fit, demand = test
     config = reference.config.to_dict()
-    own = config == run.probe(base_id).config.to_dict()
-    where = "" if own else f" with {describe_config(pd.Series(config))}"
+    own = config == base.config.to_dict()
+    where = "" if own else f" with {describe_config(config)}"
     low, high = claim.interval
     figure = f"{claim.ratio:.2f}x [{low:.2f}-{high:.2f}]"
     probes = f"probes {claim.probes[0]}-{claim.probes[-1]}"
@@ -185,16 +181,15 @@ def baseline_oversubscribed(run: Run, thresholds: Thresholds) -> bool:
     (Where only the best configuration's workers tip the CPUs over, the baseline's loading
     was measured on CPUs its threads fit.)"""
     base = baseline_probe(run)
-    return base is not None and _oversubscribed(run, base["id"]) is not None \
+    return base is not None and _oversubscribed(run, base) is not None \
         and thread_oversubscription(run, thresholds) is not None
 
 
-def _oversubscribed(run: Run, probe_id: str) -> Optional[tuple[int, str]]:
-    """The threads that fit and what competes for the CPUs, where the ranks of probe
-    ``probe_id`` oversubscribe them (``threads_to_fit``); else None."""
-    entry = run.probe(probe_id)
-    ranks, cpus = local_ranks(run, probe_id), cpus_available(run, probe_id)
-    threads, workers = entry.host.intra_op_threads, entry.host.worker_cores or 0.0
+def _oversubscribed(run: Run, probe: ProbeRecord) -> Optional[tuple[int, str]]:
+    """The threads that fit and what competes for the CPUs, where the ranks of ``probe``
+    oversubscribe them (``threads_to_fit``); else None."""
+    ranks, cpus = local_ranks(run, probe.id), cpus_available(run, probe.id)
+    threads, workers = probe.host.intra_op_threads, probe.host.worker_cores or 0.0
     fit = threads_to_fit(threads, ranks, workers, cpus)
     if fit is None:
         return None

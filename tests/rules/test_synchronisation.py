@@ -376,7 +376,7 @@ def test_one_evaluation_fits_the_ddp_counterfactuals_once_for_every_rule_that_re
     import dataclasses
     import inspect
 
-    from ddp_profile.rules import READ_EVIDENCE, RULES, measured_thresholds
+    from ddp_profile.rules import RULES, measured_thresholds
     from ddp_profile.rules import alternations as claim_rules
     from ddp_profile.rules.alternations import Evidence
 
@@ -400,6 +400,6 @@ def test_one_evaluation_fits_the_ddp_counterfactuals_once_for_every_rule_that_re
     # other thresholds are another reading
     other = Evidence(run, dataclasses.replace(thresholds, interval_confidence=0.8))
     assert "bucket_cap_mb=100" in other.ddp_effects and len(fits) == 4
-    # the rules handed the reading are those that take it
-    assert set(READ_EVIDENCE) == {rule for rule in RULES
-                                  if "known" in inspect.signature(rule).parameters}
+    # one calling convention: every rule takes the run, the thresholds and the reading
+    assert all(list(inspect.signature(rule).parameters) == ["run", "thresholds", "known"]
+               for rule in RULES)

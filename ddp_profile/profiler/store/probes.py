@@ -128,6 +128,21 @@ def gate_mask(probes: "pd.DataFrame") -> "pd.Series":
     return ok_mask(probes, GATE_KINDS)
 
 
+def script_settings_probe(records: Iterable["ProbeRecord"]) -> Optional["ProbeRecord"]:
+    """The probe of the script's own settings (the first of kind baseline), ok or not."""
+    return next((r for r in records if r.kind == Kind.BASELINE), None)
+
+
+def baseline_probe(records: Sequence["ProbeRecord"]) -> Optional["ProbeRecord"]:
+    """What every gain of the run is measured against: the ok probe of the script's own
+    settings, else (it failed) the first ok probe that counts for the choice; None where no
+    probe did. The one lookup: the recommendation records its id (``baseline_probe_id``)."""
+    own = script_settings_probe(records)
+    if own is not None and own.ok:
+        return own
+    return next((r for r in records if r.counts_for_choice), None)
+
+
 def latest_ceiling(records: Sequence["ProbeRecord"]) -> Optional["ProbeRecord"]:
     """The last ok compute-only measurement (a screened one may be superseded by a probe at
     the recommended batch size) that is a ceiling (``ceiling_failed``: one that ran below a

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -78,8 +78,11 @@ class Run:
 
     @cached_property
     def records(self) -> tuple[ProbeRecord, ...]:
-        """Every probe of the summary, typed (``store.probes.ProbeRecord``), in run order."""
-        return probe_records(self.summary.get("probes") or [])
+        """Every probe of the summary, typed (``store.probes.ProbeRecord``), in run order, with
+        what a line recorded before a figure was kept completed from its steps
+        (``completed``)."""
+        return tuple(completed(r, self.steps) for r in probe_records(self.summary.get("probes")
+                                                                      or []))
 
     def probe(self, probe_id: str) -> ProbeRecord:
         for record in self.records:
@@ -128,6 +131,65 @@ def fold_amendments(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
         entries.append(line)
         by_id[line.get("id")] = line
     return entries
+
+
+def _measured_steps(steps: pd.DataFrame, probe_id: str) -> pd.DataFrame:
+    if steps is None or steps.empty or "probe_id" not in steps:
+        return pd.DataFrame(columns=STEP_COLUMNS)
+    rows = steps[(steps["probe_id"] == probe_id) & steps["measured"].astype(bool)].copy()
+    if rows["step_s"].isna().any():
+        rows["step_s"] = rows["data_wait_s"] + rows["compute_s"] + rows["other_s"]
+    return rows
+
+
+def global_steps(steps: pd.DataFrame, probe_id: str) -> pd.DataFrame:
+    """One row per measured step of ``probe_id`` complete on every rank: step_s = the slowest
+    rank's, samples = every rank's."""
+    rows = _measured_steps(steps, probe_id)
+    if rows.empty:
+        return pd.DataFrame(columns=["step_s", "samples"])
+    rows = rows.assign(samples=rows["samples"].fillna(0))
+    ranks = rows["rank"].nunique()
+    grouped = rows.groupby("step").agg(step_s=("step_s", "max"), samples=("samples", "sum"),
+                                       ranks=("rank", "nunique"))
+    grouped = grouped[(grouped["ranks"] == ranks) & (grouped["step_s"] > 0)]
+    return grouped[["step_s", "samples"]]
+
+
+def completed(record: ProbeRecord, steps: pd.DataFrame) -> ProbeRecord:
+    """``record`` with the figures a line recorded before they were kept lacks, taken from
+    its measured steps (a new record; its line, what is written, unchanged):
+
+    * ``throughput_rse``: the spread of its global step times (``std / mean / sqrt(n)``);
+    * the data wait's share of each step: on CUDA, where its steps' GPU gaps were timed, the
+      GPU's idle time while its host waited (``gpu.starved_fraction``), else the host's
+      wait (``data_wait_fraction``).
+    """
+    if not record.ok:
+        return record
+    changes: dict[str, Any] = {}
+    if record.throughput_rse is None:
+        times = global_steps(steps, record.id)["step_s"]
+        if len(times) >= 2 and times.mean() > 0:
+            changes["throughput_rse"] = float(times.std(ddof=1) / times.mean()
+                                              / np.sqrt(len(times)))
+    starved = record.gpu.starved_fraction
+    if starved is None:
+        rows = _measured_steps(steps, record.id)
+        timed = not rows.empty and bool(rows["gpu_gap_s"].notna().any())
+        total = float(rows["step_s"].sum()) if not rows.empty else 0.0
+        if timed and total > 0:  # a step without a timed gap: its wait
+            waited = pd.concat([rows["data_wait_s"], rows["gpu_gap_s"]], axis=1).min(axis=1)
+            changes["gpu"] = replace(record.gpu, starved_fraction=float(waited.sum() / total))
+        elif not timed and record.data_wait_fraction is None and total > 0:
+            changes["data_wait_fraction"] = float(rows["data_wait_s"].sum() / total)
+    return replace(record, **changes) if changes else record
+
+
+def probes_table(records: Sequence[ProbeRecord]) -> pd.DataFrame:
+    """The probes as a table (``Run.probes``), for the charts and tables that need one: made
+    here alone, from the records."""
+    return pd.DataFrame([_probe_row(p) for p in records], columns=PROBE_COLUMNS)
 
 
 def _probe_row(record: ProbeRecord) -> dict[str, Any]:
@@ -246,9 +308,10 @@ def assemble(run_dir: str, meta: dict[str, Any], summary: dict[str, Any],
         typed = probe_records(summary.get("probes") or [])
     except BadProbeRecord as exc:
         raise BadRunDir(f"{run_dir}: {exc}") from None
-    run = Run(path=run_dir, meta=meta, summary=summary,
-              probes=pd.DataFrame([_probe_row(p) for p in typed], columns=PROBE_COLUMNS),
-              steps=pd.DataFrame(rows["steps"], columns=STEP_COLUMNS),
+    steps = pd.DataFrame(rows["steps"], columns=STEP_COLUMNS)
+    typed = tuple(completed(r, steps) for r in typed)
+    run = Run(path=run_dir, meta=meta, summary=summary, probes=probes_table(typed),
+              steps=steps,
               samples=pd.DataFrame(rows["samples"]),
               loader_iters=pd.DataFrame(rows["loader_iters"],
                                         columns=["probe_id", "rank", "loader_id", "iter_index",

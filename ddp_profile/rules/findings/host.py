@@ -1,7 +1,8 @@
 """Rules about the host: CPU oversubscription and periodic host work between steps.
 
-Each rule is ``rule(run, thresholds) -> Finding | None`` (see ``rules.base``). The thread
-pools' finding is ``rules.threads``'s (the recommendation's notes cite it), registered here.
+Each rule is ``rule(run, thresholds, known) -> Finding | None`` (see ``rules.base``). The
+thread pools' finding is ``rules.threads``'s (the recommendation's notes cite it), registered
+here.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ from typing import Optional
 import pandas as pd
 
 from ddp_profile.profiler.store.results import Run
+from ddp_profile.rules.alternations import Evidence
 from ddp_profile.rules.base import (
     Advice,
     Finding,
     Thresholds,
-    as_int,
     ms,
     pct,
 )
@@ -28,7 +29,8 @@ from ddp_profile.rules.tables import (
 from ddp_profile.rules.threads import thread_oversubscription
 
 
-def worker_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+def worker_oversubscription(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None
+                            ) -> Optional[Finding]:
     """More DataLoader workers on a machine than it has CPUs.
 
     Trigger: the baseline probe's ``num_workers`` x local ranks (``nproc_per_node``, else the
@@ -40,15 +42,15 @@ def worker_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Findin
     probe = baseline_probe(run)
     if probe is None:
         return None
-    workers = as_int(probe.get("num_workers"))
-    cpus = cpus_available(run, probe["id"])
+    workers = probe.config.num_workers
+    cpus = cpus_available(run, probe.id)
     if not workers or not cpus:
         return None
-    nproc = local_ranks(run, probe["id"])
+    nproc = local_ranks(run, probe.id)
     total = workers * nproc
     if total <= cpus:
         return None
-    busy = run.probe(probe["id"]).host.worker_cores
+    busy = probe.host.worker_cores
     if busy is not None and busy < thresholds.busy_worker_cores:
         return None
     fitting = max(1, cpus // nproc - 1)
@@ -61,7 +63,7 @@ def worker_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Findin
                   f"processes{measured} compete for {cpus} available CPUs."),
         advice=Advice(
             change=f"num_workers={fitting} (CPUs // ranks per machine - 1 for the main process)",
-            wants=lambda p: (as_int(p.get("num_workers"), 0) or 0) * nproc <= cpus,
+            wants=lambda config: (config.num_workers or 0) * nproc <= cpus,
             basis=f"{total} worker processes compete for {cpus} CPUs",
             measure=f"--num-workers {fitting},{workers}"))
 
@@ -82,7 +84,8 @@ def _rank_spikes(steps: pd.DataFrame, thresholds: Thresholds) -> Optional[dict]:
             "spike_s": float(spikes["other_s"].median()), "median_s": median}
 
 
-def frequent_io(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+def frequent_io(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None
+                ) -> Optional[Finding]:
     """Periodic spikes of host work between steps (logging, checkpoints, evaluation).
 
     Trigger: on some rank of the baseline probe, at least two measured steps have ``other_s``
@@ -93,7 +96,7 @@ def frequent_io(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     probe = baseline_probe(run)
     if probe is None:
         return None
-    steps = probe_steps(run, probe["id"])
+    steps = probe_steps(run, probe.id)
     found = {}
     for rank, rows in steps.groupby("rank"):
         spikes = _rank_spikes(rows, thresholds)

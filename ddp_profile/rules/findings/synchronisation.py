@@ -13,12 +13,13 @@ from typing import Any, Mapping, Optional
 
 from ddp_profile.profiler.decide.ddp import one_bucket, options_key
 from ddp_profile.profiler.settings import GRADIENT_SYNC
+from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.profiler.store.record import TORCH_DIR
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.alternations import DdpEffect, Evidence
-from ddp_profile.rules.base import Advice, Finding, Thresholds, as_int, finite, ms, pct
+from ddp_profile.rules.base import Advice, Finding, Thresholds, finite, ms, pct
 from ddp_profile.rules.findings.gpu import is_cuda
-from ddp_profile.rules.tables import baseline_probe, probe_entry
+from ddp_profile.rules.tables import baseline_probe
 
 # NCCL settings that route an all-reduce the slow way, and what they do
 SLOW_ENV = {"NCCL_IB_DISABLE": ("1", "InfiniBand is disabled: the all-reduce goes over TCP "
@@ -28,13 +29,12 @@ SLOW_ENV = {"NCCL_IB_DISABLE": ("1", "InfiniBand is disabled: the all-reduce goe
             "NCCL_NET": ("Socket", "NCCL is forced onto TCP sockets")}
 
 
-def baseline_comm(run: Run) -> tuple[Optional[Any], dict[str, Any]]:
+def baseline_comm(run: Run) -> tuple[Optional[ProbeRecord], dict[str, Any]]:
     """The baseline probe and its ``comm`` record ({} when none was measured)."""
     base = baseline_probe(run)
-    entry = probe_entry(run, base["id"]) if base is not None else None
     if base is None:
         return None, {}
-    return base, dict(entry.comm.fields) if entry is not None else {}
+    return base, dict(base.comm.fields)
 
 
 def _mb(value: Optional[float]) -> str:
@@ -100,7 +100,7 @@ def exposed_communication(run: Run, thresholds: Thresholds, known: Optional[Evid
                      f"all-reduce that backward did not cover, of {ms(comm['comm_s'])} of "
                      f"communication ({ms(comm['overlap_s'])} overlapping backward); "
                      f"{_transfer(comm)}.")
-    batch = as_int(base.get("batch_size"))
+    batch = base.config.batch_size
     slow = _environment(comm)
     if slow:
         evidence += " The environment explains part of it: " + "; ".join(slow) + "."
@@ -118,7 +118,7 @@ def exposed_communication(run: Run, thresholds: Thresholds, known: Optional[Evid
     if batch:
         advice = Advice(
             change=f"a per-rank batch_size above {batch}",
-            wants=lambda p: (as_int(p.get("batch_size"), 0) or 0) > batch,
+            wants=lambda config: (config.batch_size or 0) > batch,
             basis=("the all-reduce moves the same gradients per step whatever the batch, so a "
                    "larger batch spreads it over more samples"),
             measure=f"--batch-size {batch},{2 * batch},{4 * batch}",
@@ -228,7 +228,8 @@ def _site_text(site: dict[str, Any]) -> str:
             f"in {site.get('function')} ({site.get('calls')} calls)")
 
 
-def per_step_collectives(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+def per_step_collectives(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None
+                        ) -> Optional[Finding]:
     """The script issues its own collectives (a loss all-reduce, a barrier) in most steps,
     and they cost a measurable share of the step.
 
@@ -256,7 +257,7 @@ def per_step_collectives(run: Run, thresholds: Thresholds) -> Optional[Finding]:
                   f"{ms(calls['seconds_per_step'])} ({pct(fraction)} of the step): "
                   + "; ".join(_site_text(s) for s in sites[:3]) + ". Each waits for the "
                   "slowest rank" + (", and reading its result (.item()) blocks the host until "
-                                    "the GPU gets there" if is_cuda(run, base["id"]) else "")
+                                    "the GPU gets there" if is_cuda(run, base.id) else "")
                   + "."),
         recommendation=("Keep metrics on the device and reduce them every N steps (at log "
                         "time) instead of every step, or issue the call with async_op=True and "
@@ -302,7 +303,8 @@ def _sync_fixes(sites: list[dict[str, Any]]) -> str:
     return sentence[0].upper() + sentence[1:] + "."
 
 
-def host_sync_per_step(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+def host_sync_per_step(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None
+                      ) -> Optional[Finding]:
     """The loop blocks the host on the GPU in most steps (``.item()``, ``.cpu()``, a copy
     without ``non_blocking``, ``torch.cuda.synchronize()``), and the GPU sits idle between
     steps while the host is not waiting for data: after each such wait the GPU's queue is
@@ -319,9 +321,7 @@ def host_sync_per_step(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     syncs = comm.get("host_syncs") or {}
     if base is None or (syncs.get("steps_with_syncs") or 0) < 0.5:
         return None
-    entry = probe_entry(run, base["id"])
-    idle = entry.gpu.idle_fraction if entry is not None else None
-    starved = entry.gpu.starved_fraction if entry is not None else None
+    idle, starved = base.gpu.idle_fraction, base.gpu.starved_fraction
     if idle is None or not finite(idle):
         return None
     unexplained = idle - (starved if finite(starved) else 0.0)
@@ -347,7 +347,8 @@ def host_sync_per_step(run: Run, thresholds: Thresholds) -> Optional[Finding]:
             "per step takes longer than the GPU's."))
 
 
-def sync_batchnorm(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+def sync_batchnorm(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None
+                  ) -> Optional[Finding]:
     """A DDP module holds SyncBatchNorm layers: every forward gathers their statistics across
     ranks. Trigger: ``has_sync_bn`` in the baseline's DDP configuration; the cost is quoted
     where its collectives were timed (call sites inside torch's batch-norm function), else the
