@@ -8,7 +8,13 @@ import time
 from typing import Any, Optional
 
 from ddp_profile.profiler.settings import LoaderSettings, config_label
-from ddp_profile.profiler.store.probes import Kind, ProbeRecord, counts_for_choice, records
+from ddp_profile.profiler.store.probes import (
+    Kind,
+    ProbeRecord,
+    baseline_probe,
+    counts_for_choice,
+    records,
+)
 
 # Probes of an alternation: one that the script ended is no advice to run more epochs (a
 # check of a short script runs each launch to its end on purpose, and is read as such)
@@ -149,13 +155,15 @@ def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
     # a probe recorded before its data wait was kept: read as one that waited none
     probes = records({"data_wait_fraction": 0, **line} for line in summary.get("probes", []))
     ok = [p for p in probes if p.ok]
-    baseline = next((p for p in probes if p.kind == Kind.BASELINE), None)
+    baseline_id = (summary.get("recommendation") or {}).get("baseline_probe_id")
+    baseline = next((p for p in probes if p.id == baseline_id), None) if baseline_id \
+        else baseline_probe(probes)  # the recommendation's, else the lookup it made
     lines = [f"ddp-profile: {summary.get('script')} on {summary.get('world_size') or '?'} rank(s), "
              f"device {summary.get('device')}; {len(ok)}/{len(probes)} probe(s) ok"]
     if not summary.get("gpu_available"):
         lines.append(f"GPU metrics unavailable: {summary.get('gpu_unavailable_reason')}")
     if baseline and baseline.ok:
-        lines.append(f"baseline  {config_label(summary.get('baseline'))}: "
+        lines.append(f"baseline  {config_label(baseline.config.to_dict())}: "
                      f"{_fmt_tp(baseline.throughput)}{step_parts(baseline)}")
     recommendation = summary.get("recommendation") or {}
     if summary.get("recommended"):

@@ -25,7 +25,7 @@ import plotly.offline
 
 from ddp_profile.profiler.settings import SETTING_KEYS, LoaderSettings
 from ddp_profile.profiler.store.atomic import write_text_atomic
-from ddp_profile.profiler.store.probes import Kind, gate_mask, ok_mask
+from ddp_profile.profiler.store.probes import Kind, baseline_probe, ok_mask
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.reports import figures
 from ddp_profile.rules.base import SEVERITIES
@@ -64,17 +64,6 @@ def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def _same(a: Any, b: Any) -> bool:
-    if _missing(a) or _missing(b):
-        return _missing(a) and _missing(b)
-    if isinstance(a, bool) or isinstance(b, bool):
-        return bool(a) == bool(b)
-    try:
-        return float(a) == float(b)
-    except (TypeError, ValueError):
-        return str(a) == str(b)
-
-
 def fmt(value: Any, spec: str = "", suffix: str = "", missing: str = "–") -> str:
     """Format a number for display; ``missing`` for None/NaN."""
     if _missing(value):
@@ -91,40 +80,39 @@ def settings_text(config: Optional[dict[str, Any]]) -> str:
                      if k in config)
 
 
+def baseline_probe_id(run: Run) -> Optional[str]:
+    """The probe the run's gains are measured against: the recommendation's
+    (``baseline_probe_id``), else (no recommendation) the one lookup it uses
+    (``store.probes.baseline_probe``)."""
+    recommended = (run.summary.get("recommendation") or {}).get("baseline_probe_id")
+    if recommended is not None:
+        return str(recommended)
+    base = baseline_probe(run.records)
+    return base.id if base is not None else None
+
+
 def probe_roles(run: Run) -> dict[str, str]:
-    """Probe id -> baseline / recommended / ceiling, for the probes that play one of those."""
+    """Probe id -> baseline / recommended / ceiling, for the probes that play one of those:
+    each read from what decided it (the recommendation, the summary's ceiling)."""
     roles: dict[str, str] = {}
-    probes = run.probes
-    ids = probes.loc[probes["kind"] == Kind.BASELINE, "id"].tolist()
-    if ids:
-        roles[str(ids[0])] = "baseline"
+    ids = {r.id for r in run.records}
+    baseline = baseline_probe_id(run)
+    if baseline is not None:
+        roles[baseline] = "baseline"
     ceiling = run.summary.get("ceiling_probe")
     if ceiling is None and "ceiling_probe" not in run.summary:  # written before it was kept
-        ids = probes.loc[probes["kind"] == Kind.CEILING, "id"].tolist()
-        ceiling = ids[0] if ids else None
+        ceiling = next((r.id for r in run.records if r.kind == Kind.CEILING), None)
     if ceiling is not None:
         roles[str(ceiling)] = "ceiling"
-    recommended = run.summary.get("recommended") or {}
-    chosen = run.summary.get("recommended_probe")
-    if chosen is not None and chosen in set(probes["id"].astype(str)):
-        roles[str(chosen)] = "recommended"  # the probe the recommendation was measured by
-    elif recommended:
-        ok = probes[gate_mask(probes)]
-        matches = [row for row in ok.to_dict("records")
-                   if all(_same(row.get(k), recommended.get(k)) for k in recommended
-                          if k in SETTING_KEYS)]
-        if matches:
-            best = max(matches, key=lambda r: -1 if _missing(r["throughput"])
-                       else r["throughput"])
-            roles[str(best["id"])] = "recommended"
+    recommended = run.summary.get("recommended_probe")  # the probe the recommendation names
+    if recommended is not None and str(recommended) in ids:
+        roles[str(recommended)] = "recommended"
     return roles
 
 
 def _throughput_of(run: Run, probe_id: Optional[str]) -> Optional[float]:
-    if probe_id is None:
-        return None
-    values = run.probes.loc[run.probes["id"] == probe_id, "throughput"].tolist()
-    return None if not values or _missing(values[0]) else float(values[0])
+    record = next((r for r in run.records if r.id == probe_id), None)
+    return record.throughput if record is not None else None
 
 
 def build_headline(run: Run, roles: dict[str, str]) -> dict[str, Any]:
@@ -135,8 +123,7 @@ def build_headline(run: Run, roles: dict[str, str]) -> dict[str, Any]:
     interval = summary.get("expected_speedup_interval") or []
     ceiling = summary.get("ceiling_throughput")
     share = recommendation.get("ceiling_share")
-    baseline_ids = run.probes.loc[run.probes["kind"] == Kind.BASELINE, "id"].astype(str).tolist()
-    baseline_id = baseline_ids[0] if baseline_ids else by_role.get("baseline")
+    baseline_id = baseline_probe_id(run)  # also where it is the recommended probe
     rec_tp = _throughput_of(run, by_role.get("recommended"))
     if _missing(share) and rec_tp and not _missing(ceiling) and ceiling:
         share = rec_tp / ceiling
