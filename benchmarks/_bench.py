@@ -159,7 +159,7 @@ def run_instrumented(args: list[str], work: str, warmup: int = 5, steps: int = 1
         ended_ns = time.time_ns()
     finally:
         os.chdir(cwd)
-    entry = summarise_probe(plan, outcome, "sweep", timeout_s)
+    entry = summarise_probe(plan, outcome, "sweep", timeout_s).to_json()
     return {"returncode": outcome.returncode, "ranks": _read_ranks(out), "entry": entry,
             "probe_dir": plan.out_dir, "started_ns": started_ns, "ended_ns": ended_ns}
 

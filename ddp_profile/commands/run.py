@@ -204,7 +204,7 @@ def finalize(run_dir: RunDir, meta: dict[str, Any], sweep: Sweep, gpu: dict[str,
     recommendation: the run is loaded once and evaluated once, summary.json written once (also
     when the rules fail), and the report rendered from the same loaded run."""
     entries = sweep.entries or records(run_dir.ledger())
-    tables = read_probes(run_dir.path, [e.id for e in entries])  # read once
+    tables = read_probes(run_dir.path, [e.id for e in entries], sweep.measurer.rank_data)
     summary = build_summary(meta, entries, tables.first_context(), gpu, state,
                             search={"axes": sweep.axes.to_dict() if sweep.axes else None,
                                     "timeout_s": sweep.timeout_s,

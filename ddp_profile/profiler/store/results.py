@@ -15,7 +15,7 @@ import json
 import os
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -284,14 +284,17 @@ class ProbeTables:
         return next((c for c in self.contexts.values() if c), {})
 
 
-def read_probes(run_dir: str, probe_ids: list[str]) -> ProbeTables:
+def read_probes(run_dir: str, probe_ids: list[str],
+                read: Optional[Callable[[str], list[RankData]]] = None) -> ProbeTables:
     """Every rank's records of ``probe_ids``: read once per run, for the summary (its first
-    context) and the run's tables alike."""
+    context) and the run's tables alike. ``read``: a probe's rank records where the caller
+    holds them already (the sweep that measured it: ``LedgerMeasurer.rank_data``)."""
     rows: dict[str, list] = {"steps": [], "samples": [], "loader_iters": [], "events": []}
     contexts: dict[tuple[str, int], dict[str, Any]] = {}
     warnings = []
+    read = read or (lambda probe_id: read_probe_dir(os.path.join(run_dir, "probes", probe_id)))
     for probe_id in probe_ids:
-        for data in read_probe_dir(os.path.join(run_dir, "probes", probe_id)):
+        for data in read(probe_id):
             contexts[(probe_id, data.rank)] = data.context
             _rank_rows(probe_id, data, rows)
             if data.torn_lines:

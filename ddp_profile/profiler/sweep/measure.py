@@ -12,6 +12,7 @@ replays the same deterministic decisions and re-uses every probe that already fi
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import Any, Callable, Optional
 
 from ddp_profile.profiler.cache import (
@@ -44,11 +45,11 @@ from ddp_profile.profiler.settings import (
     warmup_room,
     window_warmup,
 )
-from ddp_profile.profiler.store.probedir import read_probe_dir
+from ddp_profile.profiler.store.probedir import RankData, read_probe_dir
 from ddp_profile.profiler.store.probes import MEASURED_AS, Kind, ProbeRecord
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.sweep.climb import watched
-from ddp_profile.profiler.sweep.probe import script_run, summarise_probe
+from ddp_profile.profiler.sweep.probe import ScreenLaunch, summarise_probe
 from ddp_profile.profiler.sweep.screen import split_screen
 from ddp_profile.profiler.sweep.space import Axes
 from ddp_profile.profiler.sweep.state import Condemned, ProgressFn, Window, no_progress
@@ -86,6 +87,17 @@ class LedgerMeasurer:
         # (a memory limit below MemAvailable, a reclaim daemon), and no probe is measured
         # again from then on (each would cost two launches for nothing); the reason, or None
         self.regime_unheld: Optional[str] = None
+        self._ranks: dict[str, list[RankData]] = {}  # each probe's rank records, read once
+
+    def rank_data(self, probe_id: str) -> list[RankData]:
+        """A finished probe's (or launch's) rank records, read once for every reader."""
+        if probe_id not in self._ranks:
+            self._ranks[probe_id] = read_probe_dir(self.run_dir.probe_dir(probe_id))
+        return self._ranks[probe_id]
+
+    def _discard(self, probe_id: str) -> None:  # a launch that never finished: moved aside
+        self._ranks.pop(probe_id, None)
+        self.run_dir.discard_partial_probe(probe_id)
 
     def measure(self, window: Window) -> ProbeRecord:
         entry = self._probe(window)
@@ -122,7 +134,7 @@ class LedgerMeasurer:
             done = None
         if done is not None:
             return self._record(done, reused=True)
-        self.run_dir.discard_partial_probe(probe_id)
+        self._discard(probe_id)
         room = self.warmup_room(window.config)
         plan = ProbePlan(probe_id=probe_id, out_dir=self.run_dir.probe_dir(probe_id),
                          overrides=window.config, steps=steps, warmup_cap=room,
@@ -134,10 +146,8 @@ class LedgerMeasurer:
         self.progress("start", {"probe_id": probe_id, "config": window.config,
                                 "kind": window.kind})
         outcome = self._launch(plan, self.timeout_s)
-        entry = summarise_probe(plan, outcome, window.kind, self.timeout_s)
-        if window.pair is not None:
-            entry["pair"] = window.pair
-        return self._record(ProbeRecord.from_json(entry))
+        return self._record(summarise_probe(plan, outcome, window.kind, self.timeout_s,
+                                            ranks=self.rank_data(probe_id), pair=window.pair))
 
     def _finished(self, probe_id: str, requested: LoaderSettings, kind: Kind, steps: int,
                   screened: bool) -> Optional[ProbeRecord]:
@@ -277,7 +287,7 @@ class LedgerMeasurer:
         every one it has left (``watched``): the window it stopped in is not recorded."""
         launch_id = f"{ids[0]}-screen"
         for probe_id in (launch_id, *ids):
-            self.run_dir.discard_partial_probe(probe_id)
+            self._discard(probe_id)
         plan = ProbePlan(
             probe_id=launch_id, out_dir=self.run_dir.probe_dir(launch_id),
             overrides=pending[0].config, warmup=self.warmup, steps=self.steps, mode=Mode.SCREEN,
@@ -312,15 +322,13 @@ class LedgerMeasurer:
                                     overrides=window.config, warmup=plan.window_warmup(index),
                                     steps=window.steps or self.steps, mode=window.mode,
                                     ddp=window.ddp)
-            entry = summarise_probe(window_plan, window_outcome, window.kind, timeout_s)
-            if entry["reason"] == "too_few_steps" and consumed:
+            entry = summarise_probe(window_plan, window_outcome, window.kind, timeout_s,
+                                    ranks=self.rank_data(probe_id), pair=window.pair,
+                                    screen=ScreenLaunch(launch_id, outcome.wall_s,
+                                                        partial(self.rank_data, launch_id)))
+            if entry.reason == "too_few_steps" and consumed:
                 break  # the script ended in its warm-up: the next launch starts with it
-            entry.update(screened=True, launch=launch_id, launch_wall_s=round(outcome.wall_s, 3))
-            if entry["script_samples"]:  # the launch's, not the window's alone
-                entry.update(script_run(read_probe_dir(plan.out_dir)))
-            if window.pair is not None:
-                entry["pair"] = window.pair
-            done.append(self._record(ProbeRecord.from_json(entry)))
+            done.append(self._record(entry))
             consumed += 1
             if not split.complete:
                 break
@@ -364,7 +372,7 @@ class LedgerMeasurer:
         return self.timeout_s + (windows - 1) * per_window
 
     def context(self, entry: ProbeRecord) -> dict[str, Any]:
-        for data in read_probe_dir(self.run_dir.probe_dir(entry.id)):
+        for data in self.rank_data(entry.id):
             if data.context:
                 return data.context
         return {}
