@@ -170,6 +170,21 @@ class CacheMiss:
                    number(missed.get("storage_share")))
 
 
+# the corrections of a recorded probe (``ProbeRecord.amended``; the ledger's ``amends`` lines):
+# their fields written here, next to where ``from_json`` reads them
+def set_aside(record: "ProbeRecord", mode: str, storage_share: Optional[float]
+              ) -> dict[str, Any]:
+    """``record`` read out of the run's page-cache regime (``mode``): kind ``cache``, measured
+    as its own kind (``CacheMiss``)."""
+    return {"kind": Kind.CACHE.value, MEASURED_AS: record.kind.value,
+            "regime_miss": {"mode": mode, "storage_share": storage_share}}
+
+
+def not_a_ceiling(why: str) -> dict[str, Any]:
+    """A ceiling probe that ran below a rate measured with loading (``ceiling_failed``)."""
+    return {CEILING_FAILED: why}
+
+
 class BadProbeRecord(ValueError):
     """A ledger line or summary item that is no probe (``ProbeRecord.from_json``)."""
 

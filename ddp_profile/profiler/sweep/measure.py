@@ -46,7 +46,7 @@ from ddp_profile.profiler.settings import (
     window_warmup,
 )
 from ddp_profile.profiler.store.probedir import RankData, read_probe_dir
-from ddp_profile.profiler.store.probes import MEASURED_AS, Kind, ProbeRecord
+from ddp_profile.profiler.store.probes import Kind, ProbeRecord, set_aside
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.sweep.climb import watched
 from ddp_profile.profiler.sweep.probe import ScreenLaunch, summarise_probe
@@ -211,8 +211,7 @@ class LedgerMeasurer:
         self.progress("note", {"text": f"{entry.id} ({entry.kind}) read {share:.0%} "
                                        f"of its bytes from storage, out of the "
                                        f"{self.regime.mode} regime: measured again in it"})
-        self.amend(entry, {"kind": Kind.CACHE.value, MEASURED_AS: entry.kind.value,
-                           "regime_miss": {"mode": self.regime.mode, "storage_share": share}})
+        self.amend(entry, set_aside(entry, self.regime.mode, share))
         return True
 
     def amend(self, entry: ProbeRecord, fields: dict[str, Any]) -> ProbeRecord:
