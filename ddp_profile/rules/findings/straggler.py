@@ -1,6 +1,6 @@
 """The straggler rule: one rank slower than the others for a reason of its own.
 
-A rule is ``rule(run, thresholds) -> Finding | None`` (see ``rules.base``); it is registered
+A rule is ``rule(run, thresholds, known) -> Finding | None`` (see ``rules.base``); it is registered
 with the distributed rules (``rules.findings.distributed.RULES``).
 """
 
