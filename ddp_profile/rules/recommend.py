@@ -1,13 +1,14 @@
 """The recommended DataLoader configuration: the best measured probe, with its uncertainty.
 
 ``recommend(run, thresholds) -> Recommendation`` builds a ``Candidate`` of each ok probe of
-kind baseline or sweep and asks ``profiler.decide.choose.choose``, the one author of the
-choice (the sweep asks the same function what to confirm and what to ``--repeat``): the
-highest global throughput; probes within noise of it are a tie, won by the cheapest setting;
-a compute-bound baseline is kept unless another probe is faster by more than both the noise
-and ``clear_gain``. A probe's relative standard error is its own batch-means estimate when
-recorded, else ``cv / sqrt(n)`` of its global step times. This module adds what the choice
-does not decide: the expected speedup and its interval (from the alternation of the script's
+kind baseline or sweep (``decide.choose.candidate_of``, the one builder) and asks
+``profiler.decide.choose.choose``, the one author of the choice (the sweep asks the same
+function what to confirm and what to ``--repeat``): the highest global throughput; probes
+within noise of it are a tie, won by the cheapest setting; a compute-bound baseline is kept
+unless another probe is faster by more than both the noise and ``clear_gain``. A probe's
+relative standard error is its own batch-means estimate (recorded before it was kept: from
+its global step times, ``store.results.completed``). This module adds what the choice does
+not decide: the expected speedup and its interval (from the alternation of the script's
 settings and the recommendation that checked the claim, ``rules.alternations``; without one,
 a seeded bootstrap over the global steps of both probes, said to be so), the ceiling share,
 the notes (``rules.notes``) and the snippet.

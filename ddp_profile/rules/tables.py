@@ -1,7 +1,9 @@
-"""Small readers over a ``Run``'s tables, shared by the rules and the recommendation.
+"""Small readers over a ``Run``, shared by the rules and the recommendation: its probes, as
+records (``store.probes.ProbeRecord``), and its tables (steps, samples, contexts, events).
 
-Each returns an empty table or None where the run lacks what it reads (no evidence, no
-finding). Telemetry columns read from ``run.samples`` (NaN or absent when not measured):
+Each returns an empty table, an empty list or None where the run lacks what it reads (no
+evidence, no finding). Telemetry columns read from ``run.samples`` (NaN or absent when not
+measured):
 
 ``host`` samples  ``cpu_percent`` (whole machine, 0-100), ``worker_cpu_percent`` (the rank's
                   DataLoader workers together, 100 = one core), ``iowait_percent``
