@@ -27,18 +27,30 @@ RULES: list[Rule] = [*data.RULES, *restarts.RULES, *host.RULES, *gpu.RULES, *dis
 # the rules handed the evaluation's reading of the alternations (``known``)
 READ_EVIDENCE = (restarts.persistent_workers, distributed.find_unused_parameters,
                  comm.exposed_communication, comm.allreduce_per_micro_batch)
+# the findings on the loading: one of them explains a recommendation that changes the loader
+LOADING_RULES = ("data-loader-bound", "cpu-bound-preprocessing", "io-bound-loading")
+# the rules handed the evaluation's recommendation (``rec``), whose figure they cite
+READ_RECOMMENDATION = (data.data_loader_bound,)
 
 
 def run_rules(run: Run, thresholds: Optional[Thresholds] = None,
-              known: Optional[Evidence] = None) -> list[Finding]:
+              known: Optional[Evidence] = None,
+              rec: Optional[Recommendation] = None) -> list[Finding]:
     """Every registered rule's finding, most severe first (registry order within a severity),
     as the rules decided it: a finding that advises a setting has its ``advice`` and no
     recommendation yet (``evaluate`` words it, ``rules.voice``). ``known``: what the run's
-    alternations established (None: read here, once)."""
+    alternations established; ``rec``: the recommendation (None: each read here, once)."""
     thresholds = thresholds or Thresholds()
     known = known or Evidence(run, thresholds)
-    findings = [f for f in (rule(run, thresholds, known) if rule in READ_EVIDENCE
-                            else rule(run, thresholds) for rule in RULES) if f is not None]
+    rec = rec or recommend(run, thresholds, known)
+
+    def finding(rule: Rule) -> Optional[Finding]:
+        if rule in READ_EVIDENCE:
+            return rule(run, thresholds, known)
+        return rule(run, thresholds, rec) if rule in READ_RECOMMENDATION \
+            else rule(run, thresholds)
+
+    findings = [f for f in map(finding, RULES) if f is not None]
     return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
 
 
@@ -49,13 +61,27 @@ class Analysis(NamedTuple):
     findings: list[Finding]
     recommendation: Recommendation
 
-    def summary_fields(self) -> dict[str, Any]:
-        """The summary.json keys the analysis authors: ``findings``, ``recommendation`` and,
-        where a probe was recommended, ``recommended``, ``recommended_probe``,
-        ``expected_speedup`` and ``expected_speedup_interval``."""
+    def cause(self) -> Optional[Finding]:
+        """The finding that says what holds the job back: where the recommendation moves
+        from the script's settings, the finding that explains the move (the loading's, or
+        persistent workers' where the speedup was measured with them); else the most
+        severe; None without findings."""
         rec = self.recommendation
+        explains = ("persistent-workers",) if rec.persistent_in_speedup else LOADING_RULES
+        moved = rec.probe_id is not None and rec.probe_id != rec.baseline_probe_id
+        found = next((f for f in self.findings if f.rule in explains), None) if moved else None
+        return found or (self.findings[0] if self.findings else None)
+
+    def summary_fields(self) -> dict[str, Any]:
+        """The summary.json keys the analysis authors: ``findings``, ``recommendation``,
+        ``cause`` (the rule id of ``cause()``, or None) and, where a probe was recommended,
+        ``recommended``, ``recommended_probe``, ``expected_speedup`` and
+        ``expected_speedup_interval``."""
+        rec = self.recommendation
+        cause = self.cause()
         fields: dict[str, Any] = {"findings": [finding_to_dict(f) for f in self.findings],
-                                  "recommendation": recommendation_to_dict(rec)}
+                                  "recommendation": recommendation_to_dict(rec),
+                                  "cause": cause.rule if cause is not None else None}
         if rec.probe_id is not None:
             interval = rec.expected_speedup_interval
             fields.update(recommended=dict(rec.config), recommended_probe=rec.probe_id,
@@ -84,7 +110,8 @@ def evaluate(run: Run, thresholds: Optional[Thresholds] = None) -> Analysis:
     thresholds = measured_thresholds(run, thresholds or Thresholds())
     known = Evidence(run, thresholds)  # the alternations' fits, read once for every reader
     rec = recommend(run, thresholds, known)
-    return Analysis(in_one_voice(run_rules(run, thresholds, known), run, rec, thresholds), rec)
+    return Analysis(in_one_voice(run_rules(run, thresholds, known, rec), run, rec, thresholds),
+                    rec)
 
 
 def finding_to_dict(finding: Finding) -> dict[str, Any]:
