@@ -147,8 +147,10 @@ def start_run(request: RunRequest) -> str:
     return out
 
 
-def execute(out: str, *, report: bool = True, quiet: bool = False) -> dict[str, Any]:
-    """Run (or finish) the sweep recorded in ``out``; return the final summary."""
+def execute(out: str, *, report: bool = True, quiet: bool = False,
+            verbose: bool = False) -> dict[str, Any]:
+    """Run (or finish) the sweep recorded in ``out``; return the final summary (printed
+    unless ``quiet``; with the method's detail where ``verbose``)."""
     run_dir = RunDir(out)
     meta = run_dir.read_meta()
     check_script(meta["script"])
@@ -177,7 +179,7 @@ def execute(out: str, *, report: bool = True, quiet: bool = False) -> dict[str, 
         progress.close()
         summary = finalize(run_dir, meta, sweep, gpu, state, report=report and state == "complete")
     if not quiet:
-        print_summary(summary, out)
+        print_summary(summary, out, verbose=verbose)
     return summary
 
 
