@@ -154,7 +154,7 @@ def verdict_lines(summary: dict[str, Any], verdict: Verdict) -> list[str]:
     elif verdict.moves:
         gain = ""
         if verdict.speedup is not None:
-            gain = f": {verdict.speedup:.2f}x the script's speed"
+            gain = f": {verdict.speedup:.2f}x as fast"
             if verdict.interval:
                 gain += f" [{verdict.interval[0]:.2f}-{verdict.interval[1]:.2f}]"
         lines += _wrapped(f"Change {verdict.change_text('->')}{gain}", indent="")

@@ -31,8 +31,8 @@ from ddp_profile.reports import figures
 from ddp_profile.reports.verdict import build_verdict
 from ddp_profile.rules.base import SEVERITIES
 
-CEILING_NONE = ("none: replaying cached batches ran no faster than the script with its loading "
-                "(the per-probe table has the probes)")
+CEILING_NONE = ("not established: replaying cached batches ran no faster than the script with "
+                "its loading (the per-probe table has the probes)")
 FULL_DETAIL_PROBES = 6      # runs up to this size get full-resolution timelines for every probe
 COARSE_POINTS = 100         # points per rank for the other probes' timelines in bigger runs
 ENVIRONMENT_LABELS = (("torch_version", "torch"), ("cuda_version", "CUDA"),

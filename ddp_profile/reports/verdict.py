@@ -115,7 +115,8 @@ def _changes(summary: dict[str, Any]) -> tuple[tuple[str, str, str], ...]:
     rec = summary.get("recommendation") or {}
     changes = [(key, value_text(base.get(key)), value_text(chosen.get(key)))
                for key in SETTING_KEYS if key in chosen and base.get(key) != chosen.get(key)
-               and not (key == "prefetch_factor" and not chosen.get("num_workers"))]
+               and not (key == "prefetch_factor"  # none without workers on either side
+                        and not (chosen.get("num_workers") and base.get("num_workers")))]
     if rec.get("persistent_workers") and (rec.get("persistent_in_speedup") or any(
             str(note).startswith(KEPT_ON_TOP) for note in rec.get("notes") or [])):
         changes.append(("persistent_workers", "false", "true"))
