@@ -115,7 +115,7 @@ def test_the_summary_says_what_the_speedup_was_measured_from_and_why_no_ceiling(
                "ceiling_throughput": None,
                "ceiling_failed": "p005: replaying cached batches ran 900.0 samples/s, below"}
     lines = summary_lines(summary, "out")
-    assert lines[1] == "Change num_workers default -> 4: 2.20x the script's speed [2.00-2.40]"
+    assert lines[1] == "Change num_workers default -> 4: 2.20x as fast [2.00-2.40]"
     assert not [line for line in lines if "measured from" in line or "p005" in line]
     lines = summary_lines(summary, "out", verbose=True)
     assert "  recommended w=4: 2.20x [2.00-2.40] vs baseline" in lines
@@ -135,8 +135,7 @@ def test_a_recommendation_that_keeps_its_workers_alive_says_so_and_prints_its_sn
                "recommendation": {"snippet": snippet, "persistent_workers": True,
                                   "persistent_in_speedup": True, "speedup_basis": basis}}
     lines = summary_lines(summary, "out")
-    assert lines[1] == ("Change num_workers 0 -> 3, persistent_workers false -> true: 1.50x the "
-                        "script's speed")
+    assert lines[1] == "Change num_workers 0 -> 3, persistent_workers false -> true: 1.50x as fast"
     assert lines[2:4] == ["  DataLoader(dataset, batch_size=32, num_workers=3,",
                           "  persistent_workers=True)"] or f"  {snippet}" in lines
     verbose = summary_lines(summary, "out", verbose=True)
@@ -149,7 +148,7 @@ def test_a_recommendation_that_keeps_its_workers_alive_says_so_and_prints_its_sn
     summary["recommendation"].update(speedup_basis=None, persistent_in_speedup=False,
                                      notes=[on_top])
     lines = summary_lines(summary, "out")
-    assert lines[1] == "Change persistent_workers false -> true: 1.50x the script's speed"
+    assert lines[1] == "Change persistent_workers false -> true: 1.50x as fast"
     assert f"  {snippet}" in lines
     assert f"    note: {on_top}" in summary_lines(summary, "out", verbose=True)
     summary["recommendation"].update(persistent_workers=False, notes=[])
