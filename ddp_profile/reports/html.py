@@ -176,8 +176,9 @@ def build_verdict_data(run: Run) -> dict[str, Any]:
         "cause_rule": verdict.cause_rule or "", "severity": verdict.severity or "",
         "moves": verdict.moves, "change_text": verdict.change_text(),
         "snippet": verdict.snippet,
-        "speedup_text": fmt(speedup, ".2f", "×", missing="not measured") if verdict.moves
-        or speedup is None else "1.00×",
+        # the script's settings kept: their own speed, whatever the bootstrap read
+        "speedup_text": fmt(speedup if verdict.moves or speedup is None else 1.0, ".2f", "×",
+                            missing="not measured"),
         "interval_text": (f"{verdict.interval[0]:.2f}–{verdict.interval[1]:.2f}×"
                           if verdict.interval and verdict.moves else None),
         "check": verdict.check,

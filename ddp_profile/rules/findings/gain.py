@@ -35,8 +35,8 @@ def loader_change(base: pd.Series, rec: Optional[Recommendation]) -> Optional[st
 
 
 def measured_gain(rec: Recommendation) -> str:
-    """The recommendation's own figure: "1.22x [1.12-1.32] the script's settings, alternated
-    with them" (the speedup, its interval and how it was measured)."""
+    """The recommendation's own figure: "Rx [lo-hi] the script's settings, alternated with
+    them" (the speedup, its interval and how it was measured)."""
     bounds = rec.expected_speedup_interval
     interval = f" [{bounds[0]:.2f}-{bounds[1]:.2f}]" if bounds else ""
     how = ("alternated with them" if rec.check and rec.check.get("alternated")
