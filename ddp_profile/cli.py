@@ -215,11 +215,13 @@ def report_cmd(
     run_dir: str = typer.Argument(..., help="A run directory."),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="HTML file (default: "
                                          "RUN_DIR/report.html)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Print the run's summary "
+                                 "too: the verdict, then the method's detail."),
 ) -> int:
     """Re-render the HTML report from stored results; runs nothing."""
     from ddp_profile.commands.run import write_report
 
-    path = write_report(run_dir, output or os.path.join(run_dir, "report.html"))
+    path = write_report(run_dir, output or os.path.join(run_dir, "report.html"), verbose)
     print(path)
     return ExitCode.OK
 

@@ -231,9 +231,14 @@ def finalize(run_dir: RunDir, meta: dict[str, Any], sweep: Sweep, gpu: dict[str,
     return summary
 
 
-def write_report(run_path: str, out_path: str) -> str:
-    """``ddp-profile report``: load a run directory and render its report to ``out_path``."""
-    return render_report(load_run(run_path), out_path)
+def write_report(run_path: str, out_path: str, summary: bool = False) -> str:
+    """``ddp-profile report``: load a run directory and render its report to ``out_path``;
+    with ``summary``, print the run's summary with the method's detail too."""
+    run = load_run(run_path)
+    path = render_report(run, out_path)
+    if summary:
+        print_summary(run.summary, run_path, verbose=True)
+    return path
 
 
 def render_report(run: Run, out_path: str) -> str:

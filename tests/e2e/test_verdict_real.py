@@ -58,6 +58,12 @@ def test_the_console_summary_reads_in_ten_seconds(one_process_run):
     assert "measured from the script's settings and the recommendation alternated" in joined
     assert re.search(r"baseline +w=0 pin=false bs=8: [\d,.]+ samples/s", joined), joined
 
+    other = os.path.join(os.path.dirname(out), "again.html")  # `report` prints it on asking
+    rendered = run_cli(["report", out, "-o", other, "--verbose"], out=out)
+    assert rendered.returncode == 0, rendered.stderr
+    printed = rendered.stdout.rstrip("\n").splitlines()
+    assert printed[-1] == other and printed[:-1] == detail
+
 
 @needs_chromium
 @pytest.mark.browser
