@@ -103,7 +103,17 @@ def _cause(summary: dict[str, Any]) -> tuple[str, str, Optional[str], Optional[s
             str(found.get("severity") or ""))
 
 
+TORCH_PREFETCH = 2  # DataLoader's own prefetch_factor with workers
 KEPT_ON_TOP = "persistent_workers=True on top"  # the recommendation's note where it adds them
+
+
+def _idle_prefetch(base: dict[str, Any], chosen: dict[str, Any]) -> bool:
+    """A prefetch_factor change that is no change to make: no workers on the recommended
+    side, or workers started where the script had none at DataLoader's own prefetch."""
+    if not chosen.get("num_workers"):
+        return True
+    return not base.get("num_workers") and chosen.get("prefetch_factor") in (None,
+                                                                               TORCH_PREFETCH)
 
 
 def _changes(summary: dict[str, Any]) -> tuple[tuple[str, str, str], ...]:
@@ -115,8 +125,7 @@ def _changes(summary: dict[str, Any]) -> tuple[tuple[str, str, str], ...]:
     rec = summary.get("recommendation") or {}
     changes = [(key, value_text(base.get(key)), value_text(chosen.get(key)))
                for key in SETTING_KEYS if key in chosen and base.get(key) != chosen.get(key)
-               and not (key == "prefetch_factor"  # none without workers on either side
-                        and not (chosen.get("num_workers") and base.get("num_workers")))]
+               and not (key == "prefetch_factor" and _idle_prefetch(base, chosen))]
     if rec.get("persistent_workers") and (rec.get("persistent_in_speedup") or any(
             str(note).startswith(KEPT_ON_TOP) for note in rec.get("notes") or [])):
         changes.append(("persistent_workers", "false", "true"))
