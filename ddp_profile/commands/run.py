@@ -147,8 +147,10 @@ def start_run(request: RunRequest) -> str:
     return out
 
 
-def execute(out: str, *, report: bool = True, quiet: bool = False) -> dict[str, Any]:
-    """Run (or finish) the sweep recorded in ``out``; return the final summary."""
+def execute(out: str, *, report: bool = True, quiet: bool = False,
+            verbose: bool = False) -> dict[str, Any]:
+    """Run (or finish) the sweep recorded in ``out``; return the final summary (printed
+    unless ``quiet``; with the method's detail where ``verbose``)."""
     run_dir = RunDir(out)
     meta = run_dir.read_meta()
     check_script(meta["script"])
@@ -177,7 +179,7 @@ def execute(out: str, *, report: bool = True, quiet: bool = False) -> dict[str, 
         progress.close()
         summary = finalize(run_dir, meta, sweep, gpu, state, report=report and state == "complete")
     if not quiet:
-        print_summary(summary, out)
+        print_summary(summary, out, verbose=verbose)
     return summary
 
 
@@ -229,9 +231,14 @@ def finalize(run_dir: RunDir, meta: dict[str, Any], sweep: Sweep, gpu: dict[str,
     return summary
 
 
-def write_report(run_path: str, out_path: str) -> str:
-    """``ddp-profile report``: load a run directory and render its report to ``out_path``."""
-    return render_report(load_run(run_path), out_path)
+def write_report(run_path: str, out_path: str, summary: bool = False) -> str:
+    """``ddp-profile report``: load a run directory and render its report to ``out_path``;
+    with ``summary``, print the run's summary with the method's detail too."""
+    run = load_run(run_path)
+    path = render_report(run, out_path)
+    if summary:
+        print_summary(run.summary, run_path, verbose=True)
+    return path
 
 
 def render_report(run: Run, out_path: str) -> str:

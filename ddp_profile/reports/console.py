@@ -1,24 +1,23 @@
 """Console output: sweep progress (a rich bar on a terminal, one line per probe otherwise) and
-the concise end-of-run summary."""
+the end-of-run summary: the verdict first in at most ~15 lines of at most 100 characters
+(``reports.run_verdict``), the method's detail with ``--verbose``."""
 
 from __future__ import annotations
 
+import os
 import sys
+import textwrap
 import time
 from typing import Any, Optional
 
 from ddp_profile.profiler.settings import LoaderSettings, config_label
 from ddp_profile.profiler.store.probes import (
-    Kind,
     ProbeRecord,
     baseline_probe,
     counts_for_choice,
     records,
 )
-
-# Probes of an alternation: one that the script ended is no advice to run more epochs (a
-# check of a short script runs each launch to its end on purpose, and is read as such)
-ALTERNATED = (Kind.PAIRED, Kind.PERSISTENT)
+from ddp_profile.reports.run_verdict import ALTERNATED, Verdict, build_verdict
 
 
 def _fmt_tp(value: Optional[float]) -> str:
@@ -150,18 +149,99 @@ def step_parts(entry: ProbeRecord) -> str:
     return text + (f", exposed comm {comm:.0%}" if comm is not None else "")
 
 
-def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
-    """The concise end-of-run text (plain lines; tested directly)."""
+WIDTH = 100  # no console line wider
+
+
+def _wrapped(text: str, indent: str = "  ", max_lines: Optional[int] = None) -> list[str]:
+    """``text`` in lines of at most ``WIDTH`` characters, each indented by ``indent`` (the
+    first included), cut with " …" after ``max_lines``."""
+    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent or "  ",
+                         break_long_words=True, break_on_hyphens=False,
+                         max_lines=max_lines, placeholder=" …") or [indent.rstrip()]
+
+
+def _process_text(summary: dict[str, Any]) -> str:
+    world = summary.get("world_size")
+    return "1 process" if world == 1 else f"{world or '?'} ranks"
+
+
+def verdict_lines(summary: dict[str, Any], verdict: Verdict) -> list[str]:
+    """The verdict in a few lines: what to change and what it gains, how it was checked,
+    the cause, what is not established."""
+    lines = []
+    if not summary.get("recommended"):
+        lines.append("No recommendation: no probe finished, nothing was measured.")
+    elif verdict.moves:
+        gain = ""
+        if verdict.speedup is not None:
+            gain = f": {verdict.speedup:.2f}x as fast"
+            if verdict.interval:
+                gain += f" [{verdict.interval[0]:.2f}-{verdict.interval[1]:.2f}]"
+        lines += _wrapped(f"Change {verdict.change_text('->')}{gain}", indent="")
+        if verdict.snippet:
+            lines += _wrapped(verdict.snippet, indent="  ", max_lines=2)
+        lines += _wrapped(f"checked: {verdict.check}", max_lines=1)
+    else:
+        lines += _wrapped(f"Keep the script's settings ({config_label(summary['recommended'])}):"
+                          f" {verdict.check}", indent="", max_lines=2)
+    lines += _wrapped(f"Cause: {verdict.cause_title}" + (f" [{verdict.severity}]"
+                                                         if verdict.severity else ""),
+                      indent="", max_lines=1)
+    if verdict.cause_text:
+        lines += _wrapped(verdict.cause_text, max_lines=2)
+    for item in verdict.not_established[:2]:
+        lines += _wrapped(f"Not established: {item['text'].replace('×', 'x')}", indent="",
+                          max_lines=1)
+    if len(verdict.not_established) > 2:
+        lines.append(f"  and {len(verdict.not_established) - 2} more not established")
+    return lines
+
+
+def summary_lines(summary: dict[str, Any], out: str, verbose: bool = False) -> list[str]:
+    """The end-of-run text (plain lines; tested directly): by default a summary read in ten
+    seconds, the verdict first, at most ``WIDTH`` characters a line; ``verbose`` adds the
+    method's detail (also in summary.json)."""
     # a probe recorded before its data wait was kept: read as one that waited none
     probes = records({"data_wait_fraction": 0, **line} for line in summary.get("probes", []))
     ok = [p for p in probes if p.ok]
+    verdict = build_verdict(summary, probes)
+    script = os.path.basename(str(summary.get("script") or "the script"))
+    lines = _wrapped(f"ddp-profile: {script}, {_process_text(summary)} on "
+                     f"{summary.get('device')}; {len(ok)} of {len(probes)} probes ok",
+                     indent="", max_lines=1)
+    lines += verdict_lines(summary, verdict)
+    findings = summary.get("findings") or []
+    if findings:
+        lines += _wrapped(f"Findings ({len(findings)}): " + ", ".join(
+            f"{f['rule']} ({f['severity']})" for f in findings), indent="", max_lines=1)
+    failed = [p for p in probes if not p.ok]
+    if failed:
+        lines += _wrapped("Failed probes: " + ", ".join(f"{p.id} {p.status}" for p in failed),
+                          indent="", max_lines=1)
+    for warning in verdict.warnings:
+        lines += _wrapped(f"Warning: {warning}", indent="", max_lines=1)
+    if not summary.get("gpu_available"):
+        lines += _wrapped(f"GPU metrics unavailable: {summary.get('gpu_unavailable_reason')}",
+                          indent="", max_lines=1)
+    lines += _wrapped(f"Report: {os.path.join(out, 'report.html')}", indent="")
+    if not verbose:
+        lines.append("The method and every probe: --verbose, summary.json")
+        return lines
+    lines.append("Detail:")
+    for line in detail_lines(summary, probes):
+        lines += _wrapped(line.strip(), indent="  " + " " * (len(line) - len(line.lstrip())))
+    lines += _wrapped(f"run directory: {out}", indent="")
+    return lines
+
+
+def detail_lines(summary: dict[str, Any], probes: list[ProbeRecord]) -> list[str]:
+    """The method's detail, as long lines (``summary_lines`` wraps them): the baseline's
+    measurement, what the speedup was measured from, the ceiling, the loading, each finding,
+    failed and short probes, the notes and the commands that would settle an open gain."""
     baseline_id = (summary.get("recommendation") or {}).get("baseline_probe_id")
     baseline = next((p for p in probes if p.id == baseline_id), None) if baseline_id \
         else baseline_probe(probes)  # the recommendation's, else the lookup it made
-    lines = [f"ddp-profile: {summary.get('script')} on {summary.get('world_size') or '?'} rank(s), "
-             f"device {summary.get('device')}; {len(ok)}/{len(probes)} probe(s) ok"]
-    if not summary.get("gpu_available"):
-        lines.append(f"GPU metrics unavailable: {summary.get('gpu_unavailable_reason')}")
+    lines = []
     if baseline and baseline.ok:
         lines.append(f"baseline  {config_label(baseline.config.to_dict())}: "
                      f"{_fmt_tp(baseline.throughput)}{step_parts(baseline)}")
@@ -190,22 +270,18 @@ def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
     if isinstance(capacity, dict) and capacity.get("bound"):
         kind = BOUNDS.get(capacity["bound"], capacity["bound"])
         lines.append(f"loading: {loading_line(capacity)} ({kind})")
-    for finding in summary.get("findings", [])[:8]:
+    for finding in summary.get("findings", []):
         lines.append(f"  [{finding['severity']}] {finding['rule']}: {finding['title']}")
-    for probe in [p for p in probes if not p.ok][:5]:
+    for probe in [p for p in probes if not p.ok]:
         lines.append(f"  probe {probe.id} {probe.status}: {probe.error}")
-    for probe in [p for p in probes if p.short and p.kind not in ALTERNATED][:5]:
+    for probe in [p for p in probes if p.short and p.kind not in ALTERNATED]:
         lines.append(f"  probe {probe.id} short ({probe.steps_measured} of "
                      f"{probe.steps_asked} steps): {probe.short_reason}")
-    told = ("Not like for like", "persistent_workers=True on top")  # notes the figure needs
-    lines.extend(f"  note: {note}" for note in recommendation.get("notes") or []
-                 if " is short, " in note or note.startswith(told))
-    if recommendation.get("snippet") and (summary.get("recommended") != summary.get("baseline")
-                                          or recommendation.get("persistent_workers")):
-        lines.append("  " + recommendation["snippet"])
-    lines.append(f"run directory: {out}")
+    lines.extend(f"  note: {note}" for note in recommendation.get("notes") or [])
     return lines
 
 
-def print_summary(summary: dict[str, Any], out: str, stream: Any = None) -> None:
-    print("\n".join(summary_lines(summary, out)), file=stream or sys.stdout, flush=True)
+def print_summary(summary: dict[str, Any], out: str, stream: Any = None,
+                  verbose: bool = False) -> None:
+    print("\n".join(summary_lines(summary, out, verbose)), file=stream or sys.stdout,
+          flush=True)

@@ -28,8 +28,11 @@ from ddp_profile.profiler.store.atomic import write_text_atomic
 from ddp_profile.profiler.store.probes import Kind, baseline_probe, ok_mask
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.reports import figures
+from ddp_profile.reports.run_verdict import build_verdict
 from ddp_profile.rules.base import SEVERITIES
 
+CEILING_NONE = ("not established: replaying cached batches ran no faster than the script with "
+                "its loading (the per-probe table has the probes)")
 FULL_DETAIL_PROBES = 6      # runs up to this size get full-resolution timelines for every probe
 COARSE_POINTS = 100         # points per rank for the other probes' timelines in bigger runs
 ENVIRONMENT_LABELS = (("torch_version", "torch"), ("cuda_version", "CUDA"),
@@ -139,18 +142,35 @@ def build_headline(run: Run, roles: dict[str, str]) -> dict[str, Any]:
         "ceiling_share": None if _missing(share) else float(share),
         "ceiling_share_text": fmt(share, ".0%", missing="unknown"),
         "ceiling_throughput_text": fmt(ceiling, ",.1f", " samples/s",
-                                       missing="none: " + summary["ceiling_failed"]
-                                       if summary.get("ceiling_failed") else "not measured"),
+                                       missing=CEILING_NONE if summary.get("ceiling_failed")
+                                       else "not measured"),
         "baseline_throughput_text": fmt(_throughput_of(run, baseline_id), ",.1f",
                                         " samples/s"),
         "recommended_throughput_text": fmt(rec_tp, ",.1f", " samples/s"),
         "snippet": recommendation.get("snippet") or "",
         "notes": [str(n) for n in recommendation.get("notes") or []],
-        "unsettled": [{"text": f"{settings_text(item.get('config'))}: "
-                               f"{float(item.get('ratio') or 0):.2f}× the script's settings "
-                               f"({item.get('probe')}); {item.get('why')}",
-                       "settle": str(item.get("settle") or "")}
-                      for item in recommendation.get("unsettled") or []],
+        "basis": str(recommendation.get("speedup_basis") or ""),
+    }
+
+
+def build_verdict_data(run: Run) -> dict[str, Any]:
+    """The first screen (``reports.run_verdict``): the cause, the change and its snippet, the
+    speedup with its interval and how it was checked, what is not established."""
+    verdict = build_verdict(run.summary, run.records, run.warnings)
+    speedup = verdict.speedup
+    return {
+        "cause_title": verdict.cause_title, "cause_text": verdict.cause_text,
+        "cause_rule": verdict.cause_rule or "", "severity": verdict.severity or "",
+        "moves": verdict.moves, "change_text": verdict.change_text(),
+        "snippet": verdict.snippet,
+        # the script's settings kept: their own speed, whatever the bootstrap read
+        "speedup_text": fmt(speedup if verdict.moves or speedup is None else 1.0, ".2f", "×",
+                            missing="not measured"),
+        "interval_text": (f"{verdict.interval[0]:.2f}–{verdict.interval[1]:.2f}×"
+                          if verdict.interval and verdict.moves else None),
+        "check": verdict.check,
+        "not_established": [dict(item) for item in verdict.not_established],
+        "warnings": list(verdict.warnings),
     }
 
 
@@ -173,9 +193,15 @@ def build_findings(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "rule": str(finding.get("rule") or ""), "title": str(finding.get("title") or ""),
             "evidence": _evidence(finding.get("evidence")),
             "recommendation": str(finding.get("recommendation") or ""),
-            "ranks_text": ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(ranks)
-            if ranks else ""})
+            "ranks_text": _ranks_text(ranks)})
     return [{"severity": s, "items": items} for s, items in groups.items() if items]
+
+
+def _ranks_text(ranks: list[str]) -> str:
+    """"rank 1", "ranks 0, 3"; a process without a process group (rank -1): "the process"."""
+    if ranks == ["-1"]:
+        return "the process"
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(ranks) if ranks else ""
 
 
 def _cell(text: str, sort: Any = None) -> dict[str, Any]:
@@ -317,6 +343,7 @@ def build_report_data(run: Run, findings: Optional[list[dict[str, Any]]] = None
         "title": f"ddp-profile: {os.path.basename(script)}",
         "script": script,
         "headline": build_headline(run, roles),
+        "verdict": build_verdict_data(run),
         "findings": build_findings(findings),
         "finding_count": len(findings),
         "table": build_table(run, roles),
@@ -324,9 +351,6 @@ def build_report_data(run: Run, findings: Optional[list[dict[str, Any]]] = None
         "environment": build_environment(run),
         "gpu": {"available": gpu, "reason": str(summary.get("gpu_unavailable_reason")
                                                 or "no GPU samples were recorded")},
-        "warnings": [str(w) for w in run.warnings] + [
-            f"probe {p.id} is short ({p.steps_measured} of {p.steps_asked} "
-            f"steps): {p.short_reason}" for p in run.records if p.short],
         "probe_count": len(run.probes),
         "client": {"figures": {name: figure_json(fig) for name, fig in charts.items()},
                    "probes": details,

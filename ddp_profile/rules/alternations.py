@@ -187,6 +187,9 @@ class Evidence:
 
     def __init__(self, run: Run, thresholds: Thresholds) -> None:
         self._run, self._thresholds = run, thresholds
+        # the evaluation's recommendation (``rules.recommend``), set once it is made from this
+        # evidence: the rules that explain it cite its figure rather than compute their own
+        self.recommendation: Any = None
 
     @cached_property
     def ddp_effects(self) -> Mapping[str, DdpEffect]:

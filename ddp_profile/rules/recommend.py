@@ -64,6 +64,20 @@ class Recommendation:
     persistent_in_speedup: bool = False  # the expected speedup was measured with them kept
     unsettled: tuple[dict[str, Any], ...] = ()  # measured faster, not established
     # (``decide.evidence.seen``): probe, config, ratio, why, settle (the command that would)
+    # how the expected speedup was measured (``speedup_check``): alternated (bool), launches,
+    # rounds, whole_runs; None where the script's own settings are kept
+    check: Optional[dict[str, Any]] = None
+
+
+def speedup_check(claim: Optional[PairedClaim], moved: bool) -> Optional[dict[str, Any]]:
+    """How the expected speedup was measured, as plain data for the readers' short phrase:
+    the claim's alternation (its launches, the rounds of each side, whole runs or not), else
+    two probes of the search, not alternated (``moved``); None where nothing moved."""
+    if claim is not None:
+        return {"alternated": True, "launches": claim.launches, "rounds": claim.candidates,
+                "whole_runs": claim.whole_runs}
+    return {"alternated": False, "launches": None, "rounds": None, "whole_runs": False} \
+        if moved else None
 
 
 def recommendation_to_dict(rec: Recommendation) -> dict[str, Any]:
@@ -275,7 +289,7 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None,
         + _persistent_note(persistent_on_top),
         throughput=float(pick.throughput) if finite(pick.throughput) else None,
         baseline_probe_id=base.id, like_for_like=like_for_like, speedup_basis=basis,
-        unsettled=unsettled)
+        unsettled=unsettled, check=speedup_check(claim, pick.id != base.id))
 
 
 def _persistent_note(claim: Optional[PairedClaim]) -> tuple[str, ...]:

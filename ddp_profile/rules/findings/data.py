@@ -23,6 +23,7 @@ from ddp_profile.rules.base import (
     pct,
 )
 from ddp_profile.rules.cpuload import cpu_load
+from ddp_profile.rules.findings.gain import loader_change, loader_change_finding, measured_gain
 from ddp_profile.rules.loading import (
     CPU_FIX,
     IO_FIX,
@@ -33,6 +34,7 @@ from ddp_profile.rules.loading import (
     predicted_workers,
     storage_evidence,
 )
+from ddp_profile.rules.recommend import Recommendation
 from ddp_profile.rules.tables import (
     baseline_probe,
     data_wait,
@@ -80,27 +82,28 @@ def fewer_workers_probe(run: Run, probe: ProbeRecord) -> Optional[ProbeRecord]:
 
 def data_loader_bound(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None
                       ) -> Optional[Finding]:
-    """The baseline probe waits on the DataLoader for a significant share of each step.
+    """The baseline probe waits on the DataLoader for a significant share of each step, or
+    a change of its loader settings measured faster.
 
     Trigger: the share of each step that the baseline's data wait costs (``base.data_wait``:
     the ranks' wait / step time over the measured steps of all ranks; on CUDA the GPU's idle
     time while its host waited) >= ``data_wait_fraction``; "high" at or above
-    ``data_wait_severe``. Where the loading is neither CPU- nor wait-bound (mixed: no finding
-    of its own), the evidence says what the producers read and how much from storage.
+    ``data_wait_severe``. Below it, where the recommendation (``known.recommendation``)
+    changes a loader setting and measured it faster (``loader_change``): "medium", its figure
+    the evidence, so that a loader recommendation never stands without the finding that
+    explains it. Where the loading is neither CPU- nor wait-bound (mixed: no finding of its
+    own), the evidence says what the producers read and how much from storage.
     """
     probe = baseline_probe(run)
     measured = data_wait(run, probe) if probe is not None else None
-    if measured is None or measured[0] < thresholds.data_wait_fraction:
+    if measured is None:
         return None
+    rec = known.recommendation if known is not None else None
+    if measured[0] < thresholds.data_wait_fraction:
+        return loader_change_finding(probe, _wait_evidence(run, probe, *measured), rec,
+                                     thresholds)
     fraction, per_step = measured
-    seconds = f" ({ms(per_step)} per step)" if finite(per_step) else ""
-    evidence = (f"With {describe_config(probe.config)} the ranks spend {pct(fraction)} of each "
-                f"measured step waiting for the next batch{seconds}.")
-    if gpu_timed(run, probe):
-        evidence = (f"With {describe_config(probe.config)} the GPU sits idle {pct(fraction)} of "
-                    f"each measured step while its rank waits for the next batch{seconds}, "
-                    f"timed on the GPU (CUDA events); the ranks wait "
-                    f"{pct(probe.data_wait_fraction)} of each step in all.")
+    evidence = _wait_evidence(run, probe, fraction, per_step)
     capacity = capacity_of(run)
     enough = _enough_workers(run, probe)
     if capacity is None or loading_bound(capacity, thresholds) == "mixed":
@@ -112,8 +115,19 @@ def data_loader_bound(run: Run, thresholds: Thresholds, known: Optional[Evidence
         title="Training waits on the DataLoader",
         evidence=evidence,
         # more workers advised: worded from the recommendation (rules.voice); else its own
-        recommendation=_loading_advice(run, probe) if enough else "",
+        recommendation=_loading_advice(run, probe, rec) if enough else "",
         advice=None if enough else _more_workers(run, probe, fraction))
+
+
+def _wait_evidence(run: Run, probe: ProbeRecord, fraction: float, per_step: float) -> str:
+    seconds = f" ({ms(per_step)} per step)" if finite(per_step) else ""
+    if gpu_timed(run, probe):
+        return (f"With {describe_config(probe.config)} the GPU sits idle {pct(fraction)} of "
+                f"each measured step while its rank waits for the next batch{seconds}, timed "
+                f"on the GPU (CUDA events); the ranks wait {pct(probe.data_wait_fraction)} "
+                "of each step in all.")
+    return (f"With {describe_config(probe.config)} the ranks spend {pct(fraction)} of each "
+            f"measured step waiting for the next batch{seconds}.")
 
 
 def _enough_workers(run: Run, baseline: ProbeRecord) -> bool:
@@ -141,11 +155,18 @@ def _more_workers(run: Run, baseline: ProbeRecord, fraction: float) -> Advice:
         see=("cpu-bound-preprocessing", "io-bound-loading"))
 
 
-def _loading_advice(run: Run, baseline: ProbeRecord) -> str:
+def _loading_advice(run: Run, baseline: ProbeRecord, rec: Optional[Recommendation]) -> str:
     """Where the capacity model predicts no more workers than the baseline runs: what the
-    sweep measured, when it measured something better; else what limits the loading."""
+    sweep measured, when it measured something better (the recommendation's figure, where
+    given); else what limits the loading."""
     probes = ok_probes(run)
-    best = fastest(probes)
+    change = loader_change(baseline, rec)
+    if rec is not None and change is not None:
+        return (f"Measured: {change} runs {measured_gain(rec)}; use the recommended "
+                "configuration below.")
+    if rec is not None and rec.probe_id == baseline.id and len(probes) > 1:
+        return "None of the measured settings loaded faster than the script's own."
+    best = fastest(probes) if rec is None else None
     if best is not None and finite(baseline.throughput) and baseline.throughput > 0:
         gain = best.throughput / baseline.throughput
         if best.id != baseline.id and gain >= 1.05:
