@@ -205,7 +205,8 @@ def captured_run(monkeypatch):
 
     monkeypatch.setattr(run_module, "start_run", fake_start)
     monkeypatch.setattr(run_module, "execute",
-                        lambda out, report=True, quiet=False, verbose=False: {"probes": [{"status": "ok"}]})
+                        lambda out, report=True, quiet=False, verbose=False:
+                        {"probes": [{"status": "ok"}]})
     return seen
 
 
