@@ -40,7 +40,6 @@ CONCURRENT = (
     "tests/profiler/sweep/", "tests/profiler/decide/", "tests/profiler/test_settings.py",
     "tests/profiler/telemetry/test_nvml.py", "tests/test_suite_checks.py",
     "tests/e2e/test_launchers.py", "tests/e2e/test_contract", "tests/e2e/test_report_real.py",
-    "tests/e2e/test_verdict_real.py",
     "tests/e2e/test_cache.py",
     *(f"tests/e2e/test_probe.py::test_{name}" for name in (
         "batch_sampler_script_honours_batch_size", "prefetch_without_workers_is_not_applied",
