@@ -82,7 +82,7 @@ def set_cache(state: Optional[str]) -> None:
     the page cache), ``warm`` (every file read once), None (as they are)."""
     if state is None:
         return
-    from ddp_profile.profiler.rank.loading.pagecache import drop
+    from ddp_profile.profiler.drop_pages import drop
 
     for name in os.listdir(FILES_DIR):
         path = os.path.join(FILES_DIR, name)
@@ -159,7 +159,7 @@ def run_instrumented(args: list[str], work: str, warmup: int = 5, steps: int = 1
         ended_ns = time.time_ns()
     finally:
         os.chdir(cwd)
-    entry = summarise_probe(plan, outcome, "sweep", timeout_s)
+    entry = summarise_probe(plan, outcome, "sweep", timeout_s).to_json()
     return {"returncode": outcome.returncode, "ranks": _read_ranks(out), "entry": entry,
             "probe_dir": plan.out_dir, "started_ns": started_ns, "ended_ns": ended_ns}
 
@@ -195,3 +195,71 @@ def package_version(name: str) -> Optional[str]:
 
 def cleanup(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
+
+
+# ---- the record of every run ---------------------------------------------------------------
+# Each benchmark's final JSON goes through ``finish``: printed as the last line (as before), and
+# appended as one line to ``benchmarks/results/<benchmark>.jsonl`` with when, at which commit,
+# on which machine and with which arguments it was measured. ``benchmarks/history.py`` renders
+# those lines as tables. ``DDP_PROFILE_BENCH_RESULTS`` names another directory, or ``off``.
+RESULTS = os.path.join(REPO, "benchmarks", "results")
+
+
+def results_dir() -> Optional[str]:
+    chosen = os.environ.get("DDP_PROFILE_BENCH_RESULTS")
+    if chosen is not None and chosen.strip().lower() in ("off", "0", "no", "false", ""):
+        return None
+    return chosen or RESULTS
+
+
+def git_commit() -> Optional[str]:
+    """The checkout's commit (``+dirty`` where tracked files differ from it), or None."""
+    def git(*args: str) -> Optional[str]:
+        try:
+            done = subprocess.run(["git", "-C", REPO, *args], capture_output=True, text=True,
+                                  timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if commit and git("status", "--porcelain", "--untracked-files=no"):
+        commit += "+dirty"
+    return commit
+
+
+def machine_brief() -> dict[str, Any]:
+    """The machine, without importing torch (a benchmark's figures may not have needed it)."""
+    model = None
+    try:
+        with open("/proc/cpuinfo") as handle:
+            model = next((line.split(":", 1)[1].strip() for line in handle
+                          if line.startswith("model name")), None)
+    except OSError:
+        pass
+    return {"nproc": len(os.sched_getaffinity(0)), "cpu_model": model,
+            "arch": platform.machine(), "python": platform.python_version(),
+            "torch": package_version("torch"), "host": platform.node()}
+
+
+def record(benchmark: str, figures: Any, args: Optional[list[str]] = None,
+           note: Optional[str] = None) -> dict[str, Any]:
+    """One run's line: {date, commit, machine, benchmark, args, figures[, note]}."""
+    line = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": git_commit(),
+            "machine": machine_brief(), "benchmark": benchmark,
+            "args": list(sys.argv[1:] if args is None else args), "figures": figures}
+    if note:
+        line["note"] = note
+    return line
+
+
+def finish(benchmark: str, figures: Any, args: Optional[list[str]] = None,
+           note: Optional[str] = None, indent: Optional[int] = None) -> Any:
+    """Print a benchmark's final JSON (its last line) and append its record to the results."""
+    print(json.dumps(figures, indent=indent, default=str), flush=True)
+    where = results_dir()
+    if where is not None:
+        os.makedirs(where, exist_ok=True)
+        with open(os.path.join(where, f"{benchmark}.jsonl"), "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record(benchmark, figures, args, note), default=str) + "\n")
+    return figures

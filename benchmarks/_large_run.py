@@ -16,7 +16,6 @@ from typing import Any
 from ddp_profile.profiler.decide.capacity import run_capacity
 from ddp_profile.profiler.launch.ranks import LaunchOutcome
 from ddp_profile.profiler.settings import LoaderSettings, ProbePlan
-from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.profiler.store.record import dumps
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.store.summary import build_summary
@@ -80,8 +79,8 @@ def write_large_run(path: str, probes: int, ranks: int, steps: int, seed: int = 
         outcome = LaunchOutcome(returncode=0, timed_out=False, interrupted=False, wall_s=12.5,
                                 log_path=os.path.join(plan.out_dir, "launcher.log"))
         entry = summarise_probe(plan, outcome, "baseline" if index == 0 else "sweep", 120.0)
-        run_dir.append(entry)
-        entries.append(ProbeRecord.from_json(entry))
+        run_dir.append(entry.to_json())
+        entries.append(entry)
     gpu = {"gpu_available": True, "gpus": [{"name": "NVIDIA H100 80GB HBM3"}]}
     run_dir.write_summary(build_summary(meta, entries, {"world_size": ranks, "device": "cuda"},
                                         gpu, "complete", capacity=run_capacity))

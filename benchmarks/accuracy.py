@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     worst_ddpp = result["max_abs_error_pp"]["ddp_profile"]
     result["ddp_profile_within_target"] = worst_ddpp is not None and worst_ddpp <= TARGET_PP
-    print(json.dumps(result))
+    _bench.finish("accuracy", result, argv)
     return result
 
 

@@ -32,7 +32,6 @@ The last line printed is a JSON object with every figure.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -41,6 +40,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import _bench  # noqa: E402  (records the run)
 from ddp_profile.profiler.decide.choose import ChoiceThresholds  # noqa: E402
 from ddp_profile.profiler.decide.paired import (  # noqa: E402
     CANDIDATE,
@@ -106,8 +106,8 @@ def main() -> None:
                       f"claim's {shares['local']:6.1%}  (read locally "
                       f"{shares['read locally']:4.0%})  peaks {shares['peaks']:6.1%}  "
                       f"either {shares['either']:6.1%}", flush=True)
-    print(json.dumps({"confidence": confidence, "noise": args.noise, "walk": args.walk,
-                      "swing": args.swing, "trials": args.trials, "figures": figures}))
+    _bench.finish("alternations", {"confidence": confidence, "noise": args.noise, "walk": args.walk,
+                      "swing": args.swing, "trials": args.trials, "figures": figures})
 
 
 if __name__ == "__main__":

@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
               "max_abs_error_pp": max(sync_errors) if sync_errors else None,
               "timers_max_abs_error_pp": max(errors) if errors else None,
               "target_pp": TARGET_PP}
-    print(json.dumps(result))
+    _bench.finish("comm_accuracy", result, argv)
     return result
 
 

@@ -29,7 +29,6 @@ The last line printed is a JSON object with every figure.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -39,6 +38,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import _bench  # noqa: E402  (records the run)
 from ddp_profile.profiler.decide.choose import ChoiceThresholds  # noqa: E402
 from ddp_profile.profiler.decide.paired import (  # noqa: E402
     CANDIDATE,
@@ -115,8 +115,8 @@ def main() -> None:
             print(f"{key:45s} claimed {found['claimed']:6.1%}  false {found['false']:6.1%}  "
                   f"C {found['C']:6.1%}  true gain recommended {found['mean gain']:.3f}x",
                   flush=True)
-    print(json.dumps({"noise": args.noise, "walk": args.walk, "trials": args.trials,
-                      "confidence": THRESHOLDS.interval_confidence, "figures": figures}))
+    _bench.finish("contender", {"noise": args.noise, "walk": args.walk, "trials": args.trials,
+                      "confidence": THRESHOLDS.interval_confidence, "figures": figures})
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ def claim(reps: int, epochs: int) -> dict:
         tool_s = time.perf_counter() - started
         from ddp_profile.profiler.store.results import load_run
         from ddp_profile.rules import Thresholds, measured_thresholds
-        from ddp_profile.rules.claim import persistent_effect
+        from ddp_profile.rules.alternations import persistent_effect
 
         run = load_run(out)
         thresholds = measured_thresholds(run, Thresholds())
@@ -135,9 +135,10 @@ def main() -> None:
                         help="the persistent-workers claim against plain launches")
     args = parser.parse_args()
     if args.claim:
-        print(json.dumps({"benchmark": "epoch_restarts", "mode": "claim",
-                          "machine": _bench.machine(), "epochs": args.epochs, "reps": args.reps,
-                          "claim": claim(args.reps, args.epochs)}))
+        _bench.finish("epoch_restarts", {"benchmark": "epoch_restarts", "mode": "claim",
+                                         "machine": _bench.machine(), "epochs": args.epochs,
+                                         "reps": args.reps,
+                                         "claim": claim(args.reps, args.epochs)})
         return
     work = _bench.scratch("ddp-profile-epochs-")
     try:
@@ -162,8 +163,9 @@ def main() -> None:
                   + (f"; between restarts {row['tool_between_restarts']:,.0f}, plain "
                      f"persistent {row['plain_persistent']:,.0f} ({row['persistent_ratio']:.2f})"
                      if "tool_between_restarts" in row else ""), flush=True)
-        print(json.dumps({"benchmark": "epoch_restarts", "machine": _bench.machine(),
-                          "epochs": args.epochs, "reps": args.reps, "rows": rows}))
+        _bench.finish("epoch_restarts", {"benchmark": "epoch_restarts",
+                                         "machine": _bench.machine(), "epochs": args.epochs,
+                                         "reps": args.reps, "rows": rows})
     finally:
         _bench.cleanup(work)
 

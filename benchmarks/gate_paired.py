@@ -165,8 +165,8 @@ def main() -> None:
                 rows[f"sigma {sigma:g} {label}"] = modelled(
                     sigma, ratio, args.trials, args.max_launches, args.max_regression)
                 print(f"sigma {sigma:.3f} {label:12s} {rows[f'sigma {sigma:g} {label}']}")
-        print(json.dumps({"modelled": rows, "max_launches": args.max_launches,
-                          "trials": args.trials}))
+        _bench.finish("gate_paired", {"modelled": rows, "max_launches": args.max_launches,
+                                      "trials": args.trials})
         return
     if args.sequences_in:
         with open(args.sequences_in, encoding="utf-8") as handle:
@@ -209,8 +209,9 @@ def main() -> None:
                                          if per_launch else None}
             print(f"{key:12s} {label:15s} {counted}  (sequence of {len(seq)}, its ratio "
                   f"{fitted_ratio(seq)})", flush=True)
-    print(json.dumps({"max_launches": args.max_launches, "max_regression": args.max_regression,
-                      "steps": args.steps, "figures": figures}))
+    _bench.finish("gate_paired", {"max_launches": args.max_launches,
+                                  "max_regression": args.max_regression, "steps": args.steps,
+                                  "figures": figures})
 
 
 if __name__ == "__main__":

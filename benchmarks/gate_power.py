@@ -57,6 +57,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import _bench  # noqa: E402  (records the run)
 from ddp_profile.defaults import ALPHA, MAX_REGRESSION  # noqa: E402
 from ddp_profile.rules.gate.verdict import INCONCLUSIVE, REGRESSION, compare, compare_launches  # noqa: E402
 
@@ -398,7 +399,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
               "min_detection": min(c["detection"] for c in cells),
               "min_steps_meeting_targets": meeting,
               "seconds": round(time.perf_counter() - started, 1)}
-    print(json.dumps(result))
+    _bench.finish("gate_power", result, argv)
     return result
 
 

@@ -557,7 +557,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         with tarfile.open(os.path.join(args.keep, "runs.tar.gz"), "w:gz") as tar:
             tar.add(work, arcname="gpu-check")
     shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps(report, default=str))
+    _bench.finish("gpu_check", report, argv)
     return 0 if report["passed"] else 1
 
 

@@ -211,11 +211,11 @@ def judged(check: dict[str, Any], interval: Optional[list[float]]) -> dict[str, 
 
 def run_tool(work_load: Workload) -> dict[str, Any]:
     """``ddp-profile run`` with its defaults; its summary, and the persistent-workers effect
-    it measured (``rules.claim.persistent_effect``, read from the run directory)."""
+    it measured (``rules.alternations.persistent_effect``, read from the run directory)."""
     from ddp_profile.profiler.settings import GRADIENT_SYNC
     from ddp_profile.profiler.store.results import load_run
+    from ddp_profile.rules.alternations import alternated_effects, persistent_effect, sides
     from ddp_profile.rules.base import Thresholds
-    from ddp_profile.rules.claim import alternated_effects, persistent_effect, sides
 
     work = _bench.scratch("h2h-run-")
     out = os.path.join(work, "run")
@@ -369,8 +369,8 @@ def option_args(options: dict[str, Any]) -> Optional[list[str]]:
 def ddp_checks(summary: dict[str, Any], args: list[str], steps: int, rounds: int
                ) -> list[dict[str, Any]]:
     """Every DDP option the tool alternated with the script's own: its figure, interval and
-    verdict (``rules.claim.alternated_effects``, as the rules read them) beside plain launches
-    with and without it, alternating."""
+    verdict (``rules.alternations.alternated_effects``, as the rules read them) beside plain
+    launches with and without it, alternating."""
     checks = []
     for effect in summary["_ddp_effects"]:
         extra = option_args(effect["options"])
@@ -420,8 +420,8 @@ def aa_trial(index: int, args: list[str]) -> Optional[bool]:
     from ddp_profile.profiler.settings import LoaderSettings
     from ddp_profile.profiler.store.results import load_run
     from ddp_profile.profiler.sweep.state import Window
+    from ddp_profile.rules.alternations import paired_claim
     from ddp_profile.rules.base import Thresholds
-    from ddp_profile.rules.claim import paired_claim
 
     work = _bench.scratch("h2h-aa-")
     try:
@@ -473,8 +473,8 @@ def main() -> None:
         _bench.ensure_files()
     if args.probe_check is not None:
         checks = [probe_check(name, args.rounds or 8, dict(args.probe_check)) for name in names]
-        print(json.dumps({"benchmark": "head_to_head", "mode": "probe_check",
-                          "machine": _bench.machine(), "checks": checks}))
+        _bench.finish("head_to_head", {"benchmark": "head_to_head", "mode": "probe_check",
+                                       "machine": _bench.machine(), "checks": checks})
         return
     results = []
     for name in names:
@@ -488,9 +488,9 @@ def main() -> None:
                if "inside" in (r.get("persistent_workers") or {}).get("plain", {})]
     trials = args.aa if args.aa is not None else (6 if args.quick else 10)
     aa_result = aa(trials) if trials else None
-    print(json.dumps({"benchmark": "head_to_head", "machine": _bench.machine(),
-                      "workloads": results, "claims_inside": sum(checks),
-                      "claims_checked": len(checks), "aa": aa_result}))
+    _bench.finish("head_to_head", {"benchmark": "head_to_head", "machine": _bench.machine(),
+                                   "workloads": results, "claims_inside": sum(checks),
+                                   "claims_checked": len(checks), "aa": aa_result})
 
 
 if __name__ == "__main__":

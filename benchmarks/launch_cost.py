@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 
+import _bench
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO, "ddp_profile", "examples", "demo_train.py")
 WORKLOAD = ["--hidden", "32", "--layers", "1", "--batch-size", "8"]
@@ -84,13 +86,13 @@ def main() -> None:
     rank = {phase: round(statistics.median(r[phase] for r in figures["rank"]), 3)
             for phase in figures["rank"][0]}
     ratios = [p / q for p, q in zip(figures["probe_s"], figures["plain_s"])]
-    print(json.dumps({
+    _bench.finish("launch_cost", {
         "rounds": options.rounds, "nproc": options.nproc,
         "import_torch_s": round(statistics.median(figures["import_torch_s"]), 3),
         "rank": rank,
         "plain_s": round(statistics.median(figures["plain_s"]), 3),
         "probe_s": round(statistics.median(figures["probe_s"]), 3),
-        "probe_over_plain": [round(r, 3) for r in ratios]}, indent=1))
+        "probe_over_plain": [round(r, 3) for r in ratios]}, indent=1)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,6 @@ several percent either way, the CPU-time ratio much less.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -332,7 +331,7 @@ def main(argv: list[str] | None = None) -> dict:
         for key in ("pair_ratios", "pair_on_first"):
             rep_result["in_process"].pop(key, None)
     result["per_rep"] = per_rep
-    print(json.dumps(result))
+    _bench.finish("overhead", result, argv)
     return result
 
 

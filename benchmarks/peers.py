@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> dict:
             "steps", "warmup", "reps", "h2h_steps", "final_reps", "diag_steps", "two_rank",
             "tools")},
     }
-    print(json.dumps(result))
+    _bench.finish("peers", result, argv)
     return result
 
 

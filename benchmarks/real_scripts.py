@@ -54,6 +54,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+import _bench
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOOL = [sys.executable, "-m", "ddp_profile"]
 
@@ -446,7 +448,7 @@ def main() -> None:
         report[name] = {"grid": labelled(grid), "runs": scored}
         if loop_grid:
             report[name]["loop_grid"] = labelled(loop_grid)
-        print(json.dumps({name: report[name]}), flush=True)
+        _bench.finish("real_scripts", {name: report[name]})
 
 
 if __name__ == "__main__":

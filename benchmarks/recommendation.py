@@ -292,7 +292,7 @@ def defaults_main(args: argparse.Namespace) -> dict:
     result = {"benchmark": "recommendation-defaults", "mode": "quick" if args.quick else "full",
               "wide_grid": list(wide), "steps": steps, "warmup": warmup, "ranks": _bench.NPROC,
               "scenarios": rows, "machine": _bench.machine()}
-    print(json.dumps(result))
+    _bench.finish("recommendation", result)
     return result
 
 
@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> dict:
         "wall_within_target": bool(walls) and max(walls) <= TARGET_WALL,
         "scenarios": rows, "fixed_cost": fixed, "machine": info,
     }
-    print(json.dumps(result))
+    _bench.finish("recommendation", result, argv)
     return result
 
 

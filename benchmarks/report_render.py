@@ -11,11 +11,12 @@ The last line printed is one JSON object with the figures.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 import time
+
+import _bench
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
               "file_bytes": size, "plotly_js_bytes": plotly_size,
               "beyond_plotly_mb": round((size - plotly_size) / 2**20, 3),
               "cpu_count": os.cpu_count()}
-    print(json.dumps(result))
+    _bench.finish("report_render", result, argv)
     return result
 
 

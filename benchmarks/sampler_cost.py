@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import subprocess
 import sys
 import threading
 import time
 
+import _bench
 import _nvml_device
 from ddp_profile.profiler.telemetry.sampler import GpuSampler, HostSampler, start_samplers
 
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
         "budget_percent": BUDGET_PERCENT,
         "within_budget": cost <= BUDGET_PERCENT,
     }
-    print(json.dumps(result))
+    _bench.finish("sampler_cost", result, argv)
     return result
 
 

@@ -24,12 +24,13 @@ The last line printed is a JSON object with every figure.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
 
 import numpy as np
+
+import _bench
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -97,8 +98,8 @@ def main() -> None:
         print(f"true gain {gain:.2f}x: claimed {found['windows alone']:6.1%} by windows alone, "
               f"{found['with the follow-up']:6.1%} with the follow-up "
               f"(open after the windows {found['open']:6.1%})", flush=True)
-    print(json.dumps({**vars(args), "figures": figures,
-                      "confidence": THRESHOLDS.interval_confidence}))
+    _bench.finish("windows_then_launches", {**vars(args), "figures": figures,
+                                            "confidence": THRESHOLDS.interval_confidence})
 
 
 if __name__ == "__main__":

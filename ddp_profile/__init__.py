@@ -11,9 +11,8 @@ Reading a run directory from Python::
     run.summary["recommended"], run.probes, run.steps      # dict, DataFrame, DataFrame
 
 ``load_run`` returns a ``Run`` (the summary plus its probes, steps, samples, loader and event
-tables); a probe's ``status`` and ``kind`` compare equal to ``Status`` and ``Kind``. They are
-imported on first use, so the start-up hook in every rank and DataLoader worker does not load
-pandas.
+tables); a probe's ``status`` and ``kind`` compare equal to ``Status`` and ``Kind``. Imported
+on first use: the start-up hook in every rank and DataLoader worker does not load pandas.
 """
 
 from typing import Any

@@ -83,6 +83,8 @@ def run(
                                         "available, warm where it fits)."),
     report: bool = typer.Option(True, help="Write report.html."),
     quiet: bool = typer.Option(False, help="No progress output."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="End with the method's "
+                                 "detail (every figure, note and probe) after the verdict."),
 ) -> int:
     """Sweep DataLoader settings over short probes of SCRIPT and report what helps.
 
@@ -124,7 +126,7 @@ def run(
                                    nproc_per_node=given["nproc_per_node"], space=space,
                                    options=options, torchrun_args=_torchrun_args(
                                        nnodes, node_rank, rdzv_endpoint, rdzv_backend)))
-    summary = execute(out, report=report, quiet=quiet,
+    summary = execute(out, report=report, quiet=quiet, verbose=verbose,
                       **({"budget_s": budget_s} if resume else {}))
     return _exit_for(summary)
 
@@ -209,6 +211,8 @@ def demo(
     out: Optional[str] = typer.Option(None, help="Run directory."),
     steps: int = typer.Option(20, help="Measured steps per probe."),
     quiet: bool = typer.Option(False, help="No progress output."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="End with the method's "
+                                 "detail after the verdict."),
 ) -> int:
     """Profile the built-in workload (an IO-bound DDP script), end to end; no GPU needed (on a
     machine with GPUs it trains there, one rank per GPU)."""
@@ -222,7 +226,7 @@ def demo(
         script=DEMO_SCRIPT, script_args=("--load-ms", "2", "--batch-size", "16"), out=out,
         launcher="torchrun", nproc_per_node=None, space=SearchSpace(),
         options=SweepOptions(steps=steps, warmup=5)))
-    summary = execute(out, quiet=quiet)
+    summary = execute(out, quiet=quiet, verbose=verbose)
     return _exit_for(summary)
 
 
@@ -231,11 +235,13 @@ def report_cmd(
     run_dir: str = typer.Argument(..., help="A run directory."),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="HTML file (default: "
                                          "RUN_DIR/report.html)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Print the run's summary "
+                                 "too: the verdict, then the method's detail."),
 ) -> int:
     """Re-render the HTML report from stored results; runs nothing."""
     from ddp_profile.commands.run import write_report
 
-    path = write_report(run_dir, output or os.path.join(run_dir, "report.html"))
+    path = write_report(run_dir, output or os.path.join(run_dir, "report.html"), verbose)
     print(path)
     return ExitCode.OK
 
@@ -279,7 +285,7 @@ def gate(
 
     With --against REF (or `against` in the project file, when no BASELINE is given), the
     change and its reference are measured in one job, alternated (docs/ci.md)."""
-    from ddp_profile.commands.gate import run_gate
+    from ddp_profile.commands.baseline_gate import run_gate
     from ddp_profile.commands.project_config import find_project_config, resolve
 
     project = find_project_config()
@@ -310,7 +316,7 @@ def baseline_cmd(
                                          "recommended)."),
 ) -> int:
     """Export a small baseline file (JSON, meant to be committed) from a run directory."""
-    from ddp_profile.commands.gate import run_baseline_export
+    from ddp_profile.commands.baseline_gate import run_baseline_export
 
     run_baseline_export(run_dir, output, config=config)
     print(output)

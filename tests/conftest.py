@@ -34,7 +34,8 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 # a time (marker ``concurrent``), then every other test alone, so that no other measurement a
 # test asserts on shares the CPUs with another test. Decided here alone.
 CONCURRENT = (
-    "tests/test_layout.py", "tests/benchmarks/", "tests/commands/", "tests/rules/",
+    "tests/test_layout.py", "tests/test_docs.py", "tests/benchmarks/", "tests/commands/",
+    "tests/rules/",
     "tests/reports/", "tests/profiler/test_cache.py", "tests/profiler/store/",
     "tests/profiler/sweep/", "tests/profiler/decide/", "tests/profiler/test_settings.py",
     "tests/profiler/telemetry/test_nvml.py", "tests/test_suite_checks.py",

@@ -196,10 +196,10 @@ class Toggle:
         self.states.append(want)
 
     def _ddp_timers(self, on: bool) -> None:
-        """DDP's reducer times iterations at ddp-profile's sample rate (``comm.sample_rate``)
-        and one in ``DDP_DEFAULT_SAMPLE_RATE`` plainly: the unpatched blocks go back to the
-        default."""
-        from ddp_profile.profiler.rank.comm import sample_rate
+        """DDP's reducer times iterations at ddp-profile's sample rate
+        (``rank.comm_meter.sample_rate``) and one in ``DDP_DEFAULT_SAMPLE_RATE`` plainly: the
+        unpatched blocks go back to the default."""
+        from ddp_profile.profiler.rank.comm_meter import sample_rate
 
         for ref in self.instr.comm.modules:
             module = ref()

@@ -6,7 +6,8 @@ verdict is open, up to ``max_launches``. Each launch is a probe of the tool's ow
 the side's run directory (``OUT/reference``, ``OUT/current``: a launch's steps, split and
 telemetry stay there, as for ``ddp-profile run``), warmed up by time as the claim's launches
 are. The verdict is ``decide.gate.judge``'s; the outputs are ``reports.gate_paired``'s, and
-``OUT/gate.json`` holds the result whatever it is.
+``OUT/gate.json`` holds the result whatever it is. A job replaces a previous job's output in
+``OUT`` (``not_gate_output`` says what else would be lost, and the job refuses it).
 
 A side that fails to start (or crashes, or hangs) ends the job with a one-line error naming it
 (``ScriptFailed``), its launches kept; the reference's checkout is removed however it ends.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
@@ -101,7 +103,7 @@ def paired_request(project: Any, *, against: Optional[str] = None,
                    measure_s: Optional[float] = None) -> PairedRequest:
     """The job from the command line's options over the project file (``ProjectConfig``: its
     script, arguments and one configuration; ``--config`` over the file's axes)."""
-    from ddp_profile.commands.gate import parse_config
+    from ddp_profile.commands.baseline_gate import parse_config
     from ddp_profile.commands.project_config import (
         RUN_DEFAULTS,
         check_command_line,
@@ -134,15 +136,67 @@ def paired_request(project: Any, *, against: Optional[str] = None,
         measure_s=given["measure_s"])
 
 
-def check_request(request: PairedRequest) -> None:
+def check_request(request: PairedRequest, outputs: tuple[Optional[str], ...] = ()) -> None:
     if request.max_launches < gate.MIN_LAUNCHES:
         raise UsageError(f"--max-launches: {request.max_launches} is below the "
                          f"{gate.MIN_LAUNCHES} of A B A B A")
     if not 0 <= request.max_regression < 1:
         raise UsageError(f"--max-regression must be in [0, 1), got {request.max_regression}")
-    if os.path.exists(request.out) and os.listdir(request.out):
-        raise UsageError(f"--out {request.out} exists and is not empty: remove it, or name "
-                         f"another directory")
+    foreign = not_gate_output(request.out, outputs)
+    if foreign:
+        raise UsageError(f"--out {request.out} exists and is not empty, and is not a previous "
+                         f"gate's output ({foreign}): remove it, or name another directory")
+
+
+SIDES = ("reference", "current")
+OWN_ENTRIES = (*SIDES, "gate.json")  # everything a paired gate job writes in its OUT
+
+
+def not_gate_output(out: str, outputs: tuple[Optional[str], ...] = ()) -> Optional[str]:
+    """Why ``out`` may not be replaced by this job (``None``: it is missing, empty, or holds
+    nothing but a previous paired gate's output, which the job replaces, and the files this
+    job's ``--junit``/``--markdown``/``--json`` name, which it overwrites)."""
+    if not os.path.lexists(out):
+        return None
+    if not os.path.isdir(out):
+        return "not a directory"
+    written = {os.path.realpath(path) for path in outputs if path}
+    for name in sorted(os.listdir(out)):
+        path = os.path.join(out, name)
+        if os.path.realpath(path) in written and os.path.isfile(path):
+            continue
+        if name not in OWN_ENTRIES or os.path.islink(path):
+            return f"it holds {name}"
+        if name == "gate.json":
+            try:
+                with open(path, encoding="utf-8") as handle:
+                    document = json.load(handle)
+            except (OSError, ValueError):
+                document = None
+            if not isinstance(document, dict) or document.get("mode") != "paired":
+                return "its gate.json is not a paired gate's result"
+            continue
+        try:
+            with open(os.path.join(path, "run.json"), encoding="utf-8") as handle:
+                side = (json.load(handle).get("gate") or {}).get("side")
+        except (OSError, ValueError, AttributeError):
+            side = None
+        if side != name:
+            return f"its {name} is not a gate's launches"
+    return None
+
+
+def clear_previous(out: str, outputs: tuple[Optional[str], ...] = ()) -> None:
+    """Remove a previous job's output from ``out`` (``check_request`` vouched for it), keeping
+    the directory itself: a re-run in the same place needs no clean-up."""
+    if not_gate_output(out, outputs) is not None or not os.path.isdir(out):
+        return
+    for name in OWN_ENTRIES:
+        path = os.path.join(out, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.exists(path):
+            os.remove(path)
 
 
 def _side(name: str, label: str, script: str, request: PairedRequest,
@@ -284,12 +338,12 @@ def run_paired_gate(request: PairedRequest, *, junit: Optional[str] = None,
                     quiet: bool = False) -> ExitCode:
     """The whole job: check out the reference, alternate, judge, write every output; the
     verdict's exit code."""
-    from ddp_profile.commands.gate import EXIT, write_outputs, write_text
+    from ddp_profile.commands.baseline_gate import EXIT, write_outputs, write_text
     from ddp_profile.commands.reference import checked_out
     from ddp_profile.commands.run import check_script
     from ddp_profile.reports import gate_paired
 
-    check_request(request)
+    check_request(request, (junit, markdown, json_out))
     check_script(request.script)
 
     def progress(text: str) -> None:
@@ -298,6 +352,7 @@ def run_paired_gate(request: PairedRequest, *, junit: Optional[str] = None,
 
     with checked_out(request.against, request.script) as reference:
         check_script(reference.script)
+        clear_previous(request.out, (junit, markdown, json_out))
         progress(f"{reference.label} (A) against the working tree (B), "
                  f"{request.config.label()}, {request.steps} steps a launch")
         result = measure_alternation(request, reference.script, reference.label,

@@ -4,22 +4,8 @@ The settings live in the current directory, in ``ddp-profile.toml`` (top-level k
 ``[tool.ddp-profile]`` table of ``pyproject.toml``; ``ddp-profile.toml`` wins when both exist.
 Precedence, per key: the command line, then the file, then the built-in defaults
 (:data:`RUN_DEFAULTS`). Relative paths in the file (``script``, ``out``, ``baseline``) are
-relative to the file's directory.
-
-Keys and types::
-
-    script = "train.py"                 args = ["--epochs", "1"]
-    nproc_per_node = 2                  launcher = "torchrun" | "none"
-    num_workers = [0, 2, 4]             pin_memory = [true, false]     (or "0,2,4", "true,false")
-    prefetch_factor = [2, 4]            batch_size = [32, 64]          (a single value is fine)
-    steps = 30    warmup = 5    timeout = 120.0    search = "adaptive" | "grid"   ceiling = true
-    comm = true                         (communication counterfactuals where DDP's timers call)
-    cache = "auto" | "cold" | "warm" | "as-is"   (the page cache's state in every probe)
-    repeat = 3                          (launches of the recommended configuration)
-    pairs = 3                           (the claim checked: A B alternations; 0: not checked)
-    out = "ddp-profile-current"         baseline = "baseline.json"     max_regression = 0.05
-    against = "origin/main"   max_launches = 19   measure_s = 20.0   (the paired gate)
-    budget = "5m"                       (run's time limit: "90s", "2m", "1h30m" or seconds)
+relative to the file's directory. The keys and their types: docs/ci.md (the table after "The
+same in ``pyproject.toml``").
 
 Every problem (unknown key, wrong type, bad value, unreadable TOML) is a ``UsageError`` with a
 one-line message naming the file and the key. Pure data in, data out: nothing here runs a probe.

@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Optional
 
 from ddp_profile.errors import BadRunDir, Interrupted, ScriptInvalid, ScriptNotFound, UsageError
+from ddp_profile.profiler import allocation
 from ddp_profile.profiler.decide.capacity import run_capacity
-from ddp_profile.profiler.launch import allocation
 from ddp_profile.profiler.launch.coordinate import Coordinator, coordinator_address, follow
 from ddp_profile.profiler.launch.ranks import LaunchSpec
 from ddp_profile.profiler.store.probes import records
@@ -152,10 +152,11 @@ def start_run(request: RunRequest) -> str:
 KEEP = object()  # ``execute``'s budget: the one the run was started with
 
 
-def execute(out: str, *, report: bool = True, quiet: bool = False,
+def execute(out: str, *, report: bool = True, quiet: bool = False, verbose: bool = False,
             budget_s: Any = KEEP) -> dict[str, Any]:
-    """Run (or finish) the sweep recorded in ``out``; return the final summary. ``budget_s``:
-    the time this call may spend (a resumed run's own, or none), else the run's."""
+    """Run (or finish) the sweep recorded in ``out``; return the final summary (printed
+    unless ``quiet``; with the method's detail where ``verbose``). ``budget_s``: the time this
+    call may spend (a resumed run's own, or none), else the run's."""
     run_dir = RunDir(out)
     meta = run_dir.read_meta()
     check_script(meta["script"])
@@ -187,7 +188,7 @@ def execute(out: str, *, report: bool = True, quiet: bool = False,
         summary = finalize(run_dir, meta, sweep, gpu, state,
                            report=report and state in ANSWERED)
     if not quiet:
-        print_summary(summary, out)
+        print_summary(summary, out, verbose=verbose)
     return summary
 
 
@@ -214,7 +215,7 @@ def finalize(run_dir: RunDir, meta: dict[str, Any], sweep: Sweep, gpu: dict[str,
     recommendation: the run is loaded once and evaluated once, summary.json written once (also
     when the rules fail), and the report rendered from the same loaded run."""
     entries = sweep.entries or records(run_dir.ledger())
-    tables = read_probes(run_dir.path, [e.id for e in entries])  # read once
+    tables = read_probes(run_dir.path, [e.id for e in entries], sweep.measurer.rank_data)
     summary = build_summary(meta, entries, tables.first_context(), gpu, state,
                             search={"axes": sweep.axes.to_dict() if sweep.axes else None,
                                     "timeout_s": sweep.timeout_s,
@@ -251,9 +252,14 @@ def stops(sweep: Sweep) -> dict[str, Any]:
                            "stopped": budget}} if options.budget_s else {})}
 
 
-def write_report(run_path: str, out_path: str) -> str:
-    """``ddp-profile report``: load a run directory and render its report to ``out_path``."""
-    return render_report(load_run(run_path), out_path)
+def write_report(run_path: str, out_path: str, summary: bool = False) -> str:
+    """``ddp-profile report``: load a run directory and render its report to ``out_path``;
+    with ``summary``, print the run's summary with the method's detail too."""
+    run = load_run(run_path)
+    path = render_report(run, out_path)
+    if summary:
+        print_summary(run.summary, run_path, verbose=True)
+    return path
 
 
 def render_report(run: Run, out_path: str) -> str:

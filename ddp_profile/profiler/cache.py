@@ -1,33 +1,16 @@
 """The run's page-cache regime: decided once, after the baseline, and applied to every probe.
 
-Repeated probes over files meet the page cache: the first launch reads its samples from
-storage, the next ones read the same samples from memory, and a setting then looks faster than
-it is (a "measured" 1.81x that was the cache, not the setting). So every probe of a run is
-measured in one state, the state the job itself runs in:
-
-* ``warm``: the data one epoch reads fits in half the memory available, so the job reads it
-  from the page cache from its second epoch on. Before every launch the harness reads the
-  files the probes so far opened back into the cache (:func:`warm`).
-* ``cold``: it does not fit, so every epoch reads from storage. Every producer drops each
-  file it read from the page cache after the batch (``ProbePlan.cache``,
-  ``profiler.rank.loading.pagecache``), and before every launch the harness drops the files the
-  probes so far opened (:func:`chill`). A file's first read in the run comes from wherever it
-  is: a baseline that read from the cache is measured again.
-* ``as-is``: the producers read no files (under ``IN_MEMORY_READ_B`` a sample), or their reads
-  were not measured: nothing to make alike; the probes' storage shares still say what they
-  read, and the rules mark a comparison across cache states.
-
-``--cache auto`` (the default) decides from the baseline's own measurements: the bytes its
-producers read per sample x the dataset's length, against ``MemAvailable``. ``--cache
-cold|warm|as-is`` forces one. Where the baseline's reads were not in the run's regime (under
-``cold`` it read more than ``CACHE_MARGIN`` of its bytes from the cache; under ``warm`` more
-than ``WARM_STORAGE_SHARE`` from storage) it is measured again in the regime, and the first
-measurement is kept as kind ``cache``, read by no decision. Where the second measurement
-misses too, the regime is not held on this machine and no probe is measured again, unless
-what it missed was files no launch had read before it (a window's workers prefetch a few
-batches further in one launch than in another: :func:`misses_are_new_files`); then it is
-measured a third time. Files opened by C libraries are neither recorded nor dropped (see
-``pagecache``): under ``cold`` their reads stay as they are.
+Repeated probes over files meet the page cache, and a setting can look faster than it is
+because its files were cached. So every probe of a run is measured in one state, the job's
+own: ``warm`` (an epoch's data fits in half the memory available: before every launch the
+harness reads the files the probes opened back into the cache, :func:`warm`), ``cold`` (it
+does not: producers drop each file after the batch, ``ProbePlan.cache``, and the harness drops
+the files before every launch, :func:`chill`), or ``as-is`` (the producers read no files, or
+their reads were not measured). ``--cache auto`` decides from the baseline's bytes per sample
+x the dataset's length against ``MemAvailable`` (:func:`decide`). A baseline whose reads were
+not in the regime is measured again in it (the first kept as kind ``cache``); where that
+misses too, the regime is not held, unless the misses were files no launch had read before
+(:func:`misses_are_new_files`). The regimes in full: docs/how-it-works.md, "The page cache".
 """
 
 from __future__ import annotations
@@ -35,25 +18,12 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass
-from enum import Enum
 from typing import Any, Iterable, Optional
 
-from ddp_profile.profiler.rank.loading.pagecache import drop
+from ddp_profile.profiler.drop_pages import drop
+from ddp_profile.profiler.settings import CacheMode
 from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.profiler.store.record import WORKER_DIR, read_jsonl
-
-
-class CacheMode(str, Enum):
-    """The page cache's state asked for (``--cache``) and the run's regime decided from it."""
-
-    AUTO = "auto"  # asked for only: decided from the baseline (``decide``)
-    COLD = "cold"
-    WARM = "warm"
-    AS_IS = "as-is"
-
-    def __str__(self) -> str:
-        return self.value
-
 
 MODES = tuple(mode.value for mode in CacheMode)  # what ``--cache`` accepts
 IN_MEMORY_READ_B = 1024  # producers reading less per sample read no files: nothing to regime

@@ -24,6 +24,20 @@ SETTING_KEYS = ("num_workers", "pin_memory", "prefetch_factor", "batch_size")
 AXIS_MINIMUM = {"num_workers": 0, "prefetch_factor": 1, "batch_size": 1}  # the integer settings
 
 
+class CacheMode(str, Enum):
+    """The page cache's state asked for (``--cache``) and the run's regime decided from it
+    (``profiler.cache``); here, where the harness and the ranks both read it
+    (``ProbePlan.cache``)."""
+
+    AUTO = "auto"  # asked for only: decided from the baseline (``profiler.cache.decide``)
+    COLD = "cold"
+    WARM = "warm"
+    AS_IS = "as-is"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class LoaderSettings:
     """DataLoader settings a probe applies (``None`` = keep the script's own value)."""
@@ -117,7 +131,7 @@ class ProbePlan:
     ddp: Optional[dict[str, Any]] = None  # DDP constructor options applied to every DDP the
     # script builds, e.g. {"bucket_cap_mb": 100} (None: the script's own)
     steps_per_s: Optional[float] = None  # predicted steps/s of a rank (``burst_steps``)
-    cache: Optional[str] = None  # ``profiler.cache.CacheMode.COLD``: producers drop the files
+    cache: Optional[str] = None  # ``CacheMode.COLD``: producers drop the files
     # they read from the page cache after each batch (``profiler.rank.loading.pagecache``);
     # None: the page cache as it is
     persistent_workers: Optional[bool] = None  # True: every loader with workers keeps them
@@ -247,11 +261,9 @@ def timed_warmup(warmup: int, steps_per_s: Optional[float]) -> int:
     """Warm-up steps that also span about ``MIN_WARMUP_S`` where a rank is predicted to make
     ``steps_per_s`` (within ``MAX_WARMUP_FACTOR`` times ``warmup``).
 
-    A launch's first second runs slower than its steady state, by time, not by steps: a deep
-    MLP's first 30 measured steps after 5 of warm-up took 5 % longer than its steps 100-200 at
-    batch 64 (24 ms steps) and 1.4 % at batch 256 (45 ms). Warmed up by steps alone, the side
-    with the shorter steps measures more of that second, and a claim across batch sizes read
-    high (2.26x and 2.22x where plain launches gave 2.08x).
+    A launch's first second runs slower than its steady state, by time, not by steps: warmed
+    up by steps alone, the side with the shorter steps measures more of that second, and a
+    claim across batch sizes reads high.
     """
     if not steps_per_s or not steps_per_s > 0:
         return warmup

@@ -1,24 +1,40 @@
 """Console output: sweep progress (a rich bar on a terminal, one line per probe otherwise) and
-the concise end-of-run summary."""
+the end-of-run summary: the verdict first in at most ~15 lines of at most 100 characters
+(``reports.run_verdict``), the method's detail with ``--verbose``."""
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 import time
 from typing import Any, Optional
 
-from ddp_profile.profiler.decide.capacity import loading_line
 from ddp_profile.profiler.settings import LoaderSettings, config_label
-from ddp_profile.profiler.store.probes import Kind, ProbeRecord, counts_for_choice, records
-
-# Probes of an alternation: one that the script ended is no advice to run more epochs (a
-# check of a short script runs each launch to its end on purpose, and is read as such)
-ALTERNATED = (Kind.PAIRED, Kind.PERSISTENT)
+from ddp_profile.profiler.store.probes import (
+    ProbeRecord,
+    baseline_probe,
+    counts_for_choice,
+    records,
+)
+from ddp_profile.reports.run_verdict import ALTERNATED, Verdict, build_verdict
 
 
 def _fmt_tp(value: Optional[float]) -> str:
     return f"{value:,.1f} samples/s" if value else "-"
+
+
+def loading_line(capacity: dict[str, Any]) -> str:
+    """"X ms CPU + Y ms waiting per sample" of a capacity model (``Capacity.to_dict`` of
+    ``decide.capacity``), with the time its producers sat runnable, waiting for a CPU, where
+    that is notable."""
+    text = (f"{1000 * capacity['cpu_per_sample_s']:.2f} ms CPU + "
+            f"{1000 * capacity['wait_per_sample_s']:.2f} ms waiting")
+    runq = capacity.get("runq") or {}
+    if runq.get("notable"):
+        text += f" + {1000 * runq['per_sample_s']:.2f} ms runnable (CPUs busy"
+        text += f", {runq['workers']} workers)" if runq.get("workers") else ")"
+    return text + " per sample"
 
 
 class ConsoleProgress:
@@ -50,7 +66,7 @@ class ConsoleProgress:
         elif event == "budget":
             self._note(budget_line(data))
         elif event == "ladder":
-            self._note(_wrapped(data["text"]))
+            self._note(_note_text(data["text"]))
         elif event == "axes":  # adaptive: how many probes it needs is not known in advance
             self.total = len(data["grid"]) + 2 if data.get("counted", True) else None
             self._start_bar()
@@ -64,6 +80,9 @@ class ConsoleProgress:
                            f"{config_label(data['config'].to_dict())}")
         elif event == "note":
             self._note(data["text"])
+        elif event == "loading":  # the capacity model, before the climb
+            self._note(f"loading: {loading_line(data['capacity'])}; {data['predicted']} "
+                       "worker(s) per rank predicted to meet the loop's demand")
         elif event in ("done", "reused"):
             self._finished(data["entry"], reused=event == "reused")
 
@@ -168,11 +187,9 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
-WIDTH = 100  # a console line's most characters
-
-
-def _wrapped(text: str) -> str:
-    return "\n".join(textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False))
+def _note_text(text: str) -> str:
+    """A progress note in lines of at most ``WIDTH`` characters, the later ones indented."""
+    return "\n".join(_wrapped(text, indent=""))
 
 
 def plan_line(plan: list[Any], budget_s: Optional[float]) -> str:
@@ -180,12 +197,12 @@ def plan_line(plan: list[Any], budget_s: Optional[float]) -> str:
     usual, high = sum(step.usual for step in plan), sum(step.high for step in plan)
     steps = ", ".join(step.words() for step in plan if step.high)
     budget = f"; budget {_clock(budget_s)}" if budget_s else ""
-    return _wrapped(f"plan: about {usual} launches, at most {high}{budget}: {steps}")
+    return _note_text(f"plan: about {usual} launches, at most {high}{budget}: {steps}")
 
 
 def budget_line(stop: dict[str, Any]) -> str:
     """Where the budget stopped the sweep, and what it did not do."""
-    return _wrapped(f"budget spent: {stop['launch']} would take about {stop['estimate_s']:.0f} "
+    return _note_text(f"budget spent: {stop['launch']} would take about {stop['estimate_s']:.0f} "
                     f"s, {stop['left_s']:.0f} s left; not done: {', '.join(stop['not_done'])}")
 
 
@@ -208,18 +225,106 @@ def step_parts(entry: ProbeRecord) -> str:
     return text + (f", exposed comm {comm:.0%}" if comm is not None else "")
 
 
-def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
-    """The concise end-of-run text (plain lines; tested directly)."""
+WIDTH = 100  # no console line wider
+
+
+def _wrapped(text: str, indent: str = "  ", max_lines: Optional[int] = None) -> list[str]:
+    """``text`` in lines of at most ``WIDTH`` characters, each indented by ``indent`` (the
+    first included), cut with " …" after ``max_lines``."""
+    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent or "  ",
+                         break_long_words=True, break_on_hyphens=False,
+                         max_lines=max_lines, placeholder=" …") or [indent.rstrip()]
+
+
+def _process_text(summary: dict[str, Any]) -> str:
+    world = summary.get("world_size")
+    return "1 process" if world == 1 else f"{world or '?'} ranks"
+
+
+def verdict_lines(summary: dict[str, Any], verdict: Verdict) -> list[str]:
+    """The verdict in a few lines: what to change and what it gains, how it was checked,
+    the cause, what is not established."""
+    lines = []
+    if not summary.get("recommended"):
+        lines.append("No recommendation: no probe finished, nothing was measured.")
+    elif verdict.moves:
+        gain = ""
+        if verdict.speedup is not None:
+            gain = f": {verdict.speedup:.2f}x as fast"
+            if verdict.interval:
+                gain += f" [{verdict.interval[0]:.2f}-{verdict.interval[1]:.2f}]"
+        lines += _wrapped(f"Change {verdict.change_text('->')}{gain}", indent="")
+        if verdict.snippet:
+            lines += _wrapped(verdict.snippet, indent="  ", max_lines=2)
+        lines += _wrapped(f"checked: {verdict.check}", max_lines=1)
+    else:
+        lines += _wrapped(f"Keep the script's settings ({config_label(summary['recommended'])}):"
+                          f" {verdict.check}", indent="", max_lines=2)
+    lines += _wrapped(f"Cause: {verdict.cause_title}" + (f" [{verdict.severity}]"
+                                                         if verdict.severity else ""),
+                      indent="", max_lines=1)
+    if verdict.cause_text:
+        lines += _wrapped(verdict.cause_text, max_lines=2)
+    for item in verdict.not_established[:2]:
+        lines += _wrapped(f"Not established: {item['text'].replace('×', 'x')}", indent="",
+                          max_lines=1)
+    if len(verdict.not_established) > 2:
+        lines.append(f"  and {len(verdict.not_established) - 2} more not established")
+    return lines
+
+
+def summary_lines(summary: dict[str, Any], out: str, verbose: bool = False) -> list[str]:
+    """The end-of-run text (plain lines; tested directly): by default a summary read in ten
+    seconds, the verdict first, at most ``WIDTH`` characters a line; ``verbose`` adds the
+    method's detail (also in summary.json)."""
     # a probe recorded before its data wait was kept: read as one that waited none
     probes = records({"data_wait_fraction": 0, **line} for line in summary.get("probes", []))
     ok = [p for p in probes if p.ok]
-    baseline = next((p for p in probes if p.kind == Kind.BASELINE), None)
-    lines = [f"ddp-profile: {summary.get('script')} on {summary.get('world_size') or '?'} rank(s), "
-             f"device {summary.get('device')}; {len(ok)}/{len(probes)} probe(s) ok"]
+    verdict = build_verdict(summary, probes)
+    script = os.path.basename(str(summary.get("script") or "the script"))
+    lines = _wrapped(f"ddp-profile: {script}, {_process_text(summary)} on "
+                     f"{summary.get('device')}; {len(ok)} of {len(probes)} probes ok",
+                     indent="", max_lines=1)
+    lines += verdict_lines(summary, verdict)
+    findings = summary.get("findings") or []
+    if findings:
+        lines += _wrapped(f"Findings ({len(findings)}): " + ", ".join(
+            f"{f['rule']} ({f['severity']})" for f in findings), indent="", max_lines=1)
+    failed = [p for p in probes if not p.ok]
+    if failed:
+        lines += _wrapped("Failed probes: " + ", ".join(f"{p.id} {p.status}" for p in failed),
+                          indent="", max_lines=1)
+    for warning in verdict.warnings:
+        lines += _wrapped(f"Warning: {warning}", indent="", max_lines=1)
+    budget = (summary.get("search") or {}).get("budget") or {}
+    if budget.get("stopped"):  # the answer so far: what the budget left out, in one line
+        lines += _wrapped(f"Budget {_clock(budget['budget_s'])} spent, --resume goes on; not "
+                          f"done: {', '.join(budget['stopped']['not_done'])}", indent="",
+                          max_lines=1)
     if not summary.get("gpu_available"):
-        lines.append(f"GPU metrics unavailable: {summary.get('gpu_unavailable_reason')}")
+        lines += _wrapped(f"GPU metrics unavailable: {summary.get('gpu_unavailable_reason')}",
+                          indent="", max_lines=1)
+    lines += _wrapped(f"Report: {os.path.join(out, 'report.html')}", indent="")
+    if not verbose:
+        lines.append("The method and every probe: --verbose, summary.json")
+        return lines
+    lines.append("Detail:")
+    for line in detail_lines(summary, probes):
+        lines += _wrapped(line.strip(), indent="  " + " " * (len(line) - len(line.lstrip())))
+    lines += _wrapped(f"run directory: {out}", indent="")
+    return lines
+
+
+def detail_lines(summary: dict[str, Any], probes: list[ProbeRecord]) -> list[str]:
+    """The method's detail, as long lines (``summary_lines`` wraps them): the baseline's
+    measurement, what the speedup was measured from, the ceiling, the loading, each finding,
+    failed and short probes, the notes and the commands that would settle an open gain."""
+    baseline_id = (summary.get("recommendation") or {}).get("baseline_probe_id")
+    baseline = next((p for p in probes if p.id == baseline_id), None) if baseline_id \
+        else baseline_probe(probes)  # the recommendation's, else the lookup it made
+    lines = []
     if baseline and baseline.ok:
-        lines.append(f"baseline  {config_label(summary.get('baseline'))}: "
+        lines.append(f"baseline  {config_label(baseline.config.to_dict())}: "
                      f"{_fmt_tp(baseline.throughput)}{step_parts(baseline)}")
     recommendation = summary.get("recommendation") or {}
     if summary.get("recommended"):
@@ -233,14 +338,16 @@ def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
                      else f"recommended {label}")
         if speedup and basis:
             lines.append(f"  measured from {basis}")
-    budget = (summary.get("search") or {}).get("budget") or {}
+    search = summary.get("search") or {}
+    budget = search.get("budget") or {}
     if budget.get("stopped"):
-        lines.append(_wrapped(f"  budget {_clock(budget['budget_s'])} spent: the answer so far; "
-                              f"not done: {', '.join(budget['stopped']['not_done'])} "
-                              "(--resume goes on)"))
+        lines.append(f"  budget {_clock(budget['budget_s'])} spent: the answer so far; not done: "
+                     f"{', '.join(budget['stopped']['not_done'])} (--resume goes on)")
     elif budget.get("budget_s"):
         lines.append(f"  budget {_clock(budget['budget_s'])}: {_clock(budget['spent_s'])} used, "
                      "nothing left out")
+    if (search.get("ladder_stop") or {}).get("text"):
+        lines.append(f"  {search['ladder_stop']['text']}")
     for item in recommendation.get("unsettled") or []:  # measured faster, not established
         lines.append(f"  not established: {config_label(item['config'])} measured "
                      f"{item['ratio']:.2f}x the script's settings ({item['probe']}): "
@@ -254,22 +361,18 @@ def summary_lines(summary: dict[str, Any], out: str) -> list[str]:
     if isinstance(capacity, dict) and capacity.get("bound"):
         kind = BOUNDS.get(capacity["bound"], capacity["bound"])
         lines.append(f"loading: {loading_line(capacity)} ({kind})")
-    for finding in summary.get("findings", [])[:8]:
+    for finding in summary.get("findings", []):
         lines.append(f"  [{finding['severity']}] {finding['rule']}: {finding['title']}")
-    for probe in [p for p in probes if not p.ok][:5]:
+    for probe in [p for p in probes if not p.ok]:
         lines.append(f"  probe {probe.id} {probe.status}: {probe.error}")
-    for probe in [p for p in probes if p.short and p.kind not in ALTERNATED][:5]:
+    for probe in [p for p in probes if p.short and p.kind not in ALTERNATED]:
         lines.append(f"  probe {probe.id} short ({probe.steps_measured} of "
                      f"{probe.steps_asked} steps): {probe.short_reason}")
-    told = ("Not like for like", "persistent_workers=True on top")  # notes the figure needs
-    lines.extend(f"  note: {note}" for note in recommendation.get("notes") or []
-                 if " is short, " in note or note.startswith(told))
-    if recommendation.get("snippet") and (summary.get("recommended") != summary.get("baseline")
-                                          or recommendation.get("persistent_workers")):
-        lines.append("  " + recommendation["snippet"])
-    lines.append(f"run directory: {out}")
+    lines.extend(f"  note: {note}" for note in recommendation.get("notes") or [])
     return lines
 
 
-def print_summary(summary: dict[str, Any], out: str, stream: Any = None) -> None:
-    print("\n".join(summary_lines(summary, out)), file=stream or sys.stdout, flush=True)
+def print_summary(summary: dict[str, Any], out: str, stream: Any = None,
+                  verbose: bool = False) -> None:
+    print("\n".join(summary_lines(summary, out, verbose)), file=stream or sys.stdout,
+          flush=True)

@@ -180,6 +180,10 @@ def _node_of_rank(frame: pd.DataFrame) -> dict[int, int]:
 
 
 def rank_name(rank: int, nodes: Mapping[int, int]) -> str:
+    """"rank 3", "node 1 · rank 3"; a process without a process group (recorded as rank -1)
+    is "the process"."""
+    if rank < 0:
+        return "the process"
     return f"node {nodes[rank]} · rank {rank}" if rank in nodes else f"rank {rank}"
 
 
@@ -261,13 +265,15 @@ def workers_batch_heatmap(probes: pd.DataFrame) -> Optional[go.Figure]:
     grid = ok.pivot_table(index="batch_size", columns="num_workers", values="throughput",
                           aggfunc="max").reindex(index=batches, columns=workers)
     z = [[None if pd.isna(v) else round(float(v), 1) for v in row] for row in grid.to_numpy()]
+    text = [["" if v is None else f"{v:,.1f}" for v in row] for row in z]  # unmeasured: blank
     heat = dict(
         type="heatmap", z=z, x=[str(int(w)) for w in workers], y=[str(int(b)) for b in batches],
-        colorscale="Viridis", colorbar=dict(title=dict(text="samples/s")), text=z,
+        colorscale="Viridis", colorbar=dict(title=dict(text="samples/s")), text=text,
         texttemplate="%{text}", hoverongaps=False,
         hovertemplate="num_workers=%{x}<br>batch_size=%{y}<br>%{z:.1f} samples/s"
                       "<extra></extra>")
-    return _figure([heat], _layout("Best throughput: num_workers × batch size (samples/s)",
+    return _figure([heat], _layout("Best throughput: num_workers × batch size (samples/s; "
+                                   "blank: not measured)",
                                   height=max(260, 100 + 40 * len(batches)),
                                   xaxis=dict(title=dict(text="num_workers"), type="category"),
                                   yaxis=dict(title=dict(text="batch size"), type="category")))

@@ -25,11 +25,14 @@ import plotly.offline
 
 from ddp_profile.profiler.settings import SETTING_KEYS, LoaderSettings
 from ddp_profile.profiler.store.atomic import write_text_atomic
-from ddp_profile.profiler.store.probes import Kind, gate_mask, ok_mask
+from ddp_profile.profiler.store.probes import Kind, baseline_probe, ok_mask
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.reports import figures
+from ddp_profile.reports.run_verdict import build_verdict
 from ddp_profile.rules.base import SEVERITIES
 
+CEILING_NONE = ("not established: replaying cached batches ran no faster than the script with "
+                "its loading (the per-probe table has the probes)")
 FULL_DETAIL_PROBES = 6      # runs up to this size get full-resolution timelines for every probe
 COARSE_POINTS = 100         # points per rank for the other probes' timelines in bigger runs
 ENVIRONMENT_LABELS = (("torch_version", "torch"), ("cuda_version", "CUDA"),
@@ -64,17 +67,6 @@ def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def _same(a: Any, b: Any) -> bool:
-    if _missing(a) or _missing(b):
-        return _missing(a) and _missing(b)
-    if isinstance(a, bool) or isinstance(b, bool):
-        return bool(a) == bool(b)
-    try:
-        return float(a) == float(b)
-    except (TypeError, ValueError):
-        return str(a) == str(b)
-
-
 def fmt(value: Any, spec: str = "", suffix: str = "", missing: str = "–") -> str:
     """Format a number for display; ``missing`` for None/NaN."""
     if _missing(value):
@@ -91,40 +83,39 @@ def settings_text(config: Optional[dict[str, Any]]) -> str:
                      if k in config)
 
 
+def baseline_probe_id(run: Run) -> Optional[str]:
+    """The probe the run's gains are measured against: the recommendation's
+    (``baseline_probe_id``), else (no recommendation) the one lookup it uses
+    (``store.probes.baseline_probe``)."""
+    recommended = (run.summary.get("recommendation") or {}).get("baseline_probe_id")
+    if recommended is not None:
+        return str(recommended)
+    base = baseline_probe(run.records)
+    return base.id if base is not None else None
+
+
 def probe_roles(run: Run) -> dict[str, str]:
-    """Probe id -> baseline / recommended / ceiling, for the probes that play one of those."""
+    """Probe id -> baseline / recommended / ceiling, for the probes that play one of those:
+    each read from what decided it (the recommendation, the summary's ceiling)."""
     roles: dict[str, str] = {}
-    probes = run.probes
-    ids = probes.loc[probes["kind"] == Kind.BASELINE, "id"].tolist()
-    if ids:
-        roles[str(ids[0])] = "baseline"
+    ids = {r.id for r in run.records}
+    baseline = baseline_probe_id(run)
+    if baseline is not None:
+        roles[baseline] = "baseline"
     ceiling = run.summary.get("ceiling_probe")
     if ceiling is None and "ceiling_probe" not in run.summary:  # written before it was kept
-        ids = probes.loc[probes["kind"] == Kind.CEILING, "id"].tolist()
-        ceiling = ids[0] if ids else None
+        ceiling = next((r.id for r in run.records if r.kind == Kind.CEILING), None)
     if ceiling is not None:
         roles[str(ceiling)] = "ceiling"
-    recommended = run.summary.get("recommended") or {}
-    chosen = run.summary.get("recommended_probe")
-    if chosen is not None and chosen in set(probes["id"].astype(str)):
-        roles[str(chosen)] = "recommended"  # the probe the recommendation was measured by
-    elif recommended:
-        ok = probes[gate_mask(probes)]
-        matches = [row for row in ok.to_dict("records")
-                   if all(_same(row.get(k), recommended.get(k)) for k in recommended
-                          if k in SETTING_KEYS)]
-        if matches:
-            best = max(matches, key=lambda r: -1 if _missing(r["throughput"])
-                       else r["throughput"])
-            roles[str(best["id"])] = "recommended"
+    recommended = run.summary.get("recommended_probe")  # the probe the recommendation names
+    if recommended is not None and str(recommended) in ids:
+        roles[str(recommended)] = "recommended"
     return roles
 
 
 def _throughput_of(run: Run, probe_id: Optional[str]) -> Optional[float]:
-    if probe_id is None:
-        return None
-    values = run.probes.loc[run.probes["id"] == probe_id, "throughput"].tolist()
-    return None if not values or _missing(values[0]) else float(values[0])
+    record = next((r for r in run.records if r.id == probe_id), None)
+    return record.throughput if record is not None else None
 
 
 def build_headline(run: Run, roles: dict[str, str]) -> dict[str, Any]:
@@ -135,8 +126,7 @@ def build_headline(run: Run, roles: dict[str, str]) -> dict[str, Any]:
     interval = summary.get("expected_speedup_interval") or []
     ceiling = summary.get("ceiling_throughput")
     share = recommendation.get("ceiling_share")
-    baseline_ids = run.probes.loc[run.probes["kind"] == Kind.BASELINE, "id"].astype(str).tolist()
-    baseline_id = baseline_ids[0] if baseline_ids else by_role.get("baseline")
+    baseline_id = baseline_probe_id(run)  # also where it is the recommended probe
     rec_tp = _throughput_of(run, by_role.get("recommended"))
     if _missing(share) and rec_tp and not _missing(ceiling) and ceiling:
         share = rec_tp / ceiling
@@ -152,18 +142,35 @@ def build_headline(run: Run, roles: dict[str, str]) -> dict[str, Any]:
         "ceiling_share": None if _missing(share) else float(share),
         "ceiling_share_text": fmt(share, ".0%", missing="unknown"),
         "ceiling_throughput_text": fmt(ceiling, ",.1f", " samples/s",
-                                       missing="none: " + summary["ceiling_failed"]
-                                       if summary.get("ceiling_failed") else "not measured"),
+                                       missing=CEILING_NONE if summary.get("ceiling_failed")
+                                       else "not measured"),
         "baseline_throughput_text": fmt(_throughput_of(run, baseline_id), ",.1f",
                                         " samples/s"),
         "recommended_throughput_text": fmt(rec_tp, ",.1f", " samples/s"),
         "snippet": recommendation.get("snippet") or "",
         "notes": [str(n) for n in recommendation.get("notes") or []],
-        "unsettled": [{"text": f"{settings_text(item.get('config'))}: "
-                               f"{float(item.get('ratio') or 0):.2f}× the script's settings "
-                               f"({item.get('probe')}); {item.get('why')}",
-                       "settle": str(item.get("settle") or "")}
-                      for item in recommendation.get("unsettled") or []],
+        "basis": str(recommendation.get("speedup_basis") or ""),
+    }
+
+
+def build_verdict_data(run: Run) -> dict[str, Any]:
+    """The first screen (``reports.run_verdict``): the cause, the change and its snippet, the
+    speedup with its interval and how it was checked, what is not established."""
+    verdict = build_verdict(run.summary, run.records, run.warnings)
+    speedup = verdict.speedup
+    return {
+        "cause_title": verdict.cause_title, "cause_text": verdict.cause_text,
+        "cause_rule": verdict.cause_rule or "", "severity": verdict.severity or "",
+        "moves": verdict.moves, "change_text": verdict.change_text(),
+        "snippet": verdict.snippet,
+        # the script's settings kept: their own speed, whatever the bootstrap read
+        "speedup_text": fmt(speedup if verdict.moves or speedup is None else 1.0, ".2f", "×",
+                            missing="not measured"),
+        "interval_text": (f"{verdict.interval[0]:.2f}–{verdict.interval[1]:.2f}×"
+                          if verdict.interval and verdict.moves else None),
+        "check": verdict.check,
+        "not_established": [dict(item) for item in verdict.not_established],
+        "warnings": list(verdict.warnings),
     }
 
 
@@ -186,9 +193,15 @@ def build_findings(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "rule": str(finding.get("rule") or ""), "title": str(finding.get("title") or ""),
             "evidence": _evidence(finding.get("evidence")),
             "recommendation": str(finding.get("recommendation") or ""),
-            "ranks_text": ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(ranks)
-            if ranks else ""})
+            "ranks_text": _ranks_text(ranks)})
     return [{"severity": s, "items": items} for s, items in groups.items() if items]
+
+
+def _ranks_text(ranks: list[str]) -> str:
+    """"rank 1", "ranks 0, 3"; a process without a process group (rank -1): "the process"."""
+    if ranks == ["-1"]:
+        return "the process"
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(ranks) if ranks else ""
 
 
 def _cell(text: str, sort: Any = None) -> dict[str, Any]:
@@ -330,6 +343,7 @@ def build_report_data(run: Run, findings: Optional[list[dict[str, Any]]] = None
         "title": f"ddp-profile: {os.path.basename(script)}",
         "script": script,
         "headline": build_headline(run, roles),
+        "verdict": build_verdict_data(run),
         "findings": build_findings(findings),
         "finding_count": len(findings),
         "table": build_table(run, roles),
@@ -337,9 +351,6 @@ def build_report_data(run: Run, findings: Optional[list[dict[str, Any]]] = None
         "environment": build_environment(run),
         "gpu": {"available": gpu, "reason": str(summary.get("gpu_unavailable_reason")
                                                 or "no GPU samples were recorded")},
-        "warnings": [str(w) for w in run.warnings] + [
-            f"probe {p.id} is short ({p.steps_measured} of {p.steps_asked} "
-            f"steps): {p.short_reason}" for p in run.records if p.short],
         "probe_count": len(run.probes),
         "client": {"figures": {name: figure_json(fig) for name, fig in charts.items()},
                    "probes": details,

@@ -1,24 +1,23 @@
 """What every rule shares: ``Finding``, ``Advice``, ``Thresholds``, and the words of numbers.
 
-A rule is a pure function ``rule(run, thresholds) -> Finding | None`` over the tables of a
-loaded run (``ddp_profile.profiler.store.results.Run``). Rules do no I/O and never plot. Each one
-returns ``None`` when the tables it needs are empty or lack a column (a CPU-only run has no
-GPU samples; an old run may lack ``forward_s``): no evidence, no finding. What they read of
-the tables, they read through ``rules.tables``.
+A rule is a pure function ``rule(run, thresholds, known=None) -> Finding | None`` over a
+loaded run (``ddp_profile.profiler.store.results.Run``: its probe records and its tables) and
+the evidence its alternations give (``known``, built once per evaluation). Rules do no I/O and
+never plot. Each one returns ``None`` when what it needs is missing (a CPU-only run has no GPU
+samples; an old run may lack ``forward_s``): no evidence, no finding. What they read of the
+tables, they read through ``rules.tables``.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
-
-import pandas as pd
+from typing import Any, Callable, Mapping, Optional, Union
 
 from ddp_profile.profiler.cache import CACHE_MARGIN
 from ddp_profile.profiler.decide.choose import ChoiceThresholds
 from ddp_profile.profiler.numbers import finite
-from ddp_profile.profiler.settings import SETTING_KEYS
+from ddp_profile.profiler.settings import SETTING_KEYS, LoaderSettings
 from ddp_profile.profiler.store.results import Run
 
 SEVERITIES = ("high", "medium", "low")
@@ -30,7 +29,7 @@ class Advice:
     recommendation: measured (naming the probe that ran it) or a labelled prediction."""
 
     change: str  # e.g. "num_workers=1"
-    wants: Callable[[Any], bool]  # a probe row (pd.Series) runs the advised setting
+    wants: Callable[[LoaderSettings], bool]  # a probe's settings are the advised ones
     basis: str  # why it should help: the basis of a prediction
     measure: str  # ddp-profile options that would measure it, e.g. "--num-workers 0,1"
     extra: str = ""  # advice besides the setting (storage, code), kept as is
@@ -101,7 +100,9 @@ class Thresholds(ChoiceThresholds):
     bootstrap_seed: int = 0
 
 
-Rule = Callable[[Run, Thresholds], Optional[Finding]]
+# every rule: ``rule(run, thresholds, known=None) -> Finding | None`` (``known``: the run's
+# evidence, ``rules.alternations.Evidence``, built once by ``rules.evaluate``; None: by the rule)
+Rule = Callable[[Run, Thresholds, Any], Optional[Finding]]
 
 
 # ---- numbers and their words -------------------------------------------------------------
@@ -110,11 +111,13 @@ def as_int(value: Any, default: Optional[int] = None) -> Optional[int]:
     return int(value) if finite(value) else default
 
 
-def describe_config(probe: pd.Series) -> str:
-    """``num_workers=4, pin_memory=True, prefetch_factor=2, batch_size=64`` for a probe row."""
+def describe_config(config: Union[Mapping[str, Any], LoaderSettings]) -> str:
+    """``num_workers=4, pin_memory=True, prefetch_factor=2, batch_size=64`` for settings (a
+    probe's ``config``, or their dict)."""
+    values = config.to_dict() if isinstance(config, LoaderSettings) else config
     parts = []
     for key in SETTING_KEYS:
-        value = probe.get(key)
+        value = values.get(key)
         if value is not None and not (isinstance(value, float) and math.isnan(value)):
             parts.append(f"{key}={int(value) if isinstance(value, float) else value}")
     return ", ".join(parts) or "the script's own settings"

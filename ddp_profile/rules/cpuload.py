@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import pandas as pd
-
 from ddp_profile.profiler.cpus import cpus_per_rank
+from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import Thresholds, pct
 from ddp_profile.rules.tables import cpus_available, local_ranks, metric_median, probe_context
@@ -53,8 +52,8 @@ class CpuLoad:
         return ", ".join(parts)
 
 
-def cpu_load(run: Run, probe: pd.Series) -> CpuLoad:
-    probe_id = probe["id"]
+def cpu_load(run: Run, probe: ProbeRecord) -> CpuLoad:
+    probe_id = probe.id
     worker = metric_median(run, probe_id, "host", "worker_cpu_percent")
     cpus = cpus_available(run, probe_id)
     share = None

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-import pandas as pd
-
 from ddp_profile.profiler.cache import IN_MEMORY_READ_B
 from ddp_profile.profiler.decide.capacity import STORAGE_READ_BYTES, bound_of
+from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.base import Thresholds, finite, ms, pct
-from ddp_profile.rules.tables import loading_of
 
 CPU_FIX = ("take work off the CPUs: preprocess offline (store the transformed tensors), cache "
            "transformed samples or make the transforms cheaper; where the samples are encoded "
@@ -70,10 +68,10 @@ def _runnable_evidence(capacity: dict) -> str:
             "were saturated (not counted as waiting)")
 
 
-def storage_evidence(run: Run, base: pd.Series) -> str:
+def storage_evidence(base: ProbeRecord) -> str:
     """What the baseline's producers read per sample and how much of it came from storage
     (MB/s from disk at the baseline's rate), where they read files ("" otherwise)."""
-    loading = loading_of(run, base["id"])
+    loading = base.loading
     if loading is None:
         return ""
     read, storage = loading.read_per_sample_bytes, loading.storage_per_sample_bytes
@@ -82,7 +80,7 @@ def storage_evidence(run: Run, base: pd.Series) -> str:
         return ""
     text = f" The baseline's producers read {read / 1024:,.0f} KiB per sample, {pct(share)} " \
            "of it from storage"
-    rate = base.get("throughput")
+    rate = base.throughput
     if share < 0.05 or not finite(rate):
         return text + " (the rest from the page cache)."
     wait = loading.wait_per_sample_s
@@ -105,7 +103,7 @@ def predicted_workers(capacity: dict) -> str:
     return f"num_workers={workers} per rank (predicted, not measured: {basis})"
 
 
-def cpu_cost(run: Run, probe: pd.Series) -> tuple[str, str]:
+def cpu_cost(probe: ProbeRecord) -> tuple[str, str]:
     """(what costs, the fix for it), from the part of producing a sample that costs in
     ``probe`` (its measured loading: dataset fetch vs ``collate_fn``, in CPU time where
     recorded: wall time on busy CPUs also counts time off them): a collate that takes most of
@@ -114,7 +112,7 @@ def cpu_cost(run: Run, probe: pd.Series) -> tuple[str, str]:
     nothing to decode) whole batches fetched at once; else transforms, and decoding where
     the producers read from files -> ``CPU_FIX``; where they read (almost) nothing per sample
     (under ``IN_MEMORY_READ_B``: the samples are made in memory) -> transforms alone."""
-    loading = loading_of(run, probe["id"])
+    loading = probe.loading
     if loading is None:
         return "preprocessing", CPU_FIX
     per = (loading.cpu_per_sample_s or 0.0) + (loading.wait_per_sample_s or 0.0)

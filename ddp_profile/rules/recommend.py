@@ -1,16 +1,17 @@
 """The recommended DataLoader configuration: the best measured probe, with its uncertainty.
 
 ``recommend(run, thresholds) -> Recommendation`` builds a ``Candidate`` of each ok probe of
-kind baseline or sweep and asks ``profiler.decide.choose.choose``, the one author of the
-choice (the sweep asks the same function what to confirm and what to ``--repeat``): the
-highest global throughput; probes within noise of it are a tie, won by the cheapest setting;
-a compute-bound baseline is kept unless another probe is faster by more than both the noise
-and ``clear_gain``. A probe's relative standard error is its own batch-means estimate when
-recorded, else ``cv / sqrt(n)`` of its global step times. This module adds what the choice
-does not decide: the expected speedup and its interval (from the alternation of the script's
-settings and the recommendation that checked the claim, ``rules.claim``; without one, a seeded
-bootstrap over the global steps of both probes, said to be so), the ceiling share, the notes
-(``rules.notes``) and the snippet.
+kind baseline or sweep (``decide.choose.candidate_of``, the one builder) and asks
+``profiler.decide.choose.choose``, the one author of the choice (the sweep asks the same
+function what to confirm and what to ``--repeat``): the highest global throughput; probes
+within noise of it are a tie, won by the cheapest setting; a compute-bound baseline is kept
+unless another probe is faster by more than both the noise and ``clear_gain``. A probe's
+relative standard error is its own batch-means estimate (recorded before it was kept: from
+its global step times, ``store.results.completed``). This module adds what the choice does
+not decide: the expected speedup and its interval (from the alternation of the script's
+settings and the recommendation that checked the claim, ``rules.alternations``; without one,
+a seeded bootstrap over the global steps of both probes, said to be so), the ceiling share,
+the notes (``rules.notes``) and the snippet.
 """
 
 from __future__ import annotations
@@ -24,24 +25,22 @@ import numpy as np
 import pandas as pd
 
 from ddp_profile.profiler.decide import evidence
-from ddp_profile.profiler.decide.choose import candidate_of
+from ddp_profile.profiler.decide.choose import candidate_of, relative_se
 from ddp_profile.profiler.decide.choose import choose as choose_candidate
 from ddp_profile.profiler.decide.paired import CANDIDATE, one_time_start
 from ddp_profile.profiler.settings import SETTING_KEYS, LoaderSettings
+from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.profiler.store.results import Run
+from ddp_profile.rules.alternations import Evidence, PairedClaim, sides
 from ddp_profile.rules.base import Thresholds, describe_config, finite
-from ddp_profile.rules.claim import Evidence, PairedClaim, sides
 from ddp_profile.rules.notes import recommendation_notes
 from ddp_profile.rules.tables import (
     baseline_probe,
     cache_mismatch,
-    candidate,
     ceiling_probe,
-    config_of,
     global_steps,
     loader_info,
-    ok_probes,
-    relative_error,
+    measured_probes,
     storage_share,
 )
 
@@ -65,6 +64,20 @@ class Recommendation:
     persistent_in_speedup: bool = False  # the expected speedup was measured with them kept
     unsettled: tuple[dict[str, Any], ...] = ()  # measured faster, not established
     # (``decide.evidence.seen``): probe, config, ratio, why, settle (the command that would)
+    # how the expected speedup was measured (``speedup_check``): alternated (bool), launches,
+    # rounds, whole_runs; None where the script's own settings are kept
+    check: Optional[dict[str, Any]] = None
+
+
+def speedup_check(claim: Optional[PairedClaim], moved: bool) -> Optional[dict[str, Any]]:
+    """How the expected speedup was measured, as plain data for the readers' short phrase:
+    the claim's alternation (its launches, the rounds of each side, whole runs or not), else
+    two probes of the search, not alternated (``moved``); None where nothing moved."""
+    if claim is not None:
+        return {"alternated": True, "launches": claim.launches, "rounds": claim.candidates,
+                "whole_runs": claim.whole_runs}
+    return {"alternated": False, "launches": None, "rounds": None, "whole_runs": False} \
+        if moved else None
 
 
 def recommendation_to_dict(rec: Recommendation) -> dict[str, Any]:
@@ -77,10 +90,10 @@ def recommendation_to_dict(rec: Recommendation) -> dict[str, Any]:
     return data
 
 
-def _alive(run: Run, known: Evidence
-           ) -> Optional[tuple[PairedClaim, dict[str, Any], dict[str, Any]]]:
+def _persistent_measured(run: Run, known: Evidence
+                         ) -> Optional[tuple[PairedClaim, dict[str, Any], dict[str, Any]]]:
     """``persistent_workers=True`` where it was measured faster beyond noise
-    (``rules.claim.Evidence.persistent``), with the settings of its two sides; else None."""
+    (``rules.alternations.Evidence.persistent``), with the settings of its two sides; else None."""
     measured = known.persistent
     if measured is None or not measured.faster:
         return None
@@ -90,33 +103,28 @@ def _alive(run: Run, known: Evidence
 def kept_alive(run: Run, config: dict[str, Any], known: Evidence) -> Optional[PairedClaim]:
     """``persistent_workers=True`` where it was measured with exactly ``config`` on both
     sides and ran faster beyond noise; else None."""
-    found = _alive(run, known)
+    found = _persistent_measured(run, known)
     if found is None:
         return None
-    measured, reference, kept = found
+    measured, reference, with_persistent = found
     wanted = describe_config(config)
-    return measured if describe_config(reference) == describe_config(kept) == wanted else None
+    return measured if describe_config(reference) == describe_config(with_persistent) == wanted \
+        else None
 
 
-def _row(run: Run, probe_id: str) -> pd.Series:
-    """The probes-table row of ``probe_id``."""
-    probes = run.probes
-    return probes[probes["id"] == probe_id].iloc[0]
-
-
-def kept_alive_instead(run: Run, base: pd.Series, known: Evidence
-                       ) -> Optional[tuple[PairedClaim, pd.Series]]:
+def kept_alive_instead(run: Run, base: ProbeRecord, known: Evidence
+                       ) -> Optional[tuple[PairedClaim, ProbeRecord]]:
     """Where the script's own settings (``base``) are kept: another configuration with
     ``persistent_workers=True``, where it was alternated with them launch by launch and ran
     faster beyond noise (``sweep.claim.persistence_subject``), and its first probe; else None."""
-    found = _alive(run, known)
+    found = _persistent_measured(run, known)
     if found is None:
         return None
-    measured, reference, kept = found
-    if describe_config(reference) != describe_config(config_of(base)) \
-            or describe_config(kept) == describe_config(reference):
+    measured, reference, with_persistent = found
+    if describe_config(reference) != describe_config(base.config) \
+            or describe_config(with_persistent) == describe_config(reference):
         return None
-    return measured, _row(run, measured.first(CANDIDATE))
+    return measured, run.probe(measured.first(CANDIDATE))
 
 
 def snippet_for(config: dict[str, Any], persistent: bool = False) -> str:
@@ -138,16 +146,14 @@ def snippet_for(config: dict[str, Any], persistent: bool = False) -> str:
     return f"DataLoader({', '.join(parts)})"
 
 
-def choose(run: Run, base: pd.Series, thresholds: Thresholds) -> pd.Series:
-    """The recommended probe row: ``profiler.decide.choose.choose`` over the ok probes."""
-    probes = ok_probes(run)
-    probes = probes[probes["throughput"].apply(finite) & (probes["throughput"] > 0)]
-    if probes.empty or not finite(base.get("throughput")):
+def choose(run: Run, base: ProbeRecord, thresholds: Thresholds) -> ProbeRecord:
+    """The recommended probe: ``profiler.decide.choose.choose`` over the ok probes."""
+    probes = {p.id: p for p in measured_probes(run)}
+    if not probes or not finite(base.throughput):
         return base
-    rows = {str(row["id"]): row for _, row in probes.iterrows()}
-    chosen = choose_candidate([candidate(run, row) for row in rows.values()],
-                              candidate(run, base), thresholds)
-    return rows.get(chosen.id, base) if chosen is not None else base
+    best = choose_candidate([candidate_of(p) for p in probes.values()], candidate_of(base),
+                            thresholds)
+    return probes.get(best.id, base) if best is not None else base
 
 
 def settle_command(run: Run, config: LoaderSettings, short: bool) -> str:
@@ -169,22 +175,20 @@ def settle_command(run: Run, config: LoaderSettings, short: bool) -> str:
     return command
 
 
-def _unsettled(run: Run, base: pd.Series, decided: evidence.Verdict,
+def _unsettled(run: Run, base: ProbeRecord, decision: evidence.Verdict,
                thresholds: Thresholds) -> tuple[dict[str, Any], ...]:
     return tuple({"probe": seen.probe, "config": seen.config.to_dict(),
                   "ratio": round(seen.ratio, 4), "why": seen.why,
                   "settle": settle_command(run, seen.config, seen.short)}
-                 for seen in evidence.seen(run.records, run.probe(str(base["id"])), decided,
-                                           thresholds))
+                 for seen in evidence.seen(run.records, base, decision, thresholds))
 
 
-def speedup_interval(run: Run, chosen: str, base: str, point: float,
+def speedup_interval(run: Run, pick: ProbeRecord, base: ProbeRecord, point: float,
                      thresholds: Thresholds) -> tuple[float, float]:
-    """Bootstrap interval of throughput(chosen) / throughput(base), containing ``point``."""
-    a, b = global_steps(run, chosen), global_steps(run, base)
+    """Bootstrap interval of throughput(pick) / throughput(base), containing ``point``."""
+    a, b = global_steps(run, pick.id), global_steps(run, base.id)
     if len(a) < 2 or len(b) < 2:
-        spread = thresholds.noise_sigmas * math.hypot(relative_error(run, chosen),
-                                                      relative_error(run, base))
+        spread = thresholds.noise_sigmas * math.hypot(relative_se(pick), relative_se(base))
         return point * (1 - spread), point * (1 + spread)
     rng = np.random.default_rng(thresholds.bootstrap_seed)
 
@@ -200,6 +204,37 @@ def speedup_interval(run: Run, chosen: str, base: str, point: float,
     return min(float(lo), point), max(float(hi), point)
 
 
+def _unconfirmed(decision: evidence.Verdict, base: ProbeRecord,
+                 thresholds: Thresholds) -> Optional[str]:
+    """The note that a configuration was checked and not established, where one was."""
+    if decision.checked is None or decision.checked_probe is None:
+        return None
+    how = ("ran faster in the search" if not decision.undecided
+           else "measured faster than the script's settings in the search, though not "
+           "beyond its noise" if decision.because == evidence.STEP_FASTER
+           else f"was checked, as {decision.because}")
+    return (f"{describe_config(decision.checked_probe.config)} {how}, but "
+            + evidence.not_established(decision.checked, candidate_of(base),
+                                       decision.checked_probe.config, thresholds)
+            + ", so the script's settings are kept.")
+
+
+def _claim_basis(run: Run, claim: PairedClaim, decision: evidence.Verdict,
+                 persistent: bool) -> str:
+    """What the expected speedup was measured from: the alternation that established it."""
+    basis = claim.basis("the recommendation with persistent_workers=True" if persistent
+                        else "the recommendation")
+    if decision.undecided and not persistent:
+        basis += f"; {decision.because}, so it was alternated"
+        outran = decision.rival_claim if decision.because == evidence.OUTRAN else None
+        if outran is not None and decision.rival is not None:
+            basis += (f" ({describe_config(decision.rival.config)}: {outran.ratio:.2f}x "
+                      f"[{outran.interval[0]:.2f}-{outran.interval[1]:.2f}], "
+                      f"{outran.probes[0]}-{outran.probes[-1]})")
+    start = one_time_start(run.records, claim)
+    return basis + (f"; {start.words()}" if start is not None else "")
+
+
 def recommend(run: Run, thresholds: Optional[Thresholds] = None,
               known: Optional[Evidence] = None) -> Recommendation:
     """The best measured configuration, or the script's own settings if none was measured.
@@ -213,68 +248,54 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None,
         return Recommendation(config=config, probe_id=None, expected_speedup=None,
                               expected_speedup_interval=None, snippet=snippet_for(config),
                               notes=("No probe finished: nothing was measured to recommend.",))
-    chosen = choose(run, base, thresholds)
-    speedup, interval, basis, unconfirmed = None, None, None, None
-    own = run.probe(str(base["id"]))
-    decided = evidence.verdict(run.records, own, run.probe(str(chosen["id"])), thresholds)
-    claim, chosen = decided.claim, _row(run, decided.pick.id)
-    if decided.checked is not None and decided.checked_probe is not None:
-        checked = decided.checked
-        how = ("ran faster in the search" if not decided.undecided
-               else "measured faster than the script's settings in the search, though not "
-               "beyond its noise" if decided.because == evidence.STEP_FASTER
-               else f"was checked, as {decided.because}")
-        unconfirmed = (f"{describe_config(_row(run, decided.checked_probe.id))} {how}, but "
-                       + evidence.not_established(checked, candidate_of(own),
-                                                  decided.checked_probe.config, thresholds)
-                       + ", so the script's settings are kept.")
-    alive = kept_alive_instead(run, base, known) if chosen["id"] == base["id"] else None
-    if alive is not None:  # measured against the script's settings: the claim itself
-        claim, chosen = alive
+    decision = evidence.verdict(run.records, base, choose(run, base, thresholds), thresholds)
+    claim, pick = decision.claim, decision.pick
+    unconfirmed = _unconfirmed(decision, base, thresholds)
+    # the script's settings kept: persistent workers measured faster with them, the claim
+    persistent_instead = kept_alive_instead(run, base, known) if pick.id == base.id else None
+    if persistent_instead is not None:
+        claim, pick = persistent_instead
+    speedup, interval, basis = None, None, None
     if claim is not None:
-        speedup, interval, basis = claim.ratio, claim.interval, claim.basis(
-            "the recommendation with persistent_workers=True" if alive else "the recommendation")
-        if decided.undecided and alive is None:
-            basis += f"; {decided.because}, so it was alternated"
-            first = decided.rival_claim if decided.because == evidence.OUTRAN else None
-            if first is not None and decided.rival is not None:
-                basis += (f" ({describe_config(_row(run, decided.rival.id))}: {first.ratio:.2f}x "
-                          f"[{first.interval[0]:.2f}-{first.interval[1]:.2f}], "
-                          f"{first.probes[0]}-{first.probes[-1]})")
-        start = one_time_start(run.records, claim)
-        if start is not None:
-            basis += f"; {start.words()}"
-    elif finite(chosen["throughput"]) and finite(base["throughput"]) and base["throughput"] > 0:
-        speedup = float(chosen["throughput"] / base["throughput"])
-        interval = speedup_interval(run, chosen["id"], base["id"], speedup, thresholds)
-        if chosen["id"] != base["id"]:
-            basis = (f"probes {base['id']} and {chosen['id']}, not alternated: the machine's "
+        speedup, interval = claim.ratio, claim.interval
+        basis = _claim_basis(run, claim, decision, persistent_instead is not None)
+    elif finite(pick.throughput) and finite(base.throughput) and base.throughput > 0:
+        speedup = float(pick.throughput / base.throughput)
+        interval = speedup_interval(run, pick, base, speedup, thresholds)
+        if pick.id != base.id:
+            basis = (f"probes {base.id} and {pick.id}, not alternated: the machine's "
                      "drift between them is in the figure")
-    kept = kept_alive(run, config_of(chosen), known) if alive is None else None
+    config = pick.config.to_dict()
+    persistent_on_top = kept_alive(run, config, known) if persistent_instead is None else None
     ceiling = ceiling_probe(run)
     share = None
-    if ceiling is not None and ceiling["throughput"] > 0 and finite(chosen["throughput"]):
-        share = float(chosen["throughput"] / ceiling["throughput"])
-    config = config_of(chosen)
+    if ceiling is not None and ceiling.throughput > 0 and finite(pick.throughput):
+        share = float(pick.throughput / ceiling.throughput)
     persistent = bool(config.get("num_workers")) and (
-        loader_info(run, chosen["id"]).get("persistent_workers") is True or kept is not None
-        or alive is not None)
-    unsettled = _unsettled(run, base, decided, thresholds) if alive is None else ()
-    like = None  # unknown: the same probe, or a cache share not measured on either side
-    if chosen["id"] != base["id"] and all(storage_share(run, p["id"]) is not None
-                                          for p in (base, chosen)):
-        like = cache_mismatch(run, base, chosen, thresholds) is None
+        loader_info(run, pick.id).get("persistent_workers") is True
+        or persistent_on_top is not None or persistent_instead is not None)
+    unsettled = _unsettled(run, base, decision, thresholds) if persistent_instead is None \
+        else ()
+    like_for_like = None  # unknown: the same probe, or a cache share not measured on either
+    if pick.id != base.id and all(storage_share(p) is not None for p in (base, pick)):
+        like_for_like = cache_mismatch(base, pick, thresholds) is None
     return Recommendation(
-        config=config, probe_id=str(chosen["id"]), expected_speedup=speedup,
+        config=config, probe_id=pick.id, expected_speedup=speedup,
         expected_speedup_interval=interval, ceiling_share=share,
         snippet=snippet_for(config, persistent), persistent_workers=persistent,
-        persistent_in_speedup=alive is not None,
+        persistent_in_speedup=persistent_instead is not None,
         notes=((unconfirmed,) if unconfirmed else ())
-        + recommendation_notes(run, base, chosen, thresholds, share, unsettled)
-        + ((f"persistent_workers=True on top of it ran {kept.ratio:.2f}x [{kept.interval[0]:.2f}"
-            f"-{kept.interval[1]:.2f}] (probes {kept.probes[0]}-{kept.probes[-1]}, alternated "
+        + recommendation_notes(run, base, pick, thresholds, share, unsettled)
+        + _persistent_note(persistent_on_top),
+        throughput=float(pick.throughput) if finite(pick.throughput) else None,
+        baseline_probe_id=base.id, like_for_like=like_for_like, speedup_basis=basis,
+        unsettled=unsettled, check=speedup_check(claim, pick.id != base.id))
+
+
+def _persistent_note(claim: Optional[PairedClaim]) -> tuple[str, ...]:
+    if claim is None:
+        return ()
+    return (f"persistent_workers=True on top of it ran {claim.ratio:.2f}x [{claim.interval[0]:.2f}"
+            f"-{claim.interval[1]:.2f}] (probes {claim.probes[0]}-{claim.probes[-1]}, alternated "
             "A B A B A in launches; not in the expected speedup): see the persistent-workers "
-            "finding.",) if kept is not None else ()),
-        throughput=float(chosen["throughput"]) if finite(chosen["throughput"]) else None,
-        baseline_probe_id=str(base["id"]), like_for_like=like, speedup_basis=basis,
-        unsettled=unsettled)
+            "finding.",)

@@ -100,3 +100,42 @@ def test_the_first_launch_sizes_every_launch_to_the_measure_time_within_the_cap(
     assert steps == 860 and warmup >= request.warmup
     assert launch_plan(request, first(1000.0))[1] == MAX_STEPS_FACTOR * request.steps
     assert launch_plan(request, first(0.5))[1] == request.steps  # slower than 1 step in 2 s
+
+
+def test_only_a_previous_gates_own_output_is_replaceable(tmp_path):
+    """What ``gate --against`` replaces in its ``--out``: a paired job's sides and gate.json
+    (and the files this job's own --junit/--markdown/--json name), never anything else."""
+    import json
+
+    from ddp_profile.commands.against import clear_previous, not_gate_output
+
+    out = tmp_path / "out"
+    assert not_gate_output(str(out)) is None
+    out.mkdir()
+    assert not_gate_output(str(out)) is None
+    for side in ("reference", "current"):
+        (out / side / "probes").mkdir(parents=True)
+        (out / side / "run.json").write_text(json.dumps({"gate": {"side": side}}))
+    (out / "gate.json").write_text(json.dumps({"mode": "paired", "status": "pass"}))
+    assert not_gate_output(str(out)) is None
+    (out / "gate.xml").write_text("<testsuite/>")
+    assert "gate.xml" in not_gate_output(str(out))
+    written = (str(out / "gate.xml"),)
+    assert not_gate_output(str(out), written) is None
+    clear_previous(str(out), written)
+    assert sorted(os.listdir(out)) == ["gate.xml"]  # overwritten by the job, not removed
+
+    (out / "current").mkdir()
+    (out / "current" / "run.json").write_text(json.dumps({"script": "train.py"}))  # a plain run
+    assert "current" in not_gate_output(str(out), written)
+    clear_previous(str(out), written)
+    assert (out / "current" / "run.json").exists()  # refused, so nothing is removed
+    (out / "current" / "run.json").unlink()
+    (out / "current").rmdir()
+    (out / "gate.json").write_text("{}")
+    assert "gate.json" in not_gate_output(str(out), written)
+    (out / "gate.json").unlink()
+    (tmp_path / "file").write_text("x")
+    assert not_gate_output(str(tmp_path / "file")) == "not a directory"
+    (tmp_path / "link").symlink_to(out)  # a link to a gate's directory is that directory
+    assert not_gate_output(str(tmp_path / "link"), written) is None

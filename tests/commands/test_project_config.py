@@ -209,7 +209,8 @@ def captured_run(monkeypatch):
 
     monkeypatch.setattr(run_module, "start_run", fake_start)
     monkeypatch.setattr(run_module, "execute",
-                        lambda out, report=True, quiet=False: {"probes": [{"status": "ok"}]})
+                        lambda out, report=True, quiet=False, verbose=False:
+                        {"probes": [{"status": "ok"}]})
     return seen
 
 
@@ -290,7 +291,7 @@ def test_run_names_the_file_script_when_it_is_missing(tmp_path, monkeypatch, cap
 
 
 def test_gate_reads_paths_and_tolerance_from_the_file(tmp_path, monkeypatch):
-    from ddp_profile.commands import gate as gate_module
+    from ddp_profile.commands import baseline_gate as gate_module
 
     seen = {}
 

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from ddp_profile.profiler.cache import WARM_STORAGE_SHARE
-from ddp_profile.profiler.rank.loading.pagecache import drop
+from ddp_profile.profiler.drop_pages import drop
 from tests.conftest import ONE_RANK, ONE_THREAD, SCRIPTS
 
 pytestmark = pytest.mark.e2e

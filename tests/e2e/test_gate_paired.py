@@ -119,3 +119,30 @@ def test_a_reference_that_fails_to_start_is_one_line_and_keeps_what_ran(repo):
     assert os.path.exists(repo / "broken" / "reference" / "ledger.jsonl")
     assert git(repo, "worktree", "list").count("\n") == 0
     assert not probe_processes()
+
+
+def test_the_gate_run_twice_in_one_directory_gives_a_verdict_both_times(repo):
+    """A developer re-running the gate after a fix: the second job replaces the first's output
+    in the default ``ddp-profile-gate``; a directory holding anything else is refused."""
+    out = repo / "ddp-profile-gate"
+    documents = []
+    for _ in range(2):
+        result = run_cli(["gate", "--against", "HEAD~1", "--max-launches", "5", "--quiet"],
+                         out=str(out), timeout=600, env=ONE_THREAD)
+        assert result.returncode in (ExitCode.OK, ExitCode.REGRESSION, ExitCode.INCONCLUSIVE), \
+            result.stdout + result.stderr
+        documents.append(json.loads((out / "gate.json").read_text()))
+        assert documents[-1]["status"] in ("pass", "regression", "inconclusive")
+        # the directory holds this job's launches alone, not the previous job's as well
+        current = len([line for line in open(out / "current" / "ledger.jsonl") if line.strip()])
+        assert current == sum(launch["side"] == "current" for launch in documents[-1]["launches"])
+    assert documents[0]["launches"][0]["probe_id"] == documents[1]["launches"][0]["probe_id"]
+    (out / "notes.txt").write_text("mine\n")
+    refused = run_cli(["gate", "--against", "HEAD~1", "--quiet"], out=str(out), env=ONE_THREAD)
+    errors = refused.stderr.strip().splitlines()
+    assert refused.returncode == ExitCode.USAGE and len(errors) == 1, refused.stderr
+    assert "not a previous gate's output" in errors[0] and "notes.txt" in errors[0]
+    assert (out / "notes.txt").read_text() == "mine\n"
+    assert json.loads((out / "gate.json").read_text()) == documents[1]  # nothing lost
+    assert git(repo, "worktree", "list").count("\n") == 0
+    assert not probe_processes()

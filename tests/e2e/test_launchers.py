@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from ddp_profile.errors import ExitCode
-from ddp_profile.profiler.launch.allocation import detect
+from ddp_profile.profiler.allocation import detect
 from tests.conftest import (
     DEMO,
     ONE_THREAD,

@@ -19,6 +19,11 @@ def record(line: dict) -> ProbeRecord:
     return ProbeRecord.from_json({"id": "p000", "status": "ok", **line})
 
 
+def joined(lines: list[str]) -> str:
+    """The lines as one text, their wrapping undone."""
+    return " ".join(line.strip() for line in lines)
+
+
 def test_progress_line_marks_a_short_probe():
     stream = io.StringIO()
     ConsoleProgress(stream=stream)("done", {"entry": record(SHORT)})
@@ -41,20 +46,28 @@ def test_an_alternations_launch_that_the_script_ended_gets_no_advice():
     summary = {"script": "train.py", "world_size": 2, "device": "cpu", "gpu_available": True,
                "probes": [SHORT, paired], "baseline": {"num_workers": 0},
                "recommended": {"num_workers": 0}, "findings": [], "recommendation": {}}
-    listed = [line for line in summary_lines(summary, "out") if " short (" in line]
+    listed = [line for line in summary_lines(summary, "out", verbose=True) if " short (" in line]
     assert [line.split()[1] for line in listed] == ["p000"]
+    warned = [line for line in summary_lines(summary, "out") if "ran short" in line]
+    assert len(warned) == 1 and "p000 (1 of 10 steps)" in warned[0] and "p003" not in warned[0]
 
 
 def test_summary_lists_short_probes_and_the_note_on_them():
+    """By default one warning line lists the short probes; ``verbose`` each, and the
+    notes."""
     note = "The baseline probe p000 is short, its figures rest on 1 step(s): the script ended."
     summary = {"script": "train.py", "world_size": 2, "device": "cpu", "gpu_available": True,
                "probes": [SHORT], "baseline": {"num_workers": 0},
                "recommended": {"num_workers": 0}, "findings": [],
                "recommendation": {"notes": [note, "another note"]}}
     lines = summary_lines(summary, "out")
-    assert any(line.startswith("  probe p000 short (1 of 10 steps): the script ended") for line
-               in lines)
-    assert f"  note: {note}" in lines and "  note: another note" not in lines
+    assert [line for line in lines if line.startswith("Warning: 1 probe ran short")]
+    assert not [line for line in lines if "note:" in line]
+    lines = summary_lines(summary, "out", verbose=True)
+    assert any(line.startswith("    probe p000 short (1 of 10 steps): the script ended")
+               for line in lines)
+    assert "    note: another note" in lines
+    assert all(len(line) <= 100 for line in lines)
 
 
 def test_adaptive_progress_shows_no_made_up_total():
@@ -70,15 +83,23 @@ def test_adaptive_progress_shows_no_made_up_total():
     assert stream.getvalue().startswith("[1/7] p000")
 
 
+def test_the_sweeps_capacity_model_is_worded_here_as_a_progress_note():
+    stream = io.StringIO()
+    capacity = {"cpu_per_sample_s": 2e-3, "wait_per_sample_s": 5e-5, "runq": None}
+    ConsoleProgress(stream=stream)("loading", {"capacity": capacity, "predicted": 3})
+    assert stream.getvalue() == ("loading: 2.00 ms CPU + 0.05 ms waiting per sample; 3 "
+                                 "worker(s) per rank predicted to meet the loop's demand\n")
+
+
 def test_summary_shows_the_loading_and_runnable_time_only_where_notable():
     capacity = {"bound": "cpu", "cpu_per_sample_s": 2e-3, "wait_per_sample_s": 5e-5,
                 "runq": {"per_sample_s": 6e-3, "share": 0.75, "workers": 6, "notable": True}}
     summary = {"script": "train.py", "probes": [], "findings": [], "capacity": capacity}
     assert ("loading: 2.00 ms CPU + 0.05 ms waiting + 6.00 ms runnable (CPUs busy, 6 workers) "
-            "per sample (CPU-bound)") in summary_lines(summary, "out")
+            "per sample (CPU-bound)") in joined(summary_lines(summary, "out", verbose=True))
     capacity["runq"] = {**capacity["runq"], "share": 0.05, "notable": False}
-    assert "loading: 2.00 ms CPU + 0.05 ms waiting per sample (CPU-bound)" in summary_lines(
-        summary, "out")
+    assert "  loading: 2.00 ms CPU + 0.05 ms waiting per sample (CPU-bound)" in summary_lines(
+        summary, "out", verbose=True)
 
 
 def test_a_probe_line_says_what_the_wait_cost_the_gpu_and_where_its_bytes_came_from():
@@ -102,10 +123,13 @@ def test_the_summary_says_what_the_speedup_was_measured_from_and_why_no_ceiling(
                "ceiling_throughput": None,
                "ceiling_failed": "p005: replaying cached batches ran 900.0 samples/s, below"}
     lines = summary_lines(summary, "out")
-    assert "recommended w=4: 2.20x [2.00-2.40] vs baseline" in lines
-    assert any(line.startswith("  measured from the script's settings and the recommendation "
+    assert lines[1] == "Change num_workers default -> 4: 2.20x as fast [2.00-2.40]"
+    assert not [line for line in lines if "measured from" in line or "p005" in line]
+    lines = summary_lines(summary, "out", verbose=True)
+    assert "  recommended w=4: 2.20x [2.00-2.40] vs baseline" in lines
+    assert any(line.startswith("    measured from the script's settings and the recommendation "
                                "alternated") for line in lines)
-    assert "compute-only ceiling: none (p005: replaying cached batches ran 900.0 samples/s, " \
+    assert "  compute-only ceiling: none (p005: replaying cached batches ran 900.0 samples/s, " \
            "below)" in lines
 
 
@@ -119,19 +143,25 @@ def test_a_recommendation_that_keeps_its_workers_alive_says_so_and_prints_its_sn
                "recommendation": {"snippet": snippet, "persistent_workers": True,
                                   "persistent_in_speedup": True, "speedup_basis": basis}}
     lines = summary_lines(summary, "out")
-    assert "recommended w=3 bs=32 persistent_workers: 1.50x vs baseline" in lines
-    assert f"  {snippet}" in lines and f"  measured from {basis}" in lines
+    assert lines[1] == "Change num_workers 0 -> 3, persistent_workers false -> true: 1.50x as fast"
+    assert lines[2:4] == ["  DataLoader(dataset, batch_size=32, num_workers=3,",
+                          "  persistent_workers=True)"] or f"  {snippet}" in lines
+    verbose = summary_lines(summary, "out", verbose=True)
+    assert "  recommended w=3 bs=32 persistent_workers: 1.50x vs baseline" in verbose
+    assert any(line.startswith("    measured from the script's settings and the "
+                               "recommendation with persistent_workers") for line in verbose)
     # kept alive on top of the recommendation: not in its figure, and the note says so
     on_top = "persistent_workers=True on top of it ran 1.17x [1.05-1.31] (probes p022-p026)"
     summary.update(baseline={"num_workers": 3, "batch_size": 32})
     summary["recommendation"].update(speedup_basis=None, persistent_in_speedup=False,
                                      notes=[on_top])
     lines = summary_lines(summary, "out")
-    assert "recommended w=3 bs=32: 1.50x vs baseline" in lines
-    assert f"  note: {on_top}" in lines and f"  {snippet}" in lines
+    assert lines[1] == "Change persistent_workers false -> true: 1.50x as fast"
+    assert f"  {snippet}" in lines
+    assert f"    note: {on_top}" in summary_lines(summary, "out", verbose=True)
     summary["recommendation"].update(persistent_workers=False, notes=[])
     lines = summary_lines(summary, "out")
-    assert f"  {snippet}" not in lines
+    assert f"  {snippet}" not in lines and lines[1].startswith("Keep the script's settings")
 
 
 def test_the_summary_names_what_measured_faster_and_was_not_established():
@@ -145,10 +175,13 @@ def test_the_summary_names_what_measured_faster_and_was_not_established():
                    "why": "its probes ran fewer steps than asked (the script ended first)",
                    "settle": "ddp-profile run t.py --batch-size 256 --pairs 5"}]}}
     lines = summary_lines(summary, "out")
-    at = lines.index("  not established: w=0 pin=false bs=256 measured 2.43x the script's "
-                     "settings (p014): its probes ran fewer steps than asked (the script "
-                     "ended first)")
-    assert lines[at + 1] == "    to settle it: ddp-profile run t.py --batch-size 256 --pairs 5"
+    assert [line for line in lines if line.startswith(
+        "Not established: num_workers=0, pin_memory=false, batch_size=256: 2.43x the script's "
+        "settings; its")]
+    lines = summary_lines(summary, "out", verbose=True)
+    at = lines.index("    not established: w=0 pin=false bs=256 measured 2.43x the script's "
+                     "settings (p014): its probes")
+    assert lines[at + 2] == "      to settle it: ddp-profile run t.py --batch-size 256 --pairs 5"
 
 
 def test_the_plan_the_estimate_and_a_budgets_stop_fit_the_console():
@@ -194,14 +227,28 @@ def test_without_a_budget_a_probe_line_says_which_launch_of_the_plan_it_is():
 
 
 def test_the_summary_says_what_a_budget_left_out_or_that_it_left_nothing_out():
+    """A budget that left something out: one short line in the summary, the whole list in
+    the detail; one that left nothing out, and the ladder's end, in the detail alone."""
     base = {"script": "train.py", "world_size": 2, "device": "cpu", "gpu_available": True,
             "probes": [], "findings": [], "recommendation": {}}
     stopped = {"budget_s": 120.0, "spent_s": 118.0, "stopped": {
         "not_done": ["the claim's check (A B alternation)", "the persistent_workers check"]}}
     lines = summary_lines({**base, "search": {"budget": stopped}}, "out")
-    text = "\n".join(lines)
+    said = [line for line in lines if line.startswith("Budget 2:00 spent, --resume goes on; "
+                                                       "not done: the claim's check")]
+    assert len(said) == 1 and all(len(line) <= 100 for line in lines)
+    text = "\n".join(summary_lines({**base, "search": {"budget": stopped}}, "out",
+                                   verbose=True))
     assert "budget 2:00 spent: the answer so far; not done: the claim's check" in text
-    assert "--resume goes on" in text and all(len(line) <= 100 for line in text.splitlines())
+    assert "the persistent_workers check (--resume goes on)" in text.replace("\n    ", " ")
+    assert all(len(line) <= 100 for line in text.splitlines())
     fitted = {"budget_s": 120.0, "spent_s": 41.0, "stopped": None}
-    assert "  budget 2:00: 0:41 used, nothing left out" in summary_lines(
-        {**base, "search": {"budget": fitted}}, "out")
+    ladder = {"text": "worker ladder ended: 1 worker(s) 283 (p001) samples/s against the "
+                      "script's 728: more workers than a rung that lost"}
+    quiet = summary_lines({**base, "search": {"budget": fitted, "ladder_stop": ladder}}, "out")
+    assert not [line for line in quiet if "budget" in line.lower() or "ladder" in line]
+    detail = summary_lines({**base, "search": {"budget": fitted, "ladder_stop": ladder}}, "out",
+                           verbose=True)
+    assert "    budget 2:00: 0:41 used, nothing left out" in detail
+    assert any(line.startswith("    worker ladder ended: 1 worker(s) 283 (p001)")
+               for line in detail)

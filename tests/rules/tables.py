@@ -20,7 +20,7 @@ import pandas as pd
 from ddp_profile.profiler.decide.capacity import loading_cost, loop_demand, run_capacity
 from ddp_profile.profiler.settings import SETTING_KEYS
 from ddp_profile.profiler.store.probes import records
-from ddp_profile.profiler.store.results import PROBE_COLUMNS, STEP_COLUMNS, Run
+from ddp_profile.profiler.store.results import STEP_COLUMNS, Run, probes_table
 
 Value = Union[float, None, Callable[[int, int], Optional[float]]]
 
@@ -143,26 +143,20 @@ class RunBuilder:
     def build(self) -> Run:
         steps = pd.DataFrame(self.tables["steps"], columns=STEP_COLUMNS)
         probes = [self._fill_measures(p, steps) for p in self.probes]
-        rows = []
-        for p in probes:
-            measured = int(((steps["probe_id"] == p["id"]) & steps["measured"]).sum())
-            rows.append({**{k: v for k, v in p.items() if k != "entry"}, "score": float("nan"),
-                         "wall_s": float("nan"), "error": None, "root_cause_rank": None,
-                         "steps_measured": measured // self.world_size})
-        for row in rows:
-            for key in ("throughput", "data_wait_fraction"):
-                row[key] = float("nan") if row[key] is None else float(row[key])
         summary = {**self.summary, "probes": [
             {"id": p["id"], "kind": p["kind"], "status": p["status"],
              "config": {k: p[k] for k in SETTING_KEYS},
-             "throughput": p["throughput"], "loading": p.get("loading"),
-             "loop_demand": _loop_demand(steps, p["id"]), **p["entry"]} for p in probes]}
+             "throughput": p["throughput"], "data_wait_fraction": p["data_wait_fraction"],
+             "steps_measured": int(((steps["probe_id"] == p["id"]) & steps["measured"]).sum())
+             // self.world_size, "short": p["short"], "short_reason": p["short_reason"],
+             "loading": p.get("loading"), "loop_demand": _loop_demand(steps, p["id"]),
+             **p["entry"]} for p in probes]}
         context = {"world_size": self.world_size, "cpus_available": self.cpus,
                    "memory_available": self.memory}
         summary["capacity"] = run_capacity(records(summary["probes"]), context,
                                            self.summary["nproc_per_node"], None)
         return Run(path="<memory>", meta={}, summary=summary,
-                   probes=pd.DataFrame(rows, columns=PROBE_COLUMNS), steps=steps,
+                   probes=probes_table(records(summary["probes"])), steps=steps,
                    samples=pd.DataFrame(self.tables["samples"]),
                    loader_iters=pd.DataFrame(self.tables["loader_iters"],
                                              columns=["probe_id", "rank", "loader_id",

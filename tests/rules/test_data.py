@@ -288,7 +288,7 @@ def test_mixed_loading_gets_neither_bound_finding():
 def test_waiting_under_oversubscribed_threads_is_not_blamed_on_storage():
     """Wall - CPU of a worker on oversubscribed CPUs includes waiting for a CPU: beside a
     thread-oversubscription finding the loading's waiting is no evidence of slow storage."""
-    from ddp_profile.rules.findings.host import thread_oversubscription
+    from ddp_profile.rules.threads import thread_oversubscription
 
     builder = (RunBuilder(world_size=2, cpus=2)
                .probe("base", kind="baseline", num_workers=0,

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 from ddp_profile.rules import Thresholds, evaluate
-from ddp_profile.rules.findings.host import (
-    frequent_io,
-    thread_oversubscription,
-    worker_oversubscription,
-)
+from ddp_profile.rules.findings.host import frequent_io, worker_oversubscription
+from ddp_profile.rules.threads import thread_oversubscription
 from tests.rules.tables import RunBuilder, empty_run
 
 T = Thresholds()
@@ -276,7 +273,7 @@ def test_threads_are_judged_at_the_best_configuration_where_its_workers_tip_the_
     assert thread_oversubscription(run_with(5050.0), T) is None
     # the baseline's threads fit its CPUs: what it measured as waiting is not CPU waiting, so
     # the loading rules still speak (io-bound-loading keeps its finding)
-    from ddp_profile.rules.findings.host import baseline_oversubscribed
+    from ddp_profile.rules.threads import baseline_oversubscribed
 
     assert not baseline_oversubscribed(run_with(6300.0), T)
     assert baseline_oversubscribed(threads_run(threads_tp=1000.0), T)

@@ -1,26 +1,15 @@
 """The input pipeline's capacity, from what producing each batch cost (pure; no I/O).
 
 Per probe, :func:`loading_cost` turns the batch records of the training loader (see
-``profiler.rank.loading.loadcost``) into CPU, runnable time and waiting per sample: a producer
-off its CPU was either runnable, waiting on a run queue for a CPU (``runq``: CPU contention, as
-when workers outnumber the CPUs), or blocked (the waiting: storage, network, sleep, a lock).
-:func:`loop_demand` gives the samples/s the loop would consume if data were free (measured
-steps minus their data wait).
+``profiler.rank.loading.loadcost``) into CPU, runnable time (``runq``: waiting for a CPU) and
+blocked waiting (storage, network, sleep, a lock) per sample; :func:`loop_demand` gives the
+samples/s the loop would consume if data were free. :func:`capacity_model` then predicts, for
+``w`` workers on a rank with ``C`` CPUs, ``1 / (1 / demand + cpu + wait)`` per rank at
+``w = 0`` and ``min(w / (cpu + wait), C / cpu)`` from ``w = 1``, and the throughput the loop
+would reach, ``min(demand, capacity)``, up to the memory bound and the cap. ``bound_of`` is the
+one test of CPU-, wait- or mixed-bound loading (the climb, the summary and the rules ask it).
 
-:func:`capacity_model` then predicts, for any worker count ``w`` on a rank with ``C`` CPUs::
-
-    w = 0    the rank loads in the loop: 1 / (1 / demand + cpu + wait) per rank
-    w >= 1   min(w / (cpu + wait), C / cpu): each worker makes a sample every cpu + wait
-             seconds until the CPUs saturate (CPU-bound loading stops at C / cpu)
-
-and the throughput the loop would reach, ``min(demand, capacity)``. Workers are feasible up
-to the memory bound (``available memory / private RSS of one worker``, per rank) and the cap.
-``wait`` is the blocked waiting only (wall - CPU - runq; wall - CPU where the run queue was not
-recorded): time on a run queue is what the CPU limit already accounts for, and would otherwise
-make a CPU-bound loader with many workers look wait-bound. A loader with a CPU share
-(cpu / (cpu + wait)) of at least ``ChoiceThresholds.cpu_bound_share`` is CPU-bound; at most
-``wait_bound_share``, wait-bound; in between, mixed (``bound_of``, the one test: the climb, the
-summary and the rules, with their thresholds, all ask it).
+The model in full: docs/internals.md, "The capacity model (decide/capacity)".
 """
 
 from __future__ import annotations
@@ -261,18 +250,6 @@ class Capacity:
                 "pin_limit": finite_or_none(self.pin_limit),
                 "curve": [{"num_workers": w, "supply": finite_or_none(self.supply(w)),
                            "throughput": finite_or_none(self.throughput(w))} for w in workers]}
-
-
-def loading_line(capacity: dict[str, Any]) -> str:
-    """"X ms CPU + Y ms waiting per sample" of a model (:meth:`Capacity.to_dict`), with the
-    time its producers sat runnable, waiting for a CPU, where that is notable."""
-    text = (f"{1000 * capacity['cpu_per_sample_s']:.2f} ms CPU + "
-            f"{1000 * capacity['wait_per_sample_s']:.2f} ms waiting")
-    runq = capacity.get("runq") or {}
-    if runq.get("notable"):
-        text += f" + {1000 * runq['per_sample_s']:.2f} ms runnable (CPUs busy"
-        text += f", {runq['workers']} workers)" if runq.get("workers") else ")"
-    return text + " per sample"
 
 
 def _runq_dict(runq: Optional[RunQueue]) -> Optional[dict[str, Any]]:

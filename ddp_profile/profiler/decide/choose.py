@@ -2,36 +2,15 @@
 
 Both the sweep (what to confirm, what to ``--repeat``, where to put the ceiling) and the rules
 (the recommendation written to summary.json) build ``Candidate`` values from what they hold and
-ask this module; nothing else decides.
+ask this module; nothing else decides. In short: the noise between two candidates comes from
+their relative standard errors and, across launches, ``launch_sd`` (at least the spread this
+run's launches showed); the reference is the candidate surest to be fast (highest lower bound);
+candidates within noise of it tie, won by the cheapest setting (``cost_key``), and only a
+measurement at most ``tie_rse`` uncertain claims a tie; another batch size, a compute-bound
+baseline and a costlier pick each must win by more than the noise (and ``clear_gain`` for the
+first two).
 
-- **Noise** between two candidates is ``max(noise_floor, noise_sigmas x sqrt(rse_a² + rse_b²
-  + launch_sd²))``, ``rse`` being each throughput's relative standard error and ``launch_sd``
-  counted only when they were measured in different launches (a screen's windows share one).
-  ``launch_sd`` is the larger of its default and the spread this run's own launches showed
-  (``launch_spread``: a configuration measured in two launches that disagree, as cold reads
-  do when the storage slows down during a run, makes every comparison across launches
-  wider).
-- **Reference**: of the candidates no other beats beyond noise, the one surest to be fast:
-  the highest lower bound ``throughput x (1 - noise_sigmas x rse)``. The plain fastest would
-  not do: one short, noisy window that happened to run fast makes every candidate "within
-  noise" of it, and the cheapest of them (often the baseline) would win against candidates
-  measured clearly faster.
-- **Ties**: candidates within noise of the reference are a tie, won by the cheapest setting
-  (``cost_key``: fewer workers, pinning off, smaller prefetch, batch size closest to the
-  baseline's), then by throughput. Only a measurement at most ``tie_rse`` uncertain (or no
-  more than the reference) claims a tie: a cheap window measured ±15 % is "within noise" of
-  almost anything, which says nothing about it being as fast.
-- **Batch-size clause**: a candidate with another batch size than the baseline's wins only
-  when it beats the best candidate at the baseline's batch size by more than both the noise
-  and ``clear_gain`` (a batch size changes the training's dynamics).
-- **Compute-bound clause**: a baseline that waits for data less than ``data_wait_fraction`` of
-  each step is kept unless the reference beats it by more than both the noise and
-  ``clear_gain``.
-- **Costlier only if faster**: a pick that costs more than the baseline (``cost_key``: more
-  workers, pinning, more prefetch) must beat the baseline beyond noise; else the baseline is
-  kept. (kubeflow's mnist: a steady 1-worker measurement was picked over an unsteady baseline,
-  ±12.5 %, and advised at "0.96x" its speed.) A cheaper pick within noise still wins: the same
-  speed for less.
+Each rule in full: docs/internals.md, "The choice (decide/choose)".
 """
 
 from __future__ import annotations
@@ -88,7 +67,7 @@ class Candidate:
 def exposed_share(record: ProbeRecord, thresholds: ChoiceThresholds = ChoiceThresholds()
                   ) -> bool:
     """Whether DDP's timers show a probe's exposed communication (``comm_fraction``: the
-    all-reduce backward did not cover, ``store.comm``) at ``comm_probe_share`` of its steps
+    all-reduce backward did not cover, ``store.probe_comm``) at ``comm_probe_share`` of its steps
     or more: worth measuring the step without it."""
     share = record.comm.exposed_fraction
     return share is not None and share >= thresholds.comm_probe_share

@@ -1,6 +1,6 @@
 """The DDP options a sweep measures against the script's own, their names, and the paired fit
 of their alternation: read by the sweep (``sweep.communication``, which measures them) and the
-rules (``rules.findings.comm``, which word what they did) alike."""
+rules (``rules.findings.synchronisation``, which word what they did) alike."""
 
 from __future__ import annotations
 

@@ -3,44 +3,16 @@
 ``choose`` names the best measured configuration; this module decides what the run says of
 it, from the alternations that checked it (``decide.paired``). The sweep reads the same
 functions to decide what to alternate next, the rules to write the recommendation, so the
-two never read one probe two ways.
+two never read one probe two ways:
 
-- **The subject of the check** (``subject``): the best where it is not the script's own
-  settings; else, where a configuration measured faster than them but not beyond noise (its
-  probes a few steps short, a window's burst, two launches at other levels), that one: an
-  *undecided* gain is a question for an alternation, not a "no". Undecided is measured
-  faster by more than ``noise_floor`` (by more than ``clear_gain`` for another batch size),
-  pooled over its measurements, short ones included: a probe the script ended three steps
-  early is evidence with a wider interval. A compute-bound baseline's loader settings are
-  checked from ``noise_floor`` too, though the verdict asks ``clear_gain`` of them: the
-  probes read the training steps alone, and a script whose loader settings also serve its
-  validation pays or saves more than they show (pytorch/examples' imagenet, 13 % of its
-  steps waiting: 2 workers 1.04x in probes the script ended short, 1.11x in plain launches,
-  and kept, unchecked, at 0.90 of the best). Where a launch timed the script's whole run at
-  its settings and that run took markedly longer than its steps (``outside_steps``: by more
-  than ``clear_gain``; validation passes, checkpoints, epoch boundaries, the workers'
-  start-ups), the steps cannot rank loader settings: the fastest other worker count at its
-  batch size whose steps are slower by less than that share (what it might save outside
-  them) is checked, in whole launches, like for like (imagenet again: its run 8 % slower than
-  its steps, as its validation uses the same ``-j`` workers; 2 workers read 1.02x in a screen,
-  0.92x in a launch of their own, and went unchecked where plain launches measure 1.11x).
-- **The verdict** (``verdict``): the subject where its last alternation with the script's
-  settings measured it faster beyond noise (``PairedClaim.faster``) and by more than
-  ``noise_floor`` (``clear_gain`` where ``choose`` asks for that: the choice's own floors), or
-  where the best stands with nothing to say otherwise (``--pairs 0``, a failed probe); else
-  the script's settings, with the alternation that did not establish it.
-- **The contender** (``contender``): where the check established its subject, the
-  configuration that measured fastest above it in the search (``seen``), if any, is
-  alternated with the script's settings too, and becomes the recommendation where that
-  alternation establishes it and reads a larger gain (timm's ``train.py``: ``-j 1`` checked and
-  established at 1.20x, batch 64 at 1.28x in probes the script ended three steps short, named
-  unsettled; plain launches 1.42x). Only behind an established check: where nothing is faster
-  than the script's settings, the first check alone can claim a gain by chance, as before.
-- **What was seen** (``seen``): every configuration that measured faster than the
-  recommendation and is not it, in the search or in the check's own alternation, with its
-  figure, why it is not established (``not_established``: the one wording of a check that
-  did not establish its subject) and what would settle it; never "no faster" where probes
-  measured faster.
+- ``subject``: what the claim's check alternates with the script's settings (the best, or an
+  undecided gain: a question for an alternation, not a "no");
+- ``verdict``: the subject where its alternation established it, else the script's settings;
+- ``contender``: behind an established check, a faster configuration alternated too;
+- ``seen``: what measured faster than the recommendation and is not established, with what
+  would settle it.
+
+Each clause in full: docs/internals.md, "The verdict (decide/evidence)".
 """
 
 from __future__ import annotations
@@ -105,7 +77,7 @@ def _pooled(records: Sequence[ProbeRecord]) -> list[Candidate]:
                          and c.throughput > 0])
 
 
-def _record(records: Sequence[ProbeRecord], probe_id: str) -> ProbeRecord:
+def _probe_by_id(records: Sequence[ProbeRecord], probe_id: str) -> ProbeRecord:
     return next(r for r in records if r.id == probe_id)
 
 
@@ -171,8 +143,8 @@ def _unranked(pooled: list[Candidate], own: Candidate, share: float) -> list[Can
             and c.throughput > own.throughput * (1 - share)]
 
 
-def _question(records: Sequence[ProbeRecord], base: ProbeRecord,
-              thresholds: ChoiceThresholds) -> Optional[tuple[Candidate, str]]:
+def _undecided_gain(records: Sequence[ProbeRecord], base: ProbeRecord,
+                    thresholds: ChoiceThresholds) -> Optional[tuple[Candidate, str]]:
     """The configuration ``undecided`` names, and why (``checked_because``)."""
     pooled = _pooled(records)
     own = next((c for c in pooled if c.config == candidate_of(base).config), None)
@@ -197,17 +169,17 @@ def undecided(records: Sequence[ProbeRecord], base: ProbeRecord,
     script's settings (pooled), where ``choose`` kept those; else, where the script's run
     pays beyond its steps, the fastest other worker count its steps cannot rank
     (``outside_steps``); None where there is neither."""
-    question = _question(records, base, thresholds)
-    return _record(records, question[0].id) if question is not None else None
+    gain = _undecided_gain(records, base, thresholds)
+    return _probe_by_id(records, gain[0].id) if gain is not None else None
 
 
 def checked_because(records: Sequence[ProbeRecord], base: ProbeRecord, target: ProbeRecord,
                     thresholds: ChoiceThresholds = DEFAULTS) -> str:
     """Why ``target``, not the search's best, is the subject of the check (``undecided``)."""
-    question = _question(records, base, thresholds)
-    if question is None or question[0].config != candidate_of(target).config:
+    gain = _undecided_gain(records, base, thresholds)
+    if gain is None or gain[0].config != candidate_of(target).config:
         return STEP_FASTER
-    return question[1]
+    return gain[1]
 
 
 def subject(records: Sequence[ProbeRecord], base: ProbeRecord, best: Optional[ProbeRecord],
@@ -235,7 +207,7 @@ OUTRAN = "it measured faster in the search than the configuration checked first"
 def verdict(records: Sequence[ProbeRecord], base: ProbeRecord, best: Optional[ProbeRecord],
             thresholds: ChoiceThresholds = DEFAULTS) -> Verdict:
     """The recommendation's probe and the alternation it rests on (module docstring)."""
-    first = _checked(records, base, best, thresholds)
+    first = _first_verdict(records, base, best, thresholds)
     rival = _contender(records, base, first, thresholds)
     claim = paired(records, alternation(records, base, rival), thresholds.interval_confidence,
                    thresholds.launch_sd) if rival is not None else None
@@ -254,7 +226,7 @@ def contender(records: Sequence[ProbeRecord], base: ProbeRecord, best: Optional[
     """What is alternated with the script's settings after the check (module docstring):
     where the check established its subject, the configuration that measured fastest above
     it in the search; else None."""
-    return _contender(records, base, _checked(records, base, best, thresholds), thresholds)
+    return _contender(records, base, _first_verdict(records, base, best, thresholds), thresholds)
 
 
 def _contender(records: Sequence[ProbeRecord], base: ProbeRecord, first: Verdict,
@@ -264,11 +236,11 @@ def _contender(records: Sequence[ProbeRecord], base: ProbeRecord, first: Verdict
     own = candidate_of(base)
     found = [s for s in seen(records, base, first, thresholds)
              if s.ratio > 1 + check_gain(own, s.config, thresholds)]
-    return _record(records, found[0].probe) if found else None
+    return _probe_by_id(records, found[0].probe) if found else None
 
 
-def _checked(records: Sequence[ProbeRecord], base: ProbeRecord, best: Optional[ProbeRecord],
-             thresholds: ChoiceThresholds) -> Verdict:
+def _first_verdict(records: Sequence[ProbeRecord], base: ProbeRecord,
+                   best: Optional[ProbeRecord], thresholds: ChoiceThresholds) -> Verdict:
     """The verdict of the first check: its subject, or the script's settings."""
     target = subject(records, base, best, thresholds)
     if target is None:
@@ -301,7 +273,7 @@ def seen(records: Sequence[ProbeRecord], base: ProbeRecord, decided: Verdict,
         short = all(r.short for r in records if r.counts_for_choice and r.measured
                     and candidate_of(r).config == c.config)
         return Seen(probe=c.id, config=c.config, ratio=ratio,
-                    why=_why(c, own, pick, decided, short, thresholds), short=short)
+                    why=_why_not_settled(c, own, pick, decided, short, thresholds), short=short)
 
     found = [found_at(c, c.throughput / own.throughput) for c in pooled
              if c.config not in (pick.config, own.config)
@@ -336,28 +308,31 @@ def alternated(claim: PairedClaim) -> str:
             f"{claim.probes[-1]})")
 
 
-def _why(c: Candidate, own: Candidate, pick: Candidate, decided: Verdict, short: bool,
-         thresholds: ChoiceThresholds) -> str:
+def _why_not_settled(faster: Candidate, own: Candidate, pick: Candidate, decided: Verdict,
+                     short: bool, thresholds: ChoiceThresholds) -> str:
+    """Why ``faster``, which measured faster than the recommendation ``pick``, is not
+    established: the check that did not establish it, else what its measurements lack."""
     rival, claim = decided.rival, decided.rival_claim
-    if rival is not None and claim is not None and candidate_of(rival).config == c.config:
-        if claim.faster and claim.ratio > 1 + needed_gain(own, c.config, thresholds) \
+    if rival is not None and claim is not None and candidate_of(rival).config == faster.config:
+        if claim.faster and claim.ratio > 1 + needed_gain(own, faster.config, thresholds) \
                 and decided.claim is not None:
             return (f"{alternated(claim)}: less than the recommendation's "
                     f"{decided.claim.ratio:.2f}x")
-        return not_established(claim, own, c.config, thresholds)
+        return not_established(claim, own, faster.config, thresholds)
     checked = decided.checked_probe
     if decided.checked is not None and checked is not None \
-            and candidate_of(checked).config == c.config:
-        return not_established(decided.checked, own, c.config, thresholds)
+            and candidate_of(checked).config == faster.config:
+        return not_established(decided.checked, own, faster.config, thresholds)
     parts = []
     if short:
         parts.append("its probes ran fewer steps than asked (the script ended first)")
-    if c.throughput <= pick.throughput * (1 + noise(c, pick, thresholds)):
-        parts.append(f"within the noise of its measurement (±{noise(c, pick, thresholds):.0%})")
-    if c.config.batch_size != own.config.batch_size and c.throughput <= pick.throughput * (
-            1 + max(noise(c, pick, thresholds), thresholds.clear_gain)):
+    margin = noise(faster, pick, thresholds)
+    if faster.throughput <= pick.throughput * (1 + margin):
+        parts.append(f"within the noise of its measurement (±{margin:.0%})")
+    if faster.config.batch_size != own.config.batch_size \
+            and faster.throughput <= pick.throughput * (1 + max(margin, thresholds.clear_gain)):
         parts.append(f"another batch size moves only for a gain beyond noise and "
                      f"{thresholds.clear_gain:.0%}")
-    if checked is not None and candidate_of(checked).config != c.config:
+    if checked is not None and candidate_of(checked).config != faster.config:
         parts.append("the check went to the configuration that measured fastest")
     return "; ".join(parts) or "not checked against the script's settings"

@@ -1,25 +1,15 @@
 """The paired gate's verdict: the change and its reference alternated in launches, one fit.
 
-``ddp-profile gate --against REF`` measures the current side (``B``) and the reference
-(``A``) in one job, a launch each, ``A B A B A`` and one more ``B A`` at a time while the
-verdict is open. The launches are read with the claim's fit (``paired.fit_alternation``):
-``log rate = level + gain x current + drift x position``, so a runner that slows down or
-speeds up over the job (neighbours coming and going) moves both sides alike and drops out
-of the gain; what is left of a launch's level is the fit's residual, and its interval is the
-fit's own (``t`` with the fit's degrees of freedom). From four launches of the current side,
-where the line leaves 3 times their variance, each is read against the two reference launches
-beside it (``neighbours.local_fit``), so a runner that slows down and recovers within the
-job drops out as well.
-
-The tolerance rule is the stored-baseline gate's (``rules.gate.verdict``), with three ends:
-
-- **regression**: the interval of current / reference lies wholly below
-  ``1 - max_regression``;
-- **pass**: it lies wholly above ``1 - max_regression`` (the change costs less than the
-  tolerance, or nothing);
-- **inconclusive**: it straddles ``1 - max_regression``, with the launches a side that would
-  decide it at the spread seen (``launches_needed``); also where the two sides ran in
-  different environments that are not the change under test (``environment``).
+``ddp-profile gate --against REF`` measures the current side (``B``) and the reference (``A``)
+in one job, ``A B A B A`` and one more ``B A`` at a time while the verdict is open. The
+launches are read with the claim's fit (``paired.fit_alternation``), so a runner whose speed
+drifts over the job moves both sides alike and drops out of the gain (locally, with
+``neighbours.local_fit``, where it slows down and recovers). The tolerance rule is the stored
+baseline gate's (``rules.gate.verdict``): **regression** where the interval of current /
+reference lies wholly below ``1 - max_regression``, **pass** where wholly above it,
+**inconclusive** where it straddles it (with the launches a side that would decide it,
+``launches_needed``) or where the sides ran in environments that differ beyond the change
+(``environment``).
 
 Pure functions over launch rates: the gate's command runs the launches and renders the result.
 """

@@ -1,30 +1,16 @@
 """Each candidate launch against the references either side of it: an alternation's gain where
 the machine's level wanders.
 
-Launches of an alternation each run at a level of their own: the machine's other work comes
-and goes. The linear fit (``paired.fit_alternation``) takes out one level and a straight
-drift. A machine that slows down and recovers within the alternation leaves a curve in the
-fit's residual, and the interval widens until it says nothing. imagenet's ``main.py`` on 2
-busy cores is an example: the script's settings ran 22.5, 22.0, 16.4, 18.9 and 23.9 samples/s
-over 9 launches, and the candidate between them ran 26.1, 24.5, 19.3 and 23.7. The fit read
-1.13x [0.88-1.46]; each candidate against the mean of its two neighbours read 1.17, 1.27, 1.10
-and 1.11.
-
-Here each candidate launch ``c`` is read against the two references beside it:
-``d = log c - (log a_before + log a_after) / 2``. A level that moves little across three
-launches cancels, whatever its shape over the alternation. The gain is the mean of a
-candidate's ``d``. One launch's noise ``sigma`` comes from the spread of the ``d``, pooled over
-the candidates, with one degree of freedom fewer than the ``d`` of each. Neighbouring ``d``
-share a reference, and for independent launches that covariance is taken into account
-exactly: ``E[sum (d - mean)^2] = sigma^2 (tr C - 1'C1 / k)``, with ``C = W W'`` for the
-weights ``W`` that make the ``d`` from the launches.
-
-It needs more launches than the fit: ``A B A B A`` leaves it one degree of freedom where the fit
-has two. It reads an alternation only where every candidate has ``LOCAL_FROM`` launches, each
-between two references. Where the level stays still, or noise swamps its moves, the line is the
-sharper reading. ``paired.fit_alternation`` therefore reads locally only where the line leaves
-``LOCAL_VARIANCE_RATIO`` times the variance the neighbours show. ``benchmarks/alternations.py``
-models the line, the local reading and that choice.
+Launches of an alternation each run at a level of their own. The linear fit
+(``paired.fit_alternation``) takes out one level and a straight drift; a machine that slows
+down and recovers within the alternation leaves a curve in the fit's residual, and the
+interval widens until it says nothing. Here each candidate launch ``c`` is read against the two
+references beside it, ``d = log c - (log a_before + log a_after) / 2``, so a level that moves
+little across three launches cancels. It needs more launches than the fit and reads an
+alternation only where every candidate has ``LOCAL_FROM`` launches; ``paired.fit_alternation``
+reads locally only where the line leaves ``LOCAL_VARIANCE_RATIO`` times the variance the
+neighbours show. Its noise estimate: docs/internals.md, "Reading an alternation locally
+(decide/neighbours)"; ``benchmarks/alternations.py`` models the choice.
 """
 
 from __future__ import annotations

@@ -152,8 +152,7 @@ class PairedClaim:
         above 1 (their residual holds no launch's level). Launches: the fit's own interval
         above 1, each launch at a level of its own already in its residual: whether the gain
         is real is its question; where a plain check of 3 launches each lands, the
-        interval's (timm's ``train.py``: 1 worker 1.26x over 9 launches, the fit 1.10-1.45x,
-        a 3-round check [0.97-1.64]; plain launches gave 1.18x)."""
+        interval's (wider than the fit's own)."""
         return self.bounds[0] > 1.0
 
     @property
@@ -284,10 +283,9 @@ def still_open(claim: Optional[PairedClaim], noise_floor: float) -> bool:
     """Whether an alternation in launches leaves its gain open: not faster beyond noise, yet
     its interval still holding a gain of more than ``noise_floor``. Such a check is extended
     one pair at a time (the claim's, the threads'): a few launches that happened to read the
-    gain slower say nothing yet where the interval reaches that far (timm's ``train.py``, 2
-    workers: 5 launches read 0.96x, a 3-round check's interval 0.52-1.79x, and it stopped
-    there; another run's 9 launches read 1.21x, plain launches 1.18x). One whose interval lies
-    below that has lost, and nothing more is alternated."""
+    gain slower say nothing yet where the interval reaches that far (a check stopped there
+    can miss a gain that more launches establish). One whose interval lies below that has
+    lost, and nothing more is alternated."""
     return claim is not None and not claim.faster and claim.bounds[1] > 1 + noise_floor
 
 

@@ -150,7 +150,7 @@ def launch(spec: LaunchSpec, plan: ProbePlan, timeout_s: float, tag: Optional[st
     every ``WATCH_EVERY_S``) says to stop; never leave a process behind. Ranks under torch's
     launcher that all recorded their script's end get ``END_GRACE_S`` to exit; then they are
     ended, and the launch is read as finished (``hung_at_exit``: a gloo teardown can
-    deadlock, ``rank.patches.comm.process_group_destroy``)."""
+    deadlock, ``rank.patches.comm_calls.process_group_destroy``)."""
     os.makedirs(plan.out_dir, exist_ok=True)
     log_path = os.path.join(plan.out_dir, "launcher.log")
     tag = tag or new_tag()

@@ -4,7 +4,6 @@ On CUDA the host runs ahead of the GPU: a host-side data wait only starves the G
 has run out of queued work meanwhile. Two timing events per step tell which: one recorded on
 the current stream when the batch reaches the host loop, one when the optimizer step has been
 issued. On the GPU's own clock:
-
 ``gpu_busy_s``  start(k) -> end(k): the GPU working through step k (what was queued for it)
 ``gpu_gap_s``   end(k-1) -> start(k): the GPU idle between steps, waiting for the host (data)
 

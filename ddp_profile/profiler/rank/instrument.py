@@ -1,34 +1,18 @@
 """Rank-side instrumentation: patch the DataLoader, time each step, stop cleanly.
 
 Installed by ``profiler.rank.hook`` in a probe's rank processes only (never on a plain import).
+``DataLoader.__init__`` records the script's own settings and applies the probe's overrides;
+the iterators' ``__next__`` marks the step boundaries; a global optimizer step post hook and
+``Tensor.backward`` mark compute boundaries. **The training loader** is the first DataLoader
+whose iteration reaches ``warmup + steps`` batches in this rank; when it gets there, every rank
+writes its records, waits at a barrier, shuts its workers down and exits 0. **A screen**
+(``plan.windows``) switches the training loader's iterator, in every rank at the same step, to
+the next window's settings (docs/internals.md, "Screens").
 
-* ``DataLoader.__init__`` records the script's own settings and applies the probe's overrides
-  (``batch_sampler=BatchSampler(...)`` is rebuilt with the new batch size around the same
-  sampler; a value PyTorch forbids is skipped and the skip recorded).
-* ``_BaseDataLoaderIter.__next__`` marks the step boundaries (see ``profiler.rank.stepclock``).
-* A global optimizer step post hook and ``Tensor.backward`` mark compute boundaries.
-
-**The training loader** is the first DataLoader whose iteration reaches ``warmup + steps``
-batches in this rank: the loader iterated most by then. Validation loaders iterated in between
-count as the training step's "other" host time. When it gets there, every rank (all ranks reach
-the same batch index, since DistributedSampler gives each rank the same number of batches)
-writes its records, waits at a barrier, shuts its DataLoader workers down and exits 0.
-
-**A screen** (``plan.windows``) measures several loader configurations in one launch. The
-training loader runs ``warmup + steps`` steps per window; at each window boundary the iterator
-the script holds is switched, in every rank at the same step, to a fresh iterator of the same
-DataLoader built with the next window's ``num_workers`` / ``pin_memory`` / ``prefetch_factor``
-(the old workers are shut down first). Step records carry their ``window``; ``measured`` is
-false for each window's first ``warmup`` steps, which absorb the new workers' start-up. A
-loader that cannot be rebuilt ends the screen early (event ``screen_unsupported``).
-
-The jobs are split: ``profiler.rank.loaders`` holds the DataLoader hooks (``LoaderHooks``,
-which this class completes), ``profiler.rank.stepclock`` times each loader's steps,
-``profiler.rank.windows`` holds each iterator's state (``IteratorState``), the screen's
-windows (``Screen``) and the ceiling's replay (``CeilingReplay``), ``profiler.rank.gpu_steps``
-the GPU side (``GpuSide``), ``profiler.rank.comm`` communication and host syncs,
-``profiler.rank.process`` what the rank says about itself (rank, context and error records)
-and how it leaves (the stop barrier); this class wires them to the patched calls.
+The jobs are split: ``loaders`` (the DataLoader hooks, ``LoaderHooks``, which this class
+completes), ``stepclock``, ``windows`` (``IteratorState``, ``Screen``, ``CeilingReplay``),
+``gpu_steps`` (``GpuSide``), ``comm_meter``, ``process`` (what the rank says about itself and
+how it leaves); this class wires them to the patched calls.
 """
 
 from __future__ import annotations
@@ -39,7 +23,7 @@ import time
 import weakref
 from typing import Any, Optional
 
-from ddp_profile.profiler.rank.comm import CommMeter
+from ddp_profile.profiler.rank.comm_meter import CommMeter
 from ddp_profile.profiler.rank.gpu_steps import GpuSide
 from ddp_profile.profiler.rank.loaders import LoaderHooks
 from ddp_profile.profiler.rank.loading import loadcost
@@ -110,7 +94,7 @@ class Instrumentation(LoaderHooks):
     # ---- the GPU side and the samplers ----------------------------------------------------
     def _cuda_found(self) -> None:
         """The script uses CUDA: its host syncs are counted from now on."""
-        from ddp_profile.profiler.rank.patches.comm import watch_host_syncs
+        from ddp_profile.profiler.rank.patches.comm_calls import watch_host_syncs
 
         self.event("host_sync_watch", watched=watch_host_syncs(self))
 

@@ -16,8 +16,7 @@ import time
 import weakref
 from typing import Any, Callable, Optional
 
-from ddp_profile.profiler.cache import CacheMode
-from ddp_profile.profiler.rank.comm import CommMeter
+from ddp_profile.profiler.rank.comm_meter import CommMeter
 from ddp_profile.profiler.rank.facts import (
     FINGERPRINT_BATCHES,
     batch_fingerprint,
@@ -41,6 +40,7 @@ from ddp_profile.profiler.rank.windows import (
     rebuilt_iterator,
 )
 from ddp_profile.profiler.settings import (
+    CacheMode,
     Mode,
     ProbePlan,
     backlog_warmup,

@@ -3,29 +3,15 @@ and the ceiling's replayed batches.
 
 ``IteratorState`` is what ``profiler.rank.instrument`` keeps on each DataLoader iterator it
 sees. ``Screen`` is a screen's windows (``ProbePlan.windows``) as the training loader goes
-through them: which window a step is in, whether it is measured, where a window begins and
-when the probe is done; at each window's first step, in every rank at the same step,
+through them; at each window's first step, in every rank at the same step,
 :func:`rebuilt_iterator` rebuilds the training loader's iterator with the window's settings.
 ``CeilingReplay`` serves a ceiling probe (or window): a few real batches, then those again.
-
-**Both keep the script's epoch as it is.** A probe may switch the training loader's settings
-mid-epoch (a screen's next window) or stop loading (the ceiling's replay); either way the
-script must see what it would see without the probe: exactly ``len(loader)`` batches in the
-epoch, ``StopIteration`` where it expects it, the sampler's order unchanged. A fresh iterator
-of the same DataLoader would start a new pass of the sampler and lengthen the epoch by the
-batches already taken (a loop sized from ``len(loader)`` then overruns: an LR schedule raises,
-an accumulation remainder divides by zero). So every batch of indices an iterator takes from
-its sampler is noted as dispatched (``note_dispatched``, from
-``_BaseDataLoaderIter._next_index``: with workers, the prefetched ones are dispatched before
-they are yielded) and dropped once it is yielded (``note_yielded``). What the pass still owes
-is the dispatched-not-yielded indices, then the rest of the sampler's own iterator
-(``rest_of_pass``). A rebuilt iterator serves that rest (:func:`serving`: the loader's new
-settings, the pass's end where the old one's was; the next epoch, ``iter(loader)`` or a
-persistent iterator's reset, reads the loader's own sampler again), and a replay takes one
-batch of it per replayed batch, ending the epoch where it ends.
-
-An ``IterableDataset`` cannot be continued this way: its stream lives in the dataset object of
-each worker, and a new iterator would start it again (``cannot_continue``).
+Both keep the script's epoch as it is (exactly ``len(loader)`` batches, ``StopIteration``
+where it expects it, the sampler's order unchanged): every batch of indices an iterator takes
+is noted as dispatched (``note_dispatched``) and dropped once yielded (``note_yielded``), and
+a rebuilt iterator or a replay serves what the pass still owes (``rest_of_pass``,
+:func:`serving`). An ``IterableDataset`` cannot be continued this way (``cannot_continue``).
+Why: docs/how-it-works.md, "Probes keep your loop's contract".
 """
 
 from __future__ import annotations

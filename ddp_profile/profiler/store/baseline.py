@@ -1,25 +1,15 @@
 """Per-step throughput samples of one probe, exported baselines, and the gate's two sides.
 
-``ddp-profile baseline RUN_DIR -o baseline.json`` writes a small JSON file meant to be committed:
-
-    {"kind": "ddp-profile-baseline", "schema_version": 2, "created": "2025-...Z",
-     "environment": {device, world_size, torch_version, cpu_model, gpu_name, hostname},
-     "config": {num_workers, pin_memory, prefetch_factor, batch_size}, "probe_id": "...",
-     "throughput": <the probe's global samples/s>, "samples": [<per-step global samples/s>, ...],
-     "launches": [{"probe_id": "p001", "samples": [...]}, ...],
-     "source": {"run_dir": ..., "script": ...}}
-
-``samples`` holds the steps of every launch, in order; ``launches`` the same steps per launch
-(one probe process each). Schema 1 files have no ``launches``: their samples are one launch.
-
-``ddp-profile gate BASELINE CURRENT`` reads each side with :func:`load_side`, from either a run
-directory or such a file. A side is one configuration of one run: by default the recommended one
-(``summary["recommended"]``), else the fastest successful probe; ceiling probes (replayed
-batches, no data loading) are never a side. Every successful probe of that configuration is one
-launch of the side (``ddp-profile run --repeat K`` makes K of them).
-
-A per-step sample is global samples/s at one measured step index: the samples every rank
-processed at that step over the step time of the slowest rank, which bounds the step.
+``ddp-profile baseline RUN_DIR -o baseline.json`` writes a small JSON file meant to be
+committed (``kind: "ddp-profile-baseline"``, ``schema_version`` 2): the environment, the
+configuration and its probe, its ``throughput``, ``samples`` (the per-step global samples/s
+of every launch, in order) and ``launches`` (the same steps per launch; schema 1 files have
+none: their samples are one launch). ``ddp-profile gate BASELINE CURRENT`` reads each side with
+:func:`load_side`, from either a run directory or such a file. A side is one configuration of
+one run: the recommended one, else the fastest successful probe; ceiling probes are never a
+side. Every successful probe of that configuration is one launch of the side (``--repeat K``
+makes K). A per-step sample is global samples/s at one measured step index: the samples every
+rank processed at that step over the step time of the slowest rank, which bounds the step.
 """
 
 from __future__ import annotations

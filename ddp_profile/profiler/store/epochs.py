@@ -1,29 +1,17 @@
 """A rank's measured steps as the script runs them: steady steps, and the epoch restarts.
 
-A DataLoader whose workers are not persistent starts them again at every epoch. The loop
-waits for that start-up once per epoch, then takes the batches the workers made meanwhile
-without waiting. A probe's measured steps hold a restart or not depending on where the
-epoch happens to end, and one restart among 40 measured steps of a 62-step epoch weighs
-more than the script ever pays for it: a window read 176 samples/s for 6 workers whose
-epoch, restart included, runs at 200, while a neighbour without a restart in its window
-read 2,600 for a script that runs at 400.
-
-So each configuration is measured the same way, whatever its window holds:
-
-* the **steady** steps: the measured steps outside every iterator's start segment;
-* the **restart cost**: the data wait a start segment (the step that waited for a fresh
-  iterator's first batch, counted from the iterator's creation, and the ``num_workers x
-  prefetch_factor`` steps that followed, which take the stock made meanwhile) costs above
-  that many steady steps. Every probe and screen
-  window holds at least one such segment, its own iterator's start, in its warm-up; a
-  restart inside the measured steps is one more;
-* the **throughput as run**: the steady steps with one restart added per epoch
-  (``epoch_samples`` over the batch size): ``E x b / (E x s + c)``.
-
-Only for loaders that restart (workers, not persistent) whose epoch length is known; others
-keep every measured step as it came. ``steady_throughput`` is what the same steps run at
-without restarts: what ``persistent_workers=True`` leaves, reported as a prediction with
-that basis, never as a measurement of persistent workers.
+A DataLoader whose workers are not persistent starts them again at every epoch; a probe's
+measured steps hold a restart or not depending on where the epoch happens to end, and one
+restart among a few dozen measured steps weighs more than the script ever pays for it. So
+each configuration is measured the same way, whatever its window holds: the **steady** steps
+(outside every iterator's start segment), the **restart cost** (the data wait a start
+segment, the step that waited for a fresh iterator's first batch and the ``num_workers x
+prefetch_factor`` steps after it, costs above that many steady steps), and the **throughput as
+run**, the steady steps with one restart added per epoch: ``E x b / (E x s + c)``. Only for
+loaders that restart (workers, not persistent) whose epoch length is known; others keep every
+measured step as it came. ``steady_throughput`` is what ``persistent_workers=True`` leaves,
+reported as a prediction with that basis (docs/how-it-works.md, "Epochs and worker
+restarts").
 """
 
 from __future__ import annotations

@@ -100,11 +100,11 @@ class Loading:
 
 @dataclass(frozen=True)
 class Communication:
-    """DDP's reducer timers and the script's collectives (``store.comm.probe_comm``)."""
+    """DDP's reducer timers and the script's collectives (``store.probe_comm.probe_comm``)."""
 
     exposed_fraction: Optional[float]  # the all-reduce backward did not cover, of the step
     options: Optional[Mapping[str, Any]]  # the probe's DDP options (None: the script's own)
-    fields: Mapping[str, Any]  # its ``comm`` summary (``store.comm.probe_comm``), as recorded
+    fields: Mapping[str, Any]  # its ``comm`` summary (``store.probe_comm.probe_comm``), as recorded
 
     @classmethod
     def of(cls, line: Mapping[str, Any]) -> "Communication":

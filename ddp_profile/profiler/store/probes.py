@@ -2,14 +2,11 @@
 ``ProbeRecord``, the typed record of one probe that the run's readers share (the ledger line
 it is made from and written back to keeps its keys).
 
-A ledger entry (``profiler.sweep.probe.summarise_probe``; the ``probes[]`` items of
-summary.json) stores ``status`` and ``kind`` as plain strings; the enums here are ``str``
-subclasses, so ``record.kind == "threads"`` and JSON both work unchanged. Every reader reads
-a probe as a ``ProbeRecord``, made from its line in one place (``ProbeRecord.from_json``;
-its parts, ``store.probe_parts``).
-
-Which probes count is decided here alone:
-
+A ledger entry (``sweep.probe.summarise_probe``; summary.json's ``probes[]``) stores
+``status`` and ``kind`` as plain strings; the enums are ``str`` subclasses, so both work
+unchanged. Every reader reads a probe as a ``ProbeRecord``, made from its line in one place
+(``ProbeRecord.from_json``; its parts, ``store.probe_parts``). Which probes count is decided
+here alone:
 * ``counts_for_choice``: what the recommendation may pick (``decide.choose``): the script's
   own settings (``baseline``) and the searched ones (``sweep``), measured ok.
 * ``counts_for_gate``: what the CI gate may compare or pool: those, and the ``repeat``
@@ -131,6 +128,21 @@ def gate_mask(probes: "pd.DataFrame") -> "pd.Series":
     return ok_mask(probes, GATE_KINDS)
 
 
+def script_settings_probe(records: Iterable["ProbeRecord"]) -> Optional["ProbeRecord"]:
+    """The probe of the script's own settings (the first of kind baseline), ok or not."""
+    return next((r for r in records if r.kind == Kind.BASELINE), None)
+
+
+def baseline_probe(records: Sequence["ProbeRecord"]) -> Optional["ProbeRecord"]:
+    """What every gain of the run is measured against: the ok probe of the script's own
+    settings, else (it failed) the first ok probe that counts for the choice; None where no
+    probe did. The one lookup: the recommendation records its id (``baseline_probe_id``)."""
+    own = script_settings_probe(records)
+    if own is not None and own.ok:
+        return own
+    return next((r for r in records if r.counts_for_choice), None)
+
+
 def latest_ceiling(records: Sequence["ProbeRecord"]) -> Optional["ProbeRecord"]:
     """The last ok compute-only measurement (a screened one may be superseded by a probe at
     the recommended batch size) that is a ceiling (``ceiling_failed``: one that ran below a
@@ -156,6 +168,21 @@ class CacheMiss:
         missed = line.get("regime_miss") or {}
         return cls(Kind(line[MEASURED_AS]), missed.get("mode"),
                    number(missed.get("storage_share")))
+
+
+# the corrections of a recorded probe (``ProbeRecord.amended``; the ledger's ``amends`` lines):
+# their fields written here, next to where ``from_json`` reads them
+def set_aside(record: "ProbeRecord", mode: str, storage_share: Optional[float]
+              ) -> dict[str, Any]:
+    """``record`` read out of the run's page-cache regime (``mode``): kind ``cache``, measured
+    as its own kind (``CacheMiss``)."""
+    return {"kind": Kind.CACHE.value, MEASURED_AS: record.kind.value,
+            "regime_miss": {"mode": mode, "storage_share": storage_share}}
+
+
+def not_a_ceiling(why: str) -> dict[str, Any]:
+    """A ceiling probe that ran below a rate measured with loading (``ceiling_failed``)."""
+    return {CEILING_FAILED: why}
 
 
 class BadProbeRecord(ValueError):

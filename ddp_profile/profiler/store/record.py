@@ -1,22 +1,12 @@
 """Per-rank records as JSON lines; never pickle.
 
 Each rank of a probe writes ``<probe_dir>/rank-<rank>.jsonl``. Every line is one JSON object
-with a ``kind``:
-
-``context``      the rank's environment and the training loader's own and applied settings
-``loader_iter``  one per ``iter(loader)``: ``first_batch_s`` is the worker start-up cost
-``step``         one per training step: ``data_wait_s``, ``compute_s``, ``other_s``,
-                 ``forward_s``, ``samples``, ``t_ns`` (wall clock at the step's start),
-                 ``measured`` (false during warm-up)
-``sample``       one telemetry sample (host or GPU), written by the samplers
-``event``        a fact for the rules (DDP options, ``set_epoch`` calls, ``DataParallel`` ...)
-``error``        the exception that ended the rank: type, message, last line, ``oom``
-``end``          written when the rank stops: ``reason`` and the training loader's id
-``batch_cost``   one per batch the rank made itself (``num_workers=0``): see
-                 ``rank.loading.loadcost``; DataLoader workers write theirs to
-                 ``<probe_dir>/workers/*.jsonl``
-``pin_cost``     one per batch pinned (``pin_memory=True`` on an accelerator), by the loader's
-                 pin-memory thread or the loop's: see ``rank.loading.loadcost.PinMeter``
+with a ``kind``: ``context`` (the rank's environment and the training loader's own and applied
+settings), ``loader_iter`` (one per ``iter(loader)``), ``step`` (one per training step),
+``sample`` (telemetry), ``event`` (a fact for the rules), ``error`` (the exception that ended
+the rank), ``end`` (written when the rank stops), ``batch_cost`` and ``pin_cost`` (what making
+and pinning a batch cost: ``rank.loading.loadcost``; DataLoader workers write theirs to
+``<probe_dir>/workers/*.jsonl``). Every field: docs/internals.md, "Per-rank records".
 
 The rank is often unknown when the first records are made (a DataLoader is commonly built
 before ``init_process_group``), so records are buffered until the first flush, which names
@@ -36,6 +26,8 @@ SCRIPT_EXIT = "script_exit"  # the end record's reason where the rank's script e
 ITERATOR_OUTLIVES_EPOCH = "iterator_outlives_epoch"  # event: one iterator of the loader served
 # more than len(loader) batches, so the loader keeps it across epochs (no restart per epoch)
 WORKER_DIR = "workers"  # <probe_dir>/workers/: one JSON-lines file per DataLoader worker
+TORCH_DIR = os.sep + "torch" + os.sep  # in a call site's ``file``: a frame inside torch (the
+# ranks pass over such frames to find the script's; the rules tell torch's sites from the script's)
 
 
 def clean_json(value: Any) -> Any:

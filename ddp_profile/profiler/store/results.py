@@ -1,45 +1,28 @@
 """Load a run directory into pandas tables with one call: ``load_run(path)``.
 
-A run directory is the single source of truth; ``report`` and ``gate`` only read it::
-
-    RUN_DIR/run.json                        what was asked (script, arguments, search space)
-    RUN_DIR/ledger.jsonl                    one line per finished probe, appended and fsynced
-    RUN_DIR/summary.json                    the keys fixed in the design notes, rewritten atomically
-    RUN_DIR/probes/<probe_id>/rank-N.jsonl  per-rank records (see ``profiler.record``)
-    RUN_DIR/probes/<probe_id>/launcher.log  the launcher's and the ranks' output
-
-Tables (all times in seconds; ``t_s`` is relative to the probe's first record):
-
-``probes``        id, kind (``store.probes.Kind``), status, num_workers, pin_memory,
-                  prefetch_factor, batch_size, throughput, data_wait_fraction, comm_fraction
-                  (exposed communication's share of a step; NaN without DDP), score, wall_s,
-                  error, root_cause_rank, steps_measured, short, short_reason, launch (the
-                  launch that measured it: its screen's, else its own id)
-``steps``         probe_id, rank, node, loader_id, step, measured, t_s, data_wait_s, compute_s,
-                  other_s, forward_s, step_s, samples, gpu_busy_s, gpu_gap_s (CUDA events;
-                  NaN without CUDA), comm_s (exposed communication, part of compute_s: NaN
-                  where DDP's timers were not read for the step, see ``store.comm``), coll_s
-                  and coll_n (the script's own collectives in the step), syncs (gradient
-                  synchronisations in the step)  (training loader only)
-``samples``       probe_id, rank, source, t_s, then one float column per metric (NaN if absent)
-``loader_iters``  probe_id, rank, loader_id, iter_index, first_batch_s
-``events``        probe_id, rank, name, data (dict)
+A run directory is the single source of truth; ``report`` and ``gate`` only read it (its
+layout: docs/internals.md, "Run directory"). ``load_run`` returns a ``Run``: the summary, the
+probes as records, and the tables ``probes`` (one row per probe record), ``steps`` (the
+training loader's steps of every rank, with their GPU timings and exposed communication),
+``samples`` (telemetry, one float column per metric), ``loader_iters`` and ``events``; all
+times in seconds, ``t_s`` relative to the probe's first record. Every column:
+docs/internals.md, "Tables".
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
 from ddp_profile.errors import BadRunDir
 from ddp_profile.profiler.settings import SETTING_KEYS
-from ddp_profile.profiler.store.comm import step_comm
+from ddp_profile.profiler.store.probe_comm import step_comm
 from ddp_profile.profiler.store.probedir import RankData, read_probe_dir
 from ddp_profile.profiler.store.probes import BadProbeRecord, ProbeRecord
 from ddp_profile.profiler.store.probes import records as probe_records
@@ -95,8 +78,11 @@ class Run:
 
     @cached_property
     def records(self) -> tuple[ProbeRecord, ...]:
-        """Every probe of the summary, typed (``store.probes.ProbeRecord``), in run order."""
-        return probe_records(self.summary.get("probes") or [])
+        """Every probe of the summary, typed (``store.probes.ProbeRecord``), in run order, with
+        what a line recorded before a figure was kept completed from its steps
+        (``completed``)."""
+        return tuple(completed(r, self.steps) for r in probe_records(self.summary.get("probes")
+                                                                      or []))
 
     def probe(self, probe_id: str) -> ProbeRecord:
         for record in self.records:
@@ -145,6 +131,65 @@ def fold_amendments(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
         entries.append(line)
         by_id[line.get("id")] = line
     return entries
+
+
+def _measured_steps(steps: pd.DataFrame, probe_id: str) -> pd.DataFrame:
+    if steps is None or steps.empty or "probe_id" not in steps:
+        return pd.DataFrame(columns=STEP_COLUMNS)
+    rows = steps[(steps["probe_id"] == probe_id) & steps["measured"].astype(bool)].copy()
+    if rows["step_s"].isna().any():
+        rows["step_s"] = rows["data_wait_s"] + rows["compute_s"] + rows["other_s"]
+    return rows
+
+
+def global_steps(steps: pd.DataFrame, probe_id: str) -> pd.DataFrame:
+    """One row per measured step of ``probe_id`` complete on every rank: step_s = the slowest
+    rank's, samples = every rank's."""
+    rows = _measured_steps(steps, probe_id)
+    if rows.empty:
+        return pd.DataFrame(columns=["step_s", "samples"])
+    rows = rows.assign(samples=rows["samples"].fillna(0))
+    ranks = rows["rank"].nunique()
+    grouped = rows.groupby("step").agg(step_s=("step_s", "max"), samples=("samples", "sum"),
+                                       ranks=("rank", "nunique"))
+    grouped = grouped[(grouped["ranks"] == ranks) & (grouped["step_s"] > 0)]
+    return grouped[["step_s", "samples"]]
+
+
+def completed(record: ProbeRecord, steps: pd.DataFrame) -> ProbeRecord:
+    """``record`` with the figures a line recorded before they were kept lacks, taken from
+    its measured steps (a new record; its line, what is written, unchanged):
+
+    * ``throughput_rse``: the spread of its global step times (``std / mean / sqrt(n)``);
+    * the data wait's share of each step: on CUDA, where its steps' GPU gaps were timed, the
+      GPU's idle time while its host waited (``gpu.starved_fraction``), else the host's
+      wait (``data_wait_fraction``).
+    """
+    if not record.ok:
+        return record
+    changes: dict[str, Any] = {}
+    if record.throughput_rse is None:
+        times = global_steps(steps, record.id)["step_s"]
+        if len(times) >= 2 and times.mean() > 0:
+            changes["throughput_rse"] = float(times.std(ddof=1) / times.mean()
+                                              / np.sqrt(len(times)))
+    starved = record.gpu.starved_fraction
+    if starved is None:
+        rows = _measured_steps(steps, record.id)
+        timed = not rows.empty and bool(rows["gpu_gap_s"].notna().any())
+        total = float(rows["step_s"].sum()) if not rows.empty else 0.0
+        if timed and total > 0:  # a step without a timed gap: its wait
+            waited = pd.concat([rows["data_wait_s"], rows["gpu_gap_s"]], axis=1).min(axis=1)
+            changes["gpu"] = replace(record.gpu, starved_fraction=float(waited.sum() / total))
+        elif not timed and record.data_wait_fraction is None and total > 0:
+            changes["data_wait_fraction"] = float(rows["data_wait_s"].sum() / total)
+    return replace(record, **changes) if changes else record
+
+
+def probes_table(records: Sequence[ProbeRecord]) -> pd.DataFrame:
+    """The probes as a table (``Run.probes``), for the charts and tables that need one: made
+    here alone, from the records."""
+    return pd.DataFrame([_probe_row(p) for p in records], columns=PROBE_COLUMNS)
 
 
 def _probe_row(record: ProbeRecord) -> dict[str, Any]:
@@ -239,14 +284,17 @@ class ProbeTables:
         return next((c for c in self.contexts.values() if c), {})
 
 
-def read_probes(run_dir: str, probe_ids: list[str]) -> ProbeTables:
+def read_probes(run_dir: str, probe_ids: list[str],
+                read: Optional[Callable[[str], list[RankData]]] = None) -> ProbeTables:
     """Every rank's records of ``probe_ids``: read once per run, for the summary (its first
-    context) and the run's tables alike."""
+    context) and the run's tables alike. ``read``: a probe's rank records where the caller
+    holds them already (the sweep that measured it: ``LedgerMeasurer.rank_data``)."""
     rows: dict[str, list] = {"steps": [], "samples": [], "loader_iters": [], "events": []}
     contexts: dict[tuple[str, int], dict[str, Any]] = {}
     warnings = []
+    read = read or (lambda probe_id: read_probe_dir(os.path.join(run_dir, "probes", probe_id)))
     for probe_id in probe_ids:
-        for data in read_probe_dir(os.path.join(run_dir, "probes", probe_id)):
+        for data in read(probe_id):
             contexts[(probe_id, data.rank)] = data.context
             _rank_rows(probe_id, data, rows)
             if data.torn_lines:
@@ -263,9 +311,10 @@ def assemble(run_dir: str, meta: dict[str, Any], summary: dict[str, Any],
         typed = probe_records(summary.get("probes") or [])
     except BadProbeRecord as exc:
         raise BadRunDir(f"{run_dir}: {exc}") from None
-    run = Run(path=run_dir, meta=meta, summary=summary,
-              probes=pd.DataFrame([_probe_row(p) for p in typed], columns=PROBE_COLUMNS),
-              steps=pd.DataFrame(rows["steps"], columns=STEP_COLUMNS),
+    steps = pd.DataFrame(rows["steps"], columns=STEP_COLUMNS)
+    typed = tuple(completed(r, steps) for r in typed)
+    run = Run(path=run_dir, meta=meta, summary=summary, probes=probes_table(typed),
+              steps=steps,
               samples=pd.DataFrame(rows["samples"]),
               loader_iters=pd.DataFrame(rows["loader_iters"],
                                         columns=["probe_id", "rank", "loader_id", "iter_index",

@@ -12,7 +12,7 @@ import platform
 from typing import Any, Callable, Optional, Sequence
 
 from ddp_profile.profiler.settings import LoaderSettings
-from ddp_profile.profiler.store.probes import Kind, ProbeRecord, latest_ceiling
+from ddp_profile.profiler.store.probes import ProbeRecord, latest_ceiling, script_settings_probe
 from ddp_profile.profiler.store.record import SCHEMA_VERSION
 
 # (probes, rank context, ranks sharing a host, ceiling samples/s) -> the capacity model
@@ -34,7 +34,7 @@ def build_summary(meta: dict[str, Any], entries: Sequence[ProbeRecord],
     sweep decided (axes, timeout, cache regime), over the metadata's; ``capacity``: the
     capacity model to run over the probes (none: no model)."""
     context = context or {}
-    baseline = next((e for e in entries if e.kind == Kind.BASELINE), None)
+    baseline = script_settings_probe(entries)
     ceiling = latest_ceiling(entries)
     ceiling_tp = ceiling.throughput if ceiling else None
     probes = [{**entry.to_json(), "score": entry.throughput / ceiling_tp

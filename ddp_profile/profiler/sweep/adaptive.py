@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any, Optional
 
 from ddp_profile.profiler.decide import evidence
-from ddp_profile.profiler.decide.capacity import WORKER_CAP, loading_line
+from ddp_profile.profiler.decide.capacity import WORKER_CAP
 from ddp_profile.profiler.decide.choose import (
     UNSTABLE_RSE,
     candidate_of,
@@ -70,8 +70,8 @@ def run(search: SearchState) -> None:
     # first: a screen's windows run in order, and those left are dropped once condemned
     windows = [*search.riding_windows(windows), *windows]
     if search.loader().get("iterable"):  # known from the baseline: no launch wasted on it
-        search.measurer.screen_unsupported = ("its IterableDataset's stream cannot continue "
-                                              "in a new iterator mid-epoch")
+        search.no_screens("its IterableDataset's stream cannot continue in a new iterator "
+                          "mid-epoch")
     judge = Ladder(search.baseline)
     screened = search.measurer.measure_screen(windows, judge)
     if judge.stop is not None:
@@ -111,8 +111,7 @@ def undecided_leader(search: SearchState, best: ProbeRecord) -> Optional[ProbeRe
     count at their batch measured faster, not beyond noise (``decide.evidence.subject``):
     that one, whose larger batches are worth a launch too. The claim checks the undecided
     gain by alternation; without its larger batches, a gain that stacks on it goes unseen
-    (timm's ``train.py``: ``-j 1`` undecided, batch 64 measured at ``-j 0`` only, where
-    loading bounds it; plain launches ``-j 1 -b 64`` 1.24x, ``-j 1`` 1.10x)."""
+    (larger batches measured with the script's own workers only, where loading bounds them)."""
     base = search.baseline
     assert base is not None
     leader = evidence.subject(search.entries, base, best)  # the one the check will alternate
@@ -135,14 +134,12 @@ def first_workers(search: SearchState) -> list[int]:
         workers.add(predicted)
         if model.cpu_share < CLIMB_STOP_CPU_SHARE and predicted < model.max_workers:
             # a waiting loader's first climb step rides in the same launch, and so does
-            # half the prediction, which rests on the compute-only demand: on 2 CPUs, 2
-            # ranks of 16 latency-bound workers each ran 0.77x 8 workers, never measured
+            # half the prediction, which rests on the compute-only demand (too many
+            # latency-bound workers on few CPUs run slower than half as many)
             workers.add(min(2 * predicted, model.max_workers))
             if predicted // 2 > max(workers - {predicted, 2 * predicted}, default=0):
                 workers.add(predicted // 2)
-        search.progress("note", {"text": f"loading: {loading_line(model.to_dict())}; "
-                                         f"{predicted} worker(s) per rank predicted to meet "
-                                         "the loop's demand"})
+        search.progress("loading", {"capacity": model.to_dict(), "predicted": predicted})
         recalibrate(search, max(workers))
     return sorted(workers)
 
@@ -264,9 +261,8 @@ def measure_larger_batches(search: SearchState, best: ProbeRecord) -> ProbeRecor
     """``best``'s loader settings with 2x, then 4x the script's per-rank batch, each a launch
     of its own, while it runs faster than the best so far (beyond noise, or within it by a
     gain worth a check, ``evidence.worth_checking``: an undecided 2x is no reason not to
-    measure 4x); the fastest beyond noise. The DDP tutorial's ``mp.spawn`` shape, 5 epochs,
-    read 2x at 1.53x, not beyond its noise, and stopped there, where 4x ran 4.3x in the run
-    before it and 3.1-3.9x in plain launches. Called where the baseline is compute-bound
+    measure 4x: stopping at an undecided 2x can miss a 4x that is clearly faster); the fastest
+    beyond noise. Called where the baseline is compute-bound
     (``run``) and where communication is exposed (``sweep.communication``: the all-reduce
     moves the same gradients per step whatever the batch). A configuration measured already
     is not launched again, so a second call measures nothing new."""

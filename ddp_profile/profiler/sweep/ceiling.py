@@ -15,7 +15,7 @@ ceiling to score against. It is marked failed with why
 from __future__ import annotations
 
 from ddp_profile.profiler.settings import Mode
-from ddp_profile.profiler.store.probes import CEILING_FAILED, Kind, latest_ceiling
+from ddp_profile.profiler.store.probes import Kind, latest_ceiling, not_a_ceiling
 from ddp_profile.profiler.sweep.climb import worth_tuning
 from ddp_profile.profiler.sweep.state import SearchState, Window
 
@@ -65,5 +65,5 @@ def vet(search: SearchState) -> None:
         why = (f"replaying cached batches ran {entry.throughput:,.1f} samples/s, below the "
                f"{top.throughput:,.1f} that {top.id} ({top.config.label()}) "
                "measured with loading")
-        search.measurer.amend(entry, {CEILING_FAILED: why})
+        search.measurer.amend(entry, not_a_ceiling(why))
         search.progress("note", {"text": f"{entry.id}: not a ceiling: {why}"})

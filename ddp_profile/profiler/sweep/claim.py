@@ -2,26 +2,15 @@
 recommendation, alternated close in time.
 
 A speedup read off two probes measured minutes apart, in separate launches, carries the
-machine's drift between them (on a shared 2-core machine a batch size was claimed at 3.4x
-where plain launches give 2.1x). So once the search has its best configuration, and it is not
-the script's own, ``confirm`` measures the two again, alternately: the reference (``A``, the
-script's settings) and the candidate (``B``), ``A B A B A B A``. Where the two differ in loader
-settings only, that is one launch whose windows switch between them (each window starts its
-own workers in its warm-up and continues the epoch, as a screen's do); where the batch size
-differs (it cannot change mid-epoch without changing ``len(loader)``), the loader cannot be
-rebuilt, or the script ended before a probe's steps (its windows would spill into launches at
-levels of their own), each is a whole launch of the script, ``A B A B A``, and one more pair at
-a time while its interval still holds a gain it cannot yet tell from none (up to
-``MAX_CLAIM_LAUNCHES``: undecided is a question to measure, not a "no"); windows that read a
-gain and leave it open are followed by launches (timm's ``train.py``: 7 windows, ``-j 1`` 1.18x
-[0.94-1.48] while the launch's level rose; plain launches 1.18-1.23x). Every B stands
-between two A's, so the launch's level and a linear drift cancel in the comparison. Where the
-search kept the script's settings but measured a gain it could not tell from noise, that gain
-is the candidate (``decide.evidence.subject``). ``rules.recommend`` reads the alternation
-(``pair``: role, position, group) and makes the expected speedup and its interval from it
-alone; these probes (``Kind.PAIRED``) count for nothing else. The verdict on an alternation is
-``decide.evidence.verdict``'s, read by the rules and by the sweep itself (``recommended``:
-what ``--repeat`` and the persistent-workers alternation measure).
+machine's drift between them. So once the search has its best configuration (or an undecided
+gain, ``decide.evidence.subject``), ``confirm`` measures it (``B``) and the script's settings
+(``A``) again, alternately, ``A B A B A B A``: in one launch whose windows switch between them
+where only loader settings differ; else (another batch size, a loader that cannot be rebuilt,
+a script that ends before a probe's steps) in whole launches, ``A B A B A``, one more pair at
+a time while the interval still holds a gain (up to ``MAX_CLAIM_LAUNCHES``). Every B stands
+between two A's, so the launch's level and a linear drift cancel. The rules make the expected
+speedup from these probes (``Kind.PAIRED``) alone; the verdict is ``decide.evidence``'s, read
+by the rules and by the sweep (``recommended``: what ``--repeat`` measures).
 
 ``search``: the ``sweep.search.Search`` that calls in (``sweep.state.SearchState``).
 """
@@ -47,7 +36,7 @@ from ddp_profile.profiler.decide.paired import (
     order,
     room_for_noise,
 )
-from ddp_profile.profiler.decide.restarts import kept_alive, whole_run
+from ddp_profile.profiler.decide.worker_restarts import kept_alive, whole_run
 from ddp_profile.profiler.settings import LoaderSettings, timed_warmup
 from ddp_profile.profiler.store.epochs import restart_share
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord, counts_for_choice
@@ -168,9 +157,8 @@ MAX_CLAIM_LAUNCHES = 9  # a claim checked in launches that stays undecided: A B 
 def undecided(search: SearchState, subject: ProbeRecord, gained: bool = False) -> bool:
     """Whether the claim's alternation so far leaves ``subject`` open (``gained``: having
     read a gain; ``decide.paired.alternation_open``), against the gain the verdict asks of
-    it (``decide.evidence.asked_gain``: accelerate's ``cv_example.py``, compute-bound,
-    alternated prefetch 4 in 7 launches of 100 s to read 1.00x, an interval under the 5 %
-    it had to show after 5)."""
+    it (``decide.evidence.asked_gain``: a compute-bound script's check stops once its
+    interval lies under the gain it has to show, rather than running every launch)."""
     base = search.baseline
     return alternation_open(search.entries, evidence.alternation(
         search.entries, base, subject), DEFAULTS, gained,
@@ -212,11 +200,9 @@ def whole_run_steps(search: SearchState, config: LoaderSettings) -> Optional[int
     changes the batch size, its launches then time the script's whole run on both sides
     (``decide.paired.timed_runs``), as a user's check does: a short script's validation
     passes and epoch boundaries run at the batch size too, and its training steps do not show
-    them (timm's ``train.py`` at batch 64 ran to its end after 27 steps where batch 32 was
-    stopped after 30). At one batch size the steps are kept: whole runs of timm's script left
-    ``-j 1`` undecided in 9 launches (1.15x [0.86-1.53]) where its steps established it.
-    None where no launch ran to the end, or that run is longer than ``MAX_EPOCH_FACTOR``
-    runs' steps."""
+    them. At one batch size the steps are kept: whole runs add the noise of what is not a
+    step, and can leave undecided what the steps establish. None where no launch ran to the
+    end, or that run is longer than ``MAX_EPOCH_FACTOR`` runs' steps."""
     base, run = search.baseline, whole_run(search.entries)
     if run is None or base is None or not base.ranks or not config.batch_size:
         return None
@@ -250,11 +236,10 @@ def spanning(epoch: int, steps: int) -> int:
 def whole_epoch_steps(search: SearchState, configs: Any) -> Optional[int]:
     """The steps each probe of the claim measures where a side restarts its workers every
     epoch of a known length no longer than ``MAX_EPOCH_FACTOR`` runs' steps (every side then
-    spans whole epochs, and ``rules.claim`` reads each by the wall clock over them: the
+    spans whole epochs, and ``rules.alternations`` reads each by the wall clock over them: the
     boundary as the script pays it, shut-down and start-up, nothing modelled); else None
-    (the run's steps). On cold files with 32-step epochs the restart model read 3 and 6
-    workers at 1.35x, 1.36x and 1.48x the script's settings where plain launches gave 1.27x,
-    1.19x and 1.23x: the old workers' shut-down between two steps is in no step's parts."""
+    (the run's steps). A model of the restart reads high: the old workers' shut-down between
+    two steps is in no step's parts."""
     steps = search.options.steps
     longest = 0
     for config in configs:
@@ -352,7 +337,7 @@ def confirm_persistence(search: SearchState) -> None:
     ``store.epochs``); each probe spans whole epochs, at least two and the run's steps, and
     one step more. The probes are ``Kind.PERSISTENT`` and count for nothing but the
     persistent-workers finding, the recommended snippet and, where the script's settings are
-    ``A``, the recommendation (``rules.claim.persistent_effect``). Epochs longer than
+    ``A``, the recommendation (``rules.alternations.persistent_effect``). Epochs longer than
     ``MAX_EPOCH_FACTOR`` times the run's steps are not crossed: the finding stays a labelled
     prediction there."""
     found = persistence_subject(search)
@@ -364,7 +349,7 @@ def confirm_persistence(search: SearchState) -> None:
                                          "long to cross in a probe, persistent_workers=True "
                                          "is not measured"})
         return
-    # two whole epochs at least (a run whose probes each spanned one read 0.94-2.50x)
+    # two whole epochs at least (probes that each span one read far apart)
     steps = spanning(epoch, search.options.steps)
     roles = order(min(search.options.pairs, LAUNCH_PAIRS))
     if not room_for_noise(len(roles), 1):

@@ -23,7 +23,7 @@ from ddp_profile.profiler.decide.choose import (
     not_worse,
 )
 from ddp_profile.profiler.decide.evidence import outside_steps
-from ddp_profile.profiler.decide.restarts import restart_bound
+from ddp_profile.profiler.decide.worker_restarts import restart_bound
 from ddp_profile.profiler.settings import LoaderSettings
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord, is_measured, is_ok
 from ddp_profile.profiler.sweep.screen import window_rates
@@ -96,10 +96,8 @@ def slower_than_baseline(entry: Optional[ProbeRecord], baseline: Optional[ProbeR
     Where its workers start again every epoch, the loss may be those restarts alone: its
     steps between them can still be faster, and more workers faster again. It counts as
     slower only where no worker count could beat the script's settings even with data free,
-    given that restart (``restarts.restart_bound``): a loop asleep 24 ms a batch whose workers
-    take 80 ms to start: 1 worker ran 0.88x as run, its bound 3.4x, and 2 workers ran
-    1.28x; an ``mp.spawn`` script whose spawned workers take 2.4-2.7 s to start each epoch:
-    1 worker 0.47-0.51x, bound 0.80x, 6 workers 0.13x."""
+    given that restart (``worker_restarts.restart_bound``): a rung slower as run whose bound
+    lies above the script's settings is no reason to stop climbing."""
     if not (is_measured(entry) and is_measured(baseline)):
         return False
     assert entry is not None and baseline is not None

@@ -2,12 +2,12 @@
 
 Each is a probe of kind ``ddp`` (``store.probes.Kind.DDP``): the script's own settings with
 other DDP options (``ProbePlan.ddp``, applied by the rank hook), never in the choice. Each is
-measured beside the script's own DDP options, alternated (``decide.paired.rounds``), so that what a
-launch's level and the machine's drift add cancels (launch against launch, an option that
-plain launches measure at 1.11x was once read as 1.55x): the step without gradient
-synchronisation in windows of one launch (``GRADIENT_SYNC`` switches between steps), DDP
-constructor options in launches of their own, ``A B A C A ...``, a reference launch next to
-each. The rules read the alternations (``rules.findings.comm``). With ``--pairs 0`` the step without
+measured beside the script's own DDP options, alternated (``decide.paired.rounds``), so that
+what a launch's level and the machine's drift add cancels (a single launch against another
+can misread an option's gain several times over): the step without gradient synchronisation
+in windows of one launch (``GRADIENT_SYNC`` switches between steps), DDP constructor options
+in launches of their own, ``A B A C A ...``, a reference launch next to each. The rules read
+the alternations (``rules.findings.synchronisation``). With ``--pairs 0`` the step without
 synchronisation is one launch beside one of the script's (its twin), and no DDP option is
 measured. Larger per-rank batches are ordinary sweep probes, which the choice weighs under
 its batch-size clause.

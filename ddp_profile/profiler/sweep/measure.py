@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from functools import partial
 from typing import Any, Callable, Optional
 
 from ddp_profile.profiler.cache import (
@@ -27,7 +28,7 @@ from ddp_profile.profiler.cache import (
     recorded_files,
     warm,
 )
-from ddp_profile.profiler.decide.restarts import run_steps
+from ddp_profile.profiler.decide.worker_restarts import run_steps
 from ddp_profile.profiler.launch.coordinate import Coordinator, merge_outcomes
 from ddp_profile.profiler.launch.ranks import (
     LaunchOutcome,
@@ -45,11 +46,11 @@ from ddp_profile.profiler.settings import (
     warmup_room,
     window_warmup,
 )
-from ddp_profile.profiler.store.probedir import read_probe_dir
-from ddp_profile.profiler.store.probes import MEASURED_AS, Kind, ProbeRecord
+from ddp_profile.profiler.store.probedir import RankData, read_probe_dir
+from ddp_profile.profiler.store.probes import Kind, ProbeRecord, set_aside
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.sweep.climb import watched
-from ddp_profile.profiler.sweep.probe import script_run, summarise_probe
+from ddp_profile.profiler.sweep.probe import ScreenLaunch, summarise_probe
 from ddp_profile.profiler.sweep.screen import split_screen
 from ddp_profile.profiler.sweep.space import Axes
 from ddp_profile.profiler.sweep.state import Budget, Condemned, ProgressFn, Window, no_progress
@@ -89,6 +90,17 @@ class LedgerMeasurer:
         # again from then on (each would cost two launches for nothing); the reason, or None
         self.regime_unheld: Optional[str] = None
         self.budget = Budget()  # the run's time (``--budget``), and its launches' walls
+        self._ranks: dict[str, list[RankData]] = {}  # each probe's rank records, read once
+
+    def rank_data(self, probe_id: str) -> list[RankData]:
+        """A finished probe's (or launch's) rank records, read once for every reader."""
+        if probe_id not in self._ranks:
+            self._ranks[probe_id] = read_probe_dir(self.run_dir.probe_dir(probe_id))
+        return self._ranks[probe_id]
+
+    def _discard(self, probe_id: str) -> None:  # a launch that never finished: moved aside
+        self._ranks.pop(probe_id, None)
+        self.run_dir.discard_partial_probe(probe_id)
 
     def measure(self, window: Window) -> ProbeRecord:
         entry = self._probe(window)
@@ -126,7 +138,7 @@ class LedgerMeasurer:
         if done is not None:
             return self._record(done, reused=True)
         self.budget.room_for(1, f"{window.kind} {window.config.label()}", self)
-        self.run_dir.discard_partial_probe(probe_id)
+        self._discard(probe_id)
         room = self.warmup_room(window.config)
         plan = ProbePlan(probe_id=probe_id, out_dir=self.run_dir.probe_dir(probe_id),
                          overrides=window.config, steps=steps, warmup_cap=room,
@@ -138,10 +150,8 @@ class LedgerMeasurer:
         self.progress("start", {"probe_id": probe_id, "config": window.config,
                                 "kind": window.kind})
         outcome = self._launch(plan, self.timeout_s)
-        entry = summarise_probe(plan, outcome, window.kind, self.timeout_s)
-        if window.pair is not None:
-            entry["pair"] = window.pair
-        return self._record(ProbeRecord.from_json(entry))
+        return self._record(summarise_probe(plan, outcome, window.kind, self.timeout_s,
+                                            ranks=self.rank_data(probe_id), pair=window.pair))
 
     def _finished(self, probe_id: str, requested: LoaderSettings, kind: Kind, steps: int,
                   screened: bool) -> Optional[ProbeRecord]:
@@ -207,8 +217,7 @@ class LedgerMeasurer:
         self.progress("note", {"text": f"{entry.id} ({entry.kind}) read {share:.0%} "
                                        f"of its bytes from storage, out of the "
                                        f"{self.regime.mode} regime: measured again in it"})
-        self.amend(entry, {"kind": Kind.CACHE.value, MEASURED_AS: entry.kind.value,
-                           "regime_miss": {"mode": self.regime.mode, "storage_share": share}})
+        self.amend(entry, set_aside(entry, self.regime.mode, share))
         return True
 
     def amend(self, entry: ProbeRecord, fields: dict[str, Any]) -> ProbeRecord:
@@ -284,7 +293,7 @@ class LedgerMeasurer:
         self.budget.room_for(len(pending), f"a screen of {len(pending)} window(s) from "
                              f"{pending[0].config.label()}", self)
         for probe_id in (launch_id, *ids):
-            self.run_dir.discard_partial_probe(probe_id)
+            self._discard(probe_id)
         plan = ProbePlan(
             probe_id=launch_id, out_dir=self.run_dir.probe_dir(launch_id),
             overrides=pending[0].config, warmup=self.warmup, steps=self.steps, mode=Mode.SCREEN,
@@ -311,15 +320,13 @@ class LedgerMeasurer:
                                     overrides=window.config, warmup=plan.window_warmup(index),
                                     steps=window.steps or self.steps, mode=window.mode,
                                     ddp=window.ddp)
-            entry = summarise_probe(window_plan, window_outcome, window.kind, timeout_s)
-            if entry["reason"] == "too_few_steps" and consumed:
+            entry = summarise_probe(window_plan, window_outcome, window.kind, timeout_s,
+                                    ranks=self.rank_data(probe_id), pair=window.pair,
+                                    screen=ScreenLaunch(launch_id, outcome.wall_s,
+                                                        partial(self.rank_data, launch_id)))
+            if entry.reason == "too_few_steps" and consumed:
                 break  # the script ended in its warm-up: the next launch starts with it
-            entry.update(screened=True, launch=launch_id, launch_wall_s=round(outcome.wall_s, 3))
-            if entry["script_samples"]:  # the launch's, not the window's alone
-                entry.update(script_run(read_probe_dir(plan.out_dir)))
-            if window.pair is not None:
-                entry["pair"] = window.pair
-            done.append(self._record(ProbeRecord.from_json(entry)))
+            done.append(self._record(entry))
             consumed += 1
             if not split.complete:
                 break
@@ -396,7 +403,7 @@ class LedgerMeasurer:
         return self.timeout_s + (windows - 1) * per_window
 
     def context(self, entry: ProbeRecord) -> dict[str, Any]:
-        for data in read_probe_dir(self.run_dir.probe_dir(entry.id)):
+        for data in self.rank_data(entry.id):
             if data.context:
                 return data.context
         return {}

@@ -5,23 +5,38 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
 
 from ddp_profile.profiler.decide.capacity import loading_cost, loop_demand
 from ddp_profile.profiler.launch.failure import classify
 from ddp_profile.profiler.launch.ranks import LaunchOutcome
 from ddp_profile.profiler.numbers import finite, finite_or_none
 from ddp_profile.profiler.settings import BURST_ROUNDS, ProbePlan
-from ddp_profile.profiler.store.comm import probe_comm
 from ddp_profile.profiler.store.epochs import rank_step_stats, step_seconds, whole_epochs
+from ddp_profile.profiler.store.probe_comm import probe_comm
 from ddp_profile.profiler.store.probedir import RankData, read_probe_dir, whole_run
-from ddp_profile.profiler.store.probes import Kind, Status
+from ddp_profile.profiler.store.probes import Kind, ProbeRecord, Status
 
 
-def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: Kind, timeout_s: float
-                    ) -> dict[str, Any]:
-    """The ledger entry of a finished probe (the ``probes[]`` item of summary.json)."""
-    ranks = [r for r in read_probe_dir(plan.out_dir) if r.rank >= 0 or r.steps or r.error]
+@dataclass(frozen=True)
+class ScreenLaunch:
+    """The launch a screen's window was measured in (``sweep.screen``)."""
+
+    id: str  # the launch's own id (its directory)
+    wall_s: float
+    ranks: Callable[[], Sequence[RankData]]  # its rank records (read where they are needed)
+
+
+def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: Kind, timeout_s: float,
+                    *, ranks: Optional[Sequence[RankData]] = None, pair: Any = None,
+                    screen: Optional[ScreenLaunch] = None) -> ProbeRecord:
+    """The record of a finished probe, whole: made here once, its ledger line (the
+    ``probes[]`` item of summary.json) with it. ``ranks``: its rank records where the caller
+    read them (else read here); ``pair``: its place in an alternation; ``screen``: the launch
+    that measured it, where it was a window of one."""
+    ranks = [r for r in (read_probe_dir(plan.out_dir) if ranks is None else ranks)
+             if r.rank >= 0 or r.steps or r.error]
     loader = _training_loader(ranks)
     entry: dict[str, Any] = {
         "id": plan.probe_id, "kind": Kind(kind).value, "requested": plan.overrides.to_dict(),
@@ -48,7 +63,13 @@ def summarise_probe(plan: ProbePlan, outcome: LaunchOutcome, kind: Kind, timeout
         entry["throughput"] = None
     entry.update(_shortness(entry, plan))
     entry.update(script_run(ranks if status == Status.OK else []))
-    return entry
+    if screen is not None:
+        entry.update(screened=True, launch=screen.id, launch_wall_s=round(screen.wall_s, 3))
+        if entry["script_samples"]:  # the launch's, not the window's alone
+            entry.update(script_run(list(screen.ranks())))
+    if pair is not None:
+        entry["pair"] = pair
+    return ProbeRecord.from_json(entry)
 
 
 def script_run(ranks: list[RankData]) -> dict[str, Any]:
@@ -135,7 +156,7 @@ def _measurements(ranks: list[RankData], workers: Optional[int] = None) -> dict[
 
 
 def _communication(ranks: list[RankData], per_rank: list[dict[str, Any]]) -> dict[str, Any]:
-    """``comm`` (``store.comm.probe_comm``) and ``comm_fraction``: the share of each step
+    """``comm`` (``store.probe_comm.probe_comm``) and ``comm_fraction``: the share of each step
     spent in communication backward did not cover, the step's fourth part; each rank's own
     in ``per_rank``."""
     comm = probe_comm(ranks)

@@ -1,10 +1,9 @@
 """Split the records of a screen (one launch, several loader configurations) into probes.
 
 A screen's ranks write one record file each, in which the training loader's step records carry
-their ``window`` (see ``profiler.instrument``). ``split_screen`` writes, for each window, an
+their ``window`` (see ``rank.instrument``). ``split_screen`` writes, for each window, an
 ordinary probe directory that holds exactly what a separate probe of that configuration would
-have recorded, so everything downstream (``summarise_probe``, the rules, the report) reads it
-unchanged:
+have recorded, so everything downstream reads it unchanged (pure file work, no torch):
 
 * the training loader's steps of the window, renumbered from 0, and their GPU step timings;
 * records with a time (telemetry samples, events during training, errors) whose time falls in
@@ -13,8 +12,6 @@ unchanged:
   window, with the training loader's ``applied`` settings replaced by the window's own;
 * an ``end`` record: "steps_done" for a window every rank finished, the rank's real end (or
   none) for the window the launch stopped in.
-
-Pure file work, no torch.
 """
 
 from __future__ import annotations

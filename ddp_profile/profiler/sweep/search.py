@@ -36,7 +36,7 @@ from ddp_profile.profiler.decide.paired import (
     order,
     room_for_noise,
 )
-from ddp_profile.profiler.decide.restarts import run_steps
+from ddp_profile.profiler.decide.worker_restarts import run_steps
 from ddp_profile.profiler.launch.coordinate import Coordinator
 from ddp_profile.profiler.launch.ranks import LaunchSpec, ignore_hangup, restore_hangup
 from ddp_profile.profiler.settings import LoaderSettings, Mode
@@ -176,6 +176,11 @@ class Search:
             self.ladder_stop = stop
             self.progress("ladder", {"text": stop.words()})
 
+    def no_screens(self, why: str) -> None:
+        """Screens cannot run in this sweep (``why``): every configuration from now on is a
+        launch of its own (the measurer's ``screen_unsupported``, as a refused screen sets)."""
+        self.measurer.screen_unsupported = why
+
     def loader(self) -> dict[str, Any]:
         """The training loader as the script built it (the baseline's context)."""
         if self.baseline is None:
@@ -246,8 +251,7 @@ class Search:
 
     def threads(self) -> None:
         """The threads counterfactuals (kind ``threads``, never in the choice): where the
-        baseline, or the best configuration found (its workers can tip the CPUs over: one rank
-        of 16 latency-bound workers and torch's 2 threads on 2 CPUs ran 1.26x with 1 thread),
+        baseline, or the best configuration found (its workers can tip the CPUs over),
         oversubscribes the CPUs with intra-op threads (``cpus.threads_to_fit``), the same
         settings again with the threads that fit. Where one read faster than its subject by
         more than ``noise_floor``, it is checked as a user would (``_alternate_threads``)."""
@@ -280,9 +284,8 @@ class Search:
         each, ``A B A B A`` (``claim.launch_pairs``; one more pair at a time while undecided,
         up to ``claim.MAX_CLAIM_LAUNCHES``), whole epochs where its workers restart
         (``claim.whole_epoch_steps``): one counterfactual probe against its subject, launches
-        minutes apart, carries the machine's drift (the DDP tutorial's mp.spawn shape read
-        7.94x where its training loop, timed in plain launches, ran 5.6-6.9x). The finding reads
-        the alternation's fit (``rules.findings.host``)."""
+        minutes apart, carries the machine's drift. The finding reads the alternation's fit
+        (``rules.threads``)."""
         assert self.baseline is not None
         group = f"threads-{len(self.entries):03d}"
         roles = order(claim.launch_pairs(self.options.pairs))

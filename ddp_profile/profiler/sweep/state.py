@@ -221,6 +221,9 @@ class SearchState(Protocol):
         """Record why the worker ladder ended (a ``sweep.ladder.LadderStop``) and say it,
         once a sweep."""
 
+    def no_screens(self, why: str) -> None:
+        """Screens cannot run in this sweep (``why``): one launch per configuration."""
+
     def loader(self) -> dict[str, Any]:
         """The training loader as the script built it (the baseline's context)."""
 

@@ -5,22 +5,13 @@ Each sampler is a daemon thread named ``ddp-profile-sampler-<source>`` that call
 
     {"kind": "sample", "source": "host" | "gpu", "t_ns": <time.time_ns()>, <metric>: float, ...}
 
-Host metrics: ``cpu_percent`` (mean over the CPUs this process may run on),
-``cpu_max_core_percent``, ``cpu_per_core`` (list, same CPUs), ``iowait_percent``, ``rss_bytes``
-(the rank), ``worker_count`` and ``worker_cpu_percent`` (the rank's DataLoader worker
-processes: its children whose pids ``worker_pids()`` names when given, never a child rank or a
-helper process; 100 = one core), ``disk_read_bps`` (system-wide). GPU metrics:
-``gpu_util_percent`` (mean of the driver's own utilisation samples since the last record, each
-read once; ``gpu_util_samples`` says how many), ``gpu_mem_used_bytes``, ``gpu_mem_total_bytes``,
-``gpu_power_w``, ``gpu_sm_clock_mhz``, ``gpu_temp_c``, ``gpu_throttle_reasons`` (bit mask),
-``gpu_pcie_rx_bps``, ``gpu_pcie_tx_bps`` and, on Hopper and newer, ``gpm_sm_activity``,
-``gpm_sm_occupancy``, ``gpm_tensor_activity``, ``gpm_dram_bw_util`` (percent). Unknown values
-are NaN.
-
-Besides samples the GPU sampler emits two ``event`` records: ``gpu_status`` once at start
-(``{gpu_available, gpu_unavailable_reason, pci_bus_id, name}``) and ``gpu_lost`` if the device
-falls off the bus, after which only host samples continue. No GPU is a normal case: no
-exception ever leaves a sampler thread.
+Host metrics (CPU use of the CPUs this process may run on, iowait, the rank's RSS, its
+DataLoader workers' count and CPU, disk reads) and GPU metrics (utilisation averaged over the
+driver's own samples, memory, power, clock, temperature, throttle reasons, PCIe, and GPM
+metrics on Hopper and newer) are listed with their units in docs/internals.md, "Per-rank
+records"; unknown values are NaN. The GPU sampler also emits ``gpu_status`` once at start and
+``gpu_lost`` if the device falls off the bus, after which only host samples continue. No GPU
+is a normal case: no exception ever leaves a sampler thread.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Rules about the distributed setup: stragglers (``rules.findings.straggler``), sharding, and DDP
 misconfigurations.
 
-Each rule is ``rule(run, thresholds) -> Finding | None`` (see ``rules.base``).
+Each rule is ``rule(run, thresholds, known) -> Finding | None`` (see ``rules.base``).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pandas as pd
 
 from ddp_profile.profiler.decide.ddp import options_key
 from ddp_profile.profiler.store.results import Run
+from ddp_profile.rules.alternations import Evidence
 from ddp_profile.rules.base import Finding, Thresholds
-from ddp_profile.rules.claim import Evidence
 from ddp_profile.rules.findings.straggler import straggler
 from ddp_profile.rules.tables import (
     baseline_probe,
@@ -21,7 +21,6 @@ from ddp_profile.rules.tables import (
     loader_info,
     ok_probes,
     probe_context,
-    probe_entry,
     probe_steps,
     world_size,
 )
@@ -90,7 +89,8 @@ def _whole_dataset_everywhere(run: Run, probe_id: str) -> Optional[dict[str, Any
     return first
 
 
-def missing_distributed_sampler(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+def missing_distributed_sampler(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None
+                               ) -> Optional[Finding]:
     """The ranks read the same samples: their batches are equal, or each rank's epoch covers
     the whole dataset.
 
@@ -109,16 +109,16 @@ def missing_distributed_sampler(run: Run, thresholds: Thresholds) -> Optional[Fi
     IterableDataset) only explains it; without fingerprints or coverage there is no finding.
     """
     probe = baseline_probe(run)
-    if probe is None or world_size(run, probe["id"]) <= 1:
+    if probe is None or world_size(run, probe.id) <= 1:
         return None
-    same = _same_batches(_fingerprints(run, probe["id"]))
-    loader = loader_info(run, probe["id"])
+    same = _same_batches(_fingerprints(run, probe.id))
+    loader = loader_info(run, probe.id)
     sampler = loader.get("batch_sampler") or loader.get("sampler") or "its sampler"
     if same is None:
-        whole = _whole_dataset_everywhere(run, probe["id"])
+        whole = _whole_dataset_everywhere(run, probe.id)
         if whole is None:
             return None
-        size = world_size(run, probe["id"])
+        size = world_size(run, probe.id)
         return Finding(
             rule="missing-distributed-sampler", severity="high",
             title="Every rank reads the whole dataset",
@@ -146,7 +146,8 @@ def missing_distributed_sampler(run: Run, thresholds: Thresholds) -> Optional[Fi
         recommendation=advice, ranks=ranks)
 
 
-def no_ddp(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+def no_ddp(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None
+          ) -> Optional[Finding]:
     """Several ranks in a process group compute gradients that are never synchronised.
 
     Trigger (baseline probe): world size > 1, a ``process_group`` event, measured steps with
@@ -158,25 +159,24 @@ def no_ddp(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     trains independent models.
     """
     probe = baseline_probe(run)
-    if probe is None or world_size(run, probe["id"]) <= 1:
+    if probe is None or world_size(run, probe.id) <= 1:
         return None
-    if events_named(run, "process_group", probe["id"]).empty:
+    if events_named(run, "process_group", probe.id).empty:
         return None
-    steps = probe_steps(run, probe["id"])
+    steps = probe_steps(run, probe.id)
     if steps.empty or "forward_s" not in steps or not steps["forward_s"].notna().any():
         return None
-    if any(not events_named(run, name, probe["id"]).empty for name in ("ddp", "fsdp")):
+    if any(not events_named(run, name, probe.id).empty for name in ("ddp", "fsdp")):
         return None
     reduced = "no rank all-reduced anything"
-    if not events_named(run, "collective", probe["id"]).empty:
-        entry = probe_entry(run, probe["id"])
-        comm = entry.comm.fields if entry is not None else {}
+    if not events_named(run, "collective", probe.id).empty:
+        comm = probe.comm.fields
         share = (comm.get("collectives") or {}).get("steps_with_calls")
         if share is None or share >= 0.5:
             return None  # the script may average the gradients itself
         reduced = (f"the script's own all-reduce ran in {share:.0%} of the training steps "
                    "(not between each backward and optimizer step)")
-    size = world_size(run, probe["id"])
+    size = world_size(run, probe.id)
     return Finding(
         rule="no-ddp", severity="high",
         title="Distributed ranks train independent models",
@@ -204,18 +204,19 @@ def _epoch_without_set_epoch(run: Run, probe_id: str) -> Optional[int]:
     return None if calls else int(later.groupby("rank")["iter_index"].count().max())
 
 
-def missing_set_epoch(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+def missing_set_epoch(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None
+                     ) -> Optional[Finding]:
     """A shuffling DistributedSampler replays the same order every epoch.
 
     Trigger: in an ok probe, the training loader uses a DistributedSampler with
     ``sampler_shuffle`` true, it was iterated again (loader_iters iter_index >= 1 for the
     training loader), and the probe recorded no ``set_epoch`` event for that loader.
     """
-    for _, probe in ok_probes(run).iterrows():
-        loader = loader_info(run, probe["id"])
+    for probe in ok_probes(run):
+        loader = loader_info(run, probe.id)
         if not (loader.get("distributed_sampler") and loader.get("sampler_shuffle")):
             continue
-        epochs = _epoch_without_set_epoch(run, probe["id"])
+        epochs = _epoch_without_set_epoch(run, probe.id)
         if epochs:
             return Finding(
                 rule="missing-set-epoch", severity="medium",
@@ -232,7 +233,8 @@ def _event_ranks(events: pd.DataFrame) -> tuple[int, ...]:
     return tuple(sorted({int(r) for r in events["rank"] if r is not None and r >= 0}))
 
 
-def data_parallel(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+def data_parallel(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None
+                 ) -> Optional[Finding]:
     """The script wraps the model in torch.nn.DataParallel.
 
     Trigger: any ``data_parallel`` event.
@@ -256,7 +258,8 @@ def _backend(run: Run, probe_id: Any) -> Optional[str]:
     return probe_context(run, probe_id).get("backend") or run.summary.get("backend")
 
 
-def backend_mismatch(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+def backend_mismatch(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None
+                    ) -> Optional[Finding]:
     """DDP on CUDA tensors over the gloo backend (NCCL is the GPU backend).
 
     Trigger: a ``ddp`` event with ``device_type`` "cuda" in a probe whose process group

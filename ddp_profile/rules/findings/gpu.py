@@ -1,29 +1,29 @@
 """Rules about the GPU side: pinned copies, unused memory, an idle GPU fed by a busy host.
 
-Each rule is ``rule(run, thresholds) -> Finding | None`` (see ``rules.base``). A CPU-only run
+Each rule is ``rule(run, thresholds, known) -> Finding | None`` (see ``rules.base``). A CPU-only run
 has no GPU samples or ``cuda_memory`` events, so these rules return None there.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
-import pandas as pd
-
-from ddp_profile.profiler.decide.choose import better, most_certain
-from ddp_profile.profiler.store.probes import Status
+from ddp_profile.profiler.decide.choose import better, candidate_of, most_certain
+from ddp_profile.profiler.store.probes import ProbeRecord, Status
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.rules.base import Advice, Finding, Thresholds, as_int, describe_config, finite, pct
+from ddp_profile.rules.alternations import Evidence
+from ddp_profile.rules.base import Advice, Finding, Thresholds, describe_config, finite, pct
 from ddp_profile.rules.tables import (
     baseline_probe,
-    candidate,
     data_wait,
     events_named,
+    fastest,
     is_data_bound,
     loader_info,
+    measured_probes,
     metric,
     metric_median,
-    ok_probes,
     probe_context,
 )
 
@@ -35,20 +35,18 @@ def is_cuda(run: Run, probe_id: str) -> bool:
     return device == "cuda"
 
 
-def _pinned(run: Run, probe: pd.Series) -> Optional[bool]:
-    value = probe.get("pin_memory")
-    if isinstance(value, (bool,)) or value in (0, 1):
-        return bool(value)
-    value = loader_info(run, probe["id"]).get("pin_memory")
+def _pinned(run: Run, probe: ProbeRecord) -> Optional[bool]:
+    if probe.config.pin_memory is not None:
+        return bool(probe.config.pin_memory)
+    value = loader_info(run, probe.id).get("pin_memory")
     return None if value is None else bool(value)
 
 
-def _same_settings(a: pd.Series, b: pd.Series) -> bool:
-    return all(a.get(k) == b.get(k) or (not finite(a.get(k)) and not finite(b.get(k)))
-               for k in TWIN_KEYS)
+def _same_settings(a: ProbeRecord, b: ProbeRecord) -> bool:
+    return all(getattr(a.config, k) == getattr(b.config, k) for k in TWIN_KEYS)
 
 
-def _pin_gain(run: Run) -> Optional[tuple[float, pd.Series, bool]]:
+def _pin_gain(run: Run) -> Optional[tuple[float, ProbeRecord, bool]]:
     """Best throughput ratio pinned / unpinned among configurations differing only in
     pin_memory, the pinned probe, and whether it is faster beyond noise.
 
@@ -56,21 +54,20 @@ def _pin_gain(run: Run) -> Optional[tuple[float, pd.Series, bool]]:
     as the choice pools them (``decide.choose.most_certain``), and "beyond noise" is the
     choice's test (``better``): a short, unstable probe never speaks alone for its setting.
     """
-    probes = ok_probes(run)
-    probes = probes[probes["throughput"].apply(finite) & (probes["throughput"] > 0)]
-    rows = {str(row["id"]): row for _, row in probes.iterrows()}
-    pooled = most_certain([candidate(run, row) for row in rows.values()])
+    probes = {p.id: p for p in measured_probes(run)}
+    pooled = most_certain([candidate_of(p) for p in probes.values()])
     best = None
     for pinned in (c for c in pooled if c.config.pin_memory is True):
         for plain in (c for c in pooled if c.config.pin_memory is False):
-            if _same_settings(rows[pinned.id], rows[plain.id]):
+            if _same_settings(probes[pinned.id], probes[plain.id]):
                 gain = pinned.throughput / plain.throughput
                 if best is None or gain > best[0]:
-                    best = (gain, rows[pinned.id], better(pinned, plain))
+                    best = (gain, probes[pinned.id], better(pinned, plain))
     return best
 
 
-def pin_memory(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+def pin_memory(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None
+               ) -> Optional[Finding]:
     """A CUDA run copies batches from pageable memory, and that measurably costs.
 
     Trigger: CUDA device, the baseline runs with pin_memory off, and either a pinned probe is
@@ -79,14 +76,14 @@ def pin_memory(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     data-bound ("low").
     """
     base = baseline_probe(run)
-    if base is None or not is_cuda(run, base["id"]) or _pinned(run, base) is not False:
+    if base is None or not is_cuda(run, base.id) or _pinned(run, base) is not False:
         return None
     measured = _pin_gain(run)
     if measured is not None:
         gain, pinned, beyond_noise = measured
         if gain < thresholds.pin_speedup or not beyond_noise:
             return None
-        evidence = (f"With {describe_config(pinned)} the run is {gain:.2f}x faster than the "
+        evidence = (f"With {describe_config(pinned.config)} the run is {gain:.2f}x faster than the "
                     "same settings with pin_memory=False.")
         severity = "medium"
     elif is_data_bound(run, base, thresholds):
@@ -98,7 +95,7 @@ def pin_memory(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     return Finding(
         rule="pin-memory", severity=severity, title="Batches are not pinned",
         evidence=evidence,
-        advice=Advice(change="pin_memory=True", wants=lambda p: p.get("pin_memory") in (True,),
+        advice=Advice(change="pin_memory=True", wants=lambda config: config.pin_memory is True,
                       basis="copies from pageable memory cannot overlap compute",
                       measure="--pin-memory true,false",
                       extra="Move batches with .to(device, non_blocking=True)."))
@@ -120,7 +117,8 @@ def gpu_memory_share(run: Run, probe_id: str) -> Optional[float]:
     return float(used.max()) / total
 
 
-def batch_size_headroom(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+def batch_size_headroom(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None
+                        ) -> Optional[Finding]:
     """Most GPU memory is unused, and larger batches are faster where measured.
 
     Trigger: the baseline's peak GPU memory < ``gpu_mem_unused_share`` of the total, no probe
@@ -130,23 +128,21 @@ def batch_size_headroom(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     base = baseline_probe(run)
     if base is None:
         return None
-    share = gpu_memory_share(run, base["id"])
-    batch = as_int(base.get("batch_size"))
+    share = gpu_memory_share(run, base.id)
+    batch = base.config.batch_size
     if share is None or batch is None or share >= thresholds.gpu_mem_unused_share:
         return None
-    probes = run.probes
-    larger = probes[probes["batch_size"].apply(finite)]
-    larger = larger[larger["batch_size"] > batch]
-    if (larger["status"] == Status.OOM).any():
+    larger = [p for p in run.records
+              if p.config.batch_size is not None and p.config.batch_size > batch]
+    if any(p.status == Status.OOM for p in larger):
         return None
-    larger = ok_probes(run).loc[lambda p: p.index.isin(larger.index)]
+    best = fastest(p for p in larger if p.ok and p.counts_for_choice)
     memory = f"Peak GPU memory is {pct(share)} of the device with batch_size={batch}"
-    if not larger.empty:
-        best = larger.loc[larger["throughput"].idxmax()]
-        gain = best["throughput"] / base["throughput"]
+    if best is not None:
+        gain = best.throughput / base.throughput if finite(base.throughput) else math.nan
         if not gain >= thresholds.batch_gain:
             return None
-        evidence, severity = (f"{memory}; batch_size={as_int(best['batch_size'])} gave "
+        evidence, severity = (f"{memory}; batch_size={best.config.batch_size} gave "
                               f"{gain:.2f}x the samples/s."), "medium"
     else:
         evidence, severity = f"{memory}; no larger batch size was measured.", "low"
@@ -154,14 +150,15 @@ def batch_size_headroom(run: Run, thresholds: Thresholds) -> Optional[Finding]:
         rule="batch-size-headroom", severity=severity, title="GPU memory left unused",
         evidence=evidence,
         advice=Advice(change=f"batch_size={2 * batch}",
-                      wants=lambda p: (as_int(p.get("batch_size"), 0) or 0) > batch,
+                      wants=lambda config: (config.batch_size or 0) > batch,
                       basis=f"only {pct(share)} of the GPU memory is used",
                       measure=f"--batch-size {batch},{2 * batch},{4 * batch}",
                       extra=("Scale the learning rate with the global batch size and check "
                              "convergence.")))
 
 
-def low_gpu_utilization(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+def low_gpu_utilization(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None
+                        ) -> Optional[Finding]:
     """The GPU is mostly idle although the loop is not waiting on data: host-bound.
 
     Trigger: the baseline's median ``gpu_util_percent`` < ``gpu_util_low_percent`` while its
@@ -170,7 +167,7 @@ def low_gpu_utilization(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     base = baseline_probe(run)
     if base is None:
         return None
-    util = metric_median(run, base["id"], "gpu", "gpu_util_percent")
+    util = metric_median(run, base.id, "gpu", "gpu_util_percent")
     waited = data_wait(run, base)
     if util is None or waited is None or util >= thresholds.gpu_util_low_percent:
         return None

@@ -1,6 +1,8 @@
 """Rules about the host: CPU oversubscription and periodic host work between steps.
 
-Each rule is ``rule(run, thresholds) -> Finding | None`` (see ``rules.base``).
+Each rule is ``rule(run, thresholds, known) -> Finding | None`` (see ``rules.base``). The
+thread pools' finding is ``rules.threads``'s (the recommendation's notes cite it), registered
+here.
 """
 
 from __future__ import annotations
@@ -9,38 +11,26 @@ from typing import Optional
 
 import pandas as pd
 
-from ddp_profile.profiler.cpus import threads_to_fit
-from ddp_profile.profiler.decide.choose import better
-from ddp_profile.profiler.decide.paired import (
-    CANDIDATE,
-    REFERENCE,
-    PairedClaim,
-    alternations,
-    paired,
-)
-from ddp_profile.profiler.store.probes import Kind
 from ddp_profile.profiler.store.results import Run
+from ddp_profile.rules.alternations import Evidence
 from ddp_profile.rules.base import (
     Advice,
     Finding,
     Thresholds,
-    as_int,
-    describe_config,
-    finite,
     ms,
     pct,
 )
 from ddp_profile.rules.tables import (
     baseline_probe,
-    candidate,
     cpus_available,
     local_ranks,
-    ok_probes,
     probe_steps,
 )
+from ddp_profile.rules.threads import thread_oversubscription
 
 
-def worker_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+def worker_oversubscription(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None
+                            ) -> Optional[Finding]:
     """More DataLoader workers on a machine than it has CPUs.
 
     Trigger: the baseline probe's ``num_workers`` x local ranks (``nproc_per_node``, else the
@@ -52,15 +42,15 @@ def worker_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Findin
     probe = baseline_probe(run)
     if probe is None:
         return None
-    workers = as_int(probe.get("num_workers"))
-    cpus = cpus_available(run, probe["id"])
+    workers = probe.config.num_workers
+    cpus = cpus_available(run, probe.id)
     if not workers or not cpus:
         return None
-    nproc = local_ranks(run, probe["id"])
+    nproc = local_ranks(run, probe.id)
     total = workers * nproc
     if total <= cpus:
         return None
-    busy = run.probe(probe["id"]).host.worker_cores
+    busy = probe.host.worker_cores
     if busy is not None and busy < thresholds.busy_worker_cores:
         return None
     fitting = max(1, cpus // nproc - 1)
@@ -73,179 +63,9 @@ def worker_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Findin
                   f"processes{measured} compete for {cpus} available CPUs."),
         advice=Advice(
             change=f"num_workers={fitting} (CPUs // ranks per machine - 1 for the main process)",
-            wants=lambda p: (as_int(p.get("num_workers"), 0) or 0) * nproc <= cpus,
+            wants=lambda config: (config.num_workers or 0) * nproc <= cpus,
             basis=f"{total} worker processes compete for {cpus} CPUs",
             measure=f"--num-workers {fitting},{workers}"))
-
-
-def _how_to_set_threads(launcher: str, fit: int) -> str:
-    """How to give each rank ``fit`` intra-op threads under the launcher in use."""
-    env = f"OMP_NUM_THREADS={fit}"
-    if launcher == "torchrun":
-        return (f"Start torchrun with {env} in its environment ({env} torchrun ...): torchrun "
-                "sets it to 1 only when it is unset; or call torch.set_num_threads"
-                f"({fit}) at the start of the script.")
-    if launcher == "inplace":
-        return (f"Set {env} in the job's environment (the pod spec's env, srun --export, "
-                f"the sbatch script), or call torch.set_num_threads({fit}) at the start of "
-                "the script: ranks started in place get torch's default of one thread per "
-                "core each.")
-    return (f"Call torch.set_num_threads({fit}) at the start of each rank (the function the "
-            f"script spawns), or start the script with {env}: processes it starts itself "
-            "get torch's default of one thread per core each.")
-
-
-def _threads_counterfactuals(run: Run) -> list[tuple[pd.Series, pd.Series]]:
-    """Each single ``threads`` probe (not of an alternation) with the probe it is the
-    counterfactual of: the baseline or the sweep probe of the same settings (the latest),
-    latest counterfactual first."""
-    probes = ok_probes(run, kinds=(Kind.THREADS,))
-    if not probes.empty:
-        single = probes["id"].apply(lambda probe_id: run.probe(probe_id).pair is None)
-        probes = probes[probes["throughput"].apply(finite) & single]
-    measured = ok_probes(run)
-    pairs = []
-    for _, probe in probes.iloc[::-1].iterrows():
-        same = measured[measured.apply(describe_config, axis=1) == describe_config(probe)] \
-            if not measured.empty else measured
-        if not same.empty:
-            pairs.append((probe, same.iloc[-1]))
-    return pairs
-
-
-def _threads_alternation(run: Run, thresholds: Thresholds) -> Optional[PairedClaim]:
-    """The last alternation of a configuration with the script's threads (A) and with the
-    threads that fit (B) (``sweep.search``'s ``_alternate_threads``), read as the claim's
-    (``decide.paired.paired``); None where none finished."""
-    groups = alternations(run.records, Kind.THREADS)
-    return paired(run.records, groups[-1], thresholds.interval_confidence,
-                  thresholds.launch_sd) if groups else None
-
-
-def thread_oversubscription(run: Run, thresholds: Thresholds) -> Optional[Finding]:
-    """The ranks' torch thread pools oversubscribe the CPUs, and that measurably costs.
-
-    Trigger (a measured probe, its summary entry): intra-op threads (the most of any rank) x
-    local ranks + the cores its DataLoader workers were busy on > ``cpus_available``
-    (``profiler.cpus.threads_to_fit``, the sweep's own test), and the same settings with the
-    threads that fit ran >= ``threads_gain`` x faster ("high" at or above
-    ``threads_severe_gain``), beyond noise. The sweep measures the counterfactual of the
-    baseline and of the best configuration it found (more workers can be what tips the CPUs
-    over); where one read a gain, it alternates that one with its subject in launches, and
-    the finding is the alternation's fit and interval (``decide.paired``: faster where its
-    interval lies above 1; where it stays open, ``decide.paired.still_open``, after the
-    check's extensions, a "low" finding says what was seen, as not established). Without an
-    alternation (``--pairs 0``) the largest single gain
-    beyond the noise of the two launches (``choose.better``) is the finding. Where the
-    baseline oversubscribes and nothing was measured, the finding is "low" and labelled a
-    prediction; measured without a gain, there is no finding.
-    """
-    base = baseline_probe(run)
-    if base is None:
-        return None
-    launcher = str(run.summary.get("launcher") or "torchrun")
-    claim = _threads_alternation(run, thresholds)
-    if claim is not None:
-        return _alternated_finding(run, claim, launcher, base["id"], thresholds)
-    measured = []
-    for probe, subject in _threads_counterfactuals(run):
-        test = _oversubscribed(run, subject["id"])
-        if test is None or subject["throughput"] <= 0:
-            continue
-        gain = float(probe["throughput"] / subject["throughput"])
-        measured.append((gain, probe, subject, test))
-    if not measured:
-        test = _oversubscribed(run, base["id"])
-        if test is None:
-            return None
-        fit, demand = test
-        return Finding(
-            rule="thread-oversubscription", severity="low",
-            title="Torch thread pools oversubscribe the CPUs",
-            evidence=f"{demand}; no probe with fewer threads was measured.",
-            recommendation=f"Prediction (not measured): {fit} thread(s) per rank. "
-                           f"{_how_to_set_threads(launcher, fit)}")
-    gain, probe, subject, (fit, demand) = max(measured, key=lambda item: item[0])
-    if gain < thresholds.threads_gain or not better(candidate(run, probe),
-                                                    candidate(run, subject), thresholds):
-        return None  # no gain, or one within the noise of two launches
-    own = subject["id"] == base["id"]
-    settings = "the script's own settings" if own else describe_config(subject)
-    where = "" if own else f" with {describe_config(subject)}"
-    return Finding(
-        rule="thread-oversubscription",
-        severity="high" if gain >= thresholds.threads_severe_gain else "medium",
-        title="Torch thread pools oversubscribe the CPUs",
-        evidence=(f"{demand}{where}. Measured: with {fit} thread(s) per rank {settings} ran "
-                  f"{probe['throughput']:,.1f} samples/s (probe {probe['id']}) against "
-                  f"{subject['throughput']:,.1f} ({subject['kind']} {subject['id']}), "
-                  f"{gain:.2f}x."),
-        recommendation=(f"Measured in probe {probe['id']}: {fit} thread(s) per rank"
-                        f"{where}. {_how_to_set_threads(launcher, fit)}"))
-
-
-def _alternated_finding(run: Run, claim: PairedClaim, launcher: str, base_id: str,
-                        thresholds: Thresholds) -> Optional[Finding]:
-    """The finding from the threads alternation ``claim``, where its subject oversubscribes
-    the CPUs and the threads that fit read at least ``threads_gain`` x: faster beyond noise,
-    "medium" or "high"; else, where its interval still holds that gain, "low": what was
-    seen, said as not established. None otherwise."""
-    reference, counterfactual = (run.probe(claim.first(role)) for role in (REFERENCE, CANDIDATE))
-    test = _oversubscribed(run, reference.id)
-    if test is None or claim.ratio < thresholds.threads_gain \
-            or not claim.faster and claim.bounds[1] <= thresholds.threads_gain:
-        return None
-    fit, demand = test
-    config = reference.config.to_dict()
-    own = config == run.probe(base_id).config.to_dict()
-    where = "" if own else f" with {describe_config(pd.Series(config))}"
-    low, high = claim.interval
-    figure = f"{claim.ratio:.2f}x [{low:.2f}-{high:.2f}]"
-    probes = f"probes {claim.probes[0]}-{claim.probes[-1]}"
-    whole = all(run.probe(p).epochs_throughput for p in claim.probes)
-    evidence = (f"{demand}{where}. Measured: with {counterfactual.threads} thread(s) per rank "
-                f"{'the script' if own else 'it'} ran {figure} as fast as with its own "
-                f"threads, alternated {claim.letters} in launches ({probes})"
-                + (", each over whole epochs" if whole else ""))
-    how = _how_to_set_threads(launcher, fit)
-    if not claim.faster:
-        return Finding(
-            rule="thread-oversubscription", severity="low",
-            title="Torch thread pools oversubscribe the CPUs (a gain not established)",
-            evidence=evidence + ": faster, but not beyond the noise of those launches.",
-            recommendation=(f"Not established: {fit} thread(s) per rank{where} measured "
-                            f"{figure} in {probes}, a gain its launches cannot tell from none. "
-                            f"Check it in launches of your own, alternating the two: {how}"))
-    return Finding(
-        rule="thread-oversubscription",
-        severity="high" if claim.ratio >= thresholds.threads_severe_gain else "medium",
-        title="Torch thread pools oversubscribe the CPUs",
-        evidence=evidence + ".",
-        recommendation=f"Measured in {probes}: {fit} thread(s) per rank{where}, {figure}. {how}")
-
-
-def baseline_oversubscribed(run: Run, thresholds: Thresholds) -> bool:
-    """The ``thread-oversubscription`` finding stands and the baseline's own ranks
-    oversubscribe the CPUs: what the baseline measured as waiting can be waiting for a CPU.
-    (Where only the best configuration's workers tip the CPUs over, the baseline's loading
-    was measured on CPUs its threads fit.)"""
-    base = baseline_probe(run)
-    return base is not None and _oversubscribed(run, base["id"]) is not None \
-        and thread_oversubscription(run, thresholds) is not None
-
-
-def _oversubscribed(run: Run, probe_id: str) -> Optional[tuple[int, str]]:
-    """The threads that fit and what competes for the CPUs, where the ranks of probe
-    ``probe_id`` oversubscribe them (``threads_to_fit``); else None."""
-    entry = run.probe(probe_id)
-    ranks, cpus = local_ranks(run, probe_id), cpus_available(run, probe_id)
-    threads, workers = entry.host.intra_op_threads, entry.host.worker_cores or 0.0
-    fit = threads_to_fit(threads, ranks, workers, cpus)
-    if fit is None:
-        return None
-    busy = f" + DataLoader workers busy on {workers:.1f} cores" if workers else ""
-    return fit, (f"{ranks} rank(s) per machine x {threads} intra-op threads{busy} compete "
-                 f"for {cpus} available CPUs")
 
 
 def _rank_spikes(steps: pd.DataFrame, thresholds: Thresholds) -> Optional[dict]:
@@ -264,7 +84,8 @@ def _rank_spikes(steps: pd.DataFrame, thresholds: Thresholds) -> Optional[dict]:
             "spike_s": float(spikes["other_s"].median()), "median_s": median}
 
 
-def frequent_io(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+def frequent_io(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None
+                ) -> Optional[Finding]:
     """Periodic spikes of host work between steps (logging, checkpoints, evaluation).
 
     Trigger: on some rank of the baseline probe, at least two measured steps have ``other_s``
@@ -275,7 +96,7 @@ def frequent_io(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     probe = baseline_probe(run)
     if probe is None:
         return None
-    steps = probe_steps(run, probe["id"])
+    steps = probe_steps(run, probe.id)
     found = {}
     for rank, rows in steps.groupby("rank"):
         spikes = _rank_spikes(rows, thresholds)

@@ -1,6 +1,6 @@
 """Rule about the epoch boundary: DataLoader workers started again at every epoch.
 
-Each rule is ``rule(run, thresholds) -> Finding | None`` (see ``rules.base``). A probe of a
+Each rule is ``rule(run, thresholds, known) -> Finding | None`` (see ``rules.base``). A probe of a
 loader that restarts carries what the restarts cost (``store.epochs``): ``epoch_restart_s``
 per epoch of ``epoch_steps`` steps, its ``throughput`` as the script runs (one restart per
 epoch) and its ``steady_throughput`` between restarts.
@@ -10,22 +10,19 @@ from __future__ import annotations
 
 from typing import Optional
 
-import pandas as pd
-
 from ddp_profile.profiler.decide.paired import one_time_start
-from ddp_profile.profiler.decide.restarts import KeptAlive, kept_alive
+from ddp_profile.profiler.decide.worker_restarts import KeptAlive, kept_alive
 from ddp_profile.profiler.store.epochs import restart_share
 from ddp_profile.profiler.store.probe_parts import Epochs
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.store.results import Run
-from ddp_profile.rules.base import Finding, Thresholds, as_int, describe_config, finite, pct
-from ddp_profile.rules.claim import Evidence, PairedClaim, sides
+from ddp_profile.rules.alternations import Evidence, PairedClaim, sides
+from ddp_profile.rules.base import Finding, Thresholds, describe_config, finite, pct
 from ddp_profile.rules.recommend import choose
 from ddp_profile.rules.tables import (
     baseline_probe,
     loader_info,
     ok_probes,
-    probe_entry,
     probe_steps,
 )
 
@@ -40,7 +37,7 @@ def keeps_its_iterator(run: Run) -> bool:
                if probe_id not in forced)
 
 
-Restarting = tuple[pd.Series, ProbeRecord, Epochs]  # a probe row, its record, its epochs
+Restarting = tuple[ProbeRecord, Epochs]  # a probe, its epochs
 
 
 def _restarting(run: Run) -> list[Restarting]:
@@ -48,13 +45,12 @@ def _restarting(run: Run) -> list[Restarting]:
     if keeps_its_iterator(run):
         return []
     found = []
-    for _, probe in ok_probes(run).iterrows():
-        entry = probe_entry(run, probe["id"])
-        epochs = entry.epochs if entry is not None else None
+    for probe in ok_probes(run):
+        epochs = probe.epochs
         if epochs is not None and finite(epochs.steady_throughput) \
                 and epochs.steady_throughput > 0 and finite(epochs.restart_s) \
-                and finite(probe["throughput"]):
-            found.append((probe, entry, epochs))
+                and finite(probe.throughput):
+            found.append((probe, epochs))
     return found
 
 
@@ -77,7 +73,7 @@ def persistent_workers(run: Run, thresholds: Thresholds, known: Optional[Evidenc
     None: read here), the finding says what it measured instead.
     """
     costly = [found for found in _restarting(run)
-              if (restart_share(found[1]) or 0.0) >= thresholds.restart_share]
+              if (restart_share(found[0]) or 0.0) >= thresholds.restart_share]
     evidence = known or Evidence(run, thresholds)
     measured = evidence.persistent
     if measured is not None:
@@ -90,41 +86,41 @@ def persistent_workers(run: Run, thresholds: Thresholds, known: Optional[Evidenc
     chosen = choose(run, base, thresholds) if base is not None else None
 
     def gain(found: Restarting) -> Optional[float]:
-        if chosen is None or not finite(chosen["throughput"]) or chosen["throughput"] <= 0:
+        if chosen is None or not finite(chosen.throughput) or chosen.throughput <= 0:
             return None
-        return found[2].steady_throughput / float(chosen["throughput"])
+        return found[1].steady_throughput / float(chosen.throughput)
 
     # the script's own loader pays the restarts; another configuration's only matter where
     # keeping its workers alive is predicted to beat the recommendation
-    costly = [found for found in costly if (base is not None and found[0]["id"] == base["id"])
+    costly = [found for found in costly if (base is not None and found[0].id == base.id)
               or (gain(found) or 0.0) >= 1 + thresholds.restart_share]
     if not costly:
         return None
-    top = max(costly, key=lambda found: found[2].steady_throughput)
-    probe, entry, epochs = top
+    top = max(costly, key=lambda found: found[1].steady_throughput)
+    probe, epochs = top
     steady, restart = epochs.steady_throughput, epochs.restart_s
     # where the script's settings are kept (as the sweep skips the check: the recommendation
     # is them), a whole run too short to win the start back is said as such
     kept = base is not None and chosen is not None \
-        and describe_config(chosen) == describe_config(base)
-    script = probe_entry(run, base["id"]) if kept and base is not None else None
-    whole = kept_alive(run.records, entry, script) \
-        if script is not None and script.id != entry.id else None
+        and chosen.config == base.config
+    script = base if kept else None
+    whole = kept_alive(run.records, probe, script) \
+        if script is not None and script.id != probe.id else None
     if whole is not None and whole.loses:
         return _predicted_too_short(probe, epochs, whole, gain(top))
-    share = restart_share(entry) or 0.0
+    share = restart_share(probe) or 0.0
     ratio = gain(top)
-    workers = as_int(probe.get("num_workers"), 0)
-    versus = (f", {ratio:.2f}x the recommended {describe_config(chosen)} as the script runs it"
-              if ratio is not None and chosen is not None and chosen["id"] != probe["id"]
+    workers = probe.config.num_workers or 0
+    versus = (f", {ratio:.2f}x the recommended {describe_config(chosen.config)} as the script "
+              "runs it" if ratio is not None and chosen is not None and chosen.id != probe.id
               else "")
     return Finding(
         rule="persistent-workers",
         severity="high" if ratio is not None and ratio >= 1.5 else "medium",
         title="DataLoader workers restart every epoch",
-        evidence=(f"With {describe_config(probe)}, starting the workers again costs "
+        evidence=(f"With {describe_config(probe.config)}, starting the workers again costs "
                   f"{restart:.2f} s per epoch of {epochs.steps} steps, "
-                  f"{pct(share)} of the epoch: {probe['throughput']:,.0f} samples/s as run, "
+                  f"{pct(share)} of the epoch: {probe.throughput:,.0f} samples/s as run, "
                   f"{steady:,.0f} samples/s between restarts."),
         recommendation=(f"Keep the workers alive: DataLoader(..., num_workers={workers}, "
                         f"persistent_workers=True). Predicted: "
@@ -140,7 +136,8 @@ def _measured(run: Run, measured: PairedClaim, costly: list[Restarting]) -> Opti
         return None
     low, high = measured.interval  # measured, and no gain this check can tell from none
     reference, kept = sides(run, measured)
-    restarts = [epochs for p, _, epochs in costly if describe_config(p) == describe_config(kept)]
+    restarts = [epochs for p, epochs in costly
+                if describe_config(p.config) == describe_config(kept)]
     paid = ""
     if restarts:
         epochs = restarts[-1]
@@ -203,7 +200,7 @@ def _too_short(run: Run, whole: PairedClaim, per_epoch: PairedClaim) -> Optional
                         f"persistent_workers=True) pays in {pays}."))
 
 
-def _predicted_too_short(probe: pd.Series, epochs: Epochs, whole: KeptAlive,
+def _predicted_too_short(probe: ProbeRecord, epochs: Epochs, whole: KeptAlive,
                          ratio: Optional[float]) -> Finding:
     """What was seen where a configuration's workers ran faster between restarts than the
     script's settings, but over the script's whole run (a launch ran it to its end) their
@@ -216,26 +213,26 @@ def _predicted_too_short(probe: pd.Series, epochs: Epochs, whole: KeptAlive,
         rule="persistent-workers",
         severity="low",
         title="Keeping the workers alive pays per epoch, not over a run this short",
-        evidence=(f"With {describe_config(probe)}, starting the workers again costs "
+        evidence=(f"With {describe_config(probe.config)}, starting the workers again costs "
                   f"{epochs.restart_s:.2f} s per epoch of {epochs.steps} steps: "
-                  f"{probe['throughput']:,.0f} samples/s as run, "
+                  f"{probe.throughput:,.0f} samples/s as run, "
                   f"{epochs.steady_throughput:,.0f} between restarts{versus}. But "
                   f"{whole.words()}, so persistent_workers=True was not measured."),
         recommendation=(f"For runs this short, keep the script's settings. Predicted, not "
                         f"measured: DataLoader(..., num_workers="
-                        f"{as_int(probe.get('num_workers'), 0)}, persistent_workers=True) "
+                        f"{probe.config.num_workers or 0}, persistent_workers=True) "
                         f"pays in {pays}."))
 
 
-def _first_batches(run: Run, probe: pd.Series) -> Optional[tuple[float, float, int]]:
+def _first_batches(run: Run, probe: ProbeRecord) -> Optional[tuple[float, float, int]]:
     """(share of run time, seconds, epochs) spent starting workers after the first epoch."""
     iters = run.loader_iters
     if iters is None or iters.empty or "first_batch_s" not in iters:
         return None
-    steps = probe_steps(run, probe["id"], measured_only=False)
+    steps = probe_steps(run, probe.id, measured_only=False)
     if steps.empty:
         return None
-    rows = iters[iters["probe_id"] == probe["id"]]
+    rows = iters[iters["probe_id"] == probe.id]
     if "loader_id" in steps and steps["loader_id"].notna().any():
         rows = rows[rows["loader_id"].isin(steps["loader_id"].dropna().unique())]
     rows = rows[(rows["iter_index"] > 0) & rows["first_batch_s"].notna()]
@@ -252,12 +249,11 @@ def _from_first_batches(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     if keeps_its_iterator(run):
         return None
     worst = None
-    for _, probe in ok_probes(run).iterrows():
-        entry = probe_entry(run, probe["id"])
-        if entry is not None and entry.epochs is not None:
+    for probe in ok_probes(run):
+        if probe.epochs is not None:
             continue  # measured by the epochs: below the threshold there
-        if loader_info(run, probe["id"]).get("persistent_workers") is not False \
-                or (as_int(probe.get("num_workers"), 0) or 0) <= 0:
+        if loader_info(run, probe.id).get("persistent_workers") is not False \
+                or (probe.config.num_workers or 0) <= 0:
             continue
         measured = _first_batches(run, probe)
         if measured and measured[0] >= thresholds.restart_share and (
@@ -269,7 +265,7 @@ def _from_first_batches(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     return Finding(
         rule="persistent-workers", severity="medium",
         title="DataLoader workers restart every epoch",
-        evidence=(f"With {describe_config(probe)}, starting the workers again for {epochs} "
+        evidence=(f"With {describe_config(probe.config)}, starting the workers again for {epochs} "
                   f"later epoch(s) took {restart_s:.2f} s per rank, {pct(share)} of the run."),
         recommendation="Keep the workers alive: DataLoader(..., persistent_workers=True).")
 

@@ -1,6 +1,6 @@
 """The straggler rule: one rank slower than the others for a reason of its own.
 
-A rule is ``rule(run, thresholds) -> Finding | None`` (see ``rules.base``); it is registered
+A rule is ``rule(run, thresholds, known) -> Finding | None`` (see ``rules.base``); it is registered
 with the distributed rules (``rules.findings.distributed.RULES``).
 """
 
@@ -11,10 +11,12 @@ from typing import Any, Optional
 
 import pandas as pd
 
+from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.profiler.store.results import Run
+from ddp_profile.rules.alternations import Evidence
 from ddp_profile.rules.base import Finding, Thresholds, ms, pct
-from ddp_profile.rules.findings.host import baseline_oversubscribed
-from ddp_profile.rules.tables import baseline_probe, loading_of, probe_steps
+from ddp_profile.rules.tables import baseline_probe, probe_steps
+from ddp_profile.rules.threads import baseline_oversubscribed
 
 
 def _per_rank_table(steps: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -55,7 +57,8 @@ def _slowest_rank(table: pd.DataFrame) -> Optional[tuple[int, float, float]]:
     return int(rank), counts.iloc[0] / len(table), _excess(table, rank)
 
 
-def straggler(run: Run, thresholds: Thresholds) -> Optional[Finding]:
+def straggler(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None
+             ) -> Optional[Finding]:
     """One rank is consistently slower and holds the others at every synchronisation.
 
     With DDP the fast ranks wait for the slow one inside backward, so their ``compute_s``
@@ -76,8 +79,8 @@ def straggler(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     probe = baseline_probe(run)
     if probe is None:
         return None
-    presync = _presync_steps(run, probe["id"])
-    steps = probe_steps(run, probe["id"])
+    presync = _presync_steps(run, probe.id)
+    steps = probe_steps(run, probe.id)
     step_median = float(steps["step_s"].median())
     # with forward_s, the work before the synchronisation decides; compute_s only without it:
     # where gradients are synchronised in backward, the fast ranks' compute_s holds their wait
@@ -98,7 +101,7 @@ def straggler(run: Run, thresholds: Thresholds) -> Optional[Finding]:
     return _explained(finding, rank, run, probe, excess, thresholds)
 
 
-def _explained(finding: Finding, rank: int, run: Run, probe: pd.Series, excess: float,
+def _explained(finding: Finding, rank: int, run: Run, probe: ProbeRecord, excess: float,
                thresholds: Thresholds) -> Finding:
     """The straggler finding, or, where the lag has an explanation outside the rank (CPU
     contention, its cache state, the job's own oversubscribed CPUs), a "low" one that says
@@ -130,11 +133,11 @@ def _explained(finding: Finding, rank: int, run: Run, probe: pd.Series, excess: 
     return finding
 
 
-def _runnable_lag(run: Run, probe: pd.Series, rank: int, excess: float) -> Optional[str]:
+def _runnable_lag(run: Run, probe: ProbeRecord, rank: int, excess: float) -> Optional[str]:
     """Why a lagging rank's lag is CPU contention, or None: its loop's thread sat runnable
     without a CPU (``runq_s``, from the scheduler's own counter) longer than the other ranks'
     by at least half its lag, in the median step."""
-    steps = probe_steps(run, probe["id"])
+    steps = probe_steps(run, probe.id)
     if "runq_s" not in steps or steps["runq_s"].isna().all():
         return None
     lag = _excess(_per_rank_table(steps, "runq_s"), rank)
@@ -144,12 +147,12 @@ def _runnable_lag(run: Run, probe: pd.Series, rank: int, excess: float) -> Optio
             f"ranks' (the scheduler's run-queue time of its thread)")
 
 
-def _colder_rank(run: Run, probe: pd.Series, rank: int, excess: float,
+def _colder_rank(run: Run, probe: ProbeRecord, rank: int, excess: float,
                  thresholds: Thresholds) -> Optional[str]:
     """Why a lagging rank's lag is its cache state, or None: its producers read from storage
     a share of their bytes ``cache_margin`` above the other ranks' median (the rest came from
     the page cache), and it waited for data at least half its lag longer than they did."""
-    loading = loading_of(run, probe["id"])
+    loading = probe.loading
     shares = loading.storage_share_by_rank if loading is not None else {}
     mine = shares.get(str(rank))
     others = [v for k, v in shares.items() if k != str(rank)]
@@ -158,7 +161,7 @@ def _colder_rank(run: Run, probe: pd.Series, rank: int, excess: float,
     rest = float(pd.Series(others).median())
     if float(mine) - rest < thresholds.cache_margin:
         return None
-    waited = _excess(_per_rank_table(probe_steps(run, probe["id"]), "data_wait_s"), rank)
+    waited = _excess(_per_rank_table(probe_steps(run, probe.id), "data_wait_s"), rank)
     if waited is None or waited < 0.5 * excess:
         return None
     return (f"Its loading read {pct(float(mine))} of its bytes from storage, the other ranks' "

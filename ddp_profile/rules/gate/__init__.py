@@ -1,4 +1,5 @@
-"""The CI gate's decision, apart from its wording (``reports.ci``) and I/O (``commands.gate``).
+"""The CI gate's decision, apart from its wording (``reports.ci``) and I/O
+(``commands.baseline_gate``).
 
 ``statistics``: rank tests, Hodges-Lehmann intervals, detectability. ``verdict``: the rule,
 its data types (``Verdict``, ``LaunchCheck``, ``Comparison``, ``GateResult``).

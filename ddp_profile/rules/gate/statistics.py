@@ -2,38 +2,15 @@
 
 Input: samples of per-step global throughput (samples/s) or their logs; numpy only, no I/O,
 nothing random. :mod:`ddp_profile.rules.gate.verdict` turns these into a decision.
-
-- **Mann-Whitney U** (:func:`mann_whitney_less`): one-sided "current is stochastically smaller
-  than baseline". For small samples without ties the p-value is exact (the U distribution is
-  counted, :func:`exact_u_cdf`); otherwise the normal approximation with tie correction and
-  continuity correction is used, which is accurate for ``n >= 8`` per side.
-- **Hodges-Lehmann shift** (:func:`hodges_lehmann`): the median of all ``n1 * n2`` pairwise
-  differences ``log(current_j) - log(baseline_i)``. Its distribution-free confidence interval
-  runs from the k-th smallest to the k-th largest of those differences, where ``k - 1`` is the
-  largest ``u`` with ``P(U <= u) <= (1 - confidence) / 2`` under no change
-  (:func:`interval_rank`): the same U distribution as the test, counted exactly when
-  ``n1 * n2 <= EXACT_MAX_PAIRS`` and from the normal approximation (continuity-corrected)
-  otherwise; tied values (a coarse timer) are not corrected for here. The interval is the set
-  of shifts the two-sided U test would not reject, so its coverage holds for any continuous
-  step-time distribution that differs between the sides only by the shift. It uses every step
-  rather than the middle one or two, so it is narrower than a bootstrap interval of the median
-  ratio at the same number of steps (efficiency 0.95 of the mean's under normal noise, the
-  median's 0.64), and it is deterministic.
-
-Both the test and the interval take the steps as independent draws. Real steps are
-autocorrelated and a shared machine's level drifts within and between runs; the interval does
-not see that (``benchmarks/gate_power.py --real-runs`` measures it; docs/ci.md).
-
-**Minimum detectable regression** (:func:`min_detectable_regression`): with
-``se = (upper - lower) / (2 z_c)`` (``z_c`` the normal quantile of the interval, 1.645 at
-90 %), the gate flags a true log-shift ``d`` with probability ``power`` (default 0.95) when
-``d <= log(1 - max_regression) - (z_c + z_power) se`` (the interval must clear the tolerance)
-and ``d <= -(z_alpha + z_power) se`` (the test must be significant). The answer is the slowdown
-``1 - exp(d)`` at the more negative of the two bounds; at the defaults it is the tolerance plus
-two half-widths of the interval (on the log scale). It counts the step-to-step noise the two
-samples show, not the run-to-run drift of the machine, which comes on top. ``se`` scales as
-``sqrt(1/n1 + 1/n2)``, so :func:`steps_for_reach` names the steps per side that would bring it
-within ``REACH_FACTOR * max_regression``.
+:func:`mann_whitney_less` is the one-sided test "current is stochastically smaller than
+baseline" (exact for small samples without ties, :func:`exact_u_cdf`; else the normal
+approximation with tie and continuity corrections). :func:`hodges_lehmann` is the median of
+the pairwise log differences, with the distribution-free interval of the same U distribution
+(:func:`interval_rank`): it uses every step and is deterministic. Both take the steps as
+independent draws; a shared machine's drift is not in them. :func:`min_detectable_regression`
+is the slowdown the comparison could flag with ``power``, and :func:`steps_for_reach` the
+steps per side that would bring it within ``REACH_FACTOR * max_regression``. The derivations:
+docs/internals.md, "The gate's statistics (rules/gate/statistics)".
 """
 
 from __future__ import annotations

@@ -1,36 +1,17 @@
 """The CI gate's decision: is the current run's throughput slower than the baseline's?
 
-Input: per-step global throughput samples (samples/s, higher is better) for the *same*
-configuration, one list per launch on each side (see
-``profiler.store.baseline.step_throughput_samples``). Output: a :class:`Verdict`, plain data;
-its wording (the reason, the warnings) is :mod:`ddp_profile.reports.ci`'s.
-
-The change is measured on log-throughput, so a shift there is a ratio: ``ratio = exp(shift)``
-is current / baseline (< 1 = slower). The rule (both conditions must hold for ``"regression"``,
-the statistics in :mod:`ddp_profile.rules.gate.statistics`):
-
-1. **Significance**: a one-sided Mann-Whitney U test of "current is stochastically smaller
-   than baseline" gives ``p < alpha`` (default 0.002, the threshold asv uses). The test is
-   rank-based, so a few outlier steps (a checkpoint, a page-cache miss) cannot carry it.
-2. **Size**: the upper end of the Hodges-Lehmann interval of the shift (``confidence``,
-   default 0.90 two-sided, i.e. a one-sided 95 % upper bound) lies below
-   ``log(1 - max_regression)`` (default 5 %): a tiny but real slowdown, which a long run makes
-   "significant", does not fail the gate; only one that is surely larger than the tolerance.
-
-``median_ratio`` (median(current) / median(baseline)) is reported but decides nothing. Each
-verdict also says which slowdown the comparison could see (``min_detectable``) and, when that
-is beyond ``REACH_FACTOR`` times the tolerance, the steps per side that would bring it within
-(``steps_needed``).
-
-**Launches.** :func:`compare_launches` takes each side as a list of launches (one probe process
-each, ``ddp-profile run --repeat K``). Their steps are pooled for the rule above; with two or
-more launches a side, the Hodges-Lehmann shift of the launch medians must also lie beyond the
-tolerance (:class:`LaunchCheck`), and the spread of those medians gives the chance that
-unchanged code fails the gate.
-
-With fewer than ``min_samples`` finite, positive samples on either side the verdict is
-``"inconclusive"``. Anything else is ``"pass"`` (including a faster current run). Nothing is
-random: the same inputs always give the same verdict.
+Input: per-step global throughput samples for the *same* configuration, one list per launch on
+each side (``profiler.store.baseline.step_throughput_samples``). Output: a :class:`Verdict`,
+plain data; its wording is :mod:`ddp_profile.reports.ci`'s. On log-throughput, a shift is a
+ratio (``exp(shift)``: current / baseline). ``"regression"`` needs both **significance** (a
+one-sided Mann-Whitney U test, ``p < alpha``: rank-based, so a few outlier steps cannot carry
+it) and **size** (the upper end of the Hodges-Lehmann interval of the shift lies below
+``log(1 - max_regression)``: a tiny but real slowdown does not fail the gate); with two or more
+launches a side (:func:`compare_launches`), the shift of the launch medians must also lie
+beyond the tolerance (:class:`LaunchCheck`). Each verdict says which slowdown the comparison
+could see (``min_detectable``, ``steps_needed``). Fewer than ``min_samples`` usable samples on
+a side is ``"inconclusive"``; anything else ``"pass"``. Nothing is random. The rule for a
+reader: docs/ci.md.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ def test_hook_injects_local_rank_and_runs_the_shadowed_sitecustomize(tmp_path):
 
 
 def test_ranks_spawned_inside_a_torchrun_rank_are_refused_and_nowhere_else():
-    from ddp_profile.profiler.rank.patches.process import (
+    from ddp_profile.profiler.rank.patches.spawn import (
         RanksInsideARank,
         refuse_ranks_inside_a_rank,
     )

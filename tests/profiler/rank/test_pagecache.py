@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import threading
 
-from ddp_profile.profiler.rank.loading.pagecache import FileReads, drop, watch
+from ddp_profile.profiler.drop_pages import drop
+from ddp_profile.profiler.rank.loading.pagecache import FileReads, watch
 
 
 def storage_bytes() -> int:

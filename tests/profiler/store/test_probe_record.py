@@ -106,3 +106,23 @@ def test_a_part_of_the_wrong_shape_is_refused_in_one_line_too():
                                             "regime_miss": "warm"}):
         with pytest.raises(BadProbeRecord):
             ProbeRecord.from_json(line)
+
+
+def test_a_line_recorded_before_its_figures_were_kept_is_completed_from_its_steps():
+    """A run's readers see one record per probe: where an old line lacks its standard error or
+    its data wait, the record has them from its measured steps; what is written stays the
+    line as it was."""
+    from tests.rules.tables import RunBuilder
+
+    run = (RunBuilder(world_size=2, device="cuda").probe("old", kind="baseline")
+           .steps(n=20, data_wait=0.03, compute=0.06, other=0.01, gpu_gap=0.02, jitter=0.1)
+           .probe("host", num_workers=4).steps(n=20, data_wait=0.01, compute=0.09, other=0.0)
+           .build())
+    old, host = run.probe("old"), run.probe("host")
+    assert "throughput_rse" not in old.to_json() and "gpu_starved_fraction" not in old.to_json()
+    times = run.steps[run.steps["probe_id"] == "old"].groupby("step")["step_s"].max()
+    assert old.throughput_rse == pytest.approx(times.std() / times.mean() / len(times) ** 0.5)
+    assert old.gpu.starved_fraction == pytest.approx(0.02 / times.mean(), rel=0.05)
+    assert old.data_wait_share == old.gpu.starved_fraction  # the GPU's idle time, on CUDA
+    assert host.gpu.starved_fraction is None  # no gap timed: the host's own wait
+    assert host.data_wait_share == pytest.approx(0.1)

@@ -13,11 +13,11 @@ from ddp_profile.profiler.decide.capacity import (
     bound_of,
     capacity_model,
     loading_cost,
-    loading_line,
     loop_demand,
 )
 from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.profiler.sweep.climb import CLIMB_STOP_CPU_SHARE, ClimbPoint, next_workers
+from ddp_profile.reports.console import loading_line
 
 
 def batches(cpu_ms: float, wait_ms: float, count: int = 20, size: int = 16, pid: int = 1,

@@ -33,7 +33,7 @@ def test_root_cause_is_the_failing_rank_not_its_disconnected_peer(tmp_path):
     write_rank(tmp_path, 1, [{"kind": "error", "t_ns": 2, "exc_type": "ValueError",
                               "message": "bad sample", "last_line": "ValueError: bad sample",
                               "causes": ["KeyError: 'label'"]}])
-    entry = summarise_probe(plan, outcome(tmp_path), "sweep", 60)
+    entry = summarise_probe(plan, outcome(tmp_path), "sweep", 60).to_json()
     assert entry["status"] == "crash" and entry["root_cause_rank"] == 1
     assert "ValueError: bad sample" in entry["error"] and "KeyError" in entry["error"]
 
@@ -64,7 +64,7 @@ def test_a_connection_the_ranks_own_loader_lost_is_a_cause_not_a_peers_symptom(t
                               "message": "[pair.cc:553] Connection reset by peer [127.0.0.1]:1",
                               "last_line": "RuntimeError: Connection reset by peer"}])
     plan = ProbePlan(probe_id="p006", out_dir=str(tmp_path))
-    entry = summarise_probe(plan, outcome(tmp_path), "sweep", 60)
+    entry = summarise_probe(plan, outcome(tmp_path), "sweep", 60).to_json()
     assert entry["root_cause_rank"] == 0
     assert "ConnectionResetError" in entry["error"] and "DataLoader worker" in entry["error"]
 
@@ -75,22 +75,22 @@ def test_oom_and_timeout_are_told_apart_and_an_error_before_the_deadline_is_the_
     write_rank(tmp_path, 0, [{"kind": "error", "t_ns": 1, "exc_type": "OutOfMemoryError",
                               "message": "CUDA out of memory", "oom": True,
                               "last_line": "torch.OutOfMemoryError: CUDA out of memory"}])
-    assert summarise_probe(plan, outcome(tmp_path), "sweep", 60)["status"] == "oom"
+    assert summarise_probe(plan, outcome(tmp_path), "sweep", 60).to_json()["status"] == "oom"
     # the launch ran out its time after rank 0 raised (its peers waited on it): the cause
-    timed = summarise_probe(plan, outcome(tmp_path, None, True), "sweep", 60)
+    timed = summarise_probe(plan, outcome(tmp_path, None, True), "sweep", 60).to_json()
     assert timed["status"] == "oom" and "then ran out its 60 s" in timed["error"], timed
     quiet = tmp_path / "quiet"  # no rank raised: a timeout, the first rank to stop named
     quiet.mkdir()
     write_rank(quiet, 0, [{"kind": "context", "t_ns": 1}])
     write_rank(quiet, 1, [{"kind": "context", "t_ns": 1}])
     timed = summarise_probe(ProbePlan(probe_id="p002", out_dir=str(quiet)),
-                            outcome(quiet, None, True), "sweep", 60)
+                            outcome(quiet, None, True), "sweep", 60).to_json()
     assert timed["status"] == "timeout" and "60 s" in timed["error"]
     write_rank(quiet, 1, [{"kind": "error", "t_ns": 2, "exc_type": "RuntimeError",
                            "message": "Connection closed by peer",
                            "last_line": "RuntimeError: Connection closed by peer"}])
     timed = summarise_probe(ProbePlan(probe_id="p002", out_dir=str(quiet)),
-                            outcome(quiet, None, True), "sweep", 60)
+                            outcome(quiet, None, True), "sweep", 60).to_json()
     assert timed["status"] == "timeout"  # a symptom is no cause
 
 
@@ -101,7 +101,7 @@ def test_crash_without_records_reads_the_launcher_log(tmp_path):
         "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
         "  rank      : 1 (local_rank: 1)\n")
     plan = ProbePlan(probe_id="p003", out_dir=str(tmp_path))
-    entry = summarise_probe(plan, outcome(tmp_path), "sweep", 60)
+    entry = summarise_probe(plan, outcome(tmp_path), "sweep", 60).to_json()
     assert entry["status"] == "crash" and entry["root_cause_rank"] == 1
     assert "ZeroDivisionError: division by zero" in entry["error"]
 
@@ -110,14 +110,14 @@ def test_a_loader_built_but_never_iterated_is_told_from_a_short_run(tmp_path):
     plan = ProbePlan(probe_id="p007", out_dir=str(tmp_path), warmup=5)
     write_rank(tmp_path, 0, [{"kind": "context", "t_ns": 1},
                              {"kind": "loader", "loader_id": 0, "t_ns": 2}])
-    entry = summarise_probe(plan, outcome(tmp_path, returncode=0), "baseline", 60)
+    entry = summarise_probe(plan, outcome(tmp_path, returncode=0), "baseline", 60).to_json()
     assert (entry["status"], entry["reason"]) == ("crash", "no_dataloader")
     assert "without taking a batch" in entry["error"] and "--warmup" not in entry["error"]
     steps = [{"kind": "step", "loader_id": 0, "step": i, "t_ns": 10 + i, "wall_s": 0.01,
               "data_wait_s": 0.0, "measured": False} for i in range(3)]
     write_rank(tmp_path, 0, [{"kind": "context", "t_ns": 1},
                              {"kind": "loader", "loader_id": 0, "t_ns": 2}, *steps])
-    short = summarise_probe(plan, outcome(tmp_path, returncode=0), "baseline", 60)
+    short = summarise_probe(plan, outcome(tmp_path, returncode=0), "baseline", 60).to_json()
     assert short["reason"] == "too_few_steps" and "after 3 step(s)" in short["error"]
 
 
@@ -129,7 +129,7 @@ def test_bursty_but_steady_steps_give_a_small_throughput_error(tmp_path):
                 "data_wait_s": pattern[i % 4], "compute_s": 0.01, "other_s": 0.0, "samples": 8}
                for i in range(40)]
     write_rank(tmp_path, 0, [{"kind": "loader", "loader_id": 0, "applied": {}}, *records])
-    entry = summarise_probe(plan, outcome(tmp_path, returncode=0), "sweep", 60)
+    entry = summarise_probe(plan, outcome(tmp_path, returncode=0), "sweep", 60).to_json()
     assert entry["status"] == "ok"
     assert entry["step_time_cv"] > 0.5  # single steps vary a lot
     assert entry["throughput_rse"] < 0.01  # the throughput does not
@@ -146,12 +146,12 @@ def test_the_error_of_a_workers_loader_is_taken_over_whole_rounds(tmp_path):
     write_rank(tmp_path, 0, [{"kind": "loader", "loader_id": 0,
                               "applied": {"num_workers": 6}}, *records])
     plan = ProbePlan(probe_id="p006", out_dir=str(tmp_path), warmup=0)
-    entry = summarise_probe(plan, outcome(tmp_path, returncode=0), "sweep", 60)
+    entry = summarise_probe(plan, outcome(tmp_path, returncode=0), "sweep", 60).to_json()
     assert entry["throughput_rse"] < 0.01
     write_rank(tmp_path, 0, [{"kind": "loader", "loader_id": 0,
                               "applied": {"num_workers": 2}}, *records])
-    assert summarise_probe(plan, outcome(tmp_path, returncode=0), "sweep",
-                           60)["throughput_rse"] > 0.05  # what rounds cut in blocks look like
+    rse = summarise_probe(plan, outcome(tmp_path, returncode=0), "sweep", 60).throughput_rse
+    assert rse > 0.05  # what rounds cut in blocks look like
 
 
 def _worker_costs(directory, rank, cpu_s_per_sample, n=12):
@@ -176,14 +176,14 @@ def test_worker_cores_are_what_the_batches_cost_on_one_machine(tmp_path):
                                     {"kind": "loader", "loader_id": 0,
                                      "applied": {"num_workers": 2}}, *steps])
         _worker_costs(tmp_path, rank, 0.002)
-    entry = summarise_probe(plan, outcome(tmp_path, returncode=0), "sweep", 60)
+    entry = summarise_probe(plan, outcome(tmp_path, returncode=0), "sweep", 60).to_json()
     assert entry["throughput"] == 16.0 and entry["ranks_per_host"] == 2
     assert abs(entry["worker_cores"] - 0.032) < 0.002
     for rank in (0, 1):  # no workers: nothing busy, whatever the main process spends
         write_rank(tmp_path, rank, [{"kind": "loader", "loader_id": 0,
                                      "applied": {"num_workers": 0}}, *steps])
     assert summarise_probe(plan, outcome(tmp_path, returncode=0), "sweep",
-                           60)["worker_cores"] == 0.0
+                           60).to_json()["worker_cores"] == 0.0
 
 
 def test_pinning_per_sample_counts_the_measured_batches_of_the_training_loader(tmp_path):
@@ -198,7 +198,8 @@ def test_pinning_per_sample_counts_the_measured_batches_of_the_training_loader(t
     write_rank(tmp_path, 0, [{"kind": "loader", "loader_id": 0,
                               "applied": {"num_workers": 2}}, *steps, *pins])
     _worker_costs(tmp_path, 0, 0.001)
-    loading = summarise_probe(plan, outcome(tmp_path, returncode=0), "sweep", 60)["loading"]
+    loading = summarise_probe(plan, outcome(tmp_path, returncode=0), "sweep",
+                              60).to_json()["loading"]
     assert abs(loading["pin_per_sample_s"] - 0.0005) < 1e-9
     assert abs(loading["pin_cpu_per_sample_s"] - 0.00025) < 1e-9
 
@@ -215,13 +216,13 @@ def test_cpu_busy_is_the_share_of_the_available_cpus_busy_while_measured(tmp_pat
     write_rank(tmp_path, 0, [{"kind": "context", "cpus_available": 2},
                              {"kind": "loader", "loader_id": 0, "applied": {}},
                              *steps, *samples])
-    entry = summarise_probe(plan, outcome(tmp_path, returncode=0), "sweep", 60)
+    entry = summarise_probe(plan, outcome(tmp_path, returncode=0), "sweep", 60).to_json()
     assert entry["cpu_busy"] == 1.0  # median 50 % x 4 cores = 2 of 2; the warm-up's 5 % not
     write_rank(tmp_path, 0, [{"kind": "context", "cpus_available": 4},
                              {"kind": "loader", "loader_id": 0, "applied": {}},
                              *steps, *samples])
     assert summarise_probe(plan, outcome(tmp_path, returncode=0), "sweep",
-                           60)["cpu_busy"] == 0.5
+                           60).to_json()["cpu_busy"] == 0.5
 
 
 def test_when_only_symptoms_were_recorded_the_log_names_the_cause(tmp_path):
@@ -232,7 +233,7 @@ def test_when_only_symptoms_were_recorded_the_log_names_the_cause(tmp_path):
                               "message": "Connection closed by peer [127.0.0.1]:1",
                               "last_line": "RuntimeError: Connection closed by peer"}])
     plan = ProbePlan(probe_id="p005", out_dir=str(tmp_path))
-    entry = summarise_probe(plan, outcome(tmp_path), "sweep", 60)
+    entry = summarise_probe(plan, outcome(tmp_path), "sweep", 60).to_json()
     assert entry["root_cause_rank"] == 0 and "DataLoader worker" in entry["error"]
 
 

@@ -102,7 +102,7 @@ def test_each_window_runs_its_own_worker_pool_and_is_split_into_a_probe(tmp_path
                                 warmup=plan.window_warmup(index), steps=plan.steps,
                                 mode=windows[index]["mode"])
         outcome = LaunchOutcome(0, False, False, split.span_s, str(tmp_path / "none.log"))
-        entry = summarise_probe(window_plan, outcome, "sweep", 60.0)
+        entry = summarise_probe(window_plan, outcome, "sweep", 60.0).to_json()
         assert entry["status"] == "ok", entry
         assert entry["config"]["num_workers"] == windows[index]["overrides"]["num_workers"]
         assert entry["steps_measured"] == plan.steps

@@ -1,31 +1,16 @@
 """What producing each batch costs, measured where the batch is made.
 
-A DataLoader's fetcher (``_MapDatasetFetcher`` / ``_IterableDatasetFetcher``) turns one batch
-of indices into a batch: the dataset fetch (``__getitem__`` / ``__getitems__``, or the
-iterable's ``next``) and then ``collate_fn``. :class:`CostMeter` wraps a fetcher instance and
-times both, in wall time and in the CPU time of the producing thread (``time.thread_time_ns``),
-and reads the thread's run-queue delay (``clocks.RunQueueClock``) around the fetch: wall - CPU is
-the time the producer was off a CPU, of which ``runq`` it sat runnable waiting for one (CPUs
-busy) and the rest blocked (storage, network, sleep, a lock).
-
-* **Workers**: the rank replaces the loader's ``worker_init_fn`` by a picklable
-  :class:`WorkerInit` (fork and spawn alike). In the worker it wraps the fetcher class's
-  factory, then calls the script's own ``worker_init_fn``. Each worker appends one JSON line
-  per batch to ``<probe_dir>/workers/r<rank>-l<loader>-w<worker>-p<pid>.jsonl``, flushed every
-  ``FLUSH_S`` seconds and when the worker exits, so a worker that dies loses at most its last
-  ``FLUSH_S`` of records and a persistent worker keeps appending to its own file.
-* **num_workers=0**: the rank wraps its iterator's fetcher; the records go to the rank's file.
-
-Record (``kind: "batch_cost"``): rank, loader_id, worker (null in the rank), pid, t_ns (the
-batch's end, wall clock), wall_s, cpu_s (fetch + collate), runq_s (of the fetch's wall time,
-runnable on a run queue without a CPU; null where ``/proc/thread-self/schedstat`` cannot be
-read), collate_s, collate_cpu_s (``collate_fn``'s, without garbage collections run in it), gc_s
-(Python's garbage collection in the fetch: ``clocks.GcClock``), samples, read_b and storage_b
-(bytes the producing thread read through ``read()``-like calls, and bytes it made the kernel
-fetch from storage: ``rchar`` and ``read_bytes`` of ``/proc/thread-self/io``; null where
-unreadable; a file read through ``mmap`` counts in storage_b only, when its pages fault in)
-and, in worker 0's records, at its start, its first flush and then every ``RSS_EVERY_S``,
-private_rss (the worker's private resident bytes).
+A DataLoader's fetcher turns one batch of indices into a batch: the dataset fetch and then
+``collate_fn``. :class:`CostMeter` wraps a fetcher instance and times both, in wall time and in
+the CPU time of the producing thread, and reads the thread's run-queue delay
+(``clocks.RunQueueClock``) around the fetch: wall - CPU is the time the producer was off a CPU,
+of which ``runq`` it sat runnable waiting for one (CPUs busy) and the rest blocked (storage,
+network, sleep, a lock). In workers, the rank replaces the loader's ``worker_init_fn`` by a
+picklable :class:`WorkerInit` that wraps the fetcher class's factory and then calls the
+script's own; each worker appends one JSON line per batch to its own file under
+``<probe_dir>/workers/``, flushed every ``FLUSH_S`` seconds and at exit. With
+``num_workers=0`` the rank wraps its iterator's fetcher and writes to its own file. The
+``batch_cost`` record's fields: docs/internals.md, "Per-rank records".
 """
 
 from __future__ import annotations
@@ -42,9 +27,9 @@ from ddp_profile.profiler.rank.loading.pagecache import FileReads, watch
 from ddp_profile.profiler.store.record import WORKER_DIR
 
 FLUSH_S = 0.25
-# Reading /proc/self/smaps_rollup walks every mapping: 3.8 ms of CPU in a process with torch.
-# At every flush, 16 workers on 2 CPUs spent 12 % of the CPUs on it, and a probe of 16
-# latency-bound workers ran 0.82x the plain script; a worker's private memory changes slowly.
+# Reading /proc/self/smaps_rollup walks every mapping (milliseconds of CPU in a process with
+# torch): at every flush, many workers on few CPUs slowed the probe they measured; a worker's
+# private memory changes slowly.
 RSS_EVERY_S = 10.0
 # ... and only worker 0 of a loader reads it, for all of them (forked from one rank, running one
 # dataset, they hold about the same): read by every worker at its first flush, 3.8 ms each fell

@@ -7,9 +7,8 @@ Python's ``open`` (``builtins.open``: ``open()``, PIL's ``Image.open``, ``numpy.
 
 * records each file once (``files`` records, ``paths``: the harness reads the files back
   into the page cache before a probe in the warm regime, ``profiler.cache``);
-* in the **cold** regime, drops each from the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)``:
-  clean pages of a file opened read-only, no privileges needed), so its next read, in this probe
-  or the next, comes from storage like a first epoch's.
+* in the **cold** regime, drops each from the page cache (``profiler.drop_pages``), so its
+  next read, in this probe or the next, comes from storage like a first epoch's.
 
 Files a library opens in C (``cv2.imread``, ``h5py``, ``torchvision.io.read_file``) are not
 seen; nor are pages of a file still mapped (``mmap``) when it is dropped: those reads stay as
@@ -23,23 +22,10 @@ import os
 import threading
 from typing import Any, Optional
 
+from ddp_profile.profiler.drop_pages import drop
+
 SKIPPED = ("/proc/", "/sys/", "/dev/")
 MAX_FILES = 200_000  # files a producer records; past it, it counts them only
-
-
-def drop(path: str) -> bool:
-    """Drop ``path``'s clean pages from the page cache; False where that failed."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        return True
-    except (OSError, AttributeError):
-        return False
-    finally:
-        os.close(fd)
 
 
 def _reading(mode: Any) -> bool:
@@ -52,12 +38,10 @@ class FileReads:
 
     The watch on ``open`` lies on every sample's read, so it only notes what was opened (a
     lookup and an append) and ``end`` handles, once per fetch, what it has not handled
-    before. Normalised and checked at the open, a watched open of a cached 32 KiB file cost
-    2.3-2.4 µs more than Python's own ``open`` (fetches took 1.19x as long;
-    ``benchmarks/overhead_micro.py``); noted only, 0.74-0.80 µs (1.06x). A file seen for the
-    first time costs more (its path made absolute only where it is not, recorded, written
-    out): 1.8 µs, 3.1 when every path was made absolute; a short probe's first epoch sees
-    every file for the first time."""
+    before: normalising and checking every path at the open made each fetch markedly slower
+    (``benchmarks/overhead_micro.py`` measures both). A file seen for the first time costs
+    more (its path made absolute only where it is not, recorded, written out); a short
+    probe's first epoch sees every file for the first time."""
 
     def __init__(self, cold: bool):
         self.cold = cold

@@ -2,17 +2,16 @@
 
 Every patched function passes straight through inside DataLoader worker processes
 (``get_worker_info()`` is set there) and once the instrumentation is stopping. The patches
-are grouped by what they patch: ``loader`` (the DataLoader and the training loop), ``comm``
-(DDP, the process group, collectives, host syncs), ``process`` (spawned ranks, uncaught
-exceptions); ``base`` holds what they share (the registry ``remove`` undoes, ``Hooks``).
+are grouped by what they patch: ``loader`` (the DataLoader and the training loop),
+``comm_calls`` (DDP, the process group, collectives, host syncs), ``spawn`` (spawned ranks,
+uncaught exceptions); ``registry`` holds what they share (what ``remove`` undoes, ``Hooks``).
 """
 
 from __future__ import annotations
 
 import inspect
 
-from ddp_profile.profiler.rank.patches.base import Hooks, event_after, handles, originals, patch
-from ddp_profile.profiler.rank.patches.comm import (
+from ddp_profile.profiler.rank.patches.comm_calls import (
     ddp_forward,
     ddp_init,
     make_lockstep,
@@ -28,7 +27,8 @@ from ddp_profile.profiler.rank.patches.loader import (
     sampler_set_epoch,
     tensor_backward,
 )
-from ddp_profile.profiler.rank.patches.process import install_excepthook, patch_spawn
+from ddp_profile.profiler.rank.patches.registry import Hooks, event_after, handles, originals, patch
+from ddp_profile.profiler.rank.patches.spawn import install_excepthook, patch_spawn
 from ddp_profile.profiler.rank.windows import noting_dispatch
 from ddp_profile.profiler.settings import Mode
 

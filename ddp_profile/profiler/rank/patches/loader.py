@@ -9,7 +9,7 @@ import inspect
 import time
 from typing import Any
 
-from ddp_profile.profiler.rank.patches.base import Hooks, Maker, in_worker
+from ddp_profile.profiler.rank.patches.registry import Hooks, Maker, in_worker
 
 
 def loader_init(instr: Hooks, signature: inspect.Signature) -> Maker:

@@ -1,0 +1,198 @@
+"""The thread-oversubscription finding: the ranks' torch thread pools against the CPUs.
+
+``thread_oversubscription(run, thresholds, known) -> Finding | None`` is registered with the
+host rules (``rules.findings.host``); it lives below the findings because the recommendation's
+notes cite it (``rules.notes``) and the data and straggler rules ask whether the baseline
+oversubscribed (``baseline_oversubscribed``): what the recommendation reads sits below it.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ddp_profile.profiler.cpus import threads_to_fit
+from ddp_profile.profiler.decide.choose import better, candidate_of
+from ddp_profile.profiler.decide.paired import (
+    CANDIDATE,
+    REFERENCE,
+    PairedClaim,
+    alternations,
+    paired,
+)
+from ddp_profile.profiler.store.probes import Kind, ProbeRecord
+from ddp_profile.profiler.store.results import Run
+from ddp_profile.rules.alternations import Evidence
+from ddp_profile.rules.base import Finding, Thresholds, describe_config, finite
+from ddp_profile.rules.tables import (
+    baseline_probe,
+    cpus_available,
+    local_ranks,
+    ok_probes,
+)
+
+
+def _how_to_set_threads(launcher: str, fit: int) -> str:
+    """How to give each rank ``fit`` intra-op threads under the launcher in use."""
+    env = f"OMP_NUM_THREADS={fit}"
+    if launcher == "torchrun":
+        return (f"Start torchrun with {env} in its environment ({env} torchrun ...): torchrun "
+                "sets it to 1 only when it is unset; or call torch.set_num_threads"
+                f"({fit}) at the start of the script.")
+    if launcher == "inplace":
+        return (f"Set {env} in the job's environment (the pod spec's env, srun --export, "
+                f"the sbatch script), or call torch.set_num_threads({fit}) at the start of "
+                "the script: ranks started in place get torch's default of one thread per "
+                "core each.")
+    return (f"Call torch.set_num_threads({fit}) at the start of each rank (the function the "
+            f"script spawns), or start the script with {env}: processes it starts itself "
+            "get torch's default of one thread per core each.")
+
+
+def _threads_counterfactuals(run: Run) -> list[tuple[ProbeRecord, ProbeRecord]]:
+    """Each single ``threads`` probe (not of an alternation) with the probe it is the
+    counterfactual of: the baseline or the sweep probe of the same settings (the latest),
+    latest counterfactual first."""
+    probes = [p for p in ok_probes(run, kinds=(Kind.THREADS,))
+              if finite(p.throughput) and p.pair is None]
+    measured = ok_probes(run)
+    pairs = []
+    for probe in reversed(probes):
+        same = [p for p in measured if p.config == probe.config]
+        if same:
+            pairs.append((probe, same[-1]))
+    return pairs
+
+
+def _threads_alternation(run: Run, thresholds: Thresholds) -> Optional[PairedClaim]:
+    """The last alternation of a configuration with the script's threads (A) and with the
+    threads that fit (B) (``sweep.search``'s ``_alternate_threads``), read as the claim's
+    (``decide.paired.paired``); None where none finished."""
+    groups = alternations(run.records, Kind.THREADS)
+    return paired(run.records, groups[-1], thresholds.interval_confidence,
+                  thresholds.launch_sd) if groups else None
+
+
+def thread_oversubscription(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None
+                            ) -> Optional[Finding]:
+    """The ranks' torch thread pools oversubscribe the CPUs, and that measurably costs.
+
+    Trigger (a measured probe, its summary entry): intra-op threads (the most of any rank) x
+    local ranks + the cores its DataLoader workers were busy on > ``cpus_available``
+    (``profiler.cpus.threads_to_fit``, the sweep's own test), and the same settings with the
+    threads that fit ran >= ``threads_gain`` x faster ("high" at or above
+    ``threads_severe_gain``), beyond noise. The sweep measures the counterfactual of the
+    baseline and of the best configuration it found (more workers can be what tips the CPUs
+    over); where one read a gain, it alternates that one with its subject in launches, and
+    the finding is the alternation's fit and interval (``decide.paired``: faster where its
+    interval lies above 1; where it stays open, ``decide.paired.still_open``, after the
+    check's extensions, a "low" finding says what was seen, as not established). Without an
+    alternation (``--pairs 0``) the largest single gain
+    beyond the noise of the two launches (``choose.better``) is the finding. Where the
+    baseline oversubscribes and nothing was measured, the finding is "low" and labelled a
+    prediction; measured without a gain, there is no finding.
+    """
+    base = baseline_probe(run)
+    if base is None:
+        return None
+    launcher = str(run.summary.get("launcher") or "torchrun")
+    claim = _threads_alternation(run, thresholds)
+    if claim is not None:
+        return _alternated_finding(run, claim, launcher, base, thresholds)
+    measured = []
+    for probe, subject in _threads_counterfactuals(run):
+        test = _oversubscribed(run, subject)
+        if test is None or not finite(subject.throughput) or subject.throughput <= 0:
+            continue
+        gain = float(probe.throughput / subject.throughput)
+        measured.append((gain, probe, subject, test))
+    if not measured:
+        test = _oversubscribed(run, base)
+        if test is None:
+            return None
+        fit, demand = test
+        return Finding(
+            rule="thread-oversubscription", severity="low",
+            title="Torch thread pools oversubscribe the CPUs",
+            evidence=f"{demand}; no probe with fewer threads was measured.",
+            recommendation=f"Prediction (not measured): {fit} thread(s) per rank. "
+                           f"{_how_to_set_threads(launcher, fit)}")
+    gain, probe, subject, (fit, demand) = max(measured, key=lambda item: item[0])
+    if gain < thresholds.threads_gain or not better(candidate_of(probe),
+                                                    candidate_of(subject), thresholds):
+        return None  # no gain, or one within the noise of two launches
+    own = subject.id == base.id
+    settings = "the script's own settings" if own else describe_config(subject.config)
+    where = "" if own else f" with {describe_config(subject.config)}"
+    return Finding(
+        rule="thread-oversubscription",
+        severity="high" if gain >= thresholds.threads_severe_gain else "medium",
+        title="Torch thread pools oversubscribe the CPUs",
+        evidence=(f"{demand}{where}. Measured: with {fit} thread(s) per rank {settings} ran "
+                  f"{probe.throughput:,.1f} samples/s (probe {probe.id}) against "
+                  f"{subject.throughput:,.1f} ({subject.kind} {subject.id}), "
+                  f"{gain:.2f}x."),
+        recommendation=(f"Measured in probe {probe.id}: {fit} thread(s) per rank"
+                        f"{where}. {_how_to_set_threads(launcher, fit)}"))
+
+
+def _alternated_finding(run: Run, claim: PairedClaim, launcher: str, base: ProbeRecord,
+                        thresholds: Thresholds) -> Optional[Finding]:
+    """The finding from the threads alternation ``claim``, where its subject oversubscribes
+    the CPUs and the threads that fit read at least ``threads_gain`` x: faster beyond noise,
+    "medium" or "high"; else, where its interval still holds that gain, "low": what was
+    seen, said as not established. None otherwise."""
+    reference, counterfactual = (run.probe(claim.first(role)) for role in (REFERENCE, CANDIDATE))
+    test = _oversubscribed(run, reference)
+    if test is None or claim.ratio < thresholds.threads_gain \
+            or not claim.faster and claim.bounds[1] <= thresholds.threads_gain:
+        return None
+    fit, demand = test
+    config = reference.config.to_dict()
+    own = config == base.config.to_dict()
+    where = "" if own else f" with {describe_config(config)}"
+    low, high = claim.interval
+    figure = f"{claim.ratio:.2f}x [{low:.2f}-{high:.2f}]"
+    probes = f"probes {claim.probes[0]}-{claim.probes[-1]}"
+    whole = all(run.probe(p).epochs_throughput for p in claim.probes)
+    evidence = (f"{demand}{where}. Measured: with {counterfactual.threads} thread(s) per rank "
+                f"{'the script' if own else 'it'} ran {figure} as fast as with its own "
+                f"threads, alternated {claim.letters} in launches ({probes})"
+                + (", each over whole epochs" if whole else ""))
+    how = _how_to_set_threads(launcher, fit)
+    if not claim.faster:
+        return Finding(
+            rule="thread-oversubscription", severity="low",
+            title="Torch thread pools oversubscribe the CPUs (a gain not established)",
+            evidence=evidence + ": faster, but not beyond the noise of those launches.",
+            recommendation=(f"Not established: {fit} thread(s) per rank{where} measured "
+                            f"{figure} in {probes}, a gain its launches cannot tell from none. "
+                            f"Check it in launches of your own, alternating the two: {how}"))
+    return Finding(
+        rule="thread-oversubscription",
+        severity="high" if claim.ratio >= thresholds.threads_severe_gain else "medium",
+        title="Torch thread pools oversubscribe the CPUs",
+        evidence=evidence + ".",
+        recommendation=f"Measured in {probes}: {fit} thread(s) per rank{where}, {figure}. {how}")
+
+
+def baseline_oversubscribed(run: Run, thresholds: Thresholds) -> bool:
+    """The ``thread-oversubscription`` finding stands and the baseline's own ranks
+    oversubscribe the CPUs: what the baseline measured as waiting can be waiting for a CPU.
+    (Where only the best configuration's workers tip the CPUs over, the baseline's loading
+    was measured on CPUs its threads fit.)"""
+    base = baseline_probe(run)
+    return base is not None and _oversubscribed(run, base) is not None \
+        and thread_oversubscription(run, thresholds) is not None
+
+
+def _oversubscribed(run: Run, probe: ProbeRecord) -> Optional[tuple[int, str]]:
+    """The threads that fit and what competes for the CPUs, where the ranks of ``probe``
+    oversubscribe them (``threads_to_fit``); else None."""
+    ranks, cpus = local_ranks(run, probe.id), cpus_available(run, probe.id)
+    threads, workers = probe.host.intra_op_threads, probe.host.worker_cores or 0.0
+    fit = threads_to_fit(threads, ranks, workers, cpus)
+    if fit is None:
+        return None
+    busy = f" + DataLoader workers busy on {workers:.1f} cores" if workers else ""
+    return fit, (f"{ranks} rank(s) per machine x {threads} intra-op threads{busy} compete "
+                 f"for {cpus} available CPUs")
