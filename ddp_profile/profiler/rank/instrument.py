@@ -61,6 +61,7 @@ from ddp_profile.profiler.settings import ProbePlan
 from ddp_profile.profiler.store.record import SCRIPT_EXIT, RankRecorder
 
 FLUSH_INTERVAL_S = 0.5
+MAX_PENDING = 20_000  # records kept between flushes, at most (a bounded buffer)
 STOP_BARRIER_TIMEOUT_S = 60.0
 
 
@@ -103,7 +104,10 @@ class Instrumentation(LoaderHooks):
         self.context_written = True
 
     def maybe_flush(self) -> None:
-        if time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S:
+        """Every ``FLUSH_INTERVAL_S``, or once ``MAX_PENDING`` records wait: the records (the
+        steps' rows encoded here) appended to the rank's file."""
+        if time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S \
+                or self.recorder.pending >= MAX_PENDING:
             self.recorder.flush()
             self._last_flush = time.monotonic()
 

@@ -30,7 +30,7 @@ from ddp_profile.profiler.rank.loading.loadcost import batch_size_of
 from ddp_profile.profiler.rank.loading.pagecache import FileReads, watch
 from ddp_profile.profiler.rank.overrides import apply_overrides, own_settings
 from ddp_profile.profiler.rank.process import current_rank
-from ddp_profile.profiler.rank.stepclock import StepClock
+from ddp_profile.profiler.rank.stepclock import StepClock, encode_step
 from ddp_profile.profiler.rank.windows import (
     CeilingReplay,
     IteratorState,
@@ -135,7 +135,7 @@ class LoaderHooks:
     def _adopt(self, iterator: Any, loader_id: int) -> None:
         """Follow an iterator of a loader (the script's, or one a window rebuilt): its batches
         metered where they are made and pinned, its workers known to the samplers."""
-        loadcost.meter_in_process(iterator, self.recorder.write_line, current_rank(), loader_id,
+        loadcost.meter_in_process(iterator, self.recorder.defer, current_rank(), loader_id,
                                   self._files())
         self.pin_meter.track(iterator, loader_id)
         self.iterators.add(iterator)
@@ -165,9 +165,9 @@ class LoaderHooks:
             clock = self.clocks[loader_id] = StepClock(loader_id, self._warmup_for(state),
                                                        runq=RUNQ)
             self._steps[loader_id] = self._steps_for(state)
-        record = clock.next_called()
-        if record is not None:
-            self._close_step(iterator, state, clock, record)
+        row = clock.next_called()
+        if row is not None:
+            self._close_step(iterator, state, clock, row)
         elif not self.in_step():  # what ran since the last step closed belongs to none
             self.comm.between_steps()
             self.gpu.between_steps()
@@ -176,12 +176,12 @@ class LoaderHooks:
             batch = self._fetch(state, iterator, original_next)
         except StopIteration:
             clock.exhausted()
+            self.recorder.flush()  # an epoch's end: its records on disk before what follows
             raise
         clock.batch_returned(batch_size_of(batch, state.default_bs))
-        if state.serve() and state.loader_id not in self._outliving:
-            self._outliving.add(state.loader_id)
-            self.event(ITERATOR_OUTLIVES_EPOCH, loader_id=state.loader_id,
-                       epoch_len=state.epoch_len)
+        if state.serve() and loader_id not in self._outliving:
+            self._outliving.add(loader_id)
+            self.event(ITERATOR_OUTLIVES_EPOCH, loader_id=loader_id, epoch_len=state.epoch_len)
         self._fingerprint(state, batch)
         self.current = clock
         self.gpu.step_started(loader_id, clock.steps_closed)
@@ -191,14 +191,12 @@ class LoaderHooks:
         return batch
 
     def _close_step(self, iterator: Any, state: IteratorState, clock: StepClock,
-                    record: dict[str, Any]) -> None:
-        """A step ended: complete and write its record; stop, or begin the next window, where
-        the probe says so."""
-        record["rank"] = current_rank()
-        self.comm.close_step(record, record["data_wait_s"] + record["compute_s"]
-                             + record["other_s"])
-        self.screen.label(record)
-        self.recorder.write(record)
+                    row: tuple) -> None:
+        """A step ended: queue its row, with its communication and its window, encoded at the
+        flush (``stepclock.encode_step``); stop, or begin the next window, where the probe
+        says so."""
+        extra = self.comm.take_step((row[4] + row[5] + row[6]) / 1e9)
+        self.recorder.defer((encode_step, row, self.screen.window_of(row[2]), extra))
         self.gpu.poll()
         window = self.screen.boundary(clock.steps_closed)
         if self.screen.done(clock.steps_closed, clock.measured_steps,
@@ -232,6 +230,8 @@ class LoaderHooks:
     def _fetch(self, state: IteratorState, iterator: Any,
                original_next: Callable[[Any], Any]) -> Any:
         source = state.delegate or iterator
+        if not self.screen.replays:  # no pass continued: nothing noted (``windows``)
+            return original_next(source)
         if self.screen.mode(state.loader_id == self.training_loader_id) != Mode.CEILING:
             batch = original_next(source)
             note_yielded(source)

@@ -65,25 +65,37 @@ class RunQueueClock:
     ``os.pread`` on the kept descriptor: about a microsecond a read.
     """
 
+    SIZE = 128  # bytes read: the file's whole line
+
     def __init__(self, path: str = SCHEDSTAT):
         self.path = path
         self._local = threading.local()
 
     def __call__(self) -> Optional[int]:
-        fd = self._fd()
-        if fd is None:
-            return None
-        try:
-            return int(os.pread(fd, 128, 0).split()[1])
-        except (OSError, ValueError, IndexError):
-            return None
+        return self.parse(self.raw())
 
-    def _fd(self) -> Optional[int]:
-        """This thread's descriptor of the file (opened at its first read), or None."""
+    def raw(self) -> Optional[bytes]:
+        """The file's bytes as read now, or None: a hot path keeps them and parses them later
+        (``parse``), off its own path. The thread's descriptor is opened at its first read."""
         state = getattr(self._local, "state", None)
         if state is None or state[0] != _forks:
             state = self._local.state = (_forks, *self._open())
-        return state[1]
+        if state[1] is None:
+            return None
+        try:
+            return os.pread(state[1], self.SIZE, 0)
+        except OSError:
+            return None
+
+    @staticmethod
+    def parse(raw: Optional[bytes]) -> Optional[int]:
+        """The run-queue nanoseconds in ``raw`` (what ``raw`` read), or None."""
+        if raw is None:
+            return None
+        try:
+            return int(raw.split()[1])
+        except (ValueError, IndexError):
+            return None
 
     def _open(self) -> tuple[Optional[int], Optional[_Descriptor]]:
         """(descriptor, its owner), or (None, None) when the file is unusable."""
@@ -108,14 +120,19 @@ class IoCounters(RunQueueClock):
     def __init__(self, path: str = THREAD_IO):
         super().__init__(path)
 
+    SIZE = 512
+
     def __call__(self) -> Optional[tuple[int, int]]:  # type: ignore[override]
-        fd = self._fd()
-        if fd is None:
+        return self.parse(self.raw())
+
+    @staticmethod
+    def parse(raw: Optional[bytes]) -> Optional[tuple[int, int]]:  # type: ignore[override]
+        if raw is None:
             return None
         try:
-            fields = os.pread(fd, 512, 0).split()
+            fields = raw.split()
             return int(fields[1]), int(fields[9])  # rchar: N ... read_bytes: N
-        except (OSError, ValueError, IndexError):
+        except (ValueError, IndexError):
             return None
 
     def _open(self) -> tuple[Optional[int], Optional[_Descriptor]]:

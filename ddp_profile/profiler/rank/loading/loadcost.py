@@ -58,6 +58,10 @@ _cpu = time.thread_time_ns
 
 def batch_size_of(batch: Any, default: int) -> int:
     """Number of samples in a batch: the leading dimension of its first tensor."""
+    if batch.__class__ in (tuple, list) and batch:  # the common (inputs, targets): at once
+        shape = getattr(batch[0], "shape", None)
+        if shape:
+            return int(shape[0])
     stack = [batch]
     while stack:
         item = stack.pop(0)
@@ -72,10 +76,11 @@ def batch_size_of(batch: Any, default: int) -> int:
 
 
 class CostMeter:
-    """Times the fetch and the collate of each batch of one fetcher; ``emit(line)`` gets each
-    batch's record as a JSON string (formatted here: no ``json.dumps`` per batch)."""
+    """Times the fetch and the collate of each batch of one fetcher; ``emit(row)`` gets each
+    batch's record as a row (a tuple whose first item encodes it: ``encode_row``), turned into
+    its JSON line off the loop's path, where the sink flushes (no ``json.dumps`` per batch)."""
 
-    def __init__(self, emit: Callable[[str], None], rank: Optional[int], loader_id: int,
+    def __init__(self, emit: Callable[[tuple], None], rank: Optional[int], loader_id: int,
                  worker: Optional[int], files: Optional[FileReads] = None):
         self.emit = emit
         self.files = files  # the files the fetches open (``pagecache``), where watched
@@ -83,65 +88,89 @@ class CostMeter:
                        f'"loader_id":{int(loader_id)},"worker":{_json_int(worker)},'
                        f'"pid":{os.getpid()},')
         self.files_prefix = self.prefix.replace('"kind":"batch_cost"', '"kind":"files"', 1)
-        self.collate_wall = 0
-        self.collate_cpu = 0
+        self.collate_start: Optional[tuple[int, int, int]] = None  # (gc, wall, cpu) ns
         self.gc = GcClock()
         self.runq = RunQueueClock()
         self.io = IoCounters()
 
     def wrap(self, fetcher: Any) -> Any:
-        """Time ``fetcher.fetch`` and its ``collate_fn`` from now on; returns the fetcher."""
+        """Time ``fetcher.fetch`` and its ``collate_fn`` from now on; returns the fetcher.
+
+        The collate's end is the fetch's: torch's fetchers call ``collate_fn`` once, last. The
+        counters are kept as read (``clocks``' ``raw``) and parsed where the row is encoded."""
         fetch, collate = fetcher.fetch, fetcher.collate_fn
-        meter = self
+        meter, gc_ns, runq, io = self, self.gc, self.runq.raw, self.io.raw
 
         def timed_collate(data: Any) -> Any:
-            collected, wall, cpu = meter.gc(), _perf(), _cpu()
-            try:
-                return collate(data)
-            finally:
-                cpu, wall = _cpu() - cpu, _perf() - wall
-                collected = meter.gc() - collected  # a collection is not the collate's
-                meter.collate_wall += max(wall - collected, 0)
-                meter.collate_cpu += max(cpu - collected, 0)
+            meter.collate_start = (gc_ns(), _perf(), _cpu())
+            return collate(data)
 
         def timed_fetch(index: Any) -> Any:
-            meter.collate_wall = meter.collate_cpu = 0
-            collected = meter.gc()
+            meter.collate_start = None
+            files = meter.files
+            collected = gc_ns()
             wall = _perf()
-            runq, io = meter.runq(), meter.io()
+            runq_before, io_before = runq(), io()
             cpu = _cpu()
-            if meter.files is not None:
-                meter.files.begin()
+            if files is not None:
+                files.begin()
             try:
                 batch = fetch(index)  # StopIteration and the dataset's errors pass through
             finally:
-                cpu = _cpu() - cpu
-                after, io_after = meter.runq(), meter.io()
-                wall = _perf() - wall
-                if meter.files is not None:
-                    meter.files.end()
-            runq = None if runq is None or after is None else after - runq
-            read = None if io is None or io_after is None else \
-                (io_after[0] - io[0], io_after[1] - io[1])
-            meter.record(wall, cpu, runq, batch, index, read, meter.gc() - collected)
+                cpu_end = _cpu()
+                collated = _perf()
+                runq_after, io_after = runq(), io()
+                wall_end = _perf()
+                if files is not None:
+                    files.end()
+            gc_end = gc_ns()
+            start = meter.collate_start
+            collate_wall = collate_cpu = 0
+            if start is not None:  # a collection is not the collate's
+                in_gc = gc_end - start[0]
+                collate_wall = max(collated - start[1] - in_gc, 0)
+                collate_cpu = max(cpu_end - start[2] - in_gc, 0)
+            meter.emit((_batch_line, meter.prefix, time.time_ns(), wall_end - wall,
+                        cpu_end - cpu, runq_before, runq_after, collate_wall, collate_cpu,
+                        gc_end - collected, batch_size_of(batch, -1), index, io_before,
+                        io_after))
+            if files is not None and files.new:
+                meter.emit((_files_line, meter.files_prefix, files.take_new()))
             return batch
 
         fetcher.collate_fn = timed_collate
         fetcher.fetch = timed_fetch
         return fetcher
 
-    def record(self, wall_ns: int, cpu_ns: int, runq_ns: Optional[int], batch: Any,
-               index: Any, read: Optional[tuple[int, int]] = None, gc_ns: int = 0) -> None:
-        default = len(index) if isinstance(index, (list, tuple)) else 1
-        runq = "null" if runq_ns is None else f"{runq_ns / 1e9:.9f}"
-        io = "" if read is None else f',"read_b":{read[0]},"storage_b":{read[1]}'
-        self.emit(f'{self.prefix}"t_ns":{time.time_ns()},"wall_s":{wall_ns / 1e9:.9f},'
-                  f'"cpu_s":{cpu_ns / 1e9:.9f},"runq_s":{runq},'
-                  f'"collate_s":{self.collate_wall / 1e9:.9f},'
-                  f'"collate_cpu_s":{self.collate_cpu / 1e9:.9f},"gc_s":{gc_ns / 1e9:.9f},'
-                  f'"samples":{batch_size_of(batch, default)}{io}}}')
-        if self.files is not None and self.files.new:
-            self.emit(f'{self.files_prefix}"paths":{json.dumps(self.files.take_new())}}}')
+
+def _seconds(ns: int) -> str:
+    return f"{ns / 1e9:.9f}"
+
+
+def _batch_line(row: tuple, _rank: Any = None) -> str:
+    """A ``batch_cost`` row's JSON line (``CostMeter``)."""
+    (_, prefix, t_ns, wall, cpu, runq_before, runq_after, collate_wall, collate_cpu, gc_ns,
+     samples, index, io_before, io_after) = row
+    before, after = RunQueueClock.parse(runq_before), RunQueueClock.parse(runq_after)
+    runq = "null" if before is None or after is None else _seconds(after - before)
+    read_before, read_after = IoCounters.parse(io_before), IoCounters.parse(io_after)
+    io = "" if read_before is None or read_after is None else \
+        f',"read_b":{read_after[0] - read_before[0]},"storage_b":{read_after[1] - read_before[1]}'
+    if samples < 0:  # no tensor in the batch: its indices say
+        samples = len(index) if isinstance(index, (list, tuple)) else 1
+    return (f'{prefix}"t_ns":{t_ns},"wall_s":{_seconds(wall)},"cpu_s":{_seconds(cpu)},'
+            f'"runq_s":{runq},"collate_s":{_seconds(collate_wall)},'
+            f'"collate_cpu_s":{_seconds(collate_cpu)},"gc_s":{_seconds(gc_ns)},'
+            f'"samples":{samples}{io}}}')
+
+
+def _files_line(row: tuple, _rank: Any = None) -> str:
+    return f'{row[1]}"paths":{json.dumps(row[2])}}}'
+
+
+def encode_row(row: Any, rank: Any = None) -> str:
+    """A record's JSON line: a line as it is, a row (``CostMeter``'s) by its encoder."""
+    return row if isinstance(row, str) else row[0](row, rank)
 
 
 def _json_int(value: Optional[int]) -> str:
@@ -149,34 +178,42 @@ def _json_int(value: Optional[int]) -> str:
 
 
 class _WorkerFile:
-    """A worker's append-only JSON-lines file, flushed every ``FLUSH_S`` and at exit; where
-    ``reads_rss``, its private RSS is added to the record of a flush at most every
-    ``RSS_EVERY_S``."""
+    """A worker's append-only JSON-lines file: its records (lines, or ``CostMeter``'s rows)
+    kept, encoded and written every ``FLUSH_S`` and at exit; where ``reads_rss``, its private
+    RSS is added to the last record of a flush at most every ``RSS_EVERY_S``."""
 
     def __init__(self, path: str, reads_rss: bool = True):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self.handle = open(path, "a", encoding="utf-8")
+        self.pending: list[Any] = []
         self.last_flush = time.monotonic()
         self.last_rss = -RSS_EVERY_S if reads_rss else math.inf  # the first flush reads it
 
-    def emit(self, line: str) -> None:
+    def emit(self, line: Any) -> None:
+        self.pending.append(line)
         now = time.monotonic()
         if now - self.last_flush >= FLUSH_S:
-            if now - self.last_rss >= RSS_EVERY_S:
-                self.last_rss = now
-                rss = private_rss()
-                if rss is not None and line.endswith("}"):
-                    line = f'{line[:-1]},"private_rss":{rss}}}'
-            self.handle.write(line + "\n")
-            self.handle.flush()
-            self.last_flush = now
-        else:
-            self.handle.write(line + "\n")
+            self.flush(now)
+
+    def flush(self, now: Optional[float] = None, rss_due: bool = True) -> None:
+        now = time.monotonic() if now is None else now
+        pending, self.pending = self.pending, []
+        lines = [encode_row(row) for row in pending]
+        if lines and rss_due and now - self.last_rss >= RSS_EVERY_S:
+            self.last_rss = now
+            rss = private_rss()
+            if rss is not None and lines[-1].endswith("}"):
+                lines[-1] = f'{lines[-1][:-1]},"private_rss":{rss}}}'
+        if lines:
+            self.handle.write("\n".join(lines) + "\n")
+        self.handle.flush()
+        self.last_flush = now
 
     def close(self) -> None:
         try:
+            self.flush(rss_due=False)
             self.handle.close()
-        except OSError:
+        except (OSError, ValueError):  # ValueError: closed already
             pass
 
 
@@ -213,7 +250,7 @@ class WorkerInit:
         sink.emit(f'{{"kind":"worker_start","rank":{_json_int(self.rank)},'
                   f'"loader_id":{self.loader_id},"worker":{worker_id},"pid":{os.getpid()},'
                   f'"t_ns":{time.time_ns()},"private_rss":{_json_int(rss)}}}')
-        sink.handle.flush()
+        sink.flush(rss_due=False)
         meter = CostMeter(sink.emit, self.rank, self.loader_id, worker_id,
                           watch(FileReads(self.cold)))
         factory = _DatasetKind.__dict__["create_fetcher"].__func__
@@ -239,7 +276,7 @@ def before_iter(loader: Any, rank: Optional[int]) -> None:
         current.rank = rank
 
 
-def meter_in_process(iterator: Any, emit: Callable[[str], None], rank: Optional[int],
+def meter_in_process(iterator: Any, emit: Callable[[tuple], None], rank: Optional[int],
                      loader_id: int, files: Optional[FileReads] = None) -> None:
     """Meter a single-process (``num_workers=0``) iterator's fetcher, if it has one; ``files``:
     the rank's watch on the files its fetches open."""

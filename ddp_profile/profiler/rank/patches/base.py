@@ -35,6 +35,7 @@ class Hooks(Protocol):
     comm: Any  # rank.comm.CommMeter
     pin_meter: Any  # rank.loading.loadcost's pin-time meter
     ddp_modules: list[Any]
+    screen: Any  # rank.windows.Screen
 
     def event(self, name: str, **data: Any) -> None: ...
     def on_loader_init(self, loader: Any, bound: inspect.BoundArguments) -> None: ...
