@@ -24,19 +24,23 @@ import json
 import time
 from typing import Any, Callable, Optional
 
+from ddp_profile.profiler.rank.loading.clocks import RunQueueClock
 from ddp_profile.profiler.store.record import dumps
 
 Clock = Callable[[], int]
 # a closed step's row: its fields in this order, times in nanoseconds (None: not measured)
 ROW = ("t_ns", "loader_id", "step", "measured", "data_wait_ns", "compute_ns", "other_ns",
-       "forward_ns", "samples", "runq_ns", "loader_start", "iter_start_s")
+       "forward_ns", "samples", "runq_before", "runq_after", "loader_start", "iter_start_s")
 
 
 class StepClock:
-    """Timing state of one DataLoader: feed it the boundary events, get step records back."""
+    """Timing state of one DataLoader: feed it the boundary events, get step rows back.
+
+    ``runq`` reads the run-queue counter: nanoseconds, or what ``RunQueueClock.raw`` read
+    (parsed where the row is encoded); ``runq_now`` is its reading at the last ``__next__``."""
 
     def __init__(self, loader_id: int, warmup: int, clock: Clock = time.perf_counter_ns,
-                 wall: Clock = time.time_ns, runq: Optional[Callable[[], Optional[int]]] = None):
+                 wall: Clock = time.time_ns, runq: Optional[Callable[[], Any]] = None):
         self.loader_id = loader_id
         self.warmup = warmup
         self.steps_closed = 0
@@ -51,7 +55,7 @@ class StepClock:
         self._iter_start_s: Optional[float] = None
         self.measured_steps = 0
         self._runq = runq
-        self._runq_called: Optional[int] = None
+        self.runq_now: Any = None
 
     @property
     def in_step(self) -> bool:
@@ -64,7 +68,7 @@ class StepClock:
         now = self._clock()
         runq = self._runq() if self._runq is not None else None
         row = self._close(now, runq) if self._returned is not None else None
-        self._called, self._runq_called = now, runq
+        self._called, self.runq_now = now, runq
         return row
 
     def exhausted(self) -> None:
@@ -100,7 +104,7 @@ class StepClock:
         if self._returned is not None:
             self._opt_done = self._clock()
 
-    def _close(self, end_ns: int, runq: Optional[int]) -> tuple:
+    def _close(self, end_ns: int, runq: Any) -> tuple:
         called, returned, opt_done = self._called, self._returned, self._opt_done
         assert called is not None and returned is not None
         compute_end = opt_done if opt_done is not None else end_ns
@@ -110,8 +114,8 @@ class StepClock:
         row = (called + self._wall_offset_ns, self.loader_id, self.steps_closed, measured,
                returned - called, compute_end - returned, end_ns - compute_end,
                backward - returned if backward is not None else None, self._samples,
-               runq - self._runq_called if runq is not None and self._runq_called is not None
-               else None, self._loader_start, self._iter_start_s if self._loader_start else None)
+               self.runq_now, runq, self._loader_start,
+               self._iter_start_s if self._loader_start else None)
         self.steps_closed += 1
         self._returned = None
         self._loader_start = False
@@ -132,15 +136,16 @@ def step_line(row: tuple, label: Optional[tuple[int, bool]] = None,
     """The step record's JSON line: ``row`` (``ROW``), relabelled where ``label`` (a screen's
     window, and whether the step is measured in it) says, ``extra``'s fields (the step's
     communication) added, the rank given."""
-    (t_ns, loader_id, step, measured, wait, compute, other, forward, samples, runq,
-     loader_start, iter_start_s) = row
+    (t_ns, loader_id, step, measured, wait, compute, other, forward, samples, runq_before,
+     runq_after, loader_start, iter_start_s) = row
+    before, after = _runq_ns(runq_before), _runq_ns(runq_after)
     if label is not None:
         measured = label[1]
     line = _STEP % (loader_id, step, "true" if measured else "false", t_ns, wait / 1e9,
                     compute / 1e9, other / 1e9, "null" if forward is None else
                     repr(forward / 1e9), samples, "null" if rank is None else int(rank))
-    if runq is not None:
-        line += ',"runq_s":%r' % (runq / 1e9)
+    if before is not None and after is not None:
+        line += ',"runq_s":%r' % ((after - before) / 1e9)
     if loader_start:
         line += ',"loader_start":true'
         if iter_start_s is not None:
@@ -150,6 +155,11 @@ def step_line(row: tuple, label: Optional[tuple[int, bool]] = None,
     if extra:
         line += "," + dumps(extra)[1:-1]
     return line + "}"
+
+
+def _runq_ns(reading: Any) -> Optional[int]:
+    return reading if reading is None or reading.__class__ is int else \
+        RunQueueClock.parse(reading)
 
 
 def step_record(row: tuple, label: Optional[tuple[int, bool]] = None,

@@ -17,12 +17,13 @@ _perf = time.perf_counter_ns
 
 SCHEDSTAT = "/proc/thread-self/schedstat"
 THREAD_IO = "/proc/thread-self/io"
-_forks = 0  # bumped in a forked child: a thread's kept descriptor names its parent's thread
+fork_count = 0  # bumped in a forked child: a thread's descriptor kept under another count
+# names its parent's thread
 
 
 def _after_fork() -> None:
-    global _forks
-    _forks += 1
+    global fork_count
+    fork_count += 1
 
 
 if hasattr(os, "register_at_fork"):  # POSIX
@@ -76,16 +77,22 @@ class RunQueueClock:
 
     def raw(self) -> Optional[bytes]:
         """The file's bytes as read now, or None: a hot path keeps them and parses them later
-        (``parse``), off its own path. The thread's descriptor is opened at its first read."""
-        state = getattr(self._local, "state", None)
-        if state is None or state[0] != _forks:
-            state = self._local.state = (_forks, *self._open())
-        if state[1] is None:
+        (``parse``), off its own path."""
+        fd = self.fd()
+        if fd is None:
             return None
         try:
-            return os.pread(state[1], self.SIZE, 0)
+            return os.pread(fd, self.SIZE, 0)
         except OSError:
             return None
+
+    def fd(self) -> Optional[int]:
+        """The calling thread's descriptor of the file (opened at its first use, kept while
+        the thread lives), or None where the file is unusable."""
+        state = getattr(self._local, "state", None)
+        if state is None or state[0] != fork_count:
+            state = self._local.state = (fork_count, *self._open())
+        return state[1]
 
     @staticmethod
     def parse(raw: Optional[bytes]) -> Optional[int]:

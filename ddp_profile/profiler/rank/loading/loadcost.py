@@ -37,6 +37,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from ddp_profile.profiler.rank.loading import clocks
 from ddp_profile.profiler.rank.loading.clocks import GcClock, IoCounters, RunQueueClock, private_rss
 from ddp_profile.profiler.rank.loading.pagecache import FileReads, watch
 from ddp_profile.profiler.store.record import WORKER_DIR
@@ -54,6 +55,7 @@ RSS_WORKER = 0
 
 _perf = time.perf_counter_ns
 _cpu = time.thread_time_ns
+get_ident = threading.get_ident
 
 
 def batch_size_of(batch: Any, default: int) -> int:
@@ -89,28 +91,48 @@ class CostMeter:
                        f'"pid":{os.getpid()},')
         self.files_prefix = self.prefix.replace('"kind":"batch_cost"', '"kind":"files"', 1)
         self.collate_start: Optional[tuple[int, int, int]] = None  # (gc, wall, cpu) ns
+        # the loop's own run-queue reading at this batch's ``__next__``, where nothing ran
+        # since (``rank.loaders``): the fetch's start, read once
+        self.runq_start: Optional[bytes] = None
         self.gc = GcClock()
         self.runq = RunQueueClock()
         self.io = IoCounters()
+        self._local = threading.local()  # the producing thread's descriptors
+
+    def _descriptors(self) -> tuple[int, Optional[int], Optional[int]]:
+        """(fork count, run-queue descriptor, io descriptor) of the calling thread."""
+        fds = self._local.fds = (clocks.fork_count, self.runq.fd(), self.io.fd())
+        return fds
 
     def wrap(self, fetcher: Any) -> Any:
         """Time ``fetcher.fetch`` and its ``collate_fn`` from now on; returns the fetcher.
 
         The collate's end is the fetch's: torch's fetchers call ``collate_fn`` once, last. The
-        counters are kept as read (``clocks``' ``raw``) and parsed where the row is encoded."""
+        thread's counters are read with ``os.pread`` on its kept descriptors (``clocks``),
+        kept as read and parsed where the row is encoded."""
         fetch, collate = fetcher.fetch, fetcher.collate_fn
-        meter, gc_ns, runq, io = self, self.gc, self.runq.raw, self.io.raw
+        meter, local, collected_ns = self, self._local, GcClock._total.get
+        runq_size, io_size, pread = RunQueueClock.SIZE, IoCounters.SIZE, os.pread
 
         def timed_collate(data: Any) -> Any:
-            meter.collate_start = (gc_ns(), _perf(), _cpu())
+            meter.collate_start = (collected_ns(get_ident(), 0), _perf(), _cpu())
             return collate(data)
 
         def timed_fetch(index: Any) -> Any:
             meter.collate_start = None
-            files = meter.files
-            collected = gc_ns()
+            files, runq_before, meter.runq_start = meter.files, meter.runq_start, None
+            fds = getattr(local, "fds", None)
+            if fds is None or fds[0] != clocks.fork_count:
+                fds = meter._descriptors()
+            runq_fd, io_fd, ident = fds[1], fds[2], get_ident()
+            collected = collected_ns(ident, 0)
             wall = _perf()
-            runq_before, io_before = runq(), io()
+            try:
+                if runq_before is None and runq_fd is not None:
+                    runq_before = pread(runq_fd, runq_size, 0)
+                io_before = pread(io_fd, io_size, 0) if io_fd is not None else None
+            except OSError:
+                runq_before = io_before = None
             cpu = _cpu()
             if files is not None:
                 files.begin()
@@ -119,11 +141,15 @@ class CostMeter:
             finally:
                 cpu_end = _cpu()
                 collated = _perf()
-                runq_after, io_after = runq(), io()
+                try:
+                    runq_after = pread(runq_fd, runq_size, 0) if runq_fd is not None else None
+                    io_after = pread(io_fd, io_size, 0) if io_fd is not None else None
+                except OSError:
+                    runq_after = io_after = None
                 wall_end = _perf()
                 if files is not None:
                     files.end()
-            gc_end = gc_ns()
+            gc_end = collected_ns(ident, 0)
             start = meter.collate_start
             collate_wall = collate_cpu = 0
             if start is not None:  # a collection is not the collate's
@@ -277,13 +303,19 @@ def before_iter(loader: Any, rank: Optional[int]) -> None:
 
 
 def meter_in_process(iterator: Any, emit: Callable[[tuple], None], rank: Optional[int],
-                     loader_id: int, files: Optional[FileReads] = None) -> None:
-    """Meter a single-process (``num_workers=0``) iterator's fetcher, if it has one; ``files``:
-    the rank's watch on the files its fetches open."""
+                     loader_id: int, files: Optional[FileReads] = None) -> Optional[CostMeter]:
+    """Meter a single-process (``num_workers=0``) iterator's fetcher, if it has one (its
+    meter; None where it has no fetcher); ``files``: the rank's watch on the files its
+    fetches open."""
     fetcher = getattr(iterator, "_dataset_fetcher", None)
-    if fetcher is not None and not getattr(fetcher, "_ddp_profile_metered", False):
-        CostMeter(emit, rank, loader_id, None, files).wrap(fetcher)
-        fetcher._ddp_profile_metered = True
+    if fetcher is None:
+        return None
+    meter = getattr(fetcher, "_ddp_profile_meter", None)
+    if meter is None:
+        meter = CostMeter(emit, rank, loader_id, None, files)
+        meter.wrap(fetcher)
+        fetcher._ddp_profile_meter = meter
+    return meter
 
 
 class PinMeter:

@@ -64,7 +64,7 @@ def apply(instr: Hooks) -> None:
         patch(dist, "destroy_process_group", process_group_destroy(instr))
         patch_collectives(instr, dist)
     patch_spawn(instr)
-    handles.append(register_optimizer_step_post_hook(lambda *_: instr.on_optimizer_step()))
+    handles.append(register_optimizer_step_post_hook(instr.on_optimizer_step))
     install_excepthook(instr)
 
 
