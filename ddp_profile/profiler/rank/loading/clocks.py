@@ -78,7 +78,8 @@ class RunQueueClock:
     def raw(self) -> Optional[bytes]:
         """The file's bytes as read now, or None: a hot path keeps them and parses them later
         (``parse``), off its own path."""
-        fd = self.fd()
+        state = getattr(self._local, "state", None)  # ``fd``, inline: a read a step
+        fd = (state if state is not None and state[0] == fork_count else self._state())[1]
         if fd is None:
             return None
         try:
@@ -91,8 +92,12 @@ class RunQueueClock:
         the thread lives), or None where the file is unusable."""
         state = getattr(self._local, "state", None)
         if state is None or state[0] != fork_count:
-            state = self._local.state = (fork_count, *self._open())
+            state = self._state()
         return state[1]
+
+    def _state(self) -> tuple[int, Optional[int], Optional[_Descriptor]]:
+        state = self._local.state = (fork_count, *self._open())
+        return state
 
     @staticmethod
     def parse(raw: Optional[bytes]) -> Optional[int]:
@@ -100,7 +105,7 @@ class RunQueueClock:
         if raw is None:
             return None
         try:
-            return int(raw.split()[1])
+            return int(raw.split(b" ", 2)[1])
         except (ValueError, IndexError):
             return None
 
@@ -137,8 +142,8 @@ class IoCounters(RunQueueClock):
         if raw is None:
             return None
         try:
-            fields = raw.split()
-            return int(fields[1]), int(fields[9])  # rchar: N ... read_bytes: N
+            lines = raw.split(b"\n", 5)  # rchar: N, ..., the fifth read_bytes: N
+            return int(lines[0][7:]), int(lines[4][12:])
         except (ValueError, IndexError):
             return None
 

@@ -169,8 +169,8 @@ class CostMeter:
         return fetcher
 
 
-def _seconds(ns: int) -> str:
-    return f"{ns / 1e9:.9f}"
+_BATCH = ('%s"t_ns":%d,"wall_s":%.9f,"cpu_s":%.9f,"runq_s":%s,"collate_s":%.9f,'
+          '"collate_cpu_s":%.9f,"gc_s":%.9f,"samples":%d%s}')
 
 
 def _batch_line(row: tuple, _rank: Any = None) -> str:
@@ -178,16 +178,14 @@ def _batch_line(row: tuple, _rank: Any = None) -> str:
     (_, prefix, t_ns, wall, cpu, runq_before, runq_after, collate_wall, collate_cpu, gc_ns,
      samples, index, io_before, io_after) = row
     before, after = RunQueueClock.parse(runq_before), RunQueueClock.parse(runq_after)
-    runq = "null" if before is None or after is None else _seconds(after - before)
+    runq = "null" if before is None or after is None else "%.9f" % ((after - before) / 1e9)
     read_before, read_after = IoCounters.parse(io_before), IoCounters.parse(io_after)
-    io = "" if read_before is None or read_after is None else \
-        f',"read_b":{read_after[0] - read_before[0]},"storage_b":{read_after[1] - read_before[1]}'
+    io = "" if read_before is None or read_after is None else ',"read_b":%d,"storage_b":%d' % (
+        read_after[0] - read_before[0], read_after[1] - read_before[1])
     if samples < 0:  # no tensor in the batch: its indices say
         samples = len(index) if isinstance(index, (list, tuple)) else 1
-    return (f'{prefix}"t_ns":{t_ns},"wall_s":{_seconds(wall)},"cpu_s":{_seconds(cpu)},'
-            f'"runq_s":{runq},"collate_s":{_seconds(collate_wall)},'
-            f'"collate_cpu_s":{_seconds(collate_cpu)},"gc_s":{_seconds(gc_ns)},'
-            f'"samples":{samples}{io}}}')
+    return _BATCH % (prefix, t_ns, wall / 1e9, cpu / 1e9, runq, collate_wall / 1e9,
+                     collate_cpu / 1e9, gc_ns / 1e9, samples, io)
 
 
 def _files_line(row: tuple, _rank: Any = None) -> str:
