@@ -1,10 +1,20 @@
-"""The timing split, with an injected clock."""
+"""The timing split, with an injected clock; the rows the loop keeps, written where the
+rank's records are flushed."""
 
 from __future__ import annotations
 
-import pytest
+import json
+import os
 
-from ddp_profile.profiler.rank.stepclock import StepClock, step_record
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from ddp_profile.profiler.rank import patches
+from ddp_profile.profiler.rank.instrument import Instrumentation
+from ddp_profile.profiler.rank.stepclock import StepClock, encode_step, step_record
+from ddp_profile.profiler.settings import ProbePlan
+from ddp_profile.profiler.store.record import RankRecorder
 
 
 class FakeClock:
@@ -154,3 +164,49 @@ def test_a_screens_window_its_communication_and_the_rank_are_written_with_the_st
     assert record["ddp_n"] == [3] and record["coll_s"] == 0.5 and record["rank"] == 1
     assert step_record(row)["measured"] is True and "window" not in step_record(row)
     assert step_record(row)["rank"] is None  # before the rank is known
+
+
+def test_queued_rows_are_written_at_the_flush_in_order_with_the_rank_known_then(tmp_path):
+    rank = [None]
+    recorder = RankRecorder(str(tmp_path), lambda: rank[0])
+    clock = FakeClock()
+    steps = make(clock, warmup=0)
+    one_step(steps, clock, wait=1, forward=1, backward=1, other=1)
+    recorder.write({"kind": "event", "name": "before"})
+    recorder.defer((encode_step, steps.next_called(), None, None))
+    recorder.defer((lambda row, rank: 1 / 0, "a row its encoder fails on"))
+    recorder.write_line('{"kind":"event","name":"after"}')
+    assert recorder.pending == 4 and not os.listdir(tmp_path)  # nothing written before it
+    rank[0] = 3  # the process group came up before the flush
+    recorder.close()
+    records = [json.loads(line) for line in open(tmp_path / "rank-3.jsonl")]
+    assert [r["kind"] for r in records] == ["event", "step", "unencoded", "event"]
+    assert records[1]["rank"] == 3 and records[1]["data_wait_s"] == pytest.approx(0.001)
+    assert "ZeroDivisionError" in records[2]["error"] and records[3]["name"] == "after"
+
+
+def test_an_epochs_steps_are_on_disk_when_its_loader_is_exhausted(tmp_path):
+    """A script that fails between epochs (validation, a checkpoint) and is killed there keeps
+    the epoch's steps: the rank flushes when an iterator ends."""
+    instr = Instrumentation(ProbePlan(probe_id="t", out_dir=str(tmp_path), warmup=0,
+                                      steps=10 ** 9))
+    patches.apply(instr)
+    try:
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for (x,) in DataLoader(TensorDataset(torch.randn(24, 4)), batch_size=4):
+            model(x).sum().backward()
+            opt.step()
+        records = [json.loads(line) for line in open(instr.recorder.path)]
+    finally:
+        if instr.samplers is not None:
+            instr.samplers.stop()
+        patches.remove()
+        instr.recorder.close()
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [s["step"] for s in steps] == list(range(6))  # the ending __next__ closed the last
+    assert all(s["samples"] == 4 and s["compute_s"] > 0 and s["forward_s"] > 0
+               and s["other_s"] >= 0 and s["data_wait_s"] > 0 and "runq_s" in s
+               for s in steps), steps
+    batches = [r for r in records if r["kind"] == "batch_cost"]
+    assert len(batches) == 6 and all(b["samples"] == 4 and b["wall_s"] > 0 for b in batches)

@@ -156,10 +156,12 @@ class CostMeter:
                 in_gc = gc_end - start[0]
                 collate_wall = max(collated - start[1] - in_gc, 0)
                 collate_cpu = max(cpu_end - start[2] - in_gc, 0)
+            samples = batch_size_of(batch, -1)
+            if samples < 0:  # no tensor in the batch: its indices say
+                samples = len(index) if isinstance(index, (list, tuple)) else 1
             meter.emit((_batch_line, meter.prefix, time.time_ns(), wall_end - wall,
                         cpu_end - cpu, runq_before, runq_after, collate_wall, collate_cpu,
-                        gc_end - collected, batch_size_of(batch, -1), index, io_before,
-                        io_after))
+                        gc_end - collected, samples, io_before, io_after))
             if files is not None and files.new:
                 meter.emit((_files_line, meter.files_prefix, files.take_new()))
             return batch
@@ -176,14 +178,12 @@ _BATCH = ('%s"t_ns":%d,"wall_s":%.9f,"cpu_s":%.9f,"runq_s":%s,"collate_s":%.9f,'
 def _batch_line(row: tuple, _rank: Any = None) -> str:
     """A ``batch_cost`` row's JSON line (``CostMeter``)."""
     (_, prefix, t_ns, wall, cpu, runq_before, runq_after, collate_wall, collate_cpu, gc_ns,
-     samples, index, io_before, io_after) = row
+     samples, io_before, io_after) = row
     before, after = RunQueueClock.parse(runq_before), RunQueueClock.parse(runq_after)
     runq = "null" if before is None or after is None else "%.9f" % ((after - before) / 1e9)
     read_before, read_after = IoCounters.parse(io_before), IoCounters.parse(io_after)
     io = "" if read_before is None or read_after is None else ',"read_b":%d,"storage_b":%d' % (
         read_after[0] - read_before[0], read_after[1] - read_before[1])
-    if samples < 0:  # no tensor in the batch: its indices say
-        samples = len(index) if isinstance(index, (list, tuple)) else 1
     return _BATCH % (prefix, t_ns, wall / 1e9, cpu / 1e9, runq, collate_wall / 1e9,
                      collate_cpu / 1e9, gc_ns / 1e9, samples, io)
 
