@@ -1,21 +1,17 @@
-"""Turn loop boundary events into per-step timing records; pure, with an injected clock.
+"""Turn loop boundary events into per-step timing rows; pure, with an injected clock.
 
 A training step ``k`` of one DataLoader is split at four boundaries::
 
     __next__ ──data wait──► batch returned ──compute──► optimizer step done ──other──► __next__
                              └─forward─► first backward()
 
-``compute_s`` ends at the last optimizer step before the next ``__next__`` call; a loop without
-an optimizer (or a batch without a step, as in gradient accumulation) counts the whole host time
-after the batch as compute and ``other_s`` is zero. Each step record is emitted when the next
-``__next__`` call closes it, so the last batch of a script that ends on its own is not recorded.
-With a ``runq`` counter (the thread's nanoseconds runnable without a CPU,
-``loading.clocks.RunQueueClock``), each record also carries ``runq_s``: the time the loop's
-thread sat on a run queue during the step, whoever held its CPU.
-
-A closed step is a row (a tuple, ``ROW``), not a record: the loop pays for reading its clocks
-alone; ``step_line`` makes the record's JSON line where the rank's records are flushed, and
-``step_record`` the same record as a dict.
+``compute_s`` ends at the last optimizer step before the next ``__next__`` call (without one,
+the whole host time after the batch is compute and ``other_s`` is zero). A step closes at the
+next ``__next__`` call, so a script's last batch is recorded only where it calls it again.
+With a ``runq`` counter (``loading.clocks.RunQueueClock``) a step also carries ``runq_s``: the
+time its thread sat runnable on a run queue. A closed step is a row (``ROW``): the loop pays
+for its clock readings alone; ``step_line`` makes its record's JSON line where the rank's
+records are flushed, ``step_record`` the same record as a dict.
 """
 
 from __future__ import annotations
