@@ -213,21 +213,33 @@ class CommMeter:
     # ---- per step ----------------------------------------------------------------------------
     def close_step(self, record: dict[str, Any], step_s: float) -> None:
         """Add this step's counters (and, every ``every`` steps, DDP's timers) to ``record``."""
+        fields = self.take_step(step_s)
+        if fields:
+            record.update(fields)
+
+    def take_step(self, step_s: float) -> Optional[dict[str, Any]]:
+        """This step's counters (and, every ``every`` steps, DDP's timers) as step record
+        fields, None where there are none; the counters start again."""
+        if not (self.modules or self.coll_n or self.hsync_n):
+            self.step_syncs = self.step_unsynced = self.step_opt = 0
+            return None
+        fields: dict[str, Any] = {}
         if self.modules:
-            record["ddp_n"] = list(self.synced)
-            record["syncs"], record["unsynced"] = self.step_syncs, self.step_unsynced
-            record["opt_steps"] = self.step_opt
+            fields["ddp_n"] = list(self.synced)
+            fields["syncs"], fields["unsynced"] = self.step_syncs, self.step_unsynced
+            fields["opt_steps"] = self.step_opt
             self._closed += 1
             if self._closed % self.every == 0:
                 timed = self._read_timers(step_s)
                 if timed:
-                    record["ddp_t"] = timed
+                    fields["ddp_t"] = timed
         if self.coll_n:
-            record["coll_n"], record["coll_s"] = self.coll_n, self.coll_ns / 1e9
+            fields["coll_n"], fields["coll_s"] = self.coll_n, self.coll_ns / 1e9
         if self.hsync_n:
-            record["hsync_n"], record["hsync_s"] = self.hsync_n, self.hsync_ns / 1e9
+            fields["hsync_n"], fields["hsync_s"] = self.hsync_n, self.hsync_ns / 1e9
         self.step_syncs = self.step_unsynced = self.step_opt = 0
         self.coll_n = self.coll_ns = self.hsync_n = self.hsync_ns = 0
+        return fields
 
     def _read_timers(self, step_s: float) -> list[list[int]]:
         start = self._clock()

@@ -45,6 +45,7 @@ from ddp_profile.profiler.settings import ProbePlan
 from ddp_profile.profiler.store.record import SCRIPT_EXIT, RankRecorder
 
 FLUSH_INTERVAL_S = 0.5
+MAX_PENDING = 20_000  # records kept between flushes, at most (a bounded buffer)
 STOP_BARRIER_TIMEOUT_S = 60.0
 
 
@@ -86,10 +87,15 @@ class Instrumentation(LoaderHooks):
         self.recorder.write(context_record(self.plan))
         self.context_written = True
 
-    def maybe_flush(self) -> None:
-        if time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S:
-            self.recorder.flush()
-            self._last_flush = time.monotonic()
+    def maybe_flush(self) -> bool:
+        """Every ``FLUSH_INTERVAL_S``, or once ``MAX_PENDING`` records wait: the records (the
+        steps' rows encoded here) appended to the rank's file. Whether it flushed."""
+        if time.monotonic() - self._last_flush < FLUSH_INTERVAL_S \
+                and self.recorder.pending < MAX_PENDING:
+            return False
+        self.recorder.flush()
+        self._last_flush = time.monotonic()
+        return True
 
     # ---- the GPU side and the samplers ----------------------------------------------------
     def _cuda_found(self) -> None:
@@ -122,7 +128,8 @@ class Instrumentation(LoaderHooks):
         except Exception as exc:  # noqa: BLE001
             self.event("sampler_failed", error=f"{type(exc).__name__}: {exc}")
     # ---- compute boundaries --------------------------------------------------------------
-    def on_optimizer_step(self) -> None:
+    def on_optimizer_step(self, *_: Any) -> None:
+        """The optimizer step post hook (its optimizer, args and kwargs unused)."""
         self.comm.optimizer_stepped()
         if self.current is not None:
             self.current.optimizer_stepped()

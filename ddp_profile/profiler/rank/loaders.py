@@ -29,7 +29,7 @@ from ddp_profile.profiler.rank.loading.loadcost import batch_size_of
 from ddp_profile.profiler.rank.loading.pagecache import FileReads, watch
 from ddp_profile.profiler.rank.overrides import apply_overrides, own_settings
 from ddp_profile.profiler.rank.process import current_rank
-from ddp_profile.profiler.rank.stepclock import StepClock
+from ddp_profile.profiler.rank.stepclock import StepClock, encode_step
 from ddp_profile.profiler.rank.windows import (
     CeilingReplay,
     IteratorState,
@@ -80,7 +80,7 @@ class LoaderHooks:
     def write_context(self) -> None:
         raise NotImplementedError
 
-    def maybe_flush(self) -> None:
+    def maybe_flush(self) -> bool:
         raise NotImplementedError
 
     def stop(self, reason: str) -> None:
@@ -124,24 +124,26 @@ class LoaderHooks:
         loader_id = getattr(loader, "_ddp_profile_id", None)
         if loader_id is None:
             return
-        self._adopt(iterator, loader_id)
+        meter = self._adopt(iterator, loader_id)
         index = getattr(loader, "_ddp_profile_iters", 0)
         object.__setattr__(loader, "_ddp_profile_iters", index + 1)
         iterator._ddp_profile_state = IteratorState(
             loader_id, index, started_ns or time.perf_counter_ns(), weakref.ref(loader),
             iterator=weakref.ref(iterator), default_bs=getattr(loader, "batch_size", None) or 1,
-            epoch_len=loader_length(loader))
+            epoch_len=loader_length(loader), meter=meter)
 
-    def _adopt(self, iterator: Any, loader_id: int) -> None:
+    def _adopt(self, iterator: Any, loader_id: int) -> Optional[loadcost.CostMeter]:
         """Follow an iterator of a loader (the script's, or one a window rebuilt): its batches
-        metered where they are made and pinned, its workers known to the samplers."""
-        loadcost.meter_in_process(iterator, self.recorder.write_line, current_rank(), loader_id,
-                                  self._files())
+        metered where they are made (its meter where it makes them in this thread) and
+        pinned, its workers known to the samplers."""
+        meter = loadcost.meter_in_process(iterator, self.recorder.defer, current_rank(),
+                                          loader_id, self._files())
         self.pin_meter.track(iterator, loader_id)
         self.iterators.add(iterator)
         pids = worker_pids(iterator)
         if pids:
             self.worker_pids = tuple(sorted(set(self.worker_pids) | set(pids)))
+        return meter
 
     def _fingerprint(self, state: IteratorState, batch: Any) -> None:
         """The first batches of each loader's first epoch, fingerprinted (sharding check)."""
@@ -163,25 +165,28 @@ class LoaderHooks:
         clock = self.clocks.get(loader_id)
         if clock is None:
             clock = self.clocks[loader_id] = StepClock(loader_id, self._warmup_for(state),
-                                                       runq=RUNQ)
+                                                       runq=RUNQ.raw)
             self._steps[loader_id] = self._steps_for(state)
-        record = clock.next_called()
-        if record is not None:
-            self._close_step(iterator, state, clock, record)
+        row = clock.next_called()
+        quiet = True  # nothing ran since the step's boundary but its row's queuing
+        if row is not None:
+            quiet = self._close_step(iterator, state, clock, row)
         elif not self.in_step():  # what ran since the last step closed belongs to none
             self.comm.between_steps()
             self.gpu.between_steps()
+        if state.meter is not None:  # the boundary's run-queue reading starts its fetch
+            state.meter.runq_start = clock.runq_now if quiet else None
         self.pin_meter.fetching = loader_id  # pinning in this thread (no workers) is its
         try:
             batch = self._fetch(state, iterator, original_next)
         except StopIteration:
             clock.exhausted()
+            self.recorder.flush()  # an epoch's end: its records on disk before what follows
             raise
         clock.batch_returned(batch_size_of(batch, state.default_bs))
-        if state.serve() and state.loader_id not in self._outliving:
-            self._outliving.add(state.loader_id)
-            self.event(ITERATOR_OUTLIVES_EPOCH, loader_id=state.loader_id,
-                       epoch_len=state.epoch_len)
+        if state.serve() and loader_id not in self._outliving:
+            self._outliving.add(loader_id)
+            self.event(ITERATOR_OUTLIVES_EPOCH, loader_id=loader_id, epoch_len=state.epoch_len)
         self._fingerprint(state, batch)
         self.current = clock
         self.gpu.step_started(loader_id, clock.steps_closed)
@@ -191,24 +196,25 @@ class LoaderHooks:
         return batch
 
     def _close_step(self, iterator: Any, state: IteratorState, clock: StepClock,
-                    record: dict[str, Any]) -> None:
-        """A step ended: complete and write its record; stop, or begin the next window, where
-        the probe says so."""
-        record["rank"] = current_rank()
-        self.comm.close_step(record, record["data_wait_s"] + record["compute_s"]
-                             + record["other_s"])
-        self.screen.label(record)
-        self.recorder.write(record)
+                    row: tuple) -> bool:
+        """A step ended: queue its row, with its communication and its window, encoded at the
+        flush (``stepclock.encode_step``); stop, or begin the next window, where the probe
+        says so. True where it did no more (no window began, no flush)."""
+        screen = self.screen
+        extra = self.comm.take_step((row[4] + row[5] + row[6]) / 1e9)
+        self.recorder.defer((encode_step, row, screen.window_of(row[2]) if screen.windows
+                             else None, extra))
         self.gpu.poll()
-        window = self.screen.boundary(clock.steps_closed)
-        if self.screen.done(clock.steps_closed, clock.measured_steps,
-                            self._steps[state.loader_id]):
+        window = screen.boundary(clock.steps_closed) if screen.windows else None
+        if screen.done(clock.steps_closed, clock.measured_steps, self._steps[state.loader_id]):
             self.training_loader_id = state.loader_id
             self.stop("steps_done")
         elif window is not None and self.training_loader_id in (None, state.loader_id):
             self.training_loader_id = state.loader_id
             self._switch_window(iterator, state, window)
-        self.maybe_flush()
+            self.maybe_flush()
+            return False
+        return not self.maybe_flush()
 
     def _warmup_for(self, state: IteratorState) -> int:
         """A probe's warm-up also drains the start-up prefetch (``config.backlog_warmup``);
@@ -232,6 +238,8 @@ class LoaderHooks:
     def _fetch(self, state: IteratorState, iterator: Any,
                original_next: Callable[[Any], Any]) -> Any:
         source = state.delegate or iterator
+        if not self.screen.replays:  # no pass continued: nothing noted (``windows``)
+            return original_next(source)
         if self.screen.mode(state.loader_id == self.training_loader_id) != Mode.CEILING:
             batch = original_next(source)
             note_yielded(source)
@@ -263,7 +271,7 @@ class LoaderHooks:
             rebuilt = None if same else rebuilt_iterator(loader, state, settings)
             if rebuilt is not None:
                 fresh, started = rebuilt
-                self._adopt(fresh, state.loader_id)
+                state.meter = self._adopt(fresh, state.loader_id)
                 state.delegate, state.t_iter, state.first = fresh, started, True
             self.event("window", window=window, applied=applied_settings(loader),
                        mode=self.plan.window_mode(window), switched_ns=switched_ns)

@@ -1,32 +1,42 @@
-"""Turn loop boundary events into per-step timing records; pure, with an injected clock.
+"""Turn loop boundary events into per-step timing rows; pure, with an injected clock.
 
 A training step ``k`` of one DataLoader is split at four boundaries::
 
     __next__ ──data wait──► batch returned ──compute──► optimizer step done ──other──► __next__
                              └─forward─► first backward()
 
-``compute_s`` ends at the last optimizer step before the next ``__next__`` call; a loop without
-an optimizer (or a batch without a step, as in gradient accumulation) counts the whole host time
-after the batch as compute and ``other_s`` is zero. Each step record is emitted when the next
-``__next__`` call closes it, so the last batch of a script that ends on its own is not recorded.
-With a ``runq`` counter (the thread's nanoseconds runnable without a CPU,
-``loading.clocks.RunQueueClock``), each record also carries ``runq_s``: the time the loop's
-thread sat on a run queue during the step, whoever held its CPU.
+``compute_s`` ends at the last optimizer step before the next ``__next__`` call (without one,
+the whole host time after the batch is compute and ``other_s`` is zero). A step closes at the
+next ``__next__`` call, so a script's last batch is recorded only where it calls it again.
+With a ``runq`` counter (``loading.clocks.RunQueueClock``) a step also carries ``runq_s``: the
+time its thread sat runnable on a run queue. A closed step is a row (``ROW``): the loop pays
+for its clock readings alone; ``step_line`` makes its record's JSON line where the rank's
+records are flushed, ``step_record`` the same record as a dict.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Callable, Optional
 
+from ddp_profile.profiler.rank.loading.clocks import RunQueueClock
+from ddp_profile.profiler.store.record import dumps
+
 Clock = Callable[[], int]
+# a closed step's row: its fields in this order, times in nanoseconds (None: not measured)
+ROW = ("t_ns", "loader_id", "step", "measured", "data_wait_ns", "compute_ns", "other_ns",
+       "forward_ns", "samples", "runq_before", "runq_after", "loader_start", "iter_start_s")
 
 
 class StepClock:
-    """Timing state of one DataLoader: feed it the boundary events, get step records back."""
+    """Timing state of one DataLoader: feed it the boundary events, get step rows back.
+
+    ``runq`` reads the run-queue counter: nanoseconds, or what ``RunQueueClock.raw`` read
+    (parsed where the row is encoded); ``runq_now`` is its reading at the last ``__next__``."""
 
     def __init__(self, loader_id: int, warmup: int, clock: Clock = time.perf_counter_ns,
-                 wall: Clock = time.time_ns, runq: Optional[Callable[[], Optional[int]]] = None):
+                 wall: Clock = time.time_ns, runq: Optional[Callable[[], Any]] = None):
         self.loader_id = loader_id
         self.warmup = warmup
         self.steps_closed = 0
@@ -41,22 +51,21 @@ class StepClock:
         self._iter_start_s: Optional[float] = None
         self.measured_steps = 0
         self._runq = runq
-        self._runq_called: Optional[int] = None
+        self.runq_now: Any = None
 
     @property
     def in_step(self) -> bool:
         """True between a batch being returned and the next ``__next__`` call."""
         return self._returned is not None
 
-    def next_called(self) -> Optional[dict[str, Any]]:
-        """``__next__`` was entered: close the open step (returned) and start the data wait."""
+    def next_called(self) -> Optional[tuple]:
+        """``__next__`` was entered: close the open step (its row, ``ROW``; None where none
+        was open) and start the data wait."""
         now = self._clock()
         runq = self._runq() if self._runq is not None else None
-        record = self._close(now) if self._returned is not None else None
-        if record is not None and runq is not None and self._runq_called is not None:
-            record["runq_s"] = (runq - self._runq_called) / 1e9
-        self._called, self._runq_called = now, runq
-        return record
+        row = self._close(now, runq) if self._returned is not None else None
+        self._called, self.runq_now = now, runq
+        return row
 
     def exhausted(self) -> None:
         """``__next__`` raised StopIteration: the wait that began was no step."""
@@ -91,29 +100,71 @@ class StepClock:
         if self._returned is not None:
             self._opt_done = self._clock()
 
-    def _close(self, end_ns: int) -> dict[str, Any]:
-        assert self._called is not None and self._returned is not None
-        compute_end = self._opt_done if self._opt_done is not None else end_ns
+    def _close(self, end_ns: int, runq: Any) -> tuple:
+        called, returned, opt_done = self._called, self._returned, self._opt_done
+        assert called is not None and returned is not None
+        compute_end = opt_done if opt_done is not None else end_ns
         measured = self.steps_closed >= self.warmup
         self.measured_steps += measured
-        record = {
-            "kind": "step",
-            "loader_id": self.loader_id,
-            "step": self.steps_closed,
-            "measured": measured,
-            "t_ns": self._called + self._wall_offset_ns,
-            "data_wait_s": (self._returned - self._called) / 1e9,
-            "compute_s": (compute_end - self._returned) / 1e9,
-            "other_s": (end_ns - compute_end) / 1e9,
-            "forward_s": ((self._backward - self._returned) / 1e9
-                          if self._backward is not None else None),
-            "samples": self._samples,
-        }
-        if self._loader_start:
-            record["loader_start"] = True
-            if self._iter_start_s is not None:
-                record["iter_start_s"] = self._iter_start_s
+        backward = self._backward
+        row = (called + self._wall_offset_ns, self.loader_id, self.steps_closed, measured,
+               returned - called, compute_end - returned, end_ns - compute_end,
+               backward - returned if backward is not None else None, self._samples,
+               self.runq_now, runq, self._loader_start,
+               self._iter_start_s if self._loader_start else None)
         self.steps_closed += 1
         self._returned = None
         self._loader_start = False
-        return record
+        return row
+
+
+def step_seconds(row: tuple) -> float:
+    """The step's whole time: data wait, compute and other."""
+    return (row[4] + row[5] + row[6]) / 1e9
+
+
+_STEP = ('{"kind":"step","loader_id":%d,"step":%d,"measured":%s,"t_ns":%d,"data_wait_s":%r,'
+         '"compute_s":%r,"other_s":%r,"forward_s":%s,"samples":%d,"rank":%s')
+
+
+def step_line(row: tuple, label: Optional[tuple[int, bool]] = None,
+              extra: Optional[dict[str, Any]] = None, rank: Optional[int] = None) -> str:
+    """The step record's JSON line: ``row`` (``ROW``), relabelled where ``label`` (a screen's
+    window, and whether the step is measured in it) says, ``extra``'s fields (the step's
+    communication) added, the rank given."""
+    (t_ns, loader_id, step, measured, wait, compute, other, forward, samples, runq_before,
+     runq_after, loader_start, iter_start_s) = row
+    before, after = _runq_ns(runq_before), _runq_ns(runq_after)
+    if label is not None:
+        measured = label[1]
+    line = _STEP % (loader_id, step, "true" if measured else "false", t_ns, wait / 1e9,
+                    compute / 1e9, other / 1e9, "null" if forward is None else
+                    repr(forward / 1e9), samples, "null" if rank is None else int(rank))
+    if before is not None and after is not None:
+        line += ',"runq_s":%r' % ((after - before) / 1e9)
+    if loader_start:
+        line += ',"loader_start":true'
+        if iter_start_s is not None:
+            line += ',"iter_start_s":%r' % float(iter_start_s)
+    if label is not None:
+        line += ',"window":%d' % label[0]
+    if extra:
+        line += "," + dumps(extra)[1:-1]
+    return line + "}"
+
+
+def _runq_ns(reading: Any) -> Optional[int]:
+    return reading if reading is None or reading.__class__ is int else \
+        RunQueueClock.parse(reading)
+
+
+def step_record(row: tuple, label: Optional[tuple[int, bool]] = None,
+                extra: Optional[dict[str, Any]] = None,
+                rank: Optional[int] = None) -> dict[str, Any]:
+    """The step record ``step_line`` writes, as a dict."""
+    return json.loads(step_line(row, label, extra, rank))
+
+
+def encode_step(item: tuple, rank: Optional[int]) -> str:
+    """A queued step's line: ``item`` is (``encode_step``, row, label, extra)."""
+    return step_line(item[1], item[2], item[3], rank)

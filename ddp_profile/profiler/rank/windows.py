@@ -154,6 +154,7 @@ class IteratorState:
     replayed: int = 0  # batches replayed from this iterator
     served: int = 0  # batches this iterator gave the loop
     epoch_len: Optional[int] = None  # len(loader) when it was made (None: no length)
+    meter: Any = None  # the batch meter of the iterator serving (in-process loading only)
 
     def serve(self) -> bool:
         """One more batch given to the loop; True at the one past ``len(loader)``: this
@@ -176,16 +177,25 @@ class Screen:
         self.windows = bool(plan.windows)
         self.starts = plan.window_starts() if plan.windows else [0]  # fixed per probe
         self.total_steps = plan.total_steps  # computed once, read at every step
+        # a pass may be continued (a window's rebuilt iterator, a ceiling's replay): the
+        # batches taken are noted (``note_dispatched``)
+        self.replays = bool(plan.windows) or plan.mode == Mode.CEILING
         self.window = 0  # the window the training loader is in
 
     def label(self, record: dict[str, Any]) -> None:
         """A screen's step record gets its window, and is measured past the window's
         warm-up."""
-        if self.windows:
-            window = window_index(self.starts, record["step"])
-            record["window"] = window
-            record["measured"] = (record["step"] - self.starts[window]
-                                  >= self.plan.window_warmup(window))
+        found = self.window_of(record["step"])
+        if found is not None:
+            record["window"], record["measured"] = found
+
+    def window_of(self, step: int) -> Optional[tuple[int, bool]]:
+        """(the window of a screen's step, whether it is measured: past the window's
+        warm-up); None for a probe (its steps keep their own)."""
+        if not self.windows:
+            return None
+        window = window_index(self.starts, step)
+        return window, step - self.starts[window] >= self.plan.window_warmup(window)
 
     def done(self, steps_closed: int, measured_steps: int, wanted: int) -> bool:
         """A screen ends after its last window; a probe once ``wanted`` steps were measured."""

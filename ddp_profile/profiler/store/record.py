@@ -57,13 +57,17 @@ def dumps(record: dict[str, Any]) -> str:
 
 
 class RankRecorder:
-    """Buffers records and appends them to the rank's JSON-lines file; thread-safe."""
+    """Buffers records and appends them to the rank's JSON-lines file; thread-safe.
+
+    A hot path queues a row instead of a line (``defer``): a tuple whose first item makes its
+    JSON line, ``row[0](row, rank)``, called at the flush with the rank known by then. The
+    rows are encoded in the order they came, with the lines among them."""
 
     def __init__(self, out_dir: str, rank_of: Callable[[], Optional[int]]):
         self._out_dir = out_dir
         self._rank_of = rank_of
         self._lock = threading.Lock()
-        self._pending: list[str] = []
+        self._pending: list[Any] = []
         self._file = None
         self.path: Optional[str] = None
 
@@ -77,13 +81,26 @@ class RankRecorder:
         with self._lock:
             self._pending.append(line)
 
+    def defer(self, row: tuple) -> None:
+        """Queue one record as a row, encoded at the flush (see the class)."""
+        with self._lock:
+            self._pending.append(row)
+
+    @property
+    def pending(self) -> int:
+        """Records queued since the last flush."""
+        return len(self._pending)
+
     def flush(self) -> None:
         with self._lock:
             if not self._pending:
                 return
             if self._file is None:
                 self._open()
-            self._file.write("\n".join(self._pending) + "\n")
+            rank = self._rank_of()
+            lines = [item if item.__class__ is str else _encoded(item, rank)
+                     for item in self._pending]
+            self._file.write("\n".join(lines) + "\n")
             self._file.flush()
             self._pending.clear()
 
@@ -104,6 +121,16 @@ class RankRecorder:
         os.makedirs(self._out_dir, exist_ok=True)
         self.path = os.path.join(self._out_dir, name)
         self._file = open(self.path, "a", encoding="utf-8")
+
+
+def _encoded(row: tuple, rank: Optional[int]) -> str:
+    """A row's line; one its encoder cannot make is kept as what it says of itself (never a
+    flush lost to one row)."""
+    try:
+        return row[0](row, rank)
+    except Exception as exc:  # noqa: BLE001
+        return dumps({"kind": "unencoded", "row": repr(row)[:500],
+                      "error": f"{type(exc).__name__}: {exc}"})
 
 
 def rank_files(out_dir: str) -> list[str]:

@@ -1,10 +1,20 @@
-"""The timing split, with an injected clock."""
+"""The timing split, with an injected clock; the rows the loop keeps, written where the
+rank's records are flushed."""
 
 from __future__ import annotations
 
-import pytest
+import json
+import os
 
-from ddp_profile.profiler.rank.stepclock import StepClock
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from ddp_profile.profiler.rank import patches
+from ddp_profile.profiler.rank.instrument import Instrumentation
+from ddp_profile.profiler.rank.stepclock import StepClock, encode_step, step_record
+from ddp_profile.profiler.settings import ProbePlan
+from ddp_profile.profiler.store.record import RankRecorder
 
 
 class FakeClock:
@@ -23,13 +33,20 @@ def clock():
     return FakeClock()
 
 
+def closing(step_clock: StepClock):
+    """The record of the step a ``__next__`` call closes (None where none was open), as the
+    rank's file gets it: the row the loop keeps, encoded."""
+    row = step_clock.next_called()
+    return None if row is None else step_record(row)
+
+
 def make(clock: FakeClock, warmup: int = 1) -> StepClock:
     return StepClock(loader_id=3, warmup=warmup, clock=clock, wall=lambda: 5_000_000_000)
 
 
 def one_step(step_clock: StepClock, clock: FakeClock, wait: float, forward: float,
              backward: float, other: float, optimizer: bool = True):
-    record = step_clock.next_called()
+    record = closing(step_clock)
     clock.advance(wait)
     step_clock.batch_returned(samples=32)
     clock.advance(forward)
@@ -51,7 +68,7 @@ def test_split_into_data_wait_compute_other(clock):
     assert first["other_s"] == pytest.approx(0.003)
     assert first["samples"] == 32 and first["loader_id"] == 3
     assert first["step"] == 0 and first["measured"] is False  # warm-up
-    second = steps.next_called()
+    second = closing(steps)
     assert second["step"] == 1 and second["measured"] is True
     assert second["data_wait_s"] == pytest.approx(0.020)
     # wall time of the step start: the injected wall clock's offset plus the monotonic clock
@@ -61,20 +78,20 @@ def test_split_into_data_wait_compute_other(clock):
 def test_without_optimizer_everything_after_the_batch_is_compute(clock):
     steps = make(clock, warmup=0)
     one_step(steps, clock, wait=2, forward=3, backward=4, other=5, optimizer=False)
-    record = steps.next_called()
+    record = closing(steps)
     assert record["compute_s"] == pytest.approx(0.012) and record["other_s"] == 0
 
 
 def test_last_optimizer_step_ends_compute(clock):
     steps = make(clock, warmup=0)
-    steps.next_called()
+    closing(steps)
     steps.batch_returned(8)
     clock.advance(5)
     steps.optimizer_stepped()
     clock.advance(5)
     steps.optimizer_stepped()  # e.g. two optimizers
     clock.advance(2)
-    record = steps.next_called()
+    record = closing(steps)
     assert record["compute_s"] == pytest.approx(0.010) and record["other_s"] == pytest.approx(0.002)
     assert record["forward_s"] is None
 
@@ -82,14 +99,14 @@ def test_last_optimizer_step_ends_compute(clock):
 def test_exhausted_iterator_is_no_step(clock):
     steps = make(clock, warmup=0)
     one_step(steps, clock, 1, 1, 1, 1)
-    closed = steps.next_called()
+    closed = closing(steps)
     steps.exhausted()  # StopIteration: the epoch ended
     clock.advance(50)  # e.g. set_epoch, a validation pass
-    assert steps.next_called() is None  # nothing open: the wait above counts for no step
+    assert closing(steps) is None  # nothing open: the wait above counts for no step
     clock.advance(7)
     steps.batch_returned(8)
     clock.advance(1)
-    record = steps.next_called()
+    record = closing(steps)
     assert closed["step"] == 0 and record["step"] == 1
     assert record["data_wait_s"] == pytest.approx(0.007)
 
@@ -99,7 +116,7 @@ def test_events_outside_a_step_are_ignored(clock):
     steps.backward_called()
     steps.optimizer_stepped()
     assert not steps.in_step
-    assert steps.next_called() is None
+    assert closing(steps) is None
 
 
 def test_a_step_that_starts_a_new_pass_over_the_loader_is_flagged_and_measured(clock):
@@ -108,19 +125,19 @@ def test_a_step_that_starts_a_new_pass_over_the_loader_is_flagged_and_measured(c
     keeps. Leaving the start out would keep only the stock's fast steps."""
     step_clock = make(clock, warmup=0)
     one_step(step_clock, clock, wait=1, forward=1, backward=1, other=0)
-    step_clock.next_called()
+    closing(step_clock)
     clock.advance(150)  # a new epoch: the workers start again
     step_clock.batch_returned(samples=32)
     step_clock.loader_started(0.2)  # making the iterator took 50 ms before the wait began
     clock.advance(2)
-    restarted = step_clock.next_called()
+    restarted = closing(step_clock)
     assert restarted["loader_start"] and restarted["measured"]
     assert restarted["data_wait_s"] == pytest.approx(0.150)
     assert restarted["iter_start_s"] == 0.2
     clock.advance(1)
     step_clock.batch_returned(samples=32)
     clock.advance(2)
-    after = step_clock.next_called()
+    after = closing(step_clock)
     assert after["measured"] and "loader_start" not in after and "iter_start_s" not in after
     assert step_clock.measured_steps == 3
 
@@ -136,3 +153,60 @@ def test_each_step_carries_the_time_its_thread_sat_runnable_without_a_cpu(clock)
     unread = one_step(steps, clock, wait=1, forward=1, backward=1, other=1)
     assert "runq_s" not in unread  # the counter could not be read: unknown, not 0
     assert "runq_s" not in one_step(steps, clock, wait=1, forward=1, backward=1, other=1)
+
+
+def test_a_screens_window_its_communication_and_the_rank_are_written_with_the_step(clock):
+    steps = make(clock, warmup=0)
+    one_step(steps, clock, wait=1, forward=1, backward=1, other=1)
+    row = steps.next_called()
+    record = step_record(row, label=(2, False), extra={"ddp_n": [3], "coll_s": 0.5}, rank=1)
+    assert record["window"] == 2 and record["measured"] is False  # the window's warm-up
+    assert record["ddp_n"] == [3] and record["coll_s"] == 0.5 and record["rank"] == 1
+    assert step_record(row)["measured"] is True and "window" not in step_record(row)
+    assert step_record(row)["rank"] is None  # before the rank is known
+
+
+def test_queued_rows_are_written_at_the_flush_in_order_with_the_rank_known_then(tmp_path):
+    rank = [None]
+    recorder = RankRecorder(str(tmp_path), lambda: rank[0])
+    clock = FakeClock()
+    steps = make(clock, warmup=0)
+    one_step(steps, clock, wait=1, forward=1, backward=1, other=1)
+    recorder.write({"kind": "event", "name": "before"})
+    recorder.defer((encode_step, steps.next_called(), None, None))
+    recorder.defer((lambda row, rank: 1 / 0, "a row its encoder fails on"))
+    recorder.write_line('{"kind":"event","name":"after"}')
+    assert recorder.pending == 4 and not os.listdir(tmp_path)  # nothing written before it
+    rank[0] = 3  # the process group came up before the flush
+    recorder.close()
+    records = [json.loads(line) for line in open(tmp_path / "rank-3.jsonl")]
+    assert [r["kind"] for r in records] == ["event", "step", "unencoded", "event"]
+    assert records[1]["rank"] == 3 and records[1]["data_wait_s"] == pytest.approx(0.001)
+    assert "ZeroDivisionError" in records[2]["error"] and records[3]["name"] == "after"
+
+
+def test_an_epochs_steps_are_on_disk_when_its_loader_is_exhausted(tmp_path):
+    """A script that fails between epochs (validation, a checkpoint) and is killed there keeps
+    the epoch's steps: the rank flushes when an iterator ends."""
+    instr = Instrumentation(ProbePlan(probe_id="t", out_dir=str(tmp_path), warmup=0,
+                                      steps=10 ** 9))
+    patches.apply(instr)
+    try:
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for (x,) in DataLoader(TensorDataset(torch.randn(24, 4)), batch_size=4):
+            model(x).sum().backward()
+            opt.step()
+        records = [json.loads(line) for line in open(instr.recorder.path)]
+    finally:
+        if instr.samplers is not None:
+            instr.samplers.stop()
+        patches.remove()
+        instr.recorder.close()
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [s["step"] for s in steps] == list(range(6))  # the ending __next__ closed the last
+    assert all(s["samples"] == 4 and s["compute_s"] > 0 and s["forward_s"] > 0
+               and s["other_s"] >= 0 and s["data_wait_s"] > 0 and "runq_s" in s
+               for s in steps), steps
+    batches = [r for r in records if r["kind"] == "batch_cost"]
+    assert len(batches) == 6 and all(b["samples"] == 4 and b["wall_s"] > 0 for b in batches)

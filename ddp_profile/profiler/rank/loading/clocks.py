@@ -17,12 +17,13 @@ _perf = time.perf_counter_ns
 
 SCHEDSTAT = "/proc/thread-self/schedstat"
 THREAD_IO = "/proc/thread-self/io"
-_forks = 0  # bumped in a forked child: a thread's kept descriptor names its parent's thread
+fork_count = 0  # bumped in a forked child: a thread's descriptor kept under another count
+# names its parent's thread
 
 
 def _after_fork() -> None:
-    global _forks
-    _forks += 1
+    global fork_count
+    fork_count += 1
 
 
 if hasattr(os, "register_at_fork"):  # POSIX
@@ -65,25 +66,48 @@ class RunQueueClock:
     ``os.pread`` on the kept descriptor: about a microsecond a read.
     """
 
+    SIZE = 128  # bytes read: the file's whole line
+
     def __init__(self, path: str = SCHEDSTAT):
         self.path = path
         self._local = threading.local()
 
     def __call__(self) -> Optional[int]:
-        fd = self._fd()
+        return self.parse(self.raw())
+
+    def raw(self) -> Optional[bytes]:
+        """The file's bytes as read now, or None: a hot path keeps them and parses them later
+        (``parse``), off its own path."""
+        state = getattr(self._local, "state", None)  # ``fd``, inline: a read a step
+        fd = (state if state is not None and state[0] == fork_count else self._state())[1]
         if fd is None:
             return None
         try:
-            return int(os.pread(fd, 128, 0).split()[1])
-        except (OSError, ValueError, IndexError):
+            return os.pread(fd, self.SIZE, 0)
+        except OSError:
             return None
 
-    def _fd(self) -> Optional[int]:
-        """This thread's descriptor of the file (opened at its first read), or None."""
+    def fd(self) -> Optional[int]:
+        """The calling thread's descriptor of the file (opened at its first use, kept while
+        the thread lives), or None where the file is unusable."""
         state = getattr(self._local, "state", None)
-        if state is None or state[0] != _forks:
-            state = self._local.state = (_forks, *self._open())
+        if state is None or state[0] != fork_count:
+            state = self._state()
         return state[1]
+
+    def _state(self) -> tuple[int, Optional[int], Optional[_Descriptor]]:
+        state = self._local.state = (fork_count, *self._open())
+        return state
+
+    @staticmethod
+    def parse(raw: Optional[bytes]) -> Optional[int]:
+        """The run-queue nanoseconds in ``raw`` (what ``raw`` read), or None."""
+        if raw is None:
+            return None
+        try:
+            return int(raw.split(b" ", 2)[1])
+        except (ValueError, IndexError):
+            return None
 
     def _open(self) -> tuple[Optional[int], Optional[_Descriptor]]:
         """(descriptor, its owner), or (None, None) when the file is unusable."""
@@ -108,14 +132,19 @@ class IoCounters(RunQueueClock):
     def __init__(self, path: str = THREAD_IO):
         super().__init__(path)
 
+    SIZE = 512
+
     def __call__(self) -> Optional[tuple[int, int]]:  # type: ignore[override]
-        fd = self._fd()
-        if fd is None:
+        return self.parse(self.raw())
+
+    @staticmethod
+    def parse(raw: Optional[bytes]) -> Optional[tuple[int, int]]:  # type: ignore[override]
+        if raw is None:
             return None
         try:
-            fields = os.pread(fd, 512, 0).split()
-            return int(fields[1]), int(fields[9])  # rchar: N ... read_bytes: N
-        except (OSError, ValueError, IndexError):
+            lines = raw.split(b"\n", 5)  # rchar: N, ..., the fifth read_bytes: N
+            return int(lines[0][7:]), int(lines[4][12:])
+        except (ValueError, IndexError):
             return None
 
     def _open(self) -> tuple[Optional[int], Optional[_Descriptor]]:

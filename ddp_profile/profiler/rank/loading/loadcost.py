@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from ddp_profile.profiler.rank.loading import clocks
 from ddp_profile.profiler.rank.loading.clocks import GcClock, IoCounters, RunQueueClock, private_rss
 from ddp_profile.profiler.rank.loading.pagecache import FileReads, watch
 from ddp_profile.profiler.store.record import WORKER_DIR
@@ -39,10 +40,15 @@ RSS_WORKER = 0
 
 _perf = time.perf_counter_ns
 _cpu = time.thread_time_ns
+get_ident = threading.get_ident
 
 
 def batch_size_of(batch: Any, default: int) -> int:
     """Number of samples in a batch: the leading dimension of its first tensor."""
+    if batch.__class__ in (tuple, list) and batch:  # the common (inputs, targets): at once
+        shape = getattr(batch[0], "shape", None)
+        if shape:
+            return int(shape[0])
     stack = [batch]
     while stack:
         item = stack.pop(0)
@@ -57,10 +63,11 @@ def batch_size_of(batch: Any, default: int) -> int:
 
 
 class CostMeter:
-    """Times the fetch and the collate of each batch of one fetcher; ``emit(line)`` gets each
-    batch's record as a JSON string (formatted here: no ``json.dumps`` per batch)."""
+    """Times the fetch and the collate of each batch of one fetcher; ``emit(row)`` gets each
+    batch's record as a row (a tuple whose first item encodes it: ``encode_row``), turned into
+    its JSON line off the loop's path, where the sink flushes (no ``json.dumps`` per batch)."""
 
-    def __init__(self, emit: Callable[[str], None], rank: Optional[int], loader_id: int,
+    def __init__(self, emit: Callable[[tuple], None], rank: Optional[int], loader_id: int,
                  worker: Optional[int], files: Optional[FileReads] = None):
         self.emit = emit
         self.files = files  # the files the fetches open (``pagecache``), where watched
@@ -68,65 +75,111 @@ class CostMeter:
                        f'"loader_id":{int(loader_id)},"worker":{_json_int(worker)},'
                        f'"pid":{os.getpid()},')
         self.files_prefix = self.prefix.replace('"kind":"batch_cost"', '"kind":"files"', 1)
-        self.collate_wall = 0
-        self.collate_cpu = 0
+        self.collate_start: Optional[tuple[int, int, int]] = None  # (gc, wall, cpu) ns
+        # the loop's own run-queue reading at this batch's ``__next__``, where nothing ran
+        # since (``rank.loaders``): the fetch's start, read once
+        self.runq_start: Optional[bytes] = None
         self.gc = GcClock()
         self.runq = RunQueueClock()
         self.io = IoCounters()
+        self._local = threading.local()  # the producing thread's descriptors
+
+    def _descriptors(self) -> tuple[int, Optional[int], Optional[int]]:
+        """(fork count, run-queue descriptor, io descriptor) of the calling thread."""
+        fds = self._local.fds = (clocks.fork_count, self.runq.fd(), self.io.fd())
+        return fds
 
     def wrap(self, fetcher: Any) -> Any:
-        """Time ``fetcher.fetch`` and its ``collate_fn`` from now on; returns the fetcher."""
+        """Time ``fetcher.fetch`` and its ``collate_fn`` from now on; returns the fetcher.
+
+        The collate's end is the fetch's: torch's fetchers call ``collate_fn`` once, last. The
+        thread's counters are read with ``os.pread`` on its kept descriptors (``clocks``),
+        kept as read and parsed where the row is encoded."""
         fetch, collate = fetcher.fetch, fetcher.collate_fn
-        meter = self
+        meter, local, collected_ns = self, self._local, GcClock._total.get
+        runq_size, io_size, pread = RunQueueClock.SIZE, IoCounters.SIZE, os.pread
 
         def timed_collate(data: Any) -> Any:
-            collected, wall, cpu = meter.gc(), _perf(), _cpu()
-            try:
-                return collate(data)
-            finally:
-                cpu, wall = _cpu() - cpu, _perf() - wall
-                collected = meter.gc() - collected  # a collection is not the collate's
-                meter.collate_wall += max(wall - collected, 0)
-                meter.collate_cpu += max(cpu - collected, 0)
+            meter.collate_start = (collected_ns(get_ident(), 0), _perf(), _cpu())
+            return collate(data)
 
         def timed_fetch(index: Any) -> Any:
-            meter.collate_wall = meter.collate_cpu = 0
-            collected = meter.gc()
+            meter.collate_start = None
+            files, runq_before, meter.runq_start = meter.files, meter.runq_start, None
+            fds = getattr(local, "fds", None)
+            if fds is None or fds[0] != clocks.fork_count:
+                fds = meter._descriptors()
+            runq_fd, io_fd, ident = fds[1], fds[2], get_ident()
+            collected = collected_ns(ident, 0)
             wall = _perf()
-            runq, io = meter.runq(), meter.io()
+            try:
+                if runq_before is None and runq_fd is not None:
+                    runq_before = pread(runq_fd, runq_size, 0)
+                io_before = pread(io_fd, io_size, 0) if io_fd is not None else None
+            except OSError:
+                runq_before = io_before = None
             cpu = _cpu()
-            if meter.files is not None:
-                meter.files.begin()
+            if files is not None:
+                files.begin()
             try:
                 batch = fetch(index)  # StopIteration and the dataset's errors pass through
             finally:
-                cpu = _cpu() - cpu
-                after, io_after = meter.runq(), meter.io()
-                wall = _perf() - wall
-                if meter.files is not None:
-                    meter.files.end()
-            runq = None if runq is None or after is None else after - runq
-            read = None if io is None or io_after is None else \
-                (io_after[0] - io[0], io_after[1] - io[1])
-            meter.record(wall, cpu, runq, batch, index, read, meter.gc() - collected)
+                cpu_end = _cpu()
+                collated = _perf()
+                try:
+                    runq_after = pread(runq_fd, runq_size, 0) if runq_fd is not None else None
+                    io_after = pread(io_fd, io_size, 0) if io_fd is not None else None
+                except OSError:
+                    runq_after = io_after = None
+                wall_end = _perf()
+                if files is not None:
+                    files.end()
+            gc_end = collected_ns(ident, 0)
+            start = meter.collate_start
+            collate_wall = collate_cpu = 0
+            if start is not None:  # a collection is not the collate's
+                in_gc = gc_end - start[0]
+                collate_wall = max(collated - start[1] - in_gc, 0)
+                collate_cpu = max(cpu_end - start[2] - in_gc, 0)
+            samples = batch_size_of(batch, -1)
+            if samples < 0:  # no tensor in the batch: its indices say
+                samples = len(index) if isinstance(index, (list, tuple)) else 1
+            meter.emit((_batch_line, meter.prefix, time.time_ns(), wall_end - wall,
+                        cpu_end - cpu, runq_before, runq_after, collate_wall, collate_cpu,
+                        gc_end - collected, samples, io_before, io_after))
+            if files is not None and files.new:
+                meter.emit((_files_line, meter.files_prefix, files.take_new()))
             return batch
 
         fetcher.collate_fn = timed_collate
         fetcher.fetch = timed_fetch
         return fetcher
 
-    def record(self, wall_ns: int, cpu_ns: int, runq_ns: Optional[int], batch: Any,
-               index: Any, read: Optional[tuple[int, int]] = None, gc_ns: int = 0) -> None:
-        default = len(index) if isinstance(index, (list, tuple)) else 1
-        runq = "null" if runq_ns is None else f"{runq_ns / 1e9:.9f}"
-        io = "" if read is None else f',"read_b":{read[0]},"storage_b":{read[1]}'
-        self.emit(f'{self.prefix}"t_ns":{time.time_ns()},"wall_s":{wall_ns / 1e9:.9f},'
-                  f'"cpu_s":{cpu_ns / 1e9:.9f},"runq_s":{runq},'
-                  f'"collate_s":{self.collate_wall / 1e9:.9f},'
-                  f'"collate_cpu_s":{self.collate_cpu / 1e9:.9f},"gc_s":{gc_ns / 1e9:.9f},'
-                  f'"samples":{batch_size_of(batch, default)}{io}}}')
-        if self.files is not None and self.files.new:
-            self.emit(f'{self.files_prefix}"paths":{json.dumps(self.files.take_new())}}}')
+
+_BATCH = ('%s"t_ns":%d,"wall_s":%.9f,"cpu_s":%.9f,"runq_s":%s,"collate_s":%.9f,'
+          '"collate_cpu_s":%.9f,"gc_s":%.9f,"samples":%d%s}')
+
+
+def _batch_line(row: tuple, _rank: Any = None) -> str:
+    """A ``batch_cost`` row's JSON line (``CostMeter``)."""
+    (_, prefix, t_ns, wall, cpu, runq_before, runq_after, collate_wall, collate_cpu, gc_ns,
+     samples, io_before, io_after) = row
+    before, after = RunQueueClock.parse(runq_before), RunQueueClock.parse(runq_after)
+    runq = "null" if before is None or after is None else "%.9f" % ((after - before) / 1e9)
+    read_before, read_after = IoCounters.parse(io_before), IoCounters.parse(io_after)
+    io = "" if read_before is None or read_after is None else ',"read_b":%d,"storage_b":%d' % (
+        read_after[0] - read_before[0], read_after[1] - read_before[1])
+    return _BATCH % (prefix, t_ns, wall / 1e9, cpu / 1e9, runq, collate_wall / 1e9,
+                     collate_cpu / 1e9, gc_ns / 1e9, samples, io)
+
+
+def _files_line(row: tuple, _rank: Any = None) -> str:
+    return f'{row[1]}"paths":{json.dumps(row[2])}}}'
+
+
+def encode_row(row: Any, rank: Any = None) -> str:
+    """A record's JSON line: a line as it is, a row (``CostMeter``'s) by its encoder."""
+    return row if isinstance(row, str) else row[0](row, rank)
 
 
 def _json_int(value: Optional[int]) -> str:
@@ -134,34 +187,42 @@ def _json_int(value: Optional[int]) -> str:
 
 
 class _WorkerFile:
-    """A worker's append-only JSON-lines file, flushed every ``FLUSH_S`` and at exit; where
-    ``reads_rss``, its private RSS is added to the record of a flush at most every
-    ``RSS_EVERY_S``."""
+    """A worker's append-only JSON-lines file: its records (lines, or ``CostMeter``'s rows)
+    kept, encoded and written every ``FLUSH_S`` and at exit; where ``reads_rss``, its private
+    RSS is added to the last record of a flush at most every ``RSS_EVERY_S``."""
 
     def __init__(self, path: str, reads_rss: bool = True):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self.handle = open(path, "a", encoding="utf-8")
+        self.pending: list[Any] = []
         self.last_flush = time.monotonic()
         self.last_rss = -RSS_EVERY_S if reads_rss else math.inf  # the first flush reads it
 
-    def emit(self, line: str) -> None:
+    def emit(self, line: Any) -> None:
+        self.pending.append(line)
         now = time.monotonic()
         if now - self.last_flush >= FLUSH_S:
-            if now - self.last_rss >= RSS_EVERY_S:
-                self.last_rss = now
-                rss = private_rss()
-                if rss is not None and line.endswith("}"):
-                    line = f'{line[:-1]},"private_rss":{rss}}}'
-            self.handle.write(line + "\n")
-            self.handle.flush()
-            self.last_flush = now
-        else:
-            self.handle.write(line + "\n")
+            self.flush(now)
+
+    def flush(self, now: Optional[float] = None, rss_due: bool = True) -> None:
+        now = time.monotonic() if now is None else now
+        pending, self.pending = self.pending, []
+        lines = [encode_row(row) for row in pending]
+        if lines and rss_due and now - self.last_rss >= RSS_EVERY_S:
+            self.last_rss = now
+            rss = private_rss()
+            if rss is not None and lines[-1].endswith("}"):
+                lines[-1] = f'{lines[-1][:-1]},"private_rss":{rss}}}'
+        if lines:
+            self.handle.write("\n".join(lines) + "\n")
+        self.handle.flush()
+        self.last_flush = now
 
     def close(self) -> None:
         try:
+            self.flush(rss_due=False)
             self.handle.close()
-        except OSError:
+        except (OSError, ValueError):  # ValueError: closed already
             pass
 
 
@@ -198,7 +259,7 @@ class WorkerInit:
         sink.emit(f'{{"kind":"worker_start","rank":{_json_int(self.rank)},'
                   f'"loader_id":{self.loader_id},"worker":{worker_id},"pid":{os.getpid()},'
                   f'"t_ns":{time.time_ns()},"private_rss":{_json_int(rss)}}}')
-        sink.handle.flush()
+        sink.flush(rss_due=False)
         meter = CostMeter(sink.emit, self.rank, self.loader_id, worker_id,
                           watch(FileReads(self.cold)))
         factory = _DatasetKind.__dict__["create_fetcher"].__func__
@@ -224,14 +285,20 @@ def before_iter(loader: Any, rank: Optional[int]) -> None:
         current.rank = rank
 
 
-def meter_in_process(iterator: Any, emit: Callable[[str], None], rank: Optional[int],
-                     loader_id: int, files: Optional[FileReads] = None) -> None:
-    """Meter a single-process (``num_workers=0``) iterator's fetcher, if it has one; ``files``:
-    the rank's watch on the files its fetches open."""
+def meter_in_process(iterator: Any, emit: Callable[[tuple], None], rank: Optional[int],
+                     loader_id: int, files: Optional[FileReads] = None) -> Optional[CostMeter]:
+    """Meter a single-process (``num_workers=0``) iterator's fetcher, if it has one (its
+    meter; None where it has no fetcher); ``files``: the rank's watch on the files its
+    fetches open."""
     fetcher = getattr(iterator, "_dataset_fetcher", None)
-    if fetcher is not None and not getattr(fetcher, "_ddp_profile_metered", False):
-        CostMeter(emit, rank, loader_id, None, files).wrap(fetcher)
-        fetcher._ddp_profile_metered = True
+    if fetcher is None:
+        return None
+    meter = getattr(fetcher, "_ddp_profile_meter", None)
+    if meter is None:
+        meter = CostMeter(emit, rank, loader_id, None, files)
+        meter.wrap(fetcher)
+        fetcher._ddp_profile_meter = meter
+    return meter
 
 
 class PinMeter:

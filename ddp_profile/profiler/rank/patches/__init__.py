@@ -30,7 +30,6 @@ from ddp_profile.profiler.rank.patches.loader import (
 from ddp_profile.profiler.rank.patches.registry import Hooks, event_after, handles, originals, patch
 from ddp_profile.profiler.rank.patches.spawn import install_excepthook, patch_spawn
 from ddp_profile.profiler.rank.windows import noting_dispatch
-from ddp_profile.profiler.settings import Mode
 
 
 def is_applied() -> bool:
@@ -51,7 +50,7 @@ def apply(instr: Hooks) -> None:
     patch(DataLoader, "__init__", loader_init(instr, inspect.signature(DataLoader.__init__)))
     patch(DataLoader, "__iter__", loader_iter(instr))
     patch(_BaseDataLoaderIter, "__next__", iterator_next(instr))
-    if instr.plan.windows or instr.plan.mode == Mode.CEILING:  # a pass may be continued
+    if instr.screen.replays:  # a pass may be continued
         patch(_BaseDataLoaderIter, "_next_index", noting_dispatch)
     patch(torch.Tensor, "backward", tensor_backward(instr))
     patch(DistributedDataParallel, "__init__",
@@ -65,7 +64,7 @@ def apply(instr: Hooks) -> None:
         patch(dist, "destroy_process_group", process_group_destroy(instr))
         patch_collectives(instr, dist)
     patch_spawn(instr)
-    handles.append(register_optimizer_step_post_hook(lambda *_: instr.on_optimizer_step()))
+    handles.append(register_optimizer_step_post_hook(instr.on_optimizer_step))
     install_excepthook(instr)
 
 
