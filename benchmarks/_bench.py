@@ -38,14 +38,18 @@ def use_ranks(nproc: int) -> None:
     NPROC = nproc
 
 
-def machine() -> dict[str, Any]:
-    model = None
+def cpu_model() -> Optional[str]:
+    """The CPU's model name from /proc/cpuinfo (None where it cannot be read)."""
     try:
         with open("/proc/cpuinfo") as handle:
-            model = next((line.split(":", 1)[1].strip() for line in handle
-                          if line.startswith("model name")), None)
+            return next((line.split(":", 1)[1].strip() for line in handle
+                         if line.startswith("model name")), None)
     except OSError:
-        pass
+        return None
+
+
+def machine() -> dict[str, Any]:
+    model = cpu_model()
     try:
         load = [round(x, 2) for x in os.getloadavg()]
     except OSError:
@@ -230,13 +234,7 @@ def git_commit() -> Optional[str]:
 
 def machine_brief() -> dict[str, Any]:
     """The machine, without importing torch (a benchmark's figures may not have needed it)."""
-    model = None
-    try:
-        with open("/proc/cpuinfo") as handle:
-            model = next((line.split(":", 1)[1].strip() for line in handle
-                          if line.startswith("model name")), None)
-    except OSError:
-        pass
+    model = cpu_model()
     return {"nproc": len(os.sched_getaffinity(0)), "cpu_model": model,
             "arch": platform.machine(), "python": platform.python_version(),
             "torch": package_version("torch"), "host": platform.node()}
