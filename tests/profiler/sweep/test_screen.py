@@ -290,6 +290,21 @@ def test_a_spilled_screen_launches_no_rung_its_lower_rungs_condemned(tmp_path):
     assert winning.launched == [[1, 13, 26, 52, 52], [26, 52, 52], [52]]
 
 
+def _rung(probe_id: str, workers: int, rate: float, steady, epoch_steps: int, batch_size: int):
+    """A screen's rung as its ledger line reads: the baseline without workers (the loop's
+    demand measured), a rung with them; ``steady``: its rate between epoch restarts."""
+    from ddp_profile.profiler.store.probes import ProbeRecord
+
+    restarts = {"epoch_restart_s": 0.5, "epoch_steps": epoch_steps,
+                "steady_throughput": steady} if steady else {}
+    return ProbeRecord.from_json({
+        "id": probe_id, "kind": "baseline" if not workers else "sweep", "status": "ok",
+        "throughput": rate, "throughput_rse": 0.02, **restarts,
+        "loop_demand": None if workers else 10000.0,
+        "config": {"num_workers": workers, "pin_memory": False,
+                   "prefetch_factor": 2 if workers else None, "batch_size": batch_size}})
+
+
 def test_a_rung_that_loses_only_to_its_restarts_condemns_no_rung_above_it():
     """1 worker ran slower than the script's own settings beyond noise as run, its start paid
     every epoch, yet with data free (the loop's demand, 10,000 samples/s) and that start it
@@ -299,14 +314,7 @@ def test_a_rung_that_loses_only_to_its_restarts_condemns_no_rung_above_it():
     from ddp_profile.profiler.sweep.climb import condemned_by, slower_than_baseline
 
     def line(probe_id: str, workers: int, rate: float, steady=None) -> ProbeRecord:
-        restarts = {"epoch_restart_s": 0.5, "epoch_steps": 23,
-                    "steady_throughput": steady} if steady else {}
-        return ProbeRecord.from_json({
-            "id": probe_id, "kind": "baseline" if not workers else "sweep", "status": "ok",
-            "throughput": rate, "throughput_rse": 0.02, **restarts,
-            "loop_demand": None if workers else 10000.0,
-            "config": {"num_workers": workers, "pin_memory": False,
-                       "prefetch_factor": 2 if workers else None, "batch_size": 8}})
+        return _rung(probe_id, workers, rate, steady, epoch_steps=23, batch_size=8)
 
     base, two = line("p000", 0, 520.0), LoaderSettings(2, False, 2, 8)
     restarts_only = line("p001", 1, 460.0, steady=600.0)  # 1/(1/10,000 + 1/460 - 1/600)
@@ -332,14 +340,7 @@ def test_rungs_that_lose_more_as_they_add_workers_end_the_ladder_whatever_their_
     from ddp_profile.profiler.sweep.state import Window
 
     def line(probe_id: str, workers: int, rate: float, steady=None) -> ProbeRecord:
-        restarts = {"epoch_restart_s": 0.5, "epoch_steps": 62,
-                    "steady_throughput": steady} if steady else {}
-        return ProbeRecord.from_json({
-            "id": probe_id, "kind": "baseline" if not workers else "sweep", "status": "ok",
-            "throughput": rate, "throughput_rse": 0.02, **restarts,
-            "loop_demand": None if workers else 10000.0,
-            "config": {"num_workers": workers, "pin_memory": False,
-                       "prefetch_factor": 2 if workers else None, "batch_size": 16}})
+        return _rung(probe_id, workers, rate, steady, epoch_steps=62, batch_size=16)
 
     base = line("p000", 0, 899.0)
     one = line("p001", 1, 572.0, steady=1000.0)  # lost to its restarts alone
