@@ -131,7 +131,7 @@ def thread_oversubscription(run: Run, thresholds: Thresholds, known: Optional[Ev
                   f"{probe.throughput:,.1f} samples/s (probe {probe.id}) against "
                   f"{subject.throughput:,.1f} ({subject.kind} {subject.id}), "
                   f"{gain:.2f}x."),
-        recommendation=(f"Measured in probe {probe.id}: {fit} thread(s) per rank"
+        recommendation=(f"Measured in this run: {fit} thread(s) per rank"
                         f"{where}. {_how_to_set_threads(launcher, fit)}"))
 
 
@@ -165,14 +165,15 @@ def _alternated_finding(run: Run, claim: PairedClaim, launcher: str, base: Probe
             title="Torch thread pools oversubscribe the CPUs (a gain not established)",
             evidence=evidence + ": faster, but not beyond the noise of those launches.",
             recommendation=(f"Not established: {fit} thread(s) per rank{where} measured "
-                            f"{figure} in {probes}, a gain its launches cannot tell from none. "
+                            f"{figure} in alternated launches, a gain they cannot tell from none. "
                             f"Check it in launches of your own, alternating the two: {how}"))
     return Finding(
         rule="thread-oversubscription",
         severity="high" if claim.ratio >= thresholds.threads_severe_gain else "medium",
         title="Torch thread pools oversubscribe the CPUs",
         evidence=evidence + ".",
-        recommendation=f"Measured in {probes}: {fit} thread(s) per rank{where}, {figure}. {how}")
+        recommendation=(f"Measured in this run, alternated launches: {fit} thread(s) per rank"
+                        f"{where}, {figure}. {how}"))
 
 
 def baseline_oversubscribed(run: Run, thresholds: Thresholds) -> bool:

@@ -5,11 +5,12 @@ a setting leaves its finding's recommendation empty and states the setting as an
 (``rules.base``); ``in_one_voice(findings, run, rec, thresholds)`` words it from the one
 recommendation (``rules.recommend``):
 
-* the recommended probe runs the advised setting: "Measured: probe P (...) runs Nx the
+* the recommended probe runs the advised setting: "Measured in this run: (...) runs Nx the
   script's settings; use the recommended configuration: DataLoader(...)";
-* another ok probe ran it but the recommendation chose otherwise: "Measured: ... in probe P
-  ran at Nx the recommended configuration's samples/s (within noise | slower | ...), so the
-  recommendation stays DataLoader(...)": never a setting the recommendation contradicts;
+* another ok probe ran it but the recommendation chose otherwise: "Measured in this run: ...
+  (...) ran at Nx the recommended configuration's samples/s (within noise | slower | ...), so
+  the recommendation stays DataLoader(...)": never a setting the recommendation contradicts;
+Probe ids stay in the evidence: the recommendation speaks of settings.
 * nothing ran it: "Prediction (not measured): ..., because ...; measure it: ddp-profile run
   SCRIPT <options>". Other findings are named (``Advice.see``) only when they fired.
 """
@@ -46,12 +47,12 @@ def _setting_text(finding: Finding, run: Run, rec: Recommendation,
     pick = pick if pick is not None and pick.ok else None
     if pick is not None and advice.wants(pick.config):
         if rec.probe_id == rec.baseline_probe_id:
-            return (f"Measured: the script's own settings (probe {pick.id}, "
-                    f"{describe_config(pick.config)}) already have {advice.change}, and the "
+            return (f"Measured in this run: the script's own settings "
+                    f"({describe_config(pick.config)}) already have {advice.change}, and the "
                     "recommendation keeps them.")
         gain = f" runs {rec.expected_speedup:.2f}x the script's settings" \
             if rec.expected_speedup else ""
-        return (f"Measured: probe {pick.id} ({describe_config(pick.config)}){gain}; use the "
+        return (f"Measured in this run: {describe_config(pick.config)}{gain}; use the "
                 f"recommended configuration: {rec.snippet}.")
     best = fastest(p for p in probes if advice.wants(p.config))
     if pick is not None and best is not None and finite(pick.throughput) \
@@ -63,9 +64,11 @@ def _setting_text(finding: Finding, run: Run, rec: Recommendation,
             verdict = "slower"
         else:
             verdict = _why_not_taken(run, best, pick, rec, thresholds)
-        return (f"Measured: {advice.change} in probe {best.id} ({describe_config(best.config)}) "
+        ran = describe_config(best.config)
+        ran = ran if advice.change in ran else f"{advice.change}, as {ran},"
+        return (f"Measured in this run: {ran} "
                 f"ran at {ratio:.2f}x the recommended configuration's samples/s ({verdict}), "
-                f"so the recommendation stays {rec.snippet} (probe {pick.id}).")
+                f"so the recommendation stays {rec.snippet}.")
     return (f"Prediction (not measured): {advice.change}, because {advice.basis}. Measure it: "
             f"ddp-profile run SCRIPT {advice.measure}.")
 

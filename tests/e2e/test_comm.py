@@ -50,7 +50,7 @@ def test_comm_bound_script_gets_measured_larger_batches_and_ddp_options(cli, run
     assert "DDP's reducer timers" in exposed["evidence"] and "gloo" in exposed["evidence"]
     # the larger per-rank batch was measured, and it is what the recommendation runs
     assert summary["recommended"]["batch_size"] > 4 and summary["expected_speedup"] > 1.5
-    assert exposed["recommendation"].startswith("Measured: probe")
+    assert exposed["recommendation"].startswith("Measured in this run: ")
     ddp = [p for p in summary["probes"] if p["kind"] == "ddp"]
     assert all(p["status"] == "ok" and p["pair"] for p in ddp)
     # measured first: windows of one launch, gradient synchronisation switched between them

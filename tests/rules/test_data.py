@@ -276,7 +276,7 @@ def test_cpu_heavy_loading_is_cpu_bound_and_never_told_to_buy_storage():
     assert "nvme" not in text and "storage" not in finding.recommendation.lower()
     assert finding.severity == "high"
     advice = voiced(run, "data-loader-bound")
-    assert "predicted, not measured" in advice.lower() or "Measured:" in advice, advice
+    assert "predicted, not measured" in advice.lower() or "Measured in this run:" in advice, advice
 
 
 def test_mixed_loading_gets_neither_bound_finding():

@@ -136,7 +136,8 @@ def test_an_alternated_threads_counterfactual_is_the_finding_with_its_interval()
     assert "8.00x" not in finding.evidence and "4,000" not in finding.evidence
     low, high = (float(x) for x in finding.evidence.split("[")[1].split("]")[0].split("-"))
     assert low < 6.0 < high
-    assert finding.recommendation.startswith("Measured in probes p2-p6: 1 thread(s) per rank")
+    assert finding.recommendation.startswith(
+        "Measured in this run, alternated launches: 1 thread(s) per rank")
     assert "torch.set_num_threads(1)" in finding.recommendation
 
 
@@ -157,7 +158,7 @@ def test_a_threads_gain_its_launches_cannot_tell_from_none_is_said_low_as_not_es
     assert "ran 1.38x [0.70-2.72] as fast as with its own threads" in finding.evidence
     assert finding.evidence.endswith("not beyond the noise of those launches.")
     assert finding.recommendation.startswith("Not established: 1 thread(s) per rank measured "
-                                             "1.38x [0.70-2.72] in probes p2-p6")
+                                             "1.38x [0.70-2.72] in alternated launches")
     assert "torch.set_num_threads(1)" in finding.recommendation
     assert "Measured in" not in finding.recommendation
 
@@ -179,7 +180,8 @@ def test_thread_oversubscription_cites_both_throughputs():
     assert "2 rank(s) per machine x 2 intra-op threads compete for 2 available CPUs" \
         in finding.evidence
     assert "1,000.0 samples/s (probe p1)" in finding.evidence and "500.0" in finding.evidence
-    assert "Measured in probe p1: 1 thread(s) per rank" in finding.recommendation
+    assert "Measured in this run: 1 thread(s) per rank" in finding.recommendation
+    assert "p1" not in finding.recommendation  # ids stay in the evidence
     assert "torch.set_num_threads(1)" in finding.recommendation
     medium = thread_oversubscription(threads_run(threads_tp=600.0), T)
     assert medium is not None and medium.severity == "medium"
@@ -208,7 +210,7 @@ def test_the_recommendation_says_how_to_set_the_measured_threads():
     from ddp_profile.rules.recommend import recommend
 
     notes = recommend(threads_run(threads_tp=1000.0), T).notes
-    assert any("Measured in probe p1: 1 thread(s) per rank" in n for n in notes), notes
+    assert any("Measured in this run: 1 thread(s) per rank" in n for n in notes), notes
     assert not any("thread" in n for n in recommend(threads_run(), T).notes)
 
 
@@ -266,7 +268,7 @@ def test_threads_are_judged_at_the_best_configuration_where_its_workers_tip_the_
     assert "1 rank(s) per machine x 2 intra-op threads + DataLoader workers busy on 0.4 " \
            "cores compete for 2 available CPUs with num_workers=16," in finding.evidence
     assert "6,300.0 samples/s (probe p2) against 5,000.0 (sweep p1), 1.26x" in finding.evidence
-    assert finding.recommendation.startswith("Measured in probe p2: 1 thread(s) per rank "
+    assert finding.recommendation.startswith("Measured in this run: 1 thread(s) per rank "
                                              "with num_workers=16,")
     assert "OMP_NUM_THREADS=1 torchrun" in finding.recommendation
     # measured without a gain: no finding, and the baseline alone predicts nothing

@@ -226,7 +226,7 @@ def test_workers_kept_alive_against_the_kept_script_settings_become_the_recommen
         rec.speedup_basis
     assert not any("on top of it" in note for note in rec.notes), rec.notes
     loading = next(f for f in analysis.findings if f.rule == "data-loader-bound")
-    assert loading.recommendation.startswith("Measured: probe k1 (num_workers=3"), \
+    assert loading.recommendation.startswith("Measured in this run: num_workers=3"), \
         loading.recommendation  # the one recommendation, not a prediction beside it
     finding = persistent_workers(run, T)
     assert finding is not None

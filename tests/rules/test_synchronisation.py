@@ -72,7 +72,8 @@ def test_exposed_communication_cites_the_reducer_timers_and_the_measured_batch()
     findings, rec = evaluate(run)
     voiced = next(f for f in findings if f.rule == "exposed-communication")
     assert rec.config["batch_size"] == 32
-    assert voiced.recommendation.startswith("Measured: probe b32")
+    assert voiced.recommendation.startswith("Measured in this run: num_workers=")
+    assert "b32" not in voiced.recommendation
     assert "scale the learning rate" in voiced.recommendation
     assert "Not measured in this run" in voiced.recommendation  # bucket_cap_mb etc.
 

@@ -23,7 +23,7 @@ def test_oversubscribed_baseline_and_a_tie_never_contradict():
     findings, rec = _by_rule(run)
     assert rec.config["num_workers"] == 4
     advice = findings["worker-oversubscription"].recommendation
-    assert advice.startswith("Measured: num_workers=1") and "probe p1" in advice
+    assert advice.startswith("Measured in this run: num_workers=1") and "p1" not in advice
     assert "within noise" in advice and "recommendation stays" in advice
     assert "num_workers=4" in advice
 
@@ -36,7 +36,8 @@ def test_recommended_probe_with_the_setting_is_cited():
     findings, rec = _by_rule(run)
     assert rec.probe_id == "p1"
     advice = findings["worker-oversubscription"].recommendation
-    assert advice.startswith("Measured: probe p1") and rec.snippet in advice
+    assert advice.startswith("Measured in this run: num_workers=") and rec.snippet in advice
+    assert "p1" not in advice  # the probe id stays in the evidence
 
 
 def test_unmeasured_setting_is_a_labelled_prediction():
@@ -54,7 +55,8 @@ def test_data_loader_bound_points_only_to_findings_that_fired():
            .probe("p1", num_workers=2).steps(data_wait=0.05, compute=0.05, seed=1).build())
     findings, _ = _by_rule(run)
     advice = findings["data-loader-bound"].recommendation
-    assert "probe p1" in advice and "recommendation stays" in advice
+    assert "as num_workers=2" in advice and "recommendation stays" in advice
+    assert "p1" not in advice
     fired = set(findings)
     for rule in ("cpu-bound-preprocessing", "io-bound-loading"):
         assert (rule in advice) == (rule in fired), (rule, advice, fired)
@@ -67,7 +69,8 @@ def test_measured_gain_is_cited_with_the_recommended_snippet():
            .probe("p1", num_workers=4).steps(data_wait=0.0, compute=0.05, seed=1).build())
     findings, rec = _by_rule(run)
     advice = findings["data-loader-bound"].recommendation
-    assert advice.startswith("Measured: probe p1") and "1.98x" in advice  # 0.101 / 0.051 s
+    # 0.101 / 0.051 s
+    assert advice.startswith("Measured in this run: num_workers=") and "1.98x" in advice
     assert rec.snippet in advice
 
 
@@ -86,7 +89,8 @@ def test_cpu_bound_finding_never_cites_a_worker_count_the_recommendation_did_not
     findings, rec = _by_rule(run)
     assert rec.probe_id == "w2"
     text = findings["cpu-bound-preprocessing"].recommendation
-    assert "recommendation stays" in text and "probe w4" in text, text
+    assert "recommendation stays" in text and text.startswith(
+        "Measured in this run: num_workers=4, pin_memory=False"), text
     assert "keep up with num_workers=4 (measured" not in text
 
 
@@ -104,5 +108,5 @@ def test_a_faster_window_measured_again_slower_is_within_the_runs_own_launch_noi
     findings, rec = _by_rule(run)
     assert rec.probe_id == "p0"
     advice = findings["data-loader-bound"].recommendation
-    assert "probe p2" in advice and "ran at 1.36x" in advice and "(within noise)" in advice
+    assert "as num_workers=3" in advice and "ran at 1.36x" in advice and "(within noise)" in advice
     assert "compute-bound" not in advice
