@@ -19,7 +19,7 @@ import numpy as np
 
 from ddp_profile.profiler.decide.choose import ChoiceThresholds
 from ddp_profile.profiler.decide.neighbours import LOCAL_FROM
-from ddp_profile.profiler.decide.paired import CANDIDATE, alternation_open, read_rates
+from ddp_profile.profiler.decide.paired import CANDIDATE, alternation_open, paired, read_rates
 from ddp_profile.profiler.quantiles import t_quantile
 from ddp_profile.profiler.store.probes import ProbeRecord
 
@@ -125,7 +125,10 @@ def alternation_stop(records: Sequence[ProbeRecord], probes: list[ProbeRecord],
     what it has to show (``paired.alternation_open``: faster beyond noise, or under the gain
     asked); ``FUTILE`` where, in the pairs left before ``allowed`` launches, no outcome
     could make the candidate faster beyond noise by more than ``noise_floor`` or ``asked``
-    (``futile``, at every length it could stop at); None with no pair left (``ROUNDS``)."""
+    (``futile``, at every length it could stop at); ``FAILED`` where it cannot be read (a
+    rate not positive: ``paired.paired``); None with no pair left (``ROUNDS``)."""
+    if paired(records, probes, thresholds.interval_confidence, thresholds.launch_sd) is None:
+        return FAILED
     if not alternation_open(records, probes, thresholds, asked=asked):
         return DECIDED
     left = (allowed - len(probes)) // 2
