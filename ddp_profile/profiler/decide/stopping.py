@@ -19,7 +19,14 @@ import numpy as np
 
 from ddp_profile.profiler.decide.choose import ChoiceThresholds
 from ddp_profile.profiler.decide.neighbours import LOCAL_FROM
-from ddp_profile.profiler.decide.paired import CANDIDATE, alternation_open, paired, read_rates
+from ddp_profile.profiler.decide.paired import (
+    CANDIDATE,
+    alternation_open,
+    as_run,
+    paired,
+    read_rates,
+    whole_runs,
+)
 from ddp_profile.profiler.quantiles import t_quantile
 from ddp_profile.profiler.store.probes import ProbeRecord
 
@@ -140,3 +147,23 @@ def alternation_stop(records: Sequence[ProbeRecord], probes: list[ProbeRecord],
     return FUTILE if futile([math.log(float(r or 0.0)) for r in rates], roles, ends,
                             thresholds.interval_confidence,
                             max(thresholds.noise_floor, asked or 0.0)) else None
+
+
+def persistence_stop(probes: list[ProbeRecord], roles: Sequence[str], confidence: float
+                     ) -> Optional[str]:
+    """``FUTILE`` where the persistent-workers check's launches so far (``probes``, of the
+    ``roles`` it runs in all, none more) read persistent workers faster beyond noise neither
+    now nor, whatever the launches left read, once all have run: as whole runs nor per epoch
+    (``rules.alternations.persistent_effect`` reads both). None otherwise, and before the
+    launches so far can be read (a fit of them with room for its noise)."""
+    if not len(roles) > len(probes) >= 4:
+        return None
+    candidate = [role == CANDIDATE for role in roles]
+    readings = [rates for rates in (whole_runs(probes), as_run(probes)) if rates]
+    for rates in readings:
+        if any(not (r or 0.0) > 0 for r in rates):
+            return None
+        logs = [math.log(float(r or 0.0)) for r in rates]
+        if not futile(logs, candidate, [len(probes), len(roles)], confidence):
+            return None
+    return FUTILE if readings else None

@@ -41,6 +41,7 @@ from ddp_profile.profiler.decide.stopping import (
     FAILED,
     ROUNDS,
     alternation_stop,
+    persistence_stop,
 )
 from ddp_profile.profiler.decide.worker_restarts import kept_alive, whole_run
 from ddp_profile.profiler.settings import LoaderSettings, timed_warmup
@@ -142,15 +143,18 @@ def _alternate(search: SearchState, base: ProbeRecord, best: ProbeRecord, what: 
 
 
 def launch_each(search: SearchState, roles: list[str], window: Callable[[str, int], Window],
-                stop: Callable[[int], Optional[str]], check: str = "the check") -> str:
+                stop: Callable[[int], Optional[str]], check: str = "the check",
+                early: Optional[Callable[[], Optional[str]]] = None) -> str:
     """Each of ``roles`` a launch of its own (``window(role, index)``), then one more pair,
     B A, at a time up to ``MAX_CLAIM_LAUNCHES`` while ``stop(MAX_CLAIM_LAUNCHES)`` says go on
     (None; ``decide.stopping.alternation_stop``: it stops decided, or futile where no outcome
     of the pairs left could make the candidate win); a failed launch ends it (a crash or an
     OOM would only repeat itself). How it stopped is recorded once
     (``SearchState.alternation_stopped``) and returned: ``decide.stopping``'s ``DECIDED``,
-    ``FUTILE``, ``ROUNDS`` or ``FAILED``. The claim's alternations in launches, the threads
-    check's (``sweep.search``) and the persistence check's (its own roles: no more pairs)."""
+    ``FUTILE``, ``ROUNDS`` or ``FAILED``. ``early``: asked after each launch before the last
+    of ``roles``, a stop there (the persistence check's: ``decide.stopping.persistence_stop``).
+    The claim's alternations in launches, the threads check's (``sweep.search``) and the
+    persistence check's (its own roles: no more pairs)."""
     roles, index, group = list(roles), 0, ""
     while index < len(roles):
         placed = window(roles[index], index)
@@ -159,6 +163,9 @@ def launch_each(search: SearchState, roles: list[str], window: Callable[[str, in
             return _stopped(search, check, group, roles[:index + 1], FAILED)
         index += 1
         if index < len(roles):
+            reason = early() if early is not None else None
+            if reason is not None:
+                return _stopped(search, check, group, roles[:index], reason)
             continue
         reason = stop(MAX_CLAIM_LAUNCHES)
         if reason is None and len(roles) < MAX_CLAIM_LAUNCHES:
@@ -373,11 +380,12 @@ def confirm_persistence(search: SearchState) -> None:
     every epoch at a cost worth measuring; or the script's kept settings (``A``) and the
     restarting configuration predicted to beat them with it (``B``) (``persistence_subject``;
     ``store.epochs``); each probe spans whole epochs, at least two and the run's steps, and
-    one step more. The probes are ``Kind.PERSISTENT`` and count for nothing but the
-    persistent-workers finding, the recommended snippet and, where the script's settings are
-    ``A``, the recommendation (``rules.alternations.persistent_effect``). Epochs longer than
-    ``MAX_EPOCH_FACTOR`` times the run's steps are not crossed: the finding stays a labelled
-    prediction there."""
+    one step more; after ``A B A B``, it stops where no fifth launch could make them faster
+    (``decide.stopping.persistence_stop``). The probes are ``Kind.PERSISTENT`` and count
+    for nothing but the persistent-workers finding, the recommended snippet and, where the
+    script's settings are ``A``, the recommendation (``rules.alternations.persistent_effect``).
+    Epochs longer than ``MAX_EPOCH_FACTOR`` times the run's steps are not crossed: the
+    finding stays a labelled prediction there."""
     found = persistence_subject(search)
     if found is None:
         return
@@ -399,8 +407,13 @@ def confirm_persistence(search: SearchState) -> None:
     search.progress("note", {"text": f"measuring persistent_workers=True: {sides}, alternated, "
                                      f"{letters(roles)}, {steps} steps each (epochs of {epoch})"})
     group = f"persistent-{len(search.entries):03d}"
+
+    def so_far() -> list[ProbeRecord]:
+        return [e for e in search.entries if e.pair is not None and e.pair.group == group]
+
     launch_each(search, roles, lambda role, index: Window(
         found.reference if role == REFERENCE else found.candidate, Kind.PERSISTENT,
         steps=steps, pair={"role": role, "index": index, "group": group},
         persistent_workers=True if role == CANDIDATE else None),
-        lambda allowed: ROUNDS, check="the persistent-workers check")  # no pair more
+        lambda allowed: ROUNDS, check="the persistent-workers check",  # no pair more
+        early=lambda: persistence_stop(so_far(), roles, DEFAULTS.interval_confidence))

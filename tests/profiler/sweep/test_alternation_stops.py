@@ -24,7 +24,12 @@ from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.sweep import claim
 from ddp_profile.profiler.sweep.search import Search
 from ddp_profile.profiler.sweep.state import SweepOptions
-from tests.profiler.sweep.test_adaptive import SPACE, OversubscribedMeasurer, io_bound
+from tests.profiler.sweep.test_adaptive import (
+    SPACE,
+    OversubscribedMeasurer,
+    RestartingMeasurer,
+    io_bound,
+)
 
 DEFAULTS = ChoiceThresholds()
 NINE = [i % 2 == 1 for i in range(claim.MAX_CLAIM_LAUNCHES)]  # A B A B A B A B A
@@ -171,3 +176,50 @@ def test_a_clear_gain_is_decided_and_a_failed_launch_says_so():
     assert found.alternation_stops == [{
         "group": found.alternation_stops[0]["group"], "check": "the threads check",
         "letters": "A B A", "launches": 3, "stopped": "failed"}]
+
+
+def persistent_probes(rates: list[float]) -> list[ProbeRecord]:
+    """The persistent-workers check's launches, A B A B A, reading ``rates`` per epoch."""
+    return [ProbeRecord.from_json({
+        **probe.to_json(), "kind": "persistent", "persistent_workers": bool(i % 2) or None})
+        for i, probe in enumerate(threads_probes(rates))]
+
+
+@pytest.mark.parametrize("rates, stops", [
+    ([1000.0, 950.0, 1010.0, 960.0], True),  # slower: no fifth launch makes it faster
+    ([1000.0, 1010.0, 1000.0, 1012.0], False),  # a fifth launch read low could
+    ([1000.0, 1200.0, 980.0, 1260.0], False),
+])
+def test_the_persistence_check_stops_at_four_where_no_fifth_launch_could_make_it_faster(
+        rates, stops):
+    roles = ["reference", "candidate"] * 2 + ["reference"]
+    probes = persistent_probes(rates)
+    assert stopping.persistence_stop(probes[:3], roles, 0.95) is None  # no fit of A B A
+    assert stopping.persistence_stop(probes, roles, 0.95) == (stopping.FUTILE if stops
+                                                              else None)
+    fifth = [paired(full_, full_, 0.95, DEFAULTS.launch_sd).faster
+             for full_ in (persistent_probes(rates + [x])
+                           for x in np.geomspace(100.0, 10000.0, 400))]
+    assert any(fifth) != stops
+
+
+class SlowerKeptAlive(RestartingMeasurer):
+    """As ``RestartingMeasurer``, and workers kept alive read 0.7x, 0.75x ... of the steady
+    rate, under the 0.8x the restarting workers run: persistent workers lose."""
+
+    def _line(self, requested: Any, kind: str, **extra: Any) -> dict[str, Any]:
+        entry = super()._line(requested, kind, **extra)
+        if entry.get("persistent_workers"):
+            entry["throughput"] *= 0.7 if len(self.entries) % 4 else 0.75
+        return entry
+
+
+def test_a_persistence_check_that_cannot_win_stops_after_four_launches():
+    fake = SlowerKeptAlive(epoch=20)
+    found = Search(fake, SPACE, SweepOptions(pairs=3, ceiling=False, comm=False))
+    found.run()
+    kept = [e for e in found.entries if e.kind == "persistent"]
+    assert [e.pair.role for e in kept] == ["reference", "candidate"] * 2
+    assert found.alternation_stops[-1] == {
+        "group": kept[0].pair.group, "check": "the persistent-workers check",
+        "letters": "A B A B", "launches": 4, "stopped": "futile"}
