@@ -243,10 +243,13 @@ def finalize(run_dir: RunDir, meta: dict[str, Any], sweep: Sweep, gpu: dict[str,
 
 def stops(sweep: Sweep) -> dict[str, Any]:
     """Where the sweep stopped short, for summary.json's ``search``: the worker ladder's end
-    (``ladder_stop``) and, where the run had a budget, its use and stop (``budget``)."""
+    (``ladder_stop``), how each alternation in launches ended (``alternations``:
+    ``decide.stopping``) and, where the run had a budget, its use and stop (``budget``)."""
     ladder, budget, options = sweep.search.ladder_stop, sweep.search.budget_stop, \
         sweep.search.options
+    ended = sweep.search.alternation_stops
     return {**({"ladder_stop": ladder.to_dict()} if ladder is not None else {}),
+            **({"alternations": [dict(e) for e in ended]} if ended else {}),
             **({"budget": {"budget_s": options.budget_s,
                            "spent_s": round(sweep.measurer.budget.elapsed_s(), 1),
                            "stopped": budget}} if options.budget_s else {})}

@@ -315,6 +315,19 @@ def summary_lines(summary: dict[str, Any], out: str, verbose: bool = False) -> l
     return lines
 
 
+STOP_WORDS = {"decided": "its interval settled the answer",
+              "futile": "no outcome of the launches left could have made B win",
+              "rounds": "every launch allowed ran",
+              "failed": "a launch failed"}
+
+
+def alternation_stop_line(ended: dict[str, Any]) -> str:
+    """How an alternation in launches ended (summary.json's ``search.alternations``)."""
+    why = STOP_WORDS.get(str(ended.get("stopped")), str(ended.get("stopped")))
+    return (f"{ended.get('check', 'the check')} stopped after {ended.get('launches')} "
+            f"launches ({ended.get('letters')}): {ended.get('stopped')}, {why}")
+
+
 def detail_lines(summary: dict[str, Any], probes: list[ProbeRecord]) -> list[str]:
     """The method's detail, as long lines (``summary_lines`` wraps them): the baseline's
     measurement, what the speedup was measured from, the ceiling, the loading, each finding,
@@ -348,6 +361,8 @@ def detail_lines(summary: dict[str, Any], probes: list[ProbeRecord]) -> list[str
                      "nothing left out")
     if (search.get("ladder_stop") or {}).get("text"):
         lines.append(f"  {search['ladder_stop']['text']}")
+    for ended in search.get("alternations") or []:
+        lines.append(f"  {alternation_stop_line(ended)}")
     for item in recommendation.get("unsettled") or []:  # measured faster, not established
         lines.append(f"  not established: {config_label(item['config'])} measured "
                      f"{item['ratio']:.2f}x the script's settings ({item['probe']}): "

@@ -252,3 +252,20 @@ def test_the_summary_says_what_a_budget_left_out_or_that_it_left_nothing_out():
     assert "    budget 2:00: 0:41 used, nothing left out" in detail
     assert any(line.startswith("    worker ladder ended: 1 worker(s) 283 (p001)")
                for line in detail)
+
+
+def test_how_each_alternation_in_launches_stopped_is_said_once_in_the_detail_alone():
+    base = {"script": "train.py", "world_size": 2, "device": "cpu", "gpu_available": True,
+            "probes": [], "findings": [], "recommendation": {}}
+    ended = [{"group": "threads-009", "check": "the threads check", "letters": "A B A B A",
+              "launches": 5, "stopped": "futile"},
+             {"group": "claim-012", "check": "the claim's check", "letters": "A B A B A B A",
+              "launches": 7, "stopped": "decided"}]
+    quiet = summary_lines({**base, "search": {"alternations": ended}}, "out")
+    assert not [line for line in quiet if "stopped" in line]
+    detail = "\n".join(summary_lines({**base, "search": {"alternations": ended}}, "out",
+                                     verbose=True)).replace("\n    ", " ")
+    assert detail.count("the threads check stopped after 5 launches (A B A B A): futile, no "
+                        "outcome of the launches left could have made B win") == 1
+    assert detail.count("the claim's check stopped after 7 launches (A B A B A B A): decided, "
+                        "its interval settled the answer") == 1

@@ -279,6 +279,13 @@ def paired(records: Sequence[ProbeRecord], probes: list[ProbeRecord], confidence
                   whole=whole is not None)
 
 
+def read_rates(probes: list[ProbeRecord]) -> list[Optional[float]]:
+    """The rate ``paired`` reads of each probe of an alternation: over the script's whole run
+    where every launch timed it (``timed_runs``), else as run (``as_run``)."""
+    whole = whole_runs(probes) if timed_runs(probes) else None
+    return list(whole or as_run(probes))
+
+
 def still_open(claim: Optional[PairedClaim], noise_floor: float) -> bool:
     """Whether an alternation in launches leaves its gain open: not faster beyond noise, yet
     its interval still holding a gain of more than ``noise_floor``. Such a check is extended

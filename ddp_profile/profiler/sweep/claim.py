@@ -36,6 +36,13 @@ from ddp_profile.profiler.decide.paired import (
     order,
     room_for_noise,
 )
+from ddp_profile.profiler.decide.stopping import (
+    DECIDED,
+    FAILED,
+    ROUNDS,
+    alternation_stop,
+    persistence_stop,
+)
 from ddp_profile.profiler.decide.worker_restarts import kept_alive, whole_run
 from ddp_profile.profiler.settings import LoaderSettings, timed_warmup
 from ddp_profile.profiler.store.epochs import restart_share
@@ -131,24 +138,51 @@ def _alternate(search: SearchState, base: ProbeRecord, best: ProbeRecord, what: 
                       warmup=timed_warmup(search.options.warmup, rate),
                       pair={"role": role, "index": index, "group": group})
 
-    launch_each(search, roles, window, lambda: undecided(search, best))
+    launch_each(search, roles, window, lambda allowed: claim_stop(search, best, allowed),
+                check="the claim's check")
 
 
 def launch_each(search: SearchState, roles: list[str], window: Callable[[str, int], Window],
-                open_: Callable[[], bool], check: str = "the check") -> None:
+                stop: Callable[[int], Optional[str]], check: str = "the check",
+                early: Optional[Callable[[], Optional[str]]] = None) -> str:
     """Each of ``roles`` a launch of its own (``window(role, index)``), then one more pair,
-    B A, at a time while ``open_()`` (``decide.paired.alternation_open``), up to
-    ``MAX_CLAIM_LAUNCHES``; a failed launch ends it (a crash or an OOM would only repeat
-    itself). The claim's alternations in launches, and the threads check's (``sweep.search``)."""
-    roles, index = list(roles), 0
+    B A, at a time up to ``MAX_CLAIM_LAUNCHES`` while ``stop(MAX_CLAIM_LAUNCHES)`` says go on
+    (None; ``decide.stopping.alternation_stop``: it stops decided, or futile where no outcome
+    of the pairs left could make the candidate win); a failed launch ends it (a crash or an
+    OOM would only repeat itself). How it stopped is recorded once
+    (``SearchState.alternation_stopped``) and returned: ``decide.stopping``'s ``DECIDED``,
+    ``FUTILE``, ``ROUNDS`` or ``FAILED``. ``early``: asked after each launch before the last
+    of ``roles``, a stop there (the persistence check's: ``decide.stopping.persistence_stop``).
+    The claim's alternations in launches, the threads check's (``sweep.search``) and the
+    persistence check's (its own roles: no more pairs)."""
+    roles, index, group = list(roles), 0, ""
     while index < len(roles):
-        if not search.measurer.measure(window(roles[index], index)).ok:
-            return
+        placed = window(roles[index], index)
+        group = str((placed.pair or {}).get("group") or group)
+        if not search.measurer.measure(placed).ok:
+            return _stopped(search, check, group, roles[:index + 1], FAILED)
         index += 1
-        if index == len(roles) and len(roles) < MAX_CLAIM_LAUNCHES and open_():
+        if index < len(roles):
+            reason = early() if early is not None else None
+            if reason is not None:
+                return _stopped(search, check, group, roles[:index], reason)
+            continue
+        reason = stop(MAX_CLAIM_LAUNCHES)
+        if reason is None and len(roles) < MAX_CLAIM_LAUNCHES:
             roles += [CANDIDATE, REFERENCE]
             search.progress("note", {"text": f"{check} measured a gain it cannot tell from "
                                              "none yet: one more pair of launches, B A"})
+            continue
+        return _stopped(search, check, group, roles, reason or ROUNDS)
+    return ROUNDS
+
+
+def _stopped(search: SearchState, check: str, group: str, roles: list[str], reason: str
+             ) -> str:
+    """Record how the alternation ``group`` ended (summary.json's ``search.alternations``)."""
+    search.alternation_stopped({"group": group, "check": check, "letters": letters(roles),
+                                "launches": len(roles), "stopped": reason})
+    return reason
 
 
 MAX_CLAIM_LAUNCHES = 9  # a claim checked in launches that stays undecided: A B A B A B A B A
@@ -163,6 +197,17 @@ def undecided(search: SearchState, subject: ProbeRecord, gained: bool = False) -
     return alternation_open(search.entries, evidence.alternation(
         search.entries, base, subject), DEFAULTS, gained,
         evidence.asked_gain(base, subject, search.best(), DEFAULTS) if base else None)
+
+
+def claim_stop(search: SearchState, subject: ProbeRecord, allowed: int) -> Optional[str]:
+    """How the claim's alternation in launches of ``subject`` stops now, None to go on
+    (``decide.stopping.alternation_stop``, against the gain the verdict asks of it)."""
+    base = search.baseline
+    if base is None:
+        return DECIDED
+    return alternation_stop(search.entries, evidence.alternation(search.entries, base, subject),
+                            DEFAULTS, allowed,
+                            evidence.asked_gain(base, subject, search.best(), DEFAULTS))
 
 
 def verdict(search: SearchState, thresholds: ChoiceThresholds = DEFAULTS) -> Optional[Verdict]:
@@ -335,11 +380,12 @@ def confirm_persistence(search: SearchState) -> None:
     every epoch at a cost worth measuring; or the script's kept settings (``A``) and the
     restarting configuration predicted to beat them with it (``B``) (``persistence_subject``;
     ``store.epochs``); each probe spans whole epochs, at least two and the run's steps, and
-    one step more. The probes are ``Kind.PERSISTENT`` and count for nothing but the
-    persistent-workers finding, the recommended snippet and, where the script's settings are
-    ``A``, the recommendation (``rules.alternations.persistent_effect``). Epochs longer than
-    ``MAX_EPOCH_FACTOR`` times the run's steps are not crossed: the finding stays a labelled
-    prediction there."""
+    one step more; after ``A B A B``, it stops where no fifth launch could make them faster
+    (``decide.stopping.persistence_stop``). The probes are ``Kind.PERSISTENT`` and count
+    for nothing but the persistent-workers finding, the recommended snippet and, where the
+    script's settings are ``A``, the recommendation (``rules.alternations.persistent_effect``).
+    Epochs longer than ``MAX_EPOCH_FACTOR`` times the run's steps are not crossed: the
+    finding stays a labelled prediction there."""
     found = persistence_subject(search)
     if found is None:
         return
@@ -361,11 +407,13 @@ def confirm_persistence(search: SearchState) -> None:
     search.progress("note", {"text": f"measuring persistent_workers=True: {sides}, alternated, "
                                      f"{letters(roles)}, {steps} steps each (epochs of {epoch})"})
     group = f"persistent-{len(search.entries):03d}"
-    for index, role in enumerate(roles):
-        done = search.measurer.measure(Window(
-            found.reference if role == REFERENCE else found.candidate, Kind.PERSISTENT,
-            steps=steps,
-            pair={"role": role, "index": index, "group": group},
-            persistent_workers=True if role == CANDIDATE else None))
-        if not done.ok:
-            return  # a crash or an OOM would only repeat itself
+
+    def so_far() -> list[ProbeRecord]:
+        return [e for e in search.entries if e.pair is not None and e.pair.group == group]
+
+    launch_each(search, roles, lambda role, index: Window(
+        found.reference if role == REFERENCE else found.candidate, Kind.PERSISTENT,
+        steps=steps, pair={"role": role, "index": index, "group": group},
+        persistent_workers=True if role == CANDIDATE else None),
+        lambda allowed: ROUNDS, check="the persistent-workers check",  # no pair more
+        early=lambda: persistence_stop(so_far(), roles, DEFAULTS.interval_confidence))

@@ -30,12 +30,12 @@ from ddp_profile.profiler.decide.choose import (
 )
 from ddp_profile.profiler.decide.paired import (
     CANDIDATE,
-    alternation_open,
     alternations,
     letters,
     order,
     room_for_noise,
 )
+from ddp_profile.profiler.decide.stopping import alternation_stop
 from ddp_profile.profiler.decide.worker_restarts import run_steps
 from ddp_profile.profiler.launch.coordinate import Coordinator
 from ddp_profile.profiler.launch.ranks import LaunchSpec, ignore_hangup, restore_hangup
@@ -82,6 +82,7 @@ class Search:
         self._noted: set[str] = set()  # topics already told the user (``note_once``)
         self.ladder_stop: Optional[LadderStop] = None  # why the worker ladder ended
         self.budget_stop: Optional[dict[str, Any]] = None  # where the budget stopped the sweep
+        self.alternation_stops: list[dict[str, Any]] = []  # how each launch alternation ended
 
     @property
     def entries(self) -> list[ProbeRecord]:
@@ -175,6 +176,11 @@ class Search:
         if self.ladder_stop is None:
             self.ladder_stop = stop
             self.progress("ladder", {"text": stop.words()})
+
+    def alternation_stopped(self, record: dict[str, Any]) -> None:
+        """How an alternation in launches ended (``claim.launch_each``), kept for summary.json
+        (``search.alternations``) and the verbose console's detail, not said as it runs."""
+        self.alternation_stops.append(dict(record))
 
     def no_screens(self, why: str) -> None:
         """Screens cannot run in this sweep (``why``): every configuration from now on is a
@@ -303,8 +309,9 @@ class Search:
             lambda role, index: Window(config, Kind.THREADS, steps=steps, steps_per_s=rate,
                                        threads=fit if role == CANDIDATE else None,
                                        pair={"role": role, "index": index, "group": group}),
-            lambda: alternation_open(self.entries, alternations(self.entries, Kind.THREADS)[-1],
-                                     claim.DEFAULTS),
+            lambda allowed: alternation_stop(
+                self.entries, alternations(self.entries, Kind.THREADS)[-1], claim.DEFAULTS,
+                allowed),
             check="the threads check")
 
     # ---- the baseline ---------------------------------------------------------------------

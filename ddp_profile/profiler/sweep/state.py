@@ -221,6 +221,10 @@ class SearchState(Protocol):
         """Record why the worker ladder ended (a ``sweep.ladder.LadderStop``) and say it,
         once a sweep."""
 
+    def alternation_stopped(self, record: dict[str, Any]) -> None:
+        """Record how an alternation in launches ended: its group, check, letters, launches
+        and ``stopped`` (``decide.stopping``: decided, futile, rounds or failed)."""
+
     def no_screens(self, why: str) -> None:
         """Screens cannot run in this sweep (``why``): one launch per configuration."""
 

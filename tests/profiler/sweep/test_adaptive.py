@@ -521,10 +521,24 @@ def test_a_threads_counterfactual_that_read_a_gain_is_alternated_with_its_subjec
     assert found.best().kind == "sweep"  # none of them competes in the choice
 
 
+class ReadingMeasurer(OversubscribedMeasurer):
+    """The threads that fit read ``readings`` x, launch after launch (the first: the single
+    counterfactual)."""
+
+    def __init__(self, model: Model, readings: list[float]):
+        super().__init__(model, readings[0])
+        self.readings = readings
+
+    def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        self.gain = self.readings[min(self.fitted, len(self.readings) - 1)]
+        return super()._line(requested, kind, **extra)
+
+
 def test_a_threads_check_that_stays_undecided_gets_one_more_pair_at_a_time_up_to_nine():
-    """Every other launch with the threads that fit reads 1.5x, the rest 0.83x: a gain its
-    launches cannot tell from none, measured further as the claim's check is (9 at most)."""
-    fake = OversubscribedMeasurer(io_bound, 1.5, swing=1.8)
+    """With the threads that fit the launches read 1.06, 0.99, 1.05 and 1.03x: a gain its
+    launches cannot tell from none, yet one the launches left could still establish, measured
+    further as the claim's check is (9 at most; ``decide.stopping``)."""
+    fake = ReadingMeasurer(io_bound, [1.06, 1.06, 0.99, 1.05, 1.03])
     Search(fake, SPACE, SweepOptions(pairs=2, ceiling=False)).run()
     checked = [w for w in fake.asked if w.kind == Kind.THREADS and w.pair is not None]
     assert len(checked) == claim.MAX_CLAIM_LAUNCHES
@@ -1394,15 +1408,24 @@ class FadingPairs(WobblyPairs):
 
 
 def test_a_check_that_reads_slower_but_cannot_rule_out_the_gain_goes_on():
-    """Five launches that read batch 64 at about 0.96x, ±8 % a launch, cannot rule out the
-    1.12x its probe showed: more pairs, up to the budget, and no claim. Launches that read it
-    at 0.70x rule it out at five."""
+    """Five launches that read batch 64 at about 1.06x, ±8 % a launch, cannot rule out the
+    1.12x its probe showed, and the launches left could still establish the 5 % asked of it:
+    more pairs, up to the budget, and no claim. At about 0.97x no reading of the four left
+    could (``decide.stopping``: futile): it stops at five, with the same answer. Launches that
+    read it at 0.70x rule it out at five."""
     space = SearchSpace(num_workers=(0,), batch_size=(32, 64))
-    unsure = FadingPairs(batch_gain, 0.86)
+    unsure = FadingPairs(batch_gain, 0.94)
     found = Search(unsure, space, SweepOptions(search="adaptive", ceiling=False, comm=False))
     found.run()
     launched = [w.pair["role"] for w in unsure.asked if w.kind == "paired"]
     assert 5 < len(launched) <= claim.MAX_CLAIM_LAUNCHES
+    assert recommended(found).config.batch_size == 32
+
+    futile = FadingPairs(batch_gain, 0.86)
+    found = Search(futile, space, SweepOptions(search="adaptive", ceiling=False, comm=False))
+    found.run()
+    assert len([w for w in futile.asked if w.kind == "paired"]) == 5
+    assert [e["stopped"] for e in found.alternation_stops] == ["futile"]
     assert recommended(found).config.batch_size == 32
 
     lost = FadingPairs(batch_gain, 0.62)
