@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.conftest import DEMO, ONE_RANK, probe_processes
+from tests.conftest import DEMO, ONE_RANK, ONE_THREAD, probe_processes
 
 pytestmark = pytest.mark.e2e
 QUICK = ["--steps", "20", "--warmup", "3", "--no-report", "--no-comm"]
@@ -19,7 +19,7 @@ BUDGET_S = 30
 def test_a_budget_stops_between_probes_and_resume_goes_on_past_it(cli, run_dir):
     begun = time.monotonic()
     first = cli(["run", DEMO, "--out", run_dir, "--budget", f"{BUDGET_S}s", *QUICK, *ONE_RANK,
-                 *IO_BOUND], out=run_dir)
+                 *IO_BOUND], out=run_dir, env=ONE_THREAD)
     wall = time.monotonic() - begun
     assert first.returncode == 0, first.stderr
     assert probe_processes() == []
@@ -37,7 +37,8 @@ def test_a_budget_stops_between_probes_and_resume_goes_on_past_it(cli, run_dir):
     assert wall < BUDGET_S + launch_s + 15, (wall, launch_s)
     kept = open(os.path.join(run_dir, "ledger.jsonl")).read()
 
-    resumed = cli(["run", DEMO, "--out", run_dir, "--resume", "--quiet"], out=run_dir)
+    resumed = cli(["run", DEMO, "--out", run_dir, "--resume", "--quiet"], out=run_dir,
+                  env=ONE_THREAD)
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.summary()["state"] == "complete"
     assert "budget" not in resumed.summary()["search"]  # resumed without one: no stop

@@ -64,19 +64,40 @@ def repo(tmp_path_factory):
     return root
 
 
-def gate(repo, name: str, *args: str):
-    out = str(repo / name)
-    result = run_cli(["gate", "--out", out, "--json", str(repo / f"{name}.json"),
-                      "--junit", str(repo / f"{name}.xml"), "--markdown",
-                      str(repo / f"{name}.md"), *args], out=out, timeout=600, env=ONE_THREAD)
+DEFAULT_OUT = "ddp-profile-gate"
+
+
+def gate(repo, name: str, *args: str, default_out: bool = False):
+    """The gate's job, its outputs named ``name``; its run directory ``name`` too, or where
+    ``default_out`` none given (``DEFAULT_OUT``)."""
+    out = str(repo / (DEFAULT_OUT if default_out else name))
+    result = run_cli(["gate", *([] if default_out else ["--out", out]),
+                      "--json", str(repo / f"{name}.json"), "--junit", str(repo / f"{name}.xml"),
+                      "--markdown", str(repo / f"{name}.md"), *args], out=out, timeout=600,
+                     env=ONE_THREAD)
     document = None
     if os.path.exists(repo / f"{name}.json"):
         document = json.loads((repo / f"{name}.json").read_text())
     return result, document
 
 
-def test_gate_against_head_1_passes_unchanged_code_and_fails_a_slower_working_tree(repo):
-    result, same = gate(repo, "same", "--against", "HEAD~1")
+def current_launches(out) -> int:
+    return len([line for line in open(out / "current" / "ledger.jsonl") if line.strip()])
+
+
+@pytest.fixture(scope="module")
+def same(repo):
+    """The gate against HEAD~1 on unchanged code, in the default ``ddp-profile-gate``: what it
+    printed and wrote as it ended, before a later job replaces that directory (the first of
+    the two jobs of the twice-in-one-directory test)."""
+    out = repo / DEFAULT_OUT
+    result, document = gate(repo, "same", "--against", "HEAD~1", default_out=True)
+    return {"result": result, "document": document, "current": current_launches(out),
+            "gate.json": json.loads((out / "gate.json").read_text())}
+
+
+def test_gate_against_head_1_passes_unchanged_code_and_fails_a_slower_working_tree(repo, same):
+    result, written, same = same["result"], same["gate.json"], same["document"]
     assert result.returncode == ExitCode.OK, result.stdout + result.stderr
     assert same["status"] == "pass" and same["mode"] == "paired"
     sides = [launch["side"] for launch in same["launches"]]
@@ -84,7 +105,7 @@ def test_gate_against_head_1_passes_unchanged_code_and_fails_a_slower_working_tr
     assert sides == ["reference", "current"] * (len(sides) // 2) + ["reference"]
     assert 0.8 < same["verdict"]["low"] <= same["verdict"]["ratio"] <= same["verdict"]["high"]
     assert same["against"].startswith("HEAD~1 (")
-    assert json.load(open(repo / "same" / "gate.json"))["status"] == "pass"
+    assert written["status"] == "pass"
 
     (repo / "train.py").write_text(WRAPPER.format(ms=75, demo=DEMO))  # uncommitted
     try:
@@ -121,21 +142,24 @@ def test_a_reference_that_fails_to_start_is_one_line_and_keeps_what_ran(repo):
     assert not probe_processes()
 
 
-def test_the_gate_run_twice_in_one_directory_gives_a_verdict_both_times(repo):
+def test_the_gate_run_twice_in_one_directory_gives_a_verdict_both_times(repo, same):
     """A developer re-running the gate after a fix: the second job replaces the first's output
-    in the default ``ddp-profile-gate``; a directory holding anything else is refused."""
-    out = repo / "ddp-profile-gate"
-    documents = []
-    for _ in range(2):
-        result = run_cli(["gate", "--against", "HEAD~1", "--max-launches", "5", "--quiet"],
-                         out=str(out), timeout=600, env=ONE_THREAD)
-        assert result.returncode in (ExitCode.OK, ExitCode.REGRESSION, ExitCode.INCONCLUSIVE), \
-            result.stdout + result.stderr
-        documents.append(json.loads((out / "gate.json").read_text()))
-        assert documents[-1]["status"] in ("pass", "regression", "inconclusive")
-        # the directory holds this job's launches alone, not the previous job's as well
-        current = len([line for line in open(out / "current" / "ledger.jsonl") if line.strip()])
-        assert current == sum(launch["side"] == "current" for launch in documents[-1]["launches"])
+    in the default ``ddp-profile-gate``; a directory holding anything else is refused. The
+    first job is ``same``'s."""
+    out = repo / DEFAULT_OUT
+    documents = [same["gate.json"]]
+    # the directory held the first job's launches alone
+    assert same["current"] == \
+        sum(launch["side"] == "current" for launch in documents[0]["launches"])
+    result = run_cli(["gate", "--against", "HEAD~1", "--max-launches", "5", "--quiet"],
+                     out=str(out), timeout=600, env=ONE_THREAD)
+    assert result.returncode in (ExitCode.OK, ExitCode.REGRESSION, ExitCode.INCONCLUSIVE), \
+        result.stdout + result.stderr
+    documents.append(json.loads((out / "gate.json").read_text()))
+    assert documents[-1]["status"] in ("pass", "regression", "inconclusive")
+    # the directory holds this job's launches alone, not the previous job's as well
+    assert current_launches(out) == \
+        sum(launch["side"] == "current" for launch in documents[-1]["launches"])
     assert documents[0]["launches"][0]["probe_id"] == documents[1]["launches"][0]["probe_id"]
     (out / "notes.txt").write_text("mine\n")
     refused = run_cli(["gate", "--against", "HEAD~1", "--quiet"], out=str(out), env=ONE_THREAD)

@@ -19,7 +19,7 @@ import re
 import pytest
 
 from tests.browser import ARTIFACTS, launch, needs_chromium
-from tests.conftest import DEMO, run_cli
+from tests.conftest import DEMO, ONE_THREAD, run_cli
 
 pytestmark = [pytest.mark.e2e]
 
@@ -32,7 +32,10 @@ SCRIPT_ARGS = ["--", "--load-ms", "2", "--batch-size", "8", "--hidden", "64", "-
 @pytest.fixture(scope="module")
 def one_process_run(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("verdict-real") / "run")
-    result = run_cli(["run", DEMO, "--out", out, *ARGS, *SCRIPT_ARGS], out=out, timeout=420)
+    # one intra-op thread, as the suite's other one-rank runs: with torch's default threads
+    # beside 2 workers it ran a threads check too, 6 launches no assertion reads
+    result = run_cli(["run", DEMO, "--out", out, *ARGS, *SCRIPT_ARGS], out=out, timeout=420,
+                     env=ONE_THREAD)
     assert result.returncode == 0, result.stderr
     return out, result.stdout
 
@@ -49,7 +52,7 @@ def test_the_console_summary_reads_in_ten_seconds(one_process_run):
     assert lines[4].startswith("Cause: ")
     assert "measured from" not in stdout and "p000" not in stdout  # the method: --verbose
 
-    again = run_cli(["run", "--resume", "--out", out, "--verbose"], out=out)
+    again = run_cli(["run", "--resume", "--out", out, "--verbose"], out=out, env=ONE_THREAD)
     assert again.returncode == 0, again.stderr
     detail = again.stdout.rstrip("\n").splitlines()
     assert detail[:len(lines) - 1] == lines[:-1]  # the same verdict first
