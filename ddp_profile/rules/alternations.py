@@ -22,7 +22,7 @@ from types import MappingProxyType
 from typing import Any, Mapping, Optional
 
 from ddp_profile.profiler.decide.choose import Candidate, better, candidate_of, not_worse, pool
-from ddp_profile.profiler.decide.ddp import alternation_fit, options_key
+from ddp_profile.profiler.decide.ddp import alternation_fit, effect_interval, options_key
 from ddp_profile.profiler.decide.evidence import alternation
 from ddp_profile.profiler.decide.paired import (
     CANDIDATE,
@@ -30,7 +30,6 @@ from ddp_profile.profiler.decide.paired import (
     PairedClaim,
     alternations,
     as_run,
-    check_interval,
     fitted,
     paired,
     whole_runs,
@@ -91,21 +90,17 @@ class DdpEffect:
 
 def alternated_effects(run: Run, confidence: float, launch_sd: float
                        ) -> dict[str, DdpEffect]:
-    """options text -> what the last alternation measuring those options says. Windows of
-    one launch: the fit's own interval (the step without synchronisation is a measurement,
-    no user launches it). Launches: what a user's check would measure, as for the claim: the
-    fit's uncertainty and the spread between launches (the fit's residual, at least
-    ``launch_sd``) over ``CHECK_ROUNDS`` launches of each."""
+    """options text -> what the last alternation measuring those options says, each ratio with
+    its interval (``decide.ddp.effect_interval``)."""
     effects: dict[str, DdpEffect] = {}
     for probes in alternations(run.records, Kind.DDP):  # DDP options with the script's own
         fit = alternation_fit(list(probes))
         if fit is None:
             continue
         launches = len({p.launch for p in probes})
-        between = max(launch_sd, fit.residual_sd) if launches > 1 else 0.0
         reference = _alternation_text(probes, fit.drift, launches)
         for key, gain in fit.gains.items():
-            low, high = check_interval(fit, key, between, confidence)
+            low, high = effect_interval(fit, key, launches, confidence, launch_sd)
             mine = [p for p in probes if p.pair and p.pair.role == CANDIDATE
                     and options_key(dict(p.comm.options or {})) == key]
             effects[key] = DdpEffect(options=dict(mine[0].comm.options or {}),

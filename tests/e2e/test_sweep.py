@@ -44,12 +44,11 @@ def test_io_bound_script_gets_more_workers(cli, run_dir):
     assert any(f["rule"] == "data-loader-bound" for f in summary["findings"])
     # the data-bound demo's small all-reduce is timed and gets no communication finding (its
     # timers may read 3 % or more, where the step is measured again with and without gradient
-    # synchronisation: no more)
+    # synchronisation; on a loaded machine that reading can cross 3 % too, and DDP options are
+    # then measured beside the script's: still no finding)
     assert summary["probes"][0]["comm"]["timed_steps"] >= 3
     assert not {"exposed-communication", "allreduce-per-micro-batch", "per-step-collectives",
                 "sync-batchnorm"} & {f["rule"] for f in summary["findings"]}
-    assert all(p["ddp_options"] in ({}, {"gradient_sync": False})
-               for p in summary["probes"] if p["kind"] == "ddp")
     assert len(result.ledger()) == len(summary["probes"])
     # the ladder and the ceiling in one launch, then a confirmation
     assert "ceiling" in kinds

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from ddp_profile.profiler.decide.paired import REFERENCE, AlternationFit, fit_alternation
+from ddp_profile.profiler.decide.paired import (
+    REFERENCE,
+    AlternationFit,
+    check_interval,
+    fit_alternation,
+)
 from ddp_profile.profiler.store.probes import ProbeRecord
 
 DEFAULT_BUCKET_CAP_MB = 25  # DDP's bucket_cap_mb when the script gives none
@@ -56,3 +61,14 @@ def alternation_fit(entries: list[ProbeRecord]) -> Optional[AlternationFit]:
         (None if e.pair.role == REFERENCE else options_key(dict(e.comm.options or {})),
          float(e.pair.index), e.throughput) for e in entries],
         local=len({e.launch for e in entries}) > 1)
+
+
+def effect_interval(fit: AlternationFit, key: str, launches: int, confidence: float,
+                    launch_sd: float) -> tuple[float, float]:
+    """The interval of the options ``key``'s ratio over the script's own. Windows of one launch
+    (``launches`` 1): the fit's own interval (the step without synchronisation is a
+    measurement, no user launches it). Launches: what a user's check would measure, as for
+    the claim: the fit's uncertainty and the spread between launches (the fit's residual, at
+    least ``launch_sd``) over ``CHECK_ROUNDS`` launches of each."""
+    between = max(launch_sd, fit.residual_sd) if launches > 1 else 0.0
+    return check_interval(fit, key, between, confidence)

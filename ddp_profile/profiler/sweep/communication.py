@@ -24,7 +24,12 @@ from ddp_profile.profiler.decide.choose import (
     exposed_share,
     relative_se,
 )
-from ddp_profile.profiler.decide.ddp import alternation_fit, ddp_counterfactuals, options_key
+from ddp_profile.profiler.decide.ddp import (
+    alternation_fit,
+    ddp_counterfactuals,
+    effect_interval,
+    options_key,
+)
 from ddp_profile.profiler.decide.paired import (
     CANDIDATE,
     REFERENCE,
@@ -64,19 +69,23 @@ def measure(search: SearchState, larger_batches: bool = True) -> None:
 
 def unsynchronised(search: SearchState) -> bool:
     """Measure the step without gradient synchronisation; whether it saves
-    ``comm_exposed_share`` of the step or more. Alternated with the script's step in windows
-    of one launch (``A B A B A B A`` for ``--pairs 3``; launches ``A B A B A`` where the
-    loader cannot be rebuilt), the saving read from the alternation's fit; with ``--pairs 0``
-    one launch beside a twin of the script's, as ``choose.comm_bound`` judges them."""
+    ``comm_exposed_share`` of the step or more, beyond noise (as ``exposed-communication``
+    reads it: a saving the noise could make costs no further launch). Alternated with the
+    script's step in windows of one launch (``A B A B A B A`` for ``--pairs 3``; launches
+    ``A B A B A`` where the loader cannot be rebuilt), the saving read from the alternation's
+    fit; with ``--pairs 0`` one launch beside a twin of the script's, as ``choose.comm_bound``
+    judges them."""
     unsynced = {GRADIENT_SYNC: False}
     if search.options.pairs > 0:
         entries = next((group for group in alternations(search.entries, Kind.DDP)
                         if any(e.comm.options == unsynced for e in group)), None) \
             or alternate(search, [unsynced], in_one_launch=True)  # measured already, or now
-        fit = alternation_fit(entries)
-        if fit is not None:
-            share = 1.0 - 1.0 / fit.ratio(options_key(unsynced))
-            return share >= ChoiceThresholds().comm_exposed_share
+        fit, thresholds = alternation_fit(entries), ChoiceThresholds()
+        if fit is not None:  # as the finding reads it: faster beyond noise, by the share or more
+            key = options_key(unsynced)
+            low, _ = effect_interval(fit, key, len({e.launch for e in entries}),
+                                     thresholds.interval_confidence, thresholds.launch_sd)
+            return low > 1.0 and 1.0 - 1.0 / fit.ratio(key) >= thresholds.comm_exposed_share
     twin = _ddp_probe(search, {})  # the script as it is, beside its counterfactual
     return comm_bound(search.baseline, _ddp_probe(search, unsynced), twin)
 
