@@ -137,7 +137,6 @@ def test_worker_0_alone_reads_its_private_rss_for_the_loader(tmp_path):
     assert not any(r.get("private_rss") for r in data.batch_costs if r["worker"] != 0)
 
 
-HEAP = [(i, [i]) for i in range(300_000)]  # a large heap for a full collection to walk
 
 
 GC_CPU_S: list = []  # the thread CPU time of each collection in ``_collate_collecting``
@@ -156,15 +155,17 @@ def test_a_garbage_collection_in_the_collate_is_not_the_collates_cost(tmp_path):
     # a full collection lands where an allocation crosses a threshold: in a collate of 0.1 ms
     # it once made the collate read as most of a sample's cost (150 ms of 64 samples)
     GC_CPU_S.clear()
+    heap = [(i, [i]) for i in range(300_000)]  # a large heap for a full collection to walk
     records = _run(tmp_path, {"batch_size": 4, "collate_fn": _collate_collecting}, Costly(8))
     assert len(records) == 2 and len(GC_CPU_S) == 2
     for record, gc_cpu_s in zip(records, GC_CPU_S):
-        assert record["gc_s"] >= 0.01, record  # a full collection over HEAP's 600,000 objects
+        assert record["gc_s"] >= 0.01, record  # a full collection over heap's 600,000 objects
         assert record["collate_cpu_s"] < record["gc_s"] / 5, record
         assert record["collate_s"] < record["gc_s"] / 5, record
         # still the producer's CPU: the collection's own CPU time, read beside it (gc_s is wall
         # time: a busy machine can preempt the collector)
         assert record["cpu_s"] >= gc_cpu_s * 0.95, (record, gc_cpu_s)
+    del heap
 
 
 def test_private_rss_and_memory_available_are_read():
