@@ -123,8 +123,10 @@ def step_seconds(row: tuple) -> float:
     return (row[4] + row[5] + row[6]) / 1e9
 
 
-_STEP = ('{"kind":"step","loader_id":%d,"step":%d,"measured":%s,"t_ns":%d,"data_wait_s":%r,'
-         '"compute_s":%r,"other_s":%r,"forward_s":%s,"samples":%d,"rank":%s')
+# times with nine decimals: the float a reader parses is the one ``ns / 1e9`` makes, written at
+# a fraction of the cost of a float's shortest ``repr``
+_STEP = ('{"kind":"step","loader_id":%d,"step":%d,"measured":%s,"t_ns":%d,"data_wait_s":%.9f,'
+         '"compute_s":%.9f,"other_s":%.9f,"forward_s":%s,"samples":%d,"rank":%s')
 
 
 def step_line(row: tuple, label: Optional[tuple[int, bool]] = None,
@@ -134,14 +136,15 @@ def step_line(row: tuple, label: Optional[tuple[int, bool]] = None,
     communication) added, the rank given."""
     (t_ns, loader_id, step, measured, wait, compute, other, forward, samples, runq_before,
      runq_after, loader_start, iter_start_s) = row
-    before, after = _runq_ns(runq_before), _runq_ns(runq_after)
     if label is not None:
         measured = label[1]
     line = _STEP % (loader_id, step, "true" if measured else "false", t_ns, wait / 1e9,
                     compute / 1e9, other / 1e9, "null" if forward is None else
-                    repr(forward / 1e9), samples, "null" if rank is None else int(rank))
-    if before is not None and after is not None:
-        line += ',"runq_s":%r' % ((after - before) / 1e9)
+                    "%.9f" % (forward / 1e9), samples, "null" if rank is None else int(rank))
+    if runq_before is not None and runq_after is not None:
+        before, after = _runq_ns(runq_before), _runq_ns(runq_after)
+        if before is not None and after is not None:
+            line += ',"runq_s":%.9f' % ((after - before) / 1e9)
     if loader_start:
         line += ',"loader_start":true'
         if iter_start_s is not None:

@@ -289,18 +289,26 @@ def _cold_files(directory, count: int, size: int) -> list:
 
 
 @pytest.mark.parametrize("workers", [0, 1])
-def test_bytes_read_and_bytes_from_storage_are_counted_per_batch(tmp_path, workers):
-    """8 files of 64 KiB dropped from the page cache, read in batches of 4, three times over:
-    the first pass comes from storage, the next two from the page cache (on a filesystem
-    that reads through the page cache; tmpfs never counts storage reads)."""
+def test_bytes_read_and_bytes_from_storage_are_counted_on_sampled_batches(tmp_path, workers):
+    """8 files of 64 KiB dropped from the page cache, read in batches of 4, over and over: the
+    producer's first ``IO_FIRST`` batches and every ``IO_EVERY``-th after carry their bytes
+    read, the others none; the first pass comes from storage, the later ones from the page
+    cache (on a filesystem that reads through the page cache; tmpfs never counts storage
+    reads)."""
     data = tmp_path / "data"
     data.mkdir()
     paths = _cold_files(data, 8, 64 * 1024)
+    batches = loadcost.IO_FIRST + 2 * loadcost.IO_EVERY + 1
     records = _run(tmp_path / "probe", {"batch_size": 4, "num_workers": workers},
-                   Files(paths, 24))
-    assert len(records) == 6
-    assert all(r["read_b"] >= 4 * 64 * 1024 for r in records), records
-    first, later = records[:2], records[2:]
+                   Files(paths, 4 * batches))
+    assert len(records) == batches
+    carried = [n for n, r in enumerate(records) if "read_b" in r]
+    assert carried == [n for n in range(batches)
+                       if n < loadcost.IO_FIRST or n % loadcost.IO_EVERY == 0], carried
+    assert len(carried) < batches
+    sampled = [r for r in records if "read_b" in r]
+    assert all(r["read_b"] >= 4 * 64 * 1024 and "storage_b" in r for r in sampled), sampled
+    first, later = sampled[:2], sampled[2:]
     if sum(r["storage_b"] for r in first) == 0:
         pytest.skip("this filesystem reads nothing from storage (tmpfs?)")
     assert sum(r["storage_b"] for r in first) >= 0.9 * 8 * 64 * 1024

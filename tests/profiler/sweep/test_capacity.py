@@ -15,6 +15,7 @@ from ddp_profile.profiler.decide.capacity import (
     loading_cost,
     loop_demand,
 )
+from ddp_profile.profiler.rank.loading.loadcost import IO_EVERY, IO_FIRST
 from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.profiler.sweep.climb import CLIMB_STOP_CPU_SHARE, ClimbPoint, next_workers
 from ddp_profile.reports.console import loading_line
@@ -65,6 +66,25 @@ def test_the_share_read_from_storage_is_the_producers_storage_bytes_over_bytes_r
         record.update(read_b=16 * 8, storage_b=0)
     assert loading_cost([(tiny, None)]).storage_share is None
     assert loading_cost([(batches(0.5, 3.0), None)]).storage_share is None  # not recorded
+
+
+def test_bytes_read_on_sampled_batches_are_averaged_over_those_batches_samples():
+    """The meter reads the bytes on a producer's first batches and every ``IO_EVERY``-th
+    after (``rank.loading.loadcost``): the per-sample figures are those batches' own, however
+    many samples the batches without them hold."""
+    records = batches(0.5, 3.0, count=40, size=16) + batches(0.5, 3.0, count=40, size=32,
+                                                                pid=2)
+    for i, record in enumerate(records[:40]):
+        if i < IO_FIRST or i % IO_EVERY == 0:
+            record.update(read_b=16 * 4096, storage_b=16 * 1024)
+    for i, record in enumerate(records[40:]):
+        if i < IO_FIRST or i % IO_EVERY == 0:
+            record.update(read_b=32 * 4096, storage_b=0)
+    cost = loading_cost([(records, 30)])  # the measured window: t_ns >= 30 (i >= 30)
+    assert cost.batches == 20
+    assert cost.read_per_sample_bytes == 4096  # batch 32 of each producer: 48 samples
+    assert cost.storage_per_sample_bytes == pytest.approx(16 * 1024 / 48)
+    assert cost.storage_share == pytest.approx(16 * 1024 / (48 * 4096))
 
 
 def test_no_batches_no_cost():

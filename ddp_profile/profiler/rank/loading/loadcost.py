@@ -37,6 +37,11 @@ RSS_EVERY_S = 10.0
 # at once inside the first measured window (16 workers: 61 ms of CPU), and latency-bound windows
 # ran 4-13 % faster in their second half than in their first.
 RSS_WORKER = 0
+# The bytes a fetch read (``read_b``, ``storage_b``: two reads of /proc/thread-self/io and their
+# parsing) are read on a producer's first ``IO_FIRST`` batches and every ``IO_EVERY``-th after:
+# they are only ever used per sample, averaged over the batches that carry them
+# (``decide.capacity``), and they were the meter's largest cost on the loop's path.
+IO_FIRST, IO_EVERY = 8, 8
 
 _perf = time.perf_counter_ns
 _cpu = time.thread_time_ns
@@ -79,6 +84,7 @@ class CostMeter:
         # the loop's own run-queue reading at this batch's ``__next__``, where nothing ran
         # since (``rank.loaders``): the fetch's start, read once
         self.runq_start: Optional[bytes] = None
+        self.batches = 0  # fetches begun (which of them read the io counters: ``IO_EVERY``)
         self.gc = GcClock()
         self.runq = RunQueueClock()
         self.io = IoCounters()
@@ -109,7 +115,10 @@ class CostMeter:
             fds = getattr(local, "fds", None)
             if fds is None or fds[0] != clocks.fork_count:
                 fds = meter._descriptors()
-            runq_fd, io_fd, ident = fds[1], fds[2], get_ident()
+            runq_fd, io_fd, ident, n = fds[1], fds[2], get_ident(), meter.batches
+            meter.batches = n + 1
+            if n >= IO_FIRST and n % IO_EVERY:
+                io_fd = None
             collected = collected_ns(ident, 0)
             wall = _perf()
             try:
@@ -166,9 +175,12 @@ def _batch_line(row: tuple, _rank: Any = None) -> str:
      samples, io_before, io_after) = row
     before, after = RunQueueClock.parse(runq_before), RunQueueClock.parse(runq_after)
     runq = "null" if before is None or after is None else "%.9f" % ((after - before) / 1e9)
-    read_before, read_after = IoCounters.parse(io_before), IoCounters.parse(io_after)
-    io = "" if read_before is None or read_after is None else ',"read_b":%d,"storage_b":%d' % (
-        read_after[0] - read_before[0], read_after[1] - read_before[1])
+    io = ""
+    if io_after is not None:  # read on some batches only (``IO_EVERY``)
+        read_before, read_after = IoCounters.parse(io_before), IoCounters.parse(io_after)
+        if read_before is not None and read_after is not None:
+            io = ',"read_b":%d,"storage_b":%d' % (read_after[0] - read_before[0],
+                                                   read_after[1] - read_before[1])
     return _BATCH % (prefix, t_ns, wall / 1e9, cpu / 1e9, runq, collate_wall / 1e9,
                      collate_cpu / 1e9, gc_ns / 1e9, samples, io)
 

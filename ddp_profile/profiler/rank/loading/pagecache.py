@@ -59,7 +59,10 @@ class FileReads:
     def end(self) -> None:
         """The fetch ended: record its new files; in the cold regime, drop them all."""
         _fetching.pop(threading.get_ident(), None)
-        opens, self.opens = self.opens, []
+        opens = self.opens
+        if not opens:  # nothing opened (an in-memory dataset): nothing to handle
+            return
+        self.opens = []
         paths: dict[str, None] = {}
         for opened in opens:
             if not self.cold and _known(opened, self.known):
