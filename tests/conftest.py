@@ -47,7 +47,7 @@ CONCURRENT = (
         "missing_script", "syntax_error", "script_that_raises", "script_that_never_builds",
         "invalid_cli_values", "corrupt_run_directory", "importing_the_package")),
     *(f"tests/e2e/test_sweep.py::test_{name}" for name in (
-        "crash_hang_and_killed_worker", "oom_at_a_batch_size", "a_hangup_is_ignored",
+        "a_hang_and_a_killed_worker", "oom_at_a_batch_size", "a_hangup_is_ignored",
         "ctrl_c_stops_cleanly", "repeat_launches_exactly",
         "a_screen_records_a_crashed_window", "a_short_script_is_measured")),
     *(f"tests/e2e/test_loading.py::test_{name}" for name in (

@@ -11,9 +11,12 @@ import pytest
 from tests.conftest import DEMO, ONE_RANK, ONE_THREAD, probe_processes
 
 pytestmark = pytest.mark.e2e
-QUICK = ["--steps", "20", "--warmup", "3", "--no-report", "--no-comm"]
+QUICK = ["--num-workers", "0,2", "--steps", "20", "--warmup", "3", "--no-report", "--no-comm",
+         "--no-ceiling", "--pairs", "0"]  # the search alone, of one rung: the baseline, a
+# screen of 2 workers, its confirmation (the climb is test_loading's)
 IO_BOUND = ["--", "--load-ms", "3", "--batch-size", "8"]
-BUDGET_S = 30
+BUDGET_S = 20  # of which 10 are kept for the analysis (state.FINISH_RESERVE_S): room for the
+# baseline and at most the screen after it, never for the whole search
 
 
 def test_a_budget_stops_between_probes_and_resume_goes_on_past_it(cli, run_dir):

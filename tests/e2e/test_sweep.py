@@ -75,10 +75,12 @@ def test_io_bound_script_gets_more_workers(cli, run_dir):
                            for p in summary["probes"] if p["status"] == "ok")
 
 
-def test_crash_hang_and_killed_worker_do_not_stop_the_sweep(cli, run_dir):
-    result = cli(["run", DEMO, "--out", run_dir, "--search", "grid", "--num-workers", "0,1,2,3",
+def test_a_hang_and_a_killed_worker_do_not_stop_the_sweep(cli, run_dir):
+    # one launch each (grid): a rank that hangs is timed out, the sweep goes on to a launch
+    # whose DataLoader worker is killed, found on its own rank (a rank that raises, in a
+    # launch of its own: test_probe's step-3 crash; in a screen's window: the screen test)
+    result = cli(["run", DEMO, "--out", run_dir, "--search", "grid", "--num-workers", "0,2,3",
                   "--prefetch-factor", "2", "--timeout", "15", *LEAN, *QUICK, "--",
-                  "--crash-at-step", "4", "--crash-rank", "1", "--crash-workers", "1",
                   "--hang-at-step", "4", "--hang-rank", "1", "--hang-workers", "2",
                   "--kill-worker-at-step", "4", "--kill-worker-workers", "3"], out=run_dir)
     assert result.returncode == 0, result.stderr
@@ -86,9 +88,6 @@ def test_crash_hang_and_killed_worker_do_not_stop_the_sweep(cli, run_dir):
                   if p["kind"] == "sweep"}
     by_workers[0] = result.ledger()[0]
     assert by_workers[0]["status"] == "ok"
-    crashed = by_workers[1]
-    assert crashed["status"] == "crash" and crashed["root_cause_rank"] == 1
-    assert "injected failure" in crashed["error"]
     assert by_workers[2]["status"] == "timeout"
     killed = by_workers[3]
     assert killed["status"] == "crash" and "DataLoader worker" in killed["error"]
@@ -157,15 +156,17 @@ def test_oom_at_a_batch_size_skips_larger_ones(cli, run_dir):
 
 def test_repeat_launches_exactly_the_recommended_configuration(cli, run_dir):
     # compute-bound: the loop sleeps 40 ms a step and hardly waits for data, so workers cannot
-    # win clearly and the recommendation (and with it the repeats) stays on the baseline's
+    # win clearly and the recommendation (and with it the repeats) moves to the larger batch,
+    # not the baseline's settings (one larger batch: each is a launch of its own)
     result = cli(["run", DEMO, "--out", run_dir, "--num-workers", "0,1", "--prefetch-factor", "2",
-                  *LEAN, "--repeat", "2", *QUICK, *ONE_RANK, "--",
+                  "--batch-size", "8,16", *LEAN, "--repeat", "2", *QUICK, *ONE_RANK, "--",
                   "--batch-size", "8", "--hidden", "32", "--layers", "1",
                   "--step-sleep-ms", "40"], out=run_dir, env=ONE_THREAD)
     assert result.returncode == 0, result.stderr
     summary = result.summary()
     assert summary["probes"][0]["data_wait_fraction"] < 0.2  # compute-bound indeed
     recommended = summary["recommended"]
+    assert recommended["batch_size"] == 16, recommended  # not the baseline's 8
     chosen = next(p for p in summary["probes"] if p["id"] == summary["recommended_probe"])
     assert chosen["config"] == recommended
     repeats = [p for p in summary["probes"] if p["kind"] == "repeat"]
