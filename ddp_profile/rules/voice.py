@@ -9,7 +9,8 @@ recommendation (``rules.recommend``):
   script's settings; use the recommended configuration: DataLoader(...)";
 * another ok probe ran it but the recommendation chose otherwise: "Measured in this run: ...
   (...) ran at Nx the recommended configuration's samples/s (within noise | slower | ...), so
-  the recommendation stays DataLoader(...)": never a setting the recommendation contradicts;
+  the recommendation stays DataLoader(...)", and the advice's own setting, where no probe ran
+  it as such, "Not measured as such: ...": never a setting the recommendation contradicts;
 Probe ids stay in the evidence: the recommendation speaks of settings.
 * nothing ran it: "Prediction (not measured): ..., because ...; measure it: ddp-profile run
   SCRIPT <options>". Other findings are named (``Advice.see``) only when they fired.
@@ -65,10 +66,11 @@ def _setting_text(finding: Finding, run: Run, rec: Recommendation,
         else:
             verdict = _why_not_taken(run, best, pick, rec, thresholds)
         ran = describe_config(best.config)
-        ran = ran if advice.change in ran else f"{advice.change}, as {ran},"
+        # the advice's own example (num_workers=12) may be a setting no probe ran: said apart
+        unmeasured = "" if advice.change in ran else f" Not measured as such: {advice.change}."
         return (f"Measured in this run: {ran} "
                 f"ran at {ratio:.2f}x the recommended configuration's samples/s ({verdict}), "
-                f"so the recommendation stays {rec.snippet}.")
+                f"so the recommendation stays {rec.snippet}.{unmeasured}")
     return (f"Prediction (not measured): {advice.change}, because {advice.basis}. Measure it: "
             f"ddp-profile run SCRIPT {advice.measure}.")
 
