@@ -9,9 +9,8 @@ recommendation (``rules.recommend``):
   script's settings; use the recommended configuration: DataLoader(...)";
 * another ok probe ran it but the recommendation chose otherwise: "Measured in this run: ...
   (...) ran at Nx the recommended configuration's samples/s (within noise | slower | ...), so
-  the recommendation stays DataLoader(...)", and the advice's own setting, where no probe ran
-  it as such, "Not measured as such: ...": never a setting the recommendation contradicts;
-Probe ids stay in the evidence: the recommendation speaks of settings.
+  the recommendation stays DataLoader(...). Not measured as such: ...": never a setting the
+  recommendation contradicts. Probe ids stay in the evidence: it speaks of settings.
 * nothing ran it: "Prediction (not measured): ..., because ...; measure it: ddp-profile run
   SCRIPT <options>". Other findings are named (``Advice.see``) only when they fired.
 """

@@ -229,9 +229,19 @@ def contender(records: Sequence[ProbeRecord], base: ProbeRecord, best: Optional[
     return _contender(records, base, _first_verdict(records, base, best, thresholds), thresholds)
 
 
+def likely_contender(records: Sequence[ProbeRecord], base: ProbeRecord, target: ProbeRecord,
+                     thresholds: ChoiceThresholds = DEFAULTS) -> Optional[ProbeRecord]:
+    """The contender were the check to establish ``target``, as the records stand before it:
+    what the check's own launch can alternate beside it (``sweep.claim.confirm``)."""
+    if target.id == base.id:
+        return None
+    return _contender(records, base, Verdict(pick=target), thresholds, established=True)
+
+
 def _contender(records: Sequence[ProbeRecord], base: ProbeRecord, first: Verdict,
-               thresholds: ChoiceThresholds) -> Optional[ProbeRecord]:
-    if first.claim is None or first.pick.id == base.id:
+               thresholds: ChoiceThresholds, established: bool = False
+               ) -> Optional[ProbeRecord]:
+    if not established and first.claim is None or first.pick.id == base.id:
         return None
     own = candidate_of(base)
     found = [s for s in seen(records, base, first, thresholds)

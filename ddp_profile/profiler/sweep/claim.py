@@ -67,7 +67,8 @@ def confirm(search: SearchState) -> None:
     or where the search kept the script's settings a gain it measured but could not tell from
     noise: ``decide.evidence.subject``; see the module docstring); then, where that
     established it, the configuration that measured faster still in the search
-    (``decide.evidence.contender``). Nothing where there is none, or ``--pairs 0``."""
+    (``decide.evidence.contender``: where the check runs in windows, in its launch, after it,
+    as ``likely_contender`` names it). Nothing where there is none, or ``--pairs 0``."""
     base = search.baseline
     if search.options.pairs <= 0 or base is None or not base.ok:
         return
@@ -77,22 +78,31 @@ def confirm(search: SearchState) -> None:
         return
     because = evidence.checked_because(search.entries, base, best)
     label = normalise(best.config).label()
-    _alternate(search, base, best, "the recommendation" if top is not None and top.id == best.id
-               else f"{label}, faster in the search but not beyond its noise,"
-               if because == evidence.STEP_FASTER else f"{label} ({because})")
+    rode = _alternate(search, base, best, "the recommendation" if top is not None
+                      and top.id == best.id
+                      else f"{label}, faster in the search but not beyond its noise,"
+                      if because == evidence.STEP_FASTER else f"{label} ({because})",
+                      rider=evidence.likely_contender(search.entries, base, best))
     rival = evidence.contender(search.entries, base, top)
+    sides = {REFERENCE: normalise(base.config), CANDIDATE: normalise(rival.config)} \
+        if rival is not None else {}
     if rival is not None and not evidence.alternation(search.entries, base, rival):
-        _alternate(search, base, rival, f"{normalise(rival.config).label()}, faster than the "
+        _alternate(search, base, rival, f"{sides[CANDIDATE].label()}, faster than the "
                                         "recommendation in the search but not beyond its noise,")
+    elif rode is not None and rival is not None and normalise(rode.config) == sides[CANDIDATE] \
+            and undecided(search, rival, gained=True):  # its windows left it open
+        _in_launches(search, rival, sides, whole_epoch_steps(search, sides.values()), {})
 
 
-def _alternate(search: SearchState, base: ProbeRecord, best: ProbeRecord, what: str) -> None:
+def _alternate(search: SearchState, base: ProbeRecord, best: ProbeRecord, what: str,
+               rider: Optional[ProbeRecord] = None) -> Optional[ProbeRecord]:
     """``A B A B A``: the script's settings (A) and ``best`` (B), described as ``what``, in
-    windows of one launch or a launch each (module docstring)."""
+    windows of one launch or a launch each (module docstring); ``rider`` alternated the same
+    way after them in that launch, where it can switch there too (returned where it rode)."""
     reference = normalise(base.config)
     candidate = normalise(best.config)
     if reference == candidate:
-        return
+        return None
     group = f"claim-{len(search.entries):03d}"
     configs = {REFERENCE: reference, CANDIDATE: candidate}
     ends = any(e.short for e in search.entries)  # windows of one launch would outrun it
@@ -106,11 +116,22 @@ def _alternate(search: SearchState, base: ProbeRecord, best: ProbeRecord, what: 
     if not room_for_noise(len(roles), 1):
         search.progress("note", {"text": f"the claim is not checked: {sequence} leaves no room "
                                          "for its noise (--pairs 2 or more)"})
-        return
+        return None
     steps = whole_epoch_steps(search, configs.values())
     windows = [Window(configs[role], Kind.PAIRED, steps=steps, steps_per_s=search.steps_per_s(
         configs[role]), pair={"role": role, "index": index, "group": group})
         for index, role in enumerate(roles)] if in_one_launch else []
+    riding = normalise(rider.config) if rider is not None and in_one_launch else None
+    if riding in (None, reference, candidate) or riding.batch_size != reference.batch_size:
+        riding, also = None, ""
+    else:  # its own alternation, in the same launch, after the check's
+        sides, group_after = {REFERENCE: reference, CANDIDATE: riding}, len(search.entries)
+        windows += [Window(sides[role], Kind.PAIRED, steps=whole_epoch_steps(
+            search, sides.values()), steps_per_s=search.steps_per_s(sides[role]), pair={
+            "role": role, "index": index, "group": f"claim-{group_after + len(roles):03d}"})
+            for index, role in enumerate(roles)]
+        also = (f"; then {riding.label()}, faster than it in the search, alternated with the "
+                "script's settings the same way")
     if windows:  # said as they will run: a script's run may end before its windows do
         where = where_windows(search.measurer, windows)
     whole = {role: whole_run_steps(search, config) for role, config in configs.items()}
@@ -120,13 +141,24 @@ def _alternate(search: SearchState, base: ProbeRecord, best: ProbeRecord, what: 
                                      f"{what} (B) alternated, {sequence}, {where}"
                                      + (", each to the script's end (a launch of the search "
                                         "ran it to its end)" if whole else
-                                        f", {steps} steps each (whole epochs)" if steps else "")})
+                                        f", {steps} steps each (whole epochs)" if steps else "")
+                                     + also})
+    rode = rider if riding is not None else None
     if in_one_launch:
         search.measurer.measure_screen(windows)
         if not undecided(search, best, gained=True):
-            return
-        roles = order(launch_pairs(search.options.pairs))
-        group = f"claim-{len(search.entries):03d}"
+            return rode
+    _in_launches(search, best, configs, steps, whole, again=in_one_launch)
+    return rode
+
+
+def _in_launches(search: SearchState, best: ProbeRecord, configs: dict[str, LoaderSettings],
+                 steps: Optional[int], whole: dict[str, int], again: bool = True) -> None:
+    """``configs`` by role, a launch each (``launch_each``); ``again``: after windows of one
+    launch that left ``best``'s gain open."""
+    roles = order(launch_pairs(search.options.pairs))
+    group = f"claim-{len(search.entries):03d}"
+    if again:
         search.progress("note", {"text": "the check's windows measured a gain they cannot tell "
                                          f"from none: alternated again, {letters(roles)}, a "
                                          "launch each"})
@@ -152,9 +184,8 @@ def launch_each(search: SearchState, roles: list[str], window: Callable[[str, in
     OOM would only repeat itself). How it stopped is recorded once
     (``SearchState.alternation_stopped``) and returned: ``decide.stopping``'s ``DECIDED``,
     ``FUTILE``, ``ROUNDS`` or ``FAILED``. ``early``: asked after each launch before the last
-    of ``roles``, a stop there (the persistence check's: ``decide.stopping.persistence_stop``).
-    The claim's alternations in launches, the threads check's (``sweep.search``) and the
-    persistence check's (its own roles: no more pairs)."""
+    of ``roles``, a stop there (the persistence check's: ``decide.stopping.persistence_stop``,
+    its own roles: no more pairs). The threads check's too (``sweep.search``)."""
     roles, index, group = list(roles), 0, ""
     while index < len(roles):
         placed = window(roles[index], index)

@@ -1510,3 +1510,59 @@ def test_a_budget_estimates_a_launch_from_the_launches_it_timed_and_refuses_one_
     budget.room_for(1, "a probe", Timed())
     with pytest.raises(BudgetSpent, match="a screen"):
         budget.room_for(12, "a screen", Timed())
+
+
+def plateau(config: LoaderSettings) -> tuple[float, float]:
+    """Loading bounds the script; a worker gains 1.2x, a second 5 % more (a plateau whose
+    rungs the search's few steps cannot rank)."""
+    workers = config.num_workers or 0
+    return {0: 1000.0, 1: 1200.0}.get(workers, 1260.0), 0.3
+
+
+class ScreenCalls(ModelMeasurer):
+    """The search's probes of 2 workers read ±25 % (a few steps): the search cannot rank them;
+    the windows of each screen launch kept."""
+
+    def __init__(self, model: Model):
+        super().__init__(model)
+        self.screens_asked: list[list[Window]] = []
+
+    def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        line = super()._line(requested, kind, **extra)
+        if kind != "paired" and line["config"]["num_workers"] == 2:
+            line["throughput_rse"] = 0.25
+        return line
+
+    def measure_screen(self, windows: list[Window], condemned: Any = None
+                       ) -> list[ProbeRecord]:
+        self.screens_asked.append(list(windows))
+        return super().measure_screen(windows, condemned)
+
+
+def test_the_contender_rides_in_the_launch_of_the_checks_windows():
+    """The check runs in windows of one launch; the configuration that measured faster than
+    its subject in the search (within noise) is alternated with the script's settings in that
+    same launch, after the check's windows: the contender costs no launch of its own, and the
+    verdict reads each alternation as if it had run alone."""
+    notes: list[str] = []
+    fake = ScreenCalls(plateau)
+    found = Search(fake, SearchSpace(num_workers=(0, 1, 2), prefetch_factor=(2,),
+                                     pin_memory=(False,)),
+                   SweepOptions(ceiling=False, comm=False),
+                   progress=lambda kind, data: notes.append(str(data.get("text"))))
+    found.run()
+    groups: dict[str, list[ProbeRecord]] = {}
+    for e in found.entries:
+        if e.kind == "paired":
+            groups.setdefault(e.pair.group, []).append(e)
+    first, second = groups.values()
+    candidates = [{e.config for e in g if e.pair.role == "candidate"} for g in (first, second)]
+    assert len(candidates[0]) == len(candidates[1]) == 1 and candidates[0] != candidates[1]
+    assert [e.pair.role for e in first] == [e.pair.role for e in second] == ALTERNATION
+    # both alternations in one screen launch, the check's first
+    (launch,) = [w for w in fake.screens_asked if any(x.kind == "paired" for x in w)]
+    assert [w.pair["group"] for w in launch] == [first[0].pair.group] * 7 + \
+        [second[0].pair.group] * 7
+    assert any("alternated with the script's settings the same way" in n for n in notes), notes
+    # read as alone: the faster of the two, established, is what the run recommends
+    assert recommended(found).config.num_workers == 2
