@@ -233,8 +233,6 @@ def likely_contender(records: Sequence[ProbeRecord], base: ProbeRecord, target: 
                      thresholds: ChoiceThresholds = DEFAULTS) -> Optional[ProbeRecord]:
     """The contender were the check to establish ``target``, as the records stand before it:
     what the check's own launch can alternate beside it (``sweep.claim.confirm``)."""
-    if target.id == base.id:
-        return None
     return _contender(records, base, Verdict(pick=target), thresholds, established=True)
 
 

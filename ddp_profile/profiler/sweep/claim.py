@@ -78,18 +78,16 @@ def confirm(search: SearchState) -> None:
         return
     because = evidence.checked_because(search.entries, base, best)
     label = normalise(best.config).label()
-    rode = _alternate(search, base, best, "the recommendation" if top is not None
-                      and top.id == best.id
-                      else f"{label}, faster in the search but not beyond its noise,"
+    rode = _alternate(search, base, best, "the recommendation" if top is not None and top.id ==
+                      best.id else f"{label}, faster in the search but not beyond its noise,"
                       if because == evidence.STEP_FASTER else f"{label} ({because})",
                       rider=evidence.likely_contender(search.entries, base, best))
     rival = evidence.contender(search.entries, base, top)
-    sides = {REFERENCE: normalise(base.config), CANDIDATE: normalise(rival.config)} \
-        if rival is not None else {}
+    sides = {REFERENCE: normalise(base.config), CANDIDATE: normalise((rival or base).config)}
     if rival is not None and not evidence.alternation(search.entries, base, rival):
         _alternate(search, base, rival, f"{sides[CANDIDATE].label()}, faster than the "
                                         "recommendation in the search but not beyond its noise,")
-    elif rode is not None and rival is not None and normalise(rode.config) == sides[CANDIDATE] \
+    elif rival is not None and rode is not None and normalise(rode.config) == sides[CANDIDATE] \
             and undecided(search, rival, gained=True):  # its windows left it open
         _in_launches(search, rival, sides, whole_epoch_steps(search, sides.values()), {})
 
@@ -118,18 +116,14 @@ def _alternate(search: SearchState, base: ProbeRecord, best: ProbeRecord, what: 
                                          "for its noise (--pairs 2 or more)"})
         return None
     steps = whole_epoch_steps(search, configs.values())
-    windows = [Window(configs[role], Kind.PAIRED, steps=steps, steps_per_s=search.steps_per_s(
-        configs[role]), pair={"role": role, "index": index, "group": group})
-        for index, role in enumerate(roles)] if in_one_launch else []
+    windows = _windows(search, configs, roles, group, steps) if in_one_launch else []
     riding = normalise(rider.config) if rider is not None and in_one_launch else None
     if riding in (None, reference, candidate) or riding.batch_size != reference.batch_size:
-        riding, also = None, ""
+        riding, also, rider = None, "", None
     else:  # its own alternation, in the same launch, after the check's
-        sides, group_after = {REFERENCE: reference, CANDIDATE: riding}, len(search.entries)
-        windows += [Window(sides[role], Kind.PAIRED, steps=whole_epoch_steps(
-            search, sides.values()), steps_per_s=search.steps_per_s(sides[role]), pair={
-            "role": role, "index": index, "group": f"claim-{group_after + len(roles):03d}"})
-            for index, role in enumerate(roles)]
+        sides = {REFERENCE: reference, CANDIDATE: riding}
+        windows += _windows(search, sides, roles, f"claim-{len(search.entries) + len(roles):03d}",
+                            whole_epoch_steps(search, sides.values()))
         also = (f"; then {riding.label()}, faster than it in the search, alternated with the "
                 "script's settings the same way")
     if windows:  # said as they will run: a script's run may end before its windows do
@@ -143,13 +137,20 @@ def _alternate(search: SearchState, base: ProbeRecord, best: ProbeRecord, what: 
                                         "ran it to its end)" if whole else
                                         f", {steps} steps each (whole epochs)" if steps else "")
                                      + also})
-    rode = rider if riding is not None else None
     if in_one_launch:
         search.measurer.measure_screen(windows)
         if not undecided(search, best, gained=True):
-            return rode
+            return rider
     _in_launches(search, best, configs, steps, whole, again=in_one_launch)
-    return rode
+    return rider
+
+
+def _windows(search: SearchState, configs: dict[str, LoaderSettings], roles: list[str],
+             group: str, steps: Optional[int]) -> list[Window]:
+    """The alternation ``group`` of ``configs`` by role as windows of one launch."""
+    return [Window(configs[role], Kind.PAIRED, steps=steps, steps_per_s=search.steps_per_s(
+        configs[role]), pair={"role": role, "index": i, "group": group}) for i, role in
+        enumerate(roles)]
 
 
 def _in_launches(search: SearchState, best: ProbeRecord, configs: dict[str, LoaderSettings],
@@ -165,9 +166,8 @@ def _in_launches(search: SearchState, best: ProbeRecord, configs: dict[str, Load
 
     def window(role: str, index: int) -> Window:  # each side warmed up about as long (by time)
         rate = search.steps_per_s(configs[role])
-        return Window(configs[role], Kind.PAIRED,
-                      steps=max(steps or 0, whole.get(role) or 0) or None, steps_per_s=rate,
-                      warmup=timed_warmup(search.options.warmup, rate),
+        return Window(configs[role], Kind.PAIRED, steps=max(steps or 0, whole.get(role) or 0)
+                      or None, steps_per_s=rate, warmup=timed_warmup(search.options.warmup, rate),
                       pair={"role": role, "index": index, "group": group})
 
     launch_each(search, roles, window, lambda allowed: claim_stop(search, best, allowed),
