@@ -42,13 +42,18 @@ def test_io_bound_script_gets_more_workers(cli, run_dir):
     kinds = [p["kind"] for p in summary["probes"]]
     assert kinds[0] == "baseline"
     assert any(f["rule"] == "data-loader-bound" for f in summary["findings"])
-    # the data-bound demo's small all-reduce is timed and gets no communication finding (its
-    # timers may read 3 % or more, where the step is measured again with and without gradient
-    # synchronisation; on a loaded machine that reading can cross 3 % too, and DDP options are
-    # then measured beside the script's: still no finding)
+    # the data-bound demo's small all-reduce is timed; one all-reduce a step, no batch norm
     assert summary["probes"][0]["comm"]["timed_steps"] >= 3
-    assert not {"exposed-communication", "allreduce-per-micro-batch", "per-step-collectives",
-                "sync-batchnorm"} & {f["rule"] for f in summary["findings"]}
+    rules = {f["rule"]: f for f in summary["findings"]}
+    assert not {"allreduce-per-micro-batch", "per-step-collectives", "sync-batchnorm"} & set(rules)
+    # its communication is a finding only on the direct evidence: the reducer's timers read
+    # all-reduce that backward did not cover, and the steps without gradient synchronisation
+    # ran faster beyond noise (a loaded machine slows gloo's all-reduce enough for both)
+    if "exposed-communication" in rules:
+        evidence = rules["exposed-communication"]["evidence"]
+        assert summary["probes"][0]["comm"]["exposed_fraction"] >= 0.03
+        low = float(evidence.split(" as fast as with it")[0].rsplit("[", 1)[1].split("-")[0])
+        assert low > 1.0, evidence
     assert len(result.ledger()) == len(summary["probes"])
     # the ladder and the ceiling in one launch, then a confirmation
     assert "ceiling" in kinds
