@@ -14,13 +14,12 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Optional
 
-from ddp_profile.profiler.decide.choose import candidate_of, with_launch_spread
+from ddp_profile.profiler.decide.choose import run_thresholds
 from ddp_profile.profiler.store.results import Run
 from ddp_profile.rules.alternations import Evidence
-from ddp_profile.rules.base import SEVERITIES, Finding, Rule, Thresholds, finite
+from ddp_profile.rules.base import SEVERITIES, Finding, Rule, Thresholds
 from ddp_profile.rules.findings import data, distributed, gpu, host, restarts, synchronisation
 from ddp_profile.rules.recommend import Recommendation, recommend, recommendation_to_dict
-from ddp_profile.rules.tables import ok_probes
 from ddp_profile.rules.voice import in_one_voice
 
 RULES: list[Rule] = [*data.RULES, *restarts.RULES, *host.RULES, *gpu.RULES, *distributed.RULES,
@@ -83,8 +82,7 @@ def measured_thresholds(run: Run, thresholds: Thresholds) -> Thresholds:
     """``thresholds`` with the spread between launches this run showed, where larger than
     the default (``choose.with_launch_spread``, as the choice itself uses it): every verdict
     across launches (faster beyond noise, within noise) then speaks with the run's own noise."""
-    measured = [candidate_of(p) for p in ok_probes(run) if finite(p.throughput)]
-    return with_launch_spread(thresholds, measured)
+    return run_thresholds(thresholds, run.records)
 
 
 def evaluate(run: Run, thresholds: Optional[Thresholds] = None) -> Analysis:

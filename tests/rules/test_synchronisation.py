@@ -404,3 +404,27 @@ def test_one_evaluation_fits_the_ddp_counterfactuals_once_for_every_rule_that_re
     # one calling convention: every rule takes the run, the thresholds and the reading
     assert all(list(inspect.signature(rule).parameters) == ["run", "thresholds", "known"]
                for rule in RULES)
+
+
+def test_the_sweep_reads_the_step_without_synchronisation_as_the_finding_does():
+    """Whether the step without gradient synchronisation saves enough to measure DDP options
+    and larger batches (``sweep.communication.unsynchronised``) is the finding's own reading:
+    the same alternation, at the spread between launches the run showed (here the script's
+    settings read 8 % apart in three launches, which a 1.2x gain alternated in launches
+    cannot clear), not at the default spread."""
+    from types import SimpleNamespace
+
+    from ddp_profile.profiler.sweep.communication import unsynchronised
+
+    for spread, expected in (((), True), ((1.1, 0.92, 1.08), False)):
+        builder = (RunBuilder(world_size=2).probe("base", kind="baseline", num_workers=0,
+                                                  batch_size=8, entry=comm(0.03))
+                   .steps(compute=0.1, jitter=0.01))
+        for i, factor in enumerate(spread):  # the script's settings again, a launch each
+            builder.probe(f"again{i}", num_workers=0, batch_size=8,
+                          entry={"launch": f"again{i}"}).steps(compute=0.1 / factor, jitter=0.01)
+        run = alternated(builder, {"s": ({"gradient_sync": False}, 1.2)},
+                         noise=(1.0, 1.01, 0.99, 1.0, 1.01)).build()
+        search = SimpleNamespace(options=SimpleNamespace(pairs=3), entries=run.records)
+        found = "exposed-communication" in [f.rule for f in evaluate(run, T).findings]
+        assert unsynchronised(search) is found is expected, spread

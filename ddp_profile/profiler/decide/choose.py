@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Optional, Sequence
+from typing import Optional, Sequence, TypeVar
 
+from ddp_profile.profiler.numbers import finite
 from ddp_profile.profiler.settings import LoaderSettings
-from ddp_profile.profiler.store.probes import Kind, ProbeRecord, is_measured
+from ddp_profile.profiler.store.probes import CHOICE_KINDS, Kind, ProbeRecord, is_measured
 
 UNSTABLE_RSE = 0.05  # a probe whose throughput is this uncertain is measured again, longer
 SHORT_RSE = 0.05  # the least relative error of a short probe's throughput (``widened``)
@@ -171,6 +172,19 @@ def with_launch_spread(thresholds: ChoiceThresholds, candidates: Sequence[Candid
     """``thresholds`` with ``launch_sd`` raised to what this run's launches showed, if more."""
     spread = launch_spread(candidates)
     return replace(thresholds, launch_sd=spread) if spread > thresholds.launch_sd else thresholds
+
+
+T = TypeVar("T", bound=ChoiceThresholds)
+
+
+def run_thresholds(thresholds: T, records: Sequence[ProbeRecord]) -> T:
+    """``thresholds`` with the spread between launches that ``records``' probes of the choice
+    (finished, with a rate) showed, where larger than their own (``with_launch_spread``): what
+    every verdict on a run speaks with, the sweep's while it measures (the step without
+    gradient synchronisation, ``sweep.communication``) and the rules' after it alike."""
+    return with_launch_spread(thresholds, [  # type: ignore[return-value]
+        candidate_of(r) for r in records
+        if r.ok and r.kind in CHOICE_KINDS and finite(r.throughput)])
 
 
 def choose(candidates: Sequence[Candidate], baseline: Optional[Candidate] = None,

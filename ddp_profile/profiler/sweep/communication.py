@@ -23,6 +23,7 @@ from ddp_profile.profiler.decide.choose import (
     comm_bound,
     exposed_share,
     relative_se,
+    run_thresholds,
 )
 from ddp_profile.profiler.decide.ddp import (
     alternation_fit,
@@ -80,7 +81,8 @@ def unsynchronised(search: SearchState) -> bool:
         entries = next((group for group in alternations(search.entries, Kind.DDP)
                         if any(e.comm.options == unsynced for e in group)), None) \
             or alternate(search, [unsynced], in_one_launch=True)  # measured already, or now
-        fit, thresholds = alternation_fit(entries), ChoiceThresholds()
+        fit, thresholds = alternation_fit(entries), run_thresholds(ChoiceThresholds(),
+                                                                   search.entries)
         if fit is not None:  # as the finding reads it: faster beyond noise, by the share or more
             key = options_key(unsynced)
             low, _ = effect_interval(fit, key, len({e.launch for e in entries}),
