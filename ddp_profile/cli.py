@@ -214,8 +214,9 @@ def demo(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="End with the method's "
                                  "detail after the verdict."),
 ) -> int:
-    """Profile the built-in workload (an IO-bound DDP script), end to end; no GPU needed (on a
-    machine with GPUs it trains there, one rank per GPU)."""
+    """Profile the built-in workload (an IO-bound DDP script), end to end; no GPU needed.
+
+    On a machine with GPUs it trains there, one rank per GPU."""
     _survive_hangup()
     from ddp_profile.commands.run import RunRequest, execute, start_run
     from ddp_profile.examples import DEMO_SCRIPT

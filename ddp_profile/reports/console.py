@@ -267,7 +267,7 @@ def verdict_lines(summary: dict[str, Any], verdict: Verdict) -> list[str]:
         lines += _wrapped(verdict.cause_text, max_lines=2)
     for item in verdict.not_established[:2]:
         lines += _wrapped(f"Not established: {item['text'].replace('×', 'x')}", indent="",
-                          max_lines=1)
+                          max_lines=2)  # what the search read, then what its check read
     if len(verdict.not_established) > 2:
         lines.append(f"  and {len(verdict.not_established) - 2} more not established")
     return lines
