@@ -265,9 +265,10 @@ def verdict_lines(summary: dict[str, Any], verdict: Verdict) -> list[str]:
                       indent="", max_lines=1)
     if verdict.cause_text:
         lines += _wrapped(verdict.cause_text, max_lines=2)
-    for item in verdict.not_established[:2]:
+    for index, item in enumerate(verdict.not_established[:2]):  # the first whole: what the
+        # search read, then what its check read; the next in a line (the summary's ten seconds)
         lines += _wrapped(f"Not established: {item['text'].replace('×', 'x')}", indent="",
-                          max_lines=2)  # what the search read, then what its check read
+                          max_lines=1 if index else 2)
     if len(verdict.not_established) > 2:
         lines.append(f"  and {len(verdict.not_established) - 2} more not established")
     return lines
