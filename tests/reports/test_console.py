@@ -174,10 +174,16 @@ def test_the_summary_names_what_measured_faster_and_was_not_established():
                    "config": {"num_workers": 0, "pin_memory": False, "batch_size": 256},
                    "why": "its probes ran fewer steps than asked (the script ended first)",
                    "settle": "ddp-profile run t.py --batch-size 256 --pairs 5"}]}}
+    second = dict(summary["recommendation"]["unsettled"][0], probe="p015", ratio=1.9,
+                  config={"num_workers": 2, "pin_memory": False, "batch_size": 64})
+    summary["recommendation"]["unsettled"].append(second)
     lines = summary_lines(summary, "out")
-    assert [line for line in lines if line.startswith(
-        "Not established: num_workers=0, pin_memory=false, batch_size=256: 2.43x the script's "
-        "settings; its")]
+    at = lines.index("Not established: num_workers=0, pin_memory=false, batch_size=256: 2.43x "
+                     "the script's settings; its")
+    # the first in whole, on a second line; the next in a line of its own
+    assert lines[at + 1] == "  probes ran fewer steps than asked (the script ended first)"
+    assert lines[at + 2].startswith("Not established: num_workers=2") \
+        and lines[at + 2].endswith(" …") and not lines[at + 3].startswith("  ")
     lines = summary_lines(summary, "out", verbose=True)
     at = lines.index("    not established: w=0 pin=false bs=256 measured 2.43x the script's "
                      "settings (p014): its probes")
