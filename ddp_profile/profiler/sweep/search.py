@@ -51,7 +51,7 @@ from ddp_profile.profiler.store.probes import (
 )
 from ddp_profile.profiler.store.rundir import RunDir
 from ddp_profile.profiler.sweep import adaptive, ceiling, claim, communication
-from ddp_profile.profiler.sweep.ladder import LadderStop
+from ddp_profile.profiler.sweep.climb import LadderStop
 from ddp_profile.profiler.sweep.measure import LedgerMeasurer
 from ddp_profile.profiler.sweep.space import Axes, SearchSpace, grid, normalise, resolve_axes
 from ddp_profile.profiler.sweep.state import (

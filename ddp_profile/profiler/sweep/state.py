@@ -52,7 +52,7 @@ class Window:
 
 class Condemned(Protocol):
     """What a screen is measured with to drop windows its measurements rule out
-    (``sweep.ladder.Ladder``)."""
+    (``sweep.climb.Ladder``)."""
 
     def __call__(self, done: list[ProbeRecord], window: Window) -> bool:
         """Whether ``done`` (the screen's entries so far) condemn ``window``, yet to run."""
@@ -218,7 +218,7 @@ class SearchState(Protocol):
         """Tell the user ``text`` the first time ``topic`` comes up in this sweep."""
 
     def ladder_stopped(self, stop: Any) -> None:
-        """Record why the worker ladder ended (a ``sweep.ladder.LadderStop``) and say it,
+        """Record why the worker ladder ended (a ``sweep.climb.LadderStop``) and say it,
         once a sweep."""
 
     def alternation_stopped(self, record: dict[str, Any]) -> None:

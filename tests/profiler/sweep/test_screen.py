@@ -247,7 +247,7 @@ def test_a_spilled_screen_launches_no_rung_its_lower_rungs_condemned(tmp_path):
     from ddp_profile.profiler.launch.ranks import LaunchSpec
     from ddp_profile.profiler.store.probes import Kind, ProbeRecord
     from ddp_profile.profiler.store.rundir import RunDir
-    from ddp_profile.profiler.sweep.ladder import Ladder as condemned
+    from ddp_profile.profiler.sweep.climb import Ladder as condemned
     from ddp_profile.profiler.sweep.measure import LedgerMeasurer
     from ddp_profile.profiler.sweep.state import Window
 
@@ -335,8 +335,7 @@ def test_rungs_that_lose_more_as_they_add_workers_end_the_ladder_whatever_their_
     same, 23 and a ceiling at 23 are condemned, and the stop keeps both rungs as its
     evidence, said in one line."""
     from ddp_profile.profiler.store.probes import Kind, ProbeRecord
-    from ddp_profile.profiler.sweep.climb import ladder_evidence
-    from ddp_profile.profiler.sweep.ladder import Ladder
+    from ddp_profile.profiler.sweep.climb import Ladder, ladder_evidence
     from ddp_profile.profiler.sweep.state import Window
 
     def line(probe_id: str, workers: int, rate: float, steady=None) -> ProbeRecord:
