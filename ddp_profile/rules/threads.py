@@ -65,16 +65,18 @@ def _threads_counterfactuals(run: Run) -> list[tuple[ProbeRecord, ProbeRecord]]:
 
 
 def _threads_alternation(run: Run, thresholds: Thresholds) -> Optional[PairedClaim]:
-    """The alternation of a configuration with the script's threads (A) and with the threads
-    that fit (B) (``sweep.threads_check``: in windows of one launch, then in launches where those
-    left it open), read as the claim's (``decide.paired.paired``): the last of each
-    configuration, the largest gain of those; None where none finished."""
+    """The alternation of a configuration with the script's threads (A) and with the
+    threads that fit (B) (``sweep.threads_check``: in windows of one launch, then in launches
+    where those left it open), read as the claim's (``decide.paired.paired``): the last of
+    each configuration; of those, the largest gain beyond noise, else the largest gain; None
+    where none finished."""
     latest: dict[tuple, list[ProbeRecord]] = {}
     for group in alternations(run.records, Kind.THREADS):
         latest[settings_key(group[0])] = group  # a later one measured it again
     claims = [paired(run.records, group, thresholds.interval_confidence, thresholds.launch_sd)
               for group in latest.values()]
-    return max((c for c in claims if c is not None), key=lambda c: c.ratio, default=None)
+    return max((c for c in claims if c is not None), key=lambda c: (c.faster, c.ratio),
+               default=None)
 
 
 def thread_oversubscription(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None

@@ -163,13 +163,15 @@ def test_a_threads_gain_its_launches_cannot_tell_from_none_is_said_low_as_not_es
     assert "Measured in" not in finding.recommendation
 
 
-def alternate_threads(builder: RunBuilder, first: int, rates, launch=None) -> RunBuilder:
-    """The baseline's settings with the script's threads (A) and one thread (B) alternated at
-    ``rates`` from probe ``first`` on: in windows of ``launch``, else a launch each."""
+def alternate_threads(builder: RunBuilder, first: int, rates, launch=None, workers=0
+                      ) -> RunBuilder:
+    """The settings with ``workers`` with the script's threads (A) and one thread (B)
+    alternated at ``rates`` from probe ``first`` on: in windows of ``launch``, else a launch
+    each."""
     for index, rate in enumerate(rates):
         role = "candidate" if index % 2 else "reference"
         probe_id = f"p{first + index}"
-        builder.probe(probe_id, kind="threads", num_workers=0, throughput=rate,
+        builder.probe(probe_id, kind="threads", num_workers=workers, throughput=rate,
                       entry={"intra_op_threads": 1 if index % 2 else 2, "ranks_per_host": 2,
                              "cpus_available": 2, "launch": launch or probe_id,
                              "screened": launch is not None,
@@ -215,6 +217,24 @@ def test_windows_that_left_the_threads_gain_open_yield_to_the_launches_after_the
         then=[600.0, 3700.0, 620.0, 3800.0, 640.0]), T)
     assert finding is not None and finding.severity == "high"
     assert "alternated A B A B A in launches (probes p8-p12)" in finding.evidence
+
+
+def test_of_two_configurations_alternated_the_gain_beyond_noise_is_the_finding():
+    """The script's settings read one thread 1.3x in windows that cannot tell it from none;
+    the best configuration (2 workers) read it 1.2x beyond noise in the same launch: the
+    established gain is the finding, not the larger open one."""
+    builder = (RunBuilder(world_size=2, cpus=2)
+               .probe("p0", kind="baseline", num_workers=0, throughput=500.0,
+                      entry={"intra_op_threads": 2, "ranks_per_host": 2, "cpus_available": 2})
+               .steps(n=5))
+    alternate_threads(builder, 1, [600.0, 1000.0, 500.0, 600.0, 650.0, 900.0, 560.0],
+                      launch="p001-screen")
+    alternate_threads(builder, 8, [600.0, 720.0, 602.0, 724.0, 598.0, 718.0, 601.0],
+                      launch="p001-screen", workers=2)
+    builder.summary["launcher"] = "none"
+    finding = thread_oversubscription(builder.build(), T)
+    assert finding is not None and finding.severity == "medium"
+    assert "(probes p8-p14)" in finding.evidence and "num_workers=2" in finding.evidence
 
 
 def test_threads_to_fit_is_the_one_test():

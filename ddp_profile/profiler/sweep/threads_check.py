@@ -8,7 +8,8 @@ machine's drift cancel: in windows of one launch (``A B A B A B A``; every rank 
 threads at the window's first step, ``ProbePlan.window_threads``), then, where those leave
 the gain open, in launches (``A B A B A`` and a pair more at a time while undecided,
 ``claim.launch_each``). A script that ends before the windows, a refused screen or
-``--pairs 0``: one launch with the threads that fit, then the launches where it read a gain.
+``--pairs 0``: one launch with the threads that fit (then, but for ``--pairs 0``, the
+launches where it read a gain).
 The finding reads the alternation's fit (``rules.threads``). ``search``: the
 ``sweep.search.Search`` that calls in (``sweep.state.SearchState``).
 """
