@@ -113,7 +113,8 @@ class ProbePlan:
     ``windows`` turns the probe into a *screen*: one launch that measures several loader
     configurations one after another, each for ``warmup + steps`` training steps. Each window
     is ``{"overrides": LoaderSettings dict, "mode": Mode.NORMAL | Mode.CEILING}`` (and ``"ddp":
-    {GRADIENT_SYNC: False}`` for a window without gradient synchronisation); the DataLoader is
+    {GRADIENT_SYNC: False}`` for a window without gradient synchronisation, ``"threads": n``
+    for one whose ranks run ``n`` intra-op threads, ``window_threads``); the DataLoader is
     built with the first window's overrides and rebuilt for each later one (see
     ``profiler.instrument``).
     """
@@ -175,6 +176,17 @@ class ProbePlan:
         screen): False where the probe's or the window's DDP options turn it off."""
         ddp = self.windows[window].get("ddp") if self.windows else None
         return (ddp or self.ddp or {}).get(GRADIENT_SYNC, True) is not False
+
+    def window_threads(self, window: int) -> Optional[int]:
+        """Torch's intra-op threads in every rank during ``window`` (None: the script's own,
+        as it had them before the first switch)."""
+        threads = self.windows[window].get("threads") if self.windows else None
+        return int(threads) if threads else None
+
+    @property
+    def switches_threads(self) -> bool:
+        """Whether a window of this screen runs other threads than the script's own."""
+        return any(w.get("threads") for w in self.windows)
 
     def to_json(self) -> str:
         data = asdict(self)

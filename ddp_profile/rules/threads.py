@@ -18,6 +18,7 @@ from ddp_profile.profiler.decide.paired import (
     PairedClaim,
     alternations,
     paired,
+    settings_key,
 )
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
 from ddp_profile.profiler.store.results import Run
@@ -64,12 +65,18 @@ def _threads_counterfactuals(run: Run) -> list[tuple[ProbeRecord, ProbeRecord]]:
 
 
 def _threads_alternation(run: Run, thresholds: Thresholds) -> Optional[PairedClaim]:
-    """The last alternation of a configuration with the script's threads (A) and with the
-    threads that fit (B) (``sweep.search``'s ``_alternate_threads``), read as the claim's
-    (``decide.paired.paired``); None where none finished."""
-    groups = alternations(run.records, Kind.THREADS)
-    return paired(run.records, groups[-1], thresholds.interval_confidence,
-                  thresholds.launch_sd) if groups else None
+    """The alternation of a configuration with the script's threads (A) and with the
+    threads that fit (B) (``sweep.threads_check``: in windows of one launch, then in launches
+    where those left it open), read as the claim's (``decide.paired.paired``): the last of
+    each configuration; of those, the largest gain beyond noise, else the largest gain; None
+    where none finished."""
+    latest: dict[tuple, list[ProbeRecord]] = {}
+    for group in alternations(run.records, Kind.THREADS):
+        latest[settings_key(group[0])] = group  # a later one measured it again
+    claims = [paired(run.records, group, thresholds.interval_confidence, thresholds.launch_sd)
+              for group in latest.values()]
+    return max((c for c in claims if c is not None), key=lambda c: (c.faster, c.ratio),
+               default=None)
 
 
 def thread_oversubscription(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None
@@ -82,11 +89,12 @@ def thread_oversubscription(run: Run, thresholds: Thresholds, known: Optional[Ev
     threads that fit ran >= ``threads_gain`` x faster ("high" at or above
     ``threads_severe_gain``), beyond noise. The sweep measures the counterfactual of the
     baseline and of the best configuration it found (more workers can be what tips the CPUs
-    over); where one read a gain, it alternates that one with its subject in launches, and
-    the finding is the alternation's fit and interval (``decide.paired``: faster where its
-    interval lies above 1; where it stays open, ``decide.paired.still_open``, after the
-    check's extensions, a "low" finding says what was seen, as not established). Without an
-    alternation (``--pairs 0``) the largest single gain
+    over), alternated with its subject in windows of one launch (then in launches where
+    those left the gain open; where one launch cannot hold them, in launches where a single
+    launch read a gain), and the finding is the largest gain of those alternations, with its
+    interval (``decide.paired``: faster where its interval lies above 1; where it stays open,
+    ``decide.paired.still_open``, after the check's extensions, a "low" finding says what was
+    seen, as not established). Without an alternation (``--pairs 0``) the largest single gain
     beyond the noise of the two launches (``choose.better``) is the finding. Where the
     baseline oversubscribes and nothing was measured, the finding is "low" and labelled a
     prediction; measured without a gain, there is no finding.
@@ -154,25 +162,26 @@ def _alternated_finding(run: Run, claim: PairedClaim, launcher: str, base: Probe
     figure = f"{claim.ratio:.2f}x [{low:.2f}-{high:.2f}]"
     probes = f"probes {claim.probes[0]}-{claim.probes[-1]}"
     whole = all(run.probe(p).epochs_throughput for p in claim.probes)
+    unit = "windows of one launch" if claim.launches == 1 else "launches"
     evidence = (f"{demand}{where}. Measured: with {counterfactual.threads} thread(s) per rank "
                 f"{'the script' if own else 'it'} ran {figure} as fast as with its own "
-                f"threads, alternated {claim.letters} in launches ({probes})"
+                f"threads, alternated {claim.letters} in {unit} ({probes})"
                 + (", each over whole epochs" if whole else ""))
     how = _how_to_set_threads(launcher, fit)
     if not claim.faster:
         return Finding(
             rule="thread-oversubscription", severity="low",
             title="Torch thread pools oversubscribe the CPUs (a gain not established)",
-            evidence=evidence + ": faster, but not beyond the noise of those launches.",
+            evidence=evidence + f": faster, but not beyond the noise of those {unit.split()[0]}.",
             recommendation=(f"Not established: {fit} thread(s) per rank{where} measured "
-                            f"{figure} in alternated launches, a gain they cannot tell from none. "
+                            f"{figure} in alternated {unit}, a gain they cannot tell from none. "
                             f"Check it in launches of your own, alternating the two: {how}"))
     return Finding(
         rule="thread-oversubscription",
         severity="high" if claim.ratio >= thresholds.threads_severe_gain else "medium",
         title="Torch thread pools oversubscribe the CPUs",
         evidence=evidence + ".",
-        recommendation=(f"Measured in this run, alternated launches: {fit} thread(s) per rank"
+        recommendation=(f"Measured in this run, alternated {unit}: {fit} thread(s) per rank"
                         f"{where}, {figure}. {how}"))
 
 

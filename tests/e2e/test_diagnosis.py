@@ -87,12 +87,13 @@ def test_script_that_ends_early_is_marked_short(cli, run_dir):
 
 
 def test_in_place_ranks_with_default_threads_get_a_measured_counterfactual(cli, run_dir):
-    """mp.spawn ranks (no OMP_NUM_THREADS) size torch's pool to the machine: the sweep measures
-    the script's own settings again with threads that fit; where that read a gain, the two are
-    alternated in launches, A B A B A, and the finding is the alternation's figure."""
+    """mp.spawn ranks (no OMP_NUM_THREADS) size torch's pool to the machine: the sweep
+    alternates the script's own settings with its own threads (A) and with threads that fit
+    (B) in windows of one launch, A B A B A B A, every rank switching its threads at each
+    window's first step; where those leave a gain open, a launch each, A B A B A; the finding
+    is the figure of the alternation it read."""
     cpus = len(os.sched_getaffinity(0))
-    # 6 steps and 1 of warm-up: the script's own threads run its steps 3-13x slower, and 7
-    # launches of them made this the suite's longest test (84 s at 10 and 2)
+    # 6 steps and 1 of warm-up: the script's own threads run its steps 3-13x slower
     short = [*ONE_PROBE[:ONE_PROBE.index("--steps")], "--steps", "6", "--warmup", "1",
              *ONE_PROBE[ONE_PROBE.index("--warmup") + 2:]]
     result = cli(["run", os.path.join(SCRIPTS, "spawn_heavy_train.py"), "--launcher", "none",
@@ -104,30 +105,33 @@ def test_in_place_ranks_with_default_threads_get_a_measured_counterfactual(cli, 
         pytest.skip(f"torch starts {base['intra_op_threads']} thread(s) on {cpus} CPUs: the "
                     "2 ranks do not oversubscribe them here")
     fit = max(1, cpus // 2)
-    single, *alternated = [p for p in probes if p["kind"] == "threads"]
-    assert single["status"] == "ok" and not single.get("pair")
-    assert single["threads"] == fit == single["intra_op_threads"]
-    gain = single["throughput"] / base["throughput"]
-    if gain <= 1.02:  # no gain read: nothing more launched, nothing claimed
-        assert alternated == [] and "thread-oversubscription" not in findings
-        return
-    # A B A B A, one more pair at a time while undecided (9 launches at most)
-    assert len(alternated) in (5, 7, 9)
-    assert [(p["threads"], p["pair"]["role"]) for p in alternated] == [
-        (None, "reference"), (fit, "candidate")] * (len(alternated) // 2) + [(None, "reference")]
-    assert all(p["status"] == "ok" for p in alternated)
-    assert [p["intra_op_threads"] for p in alternated] == \
-        [base["intra_op_threads"], fit] * (len(alternated) // 2) + [base["intra_op_threads"]]
-    rates = [p["throughput"] for p in alternated]
+    threads = [p for p in probes if p["kind"] == "threads"]
+    assert all(p.get("pair") for p in threads)  # no launch of the threads that fit alone
+    windows = [p for p in threads if p.get("screened")]
+    launches = [p for p in threads if not p.get("screened")]
+    # A B A B A B A in windows of one launch
+    assert len(windows) == 7 and len({p["launch"] for p in windows}) == 1
+    assert len({p["pair"]["group"] for p in windows}) == 1
+    assert len(launches) in (0, 5, 7, 9)  # where the windows left a gain open: launches
+    for alternated in (windows, launches):
+        assert [(p["threads"], p["pair"]["role"]) for p in alternated] == [
+            (None, "reference"), (fit, "candidate")] * (len(alternated) // 2) + \
+            [(None, "reference")] * bool(alternated)
+        assert all(p["status"] == "ok" for p in alternated)
+        assert [p["intra_op_threads"] for p in alternated] == \
+            [base["intra_op_threads"], fit] * (len(alternated) // 2) + \
+            [base["intra_op_threads"]] * bool(alternated)
+    read, where = (launches, "launches") if launches else (windows, "windows of one launch")
+    rates = [p["throughput"] for p in read]
     # the fit's figure lies between the slowest B over the fastest A and the reverse
     within = (min(rates[1::2]) / max(rates[0::2]), max(rates[1::2]) / min(rates[0::2]))
     if "thread-oversubscription" in findings:
         finding = findings["thread-oversubscription"]
-        ids = f"probes {alternated[0]['id']}-{alternated[-1]['id']}"
-        letters = " ".join("AB"[i % 2] for i in range(len(alternated)))
-        assert f"alternated {letters} in launches ({ids})" in finding["evidence"]
+        ids = f"probes {read[0]['id']}-{read[-1]['id']}"
+        letters = " ".join("AB"[i % 2] for i in range(len(read)))
+        assert f"alternated {letters} in {where} ({ids})" in finding["evidence"]
         ratio = float(finding["evidence"].split(" per rank the script ran ")[1].split("x")[0])
         assert within[0] * 0.99 <= ratio <= within[1] * 1.01, (ratio, within)
         assert "torch.set_num_threads" in finding["recommendation"]
     # the counterfactuals never compete with the DataLoader settings
-    assert result.summary()["recommended_probe"] not in {p["id"] for p in [single, *alternated]}
+    assert result.summary()["recommended_probe"] not in {p["id"] for p in threads}

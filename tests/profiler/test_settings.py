@@ -20,3 +20,15 @@ def test_a_plans_modes_travel_as_plain_strings_and_come_back_as_modes():
     assert back == plan
     assert ProbePlan.from_json(json.dumps({"probe_id": "p", "out_dir": "/tmp/x"})).mode \
         is Mode.NORMAL
+
+
+def test_a_screens_windows_carry_their_threads_through_the_environment():
+    """A window's ``threads`` (the threads check's B) comes back from the plan's JSON; a
+    window without them runs the script's own (None), and a screen without any switches
+    none."""
+    windows = ({"overrides": {}}, {"overrides": {}, "threads": 2}, {"overrides": {}})
+    plan = ProbePlan.from_json(ProbePlan(probe_id="s", out_dir="x", windows=windows).to_json())
+    assert [plan.window_threads(i) for i in range(3)] == [None, 2, None]
+    assert plan.switches_threads and plan.threads is None
+    assert not ProbePlan(probe_id="s", out_dir="x", windows=windows[:1]).switches_threads
+    assert ProbePlan(probe_id="p", out_dir="x").window_threads(0) is None  # no screen

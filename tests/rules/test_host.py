@@ -163,6 +163,80 @@ def test_a_threads_gain_its_launches_cannot_tell_from_none_is_said_low_as_not_es
     assert "Measured in" not in finding.recommendation
 
 
+def alternate_threads(builder: RunBuilder, first: int, rates, launch=None, workers=0
+                      ) -> RunBuilder:
+    """The settings with ``workers`` with the script's threads (A) and one thread (B)
+    alternated at ``rates`` from probe ``first`` on: in windows of ``launch``, else a launch
+    each."""
+    for index, rate in enumerate(rates):
+        role = "candidate" if index % 2 else "reference"
+        probe_id = f"p{first + index}"
+        builder.probe(probe_id, kind="threads", num_workers=workers, throughput=rate,
+                      entry={"intra_op_threads": 1 if index % 2 else 2, "ranks_per_host": 2,
+                             "cpus_available": 2, "launch": launch or probe_id,
+                             "screened": launch is not None,
+                             "threads": 1 if index % 2 else None,
+                             "pair": {"role": role, "index": index,
+                                      "group": f"threads-{first:03d}"}}).steps(n=5)
+    return builder
+
+
+def windows_threads_run(rates, then=()):
+    """A baseline of 2 ranks x 2 threads on 2 CPUs, then its settings with its threads (A) and
+    one thread (B) alternated in windows of one launch at ``rates`` (no launch of one thread
+    alone), and where ``then`` holds rates, again a launch each."""
+    builder = (RunBuilder(world_size=2, cpus=2)
+               .probe("p0", kind="baseline", num_workers=0, throughput=500.0,
+                      entry={"intra_op_threads": 2, "ranks_per_host": 2, "cpus_available": 2})
+               .steps(n=5))
+    alternate_threads(builder, 1, rates, launch="p001-screen")
+    if then:
+        alternate_threads(builder, 1 + len(rates), then)
+    builder.summary["launcher"] = "none"
+    return builder.build()
+
+
+def test_threads_alternated_in_windows_of_one_launch_are_said_so():
+    """The finding says where its alternation ran: windows of one launch, not launches."""
+    finding = thread_oversubscription(windows_threads_run(
+        [600.0, 3700.0, 620.0, 3800.0, 640.0, 3750.0, 630.0]), T)
+    assert finding is not None and finding.severity == "high"
+    assert "alternated A B A B A B A in windows of one launch (probes p1-p7)" in \
+        finding.evidence, finding.evidence
+    assert finding.recommendation.startswith(
+        "Measured in this run, alternated windows of one launch: 1 thread(s) per rank")
+    ratio = float(finding.evidence.split(" per rank the script ran ")[1].split("x")[0])
+    assert 3700.0 / 640.0 <= ratio <= 3800.0 / 600.0
+
+
+def test_windows_that_left_the_threads_gain_open_yield_to_the_launches_after_them():
+    """The windows read one thread 1.05x, open; the launches after them read it 6x: the
+    finding is the later alternation of the same settings, in launches."""
+    finding = thread_oversubscription(windows_threads_run(
+        [600.0, 640.0, 610.0, 630.0, 600.0, 650.0, 620.0],
+        then=[600.0, 3700.0, 620.0, 3800.0, 640.0]), T)
+    assert finding is not None and finding.severity == "high"
+    assert "alternated A B A B A in launches (probes p8-p12)" in finding.evidence
+
+
+def test_of_two_configurations_alternated_the_gain_beyond_noise_is_the_finding():
+    """The script's settings read one thread 1.3x in windows that cannot tell it from none;
+    the best configuration (2 workers) read it 1.2x beyond noise in the same launch: the
+    established gain is the finding, not the larger open one."""
+    builder = (RunBuilder(world_size=2, cpus=2)
+               .probe("p0", kind="baseline", num_workers=0, throughput=500.0,
+                      entry={"intra_op_threads": 2, "ranks_per_host": 2, "cpus_available": 2})
+               .steps(n=5))
+    alternate_threads(builder, 1, [600.0, 1000.0, 500.0, 600.0, 650.0, 900.0, 560.0],
+                      launch="p001-screen")
+    alternate_threads(builder, 8, [600.0, 720.0, 602.0, 724.0, 598.0, 718.0, 601.0],
+                      launch="p001-screen", workers=2)
+    builder.summary["launcher"] = "none"
+    finding = thread_oversubscription(builder.build(), T)
+    assert finding is not None and finding.severity == "medium"
+    assert "(probes p8-p14)" in finding.evidence and "num_workers=2" in finding.evidence
+
+
 def test_threads_to_fit_is_the_one_test():
     from ddp_profile.profiler.cpus import threads_to_fit
 

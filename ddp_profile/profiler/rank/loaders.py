@@ -259,7 +259,8 @@ class LoaderHooks:
     def _switch_window(self, iterator: Any, state: IteratorState, window: int) -> None:
         """Rebuild the training loader's iterator with the settings of ``window``; where they
         are the last window's, in the same mode (windows that differ in gradient
-        synchronisation alone), the iterator goes on as it is."""
+        synchronisation or threads alone), the iterator goes on as it is. Torch's intra-op
+        threads switch first (``Screen.switch_threads``); the window's event keeps them."""
         previous = self.screen.window
         same = self.plan.window_settings(window) == self.plan.window_settings(previous) \
             and self.plan.window_mode(window) == self.plan.window_mode(previous)
@@ -268,13 +269,15 @@ class LoaderHooks:
         loader = state.loader()
         settings = self.plan.window_settings(window)
         try:
+            threads = self.screen.switch_threads(window)  # every rank at this same step
             rebuilt = None if same else rebuilt_iterator(loader, state, settings)
             if rebuilt is not None:
                 fresh, started = rebuilt
                 state.meter = self._adopt(fresh, state.loader_id)
                 state.delegate, state.t_iter, state.first = fresh, started, True
             self.event("window", window=window, applied=applied_settings(loader),
-                       mode=self.plan.window_mode(window), switched_ns=switched_ns)
+                       mode=self.plan.window_mode(window), switched_ns=switched_ns,
+                       threads=threads)
         except Exception as exc:  # noqa: BLE001 - e.g. a DataLoader subclass that forbids it
             self.event("screen_unsupported", window=window,
                        error=f"{type(exc).__name__}: {exc}"[:500])
@@ -284,6 +287,7 @@ class LoaderHooks:
         """Record a fresh iterator's first batch; the seconds since the iterator was made."""
         first_batch_s = (time.perf_counter_ns() - state.t_iter) / 1e9
         if not self.context_written:
+            self.screen.start_threads()  # a first window's own threads, once the script set its
             self.write_context()
             self._start_samplers()
         self.recorder.write({"kind": "loader_iter", "rank": current_rank(),

@@ -181,6 +181,8 @@ class Screen:
         # batches taken are noted (``note_dispatched``)
         self.replays = bool(plan.windows) or plan.mode == Mode.CEILING
         self.window = 0  # the window the training loader is in
+        self.script_threads: Optional[int] = None  # torch's intra-op threads as the script had
+        # them before a window changed them (read where the screen switches threads)
 
     def label(self, record: dict[str, Any]) -> None:
         """A screen's step record gets its window, and is measured past the window's
@@ -206,6 +208,26 @@ class Screen:
         if self.windows and steps_closed in self.starts:
             return self.starts.index(steps_closed)
         return None
+
+    def start_threads(self) -> None:
+        """Window 0's threads where it runs its own (``ProbePlan.window_threads``): set at the
+        first batch, once the script set its own (which later windows restore)."""
+        if self.windows and self.plan.window_threads(0):
+            self.switch_threads(0)
+
+    def switch_threads(self, window: int) -> int:
+        """Where the screen switches threads (``ProbePlan.switches_threads``), torch's
+        intra-op threads for ``window``: its own count, else the script's (read with
+        ``torch.get_num_threads`` before the first switch). The count in force now."""
+        import torch
+
+        if self.plan.switches_threads:
+            if self.script_threads is None:
+                self.script_threads = int(torch.get_num_threads())
+            wanted = self.plan.window_threads(window) or self.script_threads
+            if torch.get_num_threads() != wanted:
+                torch.set_num_threads(wanted)
+        return int(torch.get_num_threads())
 
     def mode(self, training: bool) -> Mode:
         """The mode a batch is served in (``Mode.NORMAL`` or ``Mode.CEILING``)."""

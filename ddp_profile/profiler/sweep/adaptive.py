@@ -27,6 +27,8 @@ from ddp_profile.profiler.store.probes import Kind, ProbeRecord, Status, is_meas
 from ddp_profile.profiler.sweep import ceiling
 from ddp_profile.profiler.sweep.climb import (
     CLIMB_STOP_CPU_SHARE,
+    Ladder,
+    LadderStop,
     adding,
     beats,
     climb_points,
@@ -37,7 +39,6 @@ from ddp_profile.profiler.sweep.climb import (
     worth_screening,
     worth_tuning,
 )
-from ddp_profile.profiler.sweep.ladder import Ladder, LadderStop
 from ddp_profile.profiler.sweep.space import normalise
 from ddp_profile.profiler.sweep.state import SearchState, Window
 

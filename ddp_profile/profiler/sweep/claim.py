@@ -185,7 +185,7 @@ def launch_each(search: SearchState, roles: list[str], window: Callable[[str, in
     (``SearchState.alternation_stopped``) and returned: ``decide.stopping``'s ``DECIDED``,
     ``FUTILE``, ``ROUNDS`` or ``FAILED``. ``early``: asked after each launch before the last
     of ``roles``, a stop there (the persistence check's: ``decide.stopping.persistence_stop``,
-    its own roles: no more pairs). The threads check's too (``sweep.search``)."""
+    its own roles: no more pairs). The threads check's too (``sweep.threads_check``)."""
     roles, index, group = list(roles), 0, ""
     while index < len(roles):
         placed = window(roles[index], index)

@@ -247,9 +247,9 @@ class LedgerMeasurer:
         those ``condemned(measured so far, window)`` by what the screen measured. Each window
         becomes a ledger entry with ``screened`` true. Sets ``screen_unsupported`` when the
         loader cannot be rebuilt."""
-        if any(w.threads is not None or w.persistent_workers or w.warmup for w in windows):
-            raise ValueError("threads, persistent_workers and a warm-up of its own need a "
-                             "launch of their own")
+        if any(w.persistent_workers or w.warmup for w in windows):
+            raise ValueError("persistent_workers and a warm-up of its own need a launch of "
+                             "their own")
         done: list[ProbeRecord] = []
         ran: list[Window] = []
         pending = list(windows)
@@ -319,7 +319,7 @@ class LedgerMeasurer:
             window_plan = ProbePlan(probe_id=probe_id, out_dir=self.run_dir.probe_dir(probe_id),
                                     overrides=window.config, warmup=plan.window_warmup(index),
                                     steps=window.steps or self.steps, mode=window.mode,
-                                    ddp=window.ddp)
+                                    ddp=window.ddp, threads=window.threads)
             entry = summarise_probe(window_plan, window_outcome, window.kind, timeout_s,
                                     ranks=self.rank_data(probe_id), pair=window.pair,
                                     screen=ScreenLaunch(launch_id, outcome.wall_s,
@@ -342,6 +342,7 @@ class LedgerMeasurer:
                 "warmup": window_warmup(self.warmup, window.config, window.mode,
                                         self.warmup_room(window.config)),
                 **({"ddp": dict(window.ddp)} if window.ddp is not None else {}),
+                **({"threads": window.threads} if window.threads is not None else {}),
                 "steps": burst_steps(window.steps or self.steps, window.config.num_workers,
                                      window.mode, window.steps_per_s)}
 
@@ -377,7 +378,8 @@ class LedgerMeasurer:
         for window, probe_id in zip(pending, ids):
             entry = self._finished(probe_id, window.config, window.kind,
                                    window.steps or self.steps, screened=True)
-            if entry is None or entry.comm.options != window.ddp:
+            if entry is None or entry.comm.options != window.ddp \
+                    or entry.threads != window.threads:
                 break
             reused.append(self._record(entry, reused=True))
         return reused

@@ -9,7 +9,8 @@ have recorded, so everything downstream reads it unchanged (pure file work, no t
 * records with a time (telemetry samples, events during training, errors) whose time falls in
   the window, per rank: from the window's first step to the next window's first step;
 * the set-up facts (context, loader records, DDP options, events before training) in every
-  window, with the training loader's ``applied`` settings replaced by the window's own;
+  window, with the training loader's ``applied`` settings and the context's intra-op threads
+  replaced by the window's own (its switch's ``window`` event);
 * an ``end`` record: "steps_done" for a window every rank finished, the rank's real end (or
   none) for the window the launch stopped in.
 """
@@ -77,6 +78,7 @@ class _RankScreen:
                 self.steps.setdefault(self.window_of(int(record["step"])), []).append(record)
         self.applied: dict[int, dict[str, Any]] = {}
         self.switched: dict[int, int] = {}  # window -> wall clock of the switch into it
+        self.threads: dict[int, int] = {}  # window -> torch's intra-op threads from its switch
         self.unsupported: dict[int, str] = {}
         for record in records:
             if record.get("kind") != "event":
@@ -86,6 +88,8 @@ class _RankScreen:
                 self.applied[int(data.get("window", -1))] = dict(data.get("applied") or {})
                 self.switched[int(data.get("window", -1))] = int(
                     data.get("switched_ns") or record.get("t_ns") or 0)
+                if data.get("threads"):
+                    self.threads[int(data.get("window", -1))] = int(data["threads"])
             elif record.get("name") == "screen_unsupported":
                 self.unsupported[int(data.get("window", -1))] = str(data.get("error"))
 
@@ -108,6 +112,15 @@ class _RankScreen:
 
     def complete(self, window: int) -> bool:
         return len(self.steps.get(window, [])) >= self.lengths[window]
+
+    def _context(self, record: dict[str, Any], window: int) -> dict[str, Any]:
+        """The context as ``window`` ran: its intra-op threads those in force from its switch
+        (window 0, and a run recorded before switches kept them: the context's own)."""
+        context = {**record, "window": window}
+        if window in self.threads:
+            context["threads"] = {**(record.get("threads") or {}),
+                                  "intra_op": self.threads[window]}
+        return context
 
     def window_records(self, window: int, settings_applied: Optional[dict[str, Any]],
                        complete: bool) -> list[dict[str, Any]]:
@@ -144,7 +157,7 @@ class _RankScreen:
                 else:
                     out.append(record)
             elif kind == "context":
-                out.append({**record, "window": window})
+                out.append(self._context(record, window))
             elif kind == "event" and record.get("name") in STATIC_EVENTS:
                 out.append(record)
             elif kind == "end":

@@ -7,7 +7,7 @@ measurer, SIGHUP ignored, a killed harness's probe reaped, the followers release
 Grid search measures every combination. Adaptive search runs two screens, then the batch
 sizes (``sweep.adaptive``); without screens it climbs the worker ladder (``sweep.climb``).
 The compute-only ceiling is ``sweep.ceiling``'s, the communication counterfactuals
-``sweep.communication``'s.
+``sweep.communication``'s, the threads counterfactuals ``sweep.threads_check``'s.
 The best measured configuration is ``decide.choose``'s alone, as in the recommendation;
 ``--repeat`` re-measures exactly the configuration recommended (``sweep.claim.recommended``:
 that one, or the script's own where the claim's check did not find it faster).
@@ -19,23 +19,14 @@ import math
 from typing import Any, Callable, Optional
 
 from ddp_profile.errors import NoDataLoader, ProbeTimeout, ScriptFailed
-from ddp_profile.profiler.cpus import cpus_available, threads_to_fit
+from ddp_profile.profiler.cpus import cpus_available
 from ddp_profile.profiler.decide.capacity import Capacity, run_model
 from ddp_profile.profiler.decide.choose import (
     UNSTABLE_RSE,
-    ChoiceThresholds,
     candidate_of,
     choose,
     relative_se,
 )
-from ddp_profile.profiler.decide.paired import (
-    CANDIDATE,
-    alternations,
-    letters,
-    order,
-    room_for_noise,
-)
-from ddp_profile.profiler.decide.stopping import alternation_stop
 from ddp_profile.profiler.decide.worker_restarts import run_steps
 from ddp_profile.profiler.launch.coordinate import Coordinator
 from ddp_profile.profiler.launch.ranks import LaunchSpec, ignore_hangup, restore_hangup
@@ -50,8 +41,8 @@ from ddp_profile.profiler.store.probes import (
     latest_ceiling,
 )
 from ddp_profile.profiler.store.rundir import RunDir
-from ddp_profile.profiler.sweep import adaptive, ceiling, claim, communication
-from ddp_profile.profiler.sweep.ladder import LadderStop
+from ddp_profile.profiler.sweep import adaptive, ceiling, claim, communication, threads_check
+from ddp_profile.profiler.sweep.climb import LadderStop
 from ddp_profile.profiler.sweep.measure import LedgerMeasurer
 from ddp_profile.profiler.sweep.space import Axes, SearchSpace, grid, normalise, resolve_axes
 from ddp_profile.profiler.sweep.state import (
@@ -141,7 +132,7 @@ class Search:
             ("the communication counterfactuals" if self.options.comm else "",
              lambda: communication.measure(self, larger_batches=adaptive_run)
              if self.options.comm else None),
-            ("the threads counterfactuals", self.threads),
+            ("the threads counterfactuals", lambda: threads_check.measure(self)),
             ("the compute-only ceiling" if self.options.ceiling else "",
              lambda: ceiling.measure(self) if self.wants_ceiling() else None),
             ("", lambda: ceiling.vet(self)),
@@ -254,65 +245,6 @@ class Search:
             entry = self.measurer.measure(Window(config, Kind.REPEAT))
             if not entry.ok:
                 break  # a crash or an OOM would only repeat itself
-
-    def threads(self) -> None:
-        """The threads counterfactuals (kind ``threads``, never in the choice): where the
-        baseline, or the best configuration found (its workers can tip the CPUs over),
-        oversubscribes the CPUs with intra-op threads (``cpus.threads_to_fit``), the same
-        settings again with the threads that fit. Where one read faster than its subject by
-        more than ``noise_floor``, it is checked as a user would (``_alternate_threads``)."""
-        base, best = self.baseline, self.best()
-        if base is None or not base.ok:
-            return
-        subjects = [(base, LoaderSettings(), None)]
-        if best is not None and normalise(best.config) != normalise(base.config):
-            config = normalise(best.config)
-            subjects.append((best, config, self.steps_per_s(config)))
-        gains = []
-        for entry, config, rate in subjects:
-            fit = threads_to_fit(entry.host.intra_op_threads,
-                                 entry.host.ranks_per_host or self.nproc_per_node,
-                                 entry.host.worker_cores or 0.0, entry.host.cpus_available)
-            if fit is None:
-                continue
-            probe = self.measurer.measure(Window(config, Kind.THREADS, threads=fit,
-                                                 steps_per_s=rate))
-            if probe.ok and probe.throughput and entry.throughput:
-                gains.append((probe.throughput / entry.throughput, config, fit, rate))
-        if gains and self.options.pairs > 0:
-            gain, config, fit, rate = max(gains, key=lambda item: item[0])
-            if gain > 1 + ChoiceThresholds().noise_floor:
-                self._alternate_threads(config, fit, rate)
-
-    def _alternate_threads(self, config: LoaderSettings, fit: int, rate: Optional[float]
-                           ) -> None:
-        """``config`` with the script's threads (A) and with ``fit`` per rank (B), a launch
-        each, ``A B A B A`` (``claim.launch_pairs``; one more pair at a time while undecided,
-        up to ``claim.MAX_CLAIM_LAUNCHES``), whole epochs where its workers restart
-        (``claim.whole_epoch_steps``): one counterfactual probe against its subject, launches
-        minutes apart, carries the machine's drift. The finding reads the alternation's fit
-        (``rules.threads``)."""
-        assert self.baseline is not None
-        group = f"threads-{len(self.entries):03d}"
-        roles = order(claim.launch_pairs(self.options.pairs))
-        settings = normalise(config if config != LoaderSettings() else self.baseline.config)
-        if not room_for_noise(len(roles), 1):
-            self.progress("note", {"text": f"the threads are not checked: {letters(roles)} "
-                                           "leaves no room for its noise (--pairs 2 or more)"})
-            return
-        self.progress("note", {"text": f"checking the threads: {settings.label()} with the "
-                                       f"script's threads (A) and {fit} thread(s) per rank "
-                                       f"(B) alternated, {letters(roles)}, a launch each"})
-        steps = claim.whole_epoch_steps(self, [settings])
-        claim.launch_each(
-            self, roles,
-            lambda role, index: Window(config, Kind.THREADS, steps=steps, steps_per_s=rate,
-                                       threads=fit if role == CANDIDATE else None,
-                                       pair={"role": role, "index": index, "group": group}),
-            lambda allowed: alternation_stop(
-                self.entries, alternations(self.entries, Kind.THREADS)[-1], claim.DEFAULTS,
-                allowed),
-            check="the threads check")
 
     # ---- the baseline ---------------------------------------------------------------------
     def _check_baseline(self, entry: ProbeRecord) -> None:

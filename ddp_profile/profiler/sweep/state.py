@@ -43,16 +43,18 @@ class Window:
     pair: Optional[dict[str, Any]] = None  # its place in the claim's alternation (``claim``)
     ddp: Optional[dict[str, Any]] = None  # DDP options of the window: in a screen, gradient
     # synchronisation alone (``GRADIENT_SYNC``) switches between windows; None: the script's
-    # own. In a launch of its own only (a screen's windows share their ranks' threads, and a
-    # loader is rebuilt at every switch; a window's warm-up is ``settings.window_warmup``'s):
-    threads: Optional[int] = None  # torch's intra-op threads in every rank
+    # own
+    threads: Optional[int] = None  # torch's intra-op threads in every rank (None: the
+    # script's own); in a screen, set at the window's switch (``ProbePlan.window_threads``)
+    # In a launch of its own only (a loader is rebuilt at every switch; a window's warm-up is
+    # ``settings.window_warmup``'s):
     persistent_workers: Optional[bool] = None  # True: every loader keeps its workers
     warmup: Optional[int] = None  # warm-up steps (None: the run's --warmup)
 
 
 class Condemned(Protocol):
     """What a screen is measured with to drop windows its measurements rule out
-    (``sweep.ladder.Ladder``)."""
+    (``sweep.climb.Ladder``)."""
 
     def __call__(self, done: list[ProbeRecord], window: Window) -> bool:
         """Whether ``done`` (the screen's entries so far) condemn ``window``, yet to run."""
@@ -203,6 +205,10 @@ class SearchState(Protocol):
     def progress(self) -> ProgressFn: ...
 
     @property
+    def nproc_per_node(self) -> int:
+        """The ranks per machine the launch starts (where no probe observed them)."""
+
+    @property
     def baseline(self) -> Optional[ProbeRecord]:
         """The script's own settings as measured (None until measured)."""
 
@@ -218,7 +224,7 @@ class SearchState(Protocol):
         """Tell the user ``text`` the first time ``topic`` comes up in this sweep."""
 
     def ladder_stopped(self, stop: Any) -> None:
-        """Record why the worker ladder ended (a ``sweep.ladder.LadderStop``) and say it,
+        """Record why the worker ladder ended (a ``sweep.climb.LadderStop``) and say it,
         once a sweep."""
 
     def alternation_stopped(self, record: dict[str, Any]) -> None:

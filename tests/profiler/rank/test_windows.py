@@ -39,6 +39,50 @@ def test_a_screen_labels_windows_switches_at_their_starts_and_ends_after_the_las
     assert not screen.done(14, 0, 10) and screen.done(15, 0, 10)
 
 
+@pytest.fixture
+def own_threads():
+    """Torch's intra-op threads as the test found them, put back after it."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield before
+    torch.set_num_threads(before)
+
+
+def test_a_screen_switches_torchs_threads_per_window_and_restores_the_scripts(own_threads):
+    """A B A with B at 1 thread: the script's count is read before the first switch (here
+    one more than it started with: what the script set), and every A window gets it back."""
+    import torch
+
+    windows = tuple({"overrides": {}, "warmup": 1, "steps": 2, **extra}
+                    for extra in ({}, {"threads": 1}, {}))
+    screen = Screen(ProbePlan(probe_id="p", out_dir="/tmp/x", windows=windows))
+    screen.start_threads()  # window 0 runs the script's own: nothing set
+    assert torch.get_num_threads() == own_threads and screen.script_threads is None
+    torch.set_num_threads(own_threads + 1)  # the script's own
+    assert screen.switch_threads(1) == 1 == torch.get_num_threads()
+    assert screen.switch_threads(2) == own_threads + 1 == torch.get_num_threads()
+
+
+def test_a_screen_that_starts_with_threads_of_its_own_sets_them_at_its_first_batch(own_threads):
+    import torch
+
+    windows = tuple({"overrides": {}, **extra} for extra in ({"threads": 1}, {}))
+    screen = Screen(ProbePlan(probe_id="p", out_dir="/tmp/x", windows=windows))
+    screen.start_threads()
+    assert torch.get_num_threads() == 1 and screen.script_threads == own_threads
+    assert screen.switch_threads(1) == own_threads
+
+
+def test_windows_without_threads_leave_torchs_alone(own_threads):
+    import torch
+
+    screen = Screen(ProbePlan(probe_id="p", out_dir="/tmp/x",
+                              windows=({"overrides": {}}, {"overrides": {}})))
+    torch.set_num_threads(1)
+    assert screen.switch_threads(1) == 1 and screen.script_threads is None
+
+
 def replayed_epochs(workers: int, epochs: int) -> tuple[list[list[int]], DataLoader]:
     """The batches a ceiling serves a loop of ``epochs`` epochs, as the instrumentation
     asks for them: a real DataLoader, each epoch's iterator with its state."""

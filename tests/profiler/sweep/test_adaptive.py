@@ -63,6 +63,7 @@ class ModelMeasurer:
         self.asked.append(window)
         return self._entry(window.config, window.kind,
                            **({"pair": window.pair} if window.pair else {}),
+                           **({"threads": window.threads} if window.threads else {}),
                            **({"persistent_workers": True} if window.persistent_workers else {}))
 
     def measure_screen(self, windows: list[Window], condemned: Any = None
@@ -77,7 +78,8 @@ class ModelMeasurer:
         # a window measured longer (a contender settled) is modelled as certain
         return [self._entry(w.config, w.kind, screened=True,
                             throughput_rse=0.01 if w.steps else self.screen_rse,
-                            **({"pair": w.pair} if w.pair else {}))
+                            **({"pair": w.pair} if w.pair else {}),
+                            **({"threads": w.threads} if w.threads else {}))
                 for w in windows]
 
     def context(self, entry: ProbeRecord) -> dict[str, Any]:
@@ -437,17 +439,22 @@ def test_the_first_screen_brackets_the_predicted_worker_count():
 
 class ThreadsMeasurer(ModelMeasurer):
     """One rank of torch's 2 intra-op threads on 3 CPUs, each worker busy on 0.15 of a core:
-    more than 6 workers tip the CPUs over; the threads each launch was given are kept."""
+    more than 6 workers tip the CPUs over; the threads each launch, and each screen's
+    windows, were given are kept (a screen's windows share its launch)."""
 
-    def __init__(self, model: Model):
-        super().__init__(model)
+    def __init__(self, model: Model, screens: bool = True):
+        super().__init__(model, screens=screens)
         self.threads: list[tuple[str, Optional[int], LoaderSettings]] = []
+        self.screened: list[list[Window]] = []  # each screen's windows, as asked
+        self.launch: Optional[str] = None
 
     def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
         entry = super()._line(requested, kind, **extra)
         workers = entry["config"].get("num_workers") or 0
-        entry.update(intra_op_threads=2, ranks_per_host=1, cpus_available=3,
-                     worker_cores=0.15 * workers)
+        entry.update(intra_op_threads=extra.get("threads") or 2, ranks_per_host=1,
+                     cpus_available=3, worker_cores=0.15 * workers)
+        if extra.get("screened"):
+            entry["launch"] = self.launch
         return entry
 
     def measure(self, window: Window) -> ProbeRecord:
@@ -455,6 +462,12 @@ class ThreadsMeasurer(ModelMeasurer):
         self.threads.append((window.kind, window.threads,
                              entry.config))
         return entry
+
+    def measure_screen(self, windows: list[Window], condemned: Any = None
+                       ) -> list[ProbeRecord]:
+        self.launch = f"p{len(self.entries):03d}-screen"
+        self.screened.append(list(windows))
+        return super().measure_screen(windows, condemned)
 
 
 def test_the_best_configurations_threads_are_measured_where_its_workers_tip_the_cpus_over():
@@ -473,41 +486,69 @@ def test_no_threads_counterfactual_where_the_best_configuration_fits():
     fake = ThreadsMeasurer(cpu_bound)  # its best is 3 or 4 workers: 0.6 busy cores at most
     Search(fake, SPACE, SweepOptions(pairs=0, ceiling=False)).run()
     assert not [kind for kind, _, _ in fake.threads if kind == "threads"]
+    assert not [w for ws in fake.screened for w in ws if w.kind == Kind.THREADS]
 
 
 class OversubscribedMeasurer(ThreadsMeasurer):
-    """The threads that fit make every launch ``gain`` x faster."""
+    """The threads that fit make every launch (or window) ``gain`` x faster."""
 
-    def __init__(self, model: Model, gain: float, swing: float = 1.0):
-        super().__init__(model)
+    def __init__(self, model: Model, gain: float, swing: float = 1.0, screens: bool = True):
+        super().__init__(model, screens=screens)
         self.gain, self.swing = gain, swing  # ``swing``: every other such launch that much
-        self.window: Optional[Window] = None  # slower than its gain
-        self.fitted = 0
+        self.fitted = 0  # slower than its gain
 
     def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
         entry = super()._line(requested, kind, **extra)
-        if self.window is not None and self.window.threads:
+        if extra.get("threads"):
             entry["throughput"] *= self.gain / (self.swing if self.fitted % 2 else 1.0)
             self.fitted += 1
         return entry
 
-    def measure(self, window: Window) -> ProbeRecord:
-        self.window = window
-        return super().measure(window)
+
+def threads_windows_of(windows: list[Window]) -> list[Window]:
+    return [w for w in windows if w.kind == Kind.THREADS]
 
 
-@pytest.mark.parametrize("gain, pairs, alternated", [(3.0, 2, True), (1.0, 2, False),
-                                                     (3.0, 0, False), (3.0, 1, False)])
-def test_a_threads_counterfactual_that_read_a_gain_is_alternated_with_its_subject(
-        gain, pairs, alternated):
-    """One launch against another read minutes apart carries the machine's drift: where the
-    threads that fit read faster, they are checked as the claim is, A B A B A in launches;
-    where they read no gain (or ``--pairs 0``; ``--pairs 1``: A B A leaves its fit no room for
-    noise), nothing more is launched."""
+def threads_windows(fake: ThreadsMeasurer) -> list[Window]:
+    """The threads check's windows, every screen's, in order."""
+    return [w for windows in fake.screened for w in threads_windows_of(windows)]
+
+
+@pytest.mark.parametrize("gain, pairs", [(3.0, 2), (1.0, 2), (3.0, 1), (3.0, 3)])
+def test_the_threads_that_fit_are_alternated_with_the_scripts_in_windows_of_one_launch(
+        gain, pairs):
+    """Where the script's run holds windows, its settings with the script's threads (A) and
+    with the threads that fit (B) alternate in windows of one launch, A B A B A B A (at least
+    3 pairs: windows are cheap), in place of a launch with the threads that fit and launches
+    alternated after it; a clear gain, or none, is decided there: nothing more is launched."""
     fake = OversubscribedMeasurer(io_bound, gain)
     found = Search(fake, SPACE, SweepOptions(pairs=pairs, ceiling=False))
     found.run()
     best = found.best().config
+    assert [w for w in fake.asked if w.kind == Kind.THREADS] == []  # no launch of its own
+    windows = threads_windows(fake)
+    assert [(w.threads, w.pair["role"], w.pair["index"]) for w in windows] == [
+        (1, "candidate", i) if i % 2 else (None, "reference", i) for i in range(7)]
+    assert [ws for ws in fake.screened if threads_windows_of(ws)] == [windows]  # one launch
+    assert {w.config for w in windows} == {best} and len({w.pair["group"] for w in windows}) == 1
+    entries = [e for e in found.entries if e.kind == Kind.THREADS]
+    assert [e.threads for e in entries] == [None, 1] * 3 + [None]
+    assert [e.host.intra_op_threads for e in entries] == [2, 1] * 3 + [2]
+    assert found.best().kind == "sweep"  # none of them competes in the choice
+    assert found.alternation_stops == []  # no alternation in launches
+
+
+@pytest.mark.parametrize("gain, alternated", [(3.0, True), (1.0, False)])
+def test_without_windows_the_threads_that_fit_get_a_launch_then_launches_alternated(
+        gain, alternated):
+    """A loader whose screens were refused: the threads that fit in a launch of their own;
+    where that read a gain, checked as the claim is, A B A B A in launches; where it read
+    none, nothing more is launched."""
+    fake = OversubscribedMeasurer(io_bound, gain, screens=False)
+    found = Search(fake, SPACE, SweepOptions(pairs=2, ceiling=False))
+    found.run()
+    best = found.best().config
+    assert threads_windows(fake) == []
     threads = [w for w in fake.asked if w.kind == Kind.THREADS]
     assert threads[0].threads == 1 and threads[0].pair is None  # the single counterfactual
     checked = threads[1:]
@@ -518,15 +559,37 @@ def test_a_threads_counterfactual_that_read_a_gain_is_alternated_with_its_subjec
         (None, "reference", 0), (1, "candidate", 1), (None, "reference", 2),
         (1, "candidate", 3), (None, "reference", 4)]
     assert {w.config for w in checked} == {best} and len({w.pair["group"] for w in checked}) == 1
-    assert found.best().kind == "sweep"  # none of them competes in the choice
+
+
+def test_a_script_that_ends_before_the_windows_keeps_launches_for_the_threads():
+    """A probe the script's end cut short: one launch would not hold the windows, so the
+    threads that fit run in a launch of their own (then the launches alternated)."""
+    class Short(OversubscribedMeasurer):
+        def _line(self, requested: Any, kind: str, **extra: Any) -> dict[str, Any]:
+            return {**super()._line(requested, kind, **extra), "short": True}
+
+    fake = Short(io_bound, 3.0)
+    Search(fake, SPACE, SweepOptions(pairs=2, ceiling=False)).run()
+    assert threads_windows(fake) == []
+    threads = [w for w in fake.asked if w.kind == Kind.THREADS]
+    assert threads[0].threads == 1 and threads[0].pair is None
+    assert [w.pair["role"] for w in threads[1:]] == ["reference", "candidate"] * 2 + [
+        "reference"]
+
+
+def test_without_pairs_the_threads_that_fit_are_one_launch():
+    fake = OversubscribedMeasurer(io_bound, 3.0)
+    Search(fake, SPACE, SweepOptions(pairs=0, ceiling=False)).run()
+    assert threads_windows(fake) == []
+    assert [(w.threads, w.pair) for w in fake.asked if w.kind == Kind.THREADS] == [(1, None)]
 
 
 class ReadingMeasurer(OversubscribedMeasurer):
-    """The threads that fit read ``readings`` x, launch after launch (the first: the single
-    counterfactual)."""
+    """The threads that fit read ``readings`` x, window or launch after launch (the first: a
+    launch's single counterfactual, where no windows run)."""
 
-    def __init__(self, model: Model, readings: list[float]):
-        super().__init__(model, readings[0])
+    def __init__(self, model: Model, readings: list[float], screens: bool = True):
+        super().__init__(model, readings[0], screens=screens)
         self.readings = readings
 
     def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
@@ -538,12 +601,28 @@ def test_a_threads_check_that_stays_undecided_gets_one_more_pair_at_a_time_up_to
     """With the threads that fit the launches read 1.06, 0.99, 1.05 and 1.03x: a gain its
     launches cannot tell from none, yet one the launches left could still establish, measured
     further as the claim's check is (9 at most; ``decide.stopping``)."""
-    fake = ReadingMeasurer(io_bound, [1.06, 1.06, 0.99, 1.05, 1.03])
+    fake = ReadingMeasurer(io_bound, [1.06, 1.06, 0.99, 1.05, 1.03], screens=False)
     Search(fake, SPACE, SweepOptions(pairs=2, ceiling=False)).run()
     checked = [w for w in fake.asked if w.kind == Kind.THREADS and w.pair is not None]
     assert len(checked) == claim.MAX_CLAIM_LAUNCHES
     assert [w.pair["index"] for w in checked] == list(range(9))
     assert [w.pair["role"] for w in checked] == ["reference", "candidate"] * 4 + ["reference"]
+
+
+def test_windows_that_leave_the_threads_gain_open_are_followed_by_launches():
+    """The windows read the threads that fit 1.06, 0.99 and 1.05x: a gain they cannot tell
+    from none, alternated again a launch each, A B A B A (and on while undecided), in a group
+    of its own; the single launch of the threads that fit is never needed."""
+    fake = ReadingMeasurer(io_bound, [1.06, 0.99, 1.05, 1.03])
+    found = Search(fake, SPACE, SweepOptions(pairs=2, ceiling=False))
+    found.run()
+    windows = threads_windows(fake)
+    launched = [w for w in fake.asked if w.kind == Kind.THREADS]
+    assert len(windows) == 7 and launched and all(w.pair is not None for w in launched)
+    assert [w.pair["role"] for w in launched[:5]] == ["reference", "candidate"] * 2 + [
+        "reference"]
+    assert {w.pair["group"] for w in launched} != {w.pair["group"] for w in windows}
+    assert [e["check"] for e in found.alternation_stops] == ["the threads check"]
 
 
 class CommMeasurer(ModelMeasurer):

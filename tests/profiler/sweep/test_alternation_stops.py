@@ -142,26 +142,32 @@ def test_a_futile_stop_leaves_the_answer_of_the_full_alternation():
     assert futile >= 10 and saved >= 10, (futile, saved)
 
 
+def threads_stops(found: Search) -> list[dict[str, Any]]:
+    """How the threads check's alternations in launches ended (the claim's check, in launches
+    too where screens are refused, records its own)."""
+    return [e for e in found.alternation_stops if e["check"] == "the threads check"]
+
+
 def test_the_threads_check_stops_futile_and_records_it_once():
     """With the threads that fit, every other launch reads 1.5x and the rest 0.83x: after
     A B A B A B A no reading of the last pair could make the check faster beyond noise, so
     it stops there (it ran 9 before); summary.json's ``search.alternations`` says so once."""
-    fake = OversubscribedMeasurer(io_bound, 1.5, swing=1.8)
+    fake = OversubscribedMeasurer(io_bound, 1.5, swing=1.8, screens=False)  # in launches
     found = Search(fake, SPACE, SweepOptions(pairs=2, ceiling=False))
     found.run()
     checked = [w for w in fake.asked if w.kind == Kind.THREADS and w.pair is not None]
     assert [w.pair["role"] for w in checked] == ["reference", "candidate"] * 3 + ["reference"]
-    [ended] = found.alternation_stops
+    [ended] = threads_stops(found)
     assert ended == {"group": checked[0].pair["group"], "check": "the threads check",
                      "letters": "A B A B A B A", "launches": 7, "stopped": "futile"}
 
 
 def test_a_clear_gain_is_decided_and_a_failed_launch_says_so():
-    fake = OversubscribedMeasurer(io_bound, 3.0)
+    fake = OversubscribedMeasurer(io_bound, 3.0, screens=False)  # in launches
     found = Search(fake, SPACE, SweepOptions(pairs=2, ceiling=False))
     found.run()
-    assert [e["stopped"] for e in found.alternation_stops] == ["decided"]
-    assert found.alternation_stops[0]["launches"] == 5
+    assert [e["stopped"] for e in threads_stops(found)] == ["decided"]
+    assert threads_stops(found)[0]["launches"] == 5
 
     class Failing(OversubscribedMeasurer):
         def _line(self, requested: Any, kind: str, **extra: Any) -> dict[str, Any]:
@@ -170,11 +176,11 @@ def test_a_clear_gain_is_decided_and_a_failed_launch_says_so():
                 entry["status"] = "crash"
             return entry
 
-    fake = Failing(io_bound, 3.0)
+    fake = Failing(io_bound, 3.0, screens=False)
     found = Search(fake, SPACE, SweepOptions(pairs=2, ceiling=False))
     found.run()
-    assert found.alternation_stops == [{
-        "group": found.alternation_stops[0]["group"], "check": "the threads check",
+    assert threads_stops(found) == [{
+        "group": threads_stops(found)[0]["group"], "check": "the threads check",
         "letters": "A B A", "launches": 3, "stopped": "failed"}]
 
 

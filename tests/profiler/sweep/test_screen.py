@@ -54,9 +54,9 @@ for epoch in range(100):
 """
 
 
-def run_screen(tmp_path, windows, steps=6, warmup=2):
+def run_screen(tmp_path, windows, steps=6, warmup=2, source=SCRIPT):
     script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
+    script.write_text(source)
     out = tmp_path / "launch"
     plan = ProbePlan(probe_id="p001-screen", out_dir=str(out), warmup=warmup, steps=steps,
                      mode="screen", overrides=LoaderSettings.from_dict(windows[0]["overrides"]),
@@ -121,6 +121,34 @@ def test_each_window_runs_its_own_worker_pool_and_is_split_into_a_probe(tmp_path
     measured = [s for s in ceiling if s["measured"]]
     assert sum(s["data_wait_s"] for s in measured) < 0.5 * sum(
         s["compute_s"] + s["other_s"] for s in measured)
+
+
+# A loop that sets its own intra-op threads, then writes, per step, the threads it ran with.
+THREADS_SCRIPT = SCRIPT.replace("seen.append(int(batch[0, 0]))",
+                                "seen.append(torch.get_num_threads())").replace(
+    "loader = DataLoader", "torch.set_num_threads(3)\nloader = DataLoader")
+
+
+def test_windows_switch_the_ranks_threads_and_restore_the_scripts_own(tmp_path):
+    """A screen whose windows alternate the threads that fit (B: 1) with the script's own (A:
+    the 3 it set itself), B first (a check's windows that a spilled screen starts with): each
+    window's steps ran with its threads, and each window's probe records them."""
+    windows = [{**window(0), "threads": 1}, window(0), {**window(0), "threads": 1}, window(0)]
+    plan, seen = run_screen(tmp_path, windows, source=THREADS_SCRIPT)
+    starts, lengths = plan.window_starts(), plan.window_lengths()
+    for index, (start, length) in enumerate(zip(starts, lengths)):
+        assert set(seen[start:start + length]) == {windows[index].get("threads") or 3}, seen
+    splits = split_screen(plan.out_dir, [str(tmp_path / f"p{i:03d}") for i in range(4)],
+                          starts, lengths)
+    for index, split in enumerate(splits):
+        window_plan = ProbePlan(probe_id=f"p{index:03d}", out_dir=split.out_dir,
+                                warmup=plan.window_warmup(index), steps=plan.steps,
+                                threads=windows[index].get("threads"))
+        outcome = LaunchOutcome(0, False, False, split.span_s, str(tmp_path / "none.log"))
+        entry = summarise_probe(window_plan, outcome, "threads", 60.0).to_json()
+        assert entry["status"] == "ok", entry
+        assert (entry["threads"], entry["intra_op_threads"]) == (
+            (1, 1) if index % 2 == 0 else (None, 3))
 
 
 def _rank_file(directory, rank, records):
@@ -247,7 +275,7 @@ def test_a_spilled_screen_launches_no_rung_its_lower_rungs_condemned(tmp_path):
     from ddp_profile.profiler.launch.ranks import LaunchSpec
     from ddp_profile.profiler.store.probes import Kind, ProbeRecord
     from ddp_profile.profiler.store.rundir import RunDir
-    from ddp_profile.profiler.sweep.ladder import Ladder as condemned
+    from ddp_profile.profiler.sweep.climb import Ladder as condemned
     from ddp_profile.profiler.sweep.measure import LedgerMeasurer
     from ddp_profile.profiler.sweep.state import Window
 
@@ -335,8 +363,7 @@ def test_rungs_that_lose_more_as_they_add_workers_end_the_ladder_whatever_their_
     same, 23 and a ceiling at 23 are condemned, and the stop keeps both rungs as its
     evidence, said in one line."""
     from ddp_profile.profiler.store.probes import Kind, ProbeRecord
-    from ddp_profile.profiler.sweep.climb import ladder_evidence
-    from ddp_profile.profiler.sweep.ladder import Ladder
+    from ddp_profile.profiler.sweep.climb import Ladder, ladder_evidence
     from ddp_profile.profiler.sweep.state import Window
 
     def line(probe_id: str, workers: int, rate: float, steady=None) -> ProbeRecord:
