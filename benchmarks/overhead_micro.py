@@ -170,7 +170,11 @@ def rank_cost(loop: Any, pairs: int, block_steps: int, out_dir: str) -> dict[str
     plain, hooked = alternate(loop, pairs, block_steps, out_dir)
     added = [(h - p) * 1e6 for h, p in zip(hooked, plain)]
     low, high = median_interval(added)
+    # the same per microsecond of the pair's plain step: the machine's speed, which changes
+    # between sittings on a shared VM, scales both (what compares sittings)
+    share = statistics.median((h - p) / p for h, p in zip(hooked, plain))
     return {"plain_step_us": round(statistics.median(plain) * 1e6, 2),
+            "added_share_of_plain": round(share, 4),
             "instrumented_step_us": round(statistics.median(hooked) * 1e6, 2),
             "added_us": round(statistics.median(added), 2),
             "added_interval_us": [round(low, 2), round(high, 2)],
@@ -302,10 +306,12 @@ def main() -> None:
         "rank_added_us_per_step": step_us,
         "rank_added_interval_us": tiny["added_interval_us"],
         "rank_added_quartiles_us": tiny["added_quartiles_us"],
+        "rank_added_share_of_plain": tiny["added_share_of_plain"],
         "light_plain_step_us": light["plain_step_us"],
         "light_rank_added_us_per_step": light["added_us"],
         "light_rank_added_interval_us": light["added_interval_us"],
         "light_rank_added_quartiles_us": light["added_quartiles_us"],
+        "light_rank_added_share_of_plain": light["added_share_of_plain"],
         "worker_plain_batch_us": round(statistics.median(bare) * 1e6, 2),
         "worker_added_us_per_batch": round(worker_us, 2),
         "added_us_per_step": round(added_us, 2),

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from ddp_profile.profiler.rank.loading import clocks
+from ddp_profile.profiler.rank.loading import clocks, pagecache
 from ddp_profile.profiler.rank.loading.clocks import (
     GcClock,
     IoCounters,
@@ -114,6 +114,7 @@ class CostMeter:
         fetch, collate = fetcher.fetch, fetcher.collate_fn
         meter, local, collected_ns = self, self._local, GcClock._total.get
         runq_size, io_size, pread = RunQueueClock.SIZE, IoCounters.SIZE, os.pread
+        fetching = pagecache.FETCHING
 
         def timed_collate(data: Any) -> Any:
             meter.collate_start = (collected_ns(get_ident(), 0), _perf(), _cpu())
@@ -138,8 +139,8 @@ class CostMeter:
             except OSError:
                 runq_before = io_before = None
             cpu = _cpu()
-            if files is not None:
-                files.begin(ident)
+            if files is not None:  # ``files.begin``: its opens are empty since its ``end``
+                fetching[ident] = files
             try:
                 batch = fetch(index)  # StopIteration and the dataset's errors pass through
             finally:
@@ -151,8 +152,10 @@ class CostMeter:
                 except OSError:
                     runq_after = io_after = None
                 wall_end = _perf()
-                if files is not None:
-                    files.end(ident)
+                if files is not None:  # ``files.end``, where the fetch opened any file
+                    fetching.pop(ident, None)
+                    if files.opens:
+                        files.end(ident)
             samples = batch_size_of(batch, -1)
             if meter.in_loop:  # its size, for the step that takes it (``rank.loaders``)
                 meter.made, meter.made_samples = batch, samples

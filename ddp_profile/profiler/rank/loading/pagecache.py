@@ -118,6 +118,7 @@ def _path(file: Any, mode: Any) -> Optional[str]:
 
 _READING: dict[str, bool] = {}  # open's mode -> whether it opens for reading only
 _fetching: dict[int, FileReads] = {}  # thread ident -> the producer fetching in that thread
+FETCHING = _fetching  # what ``begin`` and ``end`` do, for a fetch's hot path to do inline
 _original_open = builtins.open
 
 
