@@ -2,16 +2,19 @@
 
 Launch-to-launch noise on a shared 2-core machine (5-15 % in median step time) hides a 1 %
 overhead in ``overhead.py``. This benchmark measures the added cost directly: the same tight
-training loop (a tiny model, so the loop is dominated by the per-step hooks) runs with and
-without the instrumentation installed, interleaved, in one process; the difference per step,
-divided by a real step time, is the overhead ratio. The rank's loop loads in-process
-(``num_workers=0``), so its per-batch meter is included; a DataLoader worker's side (the meter
-and its per-worker file) is timed the same way on a worker's fetch loop and added per step.
-The watch on the files a fetch opens (``profiler.rank.loading.pagecache``) is timed on fetches of
-small files read whole from the page cache, the loading where it weighs most: its added time
-per file, and the fetch's time with it against without (``files_fetch_ratio``).
+training loop runs in short blocks, plain and instrumented in turn (the order flipped each
+pair, the patches applied and removed between blocks, outside the timed region); the figure is
+the median over pairs of the difference per step, with a distribution-free 95 % interval of
+that median. Each block takes its first batches untimed (a fresh iterator's start is an
+epoch's cost, not a step's) and ends with its records flushed, timed (their encoding is the
+step path's, deferred). Two loops: the tiny model of before (``rank_added_us_per_step``) and a
+lighter one (a 4-float batch, a 4-parameter model, a one-line optimizer) whose short plain step
+leaves less noise in the difference. Both load in-process (``num_workers=0``): the rank's
+per-batch meter is included. The host sampler's thread is stopped (``sampler_cost.py``).
+A DataLoader worker's side (its meter and file) is timed on a worker's fetch loop and added per
+step; the watch on the files a fetch opens, on fetches of small cached files read whole.
 
-    python benchmarks/overhead_micro.py [--quick] [--step-ms 36]
+    python benchmarks/overhead_micro.py [--quick] [--pairs 40] [--step-ms 36]
 
 Prints one JSON object as its last line.
 """
@@ -20,11 +23,13 @@ from __future__ import annotations
 
 import argparse
 import builtins
+import itertools
+import math
 import statistics
 import sys
 import tempfile
 import time
-from typing import Optional
+from typing import Any, Iterator, Optional
 
 import torch
 from torch import nn
@@ -36,33 +41,145 @@ from ddp_profile.profiler.rank.instrument import Instrumentation
 from ddp_profile.profiler.rank.loading import loadcost, pagecache
 from ddp_profile.profiler.settings import ProbePlan
 
-
-def loop(steps: int) -> float:
-    """Seconds per step of a minimal training loop over a real DataLoader."""
-    data = TensorDataset(torch.randn(steps * 4, 8), torch.randn(steps * 4, 1))
-    loader = DataLoader(data, batch_size=4)
-    model = nn.Linear(8, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    start = time.perf_counter()
-    for x, y in loader:
-        loss = nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return (time.perf_counter() - start) / steps
+BLOCK_WARMUP = 3  # batches a block takes before its clock starts
 
 
-def instrumented(steps: int, out_dir: str) -> float:
+class TinyLoop:
+    """The loop of before: a 4-sample batch of a TensorDataset through the default collate,
+    ``nn.Linear(8, 1)``, MSE loss, ``backward()``, SGD's step and ``zero_grad``."""
+
+    name = "tiny"
+
+    def __init__(self, steps: int):
+        self.data = TensorDataset(torch.randn(steps * 4, 8), torch.randn(steps * 4, 1))
+        self.model = nn.Linear(8, 1)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
+
+    def loader(self) -> DataLoader:
+        return DataLoader(self.data, batch_size=4)
+
+    def run(self, batches: Iterator[Any], steps: int) -> None:
+        model, optimizer, loss_of = self.model, self.optimizer, nn.functional.mse_loss
+        for x, y in itertools.islice(batches, steps):
+            loss = loss_of(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+def _first(batch: list) -> Any:
+    return batch[0]
+
+
+class _Update(torch.optim.Optimizer):
+    """The least an optimizer step does: one in-place update, its gradient dropped (torch's
+    wrapper of ``step``, which runs the post hooks, is the same as any optimizer's)."""
+
+    def __init__(self, params: Any):
+        super().__init__(params, {})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        for param in self.param_groups[0]["params"]:
+            param.sub_(param.grad, alpha=0.01)
+            param.grad = None
+
+
+class LightLoop:
+    """The same hooks on a shorter step: one 4-float sample a batch (its collate returns it),
+    a 4-parameter model, ``backward()`` and a one-line optimizer step."""
+
+    name = "light"
+
+    def __init__(self, steps: int):
+        self.items = list(torch.randn(steps, 4))
+        self.weight = nn.Parameter(torch.zeros(4))
+        self.optimizer = _Update([self.weight])
+
+    def loader(self) -> DataLoader:
+        return DataLoader(self.items, batch_size=1, collate_fn=_first)
+
+    def run(self, batches: Iterator[Any], steps: int) -> None:
+        weight, optimizer = self.weight, self.optimizer
+        for x in itertools.islice(batches, steps):
+            (weight * x).sum().backward()
+            optimizer.step()
+
+
+def alternate(loop: Any, pairs: int, block_steps: int, out_dir: str) -> tuple[list, list]:
+    """Seconds per step of ``pairs`` plain and instrumented blocks of ``block_steps`` steps,
+    in turn, the order flipped each pair; one instrumentation across them (as in a probe),
+    its patches applied only around the instrumented blocks' iterations."""
     instr = Instrumentation(ProbePlan(probe_id="bench", out_dir=out_dir, warmup=0,
                                       steps=10 ** 9))
+    plain_loader = loop.loader()
     patches.apply(instr)
+    hooked_loader = loop.loader()  # built patched: the instrumentation follows it
+    patches.remove()
+    plain: list[float] = []
+    hooked: list[float] = []
     try:
-        return loop(steps)
+        for pair in range(pairs):
+            order = [(plain_loader, plain), (hooked_loader, hooked)][::1 if pair % 2 else -1]
+            for loader, results in order:
+                results.append(block(loop, loader, block_steps, instr
+                                     if loader is hooked_loader else None))
     finally:
-        if instr.samplers is not None:
-            instr.samplers.stop()
         patches.remove()
         instr.recorder.close()
+    return plain, hooked
+
+
+def block(loop: Any, loader: DataLoader, steps: int, instr: Optional[Instrumentation]) -> float:
+    """Seconds per step of one block: a fresh iterator, ``BLOCK_WARMUP`` steps untimed, then
+    ``steps`` timed; where instrumented, its records flushed at its end, timed."""
+    if instr is not None:
+        patches.apply(instr)
+    try:
+        batches = iter(loader)
+        loop.run(batches, BLOCK_WARMUP)
+        if instr is not None:
+            if instr.samplers is not None:  # started at the first batch; sampler_cost.py
+                instr.samplers.stop()
+                instr.samplers = None
+            instr.recorder.flush()
+        start = time.perf_counter()
+        loop.run(batches, steps)
+        if instr is not None:
+            instr.recorder.flush()
+        return (time.perf_counter() - start) / steps
+    finally:
+        if instr is not None:
+            patches.remove()
+
+
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free interval of the median: the order statistics k and n+1-k, k the
+    largest with P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2 (the extremes where n is too
+    small for any)."""
+    ordered, n = sorted(values), len(values)
+    tail, k, below = (1 - confidence) / 2, 0, 0.0
+    while k < n and below + math.comb(n, k) / 2 ** n <= tail:
+        below += math.comb(n, k) / 2 ** n
+        k += 1
+    k = max(k, 1)
+    return ordered[k - 1], ordered[n - k]
+
+
+def rank_cost(loop: Any, pairs: int, block_steps: int, out_dir: str) -> dict[str, Any]:
+    plain, hooked = alternate(loop, pairs, block_steps, out_dir)
+    added = [(h - p) * 1e6 for h, p in zip(hooked, plain)]
+    low, high = median_interval(added)
+    # the same per microsecond of the pair's plain step: the machine's speed, which changes
+    # between sittings on a shared VM, scales both (what compares sittings)
+    share = statistics.median((h - p) / p for h, p in zip(hooked, plain))
+    return {"plain_step_us": round(statistics.median(plain) * 1e6, 2),
+            "added_share_of_plain": round(share, 4),
+            "instrumented_step_us": round(statistics.median(hooked) * 1e6, 2),
+            "added_us": round(statistics.median(added), 2),
+            "added_interval_us": [round(low, 2), round(high, 2)],
+            "added_quartiles_us": [round(q, 2) for q in
+                                   statistics.quantiles(added, n=4)[::2]]}
 
 
 class _Fetcher:
@@ -147,23 +264,27 @@ def files_watch(reps: int) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--reps", type=int, default=None)
-    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--pairs", type=int, default=None,
+                        help="plain/instrumented block pairs of each rank loop")
+    parser.add_argument("--block-steps", type=int, default=200,
+                        help="steps of a block of the tiny loop (the light loop's: twice)")
+    parser.add_argument("--reps", type=int, default=None, help="of the worker's and files' side")
+    parser.add_argument("--steps", type=int, default=None, help="batches of a worker's rep")
     parser.add_argument("--step-ms", type=float, default=36.1,
                         help="a real step time to express the cost against (overhead.py's "
                              "compute-bound workload: 36.1 ms on the reference machine)")
     args = parser.parse_args()
+    pairs = args.pairs or (16 if args.quick else 40)
     reps = args.reps or (5 if args.quick else 15)
     steps = args.steps or (1000 if args.quick else 3000)
     torch.set_num_threads(1)
-    loop(200)  # warm up allocator and kernels
-    plain, hooked = [], []
+    rank = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for rep in range(reps):
-            order = [("plain", plain), ("hooked", hooked)][::1 if rep % 2 == 0 else -1]
-            for name, results in order:
-                results.append(loop(steps) if name == "plain" else
-                               instrumented(steps, f"{tmp}/rep{rep}"))
+        for loop, block_steps in ((TinyLoop, args.block_steps), (LightLoop, 2 * args.block_steps)):
+            shape = loop(block_steps + BLOCK_WARMUP)
+            shape.run(iter(shape.loader()), block_steps)  # warm up allocator and kernels
+            rank[shape.name] = rank_cost(shape, pairs, block_steps, f"{tmp}/{shape.name}")
+            print(f"rank, {shape.name} loop: {rank[shape.name]}", flush=True)
     bare, metered = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(reps):
@@ -171,16 +292,26 @@ def main() -> None:
             metered.append(worker_batches(steps, f"{tmp}/{rep}", True))
     worker_us = statistics.median(m - b for m, b in zip(metered, bare)) * 1e6
     file_s, file_added_s = files_watch(reps)
-    step_us = statistics.median(h - p for h, p in zip(hooked, plain)) * 1e6
+    tiny, light = rank["tiny"], rank["light"]
+    step_us = tiny["added_us"]
     # a step consumes one batch: a worker's added time lands on the step where loading is
     # the bottleneck, so the whole instrumentation costs the sum per step
     added_us = step_us + worker_us
     result = {
         "benchmark": "overhead_micro", "mode": "quick" if args.quick else "full",
+        "pairs": pairs, "block_steps": args.block_steps,
         "reps": reps, "steps_per_rep": steps,
-        "plain_step_us": round(statistics.median(plain) * 1e6, 2),
-        "instrumented_step_us": round(statistics.median(hooked) * 1e6, 2),
-        "rank_added_us_per_step": round(step_us, 2),
+        "plain_step_us": tiny["plain_step_us"],
+        "instrumented_step_us": tiny["instrumented_step_us"],
+        "rank_added_us_per_step": step_us,
+        "rank_added_interval_us": tiny["added_interval_us"],
+        "rank_added_quartiles_us": tiny["added_quartiles_us"],
+        "rank_added_share_of_plain": tiny["added_share_of_plain"],
+        "light_plain_step_us": light["plain_step_us"],
+        "light_rank_added_us_per_step": light["added_us"],
+        "light_rank_added_interval_us": light["added_interval_us"],
+        "light_rank_added_quartiles_us": light["added_quartiles_us"],
+        "light_rank_added_share_of_plain": light["added_share_of_plain"],
         "worker_plain_batch_us": round(statistics.median(bare) * 1e6, 2),
         "worker_added_us_per_batch": round(worker_us, 2),
         "added_us_per_step": round(added_us, 2),

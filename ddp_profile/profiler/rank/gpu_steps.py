@@ -107,7 +107,8 @@ def cuda_event_factory() -> Optional[Callable[[], Any]]:
 class GpuSide:
     """The rank's GPU side: looks for the script's use of CUDA at its first ``lookups``
     batches; once found, times every step on the GPU (``GpuStepTimer``) and calls
-    ``on_cuda`` once (the host syncs' watch). Inert where the script never uses CUDA."""
+    ``on_cuda`` once (the host syncs' watch). Inert where the script never uses CUDA: ``live``
+    turns False once its lookups found none, and the step's path then makes no call here."""
 
     def __init__(self, emit: Emit, on_cuda: Callable[[], None],
                  lookups: int = GPU_LOOKUP_BATCHES,
@@ -115,6 +116,7 @@ class GpuSide:
         self._emit, self._on_cuda, self._factory = emit, on_cuda, factory
         self._lookups_left = lookups
         self.timer: Optional[GpuStepTimer] = None
+        self.live = lookups > 0  # looking for CUDA, or timing the steps on it
 
     def step_started(self, loader_id: int, step: int) -> None:
         if self.timer is None and self._lookups_left > 0:
@@ -123,6 +125,7 @@ class GpuSide:
             if events is not None:
                 self.timer = GpuStepTimer(events, self._emit)
                 self._on_cuda()
+            self.live = self.timer is not None or self._lookups_left > 0
         if self.timer is not None:
             self.timer.step_started(loader_id, step)
 

@@ -71,7 +71,8 @@ class Instrumentation(LoaderHooks):
         self.context_written = False
         self.samplers: Any = None
         self.stopping = False
-        self._last_flush = time.monotonic()
+        self._flush_due = time.monotonic() + FLUSH_INTERVAL_S  # the next flush, at the latest
+        self._queue = self.recorder.queue  # what waits for it (``maybe_flush``)
         self._unused_checked = False
         self._outliving: set[int] = set()  # loaders one of whose iterators outlived an epoch:
         # the loader keeps it (and its workers) across epochs, no restart per epoch
@@ -90,11 +91,10 @@ class Instrumentation(LoaderHooks):
     def maybe_flush(self) -> bool:
         """Every ``FLUSH_INTERVAL_S``, or once ``MAX_PENDING`` records wait: the records (the
         steps' rows encoded here) appended to the rank's file. Whether it flushed."""
-        if time.monotonic() - self._last_flush < FLUSH_INTERVAL_S \
-                and self.recorder.pending < MAX_PENDING:
+        if time.monotonic() < self._flush_due and len(self._queue) < MAX_PENDING:
             return False
         self.recorder.flush()
-        self._last_flush = time.monotonic()
+        self._flush_due = time.monotonic() + FLUSH_INTERVAL_S
         return True
 
     # ---- the GPU side and the samplers ----------------------------------------------------
@@ -131,9 +131,11 @@ class Instrumentation(LoaderHooks):
     def on_optimizer_step(self, *_: Any) -> None:
         """The optimizer step post hook (its optimizer, args and kwargs unused)."""
         self.comm.optimizer_stepped()
-        if self.current is not None:
-            self.current.optimizer_stepped()
-            self.gpu.compute_issued()
+        current = self.current
+        if current is not None:
+            current.optimizer_stepped()
+            if self.gpu.live:
+                self.gpu.compute_issued()
             if not self._unused_checked and self.ddp_modules:
                 self._check_unused_parameters()  # gradients exist until the next zero_grad
 

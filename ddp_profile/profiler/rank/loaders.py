@@ -160,13 +160,15 @@ class LoaderHooks:
                        digest=digest)
 
     def on_next(self, iterator: Any, original_next: Callable[[Any], Any]) -> Any:
+        """A ``__next__`` of an adopted iterator: the step it closes, the batch it takes.
+
+        This runs at every step: the state it needs is held where one lookup finds it (the
+        iterator's clock on its state; the GPU side's and the flush's checks made on plain
+        attributes; the batch's size from its meter, which just measured it)."""
         state: IteratorState = iterator._ddp_profile_state
-        loader_id = state.loader_id
-        clock = self.clocks.get(loader_id)
+        clock = state.clock
         if clock is None:
-            clock = self.clocks[loader_id] = StepClock(loader_id, self._warmup_for(state),
-                                                       runq=RUNQ.raw)
-            self._steps[loader_id] = self._steps_for(state)
+            clock = state.clock = self._clock_of(state)
         row = clock.next_called()
         quiet = True  # nothing ran since the step's boundary but its row's queuing
         if row is not None:
@@ -174,26 +176,50 @@ class LoaderHooks:
         elif not self.in_step():  # what ran since the last step closed belongs to none
             self.comm.between_steps()
             self.gpu.between_steps()
-        if state.meter is not None:  # the boundary's run-queue reading starts its fetch
-            state.meter.runq_start = clock.runq_now if quiet else None
+        loader_id, meter = state.loader_id, state.meter
+        if meter is not None:  # the boundary's run-queue reading starts its fetch
+            meter.runq_start = clock.runq_now if quiet else None
         self.pin_meter.fetching = loader_id  # pinning in this thread (no workers) is its
         try:
-            batch = self._fetch(state, iterator, original_next)
+            if self.screen.replays:
+                batch = self._fetch(state, iterator, original_next)
+            else:  # no pass continued: nothing noted (``windows``)
+                batch = original_next(state.delegate or iterator)
         except StopIteration:
             clock.exhausted()
             self.recorder.flush()  # an epoch's end: its records on disk before what follows
             raise
-        clock.batch_returned(batch_size_of(batch, state.default_bs))
+        if meter is not None and meter.made is batch:  # the meter's own batch: its size read
+            meter.made = None
+            samples = meter.made_samples
+            if samples < 0:
+                samples = state.default_bs
+        else:
+            samples = batch_size_of(batch, state.default_bs)
+        clock.batch_returned(samples)
         if state.serve() and loader_id not in self._outliving:
             self._outliving.add(loader_id)
             self.event(ITERATOR_OUTLIVES_EPOCH, loader_id=loader_id, epoch_len=state.epoch_len)
-        self._fingerprint(state, batch)
+        if state.iter_index == 0 and state.fingerprints < FINGERPRINT_BATCHES:
+            self._fingerprint(state, batch)
         self.current = clock
-        self.gpu.step_started(loader_id, clock.steps_closed)
+        gpu = self.gpu
+        if gpu.live:
+            gpu.step_started(loader_id, clock.steps_closed)
         if state.first:
             state.first = False
             clock.loader_started(self._on_first_batch(state))
         return batch
+
+    def _clock_of(self, state: IteratorState) -> StepClock:
+        """The step clock of ``state``'s loader (made at its first batch)."""
+        loader_id = state.loader_id
+        clock = self.clocks.get(loader_id)
+        if clock is None:
+            clock = self.clocks[loader_id] = StepClock(loader_id, self._warmup_for(state),
+                                                       runq=RUNQ.raw)
+            self._steps[loader_id] = self._steps_for(state)
+        return clock
 
     def _close_step(self, iterator: Any, state: IteratorState, clock: StepClock,
                     row: tuple) -> bool:
@@ -204,7 +230,8 @@ class LoaderHooks:
         extra = self.comm.take_step((row[4] + row[5] + row[6]) / 1e9)
         self.recorder.defer((encode_step, row, screen.window_of(row[2]) if screen.windows
                              else None, extra))
-        self.gpu.poll()
+        if self.gpu.live:
+            self.gpu.poll()
         window = screen.boundary(clock.steps_closed) if screen.windows else None
         if screen.done(clock.steps_closed, clock.measured_steps, self._steps[state.loader_id]):
             self.training_loader_id = state.loader_id

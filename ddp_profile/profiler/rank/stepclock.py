@@ -20,7 +20,7 @@ import json
 import time
 from typing import Any, Callable, Optional
 
-from ddp_profile.profiler.rank.loading.clocks import RunQueueClock
+from ddp_profile.profiler.rank.loading.clocks import runq_ns
 from ddp_profile.profiler.store.record import dumps
 
 Clock = Callable[[], int]
@@ -63,7 +63,25 @@ class StepClock:
         was open) and start the data wait."""
         now = self._clock()
         runq = self._runq() if self._runq is not None else None
-        row = self._close(now, runq) if self._returned is not None else None
+        returned = self._returned
+        if returned is None:
+            self._called, self.runq_now = now, runq
+            return None
+        called, opt_done, backward = self._called, self._opt_done, self._backward
+        assert called is not None
+        compute_end = opt_done if opt_done is not None else now
+        step = self.steps_closed
+        measured = step >= self.warmup
+        self.measured_steps += measured
+        loader_start = self._loader_start
+        row = (called + self._wall_offset_ns, self.loader_id, step, measured,
+               returned - called, compute_end - returned, now - compute_end,
+               backward - returned if backward is not None else None, self._samples,
+               self.runq_now, runq, loader_start,
+               self._iter_start_s if loader_start else None)
+        self.steps_closed = step + 1
+        self._returned = None
+        self._loader_start = False
         self._called, self.runq_now = now, runq
         return row
 
@@ -100,23 +118,6 @@ class StepClock:
         if self._returned is not None:
             self._opt_done = self._clock()
 
-    def _close(self, end_ns: int, runq: Any) -> tuple:
-        called, returned, opt_done = self._called, self._returned, self._opt_done
-        assert called is not None and returned is not None
-        compute_end = opt_done if opt_done is not None else end_ns
-        measured = self.steps_closed >= self.warmup
-        self.measured_steps += measured
-        backward = self._backward
-        row = (called + self._wall_offset_ns, self.loader_id, self.steps_closed, measured,
-               returned - called, compute_end - returned, end_ns - compute_end,
-               backward - returned if backward is not None else None, self._samples,
-               self.runq_now, runq, self._loader_start,
-               self._iter_start_s if self._loader_start else None)
-        self.steps_closed += 1
-        self._returned = None
-        self._loader_start = False
-        return row
-
 
 def step_seconds(row: tuple) -> float:
     """The step's whole time: data wait, compute and other."""
@@ -134,6 +135,12 @@ def step_line(row: tuple, label: Optional[tuple[int, bool]] = None,
     """The step record's JSON line: ``row`` (``ROW``), relabelled where ``label`` (a screen's
     window, and whether the step is measured in it) says, ``extra``'s fields (the step's
     communication) added, the rank given."""
+    return encode_step((encode_step, row, label, extra), rank)
+
+
+def encode_step(item: tuple, rank: Optional[int]) -> str:
+    """A queued step's line (``step_line``): ``item`` is (``encode_step``, row, label, extra)."""
+    _, row, label, extra = item
     (t_ns, loader_id, step, measured, wait, compute, other, forward, samples, runq_before,
      runq_after, loader_start, iter_start_s) = row
     if label is not None:
@@ -142,7 +149,7 @@ def step_line(row: tuple, label: Optional[tuple[int, bool]] = None,
                     compute / 1e9, other / 1e9, "null" if forward is None else
                     "%.9f" % (forward / 1e9), samples, "null" if rank is None else int(rank))
     if runq_before is not None and runq_after is not None:
-        before, after = _runq_ns(runq_before), _runq_ns(runq_after)
+        before, after = runq_ns(runq_before), runq_ns(runq_after)
         if before is not None and after is not None:
             line += ',"runq_s":%.9f' % ((after - before) / 1e9)
     if loader_start:
@@ -156,11 +163,6 @@ def step_line(row: tuple, label: Optional[tuple[int, bool]] = None,
     return line + "}"
 
 
-def _runq_ns(reading: Any) -> Optional[int]:
-    return reading if reading is None or reading.__class__ is int else \
-        RunQueueClock.parse(reading)
-
-
 def step_record(row: tuple, label: Optional[tuple[int, bool]] = None,
                 extra: Optional[dict[str, Any]] = None,
                 rank: Optional[int] = None) -> dict[str, Any]:
@@ -168,6 +170,3 @@ def step_record(row: tuple, label: Optional[tuple[int, bool]] = None,
     return json.loads(step_line(row, label, extra, rank))
 
 
-def encode_step(item: tuple, rank: Optional[int]) -> str:
-    """A queued step's line: ``item`` is (``encode_step``, row, label, extra)."""
-    return step_line(item[1], item[2], item[3], rank)

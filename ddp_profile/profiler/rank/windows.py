@@ -155,6 +155,7 @@ class IteratorState:
     served: int = 0  # batches this iterator gave the loop
     epoch_len: Optional[int] = None  # len(loader) when it was made (None: no length)
     meter: Any = None  # the batch meter of the iterator serving (in-process loading only)
+    clock: Any = None  # its loader's ``stepclock.StepClock``, from its first batch
 
     def serve(self) -> bool:
         """One more batch given to the loop; True at the one past ``len(loader)``: this

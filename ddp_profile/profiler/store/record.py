@@ -61,30 +61,33 @@ class RankRecorder:
 
     A hot path queues a row instead of a line (``defer``): a tuple whose first item makes its
     JSON line, ``row[0](row, rank)``, called at the flush with the rank known by then. The
-    rows are encoded in the order they came, with the lines among them."""
+    rows are encoded in the order they came, with the lines among them.
+
+    Queuing takes no lock: ``list.append`` is atomic (under the GIL, and under the list's own
+    lock where there is none), and the queue is one list, never replaced. A flush (one at a
+    time, under the lock) encodes the first ``n`` items it found and deletes those alone, so
+    whatever another thread queues meanwhile waits, in order, for the next flush."""
 
     def __init__(self, out_dir: str, rank_of: Callable[[], Optional[int]]):
         self._out_dir = out_dir
         self._rank_of = rank_of
         self._lock = threading.Lock()
         self._pending: list[Any] = []
+        self.queue = self._pending  # read-only to others: its length is ``pending``
+        self.defer = self._pending.append  # type: ignore[method-assign]  # ``defer``, one C call
         self._file = None
         self.path: Optional[str] = None
 
     def write(self, record: dict[str, Any]) -> None:
-        line = dumps(record)
-        with self._lock:
-            self._pending.append(line)
+        self._pending.append(dumps(record))
 
     def write_line(self, line: str) -> None:
         """Queue one record already formatted as a JSON object (a hot path's own format)."""
-        with self._lock:
-            self._pending.append(line)
+        self._pending.append(line)
 
-    def defer(self, row: tuple) -> None:
+    def defer(self, row: tuple) -> None:  # what ``__init__`` binds in its place
         """Queue one record as a row, encoded at the flush (see the class)."""
-        with self._lock:
-            self._pending.append(row)
+        self._pending.append(row)
 
     @property
     def pending(self) -> int:
@@ -93,16 +96,23 @@ class RankRecorder:
 
     def flush(self) -> None:
         with self._lock:
-            if not self._pending:
+            pending = self._pending
+            count = len(pending)
+            if not count:
                 return
             if self._file is None:
                 self._open()
             rank = self._rank_of()
-            lines = [item if item.__class__ is str else _encoded(item, rank)
-                     for item in self._pending]
+            items = pending[:count]
+            try:  # every row at once; where one fails, each on its own (``_encoded``)
+                lines = [item if item.__class__ is str else item[0](item, rank)
+                         for item in items]
+            except Exception:  # noqa: BLE001
+                lines = [item if item.__class__ is str else _encoded(item, rank)
+                         for item in items]
             self._file.write("\n".join(lines) + "\n")
             self._file.flush()
-            self._pending.clear()
+            del pending[:count]
 
     def close(self) -> None:
         self.flush()

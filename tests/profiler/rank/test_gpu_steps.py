@@ -119,6 +119,21 @@ def test_gpu_side_gives_up_after_its_lookups_and_stays_inert():
         side.poll()
     side.finish()
     assert calls == ["looked", "looked"] and side.timer is None
+    assert not side.live  # the step's path calls it no more
+
+
+def test_gpu_side_stays_live_while_it_looks_and_once_it_times_the_steps():
+    from ddp_profile.profiler.rank.gpu_steps import GpuSide
+
+    gpu = FakeGpu()
+    available = iter([None, gpu.event])
+    side = GpuSide(lambda r: None, lambda: None, lookups=2, factory=lambda: next(available))
+    assert side.live
+    side.step_started(0, 0)
+    assert side.live and side.timer is None  # one lookup left
+    side.step_started(0, 1)
+    assert side.live and side.timer is not None  # found at the last lookup
+    assert not GpuSide(lambda r: None, lambda: None, lookups=0).live
 
 
 def test_a_gap_across_time_outside_every_step_is_not_measured():

@@ -258,6 +258,52 @@ def test_a_batch_without_the_clock_records_runq_null():
     assert record["runq_s"] is None and record["samples"] == 2 and record["cpu_s"] >= 0
 
 
+def test_a_batch_rows_differences_are_taken_at_the_flush_and_a_collection_is_not_the_collates():
+    """The loop keeps the meter's readings; the line made at the flush has their differences,
+    the time in a garbage collection since the collate began taken out of the collate's."""
+    prefix = '{"kind":"batch_cost","rank":0,"loader_id":0,"worker":null,"pid":1,'
+    row = (loadcost._batch_line, prefix, 7, 1_000, 31_000, 500, 20_500, 5, 6,
+           (2_000, 11_000, 8_500), 29_000, 1_000, 5_000, 4, None, None)
+    record = json.loads(loadcost.encode_row(row))
+    assert record["wall_s"] == pytest.approx(30e-6) and record["cpu_s"] == pytest.approx(20e-6)
+    assert record["gc_s"] == pytest.approx(4e-6)  # 1_000 -> 5_000 collected in the fetch
+    # collate: 11_000 -> 29_000 wall, 8_500 -> 20_500 CPU, 3_000 of each in a collection
+    assert record["collate_s"] == pytest.approx(15e-6)
+    assert record["collate_cpu_s"] == pytest.approx(9e-6)
+    assert record["runq_s"] == pytest.approx(1e-9) and record["samples"] == 4
+    assert "read_b" not in record
+    no_collate = row[:9] + (None,) + row[10:]
+    assert json.loads(loadcost.encode_row(no_collate))["collate_s"] == 0
+
+
+def test_a_step_takes_its_samples_from_the_meter_and_the_loaders_batch_size_without_tensors(
+        tmp_path):
+    """In-process loading: the step's size is read once, by the meter; a batch with no tensor
+    is the loader's ``batch_size`` for the step (as before), its indices for the meter."""
+    words = [f"w{i}" for i in range(10)]
+    instr = Instrumentation(ProbePlan(probe_id="t", out_dir=str(tmp_path), warmup=0,
+                                      steps=10 ** 9))
+    patches.apply(instr)
+    try:
+        for loader in (DataLoader(torch.arange(10.0), batch_size=4),
+                       DataLoader(words, batch_size=4, collate_fn=list)):
+            for _ in loader:
+                pass
+    finally:
+        if instr.samplers is not None:
+            instr.samplers.stop()
+        patches.remove()
+        instr.recorder.close()
+    records = [json.loads(line) for line in open(instr.recorder.path)]
+    steps = {loader: [r["samples"] for r in records
+                      if r["kind"] == "step" and r["loader_id"] == loader] for loader in (0, 1)}
+    costs = {loader: [r["samples"] for r in records
+                      if r["kind"] == "batch_cost" and r["loader_id"] == loader]
+             for loader in (0, 1)}
+    assert steps[0] == [4, 4, 2] and costs[0] == [4, 4, 2]
+    assert steps[1] == [4, 4, 4] and costs[1] == [4, 4, 2]
+
+
 class Files(Dataset):
     """Item i reads file i % len(paths) whole, as a one-file-per-sample dataset does."""
 

@@ -210,3 +210,21 @@ def test_an_epochs_steps_are_on_disk_when_its_loader_is_exhausted(tmp_path):
                for s in steps), steps
     batches = [r for r in records if r["kind"] == "batch_cost"]
     assert len(batches) == 6 and all(b["samples"] == 4 and b["wall_s"] > 0 for b in batches)
+
+
+def test_what_another_thread_queues_during_a_flush_waits_for_the_next_in_order(tmp_path):
+    """Queuing takes no lock: an item queued while a flush encodes (here by the encoder of
+    the row before it, as a sampler's thread could) is not lost with the flushed ones."""
+    recorder = RankRecorder(str(tmp_path), lambda: 0)
+
+    def encoder(row, rank):
+        recorder.write_line('{"kind":"event","name":"meanwhile"}')
+        return '{"kind":"event","name":"%s"}' % row[1]
+
+    recorder.defer((encoder, "first"))
+    recorder.write_line('{"kind":"event","name":"second"}')
+    recorder.flush()
+    assert recorder.pending == 1
+    recorder.close()
+    names = [json.loads(line)["name"] for line in open(tmp_path / "rank-0.jsonl")]
+    assert names == ["first", "second", "meanwhile"]

@@ -124,6 +124,30 @@ class RunQueueClock:
         return None, None
 
 
+_RECENT: tuple = (None, None, None, None)  # the last two readings ``runq_ns`` parsed, and theirs
+
+
+def runq_ns(reading: Any) -> Optional[int]:
+    """The run-queue nanoseconds of a reading (what ``RunQueueClock.raw`` read, or already
+    a number), or None. Each step boundary's reading is the end of one step and the start of
+    the next and of its fetch: the last two readings parsed are remembered, by identity."""
+    if reading is None or reading.__class__ is int:
+        return reading
+    recent = _RECENT
+    if reading is recent[0]:
+        return recent[1]
+    if reading is recent[2]:
+        return recent[3]
+    value = RunQueueClock.parse(reading)
+    _set_recent((reading, value, recent[0], recent[1]))
+    return value
+
+
+def _set_recent(recent: tuple) -> None:
+    global _RECENT
+    _RECENT = recent  # one tuple: a reader sees the old pair or the new, never half of each
+
+
 class IoCounters(RunQueueClock):
     """(bytes read, bytes fetched from storage) so far by the calling thread: ``rchar`` and
     ``read_bytes`` of ``/proc/thread-self/io``, read like ``RunQueueClock`` reads its file;

@@ -22,8 +22,14 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from ddp_profile.profiler.rank.loading import clocks
-from ddp_profile.profiler.rank.loading.clocks import GcClock, IoCounters, RunQueueClock, private_rss
+from ddp_profile.profiler.rank.loading import clocks, pagecache
+from ddp_profile.profiler.rank.loading.clocks import (
+    GcClock,
+    IoCounters,
+    RunQueueClock,
+    private_rss,
+    runq_ns,
+)
 from ddp_profile.profiler.rank.loading.pagecache import FileReads, watch
 from ddp_profile.profiler.store.record import WORKER_DIR
 
@@ -85,6 +91,9 @@ class CostMeter:
         # since (``rank.loaders``): the fetch's start, read once
         self.runq_start: Optional[bytes] = None
         self.batches = 0  # fetches begun (which of them read the io counters: ``IO_EVERY``)
+        self.in_loop = worker is None  # the loop's own thread takes what it makes; there
+        self.made: Any = None  # the batch the last fetch made, and its size (or -1: none
+        self.made_samples = -1  # found), kept until the loop takes it
         self.gc = GcClock()
         self.runq = RunQueueClock()
         self.io = IoCounters()
@@ -100,10 +109,12 @@ class CostMeter:
 
         The collate's end is the fetch's: torch's fetchers call ``collate_fn`` once, last. The
         thread's counters are read with ``os.pread`` on its kept descriptors (``clocks``),
-        kept as read and parsed where the row is encoded."""
+        kept as read and parsed where the row is encoded; the row keeps the readings, and
+        the differences are taken there too (``_batch_line``)."""
         fetch, collate = fetcher.fetch, fetcher.collate_fn
         meter, local, collected_ns = self, self._local, GcClock._total.get
         runq_size, io_size, pread = RunQueueClock.SIZE, IoCounters.SIZE, os.pread
+        fetching = pagecache.FETCHING
 
         def timed_collate(data: Any) -> Any:
             meter.collate_start = (collected_ns(get_ident(), 0), _perf(), _cpu())
@@ -128,8 +139,8 @@ class CostMeter:
             except OSError:
                 runq_before = io_before = None
             cpu = _cpu()
-            if files is not None:
-                files.begin()
+            if files is not None:  # ``files.begin``: its opens are empty since its ``end``
+                fetching[ident] = files
             try:
                 batch = fetch(index)  # StopIteration and the dataset's errors pass through
             finally:
@@ -141,21 +152,18 @@ class CostMeter:
                 except OSError:
                     runq_after = io_after = None
                 wall_end = _perf()
-                if files is not None:
-                    files.end()
-            gc_end = collected_ns(ident, 0)
-            start = meter.collate_start
-            collate_wall = collate_cpu = 0
-            if start is not None:  # a collection is not the collate's
-                in_gc = gc_end - start[0]
-                collate_wall = max(collated - start[1] - in_gc, 0)
-                collate_cpu = max(cpu_end - start[2] - in_gc, 0)
+                if files is not None:  # ``files.end``, where the fetch opened any file
+                    fetching.pop(ident, None)
+                    if files.opens:
+                        files.end(ident)
             samples = batch_size_of(batch, -1)
+            if meter.in_loop:  # its size, for the step that takes it (``rank.loaders``)
+                meter.made, meter.made_samples = batch, samples
             if samples < 0:  # no tensor in the batch: its indices say
                 samples = len(index) if isinstance(index, (list, tuple)) else 1
-            meter.emit((_batch_line, meter.prefix, time.time_ns(), wall_end - wall,
-                        cpu_end - cpu, runq_before, runq_after, collate_wall, collate_cpu,
-                        gc_end - collected, samples, io_before, io_after))
+            meter.emit((_batch_line, meter.prefix, time.time_ns(), wall, wall_end, cpu,
+                        cpu_end, runq_before, runq_after, meter.collate_start, collated,
+                        collected, collected_ns(ident, 0), samples, io_before, io_after))
             if files is not None and files.new:
                 meter.emit((_files_line, meter.files_prefix, files.take_new()))
             return batch
@@ -170,10 +178,17 @@ _BATCH = ('%s"t_ns":%d,"wall_s":%.9f,"cpu_s":%.9f,"runq_s":%s,"collate_s":%.9f,'
 
 
 def _batch_line(row: tuple, _rank: Any = None) -> str:
-    """A ``batch_cost`` row's JSON line (``CostMeter``)."""
-    (_, prefix, t_ns, wall, cpu, runq_before, runq_after, collate_wall, collate_cpu, gc_ns,
-     samples, io_before, io_after) = row
-    before, after = RunQueueClock.parse(runq_before), RunQueueClock.parse(runq_after)
+    """A ``batch_cost`` row's JSON line (``CostMeter``): the differences of its readings.
+    A collection is not the collate's: the time in one since the collate began is taken
+    out of the collate's."""
+    (_, prefix, t_ns, wall, wall_end, cpu, cpu_end, runq_before, runq_after, collate_start,
+     collated, collected, gc_end, samples, io_before, io_after) = row
+    collate_wall = collate_cpu = 0
+    if collate_start is not None:
+        in_gc = gc_end - collate_start[0]
+        collate_wall = max(collated - collate_start[1] - in_gc, 0)
+        collate_cpu = max(cpu_end - collate_start[2] - in_gc, 0)
+    before, after = runq_ns(runq_before), runq_ns(runq_after)
     runq = "null" if before is None or after is None else "%.9f" % ((after - before) / 1e9)
     io = ""
     if io_after is not None:  # read on some batches only (``IO_EVERY``)
@@ -181,8 +196,9 @@ def _batch_line(row: tuple, _rank: Any = None) -> str:
         if read_before is not None and read_after is not None:
             io = ',"read_b":%d,"storage_b":%d' % (read_after[0] - read_before[0],
                                                    read_after[1] - read_before[1])
-    return _BATCH % (prefix, t_ns, wall / 1e9, cpu / 1e9, runq, collate_wall / 1e9,
-                     collate_cpu / 1e9, gc_ns / 1e9, samples, io)
+    return _BATCH % (prefix, t_ns, (wall_end - wall) / 1e9, (cpu_end - cpu) / 1e9, runq,
+                     collate_wall / 1e9, collate_cpu / 1e9, (gc_end - collected) / 1e9,
+                     samples, io)
 
 
 def _files_line(row: tuple, _rank: Any = None) -> str:

@@ -52,13 +52,15 @@ class FileReads:
         self.unrecorded = 0  # files past MAX_FILES
         self.dropped = 0
 
-    def begin(self) -> None:
-        self.opens = []
-        _fetching[threading.get_ident()] = self
+    def begin(self, ident: Optional[int] = None) -> None:
+        """A fetch begins in the calling thread (``ident``: its ``threading.get_ident()``)."""
+        if self.opens:
+            self.opens = []
+        _fetching[threading.get_ident() if ident is None else ident] = self
 
-    def end(self) -> None:
+    def end(self, ident: Optional[int] = None) -> None:
         """The fetch ended: record its new files; in the cold regime, drop them all."""
-        _fetching.pop(threading.get_ident(), None)
+        _fetching.pop(threading.get_ident() if ident is None else ident, None)
         opens = self.opens
         if not opens:  # nothing opened (an in-memory dataset): nothing to handle
             return
@@ -116,6 +118,7 @@ def _path(file: Any, mode: Any) -> Optional[str]:
 
 _READING: dict[str, bool] = {}  # open's mode -> whether it opens for reading only
 _fetching: dict[int, FileReads] = {}  # thread ident -> the producer fetching in that thread
+FETCHING = _fetching  # what ``begin`` and ``end`` do, for a fetch's hot path to do inline
 _original_open = builtins.open
 
 
