@@ -46,6 +46,11 @@ def test_the_check_is_a_short_phrase():
         "alternated with the script's settings, 2 rounds of each over 5 launches, each a whole run"
     assert phrase({"alternated": False}) == "from two probes of the search, not alternated"
     assert phrase(None, speedup=None) == "nothing was measured to compare"
+    # the script's settings kept: what is kept is its loader, and only the loader's settings
+    # were weighed (a threads finding beside it can have measured a gain of its own)
+    kept = {"expected_speedup": 1.0, "recommendation": {"probe_id": "p000",
+                                                         "baseline_probe_id": "p000"}}
+    assert check_phrase(kept) == "no DataLoader setting measured beat them beyond noise"
 
 
 def test_the_cause_is_the_named_finding_in_one_sentence_without_probe_ids():
