@@ -76,7 +76,7 @@ def check_phrase(summary: dict[str, Any]) -> str:
         return "nothing was measured to compare"
     if not check:
         if rec.get("probe_id") is not None and rec.get("probe_id") == rec.get("baseline_probe_id"):
-            return "no DataLoader setting measured beat them beyond noise"  # a threads
+            return "no loader setting beat them beyond noise"  # a threads
             # finding may still have measured a gain: the loader settings are what is kept
         return "see how it was measured"
     if not check.get("alternated"):

@@ -50,7 +50,7 @@ def test_the_check_is_a_short_phrase():
     # were weighed (a threads finding beside it can have measured a gain of its own)
     kept = {"expected_speedup": 1.0, "recommendation": {"probe_id": "p000",
                                                          "baseline_probe_id": "p000"}}
-    assert check_phrase(kept) == "no DataLoader setting measured beat them beyond noise"
+    assert check_phrase(kept) == "no loader setting beat them beyond noise"
 
 
 def test_the_cause_is_the_named_finding_in_one_sentence_without_probe_ids():
