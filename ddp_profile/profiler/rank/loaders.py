@@ -189,8 +189,10 @@ class LoaderHooks:
             clock.exhausted()
             self.recorder.flush()  # an epoch's end: its records on disk before what follows
             raise
-        if meter is not None and meter.made is batch:  # the meter's own batch: its size read
+        made = meter.made if meter is not None else None
+        if made is not None:  # never held past its step (a pinned batch is another object)
             meter.made = None
+        if made is batch:  # the meter's own batch: its size read
             samples = meter.made_samples
             if samples < 0:
                 samples = state.default_bs
