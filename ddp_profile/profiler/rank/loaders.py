@@ -266,9 +266,9 @@ class LoaderHooks:
 
     def _fetch(self, state: IteratorState, iterator: Any,
                original_next: Callable[[Any], Any]) -> Any:
+        """A batch where a pass may continue (``Screen.replays``; else ``on_next`` takes it
+        itself): each noted as yielded, or the ceiling's replay."""
         source = state.delegate or iterator
-        if not self.screen.replays:  # no pass continued: nothing noted (``windows``)
-            return original_next(source)
         if self.screen.mode(state.loader_id == self.training_loader_id) != Mode.CEILING:
             batch = original_next(source)
             note_yielded(source)

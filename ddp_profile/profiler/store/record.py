@@ -74,7 +74,9 @@ class RankRecorder:
         self._lock = threading.Lock()
         self._pending: list[Any] = []
         self.queue = self._pending  # read-only to others: its length is ``pending``
-        self.defer = self._pending.append  # type: ignore[method-assign]  # ``defer``, one C call
+        # ``defer(row)``: queue one record as a row, encoded at the flush (see the class); the
+        # list's own append, one C call on the hot path
+        self.defer: Callable[[Any], None] = self._pending.append
         self._file = None
         self.path: Optional[str] = None
 
@@ -84,10 +86,6 @@ class RankRecorder:
     def write_line(self, line: str) -> None:
         """Queue one record already formatted as a JSON object (a hot path's own format)."""
         self._pending.append(line)
-
-    def defer(self, row: tuple) -> None:  # what ``__init__`` binds in its place
-        """Queue one record as a row, encoded at the flush (see the class)."""
-        self._pending.append(row)
 
     @property
     def pending(self) -> int:
