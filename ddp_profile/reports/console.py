@@ -241,24 +241,37 @@ def _process_text(summary: dict[str, Any]) -> str:
     return "1 process" if world == 1 else f"{world or '?'} ranks"
 
 
+def _gain(speedup: Optional[float], interval: Optional[tuple[float, float]]) -> str:
+    """``: <speedup>x as fast [<low>-<high>]``; "" where nothing was measured."""
+    if speedup is None:
+        return ""
+    return f": {speedup:.2f}x as fast" + (f" [{interval[0]:.2f}-{interval[1]:.2f}]"
+                                           if interval else "")
+
+
 def verdict_lines(summary: dict[str, Any], verdict: Verdict) -> list[str]:
     """The verdict in a few lines: what to change and what it gains, how it was checked,
     the cause, what is not established."""
     lines = []
+    threads = verdict.threads
     if not summary.get("recommended"):
         lines.append("No recommendation: no probe finished, nothing was measured.")
     elif verdict.moves:
-        gain = ""
-        if verdict.speedup is not None:
-            gain = f": {verdict.speedup:.2f}x as fast"
-            if verdict.interval:
-                gain += f" [{verdict.interval[0]:.2f}-{verdict.interval[1]:.2f}]"
-        lines += _wrapped(f"Change {verdict.change_text('->')}{gain}", indent="")
+        lines += _wrapped(f"Change {verdict.change_text('->')}"
+                          f"{_gain(verdict.speedup, verdict.interval)}", indent="")
         if verdict.snippet:
             lines += _wrapped(verdict.snippet, indent="  ", max_lines=2)
         lines += _wrapped(f"checked: {verdict.check}", max_lines=1)
-    else:
-        lines += _wrapped(f"Keep the script's settings ({config_label(summary['recommended'])}):"
+    if threads is not None:  # measured beside the loader's settings: after a loader change,
+        # with the settings it was measured with; first where the loader's settings stay
+        with_ = "" if threads.measured_with == "the script's settings" and not verdict.moves \
+            else f" with {threads.measured_with}"
+        lines += _wrapped(f"{'And set' if verdict.moves else 'Set'} {threads.text('->')}"
+                          f"{_gain(threads.speedup, threads.interval)}{with_}", indent="")
+        lines += _wrapped(f"checked: {threads.check}", max_lines=1)
+    if summary.get("recommended") and not verdict.moves:
+        kept = "the script's loader settings" if threads is not None else "the script's settings"
+        lines += _wrapped(f"Keep {kept} ({config_label(summary['recommended'])}):"
                           f" {verdict.check}", indent="", max_lines=2)
     lines += _wrapped(f"Cause: {verdict.cause_title}" + (f" [{verdict.severity}]"
                                                          if verdict.severity else ""),

@@ -157,7 +157,7 @@ def build_verdict_data(run: Run) -> dict[str, Any]:
     """The first screen (``reports.run_verdict``): the cause, the change and its snippet, the
     speedup with its interval and how it was checked, what is not established."""
     verdict = build_verdict(run.summary, run.records, run.warnings)
-    speedup = verdict.speedup
+    speedup, threads = verdict.speedup, verdict.threads
     return {
         "cause_title": verdict.cause_title, "cause_text": verdict.cause_text,
         "cause_rule": verdict.cause_rule or "", "severity": verdict.severity or "",
@@ -169,6 +169,12 @@ def build_verdict_data(run: Run) -> dict[str, Any]:
         "interval_text": (f"{verdict.interval[0]:.2f}–{verdict.interval[1]:.2f}×"
                           if verdict.interval and verdict.moves else None),
         "check": verdict.check,
+        "threads": None if threads is None else {
+            "text": threads.text(), "measured_with": threads.measured_with,
+            "speedup_text": fmt(threads.speedup, ".2f", "×", missing="not measured"),
+            "interval_text": (f"{threads.interval[0]:.2f}–{threads.interval[1]:.2f}×"
+                              if threads.interval else None),
+            "check": threads.check},
         "not_established": [dict(item) for item in verdict.not_established],
         "warnings": list(verdict.warnings),
     }

@@ -42,6 +42,25 @@ def value_text(value: Any) -> str:
 
 
 @dataclass(frozen=True)
+class ThreadsChange:
+    """The intra-op threads per rank the run measured faster beyond noise
+    (``recommendation.threads``), in the verdict's words."""
+
+    threads: int  # per rank, what fits the CPUs
+    script_threads: Optional[int]
+    setting: str  # "OMP_NUM_THREADS=1"
+    speedup: Optional[float]
+    interval: Optional[tuple[float, float]]
+    check: str  # how it was measured, in a short phrase
+    measured_with: str  # the loader settings both sides ran with, in words
+
+    def text(self, arrow: str = "→") -> str:
+        """``intra-op threads per rank 2 → 1 (OMP_NUM_THREADS=1)``."""
+        old = self.script_threads if self.script_threads is not None else "default"
+        return f"intra-op threads per rank {old} {arrow} {self.threads} ({self.setting})"
+
+
+@dataclass(frozen=True)
 class Verdict:
     """What the first screen and the first console lines say."""
 
@@ -56,6 +75,7 @@ class Verdict:
     check: str  # how the speedup was measured, in a short phrase
     not_established: tuple[dict[str, str], ...] = ()  # text, settle (the command that would)
     warnings: tuple[str, ...] = field(default=())  # one line per kind
+    threads: Optional[ThreadsChange] = None  # a measured threads change, beside the loader's
 
     @property
     def moves(self) -> bool:
@@ -79,6 +99,12 @@ def check_phrase(summary: dict[str, Any]) -> str:
             return "no loader setting beat them beyond noise"  # a threads
             # finding may still have measured a gain: the loader settings are what is kept
         return "see how it was measured"
+    return alternation_phrase(check, "the script's settings")
+
+
+def alternation_phrase(check: dict[str, Any], against: str) -> str:
+    """A ``speedup_check`` in a short phrase: alternated with ``against``, how many rounds
+    and launches; or two probes, not alternated."""
     if not check.get("alternated"):
         return "from two probes of the search, not alternated"
     launches = check.get("launches") or 1
@@ -86,7 +112,34 @@ def check_phrase(summary: dict[str, Any]) -> str:
     where = "in one launch" if launches == 1 else f"over {launches} launches"
     each = f"{rounds} rounds of each " if rounds else ""
     whole = ", each a whole run" if check.get("whole_runs") and launches > 1 else ""
-    return f"alternated with the script's settings, {each}{where}{whole}"
+    return f"alternated with {against}, {each}{where}{whole}"
+
+
+def threads_change(summary: dict[str, Any]) -> Optional[ThreadsChange]:
+    """The recommendation's measured threads change (``recommendation.threads``), None
+    where it has none."""
+    measured = (summary.get("recommendation") or {}).get("threads")
+    if not isinstance(measured, dict) or measured.get("threads") is None:
+        return None
+    config = measured.get("config") or {}
+    base, chosen = summary.get("baseline") or {}, summary.get("recommended") or {}
+    keys = [k for k in SETTING_KEYS if k in config]
+    if all(config.get(k) == chosen.get(k) for k in keys):
+        with_ = "the recommended settings" if _changes(summary) else "the script's settings"
+    elif all(config.get(k) == base.get(k) for k in keys):
+        with_ = "the script's settings"
+    else:
+        with_ = ", ".join(f"{k}={value_text(config.get(k))}" for k in keys)
+    interval = measured.get("interval")
+    speedup = measured.get("speedup")
+    return ThreadsChange(
+        threads=int(measured["threads"]), script_threads=measured.get("script_threads"),
+        setting=str(measured.get("setting") or f"OMP_NUM_THREADS={measured['threads']}"),
+        speedup=float(speedup) if speedup is not None else None,
+        interval=(float(interval[0]), float(interval[1]))
+        if interval and len(interval) == 2 and None not in interval else None,
+        check=alternation_phrase(measured.get("check") or {}, "the script's threads"),
+        measured_with=with_)
 
 
 def _cause(summary: dict[str, Any]) -> tuple[str, str, Optional[str], Optional[str]]:
@@ -185,4 +238,4 @@ def build_verdict(summary: dict[str, Any], records: Iterable[ProbeRecord],
         interval=(float(interval[0]), float(interval[1]))
         if interval and len(interval) == 2 and None not in interval else None,
         check=check_phrase(summary), not_established=not_established(summary),
-        warnings=grouped_warnings(records, warnings))
+        warnings=grouped_warnings(records, warnings), threads=threads_change(summary))

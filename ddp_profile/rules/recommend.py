@@ -43,6 +43,7 @@ from ddp_profile.rules.tables import (
     measured_probes,
     storage_share,
 )
+from ddp_profile.rules.threads import measured_threads_change
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,9 @@ class Recommendation:
     # how the expected speedup was measured (``speedup_check``): alternated (bool), launches,
     # rounds, whole_runs; None where the script's own settings are kept
     check: Optional[dict[str, Any]] = None
+    # the intra-op threads per rank measured faster beyond noise, beside the loader's settings
+    # (``rules.threads.measured_threads_change``); None where no threads change was measured
+    threads: Optional[dict[str, Any]] = None
 
 
 def speedup_check(claim: Optional[PairedClaim], moved: bool) -> Optional[dict[str, Any]]:
@@ -289,7 +293,8 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None,
         + _persistent_note(persistent_on_top),
         throughput=float(pick.throughput) if finite(pick.throughput) else None,
         baseline_probe_id=base.id, like_for_like=like_for_like, speedup_basis=basis,
-        unsettled=unsettled, check=speedup_check(claim, pick.id != base.id))
+        unsettled=unsettled, check=speedup_check(claim, pick.id != base.id),
+        threads=measured_threads_change(run, thresholds))
 
 
 def _persistent_note(claim: Optional[PairedClaim]) -> tuple[str, ...]:

@@ -8,7 +8,8 @@ oversubscribed (``baseline_oversubscribed``): what the recommendation reads sits
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Optional
 
 from ddp_profile.profiler.cpus import threads_to_fit
 from ddp_profile.profiler.decide.choose import better, candidate_of
@@ -79,6 +80,82 @@ def _threads_alternation(run: Run, thresholds: Thresholds) -> Optional[PairedCla
                default=None)
 
 
+@dataclass(frozen=True)
+class _Reading:
+    """What the run measured of its threads: the threads that fit and what competes for the
+    CPUs (``fit``, ``demand``), the measured side (``subject``: the probe or alternation's
+    reference, ``counterfactual``: with the threads that fit) and its figure. ``claim``:
+    the alternation (None: two single probes, or nothing measured: ``ratio`` None)."""
+
+    fit: int
+    demand: str
+    subject: ProbeRecord
+    counterfactual: Optional[ProbeRecord] = None
+    ratio: Optional[float] = None
+    claim: Optional[PairedClaim] = None
+    established: bool = False  # faster beyond noise by at least ``threads_gain``
+
+
+def _read(run: Run, thresholds: Thresholds) -> Optional[_Reading]:
+    """The one reading of the threads counterfactuals, which the finding and the
+    recommendation's threads change both state: the alternation where one ran (see
+    ``thread_oversubscription``), else the largest single gain, else the baseline's own
+    oversubscription, unmeasured. None where nothing oversubscribes, or where what was
+    measured shows no gain (within the noise, or below ``threads_gain``)."""
+    base = baseline_probe(run)
+    if base is None:
+        return None
+    claim = _threads_alternation(run, thresholds)
+    if claim is not None:
+        reference, counterfactual = (run.probe(claim.first(role))
+                                     for role in (REFERENCE, CANDIDATE))
+        test = _oversubscribed(run, reference)
+        if test is None or claim.ratio < thresholds.threads_gain \
+                or not claim.faster and claim.bounds[1] <= thresholds.threads_gain:
+            return None
+        return _Reading(*test, reference, counterfactual, claim.ratio, claim, claim.faster)
+    measured = []
+    for probe, subject in _threads_counterfactuals(run):
+        test = _oversubscribed(run, subject)
+        if test is None or not finite(subject.throughput) or subject.throughput <= 0:
+            continue
+        measured.append((float(probe.throughput / subject.throughput), probe, subject, test))
+    if not measured:
+        test = _oversubscribed(run, base)
+        return None if test is None else _Reading(*test, base)
+    gain, probe, subject, test = max(measured, key=lambda item: item[0])
+    if gain < thresholds.threads_gain or not better(candidate_of(probe),
+                                                    candidate_of(subject), thresholds):
+        return None  # no gain, or one within the noise of two launches
+    return _Reading(*test, subject, probe, gain, established=True)
+
+
+def measured_threads_change(run: Run, thresholds: Thresholds) -> Optional[dict[str, Any]]:
+    """The threads change this run measured faster beyond noise, as plain data for the
+    recommendation (``Recommendation.threads``) and every reader of it: ``threads`` (per
+    rank, what fits the CPUs), ``script_threads``, ``setting`` (the environment variable
+    that sets it), ``config`` (the loader settings both sides ran with), ``speedup``,
+    ``interval`` (None without an alternation), ``check`` (``speedup_check``'s shape, with
+    ``windows``: in windows of one launch) and ``probes``. None where the finding does not
+    stand as measured (not established, a prediction, or no finding)."""
+    reading = _read(run, thresholds)
+    if reading is None or not reading.established or reading.counterfactual is None:
+        return None
+    claim = reading.claim
+    probes = claim.probes if claim is not None else (reading.subject.id,
+                                                     reading.counterfactual.id)
+    check = ({"alternated": True, "launches": claim.launches, "rounds": claim.candidates,
+              "whole_runs": claim.whole_runs, "windows": claim.launches == 1}
+             if claim is not None else
+             {"alternated": False, "launches": None, "rounds": None, "whole_runs": False,
+              "windows": False})
+    return {"threads": reading.fit, "script_threads": reading.subject.host.intra_op_threads,
+            "setting": f"OMP_NUM_THREADS={reading.fit}",
+            "config": reading.subject.config.to_dict(), "speedup": reading.ratio,
+            "interval": list(claim.interval) if claim is not None else None,
+            "check": check, "probes": list(probes), "finding": "thread-oversubscription"}
+
+
 def thread_oversubscription(run: Run, thresholds: Thresholds, known: Optional[Evidence] = None
                             ) -> Optional[Finding]:
     """The ranks' torch thread pools oversubscribe the CPUs, and that measurably costs.
@@ -97,38 +174,26 @@ def thread_oversubscription(run: Run, thresholds: Thresholds, known: Optional[Ev
     seen, as not established). Without an alternation (``--pairs 0``) the largest single gain
     beyond the noise of the two launches (``choose.better``) is the finding. Where the
     baseline oversubscribes and nothing was measured, the finding is "low" and labelled a
-    prediction; measured without a gain, there is no finding.
+    prediction; measured without a gain, there is no finding. The reading is ``_read``'s,
+    which the recommendation's threads change states too (``measured_threads_change``).
     """
-    base = baseline_probe(run)
-    if base is None:
+    reading = _read(run, thresholds)
+    if reading is None:
         return None
     launcher = str(run.summary.get("launcher") or "torchrun")
-    claim = _threads_alternation(run, thresholds)
-    if claim is not None:
-        return _alternated_finding(run, claim, launcher, base, thresholds)
-    measured = []
-    for probe, subject in _threads_counterfactuals(run):
-        test = _oversubscribed(run, subject)
-        if test is None or not finite(subject.throughput) or subject.throughput <= 0:
-            continue
-        gain = float(probe.throughput / subject.throughput)
-        measured.append((gain, probe, subject, test))
-    if not measured:
-        test = _oversubscribed(run, base)
-        if test is None:
-            return None
-        fit, demand = test
+    if reading.claim is not None:
+        return _alternated_finding(run, reading, launcher, thresholds)
+    fit, demand, subject, probe = (reading.fit, reading.demand, reading.subject,
+                                   reading.counterfactual)
+    if probe is None:
         return Finding(
             rule="thread-oversubscription", severity="low",
             title="Torch thread pools oversubscribe the CPUs",
             evidence=f"{demand}; no probe with fewer threads was measured.",
             recommendation=f"Prediction (not measured): {fit} thread(s) per rank. "
                            f"{_how_to_set_threads(launcher, fit)}")
-    gain, probe, subject, (fit, demand) = max(measured, key=lambda item: item[0])
-    if gain < thresholds.threads_gain or not better(candidate_of(probe),
-                                                    candidate_of(subject), thresholds):
-        return None  # no gain, or one within the noise of two launches
-    own = subject.id == base.id
+    gain = float(reading.ratio)
+    own = subject.id == baseline_probe(run).id
     settings = "the script's own settings" if own else describe_config(subject.config)
     where = "" if own else f" with {describe_config(subject.config)}"
     return Finding(
@@ -143,20 +208,16 @@ def thread_oversubscription(run: Run, thresholds: Thresholds, known: Optional[Ev
                         f"{where}. {_how_to_set_threads(launcher, fit)}"))
 
 
-def _alternated_finding(run: Run, claim: PairedClaim, launcher: str, base: ProbeRecord,
-                        thresholds: Thresholds) -> Optional[Finding]:
-    """The finding from the threads alternation ``claim``, where its subject oversubscribes
-    the CPUs and the threads that fit read at least ``threads_gain`` x: faster beyond noise,
-    "medium" or "high"; else, where its interval still holds that gain, "low": what was
-    seen, said as not established. None otherwise."""
-    reference, counterfactual = (run.probe(claim.first(role)) for role in (REFERENCE, CANDIDATE))
-    test = _oversubscribed(run, reference)
-    if test is None or claim.ratio < thresholds.threads_gain \
-            or not claim.faster and claim.bounds[1] <= thresholds.threads_gain:
-        return None
-    fit, demand = test
-    config = reference.config.to_dict()
-    own = config == base.config.to_dict()
+def _alternated_finding(run: Run, reading: _Reading, launcher: str,
+                        thresholds: Thresholds) -> Finding:
+    """The finding from the threads alternation of ``reading``, whose subject oversubscribes
+    the CPUs and whose threads that fit read at least ``threads_gain`` x: faster beyond
+    noise, "medium" or "high"; else, its interval still holding that gain, "low": what was
+    seen, said as not established."""
+    claim, counterfactual, fit, demand = (reading.claim, reading.counterfactual, reading.fit,
+                                          reading.demand)
+    config = reading.subject.config.to_dict()
+    own = config == baseline_probe(run).config.to_dict()
     where = "" if own else f" with {describe_config(config)}"
     low, high = claim.interval
     figure = f"{claim.ratio:.2f}x [{low:.2f}-{high:.2f}]"
@@ -168,7 +229,7 @@ def _alternated_finding(run: Run, claim: PairedClaim, launcher: str, base: Probe
                 f"threads, alternated {claim.letters} in {unit} ({probes})"
                 + (", each over whole epochs" if whole else ""))
     how = _how_to_set_threads(launcher, fit)
-    if not claim.faster:
+    if not reading.established:
         return Finding(
             rule="thread-oversubscription", severity="low",
             title="Torch thread pools oversubscribe the CPUs (a gain not established)",
@@ -181,7 +242,7 @@ def _alternated_finding(run: Run, claim: PairedClaim, launcher: str, base: Probe
         severity="high" if claim.ratio >= thresholds.threads_severe_gain else "medium",
         title="Torch thread pools oversubscribe the CPUs",
         evidence=evidence + ".",
-        recommendation=(f"Measured in this run, alternated {unit}: {fit} thread(s) per rank"
+        recommendation=(f"Measured in this run, alternated in {unit}: {fit} thread(s) per rank"
                         f"{where}, {figure}. {how}"))
 
 

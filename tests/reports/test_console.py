@@ -164,6 +164,43 @@ def test_a_recommendation_that_keeps_its_workers_alive_says_so_and_prints_its_sn
     assert f"  {snippet}" not in lines and lines[1].startswith("Keep the script's settings")
 
 
+THREADS = {"threads": 1, "script_threads": 2, "setting": "OMP_NUM_THREADS=1",
+           "config": {"num_workers": 0, "batch_size": 64}, "speedup": 3.0224,
+           "interval": [2.3419, 3.9007], "probes": ["p013", "p019"],
+           "check": {"alternated": True, "launches": 1, "rounds": 3, "windows": True}}
+
+
+def test_a_measured_threads_change_leads_the_verdict_beside_the_loaders_settings():
+    """The loader's settings kept and a threads change measured: the change to make, its
+    figure and its check come first, then the loader's settings kept; after a loader change,
+    the threads change follows it with the settings it was measured with."""
+    summary = {"script": "mnist.py", "world_size": 2, "device": "cpu", "probes": [],
+               "baseline": {"num_workers": 0, "batch_size": 64},
+               "recommended": {"num_workers": 0, "batch_size": 64}, "expected_speedup": 1.0,
+               "recommendation": {"probe_id": "p000", "baseline_probe_id": "p000",
+                                  "threads": THREADS}}
+    lines = summary_lines(summary, "out")
+    assert lines[1:4] == [
+        "Set intra-op threads per rank 2 -> 1 (OMP_NUM_THREADS=1): 3.02x as fast [2.34-3.90]",
+        "  checked: alternated with the script's threads, 3 rounds of each in one launch",
+        "Keep the script's loader settings (w=0 bs=64): no loader setting beat them beyond "
+        "noise"], lines
+    summary.update(recommended={"num_workers": 4, "batch_size": 64}, expected_speedup=1.5)
+    summary["recommendation"] = {"probe_id": "p003", "baseline_probe_id": "p000",
+                                 "check": {"alternated": True, "launches": 1, "rounds": 3},
+                                 "threads": dict(THREADS, config={"num_workers": 4,
+                                                                  "batch_size": 64})}
+    lines = summary_lines(summary, "out")
+    assert lines[1] == "Change num_workers 0 -> 4: 1.50x as fast", lines
+    at = next(i for i, line in enumerate(lines) if line.startswith("And set"))
+    assert at > 1 and joined(lines[at:at + 2]) == (
+        "And set intra-op threads per rank 2 -> 1 (OMP_NUM_THREADS=1): 3.02x as fast "
+        "[2.34-3.90] with the recommended settings")
+    assert not any(line.startswith("Keep") for line in lines)
+    del summary["recommendation"]["threads"]
+    assert not any("threads per rank" in line for line in summary_lines(summary, "out"))
+
+
 def test_the_summary_names_what_measured_faster_and_was_not_established():
     """Never silent where probes measured faster: each open gain with its figure, why, and
     the command that would settle it."""

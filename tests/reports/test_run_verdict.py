@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from html import unescape
 
 from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.reports import figures
@@ -13,6 +14,7 @@ from ddp_profile.reports.html import build_findings, build_report_data, render_r
 from ddp_profile.reports.run_verdict import build_verdict, check_phrase, grouped_warnings
 from ddp_profile.rules import evaluate
 from tests.rules.tables import RunBuilder
+from tests.rules.test_host import windows_threads_run
 
 
 def short(probe_id: str, kind: str = "sweep") -> ProbeRecord:
@@ -121,3 +123,30 @@ def test_a_loader_recommendation_never_stands_beside_no_findings():
     first_screen = re.search(r'<section class="card verdict" id="summary">(.*?)</section>', html,
                              flags=re.S).group(1)
     assert not re.search(r"\bp\d{3}\b|\bp[01]\b", first_screen)  # no probe ids up there
+
+
+def test_a_measured_threads_change_is_the_first_screens_change_and_figure():
+    """A run whose only measured gain is one thread per rank (alternated in windows of one
+    launch, the loader's settings kept): the first screen says to set it, with its figure
+    and interval as the expected speedup, never "1.00×" beside a measured gain."""
+    run = windows_threads_run([600.0, 3700.0, 620.0, 3800.0, 640.0, 3750.0, 630.0])
+    summary = {**run.summary, "script": "train.py",
+               "baseline": run.probe("p0").config.to_dict(), **evaluate(run).summary_fields()}
+    run = dataclasses.replace(run, summary=summary)
+    change = summary["recommendation"]["threads"]
+    verdict = build_verdict(summary, run.records)
+    assert not verdict.moves and verdict.threads is not None
+    assert verdict.threads.text() == "intra-op threads per rank 2 → 1 (OMP_NUM_THREADS=1)"
+    assert verdict.threads.speedup == change["speedup"]
+    html = render_report(run)
+    first_screen = unescape(re.search(r'<section class="card verdict" id="summary">(.*?)</section>',
+                                      html, flags=re.S).group(1))
+    assert "Set intra-op threads per rank 2 → 1 (OMP_NUM_THREADS=1)" in first_screen
+    assert "Keep the script's loader settings" in first_screen
+    big = re.search(r'id="expected-speedup">([^<]*)<', first_screen).group(1)
+    assert big == f"{change['speedup']:.2f}×" and big != "1.00×"
+    low, high = change["interval"]
+    assert f"interval {low:.2f}–{high:.2f}×" in first_screen
+    assert "alternated with the script's threads, 3 rounds of each in one launch" in \
+        first_screen
+    assert not re.search(r"\bp\d{1,3}\b", first_screen)

@@ -137,7 +137,7 @@ def test_an_alternated_threads_counterfactual_is_the_finding_with_its_interval()
     low, high = (float(x) for x in finding.evidence.split("[")[1].split("]")[0].split("-"))
     assert low < 6.0 < high
     assert finding.recommendation.startswith(
-        "Measured in this run, alternated launches: 1 thread(s) per rank")
+        "Measured in this run, alternated in launches: 1 thread(s) per rank")
     assert "torch.set_num_threads(1)" in finding.recommendation
 
 
@@ -204,9 +204,36 @@ def test_threads_alternated_in_windows_of_one_launch_are_said_so():
     assert "alternated A B A B A B A in windows of one launch (probes p1-p7)" in \
         finding.evidence, finding.evidence
     assert finding.recommendation.startswith(
-        "Measured in this run, alternated windows of one launch: 1 thread(s) per rank")
+        "Measured in this run, alternated in windows of one launch: 1 thread(s) per rank")
     ratio = float(finding.evidence.split(" per rank the script ran ")[1].split("x")[0])
     assert 3700.0 / 640.0 <= ratio <= 3800.0 / 600.0
+
+
+def test_the_recommendation_carries_the_threads_change_its_finding_measured():
+    """The finding and the recommendation state one reading: an established gain is the
+    recommendation's threads change with its figure and how it was checked; a gain not
+    established, or none, is no change."""
+    run = windows_threads_run([600.0, 3700.0, 620.0, 3800.0, 640.0, 3750.0, 630.0])
+    findings, rec = evaluate(run)
+    change = rec.threads
+    assert change is not None and change["threads"] == 1 and change["script_threads"] == 2
+    assert change["setting"] == "OMP_NUM_THREADS=1"
+    finding = next(f for f in findings if f.rule == "thread-oversubscription")
+    assert f"{change['speedup']:.2f}x [{change['interval'][0]:.2f}-" \
+        f"{change['interval'][1]:.2f}]" in finding.evidence
+    assert change["check"] == {"alternated": True, "launches": 1, "rounds": 3,
+                               "whole_runs": False, "windows": True}
+    assert change["probes"] == [f"p{i}" for i in range(1, 8)]
+    assert change["config"]["num_workers"] == 0
+    open_gain = alternated_threads_run([600.0, 900.0, 500.0, 700.0, 640.0])
+    assert thread_oversubscription(open_gain, T).severity == "low"
+    assert evaluate(open_gain).recommendation.threads is None
+    assert evaluate(alternated_threads_run([600.0, 640.0, 700.0, 580.0, 610.0])
+                    ).recommendation.threads is None
+    single = evaluate(threads_run(threads_tp=1500.0)).recommendation.threads  # --pairs 0
+    assert single is not None and single["interval"] is None
+    assert single["check"]["alternated"] is False and single["probes"] == ["p0", "p1"]
+    assert evaluate(threads_run()).recommendation.threads is None  # a prediction only
 
 
 def test_windows_that_left_the_threads_gain_open_yield_to_the_launches_after_them():
