@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from ddp_profile.reports.console import summary_lines
 from tests.conftest import DEMO, ONE_THREAD, SCRIPTS
 
 pytestmark = pytest.mark.e2e
@@ -133,5 +134,14 @@ def test_in_place_ranks_with_default_threads_get_a_measured_counterfactual(cli, 
         ratio = float(finding["evidence"].split(" per rank the script ran ")[1].split("x")[0])
         assert within[0] * 0.99 <= ratio <= within[1] * 1.01, (ratio, within)
         assert "torch.set_num_threads" in finding["recommendation"]
+        # the recommendation carries the finding's own reading where it stands as measured
+        change = result.summary()["recommendation"]["threads"]
+        if finding["severity"] == "low":
+            assert change is None
+        else:
+            assert change["threads"] == fit and change["probes"] == [p["id"] for p in read]
+            assert f"{change['speedup']:.2f}x" in finding["evidence"]
+            console = summary_lines(result.summary(), run_dir)  # (the run was --quiet)
+            assert f"(OMP_NUM_THREADS={fit}): {change['speedup']:.2f}x as fast" in console[1]
     # the counterfactuals never compete with the DataLoader settings
     assert result.summary()["recommended_probe"] not in {p["id"] for p in threads}
