@@ -97,14 +97,21 @@ def in_windows(search: SearchState, found: list[Subject]) -> list[Subject]:
     """Each subject's settings with the script's threads (A) and with the threads that fit
     (B), ``A B A B A B A`` (``claim.WINDOW_PAIRS`` pairs, more where ``--pairs`` asks) in
     windows of one launch, the subjects at one batch size in the same launch (a screen keeps
-    its batch size). Where the windows leave the largest gain open, having read one
-    (``decide.paired.alternation_open``), that subject is alternated again a launch each
-    (``in_launches``). The subjects whose windows did not all run (the screen was refused)
-    are returned, for launches of their own."""
+    its batch size); those at another batch size than the script's are not checked where the
+    script's own settings established the gain (``_not_checked``). Where the windows leave
+    the largest gain open, having read one (``decide.paired.alternation_open``), that
+    subject is alternated again a launch each (``in_launches``). The subjects whose windows
+    did not all run (the screen was refused) are returned, for launches of their own."""
     roles = order(max(search.options.pairs, claim.WINDOW_PAIRS))
     left: list[Subject] = []
-    fits: list[tuple[float, Subject, list[ProbeRecord]]] = []
+    fits: list[tuple[float, Subject, list[ProbeRecord], bool]] = []
     for _, sharing in groupby(found, key=lambda subject: subject.settings.batch_size):
+        sharing = list(sharing)
+        established = next((f for f in fits if f[3] and f[1].entry.id == search.baseline.id),
+                           None)
+        if established is not None:
+            _not_checked(search, sharing, established)
+            continue
         planned = [(subject, _windows(search, subject, roles, f"threads-"
                                       f"{len(search.entries) + len(roles) * place:03d}"))
                    for place, subject in enumerate(sharing)]
@@ -122,12 +129,25 @@ def in_windows(search: SearchState, found: list[Subject]) -> list[Subject]:
             if len(mine) < len(roles):
                 left.append(subject)
             elif fit is not None:
-                fits.append((fit.ratio, subject, mine))
+                fits.append((fit.ratio, subject, mine, fit.faster))
     if fits:
-        _, subject, entries = max(fits, key=lambda item: item[0])
+        _, subject, entries, _ = max(fits, key=lambda item: item[0])
         if alternation_open(search.entries, entries, claim.DEFAULTS, gained=True):
             in_launches(search, subject, again=True)
     return left
+
+
+def _not_checked(search: SearchState, subjects: list[Subject],
+                 established: tuple[float, Subject, list[ProbeRecord], bool]) -> None:
+    """Said where ``subjects`` (at another batch size than the script's) are not checked:
+    the script's own settings established the gain in windows, so the finding stands, and
+    their check would need a launch of its own, or several where the script ends first."""
+    ratio, _, entries, _ = established
+    for subject in subjects:
+        search.progress("note", {"text": (
+            f"the threads are not checked again with {subject.settings.label()}: the script's "
+            f"own settings read {ratio:.2f}x with {subject.fit} thread(s) per rank, beyond "
+            f"noise, in windows of one launch ({entries[0].id}-{entries[-1].id})")})
 
 
 def _windows(search: SearchState, subject: Subject, roles: list[str], group: str

@@ -625,6 +625,36 @@ def test_windows_that_leave_the_threads_gain_open_are_followed_by_launches():
     assert [e["check"] for e in found.alternation_stops] == ["the threads check"]
 
 
+class OneCpuMeasurer(OversubscribedMeasurer):
+    """``OversubscribedMeasurer`` on 1 CPU: the script's own 2 threads oversubscribe it
+    already, and so does every configuration the search finds."""
+
+    def _line(self, requested: LoaderSettings, kind: str, **extra: Any) -> dict[str, Any]:
+        return {**super()._line(requested, kind, **extra), "cpus_available": 1}
+
+
+def test_a_threads_gain_the_scripts_own_settings_established_is_not_checked_again():
+    """The script's own settings read the threads that fit 3x beyond noise in windows of one
+    launch: the best configuration, at another batch size (another launch, or several where
+    the script ends first), is not checked again, and the search says why. Where the
+    script's own settings read no gain, the best configuration is checked (its workers or
+    batch can be what the threads cost)."""
+    fake = OneCpuMeasurer(per_step_cost, 3.0)
+    found = Search(fake, SPACE, SweepOptions(pairs=2, ceiling=False))
+    notes = []
+    found.progress = lambda event, data: notes.append(data.get("text") or "")
+    found.run()
+    assert found.best().config.batch_size == 128  # another batch than the script's 32
+    windows = threads_windows(fake)
+    assert len(windows) == 7 and {w.config for w in windows} == {LoaderSettings()}
+    assert [w for w in fake.asked if w.kind == Kind.THREADS] == []
+    assert any(n.startswith("the threads are not checked again with ") and "bs=128" in n
+               for n in notes), notes
+    unchanged = OneCpuMeasurer(per_step_cost, 1.0)
+    Search(unchanged, SPACE, SweepOptions(pairs=2, ceiling=False)).run()
+    assert {w.config.batch_size for w in threads_windows(unchanged)} == {None, 128}
+
+
 class CommMeasurer(ModelMeasurer):
     """A comm-bound loop: each step all-reduces the same gradients (``exposed_s``, as DDP's
     timers see it; ``hidden_s`` more that they miss) after 20 ms of compute per 32 samples.
