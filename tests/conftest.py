@@ -55,7 +55,7 @@ CONCURRENT = (
     *(f"tests/e2e/test_diagnosis.py::test_{name}" for name in (
         "process_group_without_ddp", "ddp_script_gets_neither", "batch_sampler_that",
         "script_that_ends_early",
-        # its finding's figure is read against its own alternation's launches
+        # its finding's figure is read against its own alternation's windows
         "in_place_ranks_with_default_threads")),
     "tests/e2e/test_findings.py::test_ranks_that_each_read_the_whole_dataset",
     # counts of forwards and synchronisations per optimizer step, no rate

@@ -28,10 +28,11 @@ def test_comm_bound_script_gets_measured_larger_batches_and_ddp_options(cli, run
     """A wide model on 4 samples per rank: the all-reduce of 13 MB dominates each step. The
     step without gradient synchronisation alternates with the script's in windows of one
     launch (A B A B A B A: windows are cheap, at least 3 pairs), the DDP options with the
-    script's own in launches (A B A C A for --pairs 1)."""
+    script's own in launches (A B A C A for --pairs 1). One larger batch, a launch of its own:
+    16, 4x the script's (8 alone once read within noise and the recommendation kept 4)."""
     result = cli(["run", DEMO, "--out", run_dir, "--no-report", "--pairs", "1", "--steps", "12",
-                  "--warmup", "3", "--", "--hidden", "1024", "--layers", "4", "--batch-size",
-                  "4", "--reduce-loss"], out=run_dir)
+                  "--warmup", "3", "--batch-size", "4,16", "--", "--hidden", "1024", "--layers",
+                  "4", "--batch-size", "4", "--reduce-loss"], out=run_dir)
     assert result.returncode == 0, result.stderr
     summary = result.summary()
     baseline = summary["probes"][0]
