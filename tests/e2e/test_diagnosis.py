@@ -139,7 +139,7 @@ def test_in_place_ranks_with_default_threads_get_a_measured_counterfactual(cli, 
         if finding["severity"] == "low":
             assert change is None
         else:
-            assert change["threads"] == fit and change["probes"] == [p["id"] for p in read]
+            assert change["threads"] == fit and change["probes"] == [p["id"] for p in windows]
             assert f"{change['speedup']:.2f}x" in finding["evidence"]
             console = summary_lines(result.summary(), run_dir)  # (the run was --quiet)
             assert f"(OMP_NUM_THREADS={fit}): {change['speedup']:.2f}x as fast" in console[1]
