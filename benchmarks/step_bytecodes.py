@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import sys
 import tempfile
 from typing import Any
 
 import torch
 
+import _bench
 from ddp_profile.profiler.rank import patches
 from ddp_profile.profiler.rank.instrument import Instrumentation
 from ddp_profile.profiler.settings import ProbePlan
@@ -100,11 +100,11 @@ def main() -> None:
     for key, count in sorted(added.items(), key=lambda item: -abs(item[1]))[:args.top]:
         if count:
             print(f"{count / args.steps:9.1f} opcodes {calls[key] / args.steps:6.2f} calls  {key}")
-    print(json.dumps({"benchmark": "step_bytecodes", "steps": args.steps,
-                      "added_opcodes_per_step": round(sum(added.values()) / args.steps, 1),
-                      "added_calls_per_step": round(sum(calls.values()) / args.steps, 2),
-                      "plain_opcodes_per_step": round(sum(plain.opcodes.values()) / args.steps,
-                                                      1)}))
+    _bench.finish("step_bytecodes", {
+        "benchmark": "step_bytecodes", "steps": args.steps,
+        "added_opcodes_per_step": round(sum(added.values()) / args.steps, 1),
+        "added_calls_per_step": round(sum(calls.values()) / args.steps, 2),
+        "plain_opcodes_per_step": round(sum(plain.opcodes.values()) / args.steps, 1)})
 
 
 if __name__ == "__main__":
