@@ -73,7 +73,13 @@ class RunQueueClock:
         self._local = threading.local()
 
     def __call__(self) -> Optional[int]:
-        return self.parse(self.raw())
+        raw = self.raw()
+        if raw is None:
+            return None
+        try:  # ``parse``, inline: a step boundary's reading is parsed here (``rank.loaders``)
+            return int(raw.split(b" ", 2)[1])
+        except (ValueError, IndexError):
+            return None
 
     def raw(self) -> Optional[bytes]:
         """The file's bytes as read now, or None: a hot path keeps them and parses them later
@@ -133,17 +139,17 @@ def runq_ns(reading: Any) -> Optional[int]:
 
 
 def runq_delta(before: Any, after: Any) -> Optional[int]:
-    """Nanoseconds on a run queue between two readings (``runq_ns``), or None where either
-    is unknown. A record's encoder calls it once for its two readings: the common case (two
-    raw readings) parsed inline, at the flush."""
+    """Nanoseconds on a run queue between two readings (``runq_ns``: raw, or numbers already),
+    or None where either is unknown. A record's encoder calls it once for its two readings,
+    a raw one parsed inline, at the flush."""
     try:
-        return int(after.split(b" ", 2)[1]) - int(before.split(b" ", 2)[1])
-    except AttributeError:  # None, or numbers
-        pass
-    except (ValueError, IndexError):
+        if before.__class__ is not int:
+            before = int(before.split(b" ", 2)[1])
+        if after.__class__ is not int:
+            after = int(after.split(b" ", 2)[1])
+        return after - before
+    except (AttributeError, ValueError, IndexError):  # unread (None), or unparsable
         return None
-    first, second = runq_ns(before), runq_ns(after)
-    return None if first is None or second is None else second - first
 
 
 class IoCounters(RunQueueClock):

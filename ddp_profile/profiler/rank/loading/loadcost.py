@@ -89,7 +89,7 @@ class CostMeter:
         self.collate_start: Optional[tuple[int, int, int]] = None  # (gc, wall, cpu) ns
         # the loop's own run-queue reading at this batch's ``__next__``, where nothing ran
         # since (``rank.loaders``): the fetch's start, read once
-        self.runq_start: Optional[bytes] = None
+        self.runq_start: Any = None  # (a number: ``rank.loaders``' clock parses it)
         self.batches = 0  # fetches begun (which of them read the io counters: ``IO_EVERY``)
         self.in_loop = worker is None  # the loop's own thread takes what it makes; there
         self.made: Any = None  # the batch the last fetch made, and its size (or -1: none
