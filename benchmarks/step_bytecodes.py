@@ -3,9 +3,10 @@
 ``overhead_micro.py`` times the added work on the wall clock, which this shared VM's speed moves
 between sittings. This counts it instead: the tiny loop of ``overhead_micro`` runs one block
 plain and one instrumented (its records flushed inside it, as there), each traced with
-``sys.settrace`` and opcode events; the difference per step is the same in every run of the same
-code, so two commits compare exactly. It counts the interpreter's work alone: the C functions
-called (clocks, system calls, formatting) each count as the one call that reaches them.
+``sys.settrace`` and opcode events; the difference per step is, within an opcode or two, the
+same in every run of the same code, so two commits compare closely. It counts the
+interpreter's work alone: the C functions called (clocks, system calls, formatting) each count
+as the one call that reaches them.
 
     python benchmarks/step_bytecodes.py [--steps 200] [--top 25]
 
