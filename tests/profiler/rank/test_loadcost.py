@@ -383,7 +383,8 @@ def test_bytes_read_and_bytes_from_storage_are_counted_on_sampled_batches(tmp_pa
 
 @pytest.mark.parametrize("before, after, expected", [
     (b"900 1000 3\n", b"950 4000 4\n", 3000),  # two raw readings: parsed where encoded
-    (1000, 4000, 3000), (b"900 1000 3\n", 4000, 3000),  # numbers, or one of each
+    (1000, 4000, 3000), (1000, b"950 4000 4\n", 3000),  # numbers, or one of each (a step
+    (b"900 1000 3\n", 4000, 3000),  # boundary's reading is parsed as it is read)
     (None, b"950 4000 4\n", None), (b"900 1000 3\n", None, None),  # one unread: unknown
     (b"900 1000 3\n", b"torn", None), (b"x y z", b"950 4000 4\n", None),  # unparsable
 ])
