@@ -151,8 +151,9 @@ class Instrumentation(LoaderHooks):
                        params_without_grad=sum(1 for p in params if p.grad is None))
 
     def on_backward(self) -> None:
-        if self.current is not None:
-            self.current.backward_called()
+        current = self.current
+        if current is not None:
+            current.backward_called()
     # ---- the end ---------------------------------------------------------------------------
     def finish(self, reason: str) -> None:
         """Write the final records (idempotent)."""

@@ -189,9 +189,9 @@ class LoaderHooks:
             clock.exhausted()
             self.recorder.flush()  # an epoch's end: its records on disk before what follows
             raise
-        made = meter.made if meter is not None else None
-        if made is not None:  # never held past its step (a pinned batch is another object)
-            meter.made = None
+        made = None
+        if meter is not None:  # never held past its step (a pinned batch is another object)
+            made, meter.made = meter.made, None
         if made is batch:  # the meter's own batch: its size read
             samples = meter.made_samples
             if samples < 0:
@@ -199,7 +199,8 @@ class LoaderHooks:
         else:
             samples = batch_size_of(batch, state.default_bs)
         clock.batch_returned(samples)
-        if state.serve() and loader_id not in self._outliving:
+        served = state.served = state.served + 1  # ``IteratorState.serve``, inline
+        if served == state.outlived_at and loader_id not in self._outliving:
             self._outliving.add(loader_id)
             self.event(ITERATOR_OUTLIVES_EPOCH, loader_id=loader_id, epoch_len=state.epoch_len)
         if state.iter_index == 0 and state.fingerprints < FINGERPRINT_BATCHES:
@@ -218,8 +219,10 @@ class LoaderHooks:
         loader_id = state.loader_id
         clock = self.clocks.get(loader_id)
         if clock is None:
+            # each boundary's run-queue reading ends a step and starts the next and its fetch:
+            # parsed once as it is read, not in each of the three records at the flush
             clock = self.clocks[loader_id] = StepClock(loader_id, self._warmup_for(state),
-                                                       runq=RUNQ.raw)
+                                                       runq=RUNQ)
             self._steps[loader_id] = self._steps_for(state)
         return clock
 
@@ -230,11 +233,14 @@ class LoaderHooks:
         says so. True where it did no more (no window began, no flush)."""
         screen = self.screen
         extra = self.comm.take_step((row[4] + row[5] + row[6]) / 1e9)
-        self.recorder.defer((encode_step, row, screen.window_of(row[2]) if screen.windows
-                             else None, extra))
+        window = None
+        if screen.windows:
+            self.recorder.defer((encode_step, row, screen.window_of(row[2]), extra))
+            window = screen.boundary(clock.steps_closed)
+        else:
+            self.recorder.defer((encode_step, row, None, extra))
         if self.gpu.live:
             self.gpu.poll()
-        window = screen.boundary(clock.steps_closed) if screen.windows else None
         if screen.done(clock.steps_closed, clock.measured_steps, self._steps[state.loader_id]):
             self.training_loader_id = state.loader_id
             self.stop("steps_done")

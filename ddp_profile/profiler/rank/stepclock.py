@@ -20,7 +20,7 @@ import json
 import time
 from typing import Any, Callable, Optional
 
-from ddp_profile.profiler.rank.loading.clocks import runq_ns
+from ddp_profile.profiler.rank.loading.clocks import runq_delta
 from ddp_profile.profiler.store.record import dumps
 
 Clock = Callable[[], int]
@@ -126,8 +126,11 @@ def step_seconds(row: tuple) -> float:
 
 # times with nine decimals: the float a reader parses is the one ``ns / 1e9`` makes, written at
 # a fraction of the cost of a float's shortest ``repr``
-_STEP = ('{"kind":"step","loader_id":%d,"step":%d,"measured":%s,"t_ns":%d,"data_wait_s":%.9f,'
-         '"compute_s":%.9f,"other_s":%.9f,"forward_s":%s,"samples":%d,"rank":%s')
+_STEP_HEAD = ('{"kind":"step","loader_id":%d,"step":%d,"measured":%s,"t_ns":%d,"data_wait_s":%.9f,'
+              '"compute_s":%.9f,"other_s":%.9f,"forward_s":')
+_STEP = _STEP_HEAD + '%s,"samples":%d,"rank":%s'
+# the common step, whole in one format: its forward and run queue timed, nothing more to add
+_STEP_TIMED = _STEP_HEAD + '%.9f,"samples":%d,"rank":%s,"runq_s":%.9f}'
 
 
 def step_line(row: tuple, label: Optional[tuple[int, bool]] = None,
@@ -145,13 +148,17 @@ def encode_step(item: tuple, rank: Optional[int]) -> str:
      runq_after, loader_start, iter_start_s) = row
     if label is not None:
         measured = label[1]
-    line = _STEP % (loader_id, step, "true" if measured else "false", t_ns, wait / 1e9,
-                    compute / 1e9, other / 1e9, "null" if forward is None else
-                    "%.9f" % (forward / 1e9), samples, "null" if rank is None else int(rank))
-    if runq_before is not None and runq_after is not None:
-        before, after = runq_ns(runq_before), runq_ns(runq_after)
-        if before is not None and after is not None:
-            line += ',"runq_s":%.9f' % ((after - before) / 1e9)
+    runq = runq_delta(runq_before, runq_after) if runq_after is not None else None
+    rank_text = "null" if rank is None else int(rank)
+    flag = "true" if measured else "false"
+    if not (loader_start or label is not None or extra) and forward is not None \
+            and runq is not None:
+        return _STEP_TIMED % (loader_id, step, flag, t_ns, wait / 1e9, compute / 1e9,
+                              other / 1e9, forward / 1e9, samples, rank_text, runq / 1e9)
+    line = _STEP % (loader_id, step, flag, t_ns, wait / 1e9, compute / 1e9, other / 1e9,
+                    "null" if forward is None else "%.9f" % (forward / 1e9), samples, rank_text)
+    if runq is not None:
+        line += ',"runq_s":%.9f' % (runq / 1e9)
     if loader_start:
         line += ',"loader_start":true'
         if iter_start_s is not None:

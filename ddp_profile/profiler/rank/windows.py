@@ -21,7 +21,7 @@ import functools
 import itertools
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
 from ddp_profile.profiler.settings import (
@@ -157,11 +157,19 @@ class IteratorState:
     meter: Any = None  # the batch meter of the iterator serving (in-process loading only)
     clock: Any = None  # its loader's ``stepclock.StepClock``, from its first batch
 
+    # ``served`` at the batch past ``len(loader)`` (-1: no length): this iterator outlived an
+    # epoch there (read at every batch: kept, not computed)
+    outlived_at: int = field(init=False, default=-1)
+
+    def __post_init__(self) -> None:
+        if self.epoch_len is not None:
+            self.outlived_at = self.epoch_len + 1
+
     def serve(self) -> bool:
         """One more batch given to the loop; True at the one past ``len(loader)``: this
         iterator outlived an epoch."""
         self.served += 1
-        return self.epoch_len is not None and self.served == self.epoch_len + 1
+        return self.served == self.outlived_at
 
     @property
     def source(self) -> Any:

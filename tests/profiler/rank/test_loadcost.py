@@ -379,3 +379,26 @@ def test_bytes_read_and_bytes_from_storage_are_counted_on_sampled_batches(tmp_pa
         pytest.skip("this filesystem reads nothing from storage (tmpfs?)")
     assert sum(r["storage_b"] for r in first) >= 0.9 * 8 * 64 * 1024
     assert all(r["storage_b"] < 4096 for r in later), later
+
+
+@pytest.mark.parametrize("before, after, expected", [
+    (b"900 1000 3\n", b"950 4000 4\n", 3000),  # two raw readings: parsed where encoded
+    (1000, 4000, 3000), (1000, b"950 4000 4\n", 3000),  # numbers, or one of each (a step
+    (b"900 1000 3\n", 4000, 3000),  # boundary's reading is parsed as it is read)
+    (None, b"950 4000 4\n", None), (b"900 1000 3\n", None, None),  # one unread: unknown
+    (b"900 1000 3\n", b"torn", None), (b"x y z", b"950 4000 4\n", None),  # unparsable
+])
+def test_the_run_queue_between_two_readings_is_unknown_where_either_is(before, after, expected):
+    assert clocks.runq_delta(before, after) == expected
+
+
+def test_a_batch_lines_run_queue_is_the_difference_of_its_raw_readings_or_null():
+    prefix = '{"kind":"batch_cost","rank":0,"loader_id":0,"worker":null,"pid":1,'
+    row = (loadcost._batch_line, prefix, 7, 1_000, 31_000, 500, 20_500, b"0 2000 1\n",
+           b"0 9000 2\n", None, 29_000, 1_000, 1_000, 4, None, None)
+    record = json.loads(loadcost.encode_row(row))
+    assert record["runq_s"] == pytest.approx(7e-6) and record["wall_s"] == pytest.approx(30e-6)
+    assert record["samples"] == 4 and record["gc_s"] == 0 and record["collate_s"] == 0
+    for unread in (row[:7] + (None,) + row[8:], row[:8] + (b"torn",) + row[9:]):
+        same = json.loads(loadcost.encode_row(unread))
+        assert same["runq_s"] is None and same == {**record, "runq_s": None}

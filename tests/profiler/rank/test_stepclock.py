@@ -228,3 +228,21 @@ def test_what_another_thread_queues_during_a_flush_waits_for_the_next_in_order(t
     recorder.close()
     names = [json.loads(line)["name"] for line in open(tmp_path / "rank-0.jsonl")]
     assert names == ["first", "second", "meanwhile"]
+
+
+def test_a_steps_line_is_the_same_record_whether_it_is_written_whole_or_in_parts(clock):
+    """The common step (its forward and run queue timed, nothing added) is written in one
+    format; a step with more (a window, communication, a loader's start) has the same fields
+    with its additions."""
+    readings = iter([b"10 100 1\n", b"10 2100 2\n", b"10 2600 3\n"])
+    steps = StepClock(loader_id=0, warmup=0, clock=clock, runq=lambda: next(readings))
+    assert one_step(steps, clock, wait=1, forward=1, backward=1, other=1) is None
+    row = steps.next_called()
+    plain = json.loads(encode_step((encode_step, row, None, None), 0))
+    assert plain["runq_s"] == pytest.approx(2e-6) and plain["forward_s"] == pytest.approx(1e-3)
+    assert plain["compute_s"] == pytest.approx(2e-3) and plain["rank"] == 0
+    labelled = json.loads(encode_step((encode_step, row, (2, False), {"coll_n": 1}), 0))
+    assert labelled == {**plain, "window": 2, "measured": False, "coll_n": 1}
+    unread = row[:10] + (b"torn",) + row[11:]
+    assert json.loads(encode_step((encode_step, unread, None, None), 0)) == \
+        {k: v for k, v in plain.items() if k != "runq_s"}

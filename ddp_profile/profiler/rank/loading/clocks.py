@@ -73,7 +73,13 @@ class RunQueueClock:
         self._local = threading.local()
 
     def __call__(self) -> Optional[int]:
-        return self.parse(self.raw())
+        raw = self.raw()
+        if raw is None:
+            return None
+        try:  # ``parse``, inline: a step boundary's reading is parsed here (``rank.loaders``)
+            return int(raw.split(b" ", 2)[1])
+        except (ValueError, IndexError):
+            return None
 
     def raw(self) -> Optional[bytes]:
         """The file's bytes as read now, or None: a hot path keeps them and parses them later
@@ -124,28 +130,26 @@ class RunQueueClock:
         return None, None
 
 
-_RECENT: tuple = (None, None, None, None)  # the last two readings ``runq_ns`` parsed, and theirs
-
-
 def runq_ns(reading: Any) -> Optional[int]:
     """The run-queue nanoseconds of a reading (what ``RunQueueClock.raw`` read, or already
-    a number), or None. Each step boundary's reading is the end of one step and the start of
-    the next and of its fetch: the last two readings parsed are remembered, by identity."""
+    a number), or None."""
     if reading is None or reading.__class__ is int:
         return reading
-    recent = _RECENT
-    if reading is recent[0]:
-        return recent[1]
-    if reading is recent[2]:
-        return recent[3]
-    value = RunQueueClock.parse(reading)
-    _set_recent((reading, value, recent[0], recent[1]))
-    return value
+    return RunQueueClock.parse(reading)
 
 
-def _set_recent(recent: tuple) -> None:
-    global _RECENT
-    _RECENT = recent  # one tuple: a reader sees the old pair or the new, never half of each
+def runq_delta(before: Any, after: Any) -> Optional[int]:
+    """Nanoseconds on a run queue between two readings (``runq_ns``: raw, or numbers already),
+    or None where either is unknown. A record's encoder calls it once for its two readings,
+    a raw one parsed inline, at the flush."""
+    try:
+        if before.__class__ is not int:
+            before = int(before.split(b" ", 2)[1])
+        if after.__class__ is not int:
+            after = int(after.split(b" ", 2)[1])
+        return after - before
+    except (AttributeError, ValueError, IndexError):  # unread (None), or unparsable
+        return None
 
 
 class IoCounters(RunQueueClock):

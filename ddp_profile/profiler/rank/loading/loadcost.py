@@ -28,7 +28,7 @@ from ddp_profile.profiler.rank.loading.clocks import (
     IoCounters,
     RunQueueClock,
     private_rss,
-    runq_ns,
+    runq_delta,
 )
 from ddp_profile.profiler.rank.loading.pagecache import FileReads, watch
 from ddp_profile.profiler.store.record import WORKER_DIR
@@ -89,7 +89,7 @@ class CostMeter:
         self.collate_start: Optional[tuple[int, int, int]] = None  # (gc, wall, cpu) ns
         # the loop's own run-queue reading at this batch's ``__next__``, where nothing ran
         # since (``rank.loaders``): the fetch's start, read once
-        self.runq_start: Optional[bytes] = None
+        self.runq_start: Any = None  # (a number: ``rank.loaders``' clock parses it)
         self.batches = 0  # fetches begun (which of them read the io counters: ``IO_EVERY``)
         self.in_loop = worker is None  # the loop's own thread takes what it makes; there
         self.made: Any = None  # the batch the last fetch made, and its size (or -1: none
@@ -99,9 +99,9 @@ class CostMeter:
         self.io = IoCounters()
         self._local = threading.local()  # the producing thread's descriptors
 
-    def _descriptors(self) -> tuple[int, Optional[int], Optional[int]]:
-        """(fork count, run-queue descriptor, io descriptor) of the calling thread."""
-        fds = self._local.fds = (clocks.fork_count, self.runq.fd(), self.io.fd())
+    def _descriptors(self) -> tuple[int, Optional[int], Optional[int], int]:
+        """(fork count, run-queue descriptor, io descriptor, ident) of the calling thread."""
+        fds = self._local.fds = (clocks.fork_count, self.runq.fd(), self.io.fd(), get_ident())
         return fds
 
     def wrap(self, fetcher: Any) -> Any:
@@ -121,12 +121,13 @@ class CostMeter:
             return collate(data)
 
         def timed_fetch(index: Any) -> Any:
-            meter.collate_start = None
-            files, runq_before, meter.runq_start = meter.files, meter.runq_start, None
+            files, runq_before = meter.files, meter.runq_start
+            meter.runq_start = meter.collate_start = None
             fds = getattr(local, "fds", None)
             if fds is None or fds[0] != clocks.fork_count:
                 fds = meter._descriptors()
-            runq_fd, io_fd, ident, n = fds[1], fds[2], get_ident(), meter.batches
+            _, runq_fd, io_fd, ident = fds
+            n = meter.batches
             meter.batches = n + 1
             if n >= IO_FIRST and n % IO_EVERY:
                 io_fd = None
@@ -173,8 +174,9 @@ class CostMeter:
         return fetcher
 
 
-_BATCH = ('%s"t_ns":%d,"wall_s":%.9f,"cpu_s":%.9f,"runq_s":%s,"collate_s":%.9f,'
+_BATCH = ('%s"t_ns":%d,"wall_s":%.9f,"cpu_s":%.9f,"runq_s":%.9f,"collate_s":%.9f,'
           '"collate_cpu_s":%.9f,"gc_s":%.9f,"samples":%d%s}')
+_BATCH_UNQUEUED = _BATCH.replace('"runq_s":%.9f', '"runq_s":null%s')  # its run queue unread
 
 
 def _batch_line(row: tuple, _rank: Any = None) -> str:
@@ -186,19 +188,23 @@ def _batch_line(row: tuple, _rank: Any = None) -> str:
     collate_wall = collate_cpu = 0
     if collate_start is not None:
         in_gc = gc_end - collate_start[0]
-        collate_wall = max(collated - collate_start[1] - in_gc, 0)
-        collate_cpu = max(cpu_end - collate_start[2] - in_gc, 0)
-    before, after = runq_ns(runq_before), runq_ns(runq_after)
-    runq = "null" if before is None or after is None else "%.9f" % ((after - before) / 1e9)
+        collate_wall = collated - collate_start[1] - in_gc
+        collate_cpu = cpu_end - collate_start[2] - in_gc
+        if collate_wall < 0:
+            collate_wall = 0
+        if collate_cpu < 0:
+            collate_cpu = 0
     io = ""
     if io_after is not None:  # read on some batches only (``IO_EVERY``)
         read_before, read_after = IoCounters.parse(io_before), IoCounters.parse(io_after)
         if read_before is not None and read_after is not None:
             io = ',"read_b":%d,"storage_b":%d' % (read_after[0] - read_before[0],
                                                    read_after[1] - read_before[1])
-    return _BATCH % (prefix, t_ns, (wall_end - wall) / 1e9, (cpu_end - cpu) / 1e9, runq,
-                     collate_wall / 1e9, collate_cpu / 1e9, (gc_end - collected) / 1e9,
-                     samples, io)
+    runq = runq_delta(runq_before, runq_after)
+    return (_BATCH if runq is not None else _BATCH_UNQUEUED) % (
+        prefix, t_ns, (wall_end - wall) / 1e9, (cpu_end - cpu) / 1e9,
+        "" if runq is None else runq / 1e9, collate_wall / 1e9, collate_cpu / 1e9,
+        (gc_end - collected) / 1e9, samples, io)
 
 
 def _files_line(row: tuple, _rank: Any = None) -> str:
