@@ -1725,3 +1725,36 @@ def test_the_contender_rides_in_the_launch_of_the_checks_windows():
     assert any("alternated with the script's settings the same way" in n for n in notes), notes
     # read as alone: the faster of the two, established, is what the run recommends
     assert recommended(found).config.num_workers == 2
+
+
+def test_windows_carried_for_a_later_launch_are_measured_first_by_any_other():
+    """The second screen's windows wait for the check's launch; a launch of anything else
+    that comes first measures them on their own ahead of it, so none is lost or reordered."""
+    from ddp_profile.profiler.sweep.state import Carrier
+
+    fake = ModelMeasurer(io_bound)
+    carrier = Carrier(fake)
+    carried = [Window(LoaderSettings(2, False, 4, 32)), Window(LoaderSettings(2, True, 2, 32))]
+    carrier.carry(carried)
+    carrier.measure(Window(LoaderSettings(0, False, None, 64)))
+    assert [e.config.batch_size for e in fake.entries] == [32, 32, 64]
+    assert fake.launches == 2 and all(e.screened for e in fake.entries[:2])
+    carrier.carry(carried)
+    assert carrier.take() == carried and carrier.take() == [] and not carrier.flush()
+    carrier.screen_unsupported = "told through"  # the measurer's own state
+    assert fake.screen_unsupported == "told through"
+
+
+def test_a_running_launchs_rates_stop_the_climb_only_where_the_top_rung_did_not_rise():
+    """A climb rung is condemned by the rungs below it: recorded windows by the climb's own
+    rule (``next_workers``: beyond noise), a running launch's provisional rates only where
+    the top rung gained no more than the noise floor (they carry no error of their own)."""
+    from ddp_profile.profiler.sweep.climb import ClimbPoint, rising
+
+    points = [ClimbPoint(7, 3000.0, rse=0.05), ClimbPoint(14, 3300.0, rse=0.05)]  # +10 %
+    assert rising(points, 28, 64) is False  # within the recorded windows' noise: stop
+    assert rising(points, 28, 64, provisional=True) is True  # it rose: measured
+    assert rising(points, 56, 64, provisional=True) is None  # 28 first
+    flat = [ClimbPoint(7, 3000.0), ClimbPoint(14, 3040.0)]  # +1.3 %
+    assert rising(flat, 28, 64, provisional=True) is False
+    assert rising([ClimbPoint(64, 3000.0)], 128, 64) is False  # at the limit
