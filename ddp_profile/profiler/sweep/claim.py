@@ -125,10 +125,11 @@ def _alternate(search: SearchState, base: ProbeRecord, best: ProbeRecord, what: 
         return None
     steps = whole_epoch_steps(search, configs.values())
     group = f"claim-{len(search.entries):03d}"  # named by its first probe
-    carried = search.take_carried() if one_launch else []
+    riding = normalise(rider.config) if rider is not None and one_launch else None
+    carried = [w for w in search.take_carried() if normalise(w.config) != riding] \
+        if one_launch else []  # a rider's own alternation measures it again in this launch
     windows = [*_windows(search, configs, roles, group, steps), *carried] if one_launch \
         else []
-    riding = normalise(rider.config) if rider is not None and one_launch else None
     rides = f"claim-{len(search.entries) + len(windows):03d}"
     judge = None
     if riding is None and carried:

@@ -1720,8 +1720,10 @@ def test_the_contender_rides_in_the_launch_of_the_checks_windows():
     assert [e.pair.role for e in first] == [e.pair.role for e in second] == ALTERNATION
     # both alternations in one screen launch, the check's first
     (launch,) = [w for w in fake.screens_asked if any(x.kind == "paired" for x in w)]
-    assert [w.pair["group"] for w in launch if w.pair] == [first[0].pair.group] * 7 + \
+    assert [w.pair["group"] for w in launch] == [first[0].pair.group] * 7 + \
         [second[0].pair.group] * 7
+    # the second screen's window of the contender, uncertain (measured again twice as long
+    # where it runs alone), is not carried into this launch: its alternation measures it
     assert any("alternated with the script's settings the same way" in n for n in notes), notes
     # read as alone: the faster of the two, established, is what the run recommends
     assert recommended(found).config.num_workers == 2
