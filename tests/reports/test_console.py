@@ -247,9 +247,9 @@ def test_the_plan_the_estimate_and_a_budgets_stop_fit_the_console():
                         "left_s": 3.0, "not_done": ["the claim's check (A B alternation)",
                                                     "the persistent_workers check"]})
     text = stream.getvalue()
-    assert text.startswith("plan: about 5 launches, at most ") and "budget 2:00" in text
+    assert text.startswith("plan: about 3 launches, at most ") and "budget 2:00" in text
     assert "samples/s, data wait 10% | 2:00 left of the budget" in text  # its probe line
-    assert "estimate: about 1:00 (5 launches of about 12 s, the baseline's)" in text
+    assert "estimate: about 0:36 (3 launches of about 12 s, the baseline's)" in text
     assert "not done: the claim's check" in text.replace("\n  ", " ")
     assert all(len(line) <= 100 for line in text.splitlines()), text
 
@@ -266,7 +266,7 @@ def test_without_a_budget_a_probe_line_says_which_launch_of_the_plan_it_is():
     progress("start", {"probe_id": "p000", "config": LoaderSettings(), "kind": "baseline"})
     progress("estimate", {"plan": steps, "launch_s": 12.0, "budget_s": None})
     progress("done", {"entry": record({**SHORT, "short": False})})
-    assert "launch 1 of about 5" in stream.getvalue().splitlines()[-1]
+    assert "launch 1 of about 3" in stream.getvalue().splitlines()[-1]
 
 
 def test_the_summary_says_what_a_budget_left_out_or_that_it_left_nothing_out():

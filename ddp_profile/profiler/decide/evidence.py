@@ -182,6 +182,18 @@ def checked_because(records: Sequence[ProbeRecord], base: ProbeRecord, target: P
     return gain[1]
 
 
+def checked_words(records: Sequence[ProbeRecord], base: ProbeRecord,
+                  best: Optional[ProbeRecord], target: ProbeRecord) -> str:
+    """``target``, the check's subject, as the sweep's note names it: the recommendation
+    (the search's ``best``), or what it is and why it is checked (``checked_because``)."""
+    if best is not None and best.id == target.id:
+        return "the recommendation"
+    because = checked_because(records, base, target)
+    label = target.config.label()
+    return (f"{label}, faster in the search but not beyond its noise,"
+            if because == STEP_FASTER else f"{label} ({because})")
+
+
 def subject(records: Sequence[ProbeRecord], base: ProbeRecord, best: Optional[ProbeRecord],
             thresholds: ChoiceThresholds = DEFAULTS) -> Optional[ProbeRecord]:
     """What the claim's alternation checks against the script's settings (module docstring)."""

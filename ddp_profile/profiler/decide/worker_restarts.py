@@ -79,6 +79,30 @@ def run_steps(records: Sequence[ProbeRecord], batch_size: Optional[int]) -> Opti
     return (run.script_samples or 0) // (batch * len(run.ranks))
 
 
+WHOLE_RUN_HEADROOM = 1.25  # steps asked of a launch that is to run the script to its end, over
+# those the samples of a whole run make at its batch size
+
+
+def whole_run_steps(records: Sequence[ProbeRecord], batch_size: Optional[int], steps: int,
+                    warmup: int, factor: int) -> Optional[int]:
+    """Where a launch ran the script to its end (``whole_run``: a short script), the measured
+    steps that take a launch at ``batch_size`` there too: that run's samples over the batch on
+    every rank (the baseline's, ``records[0]``), a quarter more (``steps`` at least). Where
+    the claim changes the batch size, its launches then time the whole run on both sides
+    (``decide.paired.timed_runs``), as a user's check does; at one batch size the steps are
+    kept (whole runs add the noise of what is not a step). None where no launch ran to the
+    end, or that run is longer than ``factor`` probes' steps and warm-up."""
+    run = whole_run(records)
+    base = records[0] if records else None
+    if run is None or base is None or not base.ranks or not batch_size:
+        return None
+    samples = run.script_samples or 0
+    needed = math.ceil(WHOLE_RUN_HEADROOM * samples / (batch_size * len(base.ranks)))
+    if needed > factor * (steps + warmup):
+        return None
+    return max(needed, steps)
+
+
 def kept_alive(records: Sequence[ProbeRecord], restarting: ProbeRecord,
                baseline: ProbeRecord) -> Optional[KeptAlive]:
     """``KeptAlive`` for ``restarting`` (a probe whose workers start again every epoch, with

@@ -1,12 +1,13 @@
 """The adaptive search: two screens, then the batch sizes (``run``), over a ``Search``.
 
-The first screen runs the worker ladder (and the ceiling) in one launch; the climb adds one
-worker count per launch while the capacity model says the loop still gains; the second screen
-confirms the best screened configuration in a fresh launch and tries its prefetch and pinning
-variants in the same launch. The climb stops on evidence: at a screen whose every worker count
-ran slower than the script's own settings, at a rung slower than them, and past a rung that
-outlasted a launch's timeout. ``search``: the ``sweep.search.Search`` that calls in
-(``sweep.state.SearchState``).
+The first screen runs the worker ladder (and the ceiling) in one launch, and the climb's first
+rungs past it where that launch holds them; the climb goes on while the loop still gains; the
+second screen confirms the best screened configuration in a fresh launch and tries its
+prefetch and pinning variants there: the claim's check's launch, ahead of its windows, where
+that runs in windows of one launch. The climb stops on evidence: at a screen whose every
+worker count ran slower than the script's own settings, at a rung slower than them, at a rung
+that did not rise (``climb.Climb``), and past a rung that outlasted a launch's timeout.
+``search``: the ``sweep.search.Search`` that calls in (``sweep.state.SearchState``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import replace
 from typing import Any, Optional
 
 from ddp_profile.profiler.decide import evidence
-from ddp_profile.profiler.decide.capacity import WORKER_CAP
+from ddp_profile.profiler.decide.capacity import DEFAULT_THRESHOLDS, WORKER_CAP
 from ddp_profile.profiler.decide.choose import (
     UNSTABLE_RSE,
     candidate_of,
@@ -27,6 +28,7 @@ from ddp_profile.profiler.store.probes import Kind, ProbeRecord, Status, is_meas
 from ddp_profile.profiler.sweep import ceiling
 from ddp_profile.profiler.sweep.climb import (
     CLIMB_STOP_CPU_SHARE,
+    Climb,
     Ladder,
     LadderStop,
     adding,
@@ -42,13 +44,15 @@ from ddp_profile.profiler.sweep.climb import (
 from ddp_profile.profiler.sweep.space import normalise
 from ddp_profile.profiler.sweep.state import SearchState, Window
 
-MAX_CLIMB_LAUNCHES = 3  # launches the climb may add past the first screen
+MAX_CLIMB_RUNGS = 3  # worker counts the climb may add past the first screen's ladder
 
 
 def run(search: SearchState) -> None:
     """Two screens, then the batch sizes. The first screen runs the whole worker ladder
-    (and the ceiling) in one launch; the second confirms the best screened configuration
-    in a fresh launch and, in the same launch, tries its prefetch and pinning variants.
+    (and the ceiling, then the climb's first rungs: ``climb_rungs``) in one launch; the
+    second confirms the best screened configuration in a fresh launch and, in the same
+    launch, tries its prefetch and pinning variants (carried into the claim's check's launch
+    where it can ride there: ``rides_with_the_check``).
     A baseline whose loading could win back little of its steps, and whose whole run pays
     little beyond them (``climb.worth_screening``), gets no ladder, only its pinning variants.
     Batch sizes need launches of their own. A loader that cannot be rebuilt (known from the
@@ -59,7 +63,8 @@ def run(search: SearchState) -> None:
     start = LoaderSettings(None, own.pin_memory if own.pin_memory is not None else False,
                            min(search.axes.prefetch_factor), own.batch_size)
     ladder = list(search.axes.num_workers)
-    if worth_screening(search.baseline):
+    screening = worth_screening(search.baseline)
+    if screening:
         ladder = first_workers(search)
         configs = [normalise(replace(start, num_workers=w)) for w in ladder]
     else:  # loading settings cannot win back more than the little time spent waiting
@@ -73,8 +78,11 @@ def run(search: SearchState) -> None:
     if search.loader().get("iterable"):  # known from the baseline: no launch wasted on it
         search.no_screens("its IterableDataset's stream cannot continue in a new iterator "
                           "mid-epoch")
-    judge = Ladder(search.baseline)
-    screened = search.measurer.measure_screen(windows, judge)
+    rungs = climb_rungs(search, start, max(ladder, default=0), windows) if screening else []
+    judge = Climb(search.baseline, start, rungs, climb_limit(search))
+    screened = search.measurer.measure_screen(
+        [*windows, *(search.window(normalise(replace(start, num_workers=w))) for w in rungs)],
+        judge)
     if judge.stop is not None:
         search.ladder_stopped(judge.stop)
     ceiling.vet(search)
@@ -88,9 +96,12 @@ def run(search: SearchState) -> None:
     else:
         if worth_tuning(search.baseline) and search.space.num_workers is None \
                 and not all_slower(search, screened):
-            climb(search, start)
+            climb(search, start, MAX_CLIMB_RUNGS - len(rungs))
         best = search.best()
-        if best is not None:
+        if best is not None and rides_with_the_check(search, best):
+            # measured in the check's launch, whose windows measure the best again
+            search.carry(second_screen(search, best, again=False))
+        elif best is not None:
             search.measurer.measure_screen(second_screen(search, best))
             best = search.best()
     if best is not None:
@@ -145,6 +156,57 @@ def first_workers(search: SearchState) -> list[int]:
     return sorted(workers)
 
 
+def climb_limit(search: SearchState) -> int:
+    """The most workers per rank the climb may reach (the capacity model's bound)."""
+    model = search.capacity()
+    return model.max_workers if model is not None else WORKER_CAP
+
+
+def climb_rungs(search: SearchState, start: LoaderSettings, top: int,
+                windows: list[Window]) -> list[int]:
+    """The climb's first rungs past the ladder's ``top``, doubling (``next_workers``' steps,
+    up to ``MAX_CLIMB_RUNGS`` and the limit), as windows of the first screen's launch after
+    ``windows``: where the climb would follow (the workers are not given, loading mostly
+    waits: the capacity model's prediction rests on the compute-only demand) and one launch
+    holds them all (``epoch_holds``). Each is measured only while the rungs below it still
+    rise (``climb.Climb``): a launch of its own each saved, not a rung more."""
+    model = search.capacity()
+    if model is None or search.space.num_workers is not None or not top \
+            or not worth_tuning(search.baseline) or model.cpu_share >= CLIMB_STOP_CPU_SHARE:
+        return []
+    limit, rungs = climb_limit(search), []
+    while len(rungs) < MAX_CLIMB_RUNGS and min(2 * top, limit) > top:
+        top = min(2 * top, limit)
+        planned = [search.window(normalise(replace(start, num_workers=w))) for w in
+                   (*rungs, top)]
+        if not search.epoch_holds([*windows, *planned]):
+            break
+        rungs.append(top)
+    if rungs:
+        recalibrate(search, rungs[-1])
+    return rungs
+
+
+def rides_with_the_check(search: SearchState, best: ProbeRecord) -> bool:
+    """Whether the second screen's windows can ride ahead of the claim's check, in its
+    launch (``SearchState.carry``): the check is to run (``--pairs``) in windows of one
+    launch (screens work, no launch ended short, the script's batch size) and nothing of the
+    search reads them before it (no batch size to measure)."""
+    base = search.baseline
+    assert base is not None and search.axes is not None
+    return search.options.pairs > 0 and in_one_launch(search, base, best) \
+        and set(search.axes.batch_size) <= {base.config.batch_size} \
+        and not compute_bound(candidate_of(base))
+
+
+def in_one_launch(search: SearchState, base: ProbeRecord, subject: ProbeRecord) -> bool:
+    """Whether the check of ``subject`` runs in windows of one launch: at the script's batch
+    size, where screens work and no launch of the search ended before its steps (windows of
+    one launch would outrun the script)."""
+    return subject.config.batch_size == base.config.batch_size \
+        and not search.measurer.screen_unsupported and not any(e.short for e in search.entries)
+
+
 def recalibrate(search: SearchState, workers: int) -> None:
     """Window timeouts sized for ``workers`` (their prefetch backlog is longer)."""
     assert search.axes is not None and search.baseline is not None
@@ -165,14 +227,14 @@ def all_slower(search: SearchState, screened: list[ProbeRecord]) -> bool:
     return True
 
 
-def climb(search: SearchState, start: LoaderSettings, launches: int = MAX_CLIMB_LAUNCHES) -> None:
-    """Past the first screen: one more worker count per launch while ``next_workers``
-    says the loop still gains (``climb.next_workers``), none is slower than the baseline, and
-    the last rung took less than a launch's timeout (the next, with more workers to
-    start, would not finish)."""
-    for _ in range(launches):
-        model = search.capacity()
-        limit = model.max_workers if model is not None else WORKER_CAP
+def climb(search: SearchState, start: LoaderSettings, rungs: int = MAX_CLIMB_RUNGS) -> None:
+    """Past the first screen: the next worker counts while ``next_workers`` says the loop
+    still gains, none is slower than the baseline, and the last rung took less than a
+    launch's timeout (the next, with more workers to start, would not finish); at most
+    ``rungs`` of them, as windows of one launch where it holds them (``climb_rungs``), each
+    dropped once the rungs below it stop the climb (``climb.Climb``)."""
+    while rungs > 0:
+        limit = climb_limit(search)
         points = climb_points(search.ok_entries(), start)
         following = next_workers(points, limit)
         if following is None or outlasted(search, start, points):
@@ -184,12 +246,23 @@ def climb(search: SearchState, start: LoaderSettings, launches: int = MAX_CLIMB_
             ladder.stop.skipped.append(config.label())
             search.ladder_stopped(ladder.stop)
             return
-        recalibrate(search, following)
-        search.measurer.measure_screen([search.window(config)])
-        rung = search.find(config)
-        if rung is not None and slower_than_baseline(rung, search.baseline):
-            search.ladder_stopped(LadderStop(search.baseline, [rung]))
+        window = search.window(config)
+        planned = [following, *climb_rungs(search, start, following, [window])][:rungs]
+        rungs -= len(planned)
+        recalibrate(search, planned[-1])
+        judge = Climb(search.baseline, start, planned, limit)
+        search.measurer.measure_screen(
+            [search.window(normalise(replace(start, num_workers=w))) for w in planned], judge)
+        if judge.stop is not None:
+            search.ladder_stopped(judge.stop)
+            return
+        measured = [r for r in (search.find(normalise(replace(start, num_workers=w)))
+                                for w in planned) if r is not None]
+        if measured and slower_than_baseline(measured[-1], search.baseline):
+            search.ladder_stopped(LadderStop(search.baseline, [measured[-1]]))
             return  # more workers cost the loop: the climb stops here
+        if len(measured) < len(planned):
+            return  # a rung the climb did not reach: the rungs below it stopped it
 
 
 def outlasted(search: SearchState, start: LoaderSettings, points: list[Any]) -> bool:
@@ -219,25 +292,26 @@ def contender(search: SearchState, best: ProbeRecord) -> Optional[Window]:
     return search.window(normalise(top.config), steps=search.options.steps * 2)
 
 
-def second_screen(search: SearchState, best: ProbeRecord) -> list[Window]:
-    """A fresh measurement of a screened best, an uncertain contender twice as long, then
-    the best's prefetch and pinning variants."""
+def second_screen(search: SearchState, best: ProbeRecord, again: bool = True) -> list[Window]:
+    """A fresh measurement of a screened best (``again``: unless the claim's check in the same
+    launch measures it), an uncertain contender twice as long, then the best's prefetch and
+    pinning variants."""
     assert search.axes is not None
     current = normalise(best.config)
-    configs = [current] if best.screened else []
+    configs = [current]
     if current.num_workers and waits_for_data(best):
         configs += [normalise(replace(current, prefetch_factor=v))
                     for v in search.axes.prefetch_factor]
     configs += [normalise(replace(current, pin_memory=v)) for v in search.axes.pin_memory]
     unique: list[LoaderSettings] = []
     for config in configs:
-        if config not in unique and (config == current and best.screened
-                                     or search.find(config) is None):
+        if config not in unique and (config == current and best.screened and again
+                                     or config != current and search.find(config) is None):
             unique.append(config)
     windows = [search.window(c) for c in unique]
     uncertain = contender(search, best)
     if uncertain is not None and uncertain.config not in unique:
-        windows.insert(1 if best.screened else 0, uncertain)
+        windows.insert(1 if current in unique else 0, uncertain)
     return windows
 
 
@@ -301,3 +375,39 @@ def try_axis(search: SearchState, best: ProbeRecord, axis: str) -> ProbeRecord:
     return best
 
 
+def riding_variant(carried: list[Window], candidate: LoaderSettings) -> Optional[LoaderSettings]:
+    """Of the second screen's windows carried into the claim's check (``second_screen``), the
+    first of another configuration than ``candidate``'s at its batch size and worker count:
+    its prefetch or pinning variant, which rides in the check's launch (``VariantRides``)."""
+    for window in carried:
+        config = normalise(window.config)
+        if window.kind == Kind.SWEEP and config != candidate \
+                and (config.batch_size, config.num_workers) == (candidate.batch_size,
+                                                                candidate.num_workers):
+            return config
+    return None
+
+
+class VariantRides:
+    """The judge of a check's launch (``state.Condemned``) whose rider is a carried window's
+    variant: its alternation's windows (``group``) are dropped where the variant's window
+    measured no faster than the check's windows of ``candidate`` (their mean) by more than
+    the noise floor (no contender then, ``decide.evidence.seen``); read from a running
+    launch's rates too."""
+
+    def __init__(self, group: str, variant: LoaderSettings, candidate: LoaderSettings):
+        self.group, self.variant, self.candidate = group, variant, candidate
+
+    def __call__(self, done: list[ProbeRecord], window: Window) -> bool:
+        if (window.pair or {}).get("group") != self.group:
+            return False
+        variant = [e.throughput for e in done if e.kind == Kind.SWEEP and e.throughput
+                   and normalise(e.config) == self.variant]
+        candidate = [e.throughput for e in done if e.kind == Kind.PAIRED and e.throughput
+                     and normalise(e.config) == self.candidate]
+        if not variant or not candidate:
+            return False
+        return variant[-1] <= sum(candidate) / len(candidate) * (1 + DEFAULT_THRESHOLDS.noise_floor)
+
+    def skip(self, windows: list[Window], stopped: Optional[str] = None) -> None:
+        """Nothing to say: the variant's window says why (no faster)."""

@@ -17,7 +17,6 @@ by the rules and by the sweep (``recommended``: what ``--repeat`` measures).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -43,10 +42,11 @@ from ddp_profile.profiler.decide.stopping import (
     alternation_stop,
     persistence_stop,
 )
-from ddp_profile.profiler.decide.worker_restarts import kept_alive, whole_run
+from ddp_profile.profiler.decide.worker_restarts import kept_alive, whole_run_steps
 from ddp_profile.profiler.settings import LoaderSettings, timed_warmup
 from ddp_profile.profiler.store.epochs import restart_share
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord, counts_for_choice
+from ddp_profile.profiler.sweep.adaptive import VariantRides, in_one_launch, riding_variant
 from ddp_profile.profiler.sweep.climb import condemned_by
 from ddp_profile.profiler.sweep.space import normalise
 from ddp_profile.profiler.sweep.state import SearchState, Window, where_windows
@@ -68,47 +68,55 @@ def confirm(search: SearchState) -> None:
     noise: ``decide.evidence.subject``; see the module docstring); then, where that
     established it, the configuration that measured faster still in the search
     (``decide.evidence.contender``: where the check runs in windows, in its launch, after it,
-    as ``likely_contender`` names it). Nothing where there is none, or ``--pairs 0``."""
+    as ``likely_contender`` names it). Where the search's windows that rode in the check's
+    launch (``SearchState.carry``) moved its best, the new subject is checked too. Nothing
+    where there is none, or ``--pairs 0``."""
     base = search.baseline
     if search.options.pairs <= 0 or base is None or not base.ok:
         return
     top = search.best()
     best = evidence.subject(search.entries, base, top)
+    if best is not None and not in_one_launch(search, base, best) \
+            and search.measurer.flush():  # the search's windows, read before the check
+        top, best = search.best(), evidence.subject(search.entries, base, search.best())
     if best is None:
         return
-    because = evidence.checked_because(search.entries, base, best)
-    label = normalise(best.config).label()
-    rode = _alternate(search, base, best, "the recommendation" if top is not None and top.id ==
-                      best.id else f"{label}, faster in the search but not beyond its noise,"
-                      if because == evidence.STEP_FASTER else f"{label} ({because})",
+    rode = _alternate(search, base, best, evidence.checked_words(search.entries, base, top, best),
                       rider=evidence.likely_contender(search.entries, base, best))
+    top = search.best()  # the search's windows that rode in the check's launch may move it
+    again = evidence.subject(search.entries, base, top)
+    if again is not None and normalise(again.config) != normalise(best.config) \
+            and not evidence.alternation(search.entries, base, again):
+        rode = _alternate(search, base, again,
+                          evidence.checked_words(search.entries, base, top, again))
     rival = evidence.contender(search.entries, base, top)
     sides = {REFERENCE: normalise(base.config), CANDIDATE: normalise((rival or base).config)}
     if rival is not None and not evidence.alternation(search.entries, base, rival):
         _alternate(search, base, rival, f"{sides[CANDIDATE].label()}, faster than the "
                                         "recommendation in the search but not beyond its noise,")
-    elif rival is not None and rode is not None and normalise(rode.config) == sides[CANDIDATE] \
+    elif rival is not None and rode == sides[CANDIDATE] \
             and undecided(search, rival, gained=True):  # its windows left it open
         _in_launches(search, rival, sides, whole_epoch_steps(search, sides.values()), {})
 
 
 def _alternate(search: SearchState, base: ProbeRecord, best: ProbeRecord, what: str,
-               rider: Optional[ProbeRecord] = None) -> Optional[ProbeRecord]:
+               rider: Optional[ProbeRecord] = None) -> Optional[LoaderSettings]:
     """``A B A B A``: the script's settings (A) and ``best`` (B), described as ``what``, in
     windows of one launch or a launch each (module docstring); ``rider`` alternated the same
-    way after them in that launch, where it can switch there too (returned where it rode)."""
+    way after them in that launch, where it can switch there too (its configuration returned
+    where it rode). In one launch, the windows the search carried (``SearchState.carry``:
+    the second screen) run after the check's, and where there is no ``rider``, their variant
+    of ``best`` rides, unless its window measures it no faster (``adaptive.VariantRides``)."""
     reference = normalise(base.config)
     candidate = normalise(best.config)
     if reference == candidate:
         return None
-    group = f"claim-{len(search.entries):03d}"
     configs = {REFERENCE: reference, CANDIDATE: candidate}
     ends = any(e.short for e in search.entries)  # windows of one launch would outrun it
-    in_one_launch = reference.batch_size == candidate.batch_size \
-        and not search.measurer.screen_unsupported and not ends
-    roles = order(search.options.pairs if in_one_launch else launch_pairs(search.options.pairs))
+    one_launch = in_one_launch(search, base, best)
+    roles = order(search.options.pairs if one_launch else launch_pairs(search.options.pairs))
     sequence = letters(roles)
-    where = "in one launch" if in_one_launch else "a launch each" + (
+    where = "in one launch" if one_launch else "a launch each" + (
         " (the script ended before a probe's steps: one launch would not hold the windows)"
         if ends and reference.batch_size == candidate.batch_size else "")
     if not room_for_noise(len(roles), 1):
@@ -116,19 +124,34 @@ def _alternate(search: SearchState, base: ProbeRecord, best: ProbeRecord, what: 
                                          "for its noise (--pairs 2 or more)"})
         return None
     steps = whole_epoch_steps(search, configs.values())
-    windows = _windows(search, configs, roles, group, steps) if in_one_launch else []
-    riding = normalise(rider.config) if rider is not None and in_one_launch else None
+    group = f"claim-{len(search.entries):03d}"  # named by its first probe
+    riding = normalise(rider.config) if rider is not None and one_launch else None
+    carried = [w for w in search.take_carried() if normalise(w.config) != riding] \
+        if one_launch else []  # a rider's own alternation measures it again in this launch
+    windows = [*_windows(search, configs, roles, group, steps), *carried] if one_launch \
+        else []
+    rides = f"claim-{len(search.entries) + len(windows):03d}"
+    judge = None
+    if riding is None and carried:
+        riding = riding_variant(carried, candidate)
+        judge = VariantRides(rides, riding, candidate) if riding is not None else None
     if riding in (None, reference, candidate) or riding.batch_size != reference.batch_size:
-        riding, also, rider = None, "", None
+        riding, also, judge = None, "", None
     else:  # its own alternation, in the same launch, after the check's
         sides = {REFERENCE: reference, CANDIDATE: riding}
-        windows += _windows(search, sides, roles, f"claim-{len(search.entries) + len(roles):03d}",
+        windows += _windows(search, sides, roles, rides,
                             whole_epoch_steps(search, sides.values()))
         also = (f"; then {riding.label()}, faster than it in the search, alternated with the "
-                "script's settings the same way")
+                "script's settings the same way" if judge is None else
+                f"; then {riding.label()}, alternated with the script's settings the same way "
+                "where its window measures it faster than the recommendation's")
+    if carried:
+        also = f"; then the search's second screen ({len(carried)} window(s))" + also
     if windows:  # said as they will run: a script's run may end before its windows do
         where = where_windows(search.measurer, windows)
-    whole = {role: whole_run_steps(search, config) for role, config in configs.items()}
+    whole = {role: whole_run_steps(search.entries, config.batch_size, search.options.steps,
+                                   search.options.warmup, MAX_EPOCH_FACTOR)
+             for role, config in configs.items()}
     if reference.batch_size == candidate.batch_size or not all(whole.values()):
         whole = {}  # both sides' whole runs, or neither's; at one batch size, their steps
     search.progress("note", {"text": "checking the claim: the script's settings (A) and "
@@ -137,12 +160,12 @@ def _alternate(search: SearchState, base: ProbeRecord, best: ProbeRecord, what: 
                                         "ran it to its end)" if whole else
                                         f", {steps} steps each (whole epochs)" if steps else "")
                                      + also})
-    if in_one_launch:
-        search.measurer.measure_screen(windows)
+    if one_launch:
+        search.measurer.measure_screen(windows, judge)
         if not undecided(search, best, gained=True):
-            return rider
-    _in_launches(search, best, configs, steps, whole, again=in_one_launch)
-    return rider
+            return riding
+    _in_launches(search, best, configs, steps, whole, again=one_launch)
+    return riding
 
 
 def _windows(search: SearchState, configs: dict[str, LoaderSettings], roles: list[str],
@@ -177,15 +200,13 @@ def _in_launches(search: SearchState, best: ProbeRecord, configs: dict[str, Load
 def launch_each(search: SearchState, roles: list[str], window: Callable[[str, int], Window],
                 stop: Callable[[int], Optional[str]], check: str = "the check",
                 early: Optional[Callable[[], Optional[str]]] = None) -> str:
-    """Each of ``roles`` a launch of its own (``window(role, index)``), then one more pair,
-    B A, at a time up to ``MAX_CLAIM_LAUNCHES`` while ``stop(MAX_CLAIM_LAUNCHES)`` says go on
-    (None; ``decide.stopping.alternation_stop``: it stops decided, or futile where no outcome
-    of the pairs left could make the candidate win); a failed launch ends it (a crash or an
-    OOM would only repeat itself). How it stopped is recorded once
-    (``SearchState.alternation_stopped``) and returned: ``decide.stopping``'s ``DECIDED``,
-    ``FUTILE``, ``ROUNDS`` or ``FAILED``. ``early``: asked after each launch before the last
-    of ``roles``, a stop there (the persistence check's: ``decide.stopping.persistence_stop``,
-    its own roles: no more pairs). The threads check's too (``sweep.threads_check``)."""
+    """Each of ``roles`` a launch of its own (``window(role, index)``), then a pair more, B A,
+    up to ``MAX_CLAIM_LAUNCHES`` while ``stop(MAX_CLAIM_LAUNCHES)`` says go on (None;
+    ``decide.stopping.alternation_stop``: decided, or futile); a failed launch ends it (a
+    crash would only repeat itself). How it stopped (``decide.stopping``'s ``DECIDED``,
+    ``FUTILE``, ``ROUNDS``, ``FAILED``) is recorded once (``SearchState.alternation_stopped``)
+    and returned. ``early``: asked after each launch before the last of ``roles``, a stop
+    there (``decide.stopping.persistence_stop``: no pair more)."""
     roles, index, group = list(roles), 0, ""
     while index < len(roles):
         placed = window(roles[index], index)
@@ -221,9 +242,8 @@ MAX_CLAIM_LAUNCHES = 9  # a claim checked in launches that stays undecided: A B 
 
 def undecided(search: SearchState, subject: ProbeRecord, gained: bool = False) -> bool:
     """Whether the claim's alternation so far leaves ``subject`` open (``gained``: having
-    read a gain; ``decide.paired.alternation_open``), against the gain the verdict asks of
-    it (``decide.evidence.asked_gain``: a compute-bound script's check stops once its
-    interval lies under the gain it has to show, rather than running every launch)."""
+    read a gain; ``decide.paired.alternation_open``), against the gain the verdict asks of it
+    (``decide.evidence.asked_gain``)."""
     base = search.baseline
     return alternation_open(search.entries, evidence.alternation(
         search.entries, base, subject), DEFAULTS, gained,
@@ -265,30 +285,6 @@ def recommended(search: SearchState, thresholds: ChoiceThresholds = DEFAULTS
     return decided.pick if decided is not None else search.best()
 
 
-WHOLE_RUN_HEADROOM = 1.25  # steps asked of a launch that is to run the script to its end, over
-# those the samples of a whole run make at its batch size
-
-
-def whole_run_steps(search: SearchState, config: LoaderSettings) -> Optional[int]:
-    """Where a launch of the search ran the script to its end (a short script), the measured
-    steps that take a launch of ``config`` to that end too: the samples of that run over
-    ``config``'s batch on every rank, a quarter more (``--steps`` at least). Where the claim
-    changes the batch size, its launches then time the script's whole run on both sides
-    (``decide.paired.timed_runs``), as a user's check does: a short script's validation
-    passes and epoch boundaries run at the batch size too, and its training steps do not show
-    them. At one batch size the steps are kept: whole runs add the noise of what is not a
-    step, and can leave undecided what the steps establish. None where no launch ran to the
-    end, or that run is longer than ``MAX_EPOCH_FACTOR`` runs' steps."""
-    base, run = search.baseline, whole_run(search.entries)
-    if run is None or base is None or not base.ranks or not config.batch_size:
-        return None
-    samples = run.script_samples or 0
-    steps = math.ceil(WHOLE_RUN_HEADROOM * samples / (config.batch_size * len(base.ranks)))
-    if steps > MAX_EPOCH_FACTOR * (search.options.steps + search.options.warmup):
-        return None
-    return max(steps, search.options.steps)
-
-
 # ---- whole epochs ---------------------------------------------------------------------------
 MAX_EPOCH_FACTOR = 4  # epochs of more steps than this many probes' are not crossed
 MIN_EPOCHS = 2  # whole epochs a claim's or a persistence probe spans, at least
@@ -321,11 +317,20 @@ def whole_epoch_steps(search: SearchState, configs: Any) -> Optional[int]:
     for config in configs:
         if not config.num_workers or not restarts(search):
             continue
-        epoch = _epoch(search, config)
+        epoch = epoch_steps(search, config)
         if epoch is None or epoch > MAX_EPOCH_FACTOR * steps:
             return None
         longest = max(longest, epoch)
     return spanning(longest, steps) if longest else None
+
+
+def epoch_steps(search: SearchState, config: LoaderSettings) -> Optional[int]:
+    """Steps in an epoch at ``config``'s batch size, as the last probe at it counted them;
+    None where unknown (no probe can be sized to cross it)."""
+    steps = [e.epochs.steps for e in search.entries if counts_for_choice(e)
+             and e.epochs is not None and e.epochs.steps
+             and e.config.batch_size == config.batch_size]
+    return steps[-1] if steps else None
 
 
 @dataclass(frozen=True)
@@ -347,16 +352,12 @@ class PersistenceSubject:
 def persistence_subject(search: SearchState, thresholds: ChoiceThresholds = DEFAULTS
                         ) -> Optional[PersistenceSubject]:
     """The best configuration, where its workers start again every epoch of a known length
-    and that costs it ``restart_share`` or more of the epoch (or more than can be told apart
-    from its steady steps: its start segment spans the epoch). Where the recommendation is the
-    script's own settings (the best, or the claim's check kept them: ``claim_holds``), they
-    pay no such restarts and they wait for data (not ``compute_bound``): the restarting
-    configuration at their batch size (workers, costing ``restart_share`` or more) whose rate
-    between restarts beats them by ``restart_share`` or more, the fastest such. Kept alive it
-    is predicted to win, so it is measured against the script's settings rather than left a
-    prediction; unless a launch ran the script to its end and, over that length, its start
-    outweighs what it saves (``restarts.kept_alive``: the run is too short to win it back).
-    Else None."""
+    at a cost of ``restart_share`` or more of the epoch (or its start segment spans it).
+    Where the script's own settings are recommended and wait for data (not
+    ``compute_bound``): the fastest restarting configuration at their batch size (costing
+    ``restart_share`` or more) whose rate between restarts beats them by ``restart_share``
+    or more, predicted to win kept alive; unless a launch ran the script to its end and over
+    that length its start outweighs what it saves (``restarts.kept_alive``). Else None."""
     best, base = recommended(search, thresholds), search.baseline
     if best is None or base is None or search.options.pairs <= 0 \
             or not restarts(search):
@@ -367,7 +368,7 @@ def persistence_subject(search: SearchState, thresholds: ChoiceThresholds = DEFA
                   and normalise(e.config) == config]
         known = [s for s in shares if s is not None]
         if not known or max(known) >= thresholds.restart_share:
-            epoch = _epoch(search, config)
+            epoch = epoch_steps(search, config)
             return PersistenceSubject(config, config, epoch) if epoch else None
     if best.id != base.id or not best.throughput \
             or compute_bound(candidate_of(base), thresholds):
@@ -387,17 +388,8 @@ def persistence_subject(search: SearchState, thresholds: ChoiceThresholds = DEFA
                                          f"{whole.words()}"})
         return None
     candidate = normalise(rival.config)
-    epoch = _epoch(search, candidate)
+    epoch = epoch_steps(search, candidate)
     return PersistenceSubject(config, candidate, epoch) if epoch else None
-
-
-def _epoch(search: SearchState, config: LoaderSettings) -> Optional[int]:
-    """Steps in an epoch at ``config``'s batch size, as the last probe at it counted them;
-    None where unknown (no probe can be sized to cross it)."""
-    steps = [e.epochs.steps for e in search.entries if counts_for_choice(e)
-             and e.epochs is not None and e.epochs.steps
-             and e.config.batch_size == config.batch_size]
-    return steps[-1] if steps else None
 
 
 def steady_throughput(record: ProbeRecord) -> float:

@@ -3,11 +3,13 @@
 Used by the adaptive search when the DataLoader cannot be rebuilt in place (no screens): one
 probe per rung. It starts from the rung the baseline's data-wait share predicts, steps down
 while a cheaper rung does as well and up while throughput rises beyond noise (one rung of
-patience; only while the loop still waits for data). Where it can (screens), the climb adds one
-worker count per launch past the largest measured one (``next_workers``). A ``Ladder`` is the
-``state.Condemned`` a screen is measured with: it condemns a rung the rungs measured so far
-rule out (``ladder_evidence``) and keeps the first such evidence (``LadderStop``), said once
-(``Search.ladder_stopped``) and kept in summary.json (``search.ladder_stop``).
+patience; only while the loop still waits for data). Where it can (screens), the climb adds
+worker counts past the largest measured one (``next_workers``), as windows of one launch. A
+``Ladder`` is the ``state.Condemned`` a screen is measured with: it condemns a rung the rungs
+measured so far rule out (``ladder_evidence``) and keeps the first such evidence
+(``LadderStop``), said once (``Search.ladder_stopped``) and kept in summary.json
+(``search.ladder_stop``); a ``Climb`` also condemns a climb rung the rungs below it do not
+climb to (``rising``).
 """
 
 from __future__ import annotations
@@ -389,3 +391,47 @@ class Ladder:
                               for w in windows]
         if stopped:
             self.stop.stopped_launch = stopped
+
+
+def rising(points: list[ClimbPoint], workers: int, limit: int, provisional: bool = False
+           ) -> Optional[bool]:
+    """Whether the rungs measured below ``workers`` climb on to it (``next_workers``): True,
+    False where they stop first, None where the rung below it is yet to be measured.
+    ``provisional``: a running launch's rates (``watched``: no error of their own, no CPU
+    use), read less strictly: the climb stops there only where the top rung gained no more
+    than the noise floor over the best below it (the rule proper reads recorded windows)."""
+    below = [p for p in points if p.workers < workers]
+    if not below:
+        return None
+    top = max(below, key=lambda p: p.workers)
+    if not provisional:
+        following = next_workers(below, limit)
+    else:
+        smaller = [p.throughput for p in below if p.workers < top.workers]
+        gained = not smaller or top.throughput > max(smaller) * (
+            1 + DEFAULT_THRESHOLDS.noise_floor)
+        following = min(2 * top.workers, limit) if gained and top.waits else None
+    if following is None or following <= top.workers:
+        return False
+    return True if following >= workers else None
+
+
+class Climb(Ladder):
+    """A screen's judge whose windows include climb rungs (``climbing``: their worker counts
+    past the ladder's, at ``start``'s pinning and batch size): each also condemned where the
+    rungs measured below it stop the climb first (``rising``), as a launch a rung would."""
+
+    def __init__(self, baseline: ProbeRecord, start: LoaderSettings, climbing: list[int],
+                 limit: int):
+        super().__init__(baseline)
+        self.start, self.climbing, self.limit = start, set(climbing), limit
+
+    def __call__(self, done: list[ProbeRecord], window: Any) -> bool:
+        if super().__call__(done, window):
+            return True
+        workers = window.config.num_workers or 0
+        if window.kind != Kind.SWEEP or workers not in self.climbing:
+            return False
+        rungs = [e for e in done if e.kind == Kind.SWEEP and is_measured(e)]
+        return rising(climb_points(rungs, self.start), workers, self.limit,
+                      provisional=any(WATCHED in e.id for e in rungs)) is False

@@ -47,6 +47,7 @@ from ddp_profile.profiler.sweep.measure import LedgerMeasurer
 from ddp_profile.profiler.sweep.space import Axes, SearchSpace, grid, normalise, resolve_axes
 from ddp_profile.profiler.sweep.state import (
     BudgetSpent,
+    Carrier,
     Measurer,
     PlanStep,
     ProgressFn,
@@ -63,7 +64,8 @@ class Search:
     def __init__(self, measurer: Measurer, space: SearchSpace, options: SweepOptions,
                  nproc_per_node: int = 1, progress: ProgressFn = no_progress,
                  script: str = "the script"):
-        self.measurer, self.space, self.options = measurer, space, options
+        self.measurer: Any = Carrier(measurer)  # ``Measurer``'s, with windows carried
+        self.space, self.options = space, options
         self.script = script
         self.nproc_per_node = nproc_per_node
         self.progress = progress
@@ -137,12 +139,26 @@ class Search:
              lambda: ceiling.measure(self) if self.wants_ceiling() else None),
             ("", lambda: ceiling.vet(self)),
             ("the claim's check (A B alternation)" if self.options.pairs > 0 else "",
-             lambda: claim.confirm(self)),
+             self._check),
             # after the claim's check, which can keep the script's settings
             ("the repeats" if self.options.repeat > 1 else "", self.repeat),
             ("the persistent_workers check" if self.options.pairs > 0 else "",
              lambda: claim.confirm_persistence(self)),
         ]
+
+    def _check(self) -> None:
+        """The claim's check; then what it did not carry (``carry``: none to check)."""
+        claim.confirm(self)
+        self.measurer.flush()
+
+    def carry(self, windows: list[Window]) -> None:
+        self.measurer.carry(windows)
+
+    def take_carried(self) -> list[Window]:
+        return self.measurer.take()
+
+    def epoch_holds(self, windows: list[Window]) -> bool:
+        return communication.epoch_holds(self, windows)
 
     def riding_windows(self, others: list[Window]) -> list[Window]:
         """Windows of a later phase the worker ladder's launch holds as well as ``others``

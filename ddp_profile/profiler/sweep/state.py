@@ -265,6 +265,55 @@ class SearchState(Protocol):
     def riding_windows(self, others: list[Window]) -> list[Window]:
         """Windows of a later phase the worker ladder's launch holds as well as ``others``."""
 
+    def epoch_holds(self, windows: list[Window]) -> bool:
+        """Whether one launch holds ``windows`` (``communication.epoch_holds``)."""
+
+    def carry(self, windows: list[Window]) -> None:
+        """``windows`` measured ahead of the claim's check, in its launch (``take_carried``);
+        on their own before any other launch that comes first (``Carrier``)."""
+
+    def take_carried(self) -> list[Window]:
+        """The windows carried so far (``carry``), for the launch that measures them."""
+
+
+class Carrier:
+    """The search's measurer, holding windows that ride in a later launch (``carry``): the
+    screen that takes them (``take``) runs them ahead of its own windows; any other launch
+    first measures them on their own, in the order they were asked, and so does ``flush``.
+    Everything else is the measurer's own."""
+
+    def __init__(self, measurer: Measurer):
+        object.__setattr__(self, "inner", measurer)
+        object.__setattr__(self, "carried", [])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.inner, name, value)
+
+    def carry(self, windows: list[Window]) -> None:
+        self.carried.extend(windows)
+
+    def take(self) -> list[Window]:
+        taken = list(self.carried)
+        self.carried.clear()
+        return taken
+
+    def flush(self) -> list[ProbeRecord]:
+        """Measure the windows carried so far, a screen of their own."""
+        windows = self.take()
+        return self.inner.measure_screen(windows) if windows else []
+
+    def measure(self, window: Window) -> ProbeRecord:
+        self.flush()
+        return self.inner.measure(window)
+
+    def measure_screen(self, windows: list[Window],
+                       condemned: Optional[Condemned] = None) -> list[ProbeRecord]:
+        self.flush()
+        return self.inner.measure_screen(windows, condemned)
+
 
 def where_windows(measurer: Measurer, windows: list[Window]) -> str:
     """How a screen of ``windows`` will run, in words: in one launch where a run of the
@@ -310,8 +359,11 @@ def plan(options: SweepOptions, space: SearchSpace, axes: Optional[Axes] = None,
         steps.append(PlanStep("the grid", count, count, 2 * count))
     else:
         batches = len(space.batch_size or ()) or 4  # asked, else 2x and 4x (twice at most)
-        steps += [PlanStep("worker-ladder screen", 1, 1, 2), PlanStep("climb", 0, 1, 3),
-                  PlanStep("second screen", 0, 1, 2), PlanStep("batch sizes", 0, 0, batches)]
+        # the climb rides in the ladder's launch and the second screen in the check's where
+        # the script's run holds them (``sweep.adaptive``)
+        steps += [PlanStep("worker-ladder screen", 1, 1, 2), PlanStep("climb", 0, 0, 3),
+                  PlanStep("second screen", 0, 0 if options.pairs > 0 else 1, 2),
+                  PlanStep("batch sizes", 0, 0, batches)]
     if options.ceiling:
         steps.append(PlanStep("ceiling", 0, 0, 1))  # in the first screen where it has one
     if options.pairs > 0:

@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional
 
 import pytest
 
+from ddp_profile.profiler.decide import evidence
 from ddp_profile.profiler.decide.choose import candidate_of, choose
 from ddp_profile.profiler.settings import LoaderSettings, timed_warmup
 from ddp_profile.profiler.store.probes import Kind, ProbeRecord
@@ -25,8 +26,9 @@ class ModelMeasurer:
     """A ``Measurer`` whose probes are answered by a throughput model instead of a launch."""
 
     def __init__(self, model: Model, screens: bool = True, fail_after: Optional[int] = None,
-                 own: LoaderSettings = OWN, screen_rse: float = 0.01):
+                 own: LoaderSettings = OWN, screen_rse: float = 0.01, watched: bool = False):
         self.model, self.screens, self.fail_after, self.own = model, screens, fail_after, own
+        self.watched = watched  # a screen stops where its judge condemns every window left
         self.screen_rse = screen_rse  # a screen window's few steps: its throughput's RSE
         self.steps_asked: list[Optional[int]] = []
         self.asked: list[Window] = []  # every launch of its own
@@ -75,12 +77,19 @@ class ModelMeasurer:
             return []
         self.launches += 1
         self.steps_asked += [w.steps for w in windows if w.steps]
-        # a window measured longer (a contender settled) is modelled as certain
-        return [self._entry(w.config, w.kind, screened=True,
-                            throughput_rse=0.01 if w.steps else self.screen_rse,
-                            **({"pair": w.pair} if w.pair else {}),
-                            **({"threads": w.threads} if w.threads else {}))
-                for w in windows]
+        done: list[ProbeRecord] = []
+        for index, w in enumerate(windows):
+            rest = windows[index:]  # as a watched launch: stopped once all it has left are
+            if self.watched and condemned is not None and done \
+                    and all(condemned(done, r) for r in rest):
+                condemned.skip(rest)  # condemned by what it measured so far
+                break
+            # a window measured longer (a contender settled) is modelled as certain
+            done.append(self._entry(w.config, w.kind, screened=True,
+                                    throughput_rse=0.01 if w.steps else self.screen_rse,
+                                    **({"pair": w.pair} if w.pair else {}),
+                                    **({"threads": w.threads} if w.threads else {})))
+        return done
 
     def context(self, entry: ProbeRecord) -> dict[str, Any]:
         return {"device": "cuda", "cpus_available": 32}
@@ -408,7 +417,7 @@ class LoadingMeasurer(ModelMeasurer):
                        ) -> list[ProbeRecord]:
         self.windows += windows
         self.screens_asked.append(list(windows))
-        return super().measure_screen(windows)
+        return super().measure_screen(windows, condemned)
 
 
 def test_fast_windows_are_told_their_predicted_step_rate():
@@ -429,12 +438,37 @@ def test_fast_windows_are_told_their_predicted_step_rate():
 
 def test_the_first_screen_brackets_the_predicted_worker_count():
     # 2.1 ms a sample, a loop demand of 6,000 samples/s: 13 workers predicted; the prediction
-    # rests on the compute-only demand, so half and twice it ride in the same launch
-    fake = LoadingMeasurer(io_bound, cpus=2, own=LoaderSettings(0, False, None, 16))
+    # rests on the compute-only demand, so half and twice it ride in the same launch, and so
+    # do the climb's rungs past them, each measured only while the rungs below it rise
+    fake = LoadingMeasurer(io_bound, cpus=2, own=LoaderSettings(0, False, None, 16),
+                           watched=True)
     Search(fake, SearchSpace(prefetch_factor=(2, 4), pin_memory=(False, True)),
            SweepOptions(pairs=0, ceiling=False)).run()
     first = [w.config.num_workers or 0 for w in fake.screens_asked[0]]
-    assert {6, 13, 26} <= set(first) and max(first) == 26
+    assert {6, 13, 26} <= set(first) and first[-2:] == [52, 64]  # the climb, to the cap
+    # io_bound meets the demand by 8 workers: 26 gains nothing over 13, so 52 and 64 are not
+    # measured, and no launch climbs past them
+    assert max(c.num_workers or 0 for c in fake.measured) == 26
+    assert len(fake.screens_asked) == 2  # the ladder's launch, the second screen's
+
+
+def test_the_climbs_rungs_ride_in_the_first_screens_launch():
+    """A waiting loader that still gains at twice the prediction: the climb's rungs, which
+    took a launch each, are windows of the first screen's launch (where one launch holds
+    them), so the search reaches 4x the prediction and beyond in the ladder's launch."""
+    fake = LoadingMeasurer(still_climbing, cpus=2, own=LoaderSettings(0, False, None, 16),
+                           watched=True)
+    Search(fake, SearchSpace(prefetch_factor=(2,)), SweepOptions(pairs=0, ceiling=False)).run()
+    first = [w.config.num_workers or 0 for w in fake.screens_asked[0]]
+    assert first[-2:] == [52, 64]
+    assert max(c.num_workers or 0 for c in fake.measured) == 64
+    assert fake.launches == 3  # the baseline, the ladder with its climb, the second screen
+    # where a launch of the script holds one window, each rung is a launch of its own
+    short = OneWindowLaunches(still_climbing, cpus=2, own=LoaderSettings(0, False, None, 16))
+    Search(short, SearchSpace(prefetch_factor=(2,)), SweepOptions(pairs=0, ceiling=False)).run()
+    assert max(w.config.num_workers or 0 for w in short.screens_asked[0]) == 26
+    assert [[w.config.num_workers for w in asked] for asked in short.screens_asked[1:-1]] \
+        == [[52], [64]]  # to the cap
 
 
 class ThreadsMeasurer(ModelMeasurer):
@@ -806,9 +840,16 @@ def still_climbing(config: LoaderSettings) -> tuple[float, float]:
     return 100.0 * max(config.num_workers or 0, 1), 0.5
 
 
+class OneWindowLaunches(LoadingMeasurer):
+    """A launch of the script holds one window of a screen (a short script)."""
+
+    def screen_launches(self, windows: list[Window]) -> Optional[list[int]]:
+        return [1] * len(windows)
+
+
 @pytest.mark.parametrize("timeout_s, climbs", [(60.0, True), (4.0, False)])
 def test_no_rung_past_one_that_outlasted_a_launchs_timeout(timeout_s, climbs):
-    fake = LoadingMeasurer(still_climbing, cpus=2, own=LoaderSettings(0, False, None, 16))
+    fake = OneWindowLaunches(still_climbing, cpus=2, own=LoaderSettings(0, False, None, 16))
     fake.timeout_s = timeout_s  # every modelled probe takes 5 s
     notes: list[str] = []
     Search(fake, SearchSpace(prefetch_factor=(2,)), SweepOptions(pairs=0, ceiling=False),
@@ -884,16 +925,51 @@ ALTERNATION = ["reference", "candidate"] * 3 + ["reference"]
 
 
 def test_the_claim_is_checked_in_one_launch_alternating_the_scripts_settings_and_the_best():
-    fake = ModelMeasurer(io_bound)
+    fake = ModelMeasurer(io_bound, watched=True)
     found = Search(fake, SPACE, SweepOptions(ceiling=False))
     found.run()
     paired = [e for e in found.entries if e.kind == "paired"]
-    assert [e.pair.role for e in paired] == ALTERNATION
-    assert all(e.screened for e in paired) and fake.launches == 4  # one launch more
+    assert [e.pair.role for e in paired[:7]] == ALTERNATION
+    assert all(e.screened for e in paired)
     best = found.best()
     assert best.kind == "sweep"  # the alternation counts for nothing else
-    assert {e.pair.role: e.config for e in paired} == {
+    mine = evidence.alternation(found.entries, found.baseline, best)
+    assert [e.pair.role for e in mine] == ALTERNATION
+    assert {e.pair.role: e.config for e in mine} == {
         "reference": found.baseline.config, "candidate": best.config}
+    assert recommended(found).config == best.config
+
+
+def test_the_second_screen_rides_in_the_launch_of_the_checks_windows():
+    """The second screen (the best's prefetch and pinning variants; the check's windows
+    measure the best again) needs no launch of its own where the check runs in windows of
+    one launch: its windows run in the check's launch, after the check's. The baseline, the
+    ladder, the check: three launches, where the second screen took a fourth. A variant its
+    window measures faster than the best rides after them, alternated with the script's
+    settings; one it measures no faster is not alternated (the launch stops before)."""
+    def waiting(gain: float) -> Model:
+        def model(config: LoaderSettings) -> tuple[float, float]:
+            workers = config.num_workers or 0
+            return (200.0 * workers * (gain if config.prefetch_factor == 4 else 1.0)
+                    if workers else 150.0), 0.5  # the loop still waits at 16 workers
+        return model
+
+    fake = ModelMeasurer(waiting(1.05), watched=True)  # prefetch 4: 5 % faster
+    found = Search(fake, SPACE, SweepOptions(ceiling=False, comm=False))
+    found.run()
+    assert fake.launches == 3
+    kinds = [e.kind for e in found.entries[-16:]]  # the check's launch
+    assert kinds == ["paired"] * 7 + ["sweep"] * 2 + ["paired"] * 7, kinds
+    assert [e.config.label() for e in found.entries[-9:-7]] == [
+        "w=16 pin=false pf=4 bs=32", "w=16 pin=true pf=2 bs=32"]
+    assert recommended(found).config.prefetch_factor == 4  # its own alternation established
+    # a variant no faster: its alternation is not run, the launch stops after the check's
+    flat = ModelMeasurer(waiting(1.0), watched=True)
+    found = Search(flat, SPACE, SweepOptions(ceiling=False, comm=False))
+    found.run()
+    assert flat.launches == 3
+    assert [e.kind for e in found.entries[-9:]] == ["paired"] * 7 + ["sweep"] * 2
+    assert recommended(found).config == LoaderSettings(16, False, 2, 32)
 
 
 def test_a_larger_batch_is_alternated_launch_by_launch():
@@ -1028,14 +1104,16 @@ def test_a_claim_whose_sides_restart_their_workers_spans_whole_epochs():
 
     found = Search(Recording(epoch=20), SPACE, SweepOptions(pairs=3, ceiling=False, comm=False))
     found.run()
-    paired = [w for w in windows if w.kind == "paired"]
-    assert len(paired) == 7 and {w.steps for w in paired} == {2 * 20 + 1}
+    paired = [w for w in windows if w.kind == "paired"]  # the check's, and its rider's
+    assert len(paired) == 7 * len({w.pair["group"] for w in paired}) \
+        and {w.steps for w in paired} == {2 * 20 + 1}
     windows.clear()
     found = Search(Recording(epoch=500), SPACE, SweepOptions(pairs=3, ceiling=False,
                                                              comm=False))
     found.run()
     paired = [w for w in windows if w.kind == "paired"]
-    assert len(paired) == 7 and {w.steps for w in paired} == {None}
+    assert len(paired) == 7 * len({w.pair["group"] for w in paired}) \
+        and {w.steps for w in paired} == {None}
 
 
 def test_persistent_workers_are_not_measured_across_long_epochs_or_without_pairs():
@@ -1364,7 +1442,7 @@ def test_windows_that_leave_the_claim_open_are_followed_by_launches_that_decide_
     check goes on a launch each, A B A B A, and those launches establish the worker. Windows
     that decide it launch nothing more."""
     notes: list[str] = []
-    fake = WobblyWindows(modest)
+    fake = WobblyWindows(modest, watched=True)
     found = Search(fake, SPACE, SweepOptions(search="adaptive", ceiling=False, comm=False),
                    progress=lambda kind, data: notes.append(str(data.get("text"))))
     found.run()
@@ -1380,7 +1458,7 @@ def test_windows_that_leave_the_claim_open_are_followed_by_launches_that_decide_
     assert any("the check's windows measured a gain they cannot tell from none: alternated "
                "again, A B A B A, a launch each" in n for n in notes), notes
 
-    steady = ModelMeasurer(modest)
+    steady = ModelMeasurer(modest, watched=True)
     Search(steady, SPACE, SweepOptions(search="adaptive", ceiling=False, comm=False)).run()
     assert not [w for w in steady.asked if w.kind == "paired"]
     assert len([e for e in steady.entries if e.kind == "paired"]) == 7
@@ -1399,11 +1477,12 @@ class SlowerWindows(WobblyWindows):
 def test_windows_that_read_no_gain_are_not_followed_by_launches():
     """Windows whose interval still reaches a gain but whose fit reads the candidate slower
     launch nothing more: a second look at a gain not seen would only add false claims."""
-    fake = SlowerWindows(modest)
+    fake = SlowerWindows(modest, watched=True)
     found = Search(fake, SPACE, SweepOptions(search="adaptive", ceiling=False, comm=False))
     found.run()
-    windows = [e for e in found.entries if e.kind == "paired"]
-    assert [e.pair.role for e in windows] == ALTERNATION and all(e.screened for e in windows)
+    paired = [e for e in found.entries if e.kind == "paired"]
+    windows = [e for e in paired if e.pair.group == paired[0].pair.group]  # the check's
+    assert [e.pair.role for e in windows] == ALTERNATION and all(e.screened for e in paired)
     assert not [w for w in fake.asked if w.kind == "paired"]
     subject = next(e for e in windows if e.pair.role == "candidate")
     assert claim.undecided(found, subject) and not claim.undecided(found, subject, gained=True)
@@ -1563,8 +1642,9 @@ def test_the_worker_counts_are_measured_again_at_the_batch_size_the_search_moved
 
 
 def test_a_spent_budget_stops_the_sweep_between_launches_and_names_what_it_did_not_do():
-    """The measurer has room for three launches: the sweep stops before the fourth, keeps
-    what it measured, and says which launch and which phases were not run."""
+    """The measurer has room for two launches: the sweep stops before the third (the check's,
+    which the second screen rides in), keeps what it measured, and says which launch and
+    which phases were not run."""
     from ddp_profile.profiler.sweep.state import BudgetSpent
 
     class Budgeted(ModelMeasurer):
@@ -1578,7 +1658,7 @@ def test_a_spent_budget_stops_the_sweep_between_launches_and_names_what_it_did_n
             return super().measure_screen(windows, condemned)
 
         def _room(self, what: str) -> None:
-            if self.launches >= 3:
+            if self.launches >= 2:
                 raise BudgetSpent(what, 5.0, 1.0)
 
     events: list[tuple[str, dict]] = []
@@ -1586,7 +1666,7 @@ def test_a_spent_budget_stops_the_sweep_between_launches_and_names_what_it_did_n
     found = Search(fake, SPACE, SweepOptions(ceiling=False, budget_s=20.0),
                    progress=lambda event, data: events.append((event, data)))
     found.run()
-    assert fake.launches == 3 and found.best() is not None
+    assert fake.launches == 2 and found.best() is not None
     stop = found.budget_stop
     assert stop is not None and stop["launch"] and stop["not_done"][-1] == \
         "the persistent_workers check"
@@ -1672,6 +1752,41 @@ def test_the_contender_rides_in_the_launch_of_the_checks_windows():
     (launch,) = [w for w in fake.screens_asked if any(x.kind == "paired" for x in w)]
     assert [w.pair["group"] for w in launch] == [first[0].pair.group] * 7 + \
         [second[0].pair.group] * 7
+    # the second screen's window of the contender, uncertain (measured again twice as long
+    # where it runs alone), is not carried into this launch: its alternation measures it
     assert any("alternated with the script's settings the same way" in n for n in notes), notes
     # read as alone: the faster of the two, established, is what the run recommends
     assert recommended(found).config.num_workers == 2
+
+
+def test_windows_carried_for_a_later_launch_are_measured_first_by_any_other():
+    """The second screen's windows wait for the check's launch; a launch of anything else
+    that comes first measures them on their own ahead of it, so none is lost or reordered."""
+    from ddp_profile.profiler.sweep.state import Carrier
+
+    fake = ModelMeasurer(io_bound)
+    carrier = Carrier(fake)
+    carried = [Window(LoaderSettings(2, False, 4, 32)), Window(LoaderSettings(2, True, 2, 32))]
+    carrier.carry(carried)
+    carrier.measure(Window(LoaderSettings(0, False, None, 64)))
+    assert [e.config.batch_size for e in fake.entries] == [32, 32, 64]
+    assert fake.launches == 2 and all(e.screened for e in fake.entries[:2])
+    carrier.carry(carried)
+    assert carrier.take() == carried and carrier.take() == [] and not carrier.flush()
+    carrier.screen_unsupported = "told through"  # the measurer's own state
+    assert fake.screen_unsupported == "told through"
+
+
+def test_a_running_launchs_rates_stop_the_climb_only_where_the_top_rung_did_not_rise():
+    """A climb rung is condemned by the rungs below it: recorded windows by the climb's own
+    rule (``next_workers``: beyond noise), a running launch's provisional rates only where
+    the top rung gained no more than the noise floor (they carry no error of their own)."""
+    from ddp_profile.profiler.sweep.climb import ClimbPoint, rising
+
+    points = [ClimbPoint(7, 3000.0, rse=0.05), ClimbPoint(14, 3300.0, rse=0.05)]  # +10 %
+    assert rising(points, 28, 64) is False  # within the recorded windows' noise: stop
+    assert rising(points, 28, 64, provisional=True) is True  # it rose: measured
+    assert rising(points, 56, 64, provisional=True) is None  # 28 first
+    flat = [ClimbPoint(7, 3000.0), ClimbPoint(14, 3040.0)]  # +1.3 %
+    assert rising(flat, 28, 64, provisional=True) is False
+    assert rising([ClimbPoint(64, 3000.0)], 128, 64) is False  # at the limit
