@@ -331,6 +331,8 @@ def summary_lines(summary: dict[str, Any], out: str, verbose: bool = False) -> l
 
 STOP_WORDS = {"decided": "its interval settled the answer",
               "futile": "no outcome of the launches left could have made B win",
+              "unpromising": "the launches left, read as those before them, would not have "
+                             "established B",
               "rounds": "every launch allowed ran",
               "failed": "a launch failed"}
 

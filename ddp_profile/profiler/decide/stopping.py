@@ -1,13 +1,15 @@
-"""When an alternation in launches stops: its answer decided, its candidate unable to win, or
-every launch allowed run.
+"""When an alternation in launches stops: its answer decided, its candidate unable to win, its
+answer out of reach of the launches left, or every launch allowed run.
 
 ``decide.paired`` reads an alternation as a line, or each candidate against its neighbours,
 and calls the candidate faster where the lower end of its interval lies above 1. The launches
 still to come enter that reading linearly (the gain) and quadratically (the residual), so the
 highest lower end they could give, over every value they could read, has a closed form
 (``highest_lower``): where even that leaves the candidate short, nothing those launches
-measure can change the answer, and the alternation stops ``futile``. Pure functions over the
-rows ``paired.fit_alternation`` takes; ``sweep.claim.launch_each`` asks them after each pair.
+measure can change the answer, and the alternation stops ``futile``. Where the launches left,
+read as those so far read (their gain, their spread), would not establish the candidate, it
+stops ``unpromising`` (``establishes``). Pure functions over the rows
+``paired.fit_alternation`` takes; ``sweep.claim.launch_each`` asks them after each pair.
 """
 
 from __future__ import annotations
@@ -27,10 +29,13 @@ from ddp_profile.profiler.decide.paired import (
     read_rates,
     whole_runs,
 )
-from ddp_profile.profiler.quantiles import t_quantile
+from ddp_profile.profiler.quantiles import t_quantile, z_quantile
 from ddp_profile.profiler.store.probes import ProbeRecord
 
 DECIDED, FUTILE, ROUNDS, FAILED = "decided", "futile", "rounds", "failed"  # ``stopped``
+UNPROMISING = "unpromising"
+SPREAD_CONFIDENCE = 0.9  # ``establishes`` reads the launches' spread at the low end of this
+# one-sided interval of it: a check stops only where a spread that low would not establish it
 
 
 def _line(candidate: Sequence[bool]) -> Optional[tuple[np.ndarray, np.ndarray, float, int]]:
@@ -124,6 +129,35 @@ def futile(logs: Sequence[float], candidate: Sequence[bool], ends: Sequence[int]
     return True
 
 
+def establishes(logs: Sequence[float], candidate: Sequence[bool], confidence: float,
+                floor: float) -> bool:
+    """Whether the alternation, once it has the roles ``candidate`` (True: a candidate
+    launch), would establish the candidate were the launches still to come to read as the line
+    fitted to the first ``len(logs)`` log rates does: the same gain, and a residual spread at
+    the low end of what theirs could be (its ``SPREAD_CONFIDENCE`` lower bound, the
+    chi-square quantile by Wilson and Hilferty's cube): the interval's lower end above 0 and
+    the gain above ``floor`` (log; the gain asked). Launches that would read it lost give the
+    answer stopping gives now. True where the launches so far leave no spread to read. The
+    line's reading alone: a level that walks reads wider by it, so this stops sooner there."""
+    known = len(logs)
+    if known > len(candidate) or known - 3 < 1:
+        return True
+    design = np.array([[1.0, float(i), 1.0 if c else 0.0] for i, c in enumerate(candidate)])
+    now = design[:known]
+    coef, *_ = np.linalg.lstsq(now, np.asarray(logs, dtype=float), rcond=None)
+    residual = np.asarray(logs, dtype=float) - now @ coef
+    dof = known - 3
+    cube = 2.0 / (9 * dof)
+    quantile = dof * (1.0 - cube + z_quantile(SPREAD_CONFIDENCE) * math.sqrt(cube)) ** 3
+    variance = float(residual @ residual) / quantile
+    if variance <= 0.0:
+        return True
+    half = t_quantile(0.5 + confidence / 2, len(candidate) - 3) * math.sqrt(
+        variance * float(np.linalg.inv(design.T @ design)[2, 2]))
+    gain = float(coef[2])
+    return gain - half > 0.0 and gain > floor
+
+
 def alternation_stop(records: Sequence[ProbeRecord], probes: list[ProbeRecord],
                      thresholds: ChoiceThresholds, allowed: int,
                      asked: Optional[float] = None) -> Optional[str]:
@@ -132,8 +166,10 @@ def alternation_stop(records: Sequence[ProbeRecord], probes: list[ProbeRecord],
     what it has to show (``paired.alternation_open``: faster beyond noise, or under the gain
     asked); ``FUTILE`` where, in the pairs left before ``allowed`` launches, no outcome
     could make the candidate faster beyond noise by more than ``noise_floor`` or ``asked``
-    (``futile``, at every length it could stop at); ``FAILED`` where it cannot be read (a
-    rate not positive: ``paired.paired``); None with no pair left (``ROUNDS``)."""
+    (``futile``, at every length it could stop at); ``UNPROMISING`` where, read as the
+    launches so far read, the pairs left would not establish it (``establishes``, at
+    ``allowed`` launches); ``FAILED`` where it cannot be read (a rate not positive:
+    ``paired.paired``); None with no pair left (``ROUNDS``)."""
     if paired(records, probes, thresholds.interval_confidence, thresholds.launch_sd) is None:
         return FAILED
     if not alternation_open(records, probes, thresholds, asked=asked):
@@ -144,9 +180,13 @@ def alternation_stop(records: Sequence[ProbeRecord], probes: list[ProbeRecord],
         return None
     roles = [bool(p.pair and p.pair.role == CANDIDATE) for p in probes] + [True, False] * left
     ends = range(len(probes) + 2, len(roles) + 1, 2)
-    return FUTILE if futile([math.log(float(r or 0.0)) for r in rates], roles, ends,
-                            thresholds.interval_confidence,
-                            max(thresholds.noise_floor, asked or 0.0)) else None
+    logs = [math.log(float(r or 0.0)) for r in rates]
+    gain = max(thresholds.noise_floor, asked or 0.0)
+    if futile(logs, roles, ends, thresholds.interval_confidence, gain):
+        return FUTILE
+    if not establishes(logs, roles, thresholds.interval_confidence, math.log1p(gain)):
+        return UNPROMISING
+    return None
 
 
 def persistence_stop(probes: list[ProbeRecord], roles: Sequence[str], confidence: float
