@@ -311,3 +311,20 @@ def candidate_of(record: ProbeRecord) -> Candidate:
     return Candidate(id=record.id, config=record.config, throughput=record.throughput or 0.0,
                      rse=relative_se(record), data_wait_fraction=record.data_wait_share,
                      kind=record.kind, short=record.short, launch=record.launch)
+
+
+def loading_free(candidates: Sequence[Candidate], config: LoaderSettings
+                 ) -> Optional[Candidate]:
+    """The fastest that ``config``'s batch size could run with any loader that pins memory as
+    it does, read off what ran there: each measurement's rate with its wait for data taken
+    out (``throughput / (1 - data_wait_fraction)``: a loader can at most stop the loop
+    waiting; pinning can also speed the copy after it, so only the same pinning counts).
+    The highest such rate, as a candidate of that measurement; None where none at that batch
+    size and pinning has its wait measured."""
+    bounds = [replace(c, throughput=c.throughput / (1.0 - c.data_wait_fraction))
+              for c in candidates
+              if c.config.batch_size == config.batch_size
+              and bool(c.config.pin_memory) == bool(config.pin_memory)
+              and c.data_wait_fraction is not None and math.isfinite(c.data_wait_fraction)
+              and 0.0 <= c.data_wait_fraction < 1.0 and c.throughput > 0]
+    return max(bounds, key=lambda c: c.throughput, default=None)

@@ -19,8 +19,10 @@ from ddp_profile.profiler.decide import evidence
 from ddp_profile.profiler.decide.capacity import DEFAULT_THRESHOLDS, WORKER_CAP
 from ddp_profile.profiler.decide.choose import (
     UNSTABLE_RSE,
+    better,
     candidate_of,
     compute_bound,
+    loading_free,
     relative_se,
 )
 from ddp_profile.profiler.settings import LoaderSettings, Mode
@@ -340,14 +342,18 @@ def measure_larger_batches(search: SearchState, best: ProbeRecord) -> ProbeRecor
     beyond noise. Called where the baseline is compute-bound
     (``run``) and where communication is exposed (``sweep.communication``: the all-reduce
     moves the same gradients per step whatever the batch). A configuration measured already
-    is not launched again, so a second call measures nothing new."""
+    is not launched again, so a second call measures nothing new; nor is one that what ran
+    at its batch size says cannot beat ``best`` (``cannot_win``)."""
     assert search.baseline is not None
     loader = normalise(best.config)
     own = search.baseline.config.batch_size or loader.batch_size
     if not own:
         return best
     for factor in (2, 4):
-        entry = search.measure_config(replace(loader, batch_size=own * factor))
+        config = replace(loader, batch_size=own * factor)
+        if cannot_win(search, config, best):
+            break
+        entry = search.measure_config(config)
         if beats(entry, best):
             assert entry is not None
             best = entry
@@ -355,6 +361,22 @@ def measure_larger_batches(search: SearchState, best: ProbeRecord) -> ProbeRecor
                   and evidence.worth_checking(candidate_of(entry), candidate_of(best))):
             break  # no gain worth a check, or not measured: a larger batch is not worth more
     return best
+
+
+def cannot_win(search: SearchState, config: LoaderSettings, best: ProbeRecord) -> bool:
+    """Whether ``config`` would run slower than ``best`` beyond noise even without any wait
+    for data, as what ran at its batch size shows (``decide.choose.loading_free``): its
+    loader settings cannot win that back. Said once, with the measurement it rests on."""
+    if search.find(normalise(config)) is not None:
+        return False
+    bound = loading_free([candidate_of(e) for e in search.ok_entries()], config)
+    if bound is None or not better(candidate_of(best), bound):
+        return False
+    search.note_once(f"cannot win {config.label()}", f"{config.label()} is not measured: at "
+                     f"batch {config.batch_size}, {bound.id} would run "
+                     f"{bound.throughput:,.1f} samples/s with no wait for data at all, "
+                     f"slower than {best.id}'s {best.throughput:,.1f}")
+    return True
 
 
 def try_axis(search: SearchState, best: ProbeRecord, axis: str) -> ProbeRecord:

@@ -632,15 +632,21 @@ class ReadingMeasurer(OversubscribedMeasurer):
 
 
 def test_a_threads_check_that_stays_undecided_gets_one_more_pair_at_a_time_up_to_nine():
-    """With the threads that fit the launches read 1.06, 0.99, 1.05 and 1.03x: a gain its
-    launches cannot tell from none, yet one the launches left could still establish, measured
-    further as the claim's check is (9 at most; ``decide.stopping``)."""
-    fake = ReadingMeasurer(io_bound, [1.06, 1.06, 0.99, 1.05, 1.03], screens=False)
+    """With the threads that fit the launches read 1.05, 1.00, 1.05 and 1.05x: a gain its
+    first launches cannot tell from none, yet one the launches left, read as these, could
+    establish: measured further as the claim's check is (9 at most; ``decide.stopping``).
+    Read 1.06, 0.99 (wider apart), the launches left could not establish it: it stops there."""
+    fake = ReadingMeasurer(io_bound, [1.05, 1.05, 1.00, 1.05, 1.05], screens=False)
     Search(fake, SPACE, SweepOptions(pairs=2, ceiling=False)).run()
     checked = [w for w in fake.asked if w.kind == Kind.THREADS and w.pair is not None]
     assert len(checked) == claim.MAX_CLAIM_LAUNCHES
     assert [w.pair["index"] for w in checked] == list(range(9))
     assert [w.pair["role"] for w in checked] == ["reference", "candidate"] * 4 + ["reference"]
+    wide = ReadingMeasurer(io_bound, [1.06, 1.06, 0.99, 1.05, 1.03], screens=False)
+    found = Search(wide, SPACE, SweepOptions(pairs=2, ceiling=False))
+    found.run()
+    assert len([w for w in wide.asked if w.kind == Kind.THREADS and w.pair is not None]) == 5
+    assert found.alternation_stops[0]["stopped"] == "unpromising"
 
 
 def test_windows_that_leave_the_threads_gain_open_are_followed_by_launches():
@@ -1596,17 +1602,25 @@ class FadingPairs(WobblyPairs):
 
 
 def test_a_check_that_reads_slower_but_cannot_rule_out_the_gain_goes_on():
-    """Five launches that read batch 64 at about 1.06x, ±8 % a launch, cannot rule out the
-    1.12x its probe showed, and the launches left could still establish the 5 % asked of it:
-    more pairs, up to the budget, and no claim. At about 0.97x no reading of the four left
-    could (``decide.stopping``: futile): it stops at five, with the same answer. Launches that
-    read it at 0.70x rule it out at five."""
+    """Five launches that read batch 64 at about 1.12x, ±8 % a launch, cannot establish it
+    yet, and the launches left, read as these, could: more pairs, and the claim. At about
+    1.06x they cannot rule out the gain, but the launches left, read as these, would not
+    establish the 5 % asked of it (``decide.stopping``: unpromising): it stops at five, no
+    claim. At about 0.97x no reading of the four left could (futile): it stops at five, with
+    the same answer. Launches that read it at 0.70x rule it out at five."""
     space = SearchSpace(num_workers=(0,), batch_size=(32, 64))
+    going = FadingPairs(batch_gain, 1.0)
+    found = Search(going, space, SweepOptions(search="adaptive", ceiling=False, comm=False))
+    found.run()
+    launched = [w.pair["role"] for w in going.asked if w.kind == "paired"]
+    assert 5 < len(launched) <= claim.MAX_CLAIM_LAUNCHES
+    assert recommended(found).config.batch_size == 64
+
     unsure = FadingPairs(batch_gain, 0.94)
     found = Search(unsure, space, SweepOptions(search="adaptive", ceiling=False, comm=False))
     found.run()
-    launched = [w.pair["role"] for w in unsure.asked if w.kind == "paired"]
-    assert 5 < len(launched) <= claim.MAX_CLAIM_LAUNCHES
+    assert len([w for w in unsure.asked if w.kind == "paired"]) == 5
+    assert [e["stopped"] for e in found.alternation_stops] == ["unpromising"]
     assert recommended(found).config.batch_size == 32
 
     futile = FadingPairs(batch_gain, 0.86)
@@ -1790,3 +1804,38 @@ def test_a_running_launchs_rates_stop_the_climb_only_where_the_top_rung_did_not_
     flat = [ClimbPoint(7, 3000.0), ClimbPoint(14, 3040.0)]  # +1.3 %
     assert rising(flat, 28, 64, provisional=True) is False
     assert rising([ClimbPoint(64, 3000.0)], 128, 64) is False  # at the limit
+
+
+def short_of_loading(wait_at_64: float) -> Model:
+    """A loop that waits 11 % of its steps at its own batch (32, no workers: 1,000 samples/s);
+    2 workers read 3 % faster, within noise (the undecided gain the check takes up); at batch
+    64 without workers it runs 760 samples/s waiting ``wait_at_64`` of its steps."""
+    def model(config: LoaderSettings) -> tuple[float, float]:
+        workers = config.num_workers or 0
+        if config.batch_size == 64:
+            return (760.0, wait_at_64) if not workers else (700.0, 0.05)
+        return {0: (1000.0, 0.11), 1: (1010.0, 0.03), 2: (1030.0, 0.03)}.get(workers,
+                                                                            (1000.0, 0.03))
+    return model
+
+
+@pytest.mark.parametrize("wait_at_64, measured", [(0.09, False), (0.4, True)])
+def test_a_larger_batch_that_cannot_win_even_without_waiting_is_not_measured(
+        wait_at_64, measured):
+    """The undecided gain's larger batch is launched only where what ran at that batch, its
+    wait for data taken out, could still beat it: 760 samples/s waiting 9 % is at most 835
+    with any loader (under the 1,030 of 2 workers at 32: not launched, said once); waiting
+    40 %, up to 1,267 (launched)."""
+    notes: list[str] = []
+    fake = ModelMeasurer(short_of_loading(wait_at_64))
+    found = Search(fake, SearchSpace(num_workers=(0, 1, 2), pin_memory=(False,)),
+                   SweepOptions(pairs=0, ceiling=False),
+                   progress=lambda kind, data: notes.append(str(data.get("text", ""))))
+    found.run()
+    assert LoaderSettings(0, False, None, 64) in fake.measured  # the script's workers at 64
+    at_64 = [c for c in fake.measured if c.batch_size == 64 and c.num_workers == 2]
+    assert bool(at_64) == measured
+    said = [n for n in notes if "is not measured: at batch 64" in n]
+    assert len(said) == (0 if measured else 1)
+    if not measured:
+        assert "835.2 samples/s with no wait for data at all, slower than" in said[0]
