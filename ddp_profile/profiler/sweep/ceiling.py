@@ -14,6 +14,8 @@ ceiling to score against. It is marked failed with why
 
 from __future__ import annotations
 
+from typing import Optional
+
 from ddp_profile.profiler.settings import Mode
 from ddp_profile.profiler.store.probes import Kind, latest_ceiling, not_a_ceiling
 from ddp_profile.profiler.sweep.climb import worth_tuning
@@ -42,13 +44,31 @@ def wanted(search: SearchState) -> bool:
 
 def measure(search: SearchState) -> None:
     """The compute-only probe, at the recommended configuration's batch size (unless the
-    ceiling measured already is at that batch size)."""
+    ceiling measured already is at that batch size, or ``refused`` says one is not worth a
+    launch there)."""
     best = search.best() or search.baseline
     config = best.config
     kept = latest_ceiling(search.entries)
-    if kept is None or kept.config.batch_size != config.batch_size:
+    if (kept is None or kept.config.batch_size != config.batch_size) \
+            and not refused(search, config.batch_size):
         search.measurer.measure(Window(config, Kind.CEILING, mode=Mode.CEILING,
                                        steps_per_s=search.steps_per_s(config, Mode.CEILING)))
+
+
+def refused(search: SearchState, batch: Optional[int]) -> bool:
+    """Whether a ceiling at ``batch`` replayed below a loading rate already (``vet``) in a
+    script that ends before a probe's steps: each launch of it is a whole run, which a second
+    replay is not worth. Said once."""
+    if not any(e.short for e in search.entries):
+        return False
+    failed = next((e for e in search.entries if e.kind == Kind.CEILING and e.ceiling_failed
+                   and e.config.batch_size == batch), None)
+    if failed is None:
+        return False
+    search.note_once("no ceiling", f"no compute-only ceiling probe: {failed.id} at batch "
+                     f"{batch} replayed below a loading rate, and a launch of this script "
+                     "runs it to its end")
+    return True
 
 
 def vet(search: SearchState) -> None:

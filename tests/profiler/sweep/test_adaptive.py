@@ -895,6 +895,31 @@ def test_a_ceiling_below_a_rate_measured_with_loading_is_no_ceiling(screens):
     assert latest_ceiling(found.entries).throughput == 5000.0
 
 
+class ShortCeilingMeasurer(CeilingMeasurer):
+    """As ``CeilingMeasurer``, and the script ends before a probe's steps (``short``)."""
+
+    def _line(self, requested: Any, kind: str, **extra: Any) -> dict[str, Any]:
+        return {**super()._line(requested, kind, **extra), "short": self.short}
+
+    short = True
+
+
+@pytest.mark.parametrize("short", [True, False])
+def test_a_refused_ceiling_is_not_launched_again_where_a_launch_is_a_whole_run(short):
+    """The screen's ceiling replays below a loading rate: a script that ends before a probe's
+    steps (each launch of it a whole run) gets no launch of the ceiling again, said once; one
+    that does not, gets it."""
+    fake = ShortCeilingMeasurer(io_bound, ceiling=1000.0)
+    fake.short = short
+    notes: list[str] = []
+    Search(fake, SPACE, SweepOptions(pairs=0, ceiling=True),
+           progress=lambda event, data: notes.append(str(data.get("text", "")))).run()
+    ceilings = [e for e in fake.entries if e.kind == "ceiling"]
+    assert len(ceilings) == (1 if short else 2) and ceilings[0].screened
+    said = [n for n in notes if "replayed below a loading rate, and a launch" in n]
+    assert len(said) == (1 if short else 0)
+
+
 class IterableMeasurer(LoadingMeasurer):
     """The training loader's dataset is an IterableDataset (``length``: its length)."""
 
