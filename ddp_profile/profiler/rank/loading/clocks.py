@@ -73,12 +73,15 @@ class RunQueueClock:
         self._local = threading.local()
 
     def __call__(self) -> Optional[int]:
-        raw = self.raw()
-        if raw is None:
+        # ``raw`` and ``parse``, inline: a step boundary's reading, read and parsed here
+        # (``rank.loaders``), one call a step
+        state = getattr(self._local, "state", None)
+        fd = (state if state is not None and state[0] == fork_count else self._state())[1]
+        if fd is None:
             return None
-        try:  # ``parse``, inline: a step boundary's reading is parsed here (``rank.loaders``)
-            return int(raw.split(b" ", 2)[1])
-        except (ValueError, IndexError):
+        try:
+            return int(os.pread(fd, self.SIZE, 0).split(b" ", 2)[1])
+        except (OSError, ValueError, IndexError):
             return None
 
     def raw(self) -> Optional[bytes]:

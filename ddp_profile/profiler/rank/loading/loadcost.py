@@ -54,9 +54,12 @@ _cpu = time.thread_time_ns
 get_ident = threading.get_ident
 
 
+_PAIRS = (tuple, list)
+
+
 def batch_size_of(batch: Any, default: int) -> int:
     """Number of samples in a batch: the leading dimension of its first tensor."""
-    if batch.__class__ in (tuple, list) and batch:  # the common (inputs, targets): at once
+    if batch.__class__ in _PAIRS and batch:  # the common (inputs, targets): at once
         shape = getattr(batch[0], "shape", None)
         if shape:
             return int(shape[0])
@@ -157,7 +160,13 @@ class CostMeter:
                     fetching.pop(ident, None)
                     if files.opens:
                         files.end(ident)
-            samples = batch_size_of(batch, -1)
+            samples = -1  # ``batch_size_of``: its common case, inline; any other, by it
+            if batch.__class__ in _PAIRS and batch:
+                shape = getattr(batch[0], "shape", None)
+                if shape:
+                    samples = int(shape[0])
+            if samples < 0:
+                samples = batch_size_of(batch, -1)
             if meter.in_loop:  # its size, for the step that takes it (``rank.loaders``)
                 meter.made, meter.made_samples = batch, samples
             if samples < 0:  # no tensor in the batch: its indices say

@@ -56,10 +56,14 @@ def iterator_next(instr: Hooks) -> Maker:
 
 
 def tensor_backward(instr: Hooks) -> Maker:
+    """``Tensor.backward``: the open step's first backward marked (``on_backward``, inline:
+    its open step's clock called from here, one call fewer a step)."""
     def make(original: Any) -> Any:
         @functools.wraps(original)
         def backward(self: Any, *args: Any, **kwargs: Any) -> Any:
-            instr.on_backward()
+            current = instr.current
+            if current is not None:
+                current.backward_called()
             return original(self, *args, **kwargs)
         return backward
     return make
