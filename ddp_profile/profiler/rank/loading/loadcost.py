@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 
 from ddp_profile.profiler.rank.loading import clocks, pagecache
 from ddp_profile.profiler.rank.loading.clocks import (
+    SHORT_NS,
     GcClock,
     IoCounters,
     RunQueueClock,
@@ -186,6 +187,8 @@ class CostMeter:
 _BATCH = ('%s"t_ns":%d,"wall_s":%.9f,"cpu_s":%.9f,"runq_s":%.9f,"collate_s":%.9f,'
           '"collate_cpu_s":%.9f,"gc_s":%.9f,"samples":%d%s}')
 _BATCH_UNQUEUED = _BATCH.replace('"runq_s":%.9f', '"runq_s":null%s')  # its run queue unread
+# every time under ``clocks.SHORT_NS``: written from its nanoseconds (the same text)
+_BATCH_SHORT = _BATCH.replace("%.9f", "0.%09d")
 
 
 def _batch_line(row: tuple, _rank: Any = None) -> str:
@@ -209,7 +212,18 @@ def _batch_line(row: tuple, _rank: Any = None) -> str:
         if read_before is not None and read_after is not None:
             io = ',"read_b":%d,"storage_b":%d' % (read_after[0] - read_before[0],
                                                    read_after[1] - read_before[1])
-    runq = runq_delta(runq_before, runq_after)
+    if runq_before.__class__ is int and runq_after.__class__ is bytes:  # ``runq_delta``,
+        try:  # its common case inline: the step boundary's reading, parsed, and the fetch's
+            runq = int(runq_after.split(b" ", 2)[1]) - runq_before
+        except (ValueError, IndexError):
+            runq = None
+    else:
+        runq = runq_delta(runq_before, runq_after)
+    if runq is not None:
+        wall_ns, cpu_ns, gc_ns = wall_end - wall, cpu_end - cpu, gc_end - collected
+        if 0 <= (wall_ns | cpu_ns | runq | collate_wall | collate_cpu | gc_ns) < SHORT_NS:
+            return _BATCH_SHORT % (prefix, t_ns, wall_ns, cpu_ns, runq, collate_wall,
+                                   collate_cpu, gc_ns, samples, io)
     return (_BATCH if runq is not None else _BATCH_UNQUEUED) % (
         prefix, t_ns, (wall_end - wall) / 1e9, (cpu_end - cpu) / 1e9,
         "" if runq is None else runq / 1e9, collate_wall / 1e9, collate_cpu / 1e9,
