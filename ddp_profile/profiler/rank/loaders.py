@@ -202,7 +202,11 @@ class LoaderHooks:
                 samples = state.default_bs
         else:
             samples = batch_size_of(batch, state.default_bs)
-        clock.batch_returned(samples)
+        returned = clock._returned = clock._clock()  # ``StepClock.batch_returned``, inline
+        if clock._called is None:
+            clock._called = returned
+        clock._samples = samples
+        clock._backward = clock._opt_done = None
         served = state.served = state.served + 1  # ``IteratorState.serve``, inline
         if served == state.outlived_at and loader_id not in self._outliving:
             self._outliving.add(loader_id)
@@ -234,10 +238,15 @@ class LoaderHooks:
                     row: tuple) -> bool:
         """A step ended: queue its row, with its communication and its window, encoded at the
         flush (``stepclock.encode_step``); stop, or begin the next window, where the probe
-        says so. True where it did no more (no window began, no flush). ``Screen.done`` and
-        the check of ``maybe_flush`` are made here, inline: no call a step for either."""
-        screen = self.screen
-        extra = self.comm.take_step((row[4] + row[5] + row[6]) / 1e9)
+        says so. True where it did no more (no window began, no flush). ``Screen.done``, the
+        check of ``maybe_flush`` and a quiet ``CommMeter.take_step`` are made here, inline:
+        no call a step for any of them."""
+        screen, comm = self.screen, self.comm
+        if comm.modules or comm.coll_n or comm.hsync_n:
+            extra = comm.take_step((row[4] + row[5] + row[6]) / 1e9)
+        else:  # ``CommMeter.take_step`` where there is nothing to take, inline
+            comm.step_syncs = comm.step_unsynced = comm.step_opt = 0
+            extra = None
         window = None
         if screen.windows:
             self.recorder.defer((encode_step, row, screen.window_of(row[2]), extra))

@@ -90,6 +90,7 @@ class StepClock:
         self._called = None
 
     def batch_returned(self, samples: int) -> None:
+        """The batch is the loop's (``rank.loaders`` makes this inline, a step's one call)."""
         self._returned = self._clock()
         if self._called is None:  # defensive: a batch without a recorded call
             self._called = self._returned
@@ -111,6 +112,7 @@ class StepClock:
         self._iter_start_s = first_batch_s
 
     def backward_called(self) -> None:
+        """(The ``Tensor.backward`` patch makes this inline: ``patches.loader``.)"""
         if self._returned is not None and self._backward is None:
             self._backward = self._clock()
 
