@@ -219,7 +219,8 @@ class CommMeter:
 
     def take_step(self, step_s: float) -> Optional[dict[str, Any]]:
         """This step's counters (and, every ``every`` steps, DDP's timers) as step record
-        fields, None where there are none; the counters start again."""
+        fields, None where there are none; the counters start again. (Its first case, nothing
+        to take, is made inline by the rank's step close: ``rank.loaders``.)"""
         if not (self.modules or self.coll_n or self.hsync_n):
             self.step_syncs = self.step_unsynced = self.step_opt = 0
             return None

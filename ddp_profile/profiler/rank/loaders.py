@@ -50,6 +50,8 @@ from ddp_profile.profiler.settings import (
 )
 from ddp_profile.profiler.store.record import ITERATOR_OUTLIVES_EPOCH, RankRecorder
 
+FLUSH_INTERVAL_S = 0.5  # the rank's records are flushed this often (``maybe_flush``) ...
+MAX_PENDING = 20_000  # ... or once this many wait (a bounded buffer)
 RUNQ = RunQueueClock()  # the training thread's time runnable, waiting for a CPU
 
 
@@ -70,6 +72,8 @@ class LoaderHooks:
     worker_pids: tuple[int, ...]
     context_written: bool
     _outliving: set[int]
+    _flush_due: float  # ``maybe_flush``'s: when the next flush is due, at the latest
+    _queue: list[Any]  # and what waits for it
     screen: Screen
     ceiling: CeilingReplay
     gpu: GpuSide
@@ -198,7 +202,11 @@ class LoaderHooks:
                 samples = state.default_bs
         else:
             samples = batch_size_of(batch, state.default_bs)
-        clock.batch_returned(samples)
+        returned = clock._returned = clock._clock()  # ``StepClock.batch_returned``, inline
+        if clock._called is None:
+            clock._called = returned
+        clock._samples = samples
+        clock._backward = clock._opt_done = None
         served = state.served = state.served + 1  # ``IteratorState.serve``, inline
         if served == state.outlived_at and loader_id not in self._outliving:
             self._outliving.add(loader_id)
@@ -230,18 +238,26 @@ class LoaderHooks:
                     row: tuple) -> bool:
         """A step ended: queue its row, with its communication and its window, encoded at the
         flush (``stepclock.encode_step``); stop, or begin the next window, where the probe
-        says so. True where it did no more (no window began, no flush)."""
-        screen = self.screen
-        extra = self.comm.take_step((row[4] + row[5] + row[6]) / 1e9)
+        says so. True where it did no more (no window began, no flush). ``Screen.done``, the
+        check of ``maybe_flush`` and a quiet ``CommMeter.take_step`` are made here, inline:
+        no call a step for any of them."""
+        screen, comm = self.screen, self.comm
+        if comm.modules or comm.coll_n or comm.hsync_n:
+            extra = comm.take_step((row[4] + row[5] + row[6]) / 1e9)
+        else:  # ``CommMeter.take_step`` where there is nothing to take, inline
+            comm.step_syncs = comm.step_unsynced = comm.step_opt = 0
+            extra = None
         window = None
         if screen.windows:
             self.recorder.defer((encode_step, row, screen.window_of(row[2]), extra))
             window = screen.boundary(clock.steps_closed)
+            done = clock.steps_closed >= screen.total_steps
         else:
             self.recorder.defer((encode_step, row, None, extra))
+            done = clock.measured_steps >= self._steps[state.loader_id]
         if self.gpu.live:
             self.gpu.poll()
-        if screen.done(clock.steps_closed, clock.measured_steps, self._steps[state.loader_id]):
+        if done:
             self.training_loader_id = state.loader_id
             self.stop("steps_done")
         elif window is not None and self.training_loader_id in (None, state.loader_id):
@@ -249,6 +265,8 @@ class LoaderHooks:
             self._switch_window(iterator, state, window)
             self.maybe_flush()
             return False
+        if time.monotonic() < self._flush_due and len(self._queue) < MAX_PENDING:
+            return True  # no flush due
         return not self.maybe_flush()
 
     def _warmup_for(self, state: IteratorState) -> int:

@@ -20,7 +20,7 @@ import json
 import time
 from typing import Any, Callable, Optional
 
-from ddp_profile.profiler.rank.loading.clocks import runq_delta
+from ddp_profile.profiler.rank.loading.clocks import SHORT_NS, runq_delta
 from ddp_profile.profiler.store.record import dumps
 
 Clock = Callable[[], int]
@@ -90,6 +90,7 @@ class StepClock:
         self._called = None
 
     def batch_returned(self, samples: int) -> None:
+        """The batch is the loop's (``rank.loaders`` makes this inline, a step's one call)."""
         self._returned = self._clock()
         if self._called is None:  # defensive: a batch without a recorded call
             self._called = self._returned
@@ -111,6 +112,7 @@ class StepClock:
         self._iter_start_s = first_batch_s
 
     def backward_called(self) -> None:
+        """(The ``Tensor.backward`` patch makes this inline: ``patches.loader``.)"""
         if self._returned is not None and self._backward is None:
             self._backward = self._clock()
 
@@ -131,6 +133,9 @@ _STEP_HEAD = ('{"kind":"step","loader_id":%d,"step":%d,"measured":%s,"t_ns":%d,"
 _STEP = _STEP_HEAD + '%s,"samples":%d,"rank":%s'
 # the common step, whole in one format: its forward and run queue timed, nothing more to add
 _STEP_TIMED = _STEP_HEAD + '%.9f,"samples":%d,"rank":%s,"runq_s":%.9f}'
+# ... and where every time of it is under ``clocks.SHORT_NS``: each written from its
+# nanoseconds, the text ``%.9f`` makes of ``ns / 1e9`` (an integer's digits, no float formatted)
+_STEP_SHORT = _STEP_TIMED.replace("%.9f", "0.%09d")
 
 
 def step_line(row: tuple, label: Optional[tuple[int, bool]] = None,
@@ -146,10 +151,16 @@ def encode_step(item: tuple, rank: Optional[int]) -> str:
     _, row, label, extra = item
     (t_ns, loader_id, step, measured, wait, compute, other, forward, samples, runq_before,
      runq_after, loader_start, iter_start_s) = row
+    rank_text = "null" if rank is None else int(rank)
+    if label is None and runq_after.__class__ is int and runq_before.__class__ is int \
+            and forward is not None and not (loader_start or extra):
+        runq = runq_after - runq_before  # a step's boundaries' readings, parsed as read
+        if 0 <= (wait | compute | other | forward | runq) < SHORT_NS:
+            return _STEP_SHORT % (loader_id, step, "true" if measured else "false", t_ns, wait,
+                                  compute, other, forward, samples, rank_text, runq)
     if label is not None:
         measured = label[1]
     runq = runq_delta(runq_before, runq_after) if runq_after is not None else None
-    rank_text = "null" if rank is None else int(rank)
     flag = "true" if measured else "false"
     if not (loader_start or label is not None or extra) and forward is not None \
             and runq is not None:

@@ -402,3 +402,20 @@ def test_a_batch_lines_run_queue_is_the_difference_of_its_raw_readings_or_null()
     for unread in (row[:7] + (None,) + row[8:], row[:8] + (b"torn",) + row[9:]):
         same = json.loads(loadcost.encode_row(unread))
         assert same["runq_s"] is None and same == {**record, "runq_s": None}
+
+
+@pytest.mark.parametrize("ns", [0, 1, 999_999, 123_456_789, (1 << 29) - 1, 1 << 29,
+                                2_718_281_828])
+def test_a_batch_lines_times_written_from_nanoseconds_are_the_text_of_their_seconds(ns):
+    """A batch's times under ``clocks.SHORT_NS`` are written from their nanoseconds: the same
+    line as the seconds' ``%.9f`` make (two raw run-queue readings take that path)."""
+    prefix = '{"kind":"batch_cost","rank":0,"loader_id":0,"worker":null,"pid":1,'
+    row = (loadcost._batch_line, prefix, 7, 1_000, 1_000 + ns, 500, 500 + ns, 2_000,
+           b"0 %d 2\n" % (2_000 + ns), (3, 1_000, 500), 1_000 + ns, 1, 3, 4, None, None)
+    raw = row[:7] + (b"0 2000 1\n",) + row[8:]
+    line = loadcost.encode_row(row)
+    assert line == loadcost.encode_row(raw)
+    record = json.loads(line)
+    assert record["wall_s"] == record["cpu_s"] == record["runq_s"] == ns / 1e9
+    assert record["collate_s"] == record["collate_cpu_s"] == ns / 1e9  # no collection in it
+    assert record["gc_s"] == 2e-9

@@ -246,3 +246,17 @@ def test_a_steps_line_is_the_same_record_whether_it_is_written_whole_or_in_parts
     unread = row[:10] + (b"torn",) + row[11:]
     assert json.loads(encode_step((encode_step, unread, None, None), 0)) == \
         {k: v for k, v in plain.items() if k != "runq_s"}
+
+
+@pytest.mark.parametrize("ns", [0, 1, 9, 999_999, 123_456_789, 999_999_999,
+                                (1 << 29) - 1, 1 << 29, 1_000_000_000, 3_141_592_653])
+def test_a_steps_times_written_from_nanoseconds_are_the_text_of_their_seconds(ns):
+    """Every time of a step under ``clocks.SHORT_NS`` is written from its nanoseconds; the line
+    is the one the seconds' ``%.9f`` make (a raw run-queue reading takes that path)."""
+    row = (5_000_000_000, 0, 7, True, ns, ns + 1, ns, ns + 2, 4, 1_000, 1_000 + ns, False, None)
+    raw = row[:9] + (b"0 1000 1\n", b"0 %d 2\n" % (1_000 + ns)) + row[11:]
+    line = encode_step((encode_step, row, None, None), 0)
+    assert line == encode_step((encode_step, raw, None, None), 0)
+    record = json.loads(line)
+    assert record["data_wait_s"] == ns / 1e9 and record["runq_s"] == ns / 1e9
+    assert record["compute_s"] == (ns + 1) / 1e9 and record["forward_s"] == (ns + 2) / 1e9

@@ -17,6 +17,11 @@ _perf = time.perf_counter_ns
 
 SCHEDSTAT = "/proc/thread-self/schedstat"
 THREAD_IO = "/proc/thread-self/io"
+# A record's times are written in seconds with nine decimals, ``"%.9f" % (ns / 1e9)``; where
+# ``0 <= (a | b | ...) < SHORT_NS`` (each of them is, then) the encoders write the same text
+# from the nanoseconds, ``"0.%09d" % ns``: an integer's digits, no float formatted (``1 << 29``
+# ns is about 0.54 s; the float ``ns / 1e9`` is within far less than half a nanosecond of it)
+SHORT_NS = 1 << 29
 fork_count = 0  # bumped in a forked child: a thread's descriptor kept under another count
 # names its parent's thread
 
@@ -73,12 +78,15 @@ class RunQueueClock:
         self._local = threading.local()
 
     def __call__(self) -> Optional[int]:
-        raw = self.raw()
-        if raw is None:
+        # ``raw`` and ``parse``, inline: a step boundary's reading, read and parsed here
+        # (``rank.loaders``), one call a step
+        state = getattr(self._local, "state", None)
+        fd = (state if state is not None and state[0] == fork_count else self._state())[1]
+        if fd is None:
             return None
-        try:  # ``parse``, inline: a step boundary's reading is parsed here (``rank.loaders``)
-            return int(raw.split(b" ", 2)[1])
-        except (ValueError, IndexError):
+        try:
+            return int(os.pread(fd, self.SIZE, 0).split(b" ", 2)[1])
+        except (OSError, ValueError, IndexError):
             return None
 
     def raw(self) -> Optional[bytes]:

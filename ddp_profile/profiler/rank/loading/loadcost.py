@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 
 from ddp_profile.profiler.rank.loading import clocks, pagecache
 from ddp_profile.profiler.rank.loading.clocks import (
+    SHORT_NS,
     GcClock,
     IoCounters,
     RunQueueClock,
@@ -54,9 +55,12 @@ _cpu = time.thread_time_ns
 get_ident = threading.get_ident
 
 
+_PAIRS = (tuple, list)
+
+
 def batch_size_of(batch: Any, default: int) -> int:
     """Number of samples in a batch: the leading dimension of its first tensor."""
-    if batch.__class__ in (tuple, list) and batch:  # the common (inputs, targets): at once
+    if batch.__class__ in _PAIRS and batch:  # the common (inputs, targets): at once
         shape = getattr(batch[0], "shape", None)
         if shape:
             return int(shape[0])
@@ -157,7 +161,13 @@ class CostMeter:
                     fetching.pop(ident, None)
                     if files.opens:
                         files.end(ident)
-            samples = batch_size_of(batch, -1)
+            samples = -1  # ``batch_size_of``: its common case, inline; any other, by it
+            if batch.__class__ in _PAIRS and batch:
+                shape = getattr(batch[0], "shape", None)
+                if shape:
+                    samples = int(shape[0])
+            if samples < 0:
+                samples = batch_size_of(batch, -1)
             if meter.in_loop:  # its size, for the step that takes it (``rank.loaders``)
                 meter.made, meter.made_samples = batch, samples
             if samples < 0:  # no tensor in the batch: its indices say
@@ -177,6 +187,8 @@ class CostMeter:
 _BATCH = ('%s"t_ns":%d,"wall_s":%.9f,"cpu_s":%.9f,"runq_s":%.9f,"collate_s":%.9f,'
           '"collate_cpu_s":%.9f,"gc_s":%.9f,"samples":%d%s}')
 _BATCH_UNQUEUED = _BATCH.replace('"runq_s":%.9f', '"runq_s":null%s')  # its run queue unread
+# every time under ``clocks.SHORT_NS``: written from its nanoseconds (the same text)
+_BATCH_SHORT = _BATCH.replace("%.9f", "0.%09d")
 
 
 def _batch_line(row: tuple, _rank: Any = None) -> str:
@@ -200,7 +212,18 @@ def _batch_line(row: tuple, _rank: Any = None) -> str:
         if read_before is not None and read_after is not None:
             io = ',"read_b":%d,"storage_b":%d' % (read_after[0] - read_before[0],
                                                    read_after[1] - read_before[1])
-    runq = runq_delta(runq_before, runq_after)
+    if runq_before.__class__ is int and runq_after.__class__ is bytes:  # ``runq_delta``,
+        try:  # its common case inline: the step boundary's reading, parsed, and the fetch's
+            runq = int(runq_after.split(b" ", 2)[1]) - runq_before
+        except (ValueError, IndexError):
+            runq = None
+    else:
+        runq = runq_delta(runq_before, runq_after)
+    if runq is not None:
+        wall_ns, cpu_ns, gc_ns = wall_end - wall, cpu_end - cpu, gc_end - collected
+        if 0 <= (wall_ns | cpu_ns | runq | collate_wall | collate_cpu | gc_ns) < SHORT_NS:
+            return _BATCH_SHORT % (prefix, t_ns, wall_ns, cpu_ns, runq, collate_wall,
+                                   collate_cpu, gc_ns, samples, io)
     return (_BATCH if runq is not None else _BATCH_UNQUEUED) % (
         prefix, t_ns, (wall_end - wall) / 1e9, (cpu_end - cpu) / 1e9,
         "" if runq is None else runq / 1e9, collate_wall / 1e9, collate_cpu / 1e9,

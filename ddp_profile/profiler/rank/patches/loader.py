@@ -56,10 +56,15 @@ def iterator_next(instr: Hooks) -> Maker:
 
 
 def tensor_backward(instr: Hooks) -> Maker:
+    """``Tensor.backward``: the open step's first backward marked (``on_backward`` and
+    ``StepClock.backward_called``, inline: no call of ours a step)."""
     def make(original: Any) -> Any:
         @functools.wraps(original)
         def backward(self: Any, *args: Any, **kwargs: Any) -> Any:
-            instr.on_backward()
+            current = instr.current
+            if current is not None and current._backward is None \
+                    and current._returned is not None:
+                current._backward = current._clock()
             return original(self, *args, **kwargs)
         return backward
     return make

@@ -36,6 +36,7 @@ class Hooks(Protocol):
     pin_meter: Any  # rank.loading.loadcost's pin-time meter
     ddp_modules: list[Any]
     screen: Any  # rank.windows.Screen
+    current: Any  # the step clock of the step open last (rank.stepclock.StepClock), or None
 
     def event(self, name: str, **data: Any) -> None: ...
     def on_loader_init(self, loader: Any, bound: inspect.BoundArguments) -> None: ...
