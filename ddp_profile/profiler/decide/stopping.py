@@ -140,21 +140,20 @@ def establishes(logs: Sequence[float], candidate: Sequence[bool], confidence: fl
     answer stopping gives now. True where the launches so far leave no spread to read. The
     line's reading alone: a level that walks reads wider by it, so this stops sooner there."""
     known = len(logs)
-    if known > len(candidate) or known - 3 < 1:
+    now = _line(candidate[:known]) if known <= len(candidate) else None
+    full = _line(candidate)
+    if now is None or full is None:
         return True
-    design = np.array([[1.0, float(i), 1.0 if c else 0.0] for i, c in enumerate(candidate)])
-    now = design[:known]
-    coef, *_ = np.linalg.lstsq(now, np.asarray(logs, dtype=float), rcond=None)
-    residual = np.asarray(logs, dtype=float) - now @ coef
-    dof = known - 3
+    weights, residual, _, dof = now
+    y = np.asarray(logs, dtype=float)
     cube = 2.0 / (9 * dof)
     quantile = dof * (1.0 - cube + z_quantile(SPREAD_CONFIDENCE) * math.sqrt(cube)) ** 3
-    variance = float(residual @ residual) / quantile
+    variance = max(0.0, float(y @ residual @ y)) / quantile
     if variance <= 0.0:
         return True
-    half = t_quantile(0.5 + confidence / 2, len(candidate) - 3) * math.sqrt(
-        variance * float(np.linalg.inv(design.T @ design)[2, 2]))
-    gain = float(coef[2])
+    _, _, divisor, dof_full = full  # divisor = dof / (the gain's variance per unit variance)
+    half = t_quantile(0.5 + confidence / 2, dof_full) * math.sqrt(variance * dof_full / divisor)
+    gain = float(weights @ y)
     return gain - half > 0.0 and gain > floor
 
 
