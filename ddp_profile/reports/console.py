@@ -154,7 +154,8 @@ class ConsoleProgress:
                    **(entry.comm.options or {})}
         option_text = "".join(f" {k}={v}" for k, v in options.items())
         total = f"/{max(self.total, self.count)}" if self.total and not self.expected_s else ""
-        short = "" if not entry.short else f" SHORT: {entry.short_reason}" \
+        short = "" if not entry.short else \
+            f" short: {entry.steps_measured} of {entry.steps_asked} steps, the script ended first" \
             if entry.kind not in ALTERNATED else " (ran to the script's end)"
         ran = entry.config if entry.config != LoaderSettings() else entry.requested
         line = (f"[{self.count}{total}] {entry.id} {entry.kind} "

@@ -1,4 +1,5 @@
-"""Console output marks short probes, in the progress line and in the end-of-run summary."""
+"""Console output marks short probes: in the progress line by their steps, with the advice to
+run more epochs once, in the end-of-run summary."""
 
 from __future__ import annotations
 
@@ -27,10 +28,12 @@ def joined(lines: list[str]) -> str:
 def test_progress_line_marks_a_short_probe():
     stream = io.StringIO()
     ConsoleProgress(stream=stream)("done", {"entry": record(SHORT)})
-    assert "SHORT: the script ended after 1 measured step(s) of the 10 asked" in stream.getvalue()
+    line = stream.getvalue()
+    assert "short: 1 of 10 steps, the script ended first" in line
+    assert "run more" not in line  # the advice is the summary's, once (grouped_warnings)
     stream = io.StringIO()
     ConsoleProgress(stream=stream)("done", {"entry": record({**SHORT, "short": False})})
-    assert "SHORT" not in stream.getvalue()
+    assert "short" not in stream.getvalue()
 
 
 def test_an_alternations_launch_that_the_script_ended_gets_no_advice():
@@ -42,7 +45,7 @@ def test_an_alternations_launch_that_the_script_ended_gets_no_advice():
     stream = io.StringIO()
     ConsoleProgress(stream=stream)("done", {"entry": record(paired)})
     assert "(ran to the script's end)" in stream.getvalue()
-    assert "SHORT" not in stream.getvalue() and "run more" not in stream.getvalue()
+    assert "short:" not in stream.getvalue() and "run more" not in stream.getvalue()
     summary = {"script": "train.py", "world_size": 2, "device": "cpu", "gpu_available": True,
                "probes": [SHORT, paired], "baseline": {"num_workers": 0},
                "recommended": {"num_workers": 0}, "findings": [], "recommendation": {}}
