@@ -212,13 +212,24 @@ _FORK_SERVER: Optional[Any] = None
 
 
 def _fork_server() -> Any:
-    """The multiprocessing context whose fork server imported torch's launcher (once)."""
+    """The multiprocessing context whose fork server imported torch's launcher (once,
+    ``launch.agent_server``)."""
     global _FORK_SERVER
     if _FORK_SERVER is None:
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["torch.distributed.run"])
+        context.set_forkserver_preload(["torch.distributed.run",
+                                        "ddp_profile.profiler.launch.agent_server"])
         _FORK_SERVER = context
     return _FORK_SERVER
+
+
+def start_fork_server() -> None:
+    """Start the fork server now, where the run will launch torch's launcher: it imports
+    the launcher (seconds) while the run plans its first launch, which else waits for it."""
+    from multiprocessing import forkserver
+
+    _fork_server()
+    forkserver.ensure_running()
 
 
 def _run_agent(argv: list[str], env: dict[str, str], log_path: str) -> None:
