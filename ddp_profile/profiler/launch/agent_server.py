@@ -1,5 +1,6 @@
 """What the launches' fork server (``launch.ranks._fork_server``) imports once a run: torch's
-launcher, and an exit that skips Python's finalization.
+launcher and ``launch.ranks`` (each launch's entry), and an exit that skips Python's
+finalization.
 
 The fork server outlives the run by its finalization: with torch imported, that takes about
 half a second, and the server holds the run's standard output and error open until it ends, so
@@ -12,7 +13,9 @@ from __future__ import annotations
 import atexit
 import os
 
-import torch.distributed.run  # noqa: F401 - imported once here, by every launcher forked
+import torch.distributed.run  # noqa: F401 - imported once here, for every launcher forked
+
+from ddp_profile.profiler.launch import ranks  # noqa: F401 - each fork's entry, _run_agent
 
 _SERVER_PID = os.getpid()
 
