@@ -20,7 +20,7 @@ from ddp_profile.errors import BadRunDir, Interrupted, ScriptInvalid, ScriptNotF
 from ddp_profile.profiler import allocation
 from ddp_profile.profiler.decide.capacity import run_capacity
 from ddp_profile.profiler.launch.coordinate import Coordinator, coordinator_address, follow
-from ddp_profile.profiler.launch.ranks import LaunchSpec, start_fork_server
+from ddp_profile.profiler.launch.ranks import LaunchSpec
 from ddp_profile.profiler.store.probes import records
 from ddp_profile.profiler.store.results import Run, assemble, load_run, read_probes
 from ddp_profile.profiler.store.rundir import RunDir
@@ -164,8 +164,6 @@ def execute(out: str, *, report: bool = True, quiet: bool = False, verbose: bool
     options = SweepOptions(**meta["options"])
     if budget_s is not KEEP:
         options = replace(options, budget_s=budget_s)
-    if spec.launcher == "torchrun":
-        start_fork_server()
     coordinator = _coordinator(meta)
     if coordinator is not None and not coordinator.is_leader:
         probes = follow(coordinator, spec, run_dir, meta.get("local_rank_flag"))

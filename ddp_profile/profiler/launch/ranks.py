@@ -223,15 +223,6 @@ def _fork_server() -> Any:
     return _FORK_SERVER
 
 
-def start_fork_server() -> None:
-    """Start the fork server now, where the run will launch torch's launcher: it imports
-    the launcher (seconds) while the run plans its first launch, which else waits for it."""
-    from multiprocessing import forkserver
-
-    _fork_server()
-    forkserver.ensure_running()
-
-
 def _run_agent(argv: list[str], env: dict[str, str], log_path: str) -> None:
     """In the forked process: its own session (the probe's process group), the log as its
     output, the probe's environment, then torch's launcher as ``python -m
