@@ -17,6 +17,7 @@ from ddp_profile.profiler.allocation import detect
 from tests.conftest import (
     DEMO,
     ONE_THREAD,
+    REPO,
     SCRIPTS,
     TEST_ID_VAR,
     _current_test_id,
@@ -214,3 +215,23 @@ def test_ranks_that_hang_after_the_scripts_end_are_ended_and_the_probe_kept(cli,
     assert probe["script_samples"] == 256  # it ran to the script's end
     assert END_GRACE_S <= probe["wall_s"] < 60 - 10
     assert probe_processes() == []
+
+
+def test_the_fork_server_ends_without_finalizing_and_what_it_forks_still_does(tmp_path):
+    """The launches' fork server skips Python's finalization (it held a run's output open
+    while torch finalized); a process forked from it still runs its exit handlers."""
+    marker = str(tmp_path / "finalized-")
+    code = (f"import atexit, os, sys\n"
+            f"atexit.register(lambda: open({marker!r} + str(os.getpid()), 'w').close())\n"
+            f"import ddp_profile.profiler.launch.agent_server\n"
+            f"child = os.fork()\n"
+            f"if child == 0:\n"
+            f"    sys.exit(0)\n"
+            f"os.waitpid(child, 0)\n"
+            f"print(os.getpid(), child)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    server, child = proc.stdout.split()
+    assert not os.path.exists(marker + server)
+    assert os.path.exists(marker + child)

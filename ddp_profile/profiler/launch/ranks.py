@@ -212,11 +212,13 @@ _FORK_SERVER: Optional[Any] = None
 
 
 def _fork_server() -> Any:
-    """The multiprocessing context whose fork server imported torch's launcher (once)."""
+    """The multiprocessing context whose fork server imported torch's launcher (once,
+    ``launch.agent_server``)."""
     global _FORK_SERVER
     if _FORK_SERVER is None:
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["torch.distributed.run"])
+        context.set_forkserver_preload(["torch.distributed.run",
+                                        "ddp_profile.profiler.launch.agent_server"])
         _FORK_SERVER = context
     return _FORK_SERVER
 
