@@ -151,11 +151,6 @@ class Instrumentation(LoaderHooks):
             self.event("ddp_unused_parameters", params_total=len(params),
                        params_without_grad=sum(1 for p in params if p.grad is None))
 
-    def on_backward(self) -> None:
-        """A ``Tensor.backward`` (the patch calls the open step's clock itself)."""
-        current = self.current
-        if current is not None:
-            current.backward_called()
     # ---- the end ---------------------------------------------------------------------------
     def finish(self, reason: str) -> None:
         """Write the final records (idempotent)."""

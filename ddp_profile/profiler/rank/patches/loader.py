@@ -56,8 +56,8 @@ def iterator_next(instr: Hooks) -> Maker:
 
 
 def tensor_backward(instr: Hooks) -> Maker:
-    """``Tensor.backward``: the open step's first backward marked (``on_backward`` and
-    ``StepClock.backward_called``, inline: no call of ours a step)."""
+    """``Tensor.backward``: the open step's first backward marked
+    (``StepClock.backward_called``, inline: no call of ours a step)."""
     def make(original: Any) -> Any:
         @functools.wraps(original)
         def backward(self: Any, *args: Any, **kwargs: Any) -> Any:
