@@ -7,10 +7,11 @@ the CPU time of the producing thread, and reads the thread's run-queue delay
 of which ``runq`` it sat runnable waiting for one (CPUs busy) and the rest blocked (storage,
 network, sleep, a lock). In workers, the rank replaces the loader's ``worker_init_fn`` by a
 picklable :class:`WorkerInit` that wraps the fetcher class's factory and then calls the
-script's own; each worker appends one JSON line per batch to its own file under
-``<probe_dir>/workers/``, flushed every ``FLUSH_S`` seconds and at exit. With
-``num_workers=0`` the rank wraps its iterator's fetcher and writes to its own file. The
-``batch_cost`` record's fields: docs/internals.md, "Per-rank records".
+script's own; each worker appends one JSON line per metered batch (a producer's first
+``METER_FIRST``, then every ``METER_EVERY``-th) to its own file under ``<probe_dir>/workers/``,
+flushed every ``FLUSH_S`` seconds and at exit. With ``num_workers=0`` the rank wraps its
+iterator's fetcher and writes to its own file. The ``batch_cost`` record's fields:
+docs/internals.md, "Per-rank records".
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ RSS_WORKER = 0
 # they are only ever used per sample, averaged over the batches that carry them
 # (``decide.capacity``), and they were the meter's largest cost on the loop's path.
 IO_FIRST, IO_EVERY = 8, 8
+# The batches metered at all (the io counters' among them): read per sample only, over the
+# batches that have a record (``decide.capacity``); the others read no clock, leave no record.
+METER_FIRST, METER_EVERY = 8, 4
 
 _perf = time.perf_counter_ns
 _cpu = time.thread_time_ns
@@ -94,7 +98,8 @@ class CostMeter:
         # the loop's own run-queue reading at this batch's ``__next__``, where nothing ran
         # since (``rank.loaders``): the fetch's start, read once
         self.runq_start: Any = None  # (a number: ``rank.loaders``' clock parses it)
-        self.batches = 0  # fetches begun (which of them read the io counters: ``IO_EVERY``)
+        self.batches = 0  # fetches begun (which are metered: ``METER_EVERY``, ``IO_EVERY``)
+        self.timing = False  # the fetch under way is metered: its collate is timed
         self.in_loop = worker is None  # the loop's own thread takes what it makes; there
         self.made: Any = None  # the batch the last fetch made, and its size (or -1: none
         self.made_samples = -1  # found), kept until the loop takes it
@@ -114,25 +119,46 @@ class CostMeter:
         The collate's end is the fetch's: torch's fetchers call ``collate_fn`` once, last. The
         thread's counters are read with ``os.pread`` on its kept descriptors (``clocks``),
         kept as read and parsed where the row is encoded; the row keeps the readings, and
-        the differences are taken there too (``_batch_line``)."""
+        the differences are taken there too (``_batch_line``). Only the producer's first
+        ``METER_FIRST`` fetches and every ``METER_EVERY``-th after are metered; every fetch's
+        opened files are watched (``pagecache``)."""
         fetch, collate = fetcher.fetch, fetcher.collate_fn
         meter, local, collected_ns = self, self._local, GcClock._total.get
         runq_size, io_size, pread = RunQueueClock.SIZE, IoCounters.SIZE, os.pread
         fetching = pagecache.FETCHING
+        meter_first, meter_every = METER_FIRST, METER_EVERY
 
         def timed_collate(data: Any) -> Any:
-            meter.collate_start = (collected_ns(get_ident(), 0), _perf(), _cpu())
+            if meter.timing:
+                meter.collate_start = (collected_ns(get_ident(), 0), _perf(), _cpu())
             return collate(data)
 
         def timed_fetch(index: Any) -> Any:
-            files, runq_before = meter.files, meter.runq_start
+            files, n = meter.files, meter.batches
+            meter.batches = n + 1
+            if n >= meter_first and n % meter_every:  # not metered: no clock read, no record
+                meter.runq_start = meter.collate_start = None  # never in a later record
+                meter.timing = False
+                if files is None:
+                    return fetch(index)
+                ident = get_ident()  # its files watched as every fetch's are (see below)
+                fetching[ident] = files
+                try:
+                    batch = fetch(index)
+                finally:
+                    fetching.pop(ident, None)
+                    if files.opens:
+                        files.end(ident)
+                if files.new:
+                    meter.emit((_files_line, meter.files_prefix, files.take_new()))
+                return batch
+            meter.timing = True
+            runq_before = meter.runq_start
             meter.runq_start = meter.collate_start = None
             fds = getattr(local, "fds", None)
             if fds is None or fds[0] != clocks.fork_count:
                 fds = meter._descriptors()
             _, runq_fd, io_fd, ident = fds
-            n = meter.batches
-            meter.batches = n + 1
             if n >= IO_FIRST and n % IO_EVERY:
                 io_fd = None
             collected = collected_ns(ident, 0)
@@ -230,6 +256,9 @@ def _batch_line(row: tuple, _rank: Any = None) -> str:
         (gc_end - collected) / 1e9, samples, io)
 
 
+_BATCH_KIND = '{"kind":"batch_cost"'  # a batch record's line begins so
+
+
 def _files_line(row: tuple, _rank: Any = None) -> str:
     return f'{row[1]}"paths":{json.dumps(row[2])}}}'
 
@@ -266,10 +295,14 @@ class _WorkerFile:
         pending, self.pending = self.pending, []
         lines = [encode_row(row) for row in pending]
         if lines and rss_due and now - self.last_rss >= RSS_EVERY_S:
-            self.last_rss = now
-            rss = private_rss()
-            if rss is not None and lines[-1].endswith("}"):
-                lines[-1] = f'{lines[-1][:-1]},"private_rss":{rss}}}'
+            # on the last batch record (a ``files`` one may follow it, or be alone: unread)
+            last = next((n for n in range(len(lines) - 1, -1, -1)
+                         if lines[n].startswith(_BATCH_KIND)), None)
+            if last is not None:
+                self.last_rss = now
+                rss = private_rss()
+                if rss is not None and lines[last].endswith("}"):
+                    lines[last] = f'{lines[last][:-1]},"private_rss":{rss}}}'
         if lines:
             self.handle.write("\n".join(lines) + "\n")
         self.handle.flush()
