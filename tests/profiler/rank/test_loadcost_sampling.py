@@ -21,9 +21,10 @@ from ddp_profile.profiler.settings import ProbePlan
 from ddp_profile.profiler.store.probedir import read_probe_dir
 
 
-def _metered(n: int) -> bool:
-    """Whether a producer's ``n``-th fetch (from 0) is metered."""
-    return n < loadcost.METER_FIRST or n % loadcost.METER_EVERY == 0
+def _metered(n: int, worker=None) -> bool:
+    """Whether a producer's ``n``-th fetch (from 0) is metered (worker ``w`` takes its turn:
+    ``n % 4 == w % 4``; the loop's own, worker None, as worker 0)."""
+    return n < loadcost.METER_FIRST or n % loadcost.METER_EVERY == (worker or 0) % 4
 
 
 class Fetcher:
@@ -64,6 +65,42 @@ def test_a_producers_first_batches_then_every_fourth_are_metered():
     with_io = [n for n, r in zip(metered, records) if "read_b" in r]
     assert with_io == [n for n in range(40) if n < loadcost.IO_FIRST
                        or n % loadcost.IO_EVERY == 0]
+
+
+@pytest.mark.parametrize("worker", [1, 2, 3, 6])
+def test_a_loaders_workers_take_turns_and_read_io_on_their_own_metered_batches(worker):
+    rows = []
+    fetcher = loadcost.CostMeter(rows.append, 0, 0, worker).wrap(Fetcher())
+    metered = []
+    for n in range(40):
+        before = len(rows)
+        fetcher.fetch([0])
+        if len(rows) > before:
+            metered.append(n)
+    assert metered == [n for n in range(40) if n < 8 or n % 4 == worker % 4]
+    records = [json.loads(loadcost.encode_row(row)) for row in rows]
+    with_io = [n for n, r in zip(metered, records) if "read_b" in r]
+    assert with_io == [n for n in metered if n < 8 or (n - worker % 4) % 8 == 0]
+    assert len(with_io) > 8
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2, 3, 4, 8, 16])
+def test_any_15_steps_of_a_loader_hold_metered_batches_whatever_its_workers(workers):
+    """A loader's workers take its batches in turn: a window of 15 steps anywhere in a long
+    run (past every producer's first ``METER_FIRST``) holds 3 metered batches at least
+    (``decide.capacity`` wants 2 made in the measured window); with every worker on the same
+    turn, 8 workers left 24 batches in a row unmetered."""
+    rows = []
+    fetchers = [loadcost.CostMeter(rows.append, 0, 0, w if workers else None).wrap(Fetcher())
+                for w in range(max(1, workers))]
+    metered = []
+    for batch in range(64 * max(1, workers)):
+        before = len(rows)
+        fetchers[batch % len(fetchers)].fetch([0])
+        metered.append(len(rows) > before)
+    late = metered[8 * len(fetchers):]
+    assert min(sum(late[i:i + 15]) for i in range(len(late) - 15)) >= 3
+    assert sum(late) == pytest.approx(len(late) / 4, abs=1)
 
 
 def test_an_unmetered_fetch_reads_no_clock_and_leaves_no_stale_start(monkeypatch):
@@ -225,7 +262,7 @@ def _subsample(records: list) -> list:
     kept = []
     for record in records:
         n = count[record["pid"]] = count.get(record["pid"], -1) + 1
-        if _metered(n):
+        if _metered(n, record["worker"]):
             kept.append(record)
     return kept
 
@@ -254,7 +291,8 @@ def test_the_sampled_records_agree_per_sample_with_every_batchs(tmp_path, monkey
     producers = max(1, workers)
     per_producer = 128 // producers
     assert len(every) == 128
-    assert len(sampled) == producers * sum(_metered(n) for n in range(per_producer))
+    assert len(sampled) == sum(_metered(n, w) for n in range(per_producer)
+                               for w in (range(workers) if workers else [None]))
     assert [r["samples"] for r in sampled] == [4] * len(sampled)
     full, same_run, other_run = (_figures(r) for r in (every, _subsample(every), sampled))
     assert full["producers"] == same_run["producers"] == other_run["producers"] == producers

@@ -50,8 +50,9 @@ RSS_WORKER = 0
 # they are only ever used per sample, averaged over the batches that carry them
 # (``decide.capacity``), and they were the meter's largest cost on the loop's path.
 IO_FIRST, IO_EVERY = 8, 8
-# The batches metered at all (the io counters' among them): read per sample only, over the
-# batches that have a record (``decide.capacity``); the others read no clock, leave no record.
+# The batches metered (the io counters' among them; the others read no clock, leave no record):
+# read per sample only (``decide.capacity``). Worker w meters the n-th fetch where n % 4 == w %
+# 4 past its first 8: the workers take turns, and any 15 steps hold some, 8 workers or 1.
 METER_FIRST, METER_EVERY = 8, 4
 
 _perf = time.perf_counter_ns
@@ -100,7 +101,7 @@ class CostMeter:
         self.runq_start: Any = None  # (a number: ``rank.loaders``' clock parses it)
         self.batches = 0  # fetches begun (which are metered: ``METER_EVERY``, ``IO_EVERY``)
         self.timing = False  # the fetch under way is metered: its collate is timed
-        self.in_loop = worker is None  # the loop's own thread takes what it makes; there
+        self.worker, self.in_loop = worker, worker is None  # the loop's own thread takes
         self.made: Any = None  # the batch the last fetch made, and its size (or -1: none
         self.made_samples = -1  # found), kept until the loop takes it
         self.gc = GcClock()
@@ -127,6 +128,7 @@ class CostMeter:
         runq_size, io_size, pread = RunQueueClock.SIZE, IoCounters.SIZE, os.pread
         fetching = pagecache.FETCHING
         meter_first, meter_every = METER_FIRST, METER_EVERY
+        phase = (self.worker or 0) % meter_every
 
         def timed_collate(data: Any) -> Any:
             if meter.timing:
@@ -136,7 +138,7 @@ class CostMeter:
         def timed_fetch(index: Any) -> Any:
             files, n = meter.files, meter.batches
             meter.batches = n + 1
-            if n >= meter_first and n % meter_every:  # not metered: no clock read, no record
+            if n >= meter_first and n % meter_every != phase:  # not metered: no clock read
                 meter.runq_start = meter.collate_start = None  # never in a later record
                 meter.timing = False
                 if files is None:
@@ -159,7 +161,7 @@ class CostMeter:
             if fds is None or fds[0] != clocks.fork_count:
                 fds = meter._descriptors()
             _, runq_fd, io_fd, ident = fds
-            if n >= IO_FIRST and n % IO_EVERY:
+            if n >= IO_FIRST and (n - phase) % IO_EVERY:
                 io_fd = None
             collected = collected_ns(ident, 0)
             wall = _perf()
