@@ -38,7 +38,7 @@ class LoadingCost:
     cpu_per_sample_s: float
     wait_per_sample_s: float  # blocked: wall - CPU - runq (wall - CPU where runq is unknown)
     collate_per_sample_s: float  # wall time of collate_fn, part of the three
-    samples: int
+    samples: int  # of the batches the figures are from: the metered ones (``loadcost``)
     batches: int
     producers: int  # processes that made batches: workers, or ranks with num_workers=0
     worker_private_rss: Optional[int]  # bytes; median over the workers that reported it
