@@ -17,7 +17,7 @@ from torch.utils.data._utils import pin_memory as pin_memory_module
 
 from ddp_profile.profiler.rank import facts, patches
 from ddp_profile.profiler.rank.instrument import Instrumentation
-from ddp_profile.profiler.rank.loading import clocks, loadcost
+from ddp_profile.profiler.rank.loading import clocks, loadcost, sampling
 from ddp_profile.profiler.settings import ProbePlan
 from ddp_profile.profiler.store.probedir import read_probe_dir
 from tests.conftest import REPO
@@ -44,8 +44,8 @@ class Costly(Dataset):
 
 
 def _metered(n: int) -> bool:
-    """Whether a producer's ``n``-th fetch (from 0) is metered."""
-    return n < loadcost.METER_FIRST or n % loadcost.METER_EVERY == 0
+    """Whether the loop's or worker 0's ``n``-th fetch (from 0) is metered."""
+    return sampling.is_metered(n, None)
 
 
 def _worker_init_called(worker_id: int) -> None:
@@ -362,21 +362,20 @@ def _cold_files(directory, count: int, size: int) -> list:
 @pytest.mark.parametrize("workers", [0, 1])
 def test_bytes_read_and_bytes_from_storage_are_counted_on_sampled_batches(tmp_path, workers):
     """8 files of 64 KiB dropped from the page cache, read in batches of 4, over and over: the
-    producer's first ``IO_FIRST`` batches and every ``IO_EVERY``-th after carry their bytes
-    read (all of them metered batches), the others none; the first pass comes from storage,
+    producer's first batches and one in eight after (``sampling``) carry their bytes read
+    (all of them metered batches), the others none; the first pass comes from storage,
     the later ones from the page cache (on a filesystem that reads through the page cache;
     tmpfs never counts storage reads)."""
     data = tmp_path / "data"
     data.mkdir()
     paths = _cold_files(data, 8, 64 * 1024)
-    batches = loadcost.IO_FIRST + 2 * loadcost.IO_EVERY + 1
+    batches = sampling.IO_FIRST + 17
     records = _run(tmp_path / "probe", {"batch_size": 4, "num_workers": workers},
                    Files(paths, 4 * batches))
     metered = [n for n in range(batches) if _metered(n)]
     assert len(records) == len(metered) < batches
     carried = [metered[k] for k, r in enumerate(records) if "read_b" in r]
-    assert carried == [n for n in range(batches)
-                       if n < loadcost.IO_FIRST or n % loadcost.IO_EVERY == 0], carried
+    assert carried == [n for n in range(batches) if sampling.reads_io(n, None)], carried
     assert len(carried) < batches
     sampled = [r for r in records if "read_b" in r]
     assert all(r["read_b"] >= 4 * 64 * 1024 and "storage_b" in r for r in sampled), sampled

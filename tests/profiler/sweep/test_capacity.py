@@ -15,7 +15,6 @@ from ddp_profile.profiler.decide.capacity import (
     loading_cost,
     loop_demand,
 )
-from ddp_profile.profiler.rank.loading.loadcost import IO_EVERY, IO_FIRST
 from ddp_profile.profiler.store.probes import ProbeRecord
 from ddp_profile.profiler.sweep.climb import CLIMB_STOP_CPU_SHARE, ClimbPoint, next_workers
 from ddp_profile.reports.console import loading_line
@@ -69,16 +68,16 @@ def test_the_share_read_from_storage_is_the_producers_storage_bytes_over_bytes_r
 
 
 def test_bytes_read_on_sampled_batches_are_averaged_over_those_batches_samples():
-    """The meter reads the bytes on a producer's first batches and every ``IO_EVERY``-th
-    after (``rank.loading.loadcost``): the per-sample figures are those batches' own, however
-    many samples the batches without them hold."""
+    """The meter reads the bytes on a producer's first batches and one in eight after
+    (``rank.loading.sampling``; here, every eighth): the per-sample figures are those
+    batches' own, however many samples the batches without them hold."""
     records = batches(0.5, 3.0, count=40, size=16) + batches(0.5, 3.0, count=40, size=32,
                                                                 pid=2)
     for i, record in enumerate(records[:40]):
-        if i < IO_FIRST or i % IO_EVERY == 0:
+        if i < 8 or i % 8 == 0:
             record.update(read_b=16 * 4096, storage_b=16 * 1024)
     for i, record in enumerate(records[40:]):
-        if i < IO_FIRST or i % IO_EVERY == 0:
+        if i < 8 or i % 8 == 0:
             record.update(read_b=32 * 4096, storage_b=0)
     cost = loading_cost([(records, 30)])  # the measured window: t_ns >= 30 (i >= 30)
     assert cost.batches == 20

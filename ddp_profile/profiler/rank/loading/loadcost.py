@@ -8,7 +8,7 @@ of which ``runq`` it sat runnable waiting for one (CPUs busy) and the rest block
 network, sleep, a lock). In workers, the rank replaces the loader's ``worker_init_fn`` by a
 picklable :class:`WorkerInit` that wraps the fetcher class's factory and then calls the
 script's own; each worker appends one JSON line per metered batch (a producer's first
-``METER_FIRST``, then every ``METER_EVERY``-th) to its own file under ``<probe_dir>/workers/``,
+ones, then one in four: ``sampling``) to its own file under ``<probe_dir>/workers/``,
 flushed every ``FLUSH_S`` seconds and at exit. With ``num_workers=0`` the rank wraps its
 iterator's fetcher and writes to its own file. The ``batch_cost`` record's fields:
 docs/internals.md, "Per-rank records".
@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from ddp_profile.profiler.rank.loading import clocks, pagecache
+from ddp_profile.profiler.rank.loading import clocks, pagecache, sampling
 from ddp_profile.profiler.rank.loading.clocks import (
     SHORT_NS,
     GcClock,
@@ -45,16 +45,6 @@ RSS_EVERY_S = 10.0
 # at once inside the first measured window (16 workers: 61 ms of CPU), and latency-bound windows
 # ran 4-13 % faster in their second half than in their first.
 RSS_WORKER = 0
-# The bytes a fetch read (``read_b``, ``storage_b``: two reads of /proc/thread-self/io and their
-# parsing) are read on a producer's first ``IO_FIRST`` batches and every ``IO_EVERY``-th after:
-# they are only ever used per sample, averaged over the batches that carry them
-# (``decide.capacity``), and they were the meter's largest cost on the loop's path.
-IO_FIRST, IO_EVERY = 8, 8
-# The batches metered (the io counters' among them; the others read no clock, leave no record):
-# read per sample only (``decide.capacity``). Worker w meters the n-th fetch where n % 4 == w %
-# 4 past its first 8: the workers take turns, and any 15 steps hold some, 8 workers or 1.
-METER_FIRST, METER_EVERY = 8, 4
-
 _perf = time.perf_counter_ns
 _cpu = time.thread_time_ns
 get_ident = threading.get_ident
@@ -99,7 +89,7 @@ class CostMeter:
         # the loop's own run-queue reading at this batch's ``__next__``, where nothing ran
         # since (``rank.loaders``): the fetch's start, read once
         self.runq_start: Any = None  # (a number: ``rank.loaders``' clock parses it)
-        self.batches = 0  # fetches begun (which are metered: ``METER_EVERY``, ``IO_EVERY``)
+        self.batches = 0  # fetches begun (which are metered: ``sampling``)
         self.timing = False  # the fetch under way is metered: its collate is timed
         self.worker, self.in_loop = worker, worker is None  # the loop's own thread takes
         self.made: Any = None  # the batch the last fetch made, and its size (or -1: none
@@ -120,15 +110,15 @@ class CostMeter:
         The collate's end is the fetch's: torch's fetchers call ``collate_fn`` once, last. The
         thread's counters are read with ``os.pread`` on its kept descriptors (``clocks``),
         kept as read and parsed where the row is encoded; the row keeps the readings, and
-        the differences are taken there too (``_batch_line``). Only the producer's first
-        ``METER_FIRST`` fetches and every ``METER_EVERY``-th after are metered; every fetch's
-        opened files are watched (``pagecache``)."""
+        the differences are taken there too (``_batch_line``). Only some fetches are
+        metered (``sampling``); every fetch's opened files are watched (``pagecache``)."""
         fetch, collate = fetcher.fetch, fetcher.collate_fn
         meter, local, collected_ns = self, self._local, GcClock._total.get
         runq_size, io_size, pread = RunQueueClock.SIZE, IoCounters.SIZE, os.pread
         fetching = pagecache.FETCHING
-        meter_first, meter_every = METER_FIRST, METER_EVERY
-        phase = (self.worker or 0) % meter_every
+        meter_first, io_first = sampling.METER_FIRST, sampling.IO_FIRST
+        metered, io_read = sampling.masks(self.worker)  # which fetches: ``sampling``
+        wrap = sampling.PERIOD - 1  # a power of two: ``n & wrap`` is ``n % PERIOD``
 
         def timed_collate(data: Any) -> Any:
             if meter.timing:
@@ -138,7 +128,7 @@ class CostMeter:
         def timed_fetch(index: Any) -> Any:
             files, n = meter.files, meter.batches
             meter.batches = n + 1
-            if n >= meter_first and n % meter_every != phase:  # not metered: no clock read
+            if n >= meter_first and not metered[n & wrap]:  # not metered: no clock read
                 meter.runq_start = meter.collate_start = None  # never in a later record
                 meter.timing = False
                 if files is None:
@@ -161,7 +151,7 @@ class CostMeter:
             if fds is None or fds[0] != clocks.fork_count:
                 fds = meter._descriptors()
             _, runq_fd, io_fd, ident = fds
-            if n >= IO_FIRST and (n - phase) % IO_EVERY:
+            if n >= io_first and not io_read[n & wrap]:
                 io_fd = None
             collected = collected_ns(ident, 0)
             wall = _perf()
@@ -235,7 +225,7 @@ def _batch_line(row: tuple, _rank: Any = None) -> str:
         if collate_cpu < 0:
             collate_cpu = 0
     io = ""
-    if io_after is not None:  # read on some batches only (``IO_EVERY``)
+    if io_after is not None:  # read on some batches only (``sampling``)
         read_before, read_after = IoCounters.parse(io_before), IoCounters.parse(io_after)
         if read_before is not None and read_after is not None:
             io = ',"read_b":%d,"storage_b":%d' % (read_after[0] - read_before[0],
