@@ -25,18 +25,18 @@ demo: setup
 browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -q && apt-get install -y -q chromium; }
 
-# The suite in two passes run at once (tests/passes.py): the tests that assert measured rates,
-# one at a time at normal priority; beside them every other test (marker ``concurrent``: they
-# assert no measured rate, or one that holds beside another test), two at a time, the longest
-# first (tests/conftest.py), at idle priority: they run on the CPU time the first pass leaves.
+# The suite in two passes: the tests that assert no measured rate, or one that holds beside
+# another test, two at a time (one fills the CPUs another leaves idle in sleeps and start-ups),
+# the longest first (tests/conftest.py), then every other test alone.
 # The package is compiled once first: where PYTHONDONTWRITEBYTECODE is set (CI images often
 # set it) every rank of every probe would otherwise compile it again on import. pytest runs
 # with it unset, so that its rewritten test modules are written once and read by each later
-# collection (each worker's and the other pass's) instead of rewritten every time.
+# collection (each worker's and the second pass's) instead of rewritten every time.
 test: setup browser
 	$(BIN)/ruff check ddp_profile tests benchmarks docs
 	$(BIN)/python -m compileall -q ddp_profile tests
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python tests/passes.py
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -m concurrent -n 2 --durations=10
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -m "not concurrent" --durations=15
 
 # The peers install beside the pinned CPU torch. Only loadtune requires torch (traceml-ai,
 # gpuprof and datapath-doctor name it in optional extras only); the constraints file holds it

@@ -31,9 +31,8 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 # The tests that assert no measured rate (pure functions over tables, records and launch
 # mechanics, failures, resuming, rendering, every probe of a run ok), and the few whose rates
 # hold with room to spare beside another test (the last entries): `make test` runs these two at
-# a time (marker ``concurrent``) at idle priority, beside every other test run alone at normal
-# priority (tests/passes.py), so that no other test takes CPU time a measurement a test asserts
-# on wants. Decided here alone.
+# a time (marker ``concurrent``), then every other test alone, so that no other measurement a
+# test asserts on shares the CPUs with another test. Decided here alone.
 CONCURRENT = (
     "tests/test_layout.py", "tests/test_docs.py", "tests/benchmarks/", "tests/commands/",
     "tests/rules/",
