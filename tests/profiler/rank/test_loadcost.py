@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Callable, Iterator
 
 import pytest
 import torch
@@ -52,22 +54,44 @@ def _worker_init_called(worker_id: int) -> None:
     os.environ["LOADCOST_TEST_INIT"] = str(worker_id)
 
 
-def _run(tmp_path, loader_kwargs: dict, dataset: Dataset) -> list:
+@contextlib.contextmanager
+def patched(tmp_path) -> Iterator[Instrumentation]:
+    """A rank's patches on in this process, writing its records under ``tmp_path``; off, and
+    every record flushed, after."""
     instr = Instrumentation(ProbePlan(probe_id="t", out_dir=str(tmp_path), warmup=0,
                                       steps=10 ** 9))
     patches.apply(instr)
     try:
+        yield instr
+    finally:
+        if instr.samplers is not None:
+            instr.samplers.stop()
+        patches.remove()
+        instr.recorder.close()
+
+
+def step_and_cost_samples(tmp_path, make_loaders: Callable[[], list]) -> tuple[dict, dict]:
+    """(the steps' samples, the batch records' samples) of each loader, by loader id, each
+    loader made under the patches and run through once."""
+    with patched(tmp_path) as instr:
+        loaders = make_loaders()
+        for loader in loaders:
+            for _ in loader:
+                pass
+    records = [json.loads(line) for line in open(instr.recorder.path)]
+    return tuple({loader: [r["samples"] for r in records
+                           if r["kind"] == kind and r["loader_id"] == loader]
+                  for loader in range(len(loaders))} for kind in ("step", "batch_cost"))
+
+
+def _run(tmp_path, loader_kwargs: dict, dataset: Dataset) -> list:
+    with patched(tmp_path):
         batches = []
         try:
             for batch in DataLoader(dataset, **loader_kwargs):
                 batches.append(batch)
         except RuntimeError:
             pass  # a killed worker
-    finally:
-        if instr.samplers is not None:
-            instr.samplers.stop()
-        patches.remove()
-        instr.recorder.close()
     (data,) = read_probe_dir(str(tmp_path))
     return sorted(data.batch_costs, key=lambda r: r["t_ns"])
 
@@ -287,25 +311,9 @@ def test_a_step_takes_its_samples_from_the_meter_and_the_loaders_batch_size_with
     """In-process loading: the step's size is read once, by the meter; a batch with no tensor
     is the loader's ``batch_size`` for the step (as before), its indices for the meter."""
     words = [f"w{i}" for i in range(10)]
-    instr = Instrumentation(ProbePlan(probe_id="t", out_dir=str(tmp_path), warmup=0,
-                                      steps=10 ** 9))
-    patches.apply(instr)
-    try:
-        for loader in (DataLoader(torch.arange(10.0), batch_size=4),
-                       DataLoader(words, batch_size=4, collate_fn=list)):
-            for _ in loader:
-                pass
-    finally:
-        if instr.samplers is not None:
-            instr.samplers.stop()
-        patches.remove()
-        instr.recorder.close()
-    records = [json.loads(line) for line in open(instr.recorder.path)]
-    steps = {loader: [r["samples"] for r in records
-                      if r["kind"] == "step" and r["loader_id"] == loader] for loader in (0, 1)}
-    costs = {loader: [r["samples"] for r in records
-                      if r["kind"] == "batch_cost" and r["loader_id"] == loader]
-             for loader in (0, 1)}
+    steps, costs = step_and_cost_samples(tmp_path, lambda: [
+        DataLoader(torch.arange(10.0), batch_size=4),
+        DataLoader(words, batch_size=4, collate_fn=list)])
     assert steps[0] == [4, 4, 2] and costs[0] == [4, 4, 2]
     assert steps[1] == [4, 4, 4] and costs[1] == [4, 4, 2]
 

@@ -13,12 +13,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ddp_profile.profiler.decide.capacity import loading_cost
-from ddp_profile.profiler.rank import patches
-from ddp_profile.profiler.rank.instrument import Instrumentation
 from ddp_profile.profiler.rank.loading import loadcost, sampling
 from ddp_profile.profiler.rank.loading.pagecache import FileReads, watch
-from ddp_profile.profiler.settings import ProbePlan
-from ddp_profile.profiler.store.probedir import read_probe_dir
+from tests.profiler.rank.test_loadcost import _run, step_and_cost_samples
 
 
 def _metered(n: int, worker=None) -> bool:
@@ -228,25 +225,9 @@ def test_the_step_sizes_an_unmetered_batch_as_the_meter_sizes_a_metered_one(tmp_
     last = next(n for n in range(9, 64) if _metered(n))  # the last batch a metered one
     items = 4 * last + 2
     words = [f"w{i}" for i in range(items)]
-    instr = Instrumentation(ProbePlan(probe_id="t", out_dir=str(tmp_path), warmup=0,
-                                      steps=10 ** 9))
-    patches.apply(instr)
-    try:
-        for loader in (DataLoader(torch.arange(float(items)), batch_size=4),
-                       DataLoader(words, batch_size=4, collate_fn=list)):
-            for _ in loader:
-                pass
-    finally:
-        if instr.samplers is not None:
-            instr.samplers.stop()
-        patches.remove()
-        instr.recorder.close()
-    records = [json.loads(line) for line in open(instr.recorder.path)]
-    steps = {loader: [r["samples"] for r in records
-                      if r["kind"] == "step" and r["loader_id"] == loader] for loader in (0, 1)}
-    costs = {loader: [r["samples"] for r in records
-                      if r["kind"] == "batch_cost" and r["loader_id"] == loader]
-             for loader in (0, 1)}
+    steps, costs = step_and_cost_samples(tmp_path, lambda: [
+        DataLoader(torch.arange(float(items)), batch_size=4),
+        DataLoader(words, batch_size=4, collate_fn=list)])
     metered = [n for n in range(last + 1) if _metered(n)]
     assert len(metered) < last + 1 and last in metered  # the last batch (2 words, or 2 numbers)
     assert steps[0] == [4] * last + [2] and costs[0] == [4] * (len(metered) - 1) + [2]
@@ -286,21 +267,9 @@ def _varied_collate(items: list) -> torch.Tensor:
 
 
 def _records(tmp_path, workers: int) -> list:
-    instr = Instrumentation(ProbePlan(probe_id="t", out_dir=str(tmp_path), warmup=0,
-                                      steps=10 ** 9))
-    patches.apply(instr)
-    try:
-        kwargs = {"multiprocessing_context": "fork"} if workers else {}
-        for _ in DataLoader(Varied(), batch_size=4, num_workers=workers,
-                            collate_fn=_varied_collate, **kwargs):
-            pass
-    finally:
-        if instr.samplers is not None:
-            instr.samplers.stop()
-        patches.remove()
-        instr.recorder.close()
-    (data,) = read_probe_dir(str(tmp_path))
-    return sorted(data.batch_costs, key=lambda r: r["t_ns"])
+    kwargs = {"multiprocessing_context": "fork"} if workers else {}
+    return _run(tmp_path, {"batch_size": 4, "num_workers": workers,
+                           "collate_fn": _varied_collate, **kwargs}, Varied())
 
 
 def _subsample(records: list) -> list:
