@@ -12,6 +12,7 @@ block. The figures are read per sample only (``decide.capacity``), so a sample s
 
 from __future__ import annotations
 
+import functools
 import random
 from typing import Optional
 
@@ -22,6 +23,7 @@ _DRAW = random.Random(20261207)
 _SHIFTS = tuple(_DRAW.randrange(METER_EVERY) for _ in range(PERIOD // METER_EVERY))
 
 
+@functools.lru_cache(maxsize=None)
 def masks(worker: Optional[int]) -> tuple[bytes, bytes]:
     """(metered, io read): for fetch ``n`` past the first ones, ``mask[n % PERIOD]`` is 1 where
     it is. ``worker`` None: the loop's own loading, as worker 0."""
