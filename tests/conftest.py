@@ -180,6 +180,12 @@ class CliResult:
     stderr: str
     out: Optional[str]
 
+    @property
+    def progress(self) -> str:
+        """The progress output (stderr) as one line: its wrapping at the console's width
+        undone."""
+        return " ".join(self.stderr.split())
+
     def summary(self) -> dict:
         with open(os.path.join(self.out, "summary.json"), encoding="utf-8") as handle:
             summary = json.load(handle)

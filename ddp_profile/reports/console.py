@@ -154,22 +154,24 @@ class ConsoleProgress:
                    **(entry.comm.options or {})}
         option_text = "".join(f" {k}={v}" for k, v in options.items())
         total = f"/{max(self.total, self.count)}" if self.total and not self.expected_s else ""
-        short = "" if not entry.short else \
-            f" short: {entry.steps_measured} of {entry.steps_asked} steps, the script ended first" \
-            if entry.kind not in ALTERNATED else " (ran to the script's end)"
+        short = "" if not entry.short else " (ran to the script's end)" \
+            if entry.kind in ALTERNATED else \
+            f"; short: {entry.steps_measured} of {entry.steps_asked} steps, the script ended first"
         ran = entry.config if entry.config != LoaderSettings() else entry.requested
         line = (f"[{self.count}{total}] {entry.id} {entry.kind} "
                 f"{ran.label()}{option_text}: "
                 f"{result}"
                 f"{wait_text}{' (from the ledger)' if reused else ''}{short}")
-        if self._bar is not None:
-            self._bar.console.print(line, highlight=False, markup=False)
-            self._bar.update(self._task, completed=time.monotonic() - self.started)
-        else:
+        if self._bar is None:
             line += self._left_text()
-            print(line, file=self.stream, flush=True)
+        self._note(line)
+        if self._bar is not None:
+            self._bar.update(self._task, completed=time.monotonic() - self.started)
 
     def _note(self, text: str) -> None:
+        """``text`` printed, each of its lines wider than ``WIDTH`` wrapped."""
+        text = "\n".join(line if len(line) <= WIDTH else _note_text(line)
+                         for line in text.split("\n"))
         if self._bar is not None:
             self._bar.console.print(text, highlight=False, markup=False)
         else:

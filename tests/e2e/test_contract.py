@@ -63,7 +63,7 @@ def assert_persistence_measured(result, summary: dict) -> None:
     they run as they are (A) and with persistent_workers=True (B), A B A B A, a launch each,
     each probe two whole epochs (past the run's 15 steps) and a step: 47 steps. B's ranks
     build their loaders with it; A's restart, B's do not."""
-    assert "measuring persistent_workers=True" in result.stderr
+    assert "measuring persistent_workers=True" in result.progress
     probes = [p for p in summary["probes"] if p["kind"] == "persistent"]
     roles = [p["pair"]["role"] for p in probes]
     full = ["reference", "candidate"] * 2 + ["reference"]

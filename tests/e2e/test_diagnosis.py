@@ -78,7 +78,7 @@ def test_script_that_ends_early_is_marked_short(cli, run_dir):
     probe = result.summary()["probes"][0]
     assert probe["status"] == "ok" and probe["short"] is True and probe["steps_measured"] == 2
     assert "ended after 2 measured step(s) of the 10 asked" in probe["short_reason"]
-    assert "short: 2 of 10 steps, the script ended first" in result.stderr  # the progress line
+    assert "short: 2 of 10 steps, the script ended first" in result.progress  # the progress line
     assert f"ran short, the script ended first: {probe['id']} (2 of 10 steps)" \
         in result.stdout  # the summary's one warning line
     # the launch ran the script to its end: its whole run, 96 samples, timed from the first

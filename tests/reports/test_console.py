@@ -90,8 +90,32 @@ def test_the_sweeps_capacity_model_is_worded_here_as_a_progress_note():
     stream = io.StringIO()
     capacity = {"cpu_per_sample_s": 2e-3, "wait_per_sample_s": 5e-5, "runq": None}
     ConsoleProgress(stream=stream)("loading", {"capacity": capacity, "predicted": 3})
-    assert stream.getvalue() == ("loading: 2.00 ms CPU + 0.05 ms waiting per sample; 3 "
-                                 "worker(s) per rank predicted to meet the loop's demand\n")
+    assert joined(stream.getvalue().splitlines()) == (
+        "loading: 2.00 ms CPU + 0.05 ms waiting per sample; 3 worker(s) per rank predicted to "
+        "meet the loop's demand")
+
+
+def test_a_short_probes_line_and_a_long_note_are_wrapped_to_the_console():
+    """A short probe's line, with what its loading read and the launch it is of the plan,
+    wraps at 100 characters (later lines indented) and says it is short after a semicolon;
+    a note longer than a line (the page cache's) wraps the same way."""
+    stream = io.StringIO()
+    progress = ConsoleProgress(stream=stream)
+    progress.usual, progress.launches = 3, 2
+    entry = {**SHORT, "id": "p001", "kind": "sweep", "steps": 30, "steps_measured": 20,
+             "config": {"num_workers": 1, "pin_memory": False, "prefetch_factor": 2,
+                        "batch_size": 16},
+             "loading": {"read_per_sample_bytes": 10_000, "storage_share": 0.0}}
+    progress("done", {"entry": record(entry)})
+    progress("note", {"text": "page cache: warm (one epoch reads 0.00 GB, within half the "
+                              "24.52 GB available: the job reads it from the page cache from "
+                              "its second epoch on)"})
+    lines = stream.getvalue().splitlines()
+    assert all(len(line) <= 100 for line in lines), lines
+    assert lines[0].startswith("[1] p001 sweep w=1") and lines[1].startswith("  ")
+    text = joined(lines)
+    assert ("0.01 MB read per sample, 0% from storage; short: 20 of 30 steps, the script ended "
+            "first | 0:00 in, launch 2 of about 3 page cache: warm") in text, text
 
 
 def test_summary_shows_the_loading_and_runnable_time_only_where_notable():
