@@ -23,13 +23,15 @@ FALSE_HERE = {"missing-distributed-sampler", "no-ddp", "worker-oversubscription"
               "thread-oversubscription", "straggler"}
 
 
-def _measured_on_both_ranks(result) -> dict:
+def _measured_on_both_ranks(result, steps: int = 10) -> dict:
+    """The summary, its baseline measured on both ranks (``steps`` steady steps each at least)
+    and its communication timed by the framework's own reducer."""
     assert result.returncode == 0, result.stderr
     summary = result.summary()
     base = summary["probes"][0]
     assert summary["world_size"] == 2 and base["status"] == "ok", base
     assert sorted(r["rank"] for r in base["per_rank"]) == [0, 1]
-    assert all(r["steps"] >= 10 for r in base["per_rank"]), base["per_rank"]
+    assert all(r["steps"] >= steps for r in base["per_rank"]), base["per_rank"]
     # the framework's DDP is timed by its own reducer, matched step by step
     assert base["comm"]["timed_steps"] >= 1 and base["comm"]["backend"] == "gloo", base["comm"]
     assert base["comm"]["syncs_per_optimizer_step"] == 1.0
@@ -51,28 +53,24 @@ def test_lightning_ddp_on_cpu(cli, run_dir):
     assert host["worker_cpu_percent"].max() < 5.0
 
 
-def test_accelerate_under_torchrun(cli, run_dir):
+def test_accelerate_under_torchrun_is_timed_as_its_loop_trains(cli, run_dir):
+    """An accelerate script under torchrun: measured on both ranks, no false finding, the
+    ranks' data checked (and different). Its prepared loader fetches a batch ahead: epochs of
+    3 batches a rank (96 samples), each step at least 40 ms, so 2 ranks x 16 samples / 0.04 s
+    is the most the loop can run; read as the loader hands out batches (one an epoch taken
+    with no training) it read 1.5x that."""
     pytest.importorskip("accelerate", reason="the test extra installs accelerate")
     result = cli(["run", os.path.join(SCRIPTS, "accelerate_train.py"), "--out", run_dir,
-                  *ONE_PROBE], out=run_dir, timeout=300)
-    summary = _measured_on_both_ranks(result)
+                  *ONE_PROBE, "--", "--samples", "96", "--epochs", "12", "--step-sleep", "0.04"],
+                 out=run_dir, timeout=300)
+    # each epoch's first step (a fresh iterator) is charged once an epoch, not as a steady
+    # step: of 3-batch epochs, 7 of the 10 are steady
+    summary = _measured_on_both_ranks(result, steps=5)
     rules = {f["rule"] for f in summary["findings"]}
     assert not FALSE_HERE & rules, summary["findings"]
     run = load_run(run_dir)
     prints = run.events[run.events["name"] == "batch_fingerprint"]
     assert set(prints["rank"]) == {0, 1}  # the data was checked, and the ranks differ
-
-
-def test_accelerates_loader_that_fetches_ahead_is_timed_as_the_loop_trains(cli, run_dir):
-    # epochs of 3 batches a rank (96 samples), each step at least 40 ms: 2 ranks x 16 samples
-    # / 0.04 s is the most the loop can run; read as the loader hands out batches (one an epoch
-    # taken with no training) it read 1.5x that
-    pytest.importorskip("accelerate", reason="the test extra installs accelerate")
-    result = cli(["run", os.path.join(SCRIPTS, "accelerate_train.py"), "--out", run_dir,
-                  *ONE_PROBE, "--", "--samples", "96", "--epochs", "12", "--step-sleep", "0.04"],
-                 out=run_dir, timeout=300)
-    assert result.returncode == 0, result.stderr
-    base = result.summary()["probes"][0]
-    assert base["status"] == "ok", base
+    base = summary["probes"][0]
     bound = 2 * 16 / 0.04
     assert 0.6 * bound < base["throughput"] <= 1.02 * bound, base["throughput"]
