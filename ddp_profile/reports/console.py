@@ -52,6 +52,7 @@ class ConsoleProgress:
         self.budget_s: Optional[float] = None
         self.expected_s: Optional[float] = None  # the estimate of the whole run, from the start
         self.usual: Optional[int] = None  # the plan's usual launches
+        self.high: Optional[int] = None  # ... and its most
         self._bar: Any = None
         self._task: Any = None
 
@@ -92,7 +93,7 @@ class ConsoleProgress:
         if not launch_s:
             return
         usual = self.usual = sum(step.usual for step in data["plan"])
-        high = sum(step.high for step in data["plan"])
+        high = self.high = sum(step.high for step in data["plan"])
         self.expected_s = time.monotonic() - self.started + (usual - 1) * launch_s
         if self.budget_s:
             self.expected_s = min(self.expected_s, self.budget_s)
@@ -114,8 +115,10 @@ class ConsoleProgress:
             return f" | {_clock(max(left, 0.0))} left of the budget"
         if self.usual is None:
             return ""
-        return (f" | {_clock(time.monotonic() - self.started)} in, launch {self.launches} of "
-                f"about {max(self.usual, self.launches)}")
+        which = f"launch {self.launches} of about {self.usual}" \
+            if self.launches <= self.usual or self.high is None else \
+            f"launch {self.launches}, past the usual {self.usual}, of at most {self.high}"
+        return f" | {_clock(time.monotonic() - self.started)} in, {which}"
 
     def _start_bar(self) -> None:
         if not self.tty or self._bar is not None:

@@ -289,11 +289,18 @@ def test_without_a_budget_a_probe_line_says_which_launch_of_the_plan_it_is():
     stream = io.StringIO()
     progress = ConsoleProgress(stream=stream)
     steps = plan(SweepOptions(), SearchSpace())
+    steps_high = sum(step.high for step in steps)
     progress("plan", {"plan": steps, "budget_s": None})
     progress("start", {"probe_id": "p000", "config": LoaderSettings(), "kind": "baseline"})
     progress("estimate", {"plan": steps, "launch_s": 12.0, "budget_s": None})
     progress("done", {"entry": record({**SHORT, "short": False})})
     assert "launch 1 of about 3" in stream.getvalue().splitlines()[-1]
+    for n in range(2, 5):  # past the plan's usual launches: how many it may still take
+        progress("start", {"probe_id": f"p00{n}", "config": LoaderSettings(), "kind": "sweep"})
+        progress("done", {"entry": record({**SHORT, "id": f"p00{n}", "short": False})})
+    text = joined(stream.getvalue().splitlines())
+    assert "launch 3 of about 3 [4] p004" in text
+    assert text.endswith(f"launch 4, past the usual 3, of at most {steps_high}"), text
 
 
 def test_the_summary_says_what_a_budget_left_out_or_that_it_left_nothing_out():
