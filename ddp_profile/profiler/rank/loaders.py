@@ -181,8 +181,8 @@ class LoaderHooks:
             self.comm.between_steps()
             self.gpu.between_steps()
         loader_id, meter = state.loader_id, state.meter
-        if meter is not None:  # the boundary's run-queue reading starts its fetch
-            meter.runq_start = clock.runq_now if quiet else None
+        if meter is not None:  # the boundary's run-queue reading starts its fetch (None where
+            meter.runq_start = clock.runq_now if quiet else None  # it read none: its own)
         self.pin_meter.fetching = loader_id  # pinning in this thread (no workers) is its
         try:
             if self.screen.replays:
@@ -227,8 +227,8 @@ class LoaderHooks:
         loader_id = state.loader_id
         clock = self.clocks.get(loader_id)
         if clock is None:
-            # each boundary's run-queue reading ends a step and starts the next and its fetch:
-            # parsed once as it is read, not in each of the three records at the flush
+            # a boundary's run-queue reading (a sampled step's: ``stepclock.runq_sampled``) ends
+            # a step and starts the next and its fetch: parsed once as it is read
             clock = self.clocks[loader_id] = StepClock(loader_id, self._warmup_for(state),
                                                        runq=RUNQ)
             self._steps[loader_id] = self._steps_for(state)
