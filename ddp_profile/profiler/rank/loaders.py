@@ -51,6 +51,7 @@ from ddp_profile.profiler.settings import (
 from ddp_profile.profiler.store.record import ITERATOR_OUTLIVES_EPOCH, RankRecorder
 
 FLUSH_INTERVAL_S = 0.5  # the rank's records are flushed this often (``maybe_flush``) ...
+FLUSH_INTERVAL_NS = int(FLUSH_INTERVAL_S * 1e9)
 MAX_PENDING = 20_000  # ... or once this many wait (a bounded buffer)
 RUNQ = RunQueueClock()  # the training thread's time runnable, waiting for a CPU
 
@@ -72,7 +73,8 @@ class LoaderHooks:
     worker_pids: tuple[int, ...]
     context_written: bool
     _outliving: set[int]
-    _flush_due: float  # ``maybe_flush``'s: when the next flush is due, at the latest
+    _flush_due: int  # ``maybe_flush``'s: when the next flush is due, at the latest
+    # (``time.perf_counter_ns``, the step clocks' clock)
     _queue: list[Any]  # and what waits for it
     screen: Screen
     ceiling: CeilingReplay
@@ -265,7 +267,8 @@ class LoaderHooks:
             self._switch_window(iterator, state, window)
             self.maybe_flush()
             return False
-        if time.monotonic() < self._flush_due and len(self._queue) < MAX_PENDING:
+        # the boundary's own clock reading (``StepClock.next_called``'s): no read of its own
+        if clock._called < self._flush_due and len(self._queue) < MAX_PENDING:
             return True  # no flush due
         return not self.maybe_flush()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 import torch
@@ -409,3 +410,33 @@ def test_the_loops_own_fetch_starts_from_its_own_boundarys_reading_or_reads_its_
     # read its own: 0), never another's
     assert all(t in (0, started[n]) for n, t in zip(metered, taken)), (taken, started)
     assert sum(t > 0 for t in taken) >= 3 and 0 in taken  # both kinds were seen
+
+
+def test_a_step_boundary_flushes_the_queued_rows_once_the_flush_is_due(tmp_path):
+    """The flush's due time is read against the boundary's own clock reading: rows wait while
+    it is ahead, and the first boundary past it writes them."""
+    instr = Instrumentation(ProbePlan(probe_id="t", out_dir=str(tmp_path), warmup=0,
+                                      steps=10 ** 9))
+    patches.apply(instr)
+
+    def on_disk() -> int:
+        if instr.recorder.path is None or not os.path.exists(instr.recorder.path):
+            return 0
+        return sum('"kind":"step"' in line for line in open(instr.recorder.path))
+    try:
+        batches = iter(DataLoader(TensorDataset(torch.randn(40, 4)), batch_size=4))
+        next(batches)
+        instr._flush_due = time.perf_counter_ns() + 3_600 * 10 ** 9  # an hour on
+        for _ in range(4):
+            next(batches)
+        assert on_disk() == 0 and instr.recorder.pending >= 4
+        instr._flush_due = time.perf_counter_ns() - 1  # due
+        next(batches)
+        assert on_disk() == 5 and instr._flush_due > time.perf_counter_ns()
+        next(batches)
+        assert on_disk() == 5  # the next one due half a second on
+    finally:
+        if instr.samplers is not None:
+            instr.samplers.stop()
+        patches.remove()
+        instr.recorder.close()
