@@ -28,30 +28,32 @@ Clock = Callable[[], int]
 ROW = ("t_ns", "loader_id", "step", "measured", "data_wait_ns", "compute_ns", "other_ns",
        "forward_ns", "samples", "runq_before", "runq_after", "loader_start", "iter_start_s")
 
-# Which steps read the run queue: step ``k`` where ``k < RUNQ_FIRST`` or ``k % RUNQ_EVERY == 0``,
-# the same steps on every rank (the straggler rule compares ranks step by step). A sampled step
-# is read at its two boundaries (the ``__next__`` that starts it and the one that ends it); any
-# other boundary reads nothing, and an unsampled step's row carries None for both readings.
+# Which steps read the run queue: the first ``RUNQ_FIRST`` measured ones (``warmup`` on: a
+# short window has some) and every step ``k`` with ``k % RUNQ_EVERY == 0``: the same steps on
+# every rank (the straggler rule compares ranks step by step). A sampled step is read at its
+# two boundaries (the ``__next__`` that starts it and the one that ends it); any other boundary
+# reads nothing, and an unsampled step's row carries None for both readings.
 RUNQ_FIRST, RUNQ_EVERY = 4, 4
 _RUNQ_WRAP = RUNQ_EVERY - 1  # a power of two: ``k & _RUNQ_WRAP`` is ``k % RUNQ_EVERY``
 assert RUNQ_EVERY & _RUNQ_WRAP == 0
 
 
-def runq_sampled(step: int) -> bool:
+def runq_sampled(step: int, warmup: int = 0) -> bool:
     """Whether step ``step`` (of a loader, from 0) carries its run-queue time."""
-    return step < RUNQ_FIRST or step % RUNQ_EVERY == 0
+    return warmup <= step < warmup + RUNQ_FIRST or step % RUNQ_EVERY == 0
 
 
-def _flags(step: int) -> int:
-    """The closing of ``step``: 2 where it is sampled, | 1 where its ending boundary reads the
-    run queue (it or the step that boundary starts is sampled)."""
-    sampled = runq_sampled(step)
-    return 2 * sampled | (sampled or runq_sampled(step + 1))
+def _flags(step: int, warmup: int) -> int:
+    """The closing of ``step``: 1 where its ending boundary reads the run queue (it or the step
+    that boundary starts is sampled), 3 where the step is sampled too; else 0."""
+    if runq_sampled(step, warmup):
+        return 3
+    return int(runq_sampled(step + 1, warmup))
 
 
-_FLAGS_FIRST = bytes(_flags(k) for k in range(RUNQ_FIRST))  # steps below RUNQ_FIRST ...
-_FLAGS = bytes(_flags(RUNQ_EVERY * RUNQ_FIRST + k) for k in range(RUNQ_EVERY))  # ... and
-# the rest, by ``k & _RUNQ_WRAP``
+# by ``k & _RUNQ_WRAP`` for the steps ``k`` from ``warmup + RUNQ_FIRST`` on (each clock has the
+# earlier ones' of its own warm-up)
+_FLAGS = bytes(_flags(RUNQ_EVERY * RUNQ_FIRST + k, 0) for k in range(RUNQ_EVERY))
 
 
 class StepClock:
@@ -79,6 +81,8 @@ class StepClock:
         # without a counter, ``type(None)``: called, it returns None (no Python frame)
         self._runq: Callable[[], Any] = runq if runq is not None else type(None)
         self.runq_now: Any = None
+        self._runq_first = warmup + RUNQ_FIRST  # the steps before it: their flags (``_flags``)
+        self._flags_first = bytes(_flags(k, warmup) for k in range(self._runq_first))
 
     @property
     def in_step(self) -> bool:
@@ -94,10 +98,15 @@ class StepClock:
         step = self.steps_closed
         if returned is None:
             self._called = now
-            self.runq_now = self._runq() if runq_sampled(step) else None
+            self.runq_now = self._runq() if runq_sampled(step, self.warmup) else None
             return None
-        flags = _FLAGS[step & _RUNQ_WRAP] if step >= RUNQ_FIRST else _FLAGS_FIRST[step]
-        runq = self._runq() if flags & 1 else None
+        flags = _FLAGS[step & _RUNQ_WRAP] if step >= self._runq_first else \
+            self._flags_first[step]
+        if flags:  # its end reads the run queue: it is sampled (3) or the next step is (1)
+            runq = self._runq()
+            before, after = (self.runq_now, runq) if flags == 3 else (None, None)
+        else:
+            runq = before = after = None
         called, opt_done, backward = self._called, self._opt_done, self._backward
         assert called is not None
         compute_end = opt_done if opt_done is not None else now
@@ -107,8 +116,7 @@ class StepClock:
         row = (called + self._wall_offset_ns, self.loader_id, step, measured,
                returned - called, compute_end - returned, now - compute_end,
                backward - returned if backward is not None else None, self._samples,
-               self.runq_now if flags & 2 else None, runq if flags & 2 else None,
-               loader_start, self._iter_start_s if loader_start else None)
+               before, after, loader_start, self._iter_start_s if loader_start else None)
         self.steps_closed = step + 1
         self._returned = None
         self._loader_start = False

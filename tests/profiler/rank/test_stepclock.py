@@ -285,16 +285,19 @@ class Counter:
 
 def test_the_run_queue_is_read_at_the_boundaries_of_the_same_sample_of_steps_on_every_rank(
         clock):
-    """Step k is sampled where k < RUNQ_FIRST or k % RUNQ_EVERY == 0, whatever the rank: the
-    straggler rule compares ranks step by step. Only a sampled step's two boundaries read."""
-    sampled = [k for k in range(40) if runq_sampled(k)]
-    assert sampled[:RUNQ_FIRST] == list(range(RUNQ_FIRST)) and RUNQ_EVERY > 1
-    assert [k for k in sampled if k >= RUNQ_FIRST] == \
-        list(range(-(-RUNQ_FIRST // RUNQ_EVERY) * RUNQ_EVERY, 40, RUNQ_EVERY))
+    """The first RUNQ_FIRST measured steps are sampled and every k with k % RUNQ_EVERY == 0,
+    whatever the rank: the straggler rule compares ranks step by step. Only a sampled step's
+    two boundaries read."""
+    warmup = 5
+    sampled = [k for k in range(40) if runq_sampled(k, warmup)]
+    assert sampled[:2] == [0, 4] and RUNQ_EVERY > 1
+    assert sampled[2:2 + RUNQ_FIRST] == list(range(warmup, warmup + RUNQ_FIRST))
+    assert [k for k in sampled if k >= warmup + RUNQ_FIRST] == \
+        list(range(-(-(warmup + RUNQ_FIRST) // RUNQ_EVERY) * RUNQ_EVERY, 40, RUNQ_EVERY))
     by_rank = []
     for _rank in range(3):  # each rank's clock, with its own counter
         counter = Counter()
-        steps = StepClock(loader_id=0, warmup=0, clock=clock, runq=counter)
+        steps = StepClock(loader_id=0, warmup=warmup, clock=clock, runq=counter)
         records, reads = [], []
         for _ in range(41):
             before = counter.reads
@@ -304,7 +307,7 @@ def test_the_run_queue_is_read_at_the_boundaries_of_the_same_sample_of_steps_on_
                 records.append(record)
         by_rank.append([r["step"] for r in records if "runq_s" in r])
         # a boundary reads once where it starts or ends a sampled step, else not at all
-        assert reads == [int(runq_sampled(k) or (k > 0 and runq_sampled(k - 1)))
+        assert reads == [int(runq_sampled(k, warmup) or (k > 0 and runq_sampled(k - 1, warmup)))
                          for k in range(41)]
         assert sum(reads) < 41 * 3 / 4  # most boundaries read nothing
     assert by_rank[0] == by_rank[1] == by_rank[2] == sampled
