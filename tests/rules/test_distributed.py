@@ -3,6 +3,7 @@ backend-mismatch, find-unused-parameters."""
 
 from __future__ import annotations
 
+from ddp_profile.profiler.rank.stepclock import runq_sampled
 from ddp_profile.rules import Thresholds
 from ddp_profile.rules.findings.distributed import (
     backend_mismatch,
@@ -354,3 +355,25 @@ def test_a_rank_whose_loop_waited_for_a_cpu_is_not_a_straggler():
     assert own is not None and own.title == "Rank 0 is a straggler"
     little = straggler(run(0.006), T)  # 5 ms of a 20 ms lag
     assert little is not None and little.title == "Rank 0 is a straggler"
+
+
+def test_a_cpu_contention_lag_is_found_from_the_sampled_steps_alone():
+    """The run queue is read on a sample of the steps, the same on every rank: the other steps
+    carry NaN. The contention is read from the sampled steps (an unread step is no 0: over
+    all steps the median lag would be 0 and the rank a straggler)."""
+    def forward(rank: int, step: int) -> float:
+        return 0.02 + (0.02 if rank == 0 else 0.0)
+
+    def runq(rank: int, step: int) -> float:
+        if not runq_sampled(step):
+            return float("nan")
+        return 0.016 if rank == 0 else 0.001
+
+    run = (RunBuilder(world_size=2).probe("p", kind="baseline", num_workers=0)
+           .steps(n=24, warmup=2, compute=0.07, forward=forward, runq=runq).build())
+    steps = run.steps
+    assert steps["runq_s"].isna().sum() > steps["runq_s"].notna().sum()  # most unread
+    busy = straggler(run, T)
+    assert busy is not None and busy.severity == "low" and busy.ranks == (0,)
+    assert busy.title == "Rank 0 lags waiting for a CPU, not for a reason of its own"
+    assert "15.0 ms/step longer than the other ranks'" in busy.evidence

@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from ddp_profile.profiler.rank.comm_meter import CommMeter
 from ddp_profile.profiler.rank.gpu_steps import GpuSide
-from ddp_profile.profiler.rank.loaders import FLUSH_INTERVAL_S, MAX_PENDING, LoaderHooks
+from ddp_profile.profiler.rank.loaders import FLUSH_INTERVAL_NS, MAX_PENDING, LoaderHooks
 from ddp_profile.profiler.rank.loading import loadcost
 from ddp_profile.profiler.rank.loading.pagecache import FileReads
 from ddp_profile.profiler.rank.process import (
@@ -69,7 +69,8 @@ class Instrumentation(LoaderHooks):
         self.context_written = False
         self.samplers: Any = None
         self.stopping = False
-        self._flush_due = time.monotonic() + FLUSH_INTERVAL_S  # the next flush, at the latest
+        self._flush_due = time.perf_counter_ns() + FLUSH_INTERVAL_NS  # the next flush, at the
+        # latest (on the step clocks' clock)
         self._queue = self.recorder.queue  # what waits for it (``maybe_flush``)
         self._unused_checked = False
         self._outliving: set[int] = set()  # loaders one of whose iterators outlived an epoch:
@@ -87,12 +88,12 @@ class Instrumentation(LoaderHooks):
         self.context_written = True
 
     def maybe_flush(self) -> bool:
-        """Every ``FLUSH_INTERVAL_S``, or once ``MAX_PENDING`` records wait: the records (the
+        """Every ``FLUSH_INTERVAL_NS``, or once ``MAX_PENDING`` records wait: the records (the
         steps' rows encoded here) appended to the rank's file. Whether it flushed."""
-        if time.monotonic() < self._flush_due and len(self._queue) < MAX_PENDING:
+        if time.perf_counter_ns() < self._flush_due and len(self._queue) < MAX_PENDING:
             return False
         self.recorder.flush()
-        self._flush_due = time.monotonic() + FLUSH_INTERVAL_S
+        self._flush_due = time.perf_counter_ns() + FLUSH_INTERVAL_NS
         return True
 
     # ---- the GPU side and the samplers ----------------------------------------------------

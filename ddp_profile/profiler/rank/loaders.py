@@ -51,6 +51,7 @@ from ddp_profile.profiler.settings import (
 from ddp_profile.profiler.store.record import ITERATOR_OUTLIVES_EPOCH, RankRecorder
 
 FLUSH_INTERVAL_S = 0.5  # the rank's records are flushed this often (``maybe_flush``) ...
+FLUSH_INTERVAL_NS = int(FLUSH_INTERVAL_S * 1e9)
 MAX_PENDING = 20_000  # ... or once this many wait (a bounded buffer)
 RUNQ = RunQueueClock()  # the training thread's time runnable, waiting for a CPU
 
@@ -72,7 +73,8 @@ class LoaderHooks:
     worker_pids: tuple[int, ...]
     context_written: bool
     _outliving: set[int]
-    _flush_due: float  # ``maybe_flush``'s: when the next flush is due, at the latest
+    _flush_due: int  # ``maybe_flush``'s: when the next flush is due, at the latest
+    # (``time.perf_counter_ns``, the step clocks' clock)
     _queue: list[Any]  # and what waits for it
     screen: Screen
     ceiling: CeilingReplay
@@ -181,8 +183,8 @@ class LoaderHooks:
             self.comm.between_steps()
             self.gpu.between_steps()
         loader_id, meter = state.loader_id, state.meter
-        if meter is not None:  # the boundary's run-queue reading starts its fetch
-            meter.runq_start = clock.runq_now if quiet else None
+        if meter is not None:  # the boundary's run-queue reading starts its fetch (None where
+            meter.runq_start = clock.runq_now if quiet else None  # it read none: its own)
         self.pin_meter.fetching = loader_id  # pinning in this thread (no workers) is its
         try:
             if self.screen.replays:
@@ -227,8 +229,8 @@ class LoaderHooks:
         loader_id = state.loader_id
         clock = self.clocks.get(loader_id)
         if clock is None:
-            # each boundary's run-queue reading ends a step and starts the next and its fetch:
-            # parsed once as it is read, not in each of the three records at the flush
+            # a boundary's run-queue reading (a sampled step's: ``stepclock.runq_sampled``) ends
+            # a step and starts the next and its fetch: parsed once as it is read
             clock = self.clocks[loader_id] = StepClock(loader_id, self._warmup_for(state),
                                                        runq=RUNQ)
             self._steps[loader_id] = self._steps_for(state)
@@ -265,7 +267,8 @@ class LoaderHooks:
             self._switch_window(iterator, state, window)
             self.maybe_flush()
             return False
-        if time.monotonic() < self._flush_due and len(self._queue) < MAX_PENDING:
+        # the boundary's own clock reading (``StepClock.next_called``'s): no read of its own
+        if clock._called < self._flush_due and len(self._queue) < MAX_PENDING:
             return True  # no flush due
         return not self.maybe_flush()
 

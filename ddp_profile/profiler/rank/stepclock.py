@@ -8,10 +8,10 @@ A training step ``k`` of one DataLoader is split at four boundaries::
 ``compute_s`` ends at the last optimizer step before the next ``__next__`` call (without one,
 the whole host time after the batch is compute and ``other_s`` is zero). A step closes at the
 next ``__next__`` call, so a script's last batch is recorded only where it calls it again.
-With a ``runq`` counter (``loading.clocks.RunQueueClock``) a step also carries ``runq_s``: the
-time its thread sat runnable on a run queue. A closed step is a row (``ROW``): the loop pays
-for its clock readings alone; ``step_line`` makes its record's JSON line where the rank's
-records are flushed, ``step_record`` the same record as a dict.
+With a ``runq`` counter (``loading.clocks.RunQueueClock``) a sampled step (``runq_sampled``)
+also carries ``runq_s``: the time its thread sat runnable on a run queue. A closed step is a
+row (``ROW``): the loop pays for its clock readings alone; ``step_line`` makes its record's
+JSON line where the rank's records are flushed, ``step_record`` the same record as a dict.
 """
 
 from __future__ import annotations
@@ -28,12 +28,40 @@ Clock = Callable[[], int]
 ROW = ("t_ns", "loader_id", "step", "measured", "data_wait_ns", "compute_ns", "other_ns",
        "forward_ns", "samples", "runq_before", "runq_after", "loader_start", "iter_start_s")
 
+# Which steps read the run queue: the first ``RUNQ_FIRST`` measured ones (``warmup`` on: a
+# short window has some) and every step ``k`` with ``k % RUNQ_EVERY == 0``: the same steps on
+# every rank (the straggler rule compares ranks step by step). A sampled step is read at its
+# two boundaries (the ``__next__`` that starts it and the one that ends it); any other boundary
+# reads nothing, and an unsampled step's row carries None for both readings.
+RUNQ_FIRST, RUNQ_EVERY = 4, 4
+_RUNQ_WRAP = RUNQ_EVERY - 1  # a power of two: ``k & _RUNQ_WRAP`` is ``k % RUNQ_EVERY``
+assert RUNQ_EVERY & _RUNQ_WRAP == 0
+
+
+def runq_sampled(step: int, warmup: int = 0) -> bool:
+    """Whether step ``step`` (of a loader, from 0) carries its run-queue time."""
+    return warmup <= step < warmup + RUNQ_FIRST or step % RUNQ_EVERY == 0
+
+
+def _flags(step: int, warmup: int) -> int:
+    """The closing of ``step``: 1 where its ending boundary reads the run queue (it or the step
+    that boundary starts is sampled), 3 where the step is sampled too; else 0."""
+    if runq_sampled(step, warmup):
+        return 3
+    return int(runq_sampled(step + 1, warmup))
+
+
+# by ``k & _RUNQ_WRAP`` for the steps ``k`` from ``warmup + RUNQ_FIRST`` on (each clock has the
+# earlier ones' of its own warm-up)
+_FLAGS = bytes(_flags(RUNQ_EVERY * RUNQ_FIRST + k, 0) for k in range(RUNQ_EVERY))
+
 
 class StepClock:
     """Timing state of one DataLoader: feed it the boundary events, get step rows back.
 
     ``runq`` reads the run-queue counter: nanoseconds, or what ``RunQueueClock.raw`` read
-    (parsed where the row is encoded); ``runq_now`` is its reading at the last ``__next__``."""
+    (parsed where the row is encoded), at a sampled step's boundaries (``runq_sampled``);
+    ``runq_now`` is the reading of the last ``__next__``, None where it read nothing."""
 
     def __init__(self, loader_id: int, warmup: int, clock: Clock = time.perf_counter_ns,
                  wall: Clock = time.time_ns, runq: Optional[Callable[[], Any]] = None):
@@ -50,8 +78,11 @@ class StepClock:
         self._loader_start = False
         self._iter_start_s: Optional[float] = None
         self.measured_steps = 0
-        self._runq = runq
+        # without a counter, ``type(None)``: called, it returns None (no Python frame)
+        self._runq: Callable[[], Any] = runq if runq is not None else type(None)
         self.runq_now: Any = None
+        self._runq_first = warmup + RUNQ_FIRST  # the steps before it: their flags (``_flags``)
+        self._flags_first = bytes(_flags(k, warmup) for k in range(self._runq_first))
 
     @property
     def in_step(self) -> bool:
@@ -60,25 +91,32 @@ class StepClock:
 
     def next_called(self) -> Optional[tuple]:
         """``__next__`` was entered: close the open step (its row, ``ROW``; None where none
-        was open) and start the data wait."""
+        was open) and start the data wait. The run queue is read where a sampled step starts
+        or ends (``runq_sampled``)."""
         now = self._clock()
-        runq = self._runq() if self._runq is not None else None
         returned = self._returned
+        step = self.steps_closed
         if returned is None:
-            self._called, self.runq_now = now, runq
+            self._called = now
+            self.runq_now = self._runq() if runq_sampled(step, self.warmup) else None
             return None
+        flags = _FLAGS[step & _RUNQ_WRAP] if step >= self._runq_first else \
+            self._flags_first[step]
+        if flags:  # its end reads the run queue: it is sampled (3) or the next step is (1)
+            runq = self._runq()
+            before, after = (self.runq_now, runq) if flags == 3 else (None, None)
+        else:
+            runq = before = after = None
         called, opt_done, backward = self._called, self._opt_done, self._backward
         assert called is not None
         compute_end = opt_done if opt_done is not None else now
-        step = self.steps_closed
         measured = step >= self.warmup
         self.measured_steps += measured
         loader_start = self._loader_start
         row = (called + self._wall_offset_ns, self.loader_id, step, measured,
                returned - called, compute_end - returned, now - compute_end,
                backward - returned if backward is not None else None, self._samples,
-               self.runq_now, runq, loader_start,
-               self._iter_start_s if loader_start else None)
+               before, after, loader_start, self._iter_start_s if loader_start else None)
         self.steps_closed = step + 1
         self._returned = None
         self._loader_start = False
@@ -86,8 +124,9 @@ class StepClock:
         return row
 
     def exhausted(self) -> None:
-        """``__next__`` raised StopIteration: the wait that began was no step."""
-        self._called = None
+        """``__next__`` raised StopIteration: the wait that began was no step (nor is its
+        reading any step's start)."""
+        self._called = self.runq_now = None
 
     def batch_returned(self, samples: int) -> None:
         """The batch is the loop's (``rank.loaders`` makes this inline, a step's one call)."""
@@ -136,6 +175,9 @@ _STEP_TIMED = _STEP_HEAD + '%.9f,"samples":%d,"rank":%s,"runq_s":%.9f}'
 # ... and where every time of it is under ``clocks.SHORT_NS``: each written from its
 # nanoseconds, the text ``%.9f`` makes of ``ns / 1e9`` (an integer's digits, no float formatted)
 _STEP_SHORT = _STEP_TIMED.replace("%.9f", "0.%09d")
+# the same of a step whose run queue was not read (``runq_sampled``): no ``runq_s``
+_STEP_UNSAMPLED = _STEP_TIMED.replace(',"runq_s":%.9f', "")
+_STEP_UNSAMPLED_SHORT = _STEP_UNSAMPLED.replace("%.9f", "0.%09d")
 
 
 def step_line(row: tuple, label: Optional[tuple[int, bool]] = None,
@@ -152,12 +194,20 @@ def encode_step(item: tuple, rank: Optional[int]) -> str:
     (t_ns, loader_id, step, measured, wait, compute, other, forward, samples, runq_before,
      runq_after, loader_start, iter_start_s) = row
     rank_text = "null" if rank is None else int(rank)
-    if label is None and runq_after.__class__ is int and runq_before.__class__ is int \
-            and forward is not None and not (loader_start or extra):
-        runq = runq_after - runq_before  # a step's boundaries' readings, parsed as read
-        if 0 <= (wait | compute | other | forward | runq) < SHORT_NS:
-            return _STEP_SHORT % (loader_id, step, "true" if measured else "false", t_ns, wait,
-                                  compute, other, forward, samples, rank_text, runq)
+    if label is None and forward is not None and not (loader_start or extra):
+        if runq_before is None:  # a step not sampled (``runq_sampled``): no run-queue time
+            if 0 <= (wait | compute | other | forward) < SHORT_NS:
+                return _STEP_UNSAMPLED_SHORT % (loader_id, step, "true" if measured else "false",
+                                                t_ns, wait, compute, other, forward, samples,
+                                                rank_text)
+            return _STEP_UNSAMPLED % (loader_id, step, "true" if measured else "false", t_ns,
+                                      wait / 1e9, compute / 1e9, other / 1e9, forward / 1e9,
+                                      samples, rank_text)
+        if runq_after.__class__ is int and runq_before.__class__ is int:
+            runq = runq_after - runq_before  # a step's boundaries' readings, parsed as read
+            if 0 <= (wait | compute | other | forward | runq) < SHORT_NS:
+                return _STEP_SHORT % (loader_id, step, "true" if measured else "false", t_ns,
+                                      wait, compute, other, forward, samples, rank_text, runq)
     if label is not None:
         measured = label[1]
     runq = runq_delta(runq_before, runq_after) if runq_after is not None else None

@@ -213,8 +213,10 @@ def fold_fetch_ahead(data: RankData) -> None:
             after["iter_start_s"] = first["iter_start_s"] + after["data_wait_s"]
         after["data_wait_s"] += first["data_wait_s"]
         after["other_s"] += first["compute_s"] + first["other_s"]
-        if first.get("runq_s") is not None:
-            after["runq_s"] = (after.get("runq_s") or 0.0) + first["runq_s"]
+        if first.get("runq_s") is not None and after.get("runq_s") is not None:
+            after["runq_s"] += first["runq_s"]
+        else:  # a part unread (a step not sampled, ``stepclock.runq_sampled``): not the sum
+            after.pop("runq_s", None)
         after["t_ns"], after["loader_start"] = first["t_ns"], True
         after["fetched_ahead"] = first.get("samples") or 0
         folded.add(id(first))

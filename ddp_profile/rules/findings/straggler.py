@@ -136,7 +136,8 @@ def _explained(finding: Finding, rank: int, run: Run, probe: ProbeRecord, excess
 def _runnable_lag(run: Run, probe: ProbeRecord, rank: int, excess: float) -> Optional[str]:
     """Why a lagging rank's lag is CPU contention, or None: its loop's thread sat runnable
     without a CPU (``runq_s``, from the scheduler's own counter) longer than the other ranks'
-    by at least half its lag, in the median step."""
+    by at least half its lag, in the median step of those that read it (a sample of the
+    steps, the same on every rank: ``stepclock.runq_sampled``)."""
     steps = probe_steps(run, probe.id)
     if "runq_s" not in steps or steps["runq_s"].isna().all():
         return None

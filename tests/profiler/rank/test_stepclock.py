@@ -5,14 +5,24 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from ddp_profile.profiler.rank import patches
+from ddp_profile.profiler.rank import loaders, patches
 from ddp_profile.profiler.rank.instrument import Instrumentation
-from ddp_profile.profiler.rank.stepclock import StepClock, encode_step, step_record
+from ddp_profile.profiler.rank.loading.clocks import RunQueueClock
+from ddp_profile.profiler.rank.loading.sampling import is_metered
+from ddp_profile.profiler.rank.stepclock import (
+    RUNQ_EVERY,
+    RUNQ_FIRST,
+    StepClock,
+    encode_step,
+    runq_sampled,
+    step_record,
+)
 from ddp_profile.profiler.settings import ProbePlan
 from ddp_profile.profiler.store.record import RankRecorder
 
@@ -206,8 +216,8 @@ def test_an_epochs_steps_are_on_disk_when_its_loader_is_exhausted(tmp_path):
     steps = [r for r in records if r["kind"] == "step"]
     assert [s["step"] for s in steps] == list(range(6))  # the ending __next__ closed the last
     assert all(s["samples"] == 4 and s["compute_s"] > 0 and s["forward_s"] > 0
-               and s["other_s"] >= 0 and s["data_wait_s"] > 0 and "runq_s" in s
-               for s in steps), steps
+               and s["other_s"] >= 0 and s["data_wait_s"] > 0
+               and ("runq_s" in s) == runq_sampled(s["step"]) for s in steps), steps
     batches = [r for r in records if r["kind"] == "batch_cost"]
     assert len(batches) == 6 and all(b["samples"] == 4 and b["wall_s"] > 0 for b in batches)
 
@@ -260,3 +270,176 @@ def test_a_steps_times_written_from_nanoseconds_are_the_text_of_their_seconds(ns
     record = json.loads(line)
     assert record["data_wait_s"] == ns / 1e9 and record["runq_s"] == ns / 1e9
     assert record["compute_s"] == (ns + 1) / 1e9 and record["forward_s"] == (ns + 2) / 1e9
+
+
+class Counter:
+    """A run-queue counter that counts its reads: each a millisecond on from the last."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def __call__(self) -> int:
+        self.reads += 1
+        return self.reads * 1_000_000
+
+
+def test_the_run_queue_is_read_at_the_boundaries_of_the_same_sample_of_steps_on_every_rank(
+        clock):
+    """The first RUNQ_FIRST measured steps are sampled and every k with k % RUNQ_EVERY == 0,
+    whatever the rank: the straggler rule compares ranks step by step. Only a sampled step's
+    two boundaries read."""
+    warmup = 5
+    sampled = [k for k in range(40) if runq_sampled(k, warmup)]
+    assert sampled[:2] == [0, 4] and RUNQ_EVERY > 1
+    assert sampled[2:2 + RUNQ_FIRST] == list(range(warmup, warmup + RUNQ_FIRST))
+    assert [k for k in sampled if k >= warmup + RUNQ_FIRST] == \
+        list(range(-(-(warmup + RUNQ_FIRST) // RUNQ_EVERY) * RUNQ_EVERY, 40, RUNQ_EVERY))
+    by_rank = []
+    for _rank in range(3):  # each rank's clock, with its own counter
+        counter = Counter()
+        steps = StepClock(loader_id=0, warmup=warmup, clock=clock, runq=counter)
+        records, reads = [], []
+        for _ in range(41):
+            before = counter.reads
+            record = one_step(steps, clock, wait=1, forward=1, backward=1, other=1)
+            reads.append(counter.reads - before)
+            if record is not None:
+                records.append(record)
+        by_rank.append([r["step"] for r in records if "runq_s" in r])
+        # a boundary reads once where it starts or ends a sampled step, else not at all
+        assert reads == [int(runq_sampled(k, warmup) or (k > 0 and runq_sampled(k - 1, warmup)))
+                         for k in range(41)]
+        assert sum(reads) < 41 * 3 / 4  # most boundaries read nothing
+    assert by_rank[0] == by_rank[1] == by_rank[2] == sampled
+
+
+def test_an_unsampled_steps_record_has_no_runq_and_a_sampled_ones_is_its_boundaries(clock):
+    """A sampled step's runq_s is the difference of the readings at its two boundaries; an
+    unsampled one's row carries no reading, and its record is the sampled one's less runq_s
+    (written whole in one format too, long or short)."""
+    counter = Counter()
+    steps = StepClock(loader_id=0, warmup=0, clock=clock, runq=counter)
+    rows = [steps.next_called()]
+    for _ in range(3 * RUNQ_EVERY + RUNQ_FIRST):
+        clock.advance(1)
+        steps.batch_returned(samples=8)
+        clock.advance(2)
+        steps.backward_called()
+        clock.advance(3)
+        steps.optimizer_stepped()
+        clock.advance(4)
+        rows.append(steps.next_called())
+    rows = rows[1:]
+    for row in rows:
+        sampled = runq_sampled(row[2])
+        assert (row[9] is not None, row[10] is not None) == (sampled, sampled), row
+        record = step_record(row)
+        if sampled:  # one millisecond a read, and the boundaries' readings differ by one read
+            assert record["runq_s"] == pytest.approx(0.001) and row[10] - row[9] == 1_000_000
+        else:
+            assert "runq_s" not in record
+            read = row[:9] + (1_000, 3_000) + row[11:]
+            assert step_record(read) == {**record, "runq_s": 2e-6}
+        slow = row[:4] + (2_000_000_000,) + row[5:]  # a long wait: floats formatted
+        assert json.loads(encode_step((encode_step, slow, None, None), 1)) == \
+            {**record, "data_wait_s": 2.0, "rank": 1}
+    unsampled = [r for r in rows if not runq_sampled(r[2])]
+    assert unsampled and all(step_record(r)["data_wait_s"] == pytest.approx(0.001)
+                             and step_record(r)["forward_s"] == pytest.approx(0.002)
+                             for r in unsampled)
+
+
+def test_a_boundary_that_read_nothing_leaves_no_reading_a_later_step_could_take(clock):
+    """``runq_now`` (what the loop's fetch takes as its start) is the last ``__next__``'s own
+    reading or None, never an earlier boundary's; an ended iterator's is no step's start."""
+    counter = Counter()
+    steps = StepClock(loader_id=0, warmup=0, clock=clock, runq=counter)
+    for k in range(3 * RUNQ_EVERY + RUNQ_FIRST):
+        before = counter.reads
+        one_step(steps, clock, wait=1, forward=1, backward=1, other=1)
+        if counter.reads == before:
+            assert steps.runq_now is None, k
+        else:
+            assert steps.runq_now == counter.reads * 1_000_000
+    steps.next_called()
+    steps.exhausted()
+    assert steps.runq_now is None
+
+
+def test_the_loops_own_fetch_starts_from_its_own_boundarys_reading_or_reads_its_own(
+        tmp_path, monkeypatch):
+    """A real loop (``num_workers=0``): the loading meter's fetch takes its start from the
+    ``__next__`` that fetches it where that boundary read the run queue, else reads its own;
+    never a reading of an earlier boundary. The loop's counter is the real one less a second
+    per read so far, so a fetch's runq_s says which reading started it (about ``n`` seconds:
+    the ``n``-th), under half a second where it read its own."""
+    real, reads = RunQueueClock(), [0]
+    assert real() is not None, "no /proc/thread-self/schedstat here"
+
+    def counted() -> int:
+        reads[0] += 1
+        return real() - reads[0] * 1_000_000_000
+    monkeypatch.setattr(loaders, "RUNQ", counted)
+    instr = Instrumentation(ProbePlan(probe_id="t", out_dir=str(tmp_path), warmup=0,
+                                      steps=10 ** 9))
+    patches.apply(instr)
+    started = []  # per fetch: the number of the reading its boundary took, or 0
+    try:
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        loader = DataLoader(TensorDataset(torch.randn(160, 4)), batch_size=4)
+        batches = iter(loader)
+        while True:
+            before = reads[0]
+            try:
+                (x,) = next(batches)
+            except StopIteration:
+                break
+            started.append(reads[0] if reads[0] > before else 0)
+            model(x).sum().backward()
+            opt.step()
+        records = [json.loads(line) for line in open(instr.recorder.path)]
+    finally:
+        if instr.samplers is not None:
+            instr.samplers.stop()
+        patches.remove()
+        instr.recorder.close()
+    assert len(started) == 40 and 0 in started and sorted(set(started))[1] > 0
+    metered = [n for n in range(40) if is_metered(n, None)]
+    batches = [r for r in records if r["kind"] == "batch_cost"]
+    assert len(batches) == len(metered)
+    taken = [round(b["runq_s"]) for b in batches]
+    # each fetch is started by its own boundary's reading (a flush between may leave it to
+    # read its own: 0), never another's
+    assert all(t in (0, started[n]) for n, t in zip(metered, taken)), (taken, started)
+    assert sum(t > 0 for t in taken) >= 3 and 0 in taken  # both kinds were seen
+
+
+def test_a_step_boundary_flushes_the_queued_rows_once_the_flush_is_due(tmp_path):
+    """The flush's due time is read against the boundary's own clock reading: rows wait while
+    it is ahead, and the first boundary past it writes them."""
+    instr = Instrumentation(ProbePlan(probe_id="t", out_dir=str(tmp_path), warmup=0,
+                                      steps=10 ** 9))
+    patches.apply(instr)
+
+    def on_disk() -> int:
+        if instr.recorder.path is None or not os.path.exists(instr.recorder.path):
+            return 0
+        return sum('"kind":"step"' in line for line in open(instr.recorder.path))
+    try:
+        batches = iter(DataLoader(TensorDataset(torch.randn(40, 4)), batch_size=4))
+        next(batches)
+        instr._flush_due = time.perf_counter_ns() + 3_600 * 10 ** 9  # an hour on
+        for _ in range(4):
+            next(batches)
+        assert on_disk() == 0 and instr.recorder.pending >= 4
+        instr._flush_due = time.perf_counter_ns() - 1  # due
+        next(batches)
+        assert on_disk() == 5 and instr._flush_due > time.perf_counter_ns()
+        next(batches)
+        assert on_disk() == 5  # the next one due half a second on
+    finally:
+        if instr.samplers is not None:
+            instr.samplers.stop()
+        patches.remove()
+        instr.recorder.close()

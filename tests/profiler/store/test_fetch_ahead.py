@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from ddp_profile.profiler.rank.stepclock import runq_sampled
 from ddp_profile.profiler.store.epochs import rank_step_stats
 from ddp_profile.profiler.store.probedir import RankData, fetches_ahead, fold_fetch_ahead, whole_run
 
@@ -89,3 +90,20 @@ def test_a_loop_with_no_training_seen_is_not_taken_for_one_that_fetches_ahead():
     for step in data.steps:
         step["ddp_n"] = [0]  # nothing says the loop trained outside its steps
     assert not fetches_ahead(data.steps)
+
+
+def test_a_folded_step_has_the_run_queue_time_of_both_its_parts_or_none():
+    """The run queue is read on a sample of the steps (``stepclock.runq_sampled``): a folded
+    step carries the sum where both its parts carry theirs, else none (not a part's alone)."""
+    data = run(6, 4)
+    for step in data.steps:  # each epoch's first step is 4k: sampled, its next one not
+        if runq_sampled(step["step"]):
+            step["runq_s"] = 0.001 * (1 + step["step"])
+    data.steps[4 + 1]["runq_s"] = 0.5  # the second epoch's second step read too
+    fold_fetch_ahead(data)
+    starts = [s for s in data.steps if s.get("loader_start")]
+    assert starts[1]["step"] == 5 and starts[1]["runq_s"] == pytest.approx(0.005 + 0.5)
+    assert [s["step"] for s in starts if "runq_s" in s] == [1, 5]  # steps 0 and 1 sampled
+    assert all("runq_s" not in s for s in starts[2:])
+    assert [s["step"] for s in data.steps if "runq_s" in s and not s.get("loader_start")] \
+        == [k for k in range(24) if runq_sampled(k) and k % 4 > 1] == [2, 3]
