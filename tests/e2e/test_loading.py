@@ -60,9 +60,12 @@ def test_cpu_heavy_transform_is_cpu_bound_and_gets_no_storage_advice(cli, run_di
 
 
 def test_bad_loading_is_recorded_and_the_sweep_goes_on(cli, run_dir):
-    # 2 workers kill one of their workers mid-probe; every other setting runs
-    result = cli(["run", DEMO, "--out", run_dir, "--num-workers", "0,1,2", *LEAN,
-                  *QUICK, *ONE_RANK, "--", "--load-ms", "1", "--kill-worker-at-step", "6",
+    # 2 workers kill one of their workers mid-probe; every other setting runs. Each setting
+    # in a launch of its own (grid): the adaptive ladder rightly ends where 1 worker loses
+    # beyond noise, as it did beside another test (451 samples/s against the script's 642),
+    # and 2 workers were then never measured
+    result = cli(["run", DEMO, "--out", run_dir, "--search", "grid", "--num-workers", "0,1,2",
+                  *LEAN, *QUICK, *ONE_RANK, "--", "--load-ms", "1", "--kill-worker-at-step", "6",
                   "--kill-worker-workers", "2"], out=run_dir, env=ONE_THREAD)
     assert result.returncode == 0, result.stderr
     summary = result.summary()
