@@ -11,8 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from ddp_profile.profiler.rank import loaders, patches
-from ddp_profile.profiler.rank.instrument import Instrumentation
+from ddp_profile.profiler.rank import loaders
 from ddp_profile.profiler.rank.loading.clocks import RunQueueClock
 from ddp_profile.profiler.rank.loading.sampling import is_metered
 from ddp_profile.profiler.rank.stepclock import (
@@ -23,8 +22,8 @@ from ddp_profile.profiler.rank.stepclock import (
     runq_sampled,
     step_record,
 )
-from ddp_profile.profiler.settings import ProbePlan
 from ddp_profile.profiler.store.record import RankRecorder
+from tests.profiler.rank.test_loadcost import patched
 
 
 class FakeClock:
@@ -198,21 +197,13 @@ def test_queued_rows_are_written_at_the_flush_in_order_with_the_rank_known_then(
 def test_an_epochs_steps_are_on_disk_when_its_loader_is_exhausted(tmp_path):
     """A script that fails between epochs (validation, a checkpoint) and is killed there keeps
     the epoch's steps: the rank flushes when an iterator ends."""
-    instr = Instrumentation(ProbePlan(probe_id="t", out_dir=str(tmp_path), warmup=0,
-                                      steps=10 ** 9))
-    patches.apply(instr)
-    try:
+    with patched(tmp_path) as instr:
         model = torch.nn.Linear(4, 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         for (x,) in DataLoader(TensorDataset(torch.randn(24, 4)), batch_size=4):
             model(x).sum().backward()
             opt.step()
         records = [json.loads(line) for line in open(instr.recorder.path)]
-    finally:
-        if instr.samplers is not None:
-            instr.samplers.stop()
-        patches.remove()
-        instr.recorder.close()
     steps = [r for r in records if r["kind"] == "step"]
     assert [s["step"] for s in steps] == list(range(6))  # the ending __next__ closed the last
     assert all(s["samples"] == 4 and s["compute_s"] > 0 and s["forward_s"] > 0
@@ -380,11 +371,8 @@ def test_the_loops_own_fetch_starts_from_its_own_boundarys_reading_or_reads_its_
         reads[0] += 1
         return real() - reads[0] * 1_000_000_000
     monkeypatch.setattr(loaders, "RUNQ", counted)
-    instr = Instrumentation(ProbePlan(probe_id="t", out_dir=str(tmp_path), warmup=0,
-                                      steps=10 ** 9))
-    patches.apply(instr)
     started = []  # per fetch: the number of the reading its boundary took, or 0
-    try:
+    with patched(tmp_path) as instr:
         model = torch.nn.Linear(4, 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         loader = DataLoader(TensorDataset(torch.randn(160, 4)), batch_size=4)
@@ -399,11 +387,6 @@ def test_the_loops_own_fetch_starts_from_its_own_boundarys_reading_or_reads_its_
             model(x).sum().backward()
             opt.step()
         records = [json.loads(line) for line in open(instr.recorder.path)]
-    finally:
-        if instr.samplers is not None:
-            instr.samplers.stop()
-        patches.remove()
-        instr.recorder.close()
     assert len(started) == 40 and 0 in started and sorted(set(started))[1] > 0
     metered = [n for n in range(40) if is_metered(n, None)]
     batches = [r for r in records if r["kind"] == "batch_cost"]
@@ -418,15 +401,11 @@ def test_the_loops_own_fetch_starts_from_its_own_boundarys_reading_or_reads_its_
 def test_a_step_boundary_flushes_the_queued_rows_once_the_flush_is_due(tmp_path):
     """The flush's due time is read against the boundary's own clock reading: rows wait while
     it is ahead, and the first boundary past it writes them."""
-    instr = Instrumentation(ProbePlan(probe_id="t", out_dir=str(tmp_path), warmup=0,
-                                      steps=10 ** 9))
-    patches.apply(instr)
-
     def on_disk() -> int:
         if instr.recorder.path is None or not os.path.exists(instr.recorder.path):
             return 0
         return sum('"kind":"step"' in line for line in open(instr.recorder.path))
-    try:
+    with patched(tmp_path) as instr:
         batches = iter(DataLoader(TensorDataset(torch.randn(40, 4)), batch_size=4))
         next(batches)
         instr._flush_due = time.perf_counter_ns() + 3_600 * 10 ** 9  # an hour on
@@ -438,8 +417,3 @@ def test_a_step_boundary_flushes_the_queued_rows_once_the_flush_is_due(tmp_path)
         assert on_disk() == 5 and instr._flush_due > time.perf_counter_ns()
         next(batches)
         assert on_disk() == 5  # the next one due half a second on
-    finally:
-        if instr.samplers is not None:
-            instr.samplers.stop()
-        patches.remove()
-        instr.recorder.close()
