@@ -272,8 +272,9 @@ def recommend(run: Run, thresholds: Optional[Thresholds] = None,
     config = pick.config.to_dict()
     persistent_on_top = kept_alive(run, config, known) if persistent_instead is None else None
     ceiling = ceiling_probe(run)
-    share = None
-    if ceiling is not None and ceiling.throughput > 0 and finite(pick.throughput):
+    share = None  # against a ceiling at the pick's batch size alone: like for like
+    if ceiling is not None and ceiling.throughput > 0 and finite(pick.throughput) \
+            and ceiling.config.batch_size == pick.config.batch_size:
         share = float(pick.throughput / ceiling.throughput)
     persistent = bool(config.get("num_workers")) and (
         loader_info(run, pick.id).get("persistent_workers") is True

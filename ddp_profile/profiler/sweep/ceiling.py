@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import Optional
 
 from ddp_profile.profiler.settings import Mode
-from ddp_profile.profiler.store.probes import Kind, latest_ceiling, not_a_ceiling
-from ddp_profile.profiler.sweep.climb import worth_tuning
+from ddp_profile.profiler.store.probes import Kind, ProbeRecord, latest_ceiling, not_a_ceiling
+from ddp_profile.profiler.sweep.climb import winnable_share, worth_tuning
 from ddp_profile.profiler.sweep.state import SearchState, Window
 
 
@@ -44,15 +44,32 @@ def wanted(search: SearchState) -> bool:
 
 def measure(search: SearchState) -> None:
     """The compute-only probe, at the recommended configuration's batch size (unless the
-    ceiling measured already is at that batch size, or ``refused`` says one is not worth a
-    launch there)."""
+    ceiling measured already is at that batch size, ``refused`` says one is not worth a
+    launch there, or, a ceiling measured at another batch size, ``settled`` does)."""
     best = search.best() or search.baseline
     config = best.config
     kept = latest_ceiling(search.entries)
     if (kept is None or kept.config.batch_size != config.batch_size) \
-            and not refused(search, config.batch_size):
+            and not refused(search, config.batch_size) \
+            and not (kept is not None and settled(search, best)):
         search.measurer.measure(Window(config, Kind.CEILING, mode=Mode.CEILING,
                                        steps_per_s=search.steps_per_s(config, Mode.CEILING)))
+
+
+def settled(search: SearchState, best: ProbeRecord) -> bool:
+    """Whether ``best``, measured, wins back too little of its steps by loading
+    (``climb.worth_tuning``) for a second ceiling, at its batch size, to show anything: a
+    loop without loading runs at most ``1 / (1 - its winnable share)`` of it, a bound
+    measured in ``best`` itself. Said once, with that bound."""
+    if not best.ok or worth_tuning(best):
+        return False
+    share = winnable_share(best)
+    assert share is not None  # ``worth_tuning`` counts unknown as worth it
+    search.note_once("no ceiling", f"no compute-only ceiling probe at batch "
+                     f"{best.config.batch_size}: loading could win back {share:.0%} of "
+                     f"{best.id}'s steps, so without it the loop runs at most "
+                     f"{1 / (1 - share):.2f}x as fast")
+    return True
 
 
 def refused(search: SearchState, batch: Optional[int]) -> bool:

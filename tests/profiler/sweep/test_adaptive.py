@@ -920,6 +920,40 @@ def test_a_refused_ceiling_is_not_launched_again_where_a_launch_is_a_whole_run(s
     assert len(said) == (1 if short else 0)
 
 
+def batch_bound_when_fed(wait_at_64: float) -> Model:
+    """The script's loop waits 10 % of its steps without workers (1,800 samples/s; 2,000 fed
+    at batch 32); its per-step costs amortised, batch 64 runs 2,600 fed (2,200 unfed), 128
+    2,000; at batch 64, fed, the loop still waits ``wait_at_64`` of its steps."""
+    def model(config: LoaderSettings) -> tuple[float, float]:
+        fed, batch = bool(config.num_workers), config.batch_size or 32
+        if batch == 64:
+            return (2600.0, wait_at_64) if fed else (2200.0, 0.15)
+        if batch == 128:
+            return 2000.0, 0.01 if fed else 0.15
+        return (2000.0, 0.01) if fed else (1800.0, 0.1)
+    return model
+
+
+@pytest.mark.parametrize("wait", [0.02, 0.3])
+def test_no_ceiling_is_launched_at_a_new_batch_size_whose_best_hardly_waits(wait):
+    """The search moves to batch 64: where its best probe waits 2 % of its steps, no ceiling
+    is launched there (a replay could show at most 1.02x it), said once with that bound; where
+    it waits 30 %, the ceiling at batch 64 is measured."""
+    fake = CeilingMeasurer(batch_bound_when_fed(wait), ceiling=5000.0)
+    notes: list[str] = []
+    found = Search(fake, SPACE, SweepOptions(pairs=0, ceiling=True),
+                   progress=lambda event, data: notes.append(str(data.get("text", ""))))
+    found.run()
+    assert found.best().config.batch_size == 64
+    ceilings = [e.config.batch_size for e in fake.entries if e.kind == "ceiling"]
+    said = [n for n in notes if n.startswith("no compute-only ceiling probe at batch 64")]
+    if wait < 0.05:
+        assert ceilings == [32] and len(said) == 1, (ceilings, notes)
+        assert "could win back 2% of" in said[0] and "at most 1.02x as fast" in said[0]
+    else:
+        assert ceilings == [32, 64] and not said, (ceilings, notes)
+
+
 class IterableMeasurer(LoadingMeasurer):
     """The training loader's dataset is an IterableDataset (``length``: its length)."""
 
