@@ -319,22 +319,16 @@ def test_a_step_takes_its_samples_from_the_meter_and_the_loaders_batch_size_with
 
     # a batch the loop gets as another object (pinned, in a CUDA run) is sized apart, and
     # the meter's own is never held past its step
-    instr = Instrumentation(ProbePlan(probe_id="t", out_dir=str(tmp_path / "pinned"), warmup=0,
-                                      steps=10 ** 9))
-    patches.apply(instr)
     real = pin_memory_module.pin_memory
     pin_memory_module.pin_memory = lambda data, device=None: [t.clone() for t in data]
     try:
-        iterator = iter(DataLoader(TensorDataset(torch.arange(10.0)), batch_size=4))
-        iterator._pin_memory = True
-        taken = next(iterator)
-        assert iterator._ddp_profile_state.meter.made is None and taken[0].shape[0] == 4
+        with patched(tmp_path / "pinned"):
+            iterator = iter(DataLoader(TensorDataset(torch.arange(10.0)), batch_size=4))
+            iterator._pin_memory = True
+            taken = next(iterator)
+            assert iterator._ddp_profile_state.meter.made is None and taken[0].shape[0] == 4
     finally:
         pin_memory_module.pin_memory = real
-        if instr.samplers is not None:
-            instr.samplers.stop()
-        patches.remove()
-        instr.recorder.close()
 
 
 class Files(Dataset):
