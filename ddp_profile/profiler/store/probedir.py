@@ -107,8 +107,9 @@ def whole_run(ranks: list[RankData]) -> Optional[tuple[int, float]]:
     ``SCRIPT_EXIT``: the harness stopped none): the samples its training loop took, every
     rank's together, and the seconds from a rank's first training batch asked for to its end
     (validation, checkpoints and epoch boundaries in between), the slowest rank's. None where
-    any rank was stopped or wrote no end."""
-    ranks = [r for r in ranks if r.rank >= 0]
+    any rank was stopped or wrote no end. A script without a process group (one process, as
+    a single-GPU script runs) has no rank: the process whose training loop ran is the run."""
+    ranks = [r for r in ranks if r.rank >= 0] or [r for r in ranks if r.training_steps()]
     if not ranks or any(r.end is None or r.end.get("reason") != SCRIPT_EXIT for r in ranks):
         return None
     samples, seconds = 0, 0.0

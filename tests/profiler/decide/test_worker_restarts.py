@@ -69,6 +69,16 @@ def test_the_whole_run_is_counted_only_where_every_rank_ran_the_script_to_its_en
     assert whole_run([]) is None
 
 
+def test_a_script_without_a_process_group_is_its_one_processs_whole_run():
+    """One process and no process group (``--launcher none``, a single-GPU script): its file
+    has no rank, and its run to the script's end is the whole run; beside ranks (a spawning
+    parent), an unranked file is not."""
+    assert whole_run([rank(-1, "script_exit")]) == (16 * 3, 9.0)
+    assert whole_run([rank(-1, "steps_done")]) is None
+    parent = RankData(rank=-1, end={"kind": "end", "reason": "script_exit", "t_ns": 99 * 10 ** 9})
+    assert whole_run([parent, rank(0, "script_exit")]) == (16 * 3, 9.0)
+
+
 def test_a_short_scripts_run_bounds_the_warm_up_of_every_launch_after_it():
     """timm's ``train.py``, 2 epochs of 20 steps on one GPU: 15 workers at prefetch 4 drain 60
     prefetched batches, longer than the whole run. Once a launch ran the script to its end,
