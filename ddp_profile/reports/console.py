@@ -324,14 +324,19 @@ def summary_lines(summary: dict[str, Any], out: str, verbose: bool = False) -> l
     if not summary.get("gpu_available"):
         lines += _wrapped(f"GPU metrics unavailable: {summary.get('gpu_unavailable_reason')}",
                           indent="", max_lines=1)
-    lines += _wrapped(f"Report: {os.path.join(out, 'report.html')}", indent="")
+    report = os.path.join(out, "report.html")
+    if os.path.isfile(report):  # never a report that --no-report (or a failed render) left out
+        lines += _wrapped(f"Report: {report}", indent="")
+    else:
+        lines += _wrapped(f"Run directory: {out} (no report.html)", indent="")
     if not verbose:
         lines.append("The method and every probe: --verbose, summary.json")
         return lines
     lines.append("Detail:")
     for line in detail_lines(summary, probes):
         lines += _wrapped(line.strip(), indent="  " + " " * (len(line) - len(line.lstrip())))
-    lines += _wrapped(f"run directory: {out}", indent="")
+    if os.path.isfile(report):
+        lines += _wrapped(f"run directory: {out}", indent="")
     return lines
 
 

@@ -346,3 +346,20 @@ def test_how_each_alternation_in_launches_stopped_is_said_once_in_the_detail_alo
                         "outcome of the launches left could have made B win") == 1
     assert detail.count("the claim's check stopped after 7 launches (A B A B A B A): decided, "
                         "its interval settled the answer") == 1
+
+
+def test_the_summary_names_the_report_only_where_one_was_written(tmp_path):
+    """``--no-report`` (or a render that failed) leaves no report.html: the last lines name the
+    run directory instead of a file that is not there."""
+    summary = {"script": "train.py", "world_size": 1, "device": "cpu", "gpu_available": True,
+               "probes": [{**SHORT, "short": False}], "baseline": {"num_workers": 0},
+               "recommended": {"num_workers": 0}, "findings": [], "recommendation": {}}
+    for verbose in (False, True):
+        lines = summary_lines(summary, str(tmp_path), verbose=verbose)
+        assert not [line for line in lines if line.startswith("Report:")]
+        assert [line for line in lines if line.lower().startswith("run directory:")] == [
+            f"Run directory: {tmp_path} (no report.html)"]
+    (tmp_path / "report.html").write_text("<html></html>")
+    lines = summary_lines(summary, str(tmp_path))
+    assert f"Report: {tmp_path / 'report.html'}" in lines
+    assert not [line for line in lines if "no report.html" in line]
