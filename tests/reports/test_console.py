@@ -357,8 +357,8 @@ def test_the_summary_names_the_report_only_where_one_was_written(tmp_path):
     for verbose in (False, True):
         lines = summary_lines(summary, str(tmp_path), verbose=verbose)
         assert not [line for line in lines if line.startswith("Report:")]
-        assert [line for line in lines if line.lower().startswith("run directory:")] == [
-            f"Run directory: {tmp_path} (no report.html)"]
+        assert len([line for line in lines if line.lower().startswith("run directory:")]) == 1
+        assert f"Run directory: {tmp_path} (no report.html)" in joined(lines)
     (tmp_path / "report.html").write_text("<html></html>")
     lines = summary_lines(summary, str(tmp_path))
     assert f"Report: {tmp_path / 'report.html'}" in lines
