@@ -300,12 +300,16 @@ def test_the_sampled_records_agree_per_sample_with_every_batchs(tmp_path, monkey
     record keeps another fetch's start, a reader divides the sampled batches' sums by other
     samples than theirs, or the sample misrepresents the batches (its first ``METER_FIRST``
     weigh more)."""
-    masks = sampling.masks
-    monkeypatch.setattr(sampling, "masks", lambda worker: (bytes([1]) * sampling.PERIOD,
-                                                           masks(worker)[1]))
-    every = _records(tmp_path / "every", workers)
-    monkeypatch.undo()
-    sampled = _records(tmp_path / "sampled", workers)
+    def measured(attempt: int) -> tuple:
+        masks = sampling.masks
+        monkeypatch.setattr(sampling, "masks", lambda worker: (bytes([1]) * sampling.PERIOD,
+                                                               masks(worker)[1]))
+        every = _records(tmp_path / f"every{attempt}", workers)
+        monkeypatch.undo()
+        sampled = _records(tmp_path / f"sampled{attempt}", workers)
+        return every, sampled
+
+    every, sampled = measured(0)
     producers = max(1, workers)
     per_producer = 128 // producers
     assert len(every) == 128
@@ -315,6 +319,18 @@ def test_the_sampled_records_agree_per_sample_with_every_batchs(tmp_path, monkey
     full, same_run, other_run = (_figures(r) for r in (every, _subsample(every), sampled))
     assert full["producers"] == same_run["producers"] == other_run["producers"] == producers
     assert same_run["batches"] == other_run["batches"] < full["batches"] / 2
-    for key in ("cpu", "own", "collate_cpu"):
+    for key in ("cpu", "collate_cpu"):
         for sample in (same_run, other_run):
             assert sample[key] == pytest.approx(full[key], rel=0.15), (key, full, sample)
+    # The own time's blocked part is the machine's alone (the items only spin), and heavy-
+    # tailed: a rare long stall (1 in about 6 runs on an idle machine) that the sample of 38
+    # batches misses puts the full set's mean 17 % above the sample's. A second pair of
+    # loops then decides; a systematic error (the wrong batches metered, a wrong divisor, an
+    # unrepresentative sample) misses in both.
+    def own_agrees(full: dict, samples: tuple) -> bool:
+        return all(sample["own"] == pytest.approx(full["own"], rel=0.15) for sample in samples)
+
+    if not own_agrees(full, (same_run, other_run)):
+        every, sampled = measured(1)
+        again = _figures(every), (_figures(_subsample(every)), _figures(sampled))
+        assert own_agrees(*again), ("own", (full, same_run, other_run), again)
