@@ -243,9 +243,10 @@ def test_the_summary_names_what_measured_faster_and_was_not_established():
     summary["recommendation"]["unsettled"].append(second)
     lines = summary_lines(summary, "out")
     at = lines.index("Not established: num_workers=0, pin_memory=false, batch_size=256: 2.43x "
-                     "the script's settings; its")
+                     "the script's settings in the")
     # the first in whole, on a second line; the next in a line of its own
-    assert lines[at + 1] == "  probes ran fewer steps than asked (the script ended first)"
+    assert lines[at + 1] == ("  search; its probes ran fewer steps than asked (the script "
+                             "ended first)")
     assert lines[at + 2].startswith("Not established: num_workers=2") \
         and lines[at + 2].endswith(" …") and not lines[at + 3].startswith("  ")
     lines = summary_lines(summary, "out", verbose=True)

@@ -310,10 +310,14 @@ def not_established(claim: PairedClaim, own: Candidate, config: LoaderSettings,
                     thresholds: ChoiceThresholds = DEFAULTS) -> str:
     """Why an alternation of ``config`` with the script's settings (``own``) that did not
     establish it did not, in the words every note and list of the run reads: faster beyond
-    noise but short of the gain the choice asks of it (``needed_gain``), or a gain it cannot
-    tell from none."""
+    noise but short of the gain the choice asks of it (``needed_gain``), a gain it cannot
+    tell from none, or slower (within its noise, or beyond it)."""
     measured = alternated(claim)
-    if not claim.faster:
+    if not claim.faster:  # no gain: said as the check read it, never as a gain of its own
+        if claim.bounds[1] < 1:  # ``faster``'s interval, wholly below 1
+            return f"{measured}: slower, beyond its noise"
+        if claim.ratio < 1:
+            return f"{measured}: no gain (slower, within its noise)"
         return f"{measured}: a gain this check cannot tell from none"
     why = ("it is another batch size" if config.batch_size != own.config.batch_size
            else "their steps wait little for data" if compute_bound(own, thresholds) else "")

@@ -264,3 +264,25 @@ def test_a_check_stops_once_its_interval_lies_below_the_gain_its_verdict_asks():
                                 asked=evidence.asked_gain(base, prefetch, base))
     assert alternation_open(checked, launches, DEFAULTS,
                             asked=evidence.asked_gain(base, prefetch, prefetch))
+
+
+def test_a_check_that_read_no_gain_is_never_worded_as_one():
+    """The words for a check that did not establish its subject follow what it read: a gain
+    it cannot tell from none (at or above 1), no gain where it read the subject slower within
+    its noise, slower beyond noise where the interval ``faster`` reads lies below 1."""
+    from ddp_profile.profiler.decide.paired import PairedClaim
+
+    own = candidate_of(probe(0, 1000.0, "baseline"))
+    config = candidate_of(probe(1, 1200.0, num_workers=2)).config
+
+    def why(ratio: float, interval: tuple, estimate: Any = None) -> str:
+        claim = PairedClaim(ratio=ratio, interval=interval, probes=("p007", "p011"),
+                            candidates=2, launches=5, estimate=estimate)
+        return evidence.not_established(claim, own, config)
+
+    assert why(1.04, (0.9, 1.2)).endswith(": a gain this check cannot tell from none")
+    assert why(0.84, (0.65, 1.08)).endswith(": no gain (slower, within its noise)")
+    assert "0.84x [0.65-1.08] (p007-p011)" in why(0.84, (0.65, 1.08))
+    # launches: the fit's own interval decides, as it does for ``faster``
+    assert why(0.84, (0.65, 1.08), (0.75, 0.94)).endswith(": slower, beyond its noise")
+    assert why(0.84, (0.7, 0.95)).endswith(": slower, beyond its noise")
