@@ -314,7 +314,7 @@ def not_established(claim: PairedClaim, own: Candidate, config: LoaderSettings,
     tell from none, or slower (within its noise, or beyond it)."""
     measured = alternated(claim)
     if not claim.faster:  # no gain: said as the check read it, never as a gain of its own
-        if claim.bounds[1] < 1:  # ``faster``'s interval, wholly below 1
+        if claim.interval[1] < 1:  # the interval the words print, wholly below 1
             return f"{measured}: slower, beyond its noise"
         if claim.ratio < 1:
             return f"{measured}: no gain (slower, within its noise)"
