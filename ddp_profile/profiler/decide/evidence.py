@@ -289,11 +289,16 @@ def seen(records: Sequence[ProbeRecord], base: ProbeRecord, decided: Verdict,
     if own is None or pick is None:
         return []
 
+    checked_probe = decided.checked_probe
+    checked_c = by_config.get(candidate_of(checked_probe).config) \
+        if checked_probe is not None else None
+
     def found_at(c: Candidate, ratio: float) -> Seen:
         short = all(r.short for r in records if r.counts_for_choice and r.measured
                     and candidate_of(r).config == c.config)
         return Seen(probe=c.id, config=c.config, ratio=ratio,
-                    why=_why_not_settled(c, own, pick, decided, short, thresholds), short=short)
+                    why=_why_not_settled(c, own, pick, decided, short, thresholds, checked_c),
+                    short=short)
 
     found = [found_at(c, c.throughput / own.throughput) for c in pooled
              if c.config not in (pick.config, own.config)
@@ -333,9 +338,11 @@ def alternated(claim: PairedClaim) -> str:
 
 
 def _why_not_settled(faster: Candidate, own: Candidate, pick: Candidate, decided: Verdict,
-                     short: bool, thresholds: ChoiceThresholds) -> str:
+                     short: bool, thresholds: ChoiceThresholds,
+                     checked_c: Optional[Candidate] = None) -> str:
     """Why ``faster``, which measured faster than the recommendation ``pick``, is not
-    established: the check that did not establish it, else what its measurements lack."""
+    established: the check that did not establish it, else what its measurements lack.
+    ``checked_c``: the check's subject, pooled as ``faster`` is (where a check ran)."""
     rival, claim = decided.rival, decided.rival_claim
     if rival is not None and claim is not None and candidate_of(rival).config == faster.config:
         if claim.faster and claim.ratio > 1 + needed_gain(own, faster.config, thresholds) \
@@ -358,5 +365,9 @@ def _why_not_settled(faster: Candidate, own: Candidate, pick: Candidate, decided
         parts.append(f"another batch size moves only for a gain beyond noise and "
                      f"{thresholds.clear_gain:.0%}")
     if checked is not None and candidate_of(checked).config != faster.config:
-        parts.append("the check went to the configuration that measured fastest")
+        # named with its figure, pooled as this one's is: not always the fastest (the choice
+        # takes the cheapest of the settings within noise of the fastest)
+        figure = f" ({checked_c.throughput / own.throughput:.2f}x in the search)" \
+            if checked_c is not None else ""
+        parts.append(f"the check went to {candidate_of(checked).config.label()}{figure}")
     return "; ".join(parts) or "not checked against the script's settings"

@@ -287,3 +287,19 @@ def test_a_check_that_read_no_gain_is_never_worded_as_one():
     # never contradict the figures beside them
     assert why(0.84, (0.65, 1.08), (0.75, 0.94)).endswith(": no gain (slower, within its noise)")
     assert why(0.84, (0.7, 0.95)).endswith(": slower, beyond its noise")
+
+
+def test_a_faster_configuration_left_unchecked_names_the_one_checked():
+    """Where the check went to another configuration than a faster one (the choice takes the
+    cheapest within noise of the fastest: timm's ``train.py`` checked no workers at batch 32
+    while 2 workers at batch 32 read faster in a short window), the faster one's why names
+    the checked one and its figure, never "the configuration that measured fastest"."""
+    searched = [probe(0, 1000.0, "baseline"), probe(1, 1330.0, batch_size=128),
+                probe(2, 1470.0, rse=0.08, num_workers=2, batch_size=128)]
+    records = searched + alternated(3, 1000.0, 960.0, "claim-a", batch_size=128)
+    base = records[0]
+    decided = evidence.verdict(records, base, records[1])
+    assert decided.pick.id == "p000" and decided.checked_probe.id == "p001"
+    [seen] = [s for s in evidence.seen(records, base, decided) if s.probe == "p002"]
+    assert "the check went to w=0" in seen.why and "bs=128 (1.33x in the search)" in seen.why
+    assert "measured fastest" not in seen.why
