@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from ddp_profile.rules import Thresholds
@@ -57,12 +59,41 @@ def test_a_clear_gain_beats_a_cheaper_setting():
 
 
 def test_noisy_steps_widen_the_tie():
+    # the rates alone: the wait's tie-break (the next test) out of play
+    rates_alone = dataclasses.replace(T, wait_tie_share=1.0)
     quiet = loader_sweep(("w2", {"num_workers": 2}, 0.004), ("w8", {"num_workers": 8}, 0.0),
                          jitter=0.0).build()
     noisy = loader_sweep(("w2", {"num_workers": 2}, 0.004), ("w8", {"num_workers": 8}, 0.0),
                          jitter=0.3).build()
-    assert recommend(quiet, T).probe_id == "w8"
-    assert recommend(noisy, T).probe_id == "w2"
+    assert recommend(quiet, rates_alone).probe_id == "w8"
+    assert recommend(noisy, rates_alone).probe_id == "w2"
+
+
+def test_a_tie_that_waits_for_its_data_goes_to_the_settings_that_do_not():
+    """Two worker counts measured in different launches tie by their rates (a launch's level
+    is noise), but one waits 13 % of each step for data and the other 1 %, and runs faster by
+    more than half of that: the wait, read within each probe's own steps, breaks the tie, not
+    the cost (timm's ``train.py`` at batch 32: no workers waited 15 %, 2 workers 3 % and ran
+    1.11x; plain launches ran 2 workers 1.16x the script). Where the rate does not bear the
+    wait out, or the wait differs by less than ``wait_tie_share``, the cheaper one keeps it."""
+    from ddp_profile.profiler.decide.choose import Candidate, ChoiceThresholds, choose
+    from ddp_profile.profiler.settings import LoaderSettings
+
+    thresholds = ChoiceThresholds(launch_sd=0.08)  # a noisy run's launches
+
+    def pick(rate: float, wait: float) -> str:
+        base = Candidate("p000", LoaderSettings(0, False, None, 16), 47.4, 0.01, 0.12,
+                         launch="a")
+        none = Candidate("p004", LoaderSettings(0, False, None, 32), 62.9, 0.014, 0.15,
+                         launch="b")
+        two = Candidate("p007", LoaderSettings(2, False, 2, 32), rate, 0.026, wait,
+                        launch="c")
+        return choose([base, none, two], base, thresholds).id
+
+    assert pick(69.6, 0.034) == "p007"  # 1.11x, 11.7 % of each step's wait removed
+    assert pick(64.0, 0.034) == "p004"  # 1.02x: the wait went, the rate did not follow
+    assert pick(69.6, 0.11) == "p004"  # 4 % less wait: the cost decides
+
 
 
 def test_compute_bound_keeps_its_baseline_and_never_says_no_faster_where_it_measured_faster():

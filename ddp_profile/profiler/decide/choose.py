@@ -48,6 +48,8 @@ class ChoiceThresholds:
     wait_bound_share: float = 0.3  # ... this or less is wait-bound; in between, mixed
     restart_share: float = 0.05  # worker start-up per epoch as a share of the run: the sweep
     # measures persistent_workers=True, the persistent-workers rule fires
+    wait_tie_share: float = 0.05  # of two ties at one batch size, one that waits this much
+    # less of each step for its data, and is faster by half of it, wins the tie (``waits_more``)
 
 
 @dataclass(frozen=True)
@@ -210,6 +212,7 @@ def choose(candidates: Sequence[Candidate], baseline: Optional[Candidate] = None
             return baseline
     ties = [c for c in undominated(usable, thresholds) if not_worse(c, top, thresholds)
             and (c is top or c.rse <= max(thresholds.tie_rse, top.rse))]
+    ties = [c for c in ties if not waits_more(c, ties, thresholds)]  # never empty: see there
     batch = baseline.config.batch_size if baseline is not None else None
     pick = min(ties, key=lambda c: (cost_key(c.config, batch), -c.throughput))
     if _costlier_not_faster(pick, baseline, thresholds):
@@ -222,6 +225,29 @@ def choose(candidates: Sequence[Candidate], baseline: Optional[Candidate] = None
             1 + max(noise(pick, kept, thresholds), thresholds.clear_gain)):
         return kept  # a batch size changes training: only for a clear gain
     return pick
+
+
+def waits_more(candidate: Candidate, ties: Sequence[Candidate],
+               thresholds: ChoiceThresholds = ChoiceThresholds()) -> bool:
+    """Whether another of the ``ties`` at ``candidate``'s batch size waited for its data
+    ``wait_tie_share`` or more less of each step, and measured faster by at least half of
+    that share. The tie's noise is the throughputs' (launches apart, their levels differ);
+    each probe's wait share is read within its own steps, where a launch's level cancels: the
+    other's costlier settings remove a cost measured in this one's steps, and its rate bears
+    that out, so this one does not win the tie by its cost. Where the wait went but the rate
+    did not follow (workers that slow the loop's compute as much), the tie stays the
+    cheaper one's. (The relation is a strict order: some tie always keeps its place.)"""
+    wait = candidate.data_wait_fraction
+    if wait is None or not math.isfinite(wait):
+        return False
+    for other in ties:
+        removed = wait - (other.data_wait_fraction if other.data_wait_fraction is not None
+                          else math.nan)
+        if other is not candidate and other.config.batch_size == candidate.config.batch_size \
+                and removed >= thresholds.wait_tie_share \
+                and other.throughput >= candidate.throughput * (1 + removed / 2):
+            return True
+    return False
 
 
 def widened(candidate: Candidate) -> Candidate:
