@@ -70,12 +70,13 @@ def test_noisy_steps_widen_the_tie():
 
 
 def test_a_tie_that_waits_for_its_data_goes_to_the_settings_that_do_not():
-    """Two worker counts measured in different launches tie by their rates (a launch's level
-    is noise), but one waits 13 % of each step for data and the other 1 %, and runs faster by
-    more than half of that: the wait, read within each probe's own steps, breaks the tie, not
-    the cost (timm's ``train.py`` at batch 32: no workers waited 15 %, 2 workers 3 % and ran
-    1.11x; plain launches ran 2 workers 1.16x the script). Where the rate does not bear the
-    wait out, or the wait differs by less than ``wait_tie_share``, the cheaper one keeps it."""
+    """No workers and 2 workers at batch 32, measured in different launches, tie by their
+    rates (a launch's level is noise), but the loop without workers waits 15 % of each step
+    making its batches and the other 3 %, and runs faster by more than half of that: the wait,
+    read within each probe's own steps, breaks the tie, not the cost (timm's ``train.py``;
+    plain launches ran 2 workers at batch 32 1.16x the script). Where the rate does not bear
+    the wait out, the wait differs by less than ``wait_tie_share``, or both have workers, the
+    cheaper one keeps it."""
     from ddp_profile.profiler.decide.choose import Candidate, ChoiceThresholds, choose
     from ddp_profile.profiler.settings import LoaderSettings
 
@@ -93,6 +94,12 @@ def test_a_tie_that_waits_for_its_data_goes_to_the_settings_that_do_not():
     assert pick(69.6, 0.034) == "p007"  # 1.11x, 11.7 % of each step's wait removed
     assert pick(64.0, 0.034) == "p004"  # 1.02x: the wait went, the rate did not follow
     assert pick(69.6, 0.11) == "p004"  # 4 % less wait: the cost decides
+    # between worker counts the cost decides: their waits follow their pools' bursts
+    few = Candidate("p002", LoaderSettings(7, False, 2, 16), 2950.0, 0.04, 0.55, launch="s")
+    many = Candidate("p003", LoaderSettings(14, False, 2, 16), 3250.0, 0.05, 0.40, launch="s")
+    base = Candidate("p000", LoaderSettings(0, False, None, 16), 580.0, 0.005, 0.94,
+                     launch="a")
+    assert choose([base, few, many], base, thresholds).id == "p002"
 
 
 

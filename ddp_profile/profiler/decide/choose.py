@@ -48,8 +48,8 @@ class ChoiceThresholds:
     wait_bound_share: float = 0.3  # ... this or less is wait-bound; in between, mixed
     restart_share: float = 0.05  # worker start-up per epoch as a share of the run: the sweep
     # measures persistent_workers=True, the persistent-workers rule fires
-    wait_tie_share: float = 0.05  # of two ties at one batch size, one that waits this much
-    # less of each step for its data, and is faster by half of it, wins the tie (``waits_more``)
+    wait_tie_share: float = 0.05  # a tie without workers loses it to one with workers at its
+    # batch size that waits this much less of each step, faster by half of it (``waits_more``)
 
 
 @dataclass(frozen=True)
@@ -229,17 +229,27 @@ def choose(candidates: Sequence[Candidate], baseline: Optional[Candidate] = None
 
 def waits_more(candidate: Candidate, ties: Sequence[Candidate],
                thresholds: ChoiceThresholds = ChoiceThresholds()) -> bool:
-    """Whether another of the ``ties`` at ``candidate``'s batch size waited for its data
-    ``wait_tie_share`` or more less of each step, and measured faster by at least half of
+    """Whether ``candidate`` makes its batches in the loop's own process (no workers) and
+    another of the ``ties`` at its batch size, with workers, waited for its data
+    ``wait_tie_share`` or more less of each step and measured faster by at least half of
     that share. The tie's noise is the throughputs' (launches apart, their levels differ);
-    each probe's wait share is read within its own steps, where a launch's level cancels: the
-    other's costlier settings remove a cost measured in this one's steps, and its rate bears
-    that out, so this one does not win the tie by its cost. Where the wait went but the rate
-    did not follow (workers that slow the loop's compute as much), the tie stays the
-    cheaper one's. (The relation is a strict order: some tie always keeps its place.)"""
+    each probe's wait share is read within its own steps, where a launch's level cancels. A
+    loop without workers waits while it makes each batch itself: work that workers take off
+    it, and the other's rate bears that out, so the cheaper one does not win the tie by its
+    cost. Where the wait went but the rate did not follow (workers slowing the loop's compute
+    as much), it keeps the tie; between worker counts, whose waits follow their pools' bursts,
+    the cost decides as before. (A strict order: some tie always keeps its place.)"""
     wait = candidate.data_wait_fraction
-    if wait is None or not math.isfinite(wait):
+    if candidate.config.num_workers or wait is None or not math.isfinite(wait):
         return False
+    for other in ties:
+        removed = wait - (other.data_wait_fraction if other.data_wait_fraction is not None
+                          else math.nan)
+        if other.config.num_workers and other.config.batch_size == candidate.config.batch_size \
+                and removed >= thresholds.wait_tie_share \
+                and other.throughput >= candidate.throughput * (1 + removed / 2):
+            return True
+    return False
     for other in ties:
         removed = wait - (other.data_wait_fraction if other.data_wait_fraction is not None
                           else math.nan)
