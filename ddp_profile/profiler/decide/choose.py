@@ -250,14 +250,6 @@ def waits_more(candidate: Candidate, ties: Sequence[Candidate],
                 and other.throughput >= candidate.throughput * (1 + removed / 2):
             return True
     return False
-    for other in ties:
-        removed = wait - (other.data_wait_fraction if other.data_wait_fraction is not None
-                          else math.nan)
-        if other is not candidate and other.config.batch_size == candidate.config.batch_size \
-                and removed >= thresholds.wait_tie_share \
-                and other.throughput >= candidate.throughput * (1 + removed / 2):
-            return True
-    return False
 
 
 def widened(candidate: Candidate) -> Candidate:
