@@ -269,7 +269,7 @@ def test_a_check_stops_once_its_interval_lies_below_the_gain_its_verdict_asks():
 def test_a_check_that_read_no_gain_is_never_worded_as_one():
     """The words for a check that did not establish its subject follow what it read: a gain
     it cannot tell from none (at or above 1), no gain where it read the subject slower within
-    its noise, slower beyond noise where the interval ``faster`` reads lies below 1."""
+    its noise, slower beyond noise where the interval it prints lies below 1."""
     from ddp_profile.profiler.decide.paired import PairedClaim
 
     own = candidate_of(probe(0, 1000.0, "baseline"))
