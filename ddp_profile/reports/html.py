@@ -128,8 +128,9 @@ def build_headline(run: Run, roles: dict[str, str]) -> dict[str, Any]:
     share = recommendation.get("ceiling_share")
     baseline_id = baseline_probe_id(run)  # also where it is the recommended probe
     rec_tp = _throughput_of(run, by_role.get("recommended"))
-    if _missing(share) and rec_tp and not _missing(ceiling) and ceiling:
-        share = rec_tp / ceiling
+    # the recommendation's share alone (``rules.recommend``: a ceiling at its batch size),
+    # never one made here against a ceiling measured at another batch size
+    unshared = "not at this batch size" if not _missing(ceiling) and ceiling else "unknown"
     has_interval = len(interval) == 2 and not any(_missing(v) for v in interval)
     return {
         "recommended": summary.get("recommended") or {},
@@ -140,7 +141,7 @@ def build_headline(run: Run, roles: dict[str, str]) -> dict[str, Any]:
         "speedup_text": fmt(speedup, ".2f", "×", missing="not measured"),
         "interval_text": (f"{interval[0]:.2f}–{interval[1]:.2f}×" if has_interval else None),
         "ceiling_share": None if _missing(share) else float(share),
-        "ceiling_share_text": fmt(share, ".0%", missing="unknown"),
+        "ceiling_share_text": fmt(share, ".0%", missing=unshared),
         "ceiling_throughput_text": fmt(ceiling, ",.1f", " samples/s",
                                        missing=CEILING_NONE if summary.get("ceiling_failed")
                                        else "not measured"),

@@ -357,3 +357,16 @@ def test_capacity_chart_shows_the_model_and_the_measured_points(data_bound_run):
     assert _points(traces["pinning limit"]).tolist() == [10000.0, 10000.0]  # 2 ranks / 0.2 ms
     assert "1.70 ms per sample runnable" in figure["layout"]["title"]["text"]
     assert "38 workers" in figure["layout"]["title"]["text"]
+
+
+def test_the_ceiling_share_is_the_recommendations_alone(data_bound_run):
+    """The headline's share of the compute-only ceiling is the one the recommendation
+    computed (a ceiling at its own batch size); where it has none, the report makes none of
+    its own against a ceiling at another batch size (timm: 61 % of a batch-32 ceiling beside a
+    batch-16 pick), and says why."""
+    summary = dict(data_bound_run.summary)
+    summary["recommendation"] = dict(summary["recommendation"], ceiling_share=None)
+    assert summary.get("ceiling_throughput")
+    head = build_report_data(dataclasses.replace(data_bound_run, summary=summary))["headline"]
+    assert head["ceiling_share"] is None
+    assert head["ceiling_share_text"] == "not at this batch size"
