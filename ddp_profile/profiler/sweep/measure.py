@@ -16,6 +16,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any, Callable, Optional
 
+from ddp_profile.errors import BadRunDir
 from ddp_profile.profiler.cache import (
     AS_IS,
     FITS_SHARE,
@@ -137,6 +138,7 @@ class LedgerMeasurer:
             done = None
         if done is not None:
             return self._record(done, reused=True)
+        self._refuse_diverged(probe_id, window)
         self.budget.room_for(1, f"{window.kind} {window.config.label()}", self)
         self._discard(probe_id)
         room = self.warmup_room(window.config)
@@ -380,9 +382,27 @@ class LedgerMeasurer:
                                    window.steps or self.steps, screened=True)
             if entry is None or entry.comm.options != window.ddp \
                     or entry.threads != window.threads:
+                self._refuse_diverged(probe_id, window)
                 break
             reused.append(self._record(entry, reused=True))
         return reused
+
+    def _refuse_diverged(self, probe_id: str, window: Window) -> None:
+        """A resumed run whose search asks, under an id its ledger holds, for something
+        other than what that probe measured (another version of the tool, or other options):
+        measured again under the same id, the ledger would hold two probes of one id, and an
+        alternation would pair launches made apart in time. Refused in one line, the run
+        directory left as it is."""
+        line = next((e for e in self.ledger if e.get("id") == probe_id), None)
+        if line is None:
+            return
+        held = ProbeRecord.from_json(line)
+        raise BadRunDir(
+            f"{self.run_dir.path}: its probe {probe_id} measured {held.kind} "
+            f"{held.requested.label()}, and the search now asks for {window.kind} "
+            f"{window.config.label()} there (a run made by another version of ddp-profile, "
+            "or with other options): finish it with that version, or start a new run with "
+            "another --out; nothing in it was changed")
 
     def calibrate(self, baseline: ProbeRecord, axes: Axes) -> None:
         """Size the timeouts from the baseline: a probe gets ``TIMEOUT_FACTOR`` times the

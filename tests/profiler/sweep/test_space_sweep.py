@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from ddp_profile.profiler.decide.choose import candidate_of, choose, noise
 from ddp_profile.profiler.launch.coordinate import merge_outcomes
 from ddp_profile.profiler.launch.ranks import LaunchOutcome
@@ -179,3 +181,41 @@ def test_the_measurer_amends_by_a_new_record_in_the_old_ones_place(tmp_path):
     assert amended.ceiling_failed == "below p000" and ceiling.ceiling_failed is None
     assert [line.get("ceiling_failed") for line in load_run(run_dir.path).summary["probes"]] \
         == [None, "below p000"]
+
+
+def test_a_resumed_run_whose_search_asks_for_another_probe_under_a_held_id_is_refused(tmp_path):
+    """A resume replays the search and takes each probe its ledger holds under the same id.
+    Where the search now asks for something else there (a run made by another version of the
+    tool: timm's run, resumed after a change to the choice, measured two probes again under
+    their ids and paired old launches with new ones), it is refused in one line, nothing
+    launched and the ledger unchanged; what the ledger holds is still taken as it was."""
+    from ddp_profile.errors import BadRunDir
+    from ddp_profile.profiler.launch.ranks import LaunchSpec
+    from ddp_profile.profiler.sweep.measure import LedgerMeasurer
+    from ddp_profile.profiler.sweep.state import Window
+
+    held = {"id": "p000", "kind": "sweep", "status": "ok", "throughput": 100.0,
+            "steps": 10, "screened": False,
+            "config": {"num_workers": 0, "pin_memory": False, "prefetch_factor": None,
+                       "batch_size": 32},
+            "requested": {"num_workers": 0, "pin_memory": False, "prefetch_factor": None,
+                          "batch_size": 32}}
+    run_dir = RunDir(str(tmp_path / "run"))
+    run_dir.create({"script": "train.py"})
+    run_dir.append(held)
+    ledger = (tmp_path / "run" / "ledger.jsonl").read_text()
+
+    def measurer() -> LedgerMeasurer:
+        found = LedgerMeasurer(run_dir, LaunchSpec(script="train.py"), steps=10, warmup=2,
+                               timeout_s=60)
+        found._launch = lambda *_: pytest.fail("nothing is launched")  # type: ignore
+        return found
+
+    same = measurer()._probe(Window(LoaderSettings(0, False, None, 32)))
+    assert same.id == "p000" and same.throughput == 100.0  # taken as it was
+    with pytest.raises(BadRunDir, match=r"probe p000 measured sweep w=0 pin=false bs=32, and "
+                                        r"the search now asks for sweep w=2 .*bs=32 there"):
+        measurer()._probe(Window(LoaderSettings(2, False, 2, 32)))
+    assert (tmp_path / "run" / "ledger.jsonl").read_text() == ledger
+    assert not (tmp_path / "run" / "probes").exists() or not os.listdir(tmp_path / "run" /
+                                                                        "probes")
