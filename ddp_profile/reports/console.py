@@ -325,7 +325,8 @@ def summary_lines(summary: dict[str, Any], out: str, verbose: bool = False) -> l
         lines += _wrapped(f"GPU metrics unavailable: {summary.get('gpu_unavailable_reason')}",
                           indent="", max_lines=1)
     report = os.path.join(out, "report.html")
-    if os.path.isfile(report):  # never a report that --no-report (or a failed render) left out
+    written = os.path.isfile(report)  # never a report --no-report (or a failed render) left out
+    if written:
         lines += _wrapped(f"Report: {report}", indent="")
     else:
         lines += _wrapped(f"Run directory: {out} (no report.html)", indent="")
@@ -335,7 +336,7 @@ def summary_lines(summary: dict[str, Any], out: str, verbose: bool = False) -> l
     lines.append("Detail:")
     for line in detail_lines(summary, probes):
         lines += _wrapped(line.strip(), indent="  " + " " * (len(line) - len(line.lstrip())))
-    if os.path.isfile(report):
+    if written:
         lines += _wrapped(f"run directory: {out}", indent="")
     return lines
 

@@ -158,7 +158,7 @@ class LedgerMeasurer:
     def _finished(self, probe_id: str, requested: LoaderSettings, kind: Kind, steps: int,
                   screened: bool) -> Optional[ProbeRecord]:
         """The probe of a resumed run's ledger that measured exactly this, if any."""
-        line = next((e for e in self.ledger if e.get("id") == probe_id), None)
+        line = self._ledger_line(probe_id)
         done = ProbeRecord.from_json(line) if line is not None else None
         if done is None or done.requested != requested \
                 or (done.cache.measured_as if done.cache is not None else done.kind) != kind \
@@ -387,13 +387,17 @@ class LedgerMeasurer:
             reused.append(self._record(entry, reused=True))
         return reused
 
+    def _ledger_line(self, probe_id: str) -> Optional[dict[str, Any]]:
+        """A resumed run's ledger line of ``probe_id``, if it holds one."""
+        return next((e for e in self.ledger if e.get("id") == probe_id), None)
+
     def _refuse_diverged(self, probe_id: str, window: Window) -> None:
         """A resumed run whose search asks, under an id its ledger holds, for something
         other than what that probe measured (another version of the tool, or other options):
         measured again under the same id, the ledger would hold two probes of one id, and an
         alternation would pair launches made apart in time. Refused in one line, the run
         directory left as it is."""
-        line = next((e for e in self.ledger if e.get("id") == probe_id), None)
+        line = self._ledger_line(probe_id)
         if line is None:
             return
         held = ProbeRecord.from_json(line)
