@@ -49,7 +49,10 @@ CONCURRENT = (
     *(f"tests/e2e/test_sweep.py::test_{name}" for name in (
         "a_hang_and_a_killed_worker", "oom_at_a_batch_size", "a_hangup_is_ignored",
         "ctrl_c_stops_cleanly", "repeat_launches_exactly",
-        "a_screen_records_a_crashed_window", "a_short_script_is_measured")),
+        "a_screen_records_a_crashed_window")),
+    # (not the short script's windows: its ladder must not end at 1 worker, a rate; beside
+    # another test 1 worker read 234 samples/s against the script's 372, and the ladder
+    # rightly ended there, before the windows the test reads)
     *(f"tests/e2e/test_loading.py::test_{name}" for name in (
         "bad_loading_is_recorded", "a_transform_that_raises")),
     *(f"tests/e2e/test_diagnosis.py::test_{name}" for name in (
