@@ -90,7 +90,6 @@ class CostMeter:
         # since (``rank.loaders``): the fetch's start, read once
         self.runq_start: Any = None  # (a number: ``rank.loaders``' clock parses it)
         self.batches = 0  # fetches begun (which are metered: ``sampling``)
-        self.timing = False  # the fetch under way is metered: its collate is timed
         self.worker, self.in_loop = worker, worker is None  # the loop's own thread takes
         self.made: Any = None  # the batch the last fetch made, and its size (or -1: none
         self.made_samples = -1  # found), kept until the loop takes it
@@ -107,7 +106,8 @@ class CostMeter:
     def wrap(self, fetcher: Any) -> Any:
         """Time ``fetcher.fetch`` and its ``collate_fn`` from now on; returns the fetcher.
 
-        The collate's end is the fetch's: torch's fetchers call ``collate_fn`` once, last. The
+        The collate's end is the fetch's: torch's fetchers call ``collate_fn`` once, last; the
+        timed collate is the fetcher's for a metered fetch alone (any other calls its own). The
         thread's counters are read with ``os.pread`` on its kept descriptors (``clocks``),
         kept as read and parsed where the row is encoded; the row keeps the readings, and
         the differences are taken there too (``_batch_line``). Only some fetches are
@@ -120,17 +120,16 @@ class CostMeter:
         metered, io_read = sampling.masks(self.worker)  # which fetches: ``sampling``
         wrap = sampling.PERIOD - 1  # a power of two: ``n & wrap`` is ``n % PERIOD``
 
-        def timed_collate(data: Any) -> Any:
-            if meter.timing:
-                meter.collate_start = (collected_ns(get_ident(), 0), _perf(), _cpu())
+        def timed_collate(data: Any) -> Any:  # a metered fetch's (``timed_fetch``)
+            meter.collate_start = (collected_ns(get_ident(), 0), _perf(), _cpu())
             return collate(data)
 
         def timed_fetch(index: Any) -> Any:
             files, n = meter.files, meter.batches
             meter.batches = n + 1
-            if n >= meter_first and not metered[n & wrap]:  # not metered: no clock read
-                meter.runq_start = meter.collate_start = None  # never in a later record
-                meter.timing = False
+            if n >= meter_first and not metered[n & wrap]:  # not metered: no clock read, and
+                meter.runq_start = meter.collate_start = None  # its own collate (neither is in
+                # a later record)
                 if files is None:
                     return fetch(index)
                 ident = get_ident()  # its files watched as every fetch's are (see below)
@@ -144,7 +143,6 @@ class CostMeter:
                 if files.new:
                     meter.emit((_files_line, meter.files_prefix, files.take_new()))
                 return batch
-            meter.timing = True
             runq_before = meter.runq_start
             meter.runq_start = meter.collate_start = None
             fds = getattr(local, "fds", None)
@@ -164,6 +162,7 @@ class CostMeter:
             cpu = _cpu()
             if files is not None:  # ``files.begin``: its opens are empty since its ``end``
                 fetching[ident] = files
+            fetcher.collate_fn = timed_collate
             try:
                 batch = fetch(index)  # StopIteration and the dataset's errors pass through
             finally:
@@ -175,6 +174,7 @@ class CostMeter:
                 except OSError:
                     runq_after = io_after = None
                 wall_end = _perf()
+                fetcher.collate_fn = collate
                 if files is not None:  # ``files.end``, where the fetch opened any file
                     fetching.pop(ident, None)
                     if files.opens:
@@ -197,7 +197,6 @@ class CostMeter:
                 meter.emit((_files_line, meter.files_prefix, files.take_new()))
             return batch
 
-        fetcher.collate_fn = timed_collate
         fetcher.fetch = timed_fetch
         return fetcher
 
