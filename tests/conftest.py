@@ -158,14 +158,23 @@ def probe_processes(test_id: Optional[str] = None) -> list[int]:
     return found
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Each test's id (``nothing_leaks``), set before any of its fixtures: a module's fixture
+    that launches runs (set up within its first test's setup) runs them under that test's id,
+    and that test's check covers them (set by the function's own fixture, they ran under the
+    previous test's id, which no later check reads)."""
+    _current_test_id[0] = uuid.uuid4().hex
+
+
 @pytest.fixture(autouse=True)
 def nothing_leaks():
     """No probe process, sampler thread or torch patch survives a test.
 
     Processes are told apart by a per-test id in the environment of the ``ddp-profile``
-    subprocesses a test starts, so other jobs on the machine do not count.
+    subprocesses a test starts (``pytest_runtest_setup``), so other jobs on the machine do not
+    count.
     """
-    _current_test_id[0] = uuid.uuid4().hex
     yield
     from ddp_profile.profiler.rank import patches
 

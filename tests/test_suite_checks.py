@@ -1,5 +1,6 @@
 """The checks every run of the suite passes through (``tests.conftest``) catch what they are
-for: a finding or a recommendation that contradicts the probes it stands on."""
+for: a finding or a recommendation that contradicts the probes it stands on, and a process a
+module's fixture left running."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import copy
 
 import pytest
 
-from tests.conftest import assert_findings_agree_with_probes
+from tests.conftest import _current_test_id, assert_findings_agree_with_probes
 
 SUMMARY = {
     "probes": [{"id": "p000", "status": "ok", "config": {"num_workers": 0, "batch_size": 64}},
@@ -66,3 +67,28 @@ def test_a_summary_that_agrees_with_its_probes_passes():
 def test_each_contradiction_fails_the_run_that_shows_it(change):
     with pytest.raises(AssertionError):
         assert_findings_agree_with_probes(broken(change))
+
+
+
+@pytest.fixture(scope="module")
+def module_ids():
+    """The test id a module's fixture runs under, then each test's, in the order they ran."""
+    return [_current_test_id[0]]
+
+
+def _take_id(module_ids: list) -> None:
+    """The first test of the module runs under its fixture's id (its leak check reads what
+    the fixture's runs left); every later one under an id of its own."""
+    first = len(module_ids) == 1
+    module_ids.append(_current_test_id[0])
+    assert module_ids[-1] != ""
+    assert (module_ids[-1] == module_ids[0]) is first, module_ids
+    assert len(set(module_ids[1:])) == len(module_ids) - 1
+
+
+def test_a_modules_fixture_runs_under_its_first_tests_id(module_ids):
+    _take_id(module_ids)
+
+
+def test_a_later_test_runs_under_an_id_of_its_own(module_ids):
+    _take_id(module_ids)
