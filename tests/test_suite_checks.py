@@ -69,7 +69,6 @@ def test_each_contradiction_fails_the_run_that_shows_it(change):
         assert_findings_agree_with_probes(broken(change))
 
 
-
 @pytest.fixture(scope="module")
 def module_ids():
     """The test id a module's fixture runs under, then each test's, in the order they ran."""
