@@ -242,17 +242,39 @@ def test_the_summary_names_what_measured_faster_and_was_not_established():
                   config={"num_workers": 2, "pin_memory": False, "batch_size": 64})
     summary["recommendation"]["unsettled"].append(second)
     lines = summary_lines(summary, "out")
-    at = lines.index("Not established: num_workers=0, pin_memory=false, batch_size=256: 2.43x "
-                     "the script's settings in the")
-    # the first in whole, on a second line; the next in a line of its own
-    assert lines[at + 1] == ("  search; its probes ran fewer steps than asked (the script "
-                             "ended first)")
+    at = next(i for i, line in enumerate(lines) if line.startswith("Not established: "))
+    # the first whole, on two lines: the search's figure beside the settings, then why; the
+    # next in a line of its own
+    assert lines[at:at + 2] == [
+        "Not established: num_workers=0, pin_memory=false, batch_size=256 (2.43x in the search): "
+        "its probes", "  ran fewer steps than asked (the script ended first)"]
     assert lines[at + 2].startswith("Not established: num_workers=2") \
         and lines[at + 2].endswith(" …") and not lines[at + 3].startswith("  ")
     lines = summary_lines(summary, "out", verbose=True)
     at = lines.index("    not established: w=0 pin=false bs=256 measured 2.43x the script's "
                      "settings (p014): its probes")
     assert lines[at + 2] == "      to settle it: ddp-profile run t.py --batch-size 256 --pairs 5"
+
+
+def test_a_checks_reading_is_not_cut_from_the_first_not_established():
+    """What the check read is why the configuration is not established: on timm's train.py
+    (2026-12-08) the first line ended "... it measured 1.11x [0.73-1.69]: a gain this check …",
+    its reason cut. It reads whole within the first item's two lines."""
+    why = ("alternated with the script's settings it measured 1.11x [0.73-1.69] (p009-p015): "
+           "a gain this check cannot tell from none")
+    summary = {"script": "t.py", "world_size": 1, "device": "cpu", "probes": [],
+               "recommended": {"num_workers": 0, "batch_size": 16}, "expected_speedup": 1.0,
+               "baseline": {"num_workers": 0, "prefetch_factor": None, "batch_size": 16},
+               "recommendation": {"unsettled": [{
+                   "probe": "p012", "ratio": 1.35, "why": why,
+                   "config": {"num_workers": 1, "prefetch_factor": 2, "batch_size": 32}}]}}
+    lines = summary_lines(summary, "out")
+    at = next(i for i, line in enumerate(lines) if line.startswith("Not established: "))
+    assert " ".join(line.strip() for line in lines[at:at + 2]) == (
+        "Not established: num_workers=1, prefetch_factor=2, batch_size=32 (1.35x in the search):"
+        " alternated with the script's settings it measured 1.11x [0.73-1.69]: a gain this check"
+        " cannot tell from none")
+    assert all(len(line) <= 100 for line in lines)
 
 
 def test_the_plan_the_estimate_and_a_budgets_stop_fit_the_console():

@@ -230,7 +230,7 @@ def test_what_measured_faster_and_stays_open_is_shown_and_inert(data_bound_run):
     assert block is not None and "Measured, not established" in block.group(1)
     # on the first screen without the probe id: it belongs with the command, lower down
     # what differs, the search's figure marked as the search's
-    assert "num_workers=1: 1.31× the script&#39;s settings in the search;" in block.group(1)
+    assert "num_workers=1 (1.31× in the search): " in block.group(1)
     assert "p002" not in block.group(1)
     settle = re.search(r'<div id="settle">(.*?)</div>\s*</section>', html, flags=re.S)
     assert settle is not None and "(probe p002)" in settle.group(1)

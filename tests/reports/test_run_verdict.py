@@ -70,7 +70,7 @@ def test_the_cause_is_the_named_finding_in_one_sentence_without_probe_ids():
     assert verdict.cause_text == "Producing a sample waits 2.1 ms in 0.4 s."
     assert verdict.change_text() == "num_workers 0 → 2"  # no prefetch without workers before
     assert verdict.not_established[0]["text"] == \
-        "num_workers=4: 1.40× the script's settings in the search; short"
+        "num_workers=4 (1.40× in the search): short"
     summary["recommended"]["prefetch_factor"] = 4  # not DataLoader's own: a change to make
     assert build_verdict(summary, []).change_text() == \
         "num_workers 0 → 2, prefetch_factor default → 4"
