@@ -196,8 +196,8 @@ def not_established(summary: dict[str, Any]) -> tuple[dict[str, str], ...]:
         keys = [k for k in SETTING_KEYS if k in config and config.get(k) != base.get(k)] \
             or [k for k in SETTING_KEYS if k in config]  # what differs from the script's
         settings = ", ".join(f"{k}={value_text(config.get(k))}" for k in keys)
-        # why first (what the check, where one ran, read), the search's figure beside the
-        # settings: a line cut short keeps the reason
+        # the search's figure beside the settings, then why (what the check, where one ran,
+        # read): a line the console cuts keeps the reason
         items.append({"text": f"{settings} ({float(item.get('ratio') or 0):.2f}× in the "
                               f"search): {without_probe_ids(str(item.get('why')))}",
                       "settle": str(item.get("settle") or ""), "probe": str(item.get("probe"))})

@@ -127,9 +127,9 @@ class CostMeter:
         def timed_fetch(index: Any) -> Any:
             files, n = meter.files, meter.batches
             meter.batches = n + 1
-            if n >= meter_first and not metered[n & wrap]:  # not metered: no clock read, and
-                meter.runq_start = meter.collate_start = None  # its own collate (neither is in
-                # a later record)
+            if n >= meter_first and not metered[n & wrap]:  # not metered: no clock read, the
+                # script's own collate, and no reading left for a later record
+                meter.runq_start = meter.collate_start = None
                 if files is None:
                     return fetch(index)
                 ident = get_ident()  # its files watched as every fetch's are (see below)
